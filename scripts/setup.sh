@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages qwen36 builds and tests with. Safe to run again.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev libcpp-httplib-dev
+  python3 python3-jinja2
+)
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi

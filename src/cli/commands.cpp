@@ -1,0 +1,12 @@
+#include "cli/commands.h"
+
+namespace qwen36::cli {
+
+void register_commands(CLI::App& app) {
+  register_run(app);
+  register_logits(app);
+  register_tokenize(app);
+  register_template(app);
+}
+
+}  // namespace qwen36::cli

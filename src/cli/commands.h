@@ -1,0 +1,18 @@
+#pragma once
+// defines: the register_* function of every subcommand (one cmd_*.cpp each)
+//
+// A subcommand adds itself to the app and sets a callback; the callback throws
+// qwen36::Error on bad input, which main() reports as one line.
+
+#include <CLI/CLI.hpp>
+
+namespace qwen36::cli {
+
+void register_commands(CLI::App& app);  // all of the below, in --help order
+
+void register_run(CLI::App& app);
+void register_logits(CLI::App& app);
+void register_tokenize(CLI::App& app);  // tokenize, detokenize
+void register_template(CLI::App& app);  // template
+
+}  // namespace qwen36::cli

@@ -1,0 +1,82 @@
+#include "core/dtype.h"
+
+#include "core/error.h"
+
+namespace qwen36 {
+
+namespace {
+struct DTypeInfo {
+  std::string_view name;
+  size_t block_bytes;
+  int64_t block_elems;
+};
+
+// Block sizes follow ggml's layouts (see quant/blocks.h for the structs).
+constexpr DTypeInfo kInfo[] = {
+    {"f32", 4, 1},      {"f16", 2, 1},     {"bf16", 2, 1},    {"i32", 4, 1},
+    {"q4_0", 18, 32},   {"q4_1", 20, 32},  {"q5_0", 22, 32},  {"q5_1", 24, 32},
+    {"q8_0", 34, 32},   {"q4_k", 144, 256}, {"q5_k", 176, 256}, {"q6_k", 210, 256},
+    {"q8_k", 292, 256}, {"iq4_xs", 136, 256},
+};
+const DTypeInfo& info(DType t) { return kInfo[static_cast<size_t>(t)]; }
+}  // namespace
+
+std::string_view dtype_name(DType t) { return info(t).name; }
+size_t dtype_block_bytes(DType t) { return info(t).block_bytes; }
+int64_t dtype_block_elems(DType t) { return info(t).block_elems; }
+
+size_t dtype_row_bytes(DType t, int64_t n) {
+  const auto& i = info(t);
+  QWEN36_CHECK(n >= 0 && n % i.block_elems == 0, "row of {} elements is not a multiple of the {} block size {}",
+               n, i.name, i.block_elems);
+  return size_t(n / i.block_elems) * i.block_bytes;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t f32_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000;
+  const int32_t exp = int32_t((u >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = u & 0x7fffff;
+  if (((u >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return uint16_t(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return uint16_t(sign);
+    mant |= 0x800000;
+    const int shift = 14 - exp;
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t half = sign | uint32_t(exp) << 10 | mant >> 13;
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;  // may carry into the exponent: correct
+  return uint16_t(half);
+}
+
+}  // namespace qwen36

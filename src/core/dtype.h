@@ -1,0 +1,54 @@
+#pragma once
+// defines: DType, dtype_name, dtype_size, bf16/f16 <-> f32 conversions
+//
+// Element types of tensors. Block-quantized types (GGUF K-quants etc.) are described by
+// quant/ and have a block size > 1; for them dtype_size() is the size of one block.
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace qwen36 {
+
+enum class DType : uint8_t {
+  F32,
+  F16,
+  BF16,
+  I32,
+  // GGUF block types (layouts in quant/blocks.h)
+  Q4_0,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q8_0,
+  Q4_K,
+  Q5_K,
+  Q6_K,
+  Q8_K,
+  IQ4_XS,
+};
+
+std::string_view dtype_name(DType t);
+// Bytes per block and elements per block (1 for plain types).
+size_t dtype_block_bytes(DType t);
+int64_t dtype_block_elems(DType t);
+// Bytes needed for n elements (n must be a multiple of the block size).
+size_t dtype_row_bytes(DType t, int64_t n);
+inline bool dtype_is_quantized(DType t) { return dtype_block_elems(t) > 1; }
+
+// bf16: the top 16 bits of an IEEE f32. Conversion rounds to nearest even; NaN stays NaN.
+inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// IEEE half precision.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+}  // namespace qwen36
