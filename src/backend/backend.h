@@ -1,0 +1,119 @@
+#pragma once
+// defines: Backend, the one typed operation contract the model is written against;
+//          SeqRun (a sequence's contiguous slice of a batch); DeviceBuffer
+//
+// The model (model/qwen36.cpp) calls only these operations. Each has a plain CPU
+// implementation (backend/cpu/, the reference) and, later, a CUDA one; tests run both on the
+// same random inputs. A backend is chosen once, at model load.
+//
+// Conventions: activations are f32 [rows, cols] row-major tensors living in the backend's
+// memory; weights are ModelWeights tensors in any stored dtype. T = tokens in the batch.
+// Per-sequence state (KV cache, conv and recurrent state) is indexed by SeqRun::slot.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/weights.h"
+
+namespace qwen36 {
+
+// Tokens [begin, begin + count) of the batch belong to state slot `slot` and sit at
+// positions pos0, pos0 + 1, ... of that sequence.
+struct SeqRun {
+  int32_t slot = 0;
+  int32_t pos0 = 0;
+  int32_t begin = 0;
+  int32_t count = 0;
+};
+
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
+enum class DeltaRuleMode : uint8_t {
+  Auto,       // chunked for runs longer than one token, recurrent otherwise
+  Chunked,    // chunk-64 WY/UT form (prefill)
+  Recurrent,  // token by token (decode)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  virtual std::unique_ptr<DeviceBuffer> alloc(size_t bytes) = 0;  // zero-filled
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;
+  virtual void copy_from_host(const void* src, Tensor& dst) = 0;
+  virtual void fill_zero(Tensor& t) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same dtype and element count
+  // dst[:, dst_col0 : dst_col0 + width] = src[:, src_col0 : src_col0 + width]   (f32, same row count)
+  virtual void copy_cols(const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width) = 0;
+  // dst[i, :] = src[rows[i], :]
+  virtual void get_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& dst) = 0;
+  // Makes the weights usable by this backend (uploads them for a device backend).
+  virtual void prepare_weights(ModelWeights& w) = 0;
+
+  // ---- elementwise and normalisation ----
+  // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]
+  virtual void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
+  // out = x * rsqrt(mean(x²) + eps) * w, per row of length D = w.numel()   x, out [R, D]
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // out = (w * x * rsqrt(mean(x²) + eps)) * silu(z), per row    x, z, out [R, D]; w (D)
+  virtual void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out) = 0;
+  virtual void add(Tensor& y, const Tensor& x) = 0;                                 // y += x
+  virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;        // silu(gate) * up
+  virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                       // x *= sigmoid(gate), same shape
+  // y[t, :] += sigmoid(s[t]) * x[t, :]                    y, x [T, D]; s [T, 1]
+  virtual void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) = 0;
+
+  // ---- matrix products ----
+  // out[T, N] = x[T, K] · w[N, K]ᵀ for any weight dtype
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+
+  // ---- gated full attention ----
+  // qg [T, H, 2·hd] (per head [q | gate]) → q [T, H, hd], gate [T, H·hd]
+  virtual void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) = 0;
+  // NeoX RoPE on the leading rotary_dim dims of every head, pairing (i, i + rotary_dim/2).
+  // x [T, heads, hd]; positions come from runs.
+  virtual void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) = 0;
+  // Appends k, v [T, KVH, hd] to the caches at each run's positions, then causal softmax
+  // attention of q [T, H, hd] over positions [0, pos] of its sequence (GQA: head h reads kv
+  // head h / (H/KVH)). k_cache, v_cache [slots, capacity, KVH, hd]. out [T, H, hd].
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                         std::span<const SeqRun> runs, float scale, Tensor& out) = 0;
+
+  // ---- Gated DeltaNet ----
+  // Depthwise causal conv over time then SiLU, in place on x [T, C]; w [C, K];
+  // conv_state [slots, C, K-1] holds each sequence's last K-1 inputs and is updated.
+  virtual void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) = 0;
+  // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      a, b, g, beta [T, Hv]
+  virtual void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
+                              Tensor& g, Tensor& beta) = 0;
+  // The gated delta rule with q, k L2-normalised inside and q scaled by 1/sqrt(dk):
+  //   S ← e^g S;  S ← S + k (β (v − Sᵀk))ᵀ;  o = Sᵀ q         per value head
+  // q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv]; state [slots, Hv, dk, dv] (f32, updated);
+  // out [T, Hv, dv]. Value head h reads key head h / (Hv/Hk).
+  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                const Tensor& beta, Tensor& state, std::span<const SeqRun> runs, Tensor& out,
+                                DeltaRuleMode mode = DeltaRuleMode::Auto) = 0;
+
+  // ---- mixture of experts ----
+  // softmax over all experts → top-k → renormalise (when renorm) → weights [T, k] f32, ids [T, k] i32
+  virtual void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) = 0;
+  // out[t] = Σ_j weights[t, j] · down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]     x, out [T, D]
+  virtual void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                           std::span<const MlpWeights> experts, Tensor& out) = 0;
+};
+
+// The CPU backend (always available). `threads` 0 means all cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+}  // namespace qwen36

@@ -1,0 +1,116 @@
+// Gated full attention on the CPU: q/gate split, partial NeoX RoPE, causal GQA attention
+// over a per-slot KV cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+
+namespace qwen36::cpu {
+
+void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) {
+  const int64_t hd = q.cols();
+  const int64_t rows = q.numel() / hd;  // T * heads
+  QWEN36_CHECK(qg.numel() == 2 * q.numel() && gate.numel() == q.numel(), "split_q_gate: {} → {} + {}",
+               qg.shape_str(), q.shape_str(), gate.shape_str());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = qg.as<const float>() + r * 2 * hd;
+    std::memcpy(q.as<float>() + r * hd, src, size_t(hd) * sizeof(float));
+    std::memcpy(gate.as<float>() + r * hd, src + hd, size_t(hd) * sizeof(float));
+  }
+}
+
+void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
+  QWEN36_CHECK(x.ndim == 3, "rope: expected [T, heads, head_dim], got {}", x.shape_str());
+  const int64_t heads = x.dim(1), hd = x.dim(2), half = rotary_dim / 2;
+  QWEN36_CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd, "rope: rotary_dim {} vs head_dim {}", rotary_dim, hd);
+  // Frequencies in f32 as the reference computes them: inv_freq[i] = 1 / theta^(2i / rotary_dim).
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  for (const SeqRun& run : runs) {
+    for (int32_t j = 0; j < run.count; ++j) {
+      const float pos = float(run.pos0 + j);
+      for (int64_t i = 0; i < half; ++i) {
+        const float f = pos * inv_freq[size_t(i)];
+        cs[size_t(i)] = std::cos(f);
+        sn[size_t(i)] = std::sin(f);
+      }
+      float* row = x.as<float>() + int64_t(run.begin + j) * heads * hd;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = row + h * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
+          v[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
+        }
+      }
+    }
+  }
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+               std::span<const SeqRun> runs, float scale, Tensor& out) {
+  QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
+               q.shape_str(), k.shape_str(), k_cache.shape_str());
+  const int64_t H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
+  const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
+  QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
+               k_cache.shape_str(), k.shape_str());
+  const int64_t group = H / KVH, row = KVH * hd;
+  float* kc = k_cache.as<float>();
+  float* vc = v_cache.as<float>();
+
+  // Append the new keys/values first, so each query sees its own position.
+  for (const SeqRun& r : runs) {
+    QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
+    QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
+                 r.pos0, r.pos0 + r.count - 1, cap);
+    for (int32_t j = 0; j < r.count; ++j) {
+      const int64_t dst = (int64_t(r.slot) * cap + r.pos0 + j) * row;
+      std::memcpy(kc + dst, k.as<const float>() + int64_t(r.begin + j) * row, size_t(row) * sizeof(float));
+      std::memcpy(vc + dst, v.as<const float>() + int64_t(r.begin + j) * row, size_t(row) * sizeof(float));
+    }
+  }
+
+  for (const SeqRun& r : runs) {
+    const float* kbase = kc + int64_t(r.slot) * cap * row;
+    const float* vbase = vc + int64_t(r.slot) * cap * row;
+#pragma omp parallel
+    {
+      std::vector<float> scores(size_t(r.pos0 + r.count));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (int32_t j = 0; j < r.count; ++j) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t n_ctx = r.pos0 + j + 1;  // causal: positions 0..pos
+          const float* qv = q.as<const float>() + (int64_t(r.begin + j) * H + h) * hd;
+          const int64_t kvh = h / group;
+          float mx = -INFINITY;
+          for (int64_t p = 0; p < n_ctx; ++p) {
+            const float* kv = kbase + p * row + kvh * hd;
+            float s = 0;
+            for (int64_t d = 0; d < hd; ++d) s += qv[d] * kv[d];
+            s *= scale;
+            scores[size_t(p)] = s;
+            mx = std::max(mx, s);
+          }
+          float sum = 0;
+          for (int64_t p = 0; p < n_ctx; ++p) sum += scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
+          const float inv = 1.0f / sum;
+          float* o = out.as<float>() + (int64_t(r.begin + j) * H + h) * hd;
+          std::fill(o, o + hd, 0.0f);
+          for (int64_t p = 0; p < n_ctx; ++p) {
+            const float wgt = scores[size_t(p)] * inv;
+            const float* vv = vbase + p * row + kvh * hd;
+            for (int64_t d = 0; d < hd; ++d) o[d] += wgt * vv[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace qwen36::cpu

@@ -1,0 +1,239 @@
+// Gated DeltaNet on the CPU: causal depthwise conv (with state), gates, and the gated delta
+// rule in both forms — chunked (prefill, chunk 64, UT transform) and recurrent (decode).
+// Both follow the reference maths step by step in f32; tests check they agree.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+
+namespace qwen36::cpu {
+
+void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) {
+  const int64_t C = x.cols(), K = w.cols(), S = K - 1;
+  QWEN36_CHECK(w.rows() == C && w.dtype == DType::F32, "conv1d: weight {} for {} channels", w.shape_str(), C);
+  QWEN36_CHECK(conv_state.ndim == 3 && conv_state.dim(1) == C && conv_state.dim(2) == S,
+               "conv1d: state {} for {} channels, kernel {}", conv_state.shape_str(), C, K);
+  for (const SeqRun& r : runs) {
+    QWEN36_CHECK(r.slot >= 0 && r.slot < conv_state.dim(0), "conv1d: slot {} out of range", r.slot);
+    float* state = conv_state.as<float>() + int64_t(r.slot) * C * S;
+#pragma omp parallel
+    {
+      std::vector<float> window(size_t(S + r.count));
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < C; ++c) {
+        // window = [last S inputs of earlier calls, this run's inputs] for channel c
+        float* st = state + c * S;
+        for (int64_t i = 0; i < S; ++i) window[size_t(i)] = st[i];
+        for (int32_t t = 0; t < r.count; ++t) window[size_t(S + t)] = x.as<float>()[int64_t(r.begin + t) * C + c];
+        const float* wc = w.as<const float>() + c * K;
+        for (int32_t t = 0; t < r.count; ++t) {
+          float acc = 0;
+          for (int64_t j = 0; j < K; ++j) acc += wc[j] * window[size_t(t + j)];
+          x.as<float>()[int64_t(r.begin + t) * C + c] = silu(acc);
+        }
+        for (int64_t i = 0; i < S; ++i) st[i] = window[size_t(r.count + i)];
+      }
+    }
+  }
+}
+
+void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias, Tensor& g,
+                    Tensor& beta) {
+  const int64_t Hv = a_neg_exp.numel(), T = a.numel() / Hv;
+  QWEN36_CHECK(a.numel() == T * Hv && b.numel() == T * Hv && g.numel() == T * Hv && beta.numel() == T * Hv,
+               "deltanet_gates: shapes a {} b {} for {} heads", a.shape_str(), b.shape_str(), Hv);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hv; ++h) {
+      const int64_t i = t * Hv + h;
+      g.as<float>()[i] = a_neg_exp.as<const float>()[h] * softplus(a.as<const float>()[i] + dt_bias.as<const float>()[h]);
+      beta.as<float>()[i] = sigmoid(b.as<const float>()[i]);
+    }
+}
+
+namespace {
+
+constexpr int64_t kChunk = 64;
+
+// Per (run, value head) inputs, gathered contiguous: q̂ (scaled, normalised), k̂, v, g, β.
+struct HeadInputs {
+  int64_t n, dk, dv;
+  std::vector<float> q, k, v, g, beta;  // [n, dk], [n, dk], [n, dv], [n], [n]
+};
+
+void l2norm_into(const float* src, float* dst, int64_t d, float scale) {
+  float ss = 0;
+  for (int64_t i = 0; i < d; ++i) ss += src[i] * src[i];
+  const float inv = 1.0f / std::sqrt(ss + 1e-6f);
+  for (int64_t i = 0; i < d; ++i) dst[i] = src[i] * inv * scale;
+}
+
+HeadInputs gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                  const SeqRun& r, int64_t h) {
+  const int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
+  const int64_t kh = h / (Hv / Hk);
+  HeadInputs in{r.count, dk, dv, {}, {}, {}, {}, {}};
+  in.q.resize(size_t(r.count * dk));
+  in.k.resize(size_t(r.count * dk));
+  in.v.resize(size_t(r.count * dv));
+  in.g.resize(size_t(r.count));
+  in.beta.resize(size_t(r.count));
+  const float scale = 1.0f / std::sqrt(float(dk));
+  for (int64_t t = 0; t < r.count; ++t) {
+    const int64_t row = r.begin + t;
+    l2norm_into(q.as<const float>() + (row * Hk + kh) * dk, in.q.data() + t * dk, dk, 1.0f);
+    for (int64_t i = 0; i < dk; ++i) in.q[size_t(t * dk + i)] *= scale;
+    l2norm_into(k.as<const float>() + (row * Hk + kh) * dk, in.k.data() + t * dk, dk, 1.0f);
+    std::memcpy(in.v.data() + t * dv, v.as<const float>() + (row * Hv + h) * dv, size_t(dv) * sizeof(float));
+    in.g[size_t(t)] = g.as<const float>()[row * Hv + h];
+    in.beta[size_t(t)] = beta.as<const float>()[row * Hv + h];
+  }
+  return in;
+}
+
+// Token by token: S ← e^g S; u = Sᵀk; S += k (β(v − u))ᵀ; o = Sᵀq.     S [dk, dv]
+void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t out_stride) {
+  const int64_t dk = in.dk, dv = in.dv;
+  std::vector<float> u(static_cast<size_t>(dv));
+  for (int64_t t = 0; t < in.n; ++t) {
+    const float decay = std::exp(in.g[size_t(t)]);
+    const float* kt = in.k.data() + t * dk;
+    const float* qt = in.q.data() + t * dk;
+    const float* vt = in.v.data() + t * dv;
+    std::fill(u.begin(), u.end(), 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* Si = S + i * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        Si[j] *= decay;
+        u[size_t(j)] += Si[j] * kt[i];
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) u[size_t(j)] = (vt[j] - u[size_t(j)]) * in.beta[size_t(t)];
+    float* o = out + t * out_stride;
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* Si = S + i * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        Si[j] += kt[i] * u[size_t(j)];
+        o[j] += Si[j] * qt[i];
+      }
+    }
+  }
+}
+
+// Chunked form over chunks of 64 (the tail padded with zeros, which leaves S unchanged):
+//   γ = cumsum(g) in the chunk; A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
+//   T = (I − A)⁻¹ by forward substitution; U = T diag(β) V; W = T diag(β e^γ) K̂;
+//   V' = U − W S;  O = (Q̂ ⊙ e^γ) S + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j}) V';
+//   S ← e^{γ_last} S + K̂ᵀ diag(e^{γ_last − γ}) V'.
+void delta_rule_chunked(const HeadInputs& in, float* S, float* out, int64_t out_stride) {
+  const int64_t dk = in.dk, dv = in.dv, C = kChunk;
+  std::vector<float> gam(static_cast<size_t>(C)), A(size_t(C * C)), U(size_t(C * dv)), W(size_t(C * dk)), Vn(size_t(C * dv));
+  for (int64_t c0 = 0; c0 < in.n; c0 += C) {
+    const int64_t n = std::min(C, in.n - c0);  // real rows; rows n..C-1 are zero padding
+    const float* K = in.k.data() + c0 * dk;
+    const float* Q = in.q.data() + c0 * dk;
+    const float* V = in.v.data() + c0 * dv;
+    const float* beta = in.beta.data() + c0;
+    float acc = 0;
+    for (int64_t i = 0; i < n; ++i) gam[size_t(i)] = acc += in.g[size_t(c0 + i)];
+
+    // A (strictly lower), then the row recurrence that turns it into T − I.
+    std::fill(A.begin(), A.end(), 0.0f);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j) {
+        float d = 0;
+        for (int64_t x = 0; x < dk; ++x) d += K[i * dk + x] * K[j * dk + x];
+        A[size_t(i * C + j)] = -(beta[i] * d) * std::exp(gam[size_t(i)] - gam[size_t(j)]);
+      }
+    for (int64_t i = 1; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j) {
+        float s = A[size_t(i * C + j)];
+        for (int64_t m = j + 1; m < i; ++m) s += A[size_t(i * C + m)] * A[size_t(m * C + j)];
+        A[size_t(i * C + j)] = s;
+      }
+    // U = T diag(β) V and W = T diag(β e^γ) K̂, with T = A + I.
+    for (int64_t i = 0; i < n; ++i) {
+      float* Ui = U.data() + i * dv;
+      float* Wi = W.data() + i * dk;
+      for (int64_t x = 0; x < dv; ++x) Ui[x] = V[i * dv + x] * beta[i];
+      const float e = beta[i] * std::exp(gam[size_t(i)]);
+      for (int64_t x = 0; x < dk; ++x) Wi[x] = K[i * dk + x] * e;
+      for (int64_t j = 0; j < i; ++j) {
+        const float a = A[size_t(i * C + j)];
+        const float ej = beta[j] * std::exp(gam[size_t(j)]);
+        for (int64_t x = 0; x < dv; ++x) Ui[x] += a * V[j * dv + x] * beta[j];
+        for (int64_t x = 0; x < dk; ++x) Wi[x] += a * K[j * dk + x] * ej;
+      }
+    }
+    // V' = U − W S
+    for (int64_t i = 0; i < n; ++i) {
+      float* vn = Vn.data() + i * dv;
+      std::copy(U.data() + i * dv, U.data() + (i + 1) * dv, vn);
+      for (int64_t x = 0; x < dk; ++x) {
+        const float wx = W[size_t(i * dk + x)];
+        const float* Sx = S + x * dv;
+        for (int64_t y = 0; y < dv; ++y) vn[y] -= wx * Sx[y];
+      }
+    }
+    // O = (Q̂ ⊙ e^γ) S + tril_incl(Q̂K̂ᵀ ⊙ decay) V'
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out + (c0 + i) * out_stride;
+      std::fill(o, o + dv, 0.0f);
+      const float eg = std::exp(gam[size_t(i)]);
+      for (int64_t x = 0; x < dk; ++x) {
+        const float qx = Q[i * dk + x] * eg;
+        const float* Sx = S + x * dv;
+        for (int64_t y = 0; y < dv; ++y) o[y] += qx * Sx[y];
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        float d = 0;
+        for (int64_t x = 0; x < dk; ++x) d += Q[i * dk + x] * K[j * dk + x];
+        d *= std::exp(gam[size_t(i)] - gam[size_t(j)]);
+        const float* vn = Vn.data() + j * dv;
+        for (int64_t y = 0; y < dv; ++y) o[y] += d * vn[y];
+      }
+    }
+    // S ← e^{γ_last} S + Σ_i k̂_i e^{γ_last − γ_i} V'_i
+    const float glast = gam[size_t(n - 1)];
+    const float el = std::exp(glast);
+    for (int64_t x = 0; x < dk * dv; ++x) S[x] *= el;
+    for (int64_t i = 0; i < n; ++i) {
+      const float e = std::exp(glast - gam[size_t(i)]);
+      const float* vn = Vn.data() + i * dv;
+      for (int64_t x = 0; x < dk; ++x) {
+        const float kx = K[i * dk + x] * e;
+        float* Sx = S + x * dv;
+        for (int64_t y = 0; y < dv; ++y) Sx[y] += kx * vn[y];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode) {
+  QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && state.ndim == 4, "gated_delta_rule: bad ranks");
+  const int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
+  QWEN36_CHECK(Hv % Hk == 0 && state.dim(1) == Hv && state.dim(2) == dk && state.dim(3) == dv,
+               "gated_delta_rule: q {} v {} state {}", q.shape_str(), v.shape_str(), state.shape_str());
+  for (const SeqRun& r : runs) {
+    QWEN36_CHECK(r.slot >= 0 && r.slot < state.dim(0), "gated_delta_rule: slot {} out of range", r.slot);
+    const bool chunked = mode == DeltaRuleMode::Chunked || (mode == DeltaRuleMode::Auto && r.count > 1);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t h = 0; h < Hv; ++h) {
+      const HeadInputs in = gather(q, k, v, g, beta, r, h);
+      float* S = state.as<float>() + (int64_t(r.slot) * Hv + h) * dk * dv;
+      float* o = out.as<float>() + (int64_t(r.begin) * Hv + h) * dv;
+      if (chunked)
+        delta_rule_chunked(in, S, o, Hv * dv);
+      else
+        delta_rule_recurrent(in, S, o, Hv * dv);
+    }
+  }
+}
+
+}  // namespace qwen36::cpu

@@ -1,0 +1,224 @@
+// The Qwen3.5/3.6 decoder, written once against the backend contract. Reads like the
+// reference forward pass (transformers' modeling_qwen3_5 / qwen3_5_moe); shapes in comments
+// use T = tokens in the batch, H = hidden size.
+#include "model/qwen36.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace qwen36 {
+
+// Activation buffers of one forward pass, allocated from the backend.
+class Model::Scratch {
+ public:
+  explicit Scratch(Backend& b) : backend_(b) {}
+  Tensor f32(std::initializer_list<int64_t> shape) { return make(DType::F32, shape); }
+  Tensor i32(std::initializer_list<int64_t> shape) { return make(DType::I32, shape); }
+
+ private:
+  Tensor make(DType t, std::initializer_list<int64_t> shape) {
+    Tensor x(nullptr, t, shape);
+    buffers_.push_back(backend_.alloc(x.nbytes()));
+    x.data = buffers_.back()->data();
+    return x;
+  }
+  Backend& backend_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+};
+
+ForwardBatch ForwardBatch::single(std::span<const int32_t> tokens, int32_t pos0, int32_t slot, bool all_logits) {
+  ForwardBatch b;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.runs.push_back({slot, pos0, 0, int32_t(tokens.size())});
+  if (all_logits) {
+    for (int32_t i = 0; i < int32_t(tokens.size()); ++i) b.output_rows.push_back(i);
+  } else if (!tokens.empty()) {
+    b.output_rows.push_back(int32_t(tokens.size()) - 1);
+  }
+  return b;
+}
+
+Model::Model(ModelWeights weights, Backend& backend) : w_(std::move(weights)), backend_(backend) {
+  validate_weights(w_);
+  backend_.prepare_weights(w_);
+}
+
+Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
+                              std::span<const SeqRun> runs) {
+  const ModelConfig& c = w_.config;
+  const int64_t T = x.rows(), nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
+  const AttentionWeights& a = l.attn;
+  Tensor q = s.f32({T, nh, hd});
+  Tensor gate;  // [T, nh*hd], only with attn_output_gate
+  if (c.attn_output_gate) {
+    Tensor qg = s.f32({T, nh, 2 * hd});  // per head [q | gate]
+    backend_.matmul(x, a.q_proj, qg);
+    gate = s.f32({T, nh * hd});
+    backend_.split_q_gate(qg, q, gate);
+  } else {
+    backend_.matmul(x, a.q_proj, q);
+  }
+  Tensor k = s.f32({T, nkv, hd}), v = s.f32({T, nkv, hd});
+  backend_.matmul(x, a.k_proj, k);
+  backend_.matmul(x, a.v_proj, v);
+  backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);  // per head over hd
+  backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
+  backend_.rope(q, runs, c.rotary_dim, c.rope_theta);
+  backend_.rope(k, runs, c.rotary_dim, c.rope_theta);
+  Tensor o = s.f32({T, nh, hd});
+  backend_.attention(q, k, v, k_cache, v_cache, runs, 1.0f / std::sqrt(float(hd)), o);
+  Tensor o2(o.data, DType::F32, {T, nh * hd});
+  if (c.attn_output_gate) backend_.sigmoid_mul(o2, gate);
+  Tensor y = s.f32({T, c.hidden_size});
+  backend_.matmul(o2, a.o_proj, y);
+  return y;
+}
+
+Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state,
+                             Tensor& ssm_state, std::span<const SeqRun> runs, DeltaRuleMode mode) {
+  const ModelConfig& c = w_.config;
+  const DeltaNetWeights& d = l.deltanet;
+  const int64_t T = x.rows(), Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim,
+                dv = c.linear_v_dim;
+  Tensor mixed = s.f32({T, c.conv_dim()});  // [q | k | v] channels
+  Tensor z = s.f32({T, Hv, dv});
+  Tensor b = s.f32({T, Hv}), a = s.f32({T, Hv});
+  backend_.matmul(x, d.in_proj_qkv, mixed);
+  backend_.matmul(x, d.in_proj_z, z);
+  backend_.matmul(x, d.in_proj_b, b);
+  backend_.matmul(x, d.in_proj_a, a);
+  backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
+
+  Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
+  Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});
+  backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
+  backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
+  backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+
+  Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
+  backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
+  Tensor o = s.f32({T, Hv, dv});
+  backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
+  backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
+  Tensor o2(o.data, DType::F32, {T, Hv * dv});
+  Tensor y = s.f32({T, c.hidden_size});
+  backend_.matmul(o2, d.out_proj, y);
+  return y;
+}
+
+Tensor Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x) {
+  const int64_t T = x.rows(), I = m.gate_proj.rows();
+  Tensor gate = s.f32({T, I}), up = s.f32({T, I});
+  backend_.matmul(x, m.gate_proj, gate);
+  backend_.matmul(x, m.up_proj, up);
+  backend_.swiglu(gate, up, gate);
+  Tensor y = s.f32({T, x.cols()});
+  backend_.matmul(gate, m.down_proj, y);
+  return y;
+}
+
+Tensor Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x) {
+  const ModelConfig& c = w_.config;
+  const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
+  Tensor logits = s.f32({T, E});
+  backend_.matmul(x, m.router, logits);
+  Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
+  backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
+  Tensor y = s.f32({T, c.hidden_size});
+  backend_.moe_experts(x, weights, ids, m.experts, y);
+  if (!m.shared.gate_proj.empty()) {
+    Tensor shared = mlp_block(s, m.shared, x);
+    Tensor sg = s.f32({T, 1});
+    backend_.matmul(x, m.shared_gate, sg);
+    backend_.add_sigmoid_scaled(y, shared, sg);
+  }
+  return y;
+}
+
+void Model::decoder_layer(Scratch& s, const LayerWeights& l, Tensor& h, Tensor& cache_a, Tensor& cache_b,
+                          std::span<const SeqRun> runs, DeltaRuleMode mode) {
+  const ModelConfig& c = w_.config;
+  Tensor x = s.f32({h.rows(), c.hidden_size});
+  backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
+  Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs)
+                                                    : deltanet_block(s, l, x, cache_a, cache_b, runs, mode);
+  backend_.add(h, mixed);
+  backend_.rms_norm(h, l.post_attention_norm, c.rms_norm_eps, x);
+  Tensor ffn = c.moe ? moe_block(s, l.moe, x) : mlp_block(s, l.mlp, x);
+  backend_.add(h, ffn);
+}
+
+void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
+                 float* hidden) {
+  const ModelConfig& c = w_.config;
+  const int64_t n = int64_t(rows.size());
+  if (n == 0) return;
+  Tensor sel = s.f32({n, c.hidden_size});
+  backend_.get_rows(h, rows, sel);
+  backend_.rms_norm(sel, norm, c.rms_norm_eps, sel);
+  if (hidden) backend_.copy_to_host(sel, hidden);
+  if (logits) {
+    Tensor out = s.f32({n, c.vocab_size});
+    backend_.matmul(sel, w_.lm_head, out);
+    backend_.copy_to_host(out, logits);
+  }
+}
+
+static void check_batch(const ForwardBatch& b, const ModelState& state) {
+  int64_t covered = 0;
+  for (const SeqRun& r : b.runs) {
+    QWEN36_CHECK(r.begin == covered && r.count > 0, "batch runs must cover the tokens in order without gaps");
+    QWEN36_CHECK(r.slot >= 0 && r.slot < state.slots(), "slot {} out of range (state has {})", r.slot, state.slots());
+    QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= state.capacity(),
+                 "sequence would reach position {}, past the context size {}", r.pos0 + r.count, state.capacity());
+    covered += r.count;
+  }
+  QWEN36_CHECK(covered == int64_t(b.tokens.size()), "batch runs cover {} of {} tokens", covered, b.tokens.size());
+  for (int32_t r : b.output_rows)
+    QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "output row {} out of range", r);
+}
+
+void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
+  check_batch(batch, state);
+  const ModelConfig& c = w_.config;
+  const int64_t T = int64_t(batch.tokens.size());
+  if (T == 0) return;
+  Scratch s(backend_);
+  Tensor h = s.f32({T, c.hidden_size});  // the residual stream
+  backend_.embed(w_.embed_tokens, batch.tokens, h);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
+    Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
+    Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
+    decoder_layer(s, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode);
+  }
+  head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
+}
+
+void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                        std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden) {
+  QWEN36_CHECK(w_.mtp.has_value(), "this checkpoint has no MTP head");
+  QWEN36_CHECK(state.has_mtp(), "the model state was created without an MTP cache");
+  const ModelConfig& c = w_.config;
+  const MtpWeights& m = *w_.mtp;
+  const int64_t n = int64_t(next_tokens.size()), H = c.hidden_size;
+  QWEN36_CHECK(int64_t(hidden.size()) == n * H, "mtp_forward: {} hidden values for {} tokens", hidden.size(), n);
+  if (n == 0) return;
+  Scratch s(backend_);
+  Tensor e = s.f32({n, H}), hin = s.f32({n, H}), cat = s.f32({n, 2 * H});
+  backend_.embed(w_.embed_tokens, next_tokens, e);
+  backend_.copy_from_host(hidden.data(), hin);
+  backend_.rms_norm(e, m.pre_fc_norm_embedding, c.rms_norm_eps, e);
+  backend_.rms_norm(hin, m.pre_fc_norm_hidden, c.rms_norm_eps, hin);
+  backend_.copy_cols(e, 0, cat, 0, H);  // embedding first, then the hidden state
+  backend_.copy_cols(hin, 0, cat, H, H);
+  Tensor h = s.f32({n, H});
+  backend_.matmul(cat, m.fc, h);
+  decoder_layer(s, m.layer, h, state.mtp_k_cache(), state.mtp_v_cache(), runs, DeltaRuleMode::Auto);
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (int32_t i = 0; i < int32_t(n); ++i) rows[size_t(i)] = i;
+  head(s, h, m.norm, rows, logits, mtp_hidden);
+}
+
+}  // namespace qwen36
