@@ -1,0 +1,112 @@
+// Dispatch of the CPU dot products, the scalar fallback and the reference definition.
+#include "quant/cpu_dot.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/cpu_dot_kernels.h"
+#include "quant/quant.h"
+
+namespace qwen36 {
+
+DType dot_activation_type(DType weight) {
+  switch (weight) {
+    case DType::F32: case DType::F16: case DType::BF16:
+      return DType::F32;
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
+      return DType::Q8_0;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q8_K: case DType::IQ4_XS:
+      return DType::Q8_K;
+    case DType::I32: break;
+  }
+  fail("no dot product for weights of type {}", dtype_name(weight));
+}
+
+void quantize_activation(DType act, const float* x, void* dst, int64_t n) {
+  QWEN36_CHECK(act == DType::F32 || act == DType::Q8_0 || act == DType::Q8_K,
+               "quantize_activation: {} is not an activation type", dtype_name(act));
+  quantize_row(act, x, dst, n);
+}
+
+namespace {
+
+// Scalar path for any type: dequantize a chunk of both rows into floats and multiply.
+float dot_scalar(DType wt, const void* w, const void* a, int64_t n) {
+  const DType at = dot_activation_type(wt);
+  const int64_t chunk = std::max<int64_t>({dtype_block_elems(wt), dtype_block_elems(at), 32});
+  float wf[256], af[256];
+  const auto* wp = static_cast<const std::byte*>(w);
+  const auto* ap = static_cast<const std::byte*>(a);
+  float sum = 0;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t k = std::min(chunk, n - i);  // only plain types have a partial last chunk
+    dequantize_row(wt, wp + dtype_row_bytes(wt, i), wf, k);
+    dequantize_row(at, ap + dtype_row_bytes(at, i), af, k);
+    for (int64_t j = 0; j < k; ++j) sum += wf[j] * af[j];
+  }
+  return sum;
+}
+
+constexpr int kTypes = int(DType::IQ4_XS) + 1;
+
+struct Table {
+  DotFn fn[kTypes] = {};
+  std::string_view name[kTypes] = {};
+};
+
+Table make_table() {
+  Table t;
+  for (int i = 0; i < kTypes; ++i) t.name[i] = "scalar";
+  auto set = [&](DType d, DotFn f, std::string_view name) {
+    if (!f) return;
+    t.fn[int(d)] = f;
+    t.name[int(d)] = name;
+  };
+  for (const auto& k : avx2_dot_kernels()) set(k.type, k.fn, "avx2");
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+    for (const auto& k : avx512_dot_kernels()) set(k.type, k.fn, "avx512vnni");
+  }
+#endif
+  return t;
+}
+
+const Table& table() {
+  static const Table t = make_table();
+  return t;
+}
+
+void check_args(DType wt, int64_t n) {
+  QWEN36_CHECK(wt != DType::I32, "no dot product for weights of type i32");
+  const int64_t be = std::max(dtype_block_elems(wt), dtype_block_elems(dot_activation_type(wt)));
+  QWEN36_CHECK(n >= 0 && n % be == 0, "dot_row: {} elements is not a multiple of the {} block size {}", n,
+               dtype_name(wt), be);
+}
+
+}  // namespace
+
+float dot_row(DType wt, const void* w, const void* a, int64_t n) {
+  // The check is one modulo per row; the row itself is thousands of multiply-adds.
+  check_args(wt, n);
+  const DotFn f = table().fn[int(wt)];
+  return f ? f(w, a, n) : dot_scalar(wt, w, a, n);
+}
+
+double dot_row_reference(DType wt, const void* w, const void* a, int64_t n) {
+  check_args(wt, n);
+  std::vector<float> wf(static_cast<size_t>(n)), af(static_cast<size_t>(n));
+  dequantize_row(wt, w, wf.data(), n);
+  dequantize_row(dot_activation_type(wt), a, af.data(), n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(wf[size_t(i)]) * af[size_t(i)];
+  return sum;
+}
+
+std::string_view dot_kernel_name(DType wt) {
+  QWEN36_CHECK(wt != DType::I32, "no dot product for weights of type i32");
+  return table().name[int(wt)];
+}
+
+}  // namespace qwen36

@@ -1,0 +1,337 @@
+// AVX2 + FMA + F16C dot products (the x86-64-v3 baseline). Integer products use
+// _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs); its int16 sums cannot
+// saturate here: the unsigned operand is at most 127 and the activations lie in [-127, 127]
+// (quantize_row never writes -128), so a pair is at most 2*127*127 < 32767. Signed x signed
+// products move the sign of one operand onto the other first.
+#include <cstring>
+
+#include "quant/blocks.h"
+#include "quant/cpu_dot_kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+namespace qwen36 {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 8 int32 sums of pairs of (unsigned u8 x signed s8) products, 4 products each.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+// Same for signed x signed: |x| times y with x's sign.
+inline __m256i dot_s8s8(__m256i x, __m256i y) {
+  return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+// ---- plain types (f32 activations) ----
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+  }
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+float dot_f16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + 8)));
+    acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(y + i + 8), acc1);
+  }
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += h2f(x[i]) * y[i];
+  return sum;
+}
+
+inline __m256 bf16x8(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+float dot_bf16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(bf16x8(x + i), _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(bf16x8(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+  }
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += bf16_to_f32(x[i]) * y[i];
+  return sum;
+}
+
+// ---- 32-element blocks x Q8_0 ----
+
+float dot_q8_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i p = dot_s8s8(loadu256(x[i].qs), loadu256(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum(acc);
+}
+
+// 16 bytes of packed nibbles -> 32 bytes: low nibbles first, then high nibbles (Q4_0 order).
+inline __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[i].qs), _mm256_set1_epi8(8));
+    const __m256i p = dot_s8s8(q, loadu256(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum(acc);
+}
+
+
+// Sum of each 4 consecutive signed bytes (for the activation sums of affine types).
+inline __m256i sum_s8(__m256i y) { return dot_u8s8(_mm256_set1_epi8(1), y); }
+
+float dot_q4_1(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_1*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i qy = loadu256(y[i].qs);
+    const float dy = h2f(y[i].d);
+    // d*q + m against dy*qy: d*dy*sum(q*qy) + m*dy*sum(qy).
+    const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(unpack_nibbles(x[i].qs), qy));
+    const __m256 sy = _mm256_cvtepi32_ps(sum_s8(qy));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), p, acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), sy, acc);
+  }
+  return hsum(acc);
+}
+
+// The 32 5th bits of a Q5 block (a little-endian u32) as bytes 0x10 or 0x00.
+inline __m256i q5_high_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  // Byte j takes byte j/8 of qh, then keeps bit j%8.
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+float dot_q5_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(x[i].qs), q5_high_bits(x[i].qh)),
+                                      _mm256_set1_epi8(16));
+    const __m256i p = dot_s8s8(q, loadu256(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_q5_1(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_1*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i qy = loadu256(y[i].qs);
+    const float dy = h2f(y[i].d);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x[i].qs), q5_high_bits(x[i].qh));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), _mm256_cvtepi32_ps(dot_u8s8(q, qy)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), _mm256_cvtepi32_ps(sum_s8(qy)), acc);
+  }
+  return hsum(acc);
+}
+
+// ---- 256-element super-blocks x Q8_K ----
+
+float dot_q8_k(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < kQK_K; j += 32) sumi = _mm256_add_epi32(sumi, dot_s8s8(loadu256(x[i].qs + j), loadu256(y[i].qs + j)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
+// Sum over the 8 sub-blocks of min_j * (sum of the 32 activations of sub-block j).
+inline int k_mins_dot(const uint8_t* m, const int16_t* bsums) {
+  int s = 0;
+  for (int j = 0; j < 8; ++j) s += int(m[j]) * (bsums[2 * j] + bsums[2 * j + 1]);
+  return s;
+}
+
+inline void k_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) unpack_k_scale_min(j, packed, sc[j], m[j]);
+}
+
+float dot_q4_k(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t sc[8], m[8];
+    k_scales(x[i].scales, sc, m);
+    const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
+    acc_m += dmin * float(k_mins_dot(m, y[i].bsums));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q4 = loadu256(x[i].qs + 32 * c);
+      const __m256i lo = _mm256_and_si256(q4, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
+      const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc) - acc_m;
+}
+
+float dot_q5_k(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t sc[8], m[8];
+    k_scales(x[i].scales, sc, m);
+    const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
+    acc_m += dmin * float(k_mins_dot(m, y[i].bsums));
+    const __m256i qh = loadu256(x[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q4 = loadu256(x[i].qs + 32 * c);
+      // Bit 2c / 2c+1 of each qh byte, moved to bit 4 (the shift stays inside each byte
+      // after the mask, since 2c+1 < 8).
+      const __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
+      const __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, low4), hlo);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), low4), hhi);
+      const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
+      const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc) - acc_m;
+}
+
+float dot_q6_k(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const int8_t* sc = x[i].scales;
+    // The -32 offset, applied once per block: sum_k sc[k] * 32 * (sum of activations in group k).
+    int offset = 0;
+    for (int k = 0; k < 16; ++k) offset += sc[k] * y[i].bsums[k];
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = loadu256(x[i].ql + 64 * h);
+      const __m256i ql1 = loadu256(x[i].ql + 64 * h + 32);
+      const __m256i qh = loadu256(x[i].qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
+      for (int m = 0; m < 4; ++m) {
+        // 32 values = two groups of 16 with their own scales: int16 lanes 0-7 and 8-15.
+        const int g = 8 * h + 2 * m;
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+        const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[i].qs + 128 * h + 32 * m));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+      }
+    }
+    const __m256i total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(total), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_iq4_xs(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockIQ4_XS*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m128i grid128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+  const __m256i grid = _mm256_set_m128i(grid128, grid128);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((x[i].scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((x[i].scales_h >> (2 * ib)) & 3) << 4);
+      const __m256i v = _mm256_shuffle_epi8(grid, unpack_nibbles(x[i].qs + 16 * ib));
+      const __m256i p = dot_s8s8(v, loadu256(y[i].qs + 32 * ib));
+      sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(p, _mm256_set1_epi32(ls - 32)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
+constexpr DotKernel kKernels[] = {
+    {DType::F32, dot_f32},   {DType::F16, dot_f16},   {DType::BF16, dot_bf16}, {DType::Q8_0, dot_q8_0},
+    {DType::Q4_0, dot_q4_0}, {DType::Q4_K, dot_q4_k}, {DType::Q5_K, dot_q5_k}, {DType::Q6_K, dot_q6_k},
+    {DType::IQ4_XS, dot_iq4_xs}, {DType::Q4_1, dot_q4_1}, {DType::Q5_0, dot_q5_0}, {DType::Q5_1, dot_q5_1},
+    {DType::Q8_K, dot_q8_k},
+};
+
+}  // namespace
+
+std::span<const DotKernel> avx2_dot_kernels() { return kKernels; }
+
+}  // namespace qwen36
+
+#else
+
+namespace qwen36 {
+std::span<const DotKernel> avx2_dot_kernels() { return {}; }
+}  // namespace qwen36
+
+#endif

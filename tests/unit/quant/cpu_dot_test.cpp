@@ -1,0 +1,149 @@
+// CPU dot products: every kernel equals the reference (both rows dequantized, summed in double)
+// on random data, and a micro-benchmark prints GB/s of weight bytes per type.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/cpu_dot.h"
+#include "quant/quant.h"
+
+namespace qwen36 {
+namespace {
+
+const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
+                              DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                              DType::Q6_K, DType::Q8_K, DType::IQ4_XS};
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+struct Rows {
+  std::vector<std::byte> w, a;
+  std::vector<float> wf, af;  // the dequantized rows
+};
+
+Rows make_rows(DType wt, int64_t n, uint32_t seed) {
+  Rows r;
+  const DType at = dot_activation_type(wt);
+  const auto w = gaussian(size_t(n), seed, 0.05f), a = gaussian(size_t(n), seed + 1000, 3.0f);
+  r.w.resize(dtype_row_bytes(wt, n));
+  r.a.resize(dtype_row_bytes(at, n) + 64);
+  quantize_row(wt, w.data(), r.w.data(), n);
+  quantize_activation(at, a.data(), r.a.data(), n);
+  r.wf.resize(size_t(n));
+  r.af.resize(size_t(n));
+  dequantize_row(wt, r.w.data(), r.wf.data(), n);
+  dequantize_row(at, r.a.data(), r.af.data(), n);
+  return r;
+}
+
+TEST(CpuDot, ActivationTypes) {
+  EXPECT_EQ(dot_activation_type(DType::BF16), DType::F32);
+  EXPECT_EQ(dot_activation_type(DType::Q5_1), DType::Q8_0);
+  EXPECT_EQ(dot_activation_type(DType::Q8_0), DType::Q8_0);
+  EXPECT_EQ(dot_activation_type(DType::Q6_K), DType::Q8_K);
+  EXPECT_EQ(dot_activation_type(DType::IQ4_XS), DType::Q8_K);
+  EXPECT_THROW(dot_activation_type(DType::I32), Error);
+  EXPECT_THROW(quantize_activation(DType::Q4_K, nullptr, nullptr, 0), Error);
+}
+
+// Tolerance: the integer parts are exact; what differs is float rounding of the per-block
+// scale products and the order of the float sums, each ~1e-7 relative to a block's sum of
+// |w*a|. 1e-5 of sum |w_i*a_i| covers that with margin and is far below any layout mistake
+// (a wrong nibble or scale changes the result by percents).
+TEST(CpuDot, EveryKernelMatchesTheReference) {
+  for (DType wt : kWeightTypes) {
+    for (int64_t n : {256, 1024, 4096}) {
+      for (uint32_t seed = 1; seed <= 4; ++seed) {
+        const Rows r = make_rows(wt, n, seed * 7 + uint32_t(n));
+        double abs_sum = 0;
+        for (size_t i = 0; i < r.wf.size(); ++i) abs_sum += std::fabs(double(r.wf[i]) * r.af[i]);
+        const double ref = dot_row_reference(wt, r.w.data(), r.a.data(), n);
+        const float got = dot_row(wt, r.w.data(), r.a.data(), n);
+        ASSERT_NEAR(got, ref, 1e-5 * abs_sum + 1e-6)
+            << dtype_name(wt) << " (" << dot_kernel_name(wt) << ") n=" << n << " seed=" << seed;
+      }
+    }
+  }
+}
+
+TEST(CpuDot, PlainTypesHandleRowTails) {
+  for (DType wt : {DType::F32, DType::F16, DType::BF16}) {
+    for (int64_t n : {1, 7, 17, 1001}) {
+      const Rows r = make_rows(wt, n, uint32_t(n));
+      const double ref = dot_row_reference(wt, r.w.data(), r.a.data(), n);
+      double abs_sum = 0;
+      for (size_t i = 0; i < r.wf.size(); ++i) abs_sum += std::fabs(double(r.wf[i]) * r.af[i]);
+      EXPECT_NEAR(dot_row(wt, r.w.data(), r.a.data(), n), ref, 1e-5 * abs_sum + 1e-6) << dtype_name(wt) << " " << n;
+    }
+  }
+}
+
+TEST(CpuDot, QuantizedActivationsStayCloseToFloat) {
+  // The 8-bit activation rounding is small next to the weight rounding: the dot with Q8
+  // activations is within 1% (of sum |w*a|) of the dot with float activations.
+  const int64_t n = 4096;
+  const auto a = gaussian(size_t(n), 99, 3.0f);
+  for (DType wt : {DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    const Rows r = make_rows(wt, n, 5);
+    std::vector<std::byte> act(dtype_row_bytes(dot_activation_type(wt), n));
+    quantize_activation(dot_activation_type(wt), a.data(), act.data(), n);
+    double exact = 0, abs_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      exact += double(r.wf[size_t(i)]) * a[size_t(i)];
+      abs_sum += std::fabs(double(r.wf[size_t(i)]) * a[size_t(i)]);
+    }
+    EXPECT_NEAR(dot_row(wt, r.w.data(), act.data(), n), exact, 0.01 * abs_sum) << dtype_name(wt);
+  }
+}
+
+TEST(CpuDot, RejectsPartialBlocks) {
+  const Rows r = make_rows(DType::Q4_K, 256, 1);
+  EXPECT_THROW(dot_row(DType::Q4_K, r.w.data(), r.a.data(), 128), Error);
+}
+
+// Single-thread throughput on rows that stay in cache (kernel speed, not DRAM bandwidth):
+// prints GB/s of weight bytes per type. The assertion only checks the benchmark computed
+// the same sum on every repetition.
+TEST(CpuDotBench, WeightGigabytesPerSecond) {
+  const int64_t n = 4096, rows = 64;
+  for (DType wt : kWeightTypes) {
+    const DType at = dot_activation_type(wt);
+    const size_t rb = dtype_row_bytes(wt, n);
+    std::vector<std::byte> w(rb * size_t(rows)), act(dtype_row_bytes(at, n));
+    const auto wf = gaussian(size_t(n * rows), 11, 0.05f), af = gaussian(size_t(n), 12);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(wt, wf.data() + r * n, w.data() + size_t(r) * rb, n);
+    quantize_activation(at, af.data(), act.data(), n);
+    float first = 0;
+    int reps = 0;
+    bool same = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    double secs = 0;
+    while (secs < 0.05) {
+      float s = 0;
+      for (int64_t r = 0; r < rows; ++r) s += dot_row(wt, w.data() + size_t(r) * rb, act.data(), n);
+      if (reps == 0) first = s;
+      same = same && s == first;
+      ++reps;
+      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double gbs = double(w.size()) * reps / secs / 1e9;
+    const double gelem = double(n * rows) * reps / secs / 1e9;
+    std::printf("dot %-6s %-10s %6.2f GB/s weights  %6.2f Gelem/s\n", std::string(dtype_name(wt)).c_str(),
+                std::string(dot_kernel_name(wt)).c_str(), gbs, gelem);
+    EXPECT_TRUE(same) << dtype_name(wt);
+    EXPECT_TRUE(std::isfinite(first)) << dtype_name(wt);
+  }
+}
+
+}  // namespace
+}  // namespace qwen36
