@@ -1,0 +1,38 @@
+#pragma once
+// defines: ChatTemplate (a checkpoint's Jinja chat template, rendered the way Hugging Face
+//          transformers' apply_chat_template(tokenize=False) renders it)
+//
+// Variables given to the template: messages, tools (none when absent), documents (none),
+// add_generation_prompt, the special tokens of tokenizer_config.json (bos_token, eos_token,
+// ...), then the caller's extra kwargs (enable_thinking, preserve_thinking, ...).
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "text/jinja_eval.h"
+#include "text/jinja_value.h"
+
+namespace qwen36 {
+
+class ChatTemplate {
+ public:
+  // `chat_template` as stored in tokenizer_config.json: a string, or a list of
+  // {"name", "template"} entries (transformers picks "tool_use" when tools are given, else
+  // "default"). `special_tokens` holds the variables bos_token etc.
+  ChatTemplate(const jinja::Json& chat_template, jinja::Json special_tokens);
+
+  static ChatTemplate from_tokenizer_config(const jinja::Json& config);
+  static ChatTemplate from_tokenizer_config_file(const std::string& path);
+
+  // messages: array of message objects; tools: null or array; kwargs: null or object.
+  std::string render(const jinja::Json& messages, const jinja::Json& tools, bool add_generation_prompt,
+                     const jinja::Json& kwargs) const;
+
+ private:
+  std::vector<std::pair<std::string, std::shared_ptr<jinja::Template>>> templates_;
+  jinja::Json special_tokens_;
+};
+
+}  // namespace qwen36
