@@ -7,6 +7,7 @@ void register_commands(CLI::App& app) {
   register_logits(app);
   register_tokenize(app);
   register_template(app);
+  register_info(app);
 }
 
 }  // namespace qwen36::cli

@@ -14,5 +14,6 @@ void register_run(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_tokenize(CLI::App& app);  // tokenize, detokenize
 void register_template(CLI::App& app);  // template
+void register_info(CLI::App& app);      // info (GGUF metadata and tensors)
 
 }  // namespace qwen36::cli

@@ -464,7 +464,7 @@ std::string GgufFile::value_to_string(const GgufValue& v, size_t max_items) {
     if (i) out += ", ";
     out += v.array_type == GgufType::STRING ? quoted(v.strs[i], 40) : scalar_to_string(v.array_type, v.raw + i * es);
   }
-  if (v.count > n) out += fmt::format(", ... ({} {} total)", v.count, gguf_type_name(v.array_type));
+  if (v.count > n) out += fmt::format(", ... {} more", v.count - n);
   return out + "]";
 }
 
