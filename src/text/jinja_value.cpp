@@ -41,6 +41,12 @@ Value Value::function(std::string name, std::function<Value(const CallArgs&)> fn
   return v;
 }
 
+Value Value::tuple(Array items) {
+  Value v(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
+
 Value Value::from_json(const Json& j) {
   switch (j.type()) {
     case Json::value_t::null: return Value(None{});
@@ -192,14 +198,15 @@ std::string python_string_repr(const std::string& s) {
 std::string Value::repr() const {
   if (is_string()) return python_string_repr(as_string());
   if (is_array()) {
-    std::string out = "[";
+    std::string out = tuple_ ? "(" : "[";
     bool first = true;
     for (const auto& e : array()) {
       if (!first) out += ", ";
       first = false;
       out += e.repr();
     }
-    return out + "]";
+    if (tuple_ && array().size() == 1) out += ",";
+    return out + (tuple_ ? ")" : "]");
   }
   if (is_object()) {
     if (object().is_namespace) return "<Namespace>";

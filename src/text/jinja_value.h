@@ -72,6 +72,7 @@ class Value {
   Value(Object o) : v_(std::make_shared<Object>(std::move(o))) {}
 
   static Value function(std::string name, std::function<Value(const CallArgs&)> fn);
+  static Value tuple(Array items);  // a list that prints as Python's (a, b)
   static Value from_json(const Json& j);
   Json to_json() const;  // throws Error for undefined and callables
 
@@ -102,9 +103,11 @@ class Value {
   std::string type_name() const;  // Python type name, for error messages
 
   const Storage& storage() const { return v_; }
+  bool is_tuple() const { return tuple_; }
 
  private:
   Storage v_;
+  bool tuple_ = false;
 };
 
 bool values_equal(const Value& a, const Value& b);  // Python ==
