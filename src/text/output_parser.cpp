@@ -167,10 +167,11 @@ void OutputParser::emit_text_as_content(std::string_view text) {
 void OutputParser::on_tag(std::string_view tag) {
   switch (state_) {
     case State::Content:
+      // A stray </think> in content is dropped (a control token, never prose); the text
+      // around it stays one segment so no words get glued together.
+      if (tag == kThinkClose) return;
       end_segment();
-      if (tag == kThinkOpen) state_ = State::Reasoning;
-      else if (tag == kCallOpen) state_ = State::ToolCall;
-      // A stray </think> in content is dropped: it is a control token, never prose.
+      state_ = tag == kThinkOpen ? State::Reasoning : State::ToolCall;
       return;
     case State::Reasoning:
       end_segment();
@@ -199,7 +200,12 @@ void OutputParser::close_tool_call(bool at_end) {
     pending_.clear();
   }
   state_ = State::Content;
-  if (auto call = parse_tool_call(body, opt_.tools)) {
+  // Without </tool_call> (the stream ended), accept only a call whose body is complete;
+  // a truncated parameter value must not become a call.
+  std::string_view trimmed = body;
+  while (!trimmed.empty() && is_ws(trimmed.back())) trimmed.remove_suffix(1);
+  bool complete = !at_end || trimmed.ends_with("</function>") || trimmed.ends_with("}");
+  if (auto call = complete ? parse_tool_call(body, opt_.tools) : std::nullopt) {
     end_segment();
     size_t index = result_.tool_calls.size();
     jinja::JsonDumpOptions json_style;  // json.dumps defaults, as Python servers produce
