@@ -130,8 +130,8 @@ TEST_P(Golden, BatchedSequencesAreIndependent) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(fixture_names()),
-                         [](const auto& info) {
-                           std::string s = info.param;
+                         [](const auto& param_info) {
+                           std::string s = param_info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });
