@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "text/chat_template.h"
@@ -113,6 +116,36 @@ TEST(ChatTemplateConfig, BadInputIsAnError) {
   ChatTemplate t(jinja::Json("x"), jinja::Json::object());
   EXPECT_THROW(t.render(jinja::Json::object(), nullptr, false, nullptr), Error);
   EXPECT_THROW(ChatTemplate::from_tokenizer_config_file("/nonexistent/tokenizer_config.json"), Error);
+}
+
+// The CLI prints exactly the rendered prompt: nothing added, nothing lost.
+TEST(TemplateCli, PrintsExactlyThePrompt) {
+  fs::path dir = fs::temp_directory_path() / ("qwen36_tpl_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  jinja::Json config = {{"chat_template", read_file(kData / "qwen36_chat_template.jinja")},
+                        {"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  auto input = jinja::Json::parse(read_file(kData / "cases" / "19_multi_step_tools.json"));
+  std::ofstream(dir / "messages.json") << input["messages"].dump();
+  std::ofstream(dir / "tools.json") << input["tools"].dump();
+  std::string cmd = std::string(QWEN36_BIN) + " template --tokenizer-config " + (dir / "tokenizer_config.json").string() +
+                    " --messages " + (dir / "messages.json").string() + " --tools " + (dir / "tools.json").string() +
+                    " --kwargs '{\"enable_thinking\": true}'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  EXPECT_EQ(pclose(pipe), 0);
+  EXPECT_EQ(out, read_file(kData / "expected" / "qwen36" / "19_multi_step_tools.txt"));
+
+  FILE* bad = popen((std::string(QWEN36_BIN) + " template --tokenizer-config /nonexistent.json --messages x 2>&1").c_str(), "r");
+  ASSERT_NE(bad, nullptr);
+  std::string err;
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), bad)) > 0;) err.append(buf, n);
+  EXPECT_NE(pclose(bad), 0);
+  EXPECT_NE(err.find("error: /nonexistent.json: cannot open file"), std::string::npos) << err;
+  fs::remove_all(dir);
 }
 
 }  // namespace

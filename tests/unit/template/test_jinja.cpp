@@ -42,19 +42,19 @@ std::string error_of(const std::string& src, const Json& vars = Json::object()) 
   return "(no error)";
 }
 
-class FeatureGolden : public ::testing::TestWithParam<std::string> {};
+class TemplateJinjaFeature : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(FeatureGolden, MatchesJinja2) {
+TEST_P(TemplateJinjaFeature, MatchesJinja2) {
   const std::string name = GetParam();
   Template t(read_file(kFeatures / (name + ".jinja")));
   EXPECT_EQ(t.render(context()), read_file(kExpected / (name + ".txt")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Features, FeatureGolden,
+INSTANTIATE_TEST_SUITE_P(Features, TemplateJinjaFeature,
                          ::testing::Values("loops", "scoping", "macros", "filters", "strings", "tests_ops",
                                            "whitespace"));
 
-TEST(JinjaValue, PythonFloatRepr) {
+TEST(TemplateJinjaValue, PythonFloatRepr) {
   EXPECT_EQ(python_float_repr(1.0), "1.0");
   EXPECT_EQ(python_float_repr(0.1), "0.1");
   EXPECT_EQ(python_float_repr(1e-5), "1e-05");
@@ -65,7 +65,7 @@ TEST(JinjaValue, PythonFloatRepr) {
   EXPECT_EQ(python_float_repr(1.0 / 3.0), "0.3333333333333333");
 }
 
-TEST(JinjaValue, JsonDumpsKeepsKeyOrderAndUnicode) {
+TEST(TemplateJinjaValue, JsonDumpsKeepsKeyOrderAndUnicode) {
   Value v = Value::from_json(Json::parse(R"({"z": 1, "a": [true, null, 2.5], "é": "日本\n"})"));
   EXPECT_EQ(python_json_dumps(v, {}), R"({"z": 1, "a": [true, null, 2.5], "é": "日本\n"})");
   JsonDumpOptions ascii;
@@ -73,7 +73,7 @@ TEST(JinjaValue, JsonDumpsKeepsKeyOrderAndUnicode) {
   EXPECT_EQ(python_json_dumps(Value("é😀"), ascii), R"("\u00e9\ud83d\ude00")");
 }
 
-TEST(JinjaErrors, NameTheLine) {
+TEST(TemplateJinjaErrors, NameTheLine) {
   EXPECT_EQ(error_of("line1\n{{ raise_exception('boom') }}"), "template line 2: raise_exception: boom");
   EXPECT_EQ(error_of("a\nb\n{% if x %}\n{{ x.y.z }}\n{% endif %}", {{"x", {{"k", 1}}}}),
             "template line 4: 'dict object' has no attribute 'y' is undefined");
@@ -89,20 +89,20 @@ TEST(JinjaErrors, NameTheLine) {
   EXPECT_NE(error_of("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}").find("too deep"), std::string::npos);
 }
 
-TEST(JinjaTemplate, TrailingNewlineDroppedLikeJinja2) {
+TEST(TemplateJinja, TrailingNewlineDroppedLikeJinja2) {
   EXPECT_EQ(render("a\n"), "a");
   EXPECT_EQ(render("a\n\n"), "a\n");
   EXPECT_EQ(render("{% if true %}\nx\n{% endif %}\n"), "x\n");
 }
 
-TEST(JinjaTemplate, UndefinedBehavesLikeJinja2Default) {
+TEST(TemplateJinja, UndefinedBehavesLikeJinja2Default) {
   EXPECT_EQ(render("[{{ nope }}][{% for x in nope %}x{% endfor %}][{{ nope | length }}]"), "[][][0]");
   EXPECT_EQ(render("{{ nope == nope2 }} {{ nope is defined }}"), "True False");
   EXPECT_NE(error_of("{{ nope.attr }}").find("'nope' is undefined"), std::string::npos);
   EXPECT_NE(error_of("{{ nope() }}").find("'nope' is undefined"), std::string::npos);
 }
 
-TEST(JinjaTemplate, RendersAreIndependent) {
+TEST(TemplateJinja, RendersAreIndependent) {
   Template t("{% set ns = namespace(n=0) %}{% for m in ms %}{% set ns.n = ns.n + m %}{% endfor %}{{ ns.n }}");
   EXPECT_EQ(t.render(Value::from_json(Json{{"ms", {1, 2, 3}}}).object()), "6");
   EXPECT_EQ(t.render(Value::from_json(Json{{"ms", {10}}}).object()), "10");

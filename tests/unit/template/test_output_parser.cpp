@@ -132,7 +132,7 @@ std::vector<Case> cases() {
   };
 }
 
-class ParserCase : public ::testing::TestWithParam<Case> {};
+class TemplateOutputParserCase : public ::testing::TestWithParam<Case> {};
 
 void expect_result(const ParsedOutput& got, const Case& c) {
   EXPECT_EQ(got.content, c.content);
@@ -145,13 +145,13 @@ void expect_result(const ParsedOutput& got, const Case& c) {
   }
 }
 
-TEST_P(ParserCase, WholeText) {
+TEST_P(TemplateOutputParserCase, WholeText) {
   const Case& c = GetParam();
   expect_result(parse_output(c.text, options_for(c)), c);
 }
 
 // Random chunkings: concatenated deltas equal the whole-text result.
-TEST_P(ParserCase, RandomChunksGiveSameResult) {
+TEST_P(TemplateOutputParserCase, RandomChunksGiveSameResult) {
   const Case& c = GetParam();
   for (unsigned seed = 0; seed < 12; ++seed) {
     std::mt19937 rng(seed);
@@ -182,15 +182,15 @@ TEST_P(ParserCase, RandomChunksGiveSameResult) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
 
-INSTANTIATE_TEST_SUITE_P(Cases, ParserCase, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Cases, TemplateOutputParserCase, ::testing::ValuesIn(cases()), case_name);
 
-TEST(OutputParser, HasAtLeast25MalformedCases) {
+TEST(TemplateOutputParser, HasAtLeast25MalformedCases) {
   size_t n = 0;
   for (const auto& c : cases()) n += std::string(c.name).rfind("m_", 0) == 0;
   EXPECT_GE(n, 25u);
 }
 
-TEST(OutputParser, HoldsBackPartialTagsOnly) {
+TEST(TemplateOutputParser, HoldsBackPartialTagsOnly) {
   OutputParser p;
   auto d = p.feed("Hello <too");
   ASSERT_EQ(d.size(), 1u);
@@ -203,7 +203,7 @@ TEST(OutputParser, HoldsBackPartialTagsOnly) {
   EXPECT_TRUE(p.finish().empty());
 }
 
-TEST(OutputParser, StreamsReasoningBeforeItCloses) {
+TEST(TemplateOutputParser, StreamsReasoningBeforeItCloses) {
   OutputParserOptions o;
   o.prompt_opened_thinking = true;
   OutputParser p(o);
@@ -213,7 +213,7 @@ TEST(OutputParser, StreamsReasoningBeforeItCloses) {
   EXPECT_EQ(d[0].text, "step one,");
 }
 
-TEST(OutputParser, OpenAIMessage) {
+TEST(TemplateOutputParser, OpenAIMessage) {
   ParsedOutput out = parse_output("<think>r</think>" + kWeatherCall, {});
   Json m = to_openai_message(out);
   EXPECT_EQ(m["role"], "assistant");
