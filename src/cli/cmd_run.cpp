@@ -1,5 +1,6 @@
-// qwen36 run: generate from a prompt with one model on one backend.
+// qwen36 run: generate from a prompt (text, chat, or raw token ids) with one model.
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -7,9 +8,28 @@
 #include "core/error.h"
 #include "engine/generate.h"
 
+#ifdef QWEN36_HAVE_PCRE2
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "text/chat_template.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+#endif
+
 namespace qwen36::cli {
 
 namespace {
+
+struct RunOptions {
+  std::string model, tokens, prompt, prompt_file, system, tokenizer, backend = "cpu";
+  int32_t n_predict = 128;
+  int64_t ctx = 4096;
+  int threads = 0;
+  bool ignore_eos = false, chat = false, no_think = false;
+  SamplingParams sampling;
+};
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
   std::vector<int32_t> ids;
@@ -31,6 +51,108 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
   return ids;
 }
 
+void print_stats(const GenerateResult& r) {
+  std::fprintf(stderr, "\nprompt: %d tokens, %.1f tok/s | generated: %zu tokens, %.2f tok/s | stop: %s\n", r.n_prompt,
+               r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), r.stop_reason.c_str());
+}
+
+GenerateOptions generate_options(const RunOptions& o, const ModelConfig& c) {
+  GenerateOptions g;
+  g.max_tokens = o.n_predict;
+  g.sampling = o.sampling;
+  if (!o.ignore_eos) g.stop_ids = c.eos_token_ids;
+  return g;
+}
+
+// Token ids in, token ids out.
+void run_tokens(const RunOptions& o, LoadedModel& lm) {
+  const std::vector<int32_t> prompt = parse_token_list(o.tokens);
+  QWEN36_CHECK(!prompt.empty(), "--tokens: the prompt is empty");
+  const ModelConfig& c = lm.model->config();
+  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings), false);
+  GenerateResult r = generate(*lm.model, state, prompt, generate_options(o, c), [](int32_t tok) {
+    std::printf("%d ", tok);
+    std::fflush(stdout);
+    return true;
+  });
+  print_stats(r);
+}
+
+#ifdef QWEN36_HAVE_PCRE2
+// Text in, text out; with --chat the prompt goes through the chat template and the output
+// through the reasoning / tool-call parser (reasoning is shown on stderr).
+void run_text(const RunOptions& o, LoadedModel& lm) {
+  const std::string tok_path = resolve_tokenizer(o.tokenizer, o.model);
+  QWEN36_CHECK(!tok_path.empty(),
+               "no tokenizer found for this model: pass --tokenizer PATH (tokenizer.json or its directory){}",
+               o.model.empty() ? ", or run scripts/fetch-tokenizer.sh for the default model" : "");
+  const text::Tokenizer tok = text::Tokenizer::from_file(tok_path);
+  const ModelConfig& c = lm.model->config();
+  QWEN36_CHECK(tok.vocab_size() <= c.vocab_size, "tokenizer has {} tokens but the model only {}", tok.vocab_size(),
+               c.vocab_size);
+
+  std::string text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    QWEN36_CHECK(in.good(), "cannot open {}", o.prompt_file);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  GenerateOptions g = generate_options(o, c);
+  OutputParserOptions popts;
+  if (o.chat) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
+    const fs::path cfg = dir / "tokenizer_config.json";
+    QWEN36_CHECK(fs::exists(cfg), "--chat needs a chat template: {} not found", cfg.string());
+    const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config_file(cfg.string());
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    messages.push_back({{"role", "user"}, {"content", text}});
+    nlohmann::ordered_json kwargs = {{"enable_thinking", !o.no_think}};
+    text = tmpl.render(messages, nullptr, true, kwargs);
+    popts.thinking_enabled = true;
+    popts.prompt_opened_thinking = text.ends_with("<think>\n");
+    for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
+      if (int32_t id = tok.token_id(stop); id >= 0 && !o.ignore_eos) g.stop_ids.push_back(id);
+  }
+  const std::vector<int32_t> prompt = tok.encode(text);
+  QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
+  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings), false);
+
+  text::StreamDecoder decoder(tok);
+  OutputParser parser(popts);
+  auto show = [&](const std::vector<OutputDelta>& deltas) {
+    for (const auto& d : deltas) {
+      if (d.kind == OutputDelta::Kind::Content) std::fputs(d.text.c_str(), stdout);
+      if (d.kind == OutputDelta::Kind::Reasoning) std::fputs(d.text.c_str(), stderr);
+      if (d.kind == OutputDelta::Kind::ToolCall)
+        std::printf("\n[tool call] %s(%s)\n", d.tool_call.name.c_str(), d.tool_call.arguments.c_str());
+    }
+  };
+  if (!o.chat) std::fputs(text.c_str(), stdout);
+  GenerateResult r = generate(*lm.model, state, prompt, g, [&](int32_t id) {
+    if (id >= tok.vocab_size()) return true;  // padded embedding rows have no text
+    const std::string piece = decoder.push(id);
+    if (o.chat)
+      show(parser.feed(piece));
+    else
+      std::fputs(piece.c_str(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  const std::string rest = decoder.flush();
+  if (o.chat) {
+    show(parser.feed(rest));
+    show(parser.finish());
+  } else {
+    std::fputs(rest.c_str(), stdout);
+  }
+  print_stats(r);
+}
+#endif
+
 }  // namespace
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& s) {
@@ -47,19 +169,19 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& s) {
 }
 
 void register_run(CLI::App& app) {
-  auto* cmd = app.add_subcommand("run", "Generate tokens from a prompt");
-  struct Opts {
-    std::string model, tokens, backend = "cpu";
-    int32_t n_predict = 64;
-    int64_t ctx = 4096;
-    int threads = 0;
-    bool ignore_eos = false;
-    SamplingParams sampling;
-  };
-  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("run", "Generate text (or token ids) from a prompt");
+  auto o = std::make_shared<RunOptions>();
   cmd->add_option("-m,--model", o->model,
                   "Model: Hugging Face directory or .gguf file (default: the built-in small model)");
-  cmd->add_option("--tokens", o->tokens, "Prompt as comma-separated token ids, e.g. 1,2,3")->required();
+  auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
+  auto* f = cmd->add_option("-f,--file", o->prompt_file, "Read the prompt text from a file");
+  auto* t = cmd->add_option("--tokens", o->tokens, "Prompt as comma-separated token ids (prints ids)");
+  p->excludes(f)->excludes(t);
+  f->excludes(t);
+  cmd->add_flag("--chat", o->chat, "Apply the chat template and split reasoning / tool calls from the answer");
+  cmd->add_option("--system", o->system, "System message (with --chat)");
+  cmd->add_flag("--no-think", o->no_think, "Chat with thinking disabled (enable_thinking=false)");
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: beside the model)");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context size (prompt + generated)")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
@@ -70,24 +192,16 @@ void register_run(CLI::App& app) {
     o->sampling.validate();
     QWEN36_CHECK(o->n_predict >= 0, "--n-predict {} must be >= 0", o->n_predict);
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);
-    const std::vector<int32_t> prompt = parse_token_list(o->tokens);
-    QWEN36_CHECK(!prompt.empty(), "--tokens: the prompt is empty");
+    QWEN36_CHECK(!o->prompt.empty() || !o->prompt_file.empty() || !o->tokens.empty(),
+                 "give a prompt: -p TEXT, -f FILE or --tokens IDS");
     LoadedModel lm = o->model.empty() ? load_default_model(o->backend, o->threads)
                                       : load_model(o->model, o->backend, o->threads);
-    const ModelConfig& c = lm.model->config();
-    ModelState state(*lm.backend, c, 1, std::min<int64_t>(o->ctx, c.max_position_embeddings), false);
-    GenerateOptions g;
-    g.max_tokens = o->n_predict;
-    g.sampling = o->sampling;
-    if (!o->ignore_eos) g.stop_ids = c.eos_token_ids;
-    GenerateResult r = generate(*lm.model, state, prompt, g, [](int32_t tok) {
-      std::printf("%d ", tok);
-      std::fflush(stdout);
-      return true;
-    });
-    std::printf("\n");
-    std::fprintf(stderr, "prompt: %d tokens, %.1f tok/s | generated: %zu tokens, %.2f tok/s | stop: %s\n", r.n_prompt,
-                 r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), r.stop_reason.c_str());
+    if (!o->tokens.empty()) return run_tokens(*o, lm);
+#ifdef QWEN36_HAVE_PCRE2
+    run_text(*o, lm);
+#else
+    fail("text prompts need the tokenizer, which this build lacks (PCRE2 was not found); use --tokens");
+#endif
   });
 }
 

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -35,6 +37,18 @@ LoadedModel load_model(const std::string& path, const std::string& backend, int 
   spdlog::info("model: {}", w.config.summary());
   lm.model = std::make_unique<Model>(std::move(w), *lm.backend);
   return lm;
+}
+
+std::string resolve_tokenizer(const std::string& explicit_path, const std::string& model_path) {
+  namespace fs = std::filesystem;
+  if (!explicit_path.empty()) return explicit_path;
+  if (const char* env = std::getenv("QWEN36_TOKENIZER"); env && *env) return env;
+  if (!model_path.empty()) {
+    if (fs::is_directory(model_path) && fs::exists(fs::path(model_path) / "tokenizer.json")) return model_path;
+    return "";
+  }
+  const fs::path fetched = fs::path(QWEN36_SOURCE_DIR) / ".models" / "qwen3-tokenizer";
+  return fs::exists(fetched / "tokenizer.json") ? fetched.string() : "";
 }
 
 std::vector<int32_t> read_i32_file(const std::string& path) {

@@ -27,6 +27,12 @@ LoadedModel load_default_model(const std::string& backend, int threads = 0);
 
 std::vector<int32_t> read_i32_file(const std::string& path);
 
+// Where the tokenizer for a model lives: `explicit_path` if given, else $QWEN36_TOKENIZER,
+// else the model directory when it holds a tokenizer.json, else (for the built-in default
+// model, model_path empty) the Qwen3 tokenizer fetched by scripts/fetch-tokenizer.sh.
+// Returns "" when none is found.
+std::string resolve_tokenizer(const std::string& explicit_path, const std::string& model_path);
+
 // --temp, --top-k, ... for subcommands that sample.
 void add_sampling_options(CLI::App* cmd, SamplingParams& s);
 
