@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 
@@ -36,14 +37,22 @@ T require(const json& j, const char* key) {
   return get<T>(j, key, T{});
 }
 
+// A token id as int32; get<int32_t>() alone would wrap 2^32 + 5 to 5 and accept it.
+int32_t checked_id(const json& x, const char* key) {
+  const bool fits = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                           : x.get<int64_t>() >= INT32_MIN && x.get<int64_t>() <= INT32_MAX;
+  QWEN36_CHECK(fits, "config: {} value {} is not a 32-bit token id", key, x.dump());
+  return x.get<int32_t>();
+}
+
 std::vector<int32_t> parse_ids(const json& v, const char* key) {
   std::vector<int32_t> ids;
   if (v.is_null()) return ids;
-  if (v.is_number_integer()) return {v.get<int32_t>()};
+  if (v.is_number_integer()) return {checked_id(v, key)};
   QWEN36_CHECK(v.is_array(), "config: {} must be an integer or a list of integers", key);
   for (const auto& x : v) {
     QWEN36_CHECK(x.is_number_integer(), "config: {} must be an integer or a list of integers", key);
-    ids.push_back(x.get<int32_t>());
+    ids.push_back(checked_id(x, key));
   }
   return ids;
 }
@@ -143,6 +152,9 @@ ModelConfig parse_hf_config(const json& root) {
 ModelConfig load_hf_config(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(dir) / "config.json";
+  // A directory opens as a stream whose first read throws std::ios_base::failure; reject it here.
+  QWEN36_CHECK(fs::is_regular_file(path), "{}: cannot open (is {} a Hugging Face checkpoint directory?)",
+               path.string(), dir);
   std::ifstream in(path);
   QWEN36_CHECK(in.good(), "{}: cannot open (is {} a Hugging Face checkpoint directory?)", path.string(), dir);
   const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -151,7 +163,7 @@ ModelConfig load_hf_config(const std::string& dir) {
 
   // generation_config.json carries the stop ids for generate(); prefer it when present.
   const fs::path gen = fs::path(dir) / "generation_config.json";
-  if (fs::exists(gen)) {
+  if (fs::is_regular_file(gen)) {
     std::ifstream gin(gen);
     const json g = json::parse(gin, nullptr, false);
     if (g.is_object() && g.contains("eos_token_id")) {

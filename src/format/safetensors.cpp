@@ -92,6 +92,8 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
+    // A directory would open and then throw std::ios_base::failure on the first read.
+    QWEN36_CHECK(fs::is_regular_file(index), "{}: not a regular file", index.string());
     std::ifstream in(index);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     QWEN36_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
