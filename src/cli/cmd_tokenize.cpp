@@ -20,7 +20,7 @@ namespace qwen36::cli {
 
 namespace {
 
-std::string read_file(const std::string& path) {
+[[maybe_unused]] std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open", path);
   std::ostringstream ss;
@@ -29,7 +29,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
+[[maybe_unused]] void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
   std::string bytes;
   bytes.reserve(ids.size() * 4);
   for (int32_t id : ids) {
@@ -42,7 +42,7 @@ void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
   if (!out) fail("{}: write error", path);
 }
 
-std::vector<int32_t> read_ids(const std::string& path) {
+[[maybe_unused]] std::vector<int32_t> read_ids(const std::string& path) {
   const std::string bytes = read_file(path);
   if (bytes.size() % 4 != 0)
     fail("{}: size {} is not a multiple of 4 (expected int32 little-endian ids)", path, bytes.size());

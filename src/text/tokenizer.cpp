@@ -196,14 +196,20 @@ struct Tokenizer::Piece {
 
 namespace {
 
-// Whether code point c counts as a word character for single_word (Rust regex \w).
+// Whether code point c counts as a word character for single_word: Rust regex \w, i.e.
+// Alphabetic, marks, decimal digits, connector punctuation and the joiners. PCRE2 10.40+ knows
+// these Boolean properties; older ones get the nearest general categories.
 bool is_word_char(char32_t c) {
   static pcre2_code* code = [] {
     int err = 0;
     PCRE2_SIZE off = 0;
-    const char* p = R"(^[\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\x{200C}\x{200D}])";
-    return pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p), PCRE2_ZERO_TERMINATED,
-                         PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+    for (const char* p : {R"(^[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])",
+                          R"(^[\p{L}\p{M}\p{Nd}\p{Nl}\p{Pc}\x{200C}\x{200D}])"}) {
+      pcre2_code* compiled = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p), PCRE2_ZERO_TERMINATED,
+                                           PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+      if (compiled != nullptr) return compiled;
+    }
+    fail("cannot compile the word-character regex: {}", pcre2_message(err));
   }();
   std::string s;
   append_utf8(s, c);
@@ -229,13 +235,15 @@ void Tokenizer::split_added(std::string_view text, const Trie& trie, bool parse_
     from = stop;
     if (!parse_special && tok.special) continue;
     if (tok.single_word) {
-      size_t p = start;
-      const bool word_before = start > 0 && [&] {
+      bool word_before = false, word_after = false;
+      if (start > 0) {
         size_t q = prev_code_point_start(text, start);
-        return is_word_char(next_code_point(text, q));
-      }();
-      p = stop;
-      const bool word_after = stop < text.size() && is_word_char(next_code_point(text, p));
+        word_before = is_word_char(next_code_point(text, q));
+      }
+      if (stop < text.size()) {
+        size_t q = stop;
+        word_after = is_word_char(next_code_point(text, q));
+      }
       if (word_before || word_after) continue;
     }
     if (tok.lstrip) {

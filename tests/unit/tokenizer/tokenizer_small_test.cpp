@@ -209,6 +209,9 @@ TEST(TokenizerSmall, SingleWordTokensOnlyMatchWholeWords) {
   EXPECT_EQ(t.encode("a cat!"), Ids({'a', ' ', 300, '!'}));
   EXPECT_EQ(t.encode("cats"), Ids({'c', 'a', 't', 's'}));
   EXPECT_EQ(t.encode("\xC3\xA9" "cat"), Ids({0xC3, 0xA9, 'c', 'a', 't'}));  // é is a letter
+  // Circled letters are Alphabetic (category So), so \w in Rust's regex counts them.
+  EXPECT_EQ(t.encode("\xE2\x92\xB6" "cat"), Ids({0xE2, 0x92, 0xB6, 'c', 'a', 't'}));
+  EXPECT_EQ(t.encode("!cat_"), Ids({'!', 'c', 'a', 't', '_'}));
 }
 
 TEST(TokenizerSmall, NormalizedAddedTokensMatchNfcText) {
