@@ -1,0 +1,114 @@
+#pragma once
+// defines: RequestParams (what a client asks the engine for), RequestEvent, RequestUsage,
+//          Request (the handle shared by the submitting thread and the engine thread),
+//          StopTextFilter (holds back text that could still become a stop string)
+//
+// The engine thread pushes events into a Request; the submitter (an HTTP handler, a test)
+// pulls them with a timeout, so no caller ever blocks forever on the engine.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace qwen36 {
+
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling = SamplingParams::greedy();
+  int32_t max_tokens = 256;
+  std::vector<int32_t> stop_ids;          // end generation; the stop token is not emitted
+  std::vector<std::string> stop_strings;  // end generation; the text from the match on is dropped
+  int32_t top_logprobs = -1;              // -1: no logprobs; 0..20: the sampled token's + that many alternatives
+};
+
+// Log-probabilities from the model's raw distribution (before sampling filters), like vLLM.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
+struct RequestEvent {
+  enum class Kind { Token, Finished };
+  Kind kind = Kind::Token;
+  int32_t token = -1;
+  std::string text;  // newly safe text (whole UTF-8 characters, not part of a possible stop string)
+  std::optional<TokenLogprob> logprob;
+  std::string finish_reason;  // Finished: "stop", "length", "cancelled" or "error"
+  std::string error;          // Finished with "error"
+};
+
+struct RequestUsage {
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens whose state came from the prefix cache
+  int32_t completion_tokens = 0;
+  double ttft_seconds = 0;    // submit → first token
+  double total_seconds = 0;   // submit → finish
+};
+
+class Request {
+ public:
+  explicit Request(uint64_t id) : id_(id) {}
+  uint64_t id() const { return id_; }
+
+  // Asks the engine to stop this request; it finishes with "cancelled" within one step and
+  // its state slot becomes free.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Waits up to `timeout` for the next event; false when none came.
+  bool next(RequestEvent& ev, std::chrono::milliseconds timeout);
+  bool finished() const;
+  RequestUsage usage() const;  // final after the Finished event
+
+  // Engine side.
+  void push(RequestEvent ev, const RequestUsage* usage = nullptr);
+
+ private:
+  const uint64_t id_;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestEvent> events_;
+  RequestUsage usage_;
+  bool finished_ = false;
+};
+
+// Everything a request produced, gathered by wait_for_result (tests, non-streaming callers).
+struct RequestResult {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  std::string finish_reason;  // "timeout" when the deadline passed first
+  std::string error;
+  RequestUsage usage;
+};
+RequestResult wait_for_result(Request& r, std::chrono::milliseconds deadline);
+
+// Token bytes in, displayable text out. Holds back an unfinished UTF-8 character and any
+// tail that is the start of a stop string; once a stop string appears, returns the text
+// before it and reports matched().
+class StopTextFilter {
+ public:
+  explicit StopTextFilter(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
+  std::string push(std::string_view bytes);
+  std::string flush();  // end of output: whatever is held (unless a stop string matched)
+  bool matched() const { return matched_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+};
+
+}  // namespace qwen36

@@ -1,0 +1,132 @@
+#pragma once
+// defines: SchedulerOptions, SchedulerStats, Histogram, QueueFull, Scheduler (the engine core:
+//          continuous batching of many requests over one model and one ModelState)
+//
+// Each step builds ONE ForwardBatch: a decode token for every running sequence plus prefill
+// chunks of sequences still reading their prompt, so new requests join running ones at every
+// step. A request is admitted when a state slot is free (or cached and reusable, see
+// PrefixCache); the rest wait in a bounded queue. One thread (the engine thread, or a test
+// calling step()) owns the model; other threads only submit, cancel and read stats.
+//
+// Prefill chunks start at multiples of prefill_chunk from where a sequence's prefill began,
+// exactly as generate() chunks a prompt, so a request's numerics do not depend on what else
+// shares its batches.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/prefix_cache.h"
+#include "engine/request.h"
+#include "model/qwen36.h"
+
+namespace qwen36 {
+
+struct SchedulerOptions {
+  int32_t slots = 4;             // sequences that run at once (state slots)
+  int64_t context = 4096;        // positions per slot (prompt + generated)
+  int32_t prefill_chunk = 256;   // prompt tokens per sequence per step
+  int32_t max_batch_tokens = 512;  // step budget; one prefill chunk always fits
+  int32_t max_queue = 64;        // waiting requests; more are refused (QueueFull)
+  bool prefix_cache = true;
+  // Bytes of a token, for streamed text and stop strings (empty: no text).
+  std::function<std::string(int32_t)> token_text;
+};
+
+// Cumulative Prometheus-style histogram (seconds).
+struct Histogram {
+  static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  static constexpr size_t kBuckets = sizeof(kBounds) / sizeof(kBounds[0]);
+  uint64_t counts[kBuckets + 1] = {};  // last: +Inf
+  uint64_t total = 0;
+  double sum = 0;
+  void add(double v);
+};
+
+struct SchedulerStats {
+  int32_t running = 0, waiting = 0;
+  int32_t slots = 0, slots_busy = 0, slots_cached = 0;
+  int64_t context = 0;
+  int64_t kv_positions_used = 0;  // positions held by running sequences
+  uint64_t requests_finished = 0, requests_rejected = 0, requests_cancelled = 0;
+  uint64_t prompt_tokens = 0;         // of admitted requests
+  uint64_t prompt_tokens_cached = 0;  // of which came from the prefix cache
+  uint64_t prefilled_tokens = 0;      // prompt tokens actually run through the model
+  uint64_t generated_tokens = 0;
+  uint64_t steps = 0;
+  Histogram ttft, inter_token;
+  double cache_hit_rate() const { return prompt_tokens ? double(prompt_tokens_cached) / double(prompt_tokens) : 0; }
+};
+
+// submit() when the queue is full (HTTP 503).
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Model& model, SchedulerOptions opts);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates and queues a request (thread-safe). Throws Error for a bad request (for example
+  // a prompt that does not fit the context) and QueueFull when the queue is at its cap.
+  std::shared_ptr<Request> submit(RequestParams params);
+
+  // One engine step; false when there was nothing to do. Call from one thread only, and not
+  // while the engine thread runs.
+  bool step();
+  void start();  // runs steps on an engine thread until stop()
+  // Graceful end: lets running work finish for up to `drain`, then cancels what is left
+  // (every request gets its Finished event) and joins the engine thread.
+  void stop(std::chrono::milliseconds drain = std::chrono::milliseconds(0));
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return opts_; }
+  const Model& model() const { return model_; }
+
+ private:
+  struct Sequence;
+  struct Pending {
+    std::shared_ptr<Request> req;
+    RequestParams params;
+    std::chrono::steady_clock::time_point submitted;
+  };
+  bool has_work_locked() const;
+  void admit_waiting();
+  void finish(Sequence& s, const std::string& reason, const std::string& error = {});
+  void on_logits(Sequence& s, std::span<float> logits);
+  void run_loop();
+
+  Model& model_;
+  SchedulerOptions opts_;
+  ModelState state_;
+  PrefixCache cache_;
+  std::vector<float> logits_;
+
+  mutable std::mutex mu_;  // guards incoming_, waiting count, stats_, stopping_
+  std::condition_variable wake_;
+  std::deque<Pending> incoming_;
+  int32_t queued_ = 0;  // submitted, not yet admitted (counts against max_queue)
+  SchedulerStats stats_;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+
+  // Engine-thread only.
+  std::deque<Pending> waiting_;
+  std::list<Sequence> running_;
+  std::thread thread_;
+};
+
+}  // namespace qwen36

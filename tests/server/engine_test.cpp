@@ -1,0 +1,361 @@
+// Engine core without HTTP: continuous batching gives each request exactly what it gets alone,
+// cancellation frees a slot within one step, the queue cap refuses, and the prefix cache lets a
+// second turn prefill only its new tokens with the same output as a cold run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "engine/generate.h"
+#include "engine/scheduler.h"
+#include "format/model_loader.h"
+
+namespace qwen36 {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The tiny transformers checkpoint of the golden tests (vocab 256): fast and deterministic.
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend(2).release();
+    model_ = new Model(load_model_weights(std::string(QWEN36_TEST_DATA) + "/golden/dense-gqa"), *backend_);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+  }
+
+  static std::vector<int32_t> prompt(int n, int seed) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back((seed * 37 + i * 11 + i * i) % 256);
+    return p;
+  }
+  // What generate() gives for this request on a fresh state (the single-request reference).
+  static std::vector<int32_t> alone(const RequestParams& p, int32_t chunk, int64_t ctx = 256) {
+    ModelState st(*backend_, model_->config(), 1, ctx, false);
+    GenerateOptions g;
+    g.max_tokens = p.max_tokens;
+    g.sampling = p.sampling;
+    g.stop_ids = p.stop_ids;
+    g.prefill_chunk = chunk;
+    return generate(*model_, st, p.prompt, g).tokens;
+  }
+  // Steps until every request finished (bounded).
+  static void run_until_done(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
+    for (int i = 0; i < 10000; ++i) {
+      bool all = true;
+      for (auto& r : reqs) all = all && r->finished();
+      if (all) return;
+      s.step();
+    }
+    FAIL() << "requests did not finish";
+  }
+
+  static Backend* backend_;
+  static Model* model_;
+};
+Backend* EngineTest::backend_ = nullptr;
+Model* EngineTest::model_ = nullptr;
+
+SchedulerOptions small_options() {
+  SchedulerOptions o;
+  o.slots = 3;
+  o.context = 256;
+  o.prefill_chunk = 16;
+  o.max_batch_tokens = 40;
+  o.max_queue = 16;
+  return o;
+}
+
+TEST_F(EngineTest, ConcurrentGreedyEqualsSingleRuns) {
+  Scheduler s(*model_, small_options());
+  std::vector<RequestParams> ps;
+  for (int i = 0; i < 7; ++i) {
+    RequestParams p;
+    p.prompt = prompt(3 + i * 13, i);  // 3 .. 81 tokens: single and multi-chunk prefills
+    p.max_tokens = 12 + i;
+    ps.push_back(p);
+  }
+  // Two requests start, the rest arrive while they decode (more requests than slots).
+  std::vector<std::shared_ptr<Request>> reqs;
+  reqs.push_back(s.submit(ps[0]));
+  reqs.push_back(s.submit(ps[1]));
+  for (int i = 0; i < 4; ++i) s.step();
+  for (size_t i = 2; i < ps.size(); ++i) reqs.push_back(s.submit(ps[i]));
+  run_until_done(s, reqs);
+  uint64_t total_tokens = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    RequestResult r = wait_for_result(*reqs[i], 1000ms);
+    EXPECT_EQ(r.finish_reason, "length");
+    EXPECT_EQ(r.tokens, alone(ps[i], 16)) << "request " << i;
+    EXPECT_EQ(r.usage.prompt_tokens, int32_t(ps[i].prompt.size()));
+    EXPECT_EQ(r.usage.completion_tokens, ps[i].max_tokens);
+    total_tokens += ps[i].prompt.size() + size_t(ps[i].max_tokens);
+  }
+  // Batching happened: far fewer forward passes than one per chunk/token per request.
+  const SchedulerStats st = s.stats();
+  EXPECT_LT(st.steps * 2, total_tokens / 2);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.requests_finished, ps.size());
+}
+
+TEST_F(EngineTest, SeededSamplingEqualsSingleRun) {
+  Scheduler s(*model_, small_options());
+  std::vector<RequestParams> ps(3);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < 3; ++i) {
+    ps[size_t(i)].prompt = prompt(10 + i * 20, 40 + i);
+    ps[size_t(i)].max_tokens = 15;
+    ps[size_t(i)].sampling.temperature = 0.9f;
+    ps[size_t(i)].sampling.top_k = 0;
+    ps[size_t(i)].sampling.top_p = 0.95f;
+    ps[size_t(i)].sampling.seed = uint64_t(100 + i);
+    reqs.push_back(s.submit(ps[size_t(i)]));
+  }
+  run_until_done(s, reqs);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(wait_for_result(*reqs[i], 1000ms).tokens, alone(ps[i], 16));
+}
+
+TEST_F(EngineTest, StopTokenEndsWithoutEmittingIt) {
+  RequestParams p;
+  p.prompt = prompt(20, 3);
+  p.max_tokens = 12;
+  const auto ref = alone(p, 16);
+  ASSERT_GE(ref.size(), 6u);
+  p.stop_ids = {ref[5]};
+  Scheduler s(*model_, small_options());
+  auto r = s.submit(p);
+  run_until_done(s, {r});
+  RequestResult res = wait_for_result(*r, 1000ms);
+  EXPECT_EQ(res.finish_reason, "stop");
+  const auto first = std::find(ref.begin(), ref.end(), ref[5]);
+  EXPECT_EQ(res.tokens, std::vector<int32_t>(ref.begin(), first));
+}
+
+TEST_F(EngineTest, StopStringTruncatesText) {
+  SchedulerOptions o = small_options();
+  o.token_text = [](int32_t t) { return std::string(1, char('a' + t % 26)); };
+  RequestParams p;
+  p.prompt = prompt(12, 9);
+  p.max_tokens = 16;
+  std::string full;
+  for (int32_t t : alone(p, 16)) full += char('a' + t % 26);
+  p.stop_strings = {full.substr(6, 3), "not-there"};
+  const std::string want = full.substr(0, full.find(full.substr(6, 3)));
+  Scheduler s(*model_, o);
+  auto r = s.submit(p);
+  run_until_done(s, {r});
+  RequestResult res = wait_for_result(*r, 1000ms);
+  EXPECT_EQ(res.finish_reason, "stop");
+  EXPECT_EQ(res.text, want);
+}
+
+TEST_F(EngineTest, LogprobsAreNormalisedAndRankTheGreedyTokenFirst) {
+  RequestParams p;
+  p.prompt = prompt(8, 5);
+  p.max_tokens = 4;
+  p.top_logprobs = 3;
+  Scheduler s(*model_, small_options());
+  auto r = s.submit(p);
+  run_until_done(s, {r});
+  RequestResult res = wait_for_result(*r, 1000ms);
+  ASSERT_EQ(res.logprobs.size(), 4u);
+  for (const TokenLogprob& lp : res.logprobs) {
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, lp.token);
+    EXPECT_FLOAT_EQ(lp.top[0].second, lp.logprob);
+    EXPECT_LE(lp.logprob, 0.f);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_LE(std::exp(lp.top[0].second) + std::exp(lp.top[1].second) + std::exp(lp.top[2].second), 1.0001);
+  }
+}
+
+TEST_F(EngineTest, CancelFreesTheSlotWithinOneStep) {
+  SchedulerOptions o = small_options();
+  o.slots = 1;
+  Scheduler s(*model_, o);
+  RequestParams long_req;
+  long_req.prompt = prompt(10, 1);
+  long_req.max_tokens = 200;
+  auto a = s.submit(long_req);
+  for (int i = 0; i < 3; ++i) s.step();
+  RequestParams next;
+  next.prompt = prompt(5, 2);
+  next.max_tokens = 3;
+  auto b = s.submit(next);
+  s.step();
+  EXPECT_EQ(s.stats().waiting, 1);  // b waits: the only slot is busy
+  a->cancel();
+  s.step();  // one step: a is finished and b runs in its slot
+  EXPECT_TRUE(a->finished());
+  EXPECT_EQ(wait_for_result(*a, 100ms).finish_reason, "cancelled");
+  const SchedulerStats st = s.stats();
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.running, 1);
+  EXPECT_EQ(st.requests_cancelled, 1u);
+  run_until_done(s, {b});
+  EXPECT_EQ(wait_for_result(*b, 100ms).tokens, alone(next, 16));
+}
+
+TEST_F(EngineTest, QueueCapRefusesAndBadRequestsThrow) {
+  SchedulerOptions o = small_options();
+  o.max_queue = 2;
+  Scheduler s(*model_, o);
+  RequestParams p;
+  p.prompt = prompt(4, 0);
+  p.max_tokens = 2;
+  auto r1 = s.submit(p), r2 = s.submit(p);
+  EXPECT_THROW(s.submit(p), QueueFull);
+  EXPECT_EQ(s.stats().requests_rejected, 1u);
+  run_until_done(s, {r1, r2});
+  EXPECT_NO_THROW(s.submit(p));  // the queue drained
+
+  RequestParams bad = p;
+  bad.prompt.clear();
+  EXPECT_THROW(s.submit(bad), Error);
+  bad.prompt = prompt(256, 0);  // context is 256: no room to generate
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.prompt[0] = 256;
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.max_tokens = -1;
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.sampling.top_p = 2;
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.top_logprobs = 21;
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.stop_strings = {"x"};  // no token_text in these options
+  EXPECT_THROW(s.submit(bad), Error);
+}
+
+TEST_F(EngineTest, MaxTokensZeroAndContextEnd) {
+  Scheduler s(*model_, small_options());
+  RequestParams p;
+  p.prompt = prompt(6, 4);
+  p.max_tokens = 0;
+  auto r0 = s.submit(p);
+  p.prompt = prompt(250, 4);  // 256 positions: generation stops at the context end
+  p.max_tokens = 100;
+  auto r1 = s.submit(p);
+  run_until_done(s, {r0, r1});
+  RequestResult a = wait_for_result(*r0, 100ms), b = wait_for_result(*r1, 100ms);
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_TRUE(a.tokens.empty());
+  EXPECT_EQ(b.finish_reason, "length");
+  EXPECT_EQ(b.tokens, alone(p, 16));
+  EXPECT_EQ(b.tokens.size(), 6u);
+}
+
+TEST_F(EngineTest, SecondTurnPrefillsOnlyNewTokensAndMatchesColdRun) {
+  SchedulerOptions o = small_options();
+  o.slots = 2;
+  Scheduler s(*model_, o);
+  RequestParams t1;
+  t1.prompt = prompt(40, 7);
+  t1.max_tokens = 10;
+  auto r1 = s.submit(t1);
+  run_until_done(s, {r1});
+  RequestResult a = wait_for_result(*r1, 100ms);
+  ASSERT_EQ(a.tokens.size(), 10u);
+
+  // Turn 2 = turn 1 + its answer + a new user message (as a chat template would render it).
+  RequestParams t2 = t1;
+  t2.prompt.insert(t2.prompt.end(), a.tokens.begin(), a.tokens.end());
+  const std::vector<int32_t> user = prompt(23, 8);
+  t2.prompt.insert(t2.prompt.end(), user.begin(), user.end());
+  t2.max_tokens = 12;
+  const uint64_t prefilled_before = s.stats().prefilled_tokens;
+  auto r2 = s.submit(t2);
+  run_until_done(s, {r2});
+  RequestResult b = wait_for_result(*r2, 100ms);
+
+  // The slot held turn 1's prompt and every answer token but the last (never fed back).
+  const int32_t reused = 40 + 10 - 1;
+  EXPECT_EQ(b.usage.cached_tokens, reused);
+  EXPECT_EQ(s.stats().prefilled_tokens - prefilled_before, t2.prompt.size() - size_t(reused));
+  EXPECT_EQ(b.tokens, alone(t2, 16));  // identical to a cold run of the whole prompt
+  const SchedulerStats st = s.stats();
+  EXPECT_NEAR(st.cache_hit_rate(), double(reused) / double(40 + t2.prompt.size()), 1e-9);
+
+  // A prompt that diverges from the cached history cannot use it (DeltaNet state is not
+  // truncatable): it runs cold, and still matches.
+  RequestParams t3 = t2;
+  t3.prompt[5] = (t3.prompt[5] + 1) % 256;
+  auto r3 = s.submit(t3);
+  run_until_done(s, {r3});
+  RequestResult c = wait_for_result(*r3, 100ms);
+  EXPECT_EQ(c.usage.cached_tokens, 0);
+  EXPECT_EQ(c.tokens, alone(t3, 16));
+}
+
+TEST_F(EngineTest, EngineThreadServesConcurrentSubmittersAndStopCancels) {
+  Scheduler s(*model_, small_options());
+  s.start();
+  std::vector<RequestParams> ps(6);
+  std::vector<RequestResult> got(6);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i].prompt = prompt(5 + int(i) * 7, int(i) + 20);
+    ps[i].max_tokens = 10;
+    clients.emplace_back([&, i] { got[i] = wait_for_result(*s.submit(ps[i]), 20000ms); });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(got[i].tokens, alone(ps[i], 16)) << i;
+
+  RequestParams endless;
+  endless.prompt = prompt(5, 1);
+  endless.max_tokens = 100000;
+  auto r = s.submit(endless);
+  std::this_thread::sleep_for(20ms);
+  s.stop();
+  RequestResult res = wait_for_result(*r, 1000ms);
+  EXPECT_EQ(res.finish_reason, "cancelled");
+  EXPECT_THROW(s.submit(endless), Error);
+}
+
+TEST(PrefixCacheTest, LongestProperPrefixThenFreeThenLru) {
+  PrefixCache c(2);
+  const std::vector<int32_t> a = {1, 2, 3}, b = {7, 8};
+  auto g1 = c.acquire(a), g2 = c.acquire(b);
+  EXPECT_EQ(g1.reused, 0);
+  EXPECT_NE(g1.slot, g2.slot);
+  EXPECT_EQ(c.acquire(a).slot, -1);  // both busy
+  c.release(g1.slot, a);
+  c.release(g2.slot, b);
+  EXPECT_EQ(c.cached(), 2);
+  auto g3 = c.acquire(std::vector<int32_t>{1, 2, 3, 4});
+  EXPECT_EQ(g3.slot, g1.slot);
+  EXPECT_EQ(g3.reused, 3);
+  c.release(g3.slot, {1, 2, 3, 4});
+  // An exact match is not reusable (one token must run for logits); nothing matches → LRU (b's).
+  auto g4 = c.acquire(std::vector<int32_t>{1, 2, 3, 4});
+  EXPECT_EQ(g4.reused, 0);
+  EXPECT_EQ(g4.slot, g2.slot);
+  PrefixCache off(1, false);
+  off.release(off.acquire(a).slot, a);
+  EXPECT_EQ(off.cached(), 0);
+}
+
+TEST(StopTextFilterTest, HoldsPartialStopsAndUtf8) {
+  StopTextFilter f({"END", "xy"});
+  EXPECT_EQ(f.push("hello E"), "hello ");
+  EXPECT_EQ(f.push("N"), "");
+  EXPECT_EQ(f.push("o"), "ENo");  // not a stop after all
+  EXPECT_EQ(f.push("\xc3"), "");    // first byte of "é"
+  EXPECT_EQ(f.push("\xa9!x"), "\xc3\xa9!");
+  EXPECT_EQ(f.push("y tail"), "");
+  EXPECT_TRUE(f.matched());
+  EXPECT_EQ(f.flush(), "");
+  StopTextFilter g;
+  EXPECT_EQ(g.push("ab\xe2\x82"), "ab");
+  EXPECT_EQ(g.flush(), "\xe2\x82");
+}
+
+}  // namespace
+}  // namespace qwen36
