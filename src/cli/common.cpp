@@ -10,12 +10,20 @@
 #include "format/model_loader.h"
 #include "model/presets.h"
 #include "model/random_weights.h"
+#ifdef QWEN36_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace qwen36::cli {
 
 namespace {
 std::unique_ptr<Backend> make_backend(const std::string& backend, int threads) {
+#ifdef QWEN36_HAVE_CUDA
+  if (backend == "cuda") return make_cuda_backend();
+  QWEN36_CHECK(backend == "cpu", "backend \"{}\" is not available in this build (available: cpu, cuda)", backend);
+#else
   QWEN36_CHECK(backend == "cpu", "backend \"{}\" is not available in this build (available: cpu)", backend);
+#endif
   return make_cpu_backend(threads);
 }
 }  // namespace

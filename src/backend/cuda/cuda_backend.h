@@ -1,0 +1,40 @@
+#pragma once
+// defines: make_cuda_backend, CudaOptions, cuda_available, and the device helpers that
+//          `qwen36 bench` and the GPU tests use (ceiling measurements, weights generated in
+//          device memory). Host-only header: it includes no CUDA headers.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace qwen36 {
+
+struct CudaOptions {
+  int device = 0;
+  // Prefill matmuls (T > 8 rows) normally run as cuBLAS bf16/f16 tensor-core GEMMs with the
+  // f32 activations ROUNDED to the weight type. exact_matmul keeps them f32 (a plain SIMT
+  // GEMM with f32 accumulation): slow, for reference checks only.
+  bool exact_matmul = false;
+};
+
+// True when a CUDA device is usable; otherwise false and *why says why (for GTEST_SKIP).
+bool cuda_available(std::string* why = nullptr);
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& opts = {});
+
+// ---- for benchmarks ----
+std::string cuda_device_name(int device = 0);
+void cuda_synchronize();
+// Device-to-device cudaMemcpy of `bytes`, best of `reps`: GB/s counting bytes read + written.
+double cuda_copy_bandwidth_gbs(size_t bytes, int reps);
+// cuBLAS bf16 GEMM n×n×n (f32 accumulation, bf16 out), best of `reps`: TFLOP/s.
+double cuda_bf16_gemm_tflops(int n, int reps);
+// Random weights generated directly in device memory (same structure and scales as
+// make_random_weights; values differ). prepare_weights of the CUDA backend keeps them in place.
+ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dtype, uint64_t seed);
+
+}  // namespace qwen36

@@ -1,0 +1,233 @@
+// Embedding, RMSNorm variants, elementwise ops, column/row copies, q/gate split and RoPE on
+// the GPU. CPU twins: backend/cpu/cpu_elementwise.cpp and cpu_attention.cpp.
+#include <cmath>
+
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+void check_f32(const Tensor& t, const char* what) {
+  QWEN36_CHECK(t.dtype == DType::F32, "{}: expected f32, got {}", what, t.shape_str());
+}
+void check_same(const Tensor& a, const Tensor& b, const char* what) {
+  QWEN36_CHECK(a.numel() == b.numel(), "{}: {} vs {}", what, a.shape_str(), b.shape_str());
+}
+int grid_for(int64_t n) { return int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8)); }
+
+#define QWEN36_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__global__ void embed_kernel(const void* table, DType dt, const int32_t* ids, float* out, int64_t D) {
+  const int64_t row = ids[blockIdx.x];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    out[int64_t(blockIdx.x) * D + d] = load_any(table, row * D + d, dt);
+}
+
+// Block reduction of a sum (blockDim a multiple of 32, ≤ 1024).
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  float s = lane < nw ? part[lane] : 0.0f;
+  return warp_sum(s);
+}
+
+template <bool Gated>
+__global__ void rms_norm_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D) {
+  const float* xr = x + int64_t(blockIdx.x) * D;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+  float* o = out + int64_t(blockIdx.x) * D;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    if constexpr (Gated)
+      o[i] = w[i] * (xr[i] * inv) * silu_f(z[int64_t(blockIdx.x) * D + i]);
+    else
+      o[i] = xr[i] * inv * w[i];
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) y[i] += x[i];
+}
+__global__ void swiglu_kernel(const float* g, const float* u, float* o, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) o[i] = silu_f(g[i]) * u[i];
+}
+__global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
+}
+__global__ void add_sigmoid_scaled_kernel(float* y, const float* x, const float* s, int64_t D, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) y[i] += sigmoid_f(s[i / D]) * x[i];
+}
+__global__ void copy_cols_kernel(const float* src, int64_t sc, int64_t s0, float* dst, int64_t dc, int64_t d0,
+                                 int64_t width, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) {
+    const int64_t r = i / width, c = i % width;
+    dst[r * dc + d0 + c] = src[r * sc + s0 + c];
+  }
+}
+__global__ void get_rows_kernel(const float* src, int64_t D, const int32_t* rows, float* dst, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) {
+    const int64_t r = i / D, c = i % D;
+    dst[i] = src[int64_t(rows[r]) * D + c];
+  }
+}
+__global__ void split_q_gate_kernel(const float* qg, float* q, float* gate, int64_t hd, int64_t n) {
+  QWEN36_GRID_STRIDE(i, n) {
+    const int64_t r = i / hd, c = i % hd;
+    q[i] = qg[r * 2 * hd + c];
+    gate[i] = qg[r * 2 * hd + hd + c];
+  }
+}
+// One thread per (token, head, pair i < half).
+__global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq, int64_t heads, int64_t hd,
+                            int64_t half, int64_t n) {
+  QWEN36_GRID_STRIDE(idx, n) {
+    const int64_t i = idx % half, th = idx / half, t = th / heads;
+    const int32_t p = pos[t];
+    if (p < 0) continue;
+    const float f = float(p) * inv_freq[i];
+    const float cs = cosf(f), sn = sinf(f);
+    float* v = x + th * hd;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cs - b * sn;
+    v[i + half] = b * cs + a * sn;
+  }
+}
+
+int norm_threads(int64_t D) { return int(std::min<int64_t>(256, (D + 31) / 32 * 32)); }
+
+}  // namespace
+
+void embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  check_weight_dtype(table, "embed");
+  const int64_t D = table.cols(), V = table.rows();
+  check_f32(out, "embed");
+  QWEN36_CHECK(out.numel() == int64_t(ids.size()) * D, "embed: out {} for {} ids of width {}", out.shape_str(),
+               ids.size(), D);
+  for (int32_t id : ids) QWEN36_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary (0..{})", id, V - 1);
+  if (ids.empty()) return;
+  Temp<int32_t> dids(c, ids);
+  embed_kernel<<<unsigned(ids.size()), 256, 0, c.stream>>>(table.data, table.dtype, dids.get(), out.as<float>(), D);
+  CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm(Ctx& c, const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  const int64_t D = w.numel(), R = x.numel() / D;
+  check_f32(x, "rms_norm");
+  check_f32(w, "rms_norm weight");
+  check_same(x, out, "rms_norm");
+  QWEN36_CHECK(x.numel() % D == 0, "rms_norm: {} is not rows of {}", x.shape_str(), D);
+  if (R == 0) return;
+  rms_norm_kernel<false><<<unsigned(R), norm_threads(D), 0, c.stream>>>(x.as<const float>(), nullptr,
+                                                                         w.as<const float>(), eps, out.as<float>(), D);
+  CUDA_LAUNCH_CHECK();
+}
+
+void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out) {
+  const int64_t D = w.numel(), R = x.numel() / D;
+  check_f32(x, "gated_rms_norm");
+  check_same(x, z, "gated_rms_norm gate");
+  check_same(x, out, "gated_rms_norm");
+  if (R == 0) return;
+  rms_norm_kernel<true><<<unsigned(R), norm_threads(D), 0, c.stream>>>(
+      x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+  CUDA_LAUNCH_CHECK();
+}
+
+void add(Ctx& c, Tensor& y, const Tensor& x) {
+  check_same(y, x, "add");
+  const int64_t n = y.numel();
+  if (!n) return;
+  add_kernel<<<grid_for(n), 256, 0, c.stream>>>(y.as<float>(), x.as<const float>(), n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void swiglu(Ctx& c, const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_same(gate, up, "swiglu");
+  check_same(gate, out, "swiglu");
+  const int64_t n = out.numel();
+  if (!n) return;
+  swiglu_kernel<<<grid_for(n), 256, 0, c.stream>>>(gate.as<const float>(), up.as<const float>(), out.as<float>(), n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void sigmoid_mul(Ctx& c, Tensor& x, const Tensor& gate) {
+  check_same(x, gate, "sigmoid_mul");
+  const int64_t n = x.numel();
+  if (!n) return;
+  sigmoid_mul_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), gate.as<const float>(), n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void add_sigmoid_scaled(Ctx& c, Tensor& y, const Tensor& x, const Tensor& s) {
+  check_same(y, x, "add_sigmoid_scaled");
+  const int64_t T = s.numel(), D = T ? y.numel() / T : 0;
+  QWEN36_CHECK(D * T == y.numel(), "add_sigmoid_scaled: {} rows vs {}", T, y.shape_str());
+  const int64_t n = y.numel();
+  if (!n) return;
+  add_sigmoid_scaled_kernel<<<grid_for(n), 256, 0, c.stream>>>(y.as<float>(), x.as<const float>(),
+                                                                s.as<const float>(), D, n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void copy_cols(Ctx& c, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width) {
+  const int64_t R = src.rows();
+  QWEN36_CHECK(dst.rows() == R && src_col0 >= 0 && dst_col0 >= 0 && src_col0 + width <= src.cols() &&
+                   dst_col0 + width <= dst.cols(),
+               "copy_cols: {}[:, {}:+{}] → {}[:, {}:]", src.shape_str(), src_col0, width, dst.shape_str(), dst_col0);
+  const int64_t n = R * width;
+  if (!n) return;
+  copy_cols_kernel<<<grid_for(n), 256, 0, c.stream>>>(src.as<const float>(), src.cols(), src_col0, dst.as<float>(),
+                                                       dst.cols(), dst_col0, width, n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void get_rows_dev(Ctx& c, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst) {
+  if (n * D == 0) return;
+  get_rows_kernel<<<grid_for(n * D), 256, 0, c.stream>>>(src, D, rows, dst, n * D);
+  CUDA_LAUNCH_CHECK();
+}
+
+void get_rows(Ctx& c, const Tensor& src, std::span<const int32_t> rows, Tensor& dst) {
+  const int64_t D = src.cols();
+  QWEN36_CHECK(dst.numel() == int64_t(rows.size()) * D, "get_rows: {} rows of {} into {}", rows.size(),
+               src.shape_str(), dst.shape_str());
+  for (int32_t r : rows) QWEN36_CHECK(r >= 0 && r < src.rows(), "get_rows: row {} out of range", r);
+  Temp<int32_t> d(c, rows);
+  get_rows_dev(c, src.as<const float>(), D, d.get(), int64_t(rows.size()), dst.as<float>());
+}
+
+void split_q_gate(Ctx& c, const Tensor& qg, Tensor& q, Tensor& gate) {
+  const int64_t hd = q.cols();
+  QWEN36_CHECK(qg.numel() == 2 * q.numel() && gate.numel() == q.numel(), "split_q_gate: {} → {} + {}",
+               qg.shape_str(), q.shape_str(), gate.shape_str());
+  const int64_t n = q.numel();
+  if (!n) return;
+  split_q_gate_kernel<<<grid_for(n), 256, 0, c.stream>>>(qg.as<const float>(), q.as<float>(), gate.as<float>(), hd, n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
+  QWEN36_CHECK(x.ndim == 3, "rope: expected [T, heads, head_dim], got {}", x.shape_str());
+  const int64_t T = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = rotary_dim / 2;
+  QWEN36_CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd, "rope: rotary_dim {} vs head_dim {}", rotary_dim, hd);
+  if (half == 0 || T == 0) return;
+  // Frequencies computed on the host exactly as the CPU reference does.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+  const TokenMap m = token_map(runs, T);
+  Temp<float> f(c, std::span<const float>(inv_freq.data(), inv_freq.size()));
+  Temp<int32_t> pos(c, std::span<const int32_t>(m.pos.data(), m.pos.size()));
+  const int64_t n = T * heads * half;
+  rope_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), pos.get(), f.get(), heads, hd, half, n);
+  CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace qwen36::cuda

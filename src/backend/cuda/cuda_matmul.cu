@@ -1,0 +1,229 @@
+// out[T, N] = x[T, K] · w[N, K]ᵀ on the GPU for bf16 / f16 / f32 weights.
+//
+//  - T ≤ 8 (decode): a memory-bound GEMV. One warp per weight row; each lane streams 16-byte
+//    weight vectors (8 bf16/f16) with several loads in flight, dots them with the f32
+//    activations (L1-resident) and the warp reduces. f32 accumulation, activations stay f32.
+//  - T > 8 (prefill): cuBLAS tensor-core GEMM. The f32 activations are ROUNDED to the weight
+//    type (bf16 or f16) first, the product accumulates in f32 and is written in f32.
+//    f32 weights use cublasSgemm. With CudaOptions::exact_matmul, a plain SIMT GEMM with f32
+//    activations is used instead (reference checks).
+#include <type_traits>
+
+#include "backend/cuda/cuda_ops.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+// 8 consecutive weights as f32, from one 16-byte (bf16/f16) or two (f32) loads.
+template <typename W>
+struct Vec8;
+template <>
+struct Vec8<__nv_bfloat16> {
+  uint4 r;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) { r = __ldcs(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ void unpack(float* f) const {
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+  }
+};
+template <>
+struct Vec8<__half> {
+  uint4 r;
+  __device__ __forceinline__ void load(const __half* p) { r = __ldcs(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ void unpack(float* f) const {
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&u[i]);
+      const float2 v = __half22float2(h);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+};
+template <>
+struct Vec8<float> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const float* p) {
+    a = __ldcs(reinterpret_cast<const float4*>(p));
+    b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
+  }
+  __device__ __forceinline__ void unpack(float* f) const {
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+
+constexpr int kGemvWarps = 8;  // rows per block
+constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
+
+template <typename W, int T>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
+  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const W* wr = w + size_t(row) * size_t(K);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  if (K % 8 == 0) {
+    const int K8 = K / 8;
+    int i = lane;
+    for (; i + 32 * (kUnroll - 1) < K8; i += 32 * kUnroll) {
+      Vec8<W> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u].load(wr + size_t(i + 32 * u) * 8);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float f[8];
+        v[u].unpack(f);
+        const int c = (i + 32 * u) * 8;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
+          const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
+          acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y +
+                    f[6] * x1.z + f[7] * x1.w;
+        }
+      }
+    }
+    for (; i < K8; i += 32) {
+      Vec8<W> v;
+      v.load(wr + size_t(i) * 8);
+      float f[8];
+      v.unpack(f);
+      const int c = i * 8;
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
+        acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+                  f[7] * x1.w;
+      }
+    }
+  } else {
+    for (int c = lane; c < K; c += 32) {
+      const float f = to_f32(wr[c]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) acc[t] += f * x[size_t(t) * K + c];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) out[size_t(t) * N + row] = s;
+  }
+}
+
+template <typename W>
+void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
+  const dim3 grid(unsigned((N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  const W* wp = static_cast<const W*>(w);
+  switch (T) {
+#define QWEN36_GEMV_CASE(n) \
+  case n: gemv_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K); break;
+    QWEN36_GEMV_CASE(1)
+    QWEN36_GEMV_CASE(2)
+    QWEN36_GEMV_CASE(3)
+    QWEN36_GEMV_CASE(4)
+    QWEN36_GEMV_CASE(5)
+    QWEN36_GEMV_CASE(6)
+    QWEN36_GEMV_CASE(7)
+    QWEN36_GEMV_CASE(8)
+#undef QWEN36_GEMV_CASE
+    default: fail("gemv: T = {} > 8", T);
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
+// Plain tiled SIMT GEMM with f32 activations (exact_matmul).
+constexpr int kTile = 16;
+template <typename W>
+__global__ void simt_gemm_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int T,
+                                 int N, int K) {
+  __shared__ float xs[kTile][kTile + 1], ws[kTile][kTile + 1];
+  const int t = blockIdx.y * kTile + threadIdx.y, n = blockIdx.x * kTile + threadIdx.x;
+  const int wn = blockIdx.x * kTile + threadIdx.y;  // weight row this thread loads
+  float acc = 0;
+  for (int k0 = 0; k0 < K; k0 += kTile) {
+    const int k = k0 + threadIdx.x;
+    xs[threadIdx.y][threadIdx.x] = (t < T && k < K) ? x[size_t(t) * K + k] : 0.0f;
+    ws[threadIdx.y][threadIdx.x] = (wn < N && k < K) ? to_f32(w[size_t(wn) * K + k]) : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) acc += xs[threadIdx.y][j] * ws[threadIdx.x][j];
+    __syncthreads();
+  }
+  if (t < T && n < N) out[size_t(t) * N + n] = acc;
+}
+
+template <typename W>
+void launch_simt(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
+  const dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((T + kTile - 1) / kTile)), block(kTile, kTile);
+  simt_gemm_kernel<W><<<grid, block, 0, c.stream>>>(static_cast<const W*>(w), x, out, T, N, K);
+  CUDA_LAUNCH_CHECK();
+}
+
+template <typename H>
+__global__ void round_kernel(const float* __restrict__ x, H* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<H, __nv_bfloat16>)
+      y[i] = __float2bfloat16_rn(x[i]);
+    else
+      y[i] = __float2half_rn(x[i]);
+  }
+}
+
+}  // namespace
+
+void matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
+  check_weight_dtype(w, "matmul");
+  const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
+  QWEN36_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "matmul: activations must be f32");
+  QWEN36_CHECK(x.cols() == K && out.numel() == T * N, "matmul: x {} · w {} → out {}", x.shape_str(), w.shape_str(),
+               out.shape_str());
+  QWEN36_CHECK(N < (int64_t(1) << 31) && K < (int64_t(1) << 31), "matmul: {} is too large", w.shape_str());
+  if (T == 0) return;
+  const float* xp = x.as<const float>();
+  float* op = out.as<float>();
+  const int iT = int(T), iN = int(N), iK = int(K);
+  if (T <= 8) {
+    switch (w.dtype) {
+      case DType::BF16: return launch_gemv<__nv_bfloat16>(c, w.data, xp, op, iT, iN, iK);
+      case DType::F16: return launch_gemv<__half>(c, w.data, xp, op, iT, iN, iK);
+      default: return launch_gemv<float>(c, w.data, xp, op, iT, iN, iK);
+    }
+  }
+  if (c.exact_matmul) {
+    switch (w.dtype) {
+      case DType::BF16: return launch_simt<__nv_bfloat16>(c, w.data, xp, op, iT, iN, iK);
+      case DType::F16: return launch_simt<__half>(c, w.data, xp, op, iT, iN, iK);
+      default: return launch_simt<float>(c, w.data, xp, op, iT, iN, iK);
+    }
+  }
+  // Row-major out[T, N] = x[T, K] · w[N, K]ᵀ is column-major out(N×T) = wᵀ(N×K) · x(K×T).
+  const float one = 1.0f, zero = 0.0f;
+  if (w.dtype == DType::F32) {
+    CUBLAS_CHECK(cublasSgemm(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, iN, iT, iK, &one, w.as<const float>(), iK, xp, iK,
+                             &zero, op, iN));
+    return;
+  }
+  const bool bf = w.dtype == DType::BF16;
+  Temp<uint16_t> xh(c, size_t(T * K));
+  const int blocks = int(std::min<int64_t>(blocks_for(T * K, 256), 65535));
+  if (bf)
+    round_kernel<<<blocks, 256, 0, c.stream>>>(xp, reinterpret_cast<__nv_bfloat16*>(xh.get()), T * K);
+  else
+    round_kernel<<<blocks, 256, 0, c.stream>>>(xp, reinterpret_cast<__half*>(xh.get()), T * K);
+  CUDA_LAUNCH_CHECK();
+  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
+  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, iN, iT, iK, &one, w.data, dt, iK, xh.get(), dt, iK,
+                            &zero, op, CUDA_R_32F, iN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace qwen36::cuda

@@ -1,0 +1,168 @@
+#pragma once
+// defines: the internal CUDA toolkit of the backend: error checks, the execution context
+//          (stream, cuBLAS handle, options), stream-ordered temporaries, small device
+//          helpers, and the op entry points implemented in cuda_*.cu. Included by .cu only.
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <sstream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+
+// core/error.h is not included here: nvcc's front end cannot compile fmt's consteval
+// format-string checks. .cu files format their messages with the small cuda::format below
+// ("{}" placeholders, format specs ignored) and throw qwen36::Error via cuda_error.cpp.
+namespace qwen36::cuda {
+[[noreturn]] void throw_error(const std::string& message);  // throws qwen36::Error
+
+inline void format_rest(std::ostringstream& o, std::string_view f) { o << f; }
+template <typename A, typename... R>
+void format_rest(std::ostringstream& o, std::string_view f, const A& a, const R&... r) {
+  const size_t open = f.find('{');
+  if (open == std::string_view::npos) {
+    o << f;
+    return;
+  }
+  const size_t close = f.find('}', open);
+  o << f.substr(0, open) << a;
+  format_rest(o, close == std::string_view::npos ? std::string_view() : f.substr(close + 1), r...);
+}
+template <typename... A>
+std::string format(std::string_view f, const A&... a) {
+  std::ostringstream o;
+  format_rest(o, f, a...);
+  return o.str();
+}
+template <typename... A>
+[[noreturn]] void fail(std::string_view f, const A&... a) {
+  throw_error(format(f, a...));
+}
+}  // namespace qwen36::cuda
+
+#define QWEN36_CHECK(cond, ...)                   \
+  do {                                            \
+    if (!(cond)) ::qwen36::cuda::fail(__VA_ARGS__); \
+  } while (0)
+
+#define CUDA_CHECK(expr)                                                                               \
+  do {                                                                                                 \
+    const cudaError_t err_ = (expr);                                                                   \
+    if (err_ != cudaSuccess) ::qwen36::cuda::fail("CUDA error {} at {}:{}: {}", cudaGetErrorName(err_),     \
+                                            __FILE__, __LINE__, cudaGetErrorString(err_));            \
+  } while (0)
+#define CUBLAS_CHECK(expr)                                                                             \
+  do {                                                                                                 \
+    const cublasStatus_t st_ = (expr);                                                                 \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+      ::qwen36::cuda::fail("cuBLAS error {} at {}:{}", int(st_), __FILE__, __LINE__);                        \
+  } while (0)
+#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+namespace qwen36::cuda {
+
+struct Ctx {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  bool exact_matmul = false;
+  // MoE: experts span address → device table of [gate, up, down] pointers per expert
+  std::unordered_map<const void*, void*> expert_tables;
+};
+
+// A stream-ordered temporary (cudaMallocAsync / cudaFreeAsync on the context's stream).
+template <typename T>
+class Temp {
+ public:
+  Temp(const Ctx& c, size_t n) : stream_(c.stream), n_(n) {
+    if (n) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream_));
+  }
+  Temp(const Ctx& c, std::span<const T> host) : Temp(c, host.size()) {
+    if (n_) CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
+  }
+  ~Temp() {
+    if (p_) cudaFreeAsync(p_, stream_);
+  }
+  Temp(const Temp&) = delete;
+  Temp& operator=(const Temp&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  cudaStream_t stream_;
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+inline int blocks_for(int64_t n, int threads) { return int((n + threads - 1) / threads); }
+
+// ---- device helpers ----
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Element i of a weight tensor of runtime dtype (F32, F16, BF16) as f32.
+__device__ __forceinline__ float load_any(const void* p, int64_t i, DType t) {
+  switch (t) {
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// The per-token (slot, position) of a batch laid out by runs (-1 for uncovered rows).
+struct TokenMap {
+  std::vector<int32_t> slot, pos;
+};
+TokenMap token_map(std::span<const SeqRun> runs, int64_t T);
+
+void check_weight_dtype(const Tensor& w, const char* op);
+
+// ---- ops (semantics: backend/backend.h) ----
+void embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+void rms_norm(Ctx&, const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void gated_rms_norm(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
+void add(Ctx&, Tensor& y, const Tensor& x);
+void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
+void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate);
+void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
+void copy_cols(Ctx&, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width);
+void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& dst);
+// get_rows with the row list already on the device (n rows)
+void get_rows_dev(Ctx&, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst);
+
+void matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
+
+void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
+void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
+void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+               std::span<const SeqRun> runs, float scale, Tensor& out);
+
+void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
+void deltanet_gates(Ctx&, const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
+                    Tensor& g, Tensor& beta);
+void gated_delta_rule(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode);
+
+void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
+void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
+                 Tensor& out);
+
+}  // namespace qwen36::cuda
