@@ -2,6 +2,7 @@
 #include "quant/cpu_dot.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "core/error.h"
@@ -63,9 +64,13 @@ Table make_table() {
     t.fn[int(d)] = f;
     t.name[int(d)] = name;
   };
+  // QWEN36_CPU_ISA=scalar|avx2 caps the kernels (benchmarks, and ruling out a SIMD bug).
+  const char* cap_env = std::getenv("QWEN36_CPU_ISA");
+  const std::string_view cap = cap_env ? cap_env : "";
+  if (cap == "scalar") return t;
   for (const auto& k : avx2_dot_kernels()) set(k.type, k.fn, "avx2");
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  if (cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
     for (const auto& k : avx512_dot_kernels()) set(k.type, k.fn, "avx512vnni");
   }

@@ -9,7 +9,8 @@
 //   F32/F16/BF16                     x  F32 activations
 // Fast paths: AVX2+FMA (the x86-64-v3 baseline) for every type; AVX-512 VNNI for the types
 // used in practice when the CPU has it (chosen once at run time). Builds for other ISAs use
-// the scalar path (dequantize a block of both rows, multiply in float).
+// the scalar path (dequantize a block of both rows, multiply in float). The environment variable
+// QWEN36_CPU_ISA=avx2 or =scalar caps the choice (read once, at the first dot product).
 // Row pointers must be 4-byte aligned for Q8_K activations (quantize_activation's output is).
 
 #include <cstdint>

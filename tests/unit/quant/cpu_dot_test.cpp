@@ -2,6 +2,7 @@
 // on random data, and a micro-benchmark prints GB/s of weight bytes per type.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "core/error.h"
 #include "quant/cpu_dot.h"
+#include "quant/cpu_dot_kernels.h"
 #include "quant/quant.h"
 
 namespace qwen36 {
@@ -74,6 +76,29 @@ TEST(CpuDot, EveryKernelMatchesTheReference) {
       }
     }
   }
+}
+
+// dot_row runs only the widest kernel the CPU has; this checks every compiled ISA's kernels
+// directly, so the AVX2 ones stay tested on an AVX-512 machine.
+TEST(CpuDot, EveryIsaKernelMatchesTheReference) {
+  std::vector<std::pair<const char*, std::span<const DotKernel>>> lists = {{"avx2", avx2_dot_kernels()}};
+  if (dot_kernel_name(DType::Q8_0) == "avx512vnni") lists.push_back({"avx512vnni", avx512_dot_kernels()});
+  int checked = 0;
+  for (const auto& [isa, kernels] : lists) {
+    for (const DotKernel& k : kernels) {
+      // One and three blocks (odd counts reach the single-block tails), and longer rows.
+      const int64_t blk = std::max<int64_t>(32, dtype_block_elems(k.type));
+      for (int64_t n : {blk, 3 * blk, int64_t(2048), int64_t(2304)}) {
+        const Rows r = make_rows(k.type, n, uint32_t(n) + 3);
+        double abs_sum = 0;
+        for (size_t i = 0; i < r.wf.size(); ++i) abs_sum += std::fabs(double(r.wf[i]) * r.af[i]);
+        const double ref = dot_row_reference(k.type, r.w.data(), r.a.data(), n);
+        ASSERT_NEAR(k.fn(r.w.data(), r.a.data(), n), ref, 1e-5 * abs_sum + 1e-6) << isa << " " << dtype_name(k.type);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 4 * 13);
 }
 
 TEST(CpuDot, PlainTypesHandleRowTails) {
