@@ -106,6 +106,30 @@ TEST_P(Golden, ChunkedAndIncrementalMatchOneShot) {
   }
 }
 
+// The MTP head (mtp.*) against a reference assembled from transformers' own modules
+// (tools/make_golden.py: transformers itself has no MTP). Row t sees the post-norm hidden
+// state of position t and token t+1, and predicts token t+2.
+TEST_P(Golden, MtpLogitsMatchReference) {
+  if (!fs::exists(dir_ / "mtp_logits.f32")) GTEST_SKIP() << GetParam() << " has no MTP head";
+  ASSERT_TRUE(model_->has_mtp());
+  const auto tokens = read_raw<int32_t>(dir_ / "tokens.i32");
+  const auto want = read_raw<float>(dir_ / "mtp_logits.f32");
+  const int64_t V = model_->config().vocab_size, H = model_->config().hidden_size, n = int64_t(tokens.size());
+  ASSERT_EQ(want.size(), size_t((n - 1) * V));
+  ModelState state(*backend_, model_->config(), 1, n, /*with_mtp=*/true);
+  std::vector<float> hidden(size_t(n * H));
+  model_->forward(ForwardBatch::single(tokens, 0, 0, true), state, nullptr, hidden.data());
+  hidden.resize(size_t((n - 1) * H));  // the last position has no next token
+  const std::vector<int32_t> next(tokens.begin() + 1, tokens.end());
+  const SeqRun run{0, 0, 0, int32_t(n - 1)};
+  std::vector<float> got(want.size());
+  model_->mtp_forward(hidden, next, std::span(&run, 1), state, got.data());
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  std::printf("[ %s ] MTP: max |logit - reference| = %.3g\n", GetParam().c_str(), worst);
+  EXPECT_LE(worst, kLogitTolerance);
+}
+
 // Two sequences in one batch give the same logits as each alone.
 TEST_P(Golden, BatchedSequencesAreIndependent) {
   const auto tokens = read_raw<int32_t>(dir_ / "tokens.i32");
