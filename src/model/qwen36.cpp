@@ -102,6 +102,15 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
   backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
   Tensor o2(o.data, DType::F32, {T, Hv * dv});
+  if (!d.out_proj_heads.empty()) {  // out_proj reads its heads in another order (GGUF)
+    std::vector<int32_t> rows(static_cast<size_t>(T * Hv));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t p = 0; p < Hv; ++p) rows[size_t(t * Hv + p)] = int32_t(t * Hv + d.out_proj_heads[size_t(p)]);
+    Tensor heads(o.data, DType::F32, {T * Hv, dv});
+    o2 = s.f32({T, Hv * dv});
+    Tensor dst(o2.data, DType::F32, {T * Hv, dv});
+    backend_.get_rows(heads, rows, dst);
+  }
   Tensor y = s.f32({T, c.hidden_size});
   backend_.matmul(o2, d.out_proj, y);
   return y;
@@ -191,7 +200,8 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
     Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
-    decoder_layer(s, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode);
+    Scratch layer_scratch(backend_);  // a layer's activations are freed before the next layer
+    decoder_layer(layer_scratch, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode);
   }
   head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
 }

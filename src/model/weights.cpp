@@ -85,6 +85,15 @@ static void validate_layer(const ModelConfig& c, const LayerWeights& l, const st
     check(d.a_neg_exp, p + "linear_attn.A_log", {c.linear_v_heads});
     check(d.norm, p + "linear_attn.norm", {c.linear_v_dim});
     check(d.out_proj, p + "linear_attn.out_proj", {H, c.linear_value_dim()});
+    if (!d.out_proj_heads.empty()) {
+      QWEN36_CHECK(int64_t(d.out_proj_heads.size()) == c.linear_v_heads, "{}linear_attn.out_proj: head order of {} heads",
+                   p, d.out_proj_heads.size());
+      std::vector<bool> seen(size_t(c.linear_v_heads));
+      for (int32_t h : d.out_proj_heads) {
+        QWEN36_CHECK(h >= 0 && h < c.linear_v_heads && !seen[size_t(h)], "{}linear_attn.out_proj: bad head order", p);
+        seen[size_t(h)] = true;
+      }
+    }
   }
   auto check_mlp = [&](const MlpWeights& m, const std::string& q, int64_t I) {
     check(m.gate_proj, q + "gate_proj", {I, H});

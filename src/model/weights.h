@@ -39,6 +39,10 @@ struct DeltaNetWeights {
   Tensor a_neg_exp;    // (Hv) f32, −exp(A_log)
   Tensor norm;         // (dv) f32, plain weight (no +1)
   Tensor out_proj;     // (hidden, Hv * dv)
+  // Empty: out_proj's input columns follow the grouped head order above. Otherwise column
+  // block p (dv columns) belongs to grouped head out_proj_heads[p] — GGUF files keep llama.cpp's
+  // tiled order there, since a quantization block may straddle two heads' columns.
+  std::vector<int32_t> out_proj_heads;
 };
 
 struct MlpWeights {

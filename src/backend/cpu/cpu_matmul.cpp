@@ -9,6 +9,8 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
+#include "quant/cpu_dot.h"
+#include "quant/quant.h"
 
 namespace qwen36::cpu {
 
@@ -84,7 +86,9 @@ void weight_row_to_f32(const Tensor& w, int64_t row, float* out) {
       return;
     }
     default:
-      fail("matmul: weight dtype {} is not supported by the CPU backend", dtype_name(w.dtype));
+      QWEN36_CHECK(dtype_is_quantized(w.dtype), "matmul: weight dtype {} is not supported by the CPU backend",
+                   dtype_name(w.dtype));
+      dequantize_row(w.dtype, w.row(row), out, K);
   }
 }
 
@@ -95,6 +99,18 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                out.shape_str());
   const float* xp = x.as<const float>();
   float* op = out.as<float>();
+  if (dtype_is_quantized(w.dtype)) {
+    // Block-quantized weights are multiplied the way the format is meant to be used: the
+    // activations are quantized once (Q8_0 / Q8_K) and every row is an integer dot product.
+    const DType at = dot_activation_type(w.dtype);
+    const size_t arow = dtype_row_bytes(at, K);
+    std::vector<std::byte> xq(size_t(T) * arow);
+    for (int64_t t = 0; t < T; ++t) quantize_activation(at, xp + t * K, xq.data() + size_t(t) * arow, K);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_row(w.dtype, w.row(n), xq.data() + size_t(t) * arow, K);
+    return;
+  }
   if (w.dtype == DType::BF16 && T <= 2) {
     const uint16_t* wp = w.as<const uint16_t>();
 #pragma omp parallel for schedule(static)
