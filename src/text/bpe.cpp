@@ -115,10 +115,9 @@ void BpeMerger::encode(std::string_view bytes, std::vector<int32_t>& out) const 
     merge_uncached(bytes, out);
     return;
   }
-  const std::string key(bytes);
   {
     std::lock_guard lock(cache_mutex_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(bytes);
     if (it != cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -128,7 +127,7 @@ void BpeMerger::encode(std::string_view bytes, std::vector<int32_t>& out) const 
   merge_uncached(bytes, out);
   std::lock_guard lock(cache_mutex_);
   if (cache_.size() >= kCacheMaxEntries) cache_.clear();
-  cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+  cache_.emplace(std::string(bytes), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
 }
 
 void BpeMerger::merge_uncached(std::string_view bytes, std::vector<int32_t>& out) const {

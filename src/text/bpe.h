@@ -8,6 +8,7 @@
 // this spelling only matters when loading the vocabulary and when decoding.
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -63,8 +64,13 @@ class BpeMerger {
   // skip the merge loop. Bounded: cleared when full.
   static constexpr size_t kCacheMaxEntries = 1 << 17;
   static constexpr size_t kCacheMaxWordBytes = 64;
+  // Transparent hashing lets a hit look up a string_view without building a std::string.
+  struct ViewHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, ViewHash, std::equal_to<>> cache_;
 };
 
 }  // namespace qwen36::text
