@@ -8,6 +8,7 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_template(app);
   register_info(app);
+  register_serve(app);
 }
 
 }  // namespace qwen36::cli

@@ -1,0 +1,154 @@
+// qwen36 serve: the OpenAI-compatible HTTP server (src/server/) over the continuous-batching
+// engine (src/engine/scheduler.h). Flags follow llama-server; each has a QWEN36_* variable.
+#include <csignal>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+
+#if QWEN36_HAVE_SERVER
+#include <pthread.h>
+
+#include "engine/scheduler.h"
+#include "server/server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#endif
+
+namespace qwen36::cli {
+
+namespace {
+
+struct ServeOptions {
+  std::string model, tokenizer, backend = "cpu", alias;
+  std::string host = "127.0.0.1", api_key;
+  int port = 8080, threads = 0, parallel = 4, max_queue = 64, http_threads = 0;
+  int64_t ctx = 4096;
+  int32_t prefill_chunk = 256, batch_tokens = 512;
+  double shutdown_timeout = 5;
+  bool no_prefix_cache = false;
+};
+
+#if QWEN36_HAVE_SERVER
+void serve(const ServeOptions& o) {
+  QWEN36_CHECK(o.parallel >= 1 && o.parallel <= 1024, "--parallel {} must be in 1..1024", o.parallel);
+  QWEN36_CHECK(o.ctx >= 16 && o.ctx <= (1 << 24), "--ctx-size {} is out of range", o.ctx);
+  QWEN36_CHECK(o.max_queue >= 0, "--max-queue {} must be >= 0", o.max_queue);
+  QWEN36_CHECK(o.shutdown_timeout >= 0, "--shutdown-timeout must be >= 0");
+
+  // SIGTERM / SIGINT are taken by sigwait below, so block them before any thread starts
+  // (threads inherit the mask) and no handler ever runs inside a worker.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  server::ServerConfig sc;
+  sc.host = o.host;
+  sc.port = o.port;
+  sc.api_key = o.api_key;
+  sc.http_threads = o.http_threads > 0 ? o.http_threads : std::min(4096, o.parallel + o.max_queue + 8);
+  server::HttpServer http(sc);
+  const int port = http.bind();
+  http.start();  // /health answers 503 "loading" while the model loads
+  spdlog::info("listening on http://{}:{} (loading the model)", o.host, port);
+
+  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads) : load_model(o.model, o.backend, o.threads);
+  const ModelConfig& c = lm.model->config();
+  const std::string tok_path = resolve_tokenizer(o.tokenizer, o.model);
+  QWEN36_CHECK(!tok_path.empty(), "no tokenizer found for this model: pass --tokenizer PATH{}",
+               o.model.empty() ? " (or run scripts/fetch-tokenizer.sh for the default model)" : "");
+  const text::Tokenizer tok = text::Tokenizer::from_file(tok_path);
+  QWEN36_CHECK(tok.vocab_size() <= c.vocab_size, "the tokenizer has {} tokens but the model only {}",
+               tok.vocab_size(), c.vocab_size);
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
+  std::unique_ptr<ChatTemplate> tmpl;
+  if (fs::exists(dir / "tokenizer_config.json"))
+    tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_tokenizer_config_file((dir / "tokenizer_config.json").string()));
+  else
+    spdlog::warn("{} has no tokenizer_config.json: /v1/chat/completions is unavailable", dir.string());
+
+  SchedulerOptions so;
+  so.slots = o.parallel;
+  so.context = std::min<int64_t>(o.ctx, c.max_position_embeddings);
+  so.prefill_chunk = o.prefill_chunk;
+  so.max_batch_tokens = o.batch_tokens;
+  so.max_queue = o.max_queue;
+  so.prefix_cache = !o.no_prefix_cache;
+  so.token_text = [&tok](int32_t id) {
+    // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
+    return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
+  };
+  Scheduler engine(*lm.model, so);
+  engine.start();
+
+  server::ServeContext ctx;
+  ctx.engine = &engine;
+  ctx.tokenizer = &tok;
+  ctx.chat_template = tmpl.get();
+  ctx.stop_ids = c.eos_token_ids;
+  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+    if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
+  ctx.model_name = !o.alias.empty() ? o.alias : o.model.empty() ? "qwen36-default" : fs::path(o.model).filename().string();
+  http.attach(ctx);
+  spdlog::info("ready: model \"{}\", {} slots x {} tokens, http://{}:{}/", ctx.model_name, so.slots, so.context,
+               o.host, port);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("{}: finishing requests (up to {} s), then shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               o.shutdown_timeout);
+  http.stop_accepting();
+  engine.stop(std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000)));  // cancels what is left
+  http.stop();
+  spdlog::info("stopped");
+}
+#endif
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  auto o = std::make_shared<ServeOptions>();
+  cmd->add_option("-m,--model", o->model, "Model: Hugging Face directory or .gguf (default: the built-in small model)")
+      ->envname("QWEN36_MODEL");
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: next to the model)");
+  cmd->add_option("--host", o->host, "Address to listen on")->envname("QWEN36_HOST")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port to listen on")->envname("QWEN36_PORT")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx, "Context per sequence (prompt + answer)")
+      ->envname("QWEN36_CTX_SIZE")->capture_default_str();
+  cmd->add_option("--parallel", o->parallel, "Sequences decoded at once (state slots)")
+      ->envname("QWEN36_PARALLEL")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "Require \"Authorization: Bearer KEY\" (not for /health)")
+      ->envname("QWEN36_API_KEY");
+  cmd->add_option("--alias", o->alias, "Model name reported by the API")->envname("QWEN36_ALIAS");
+  cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->envname("QWEN36_THREADS")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "cpu or cuda")->envname("QWEN36_BACKEND")->capture_default_str();
+  cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")
+      ->envname("QWEN36_BATCH_SIZE")->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step")
+      ->envname("QWEN36_PREFILL_CHUNK")->capture_default_str();
+  cmd->add_option("--max-queue", o->max_queue, "Waiting requests before new ones get 503")
+      ->envname("QWEN36_MAX_QUEUE")->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = parallel + max-queue + 8)")
+      ->envname("QWEN36_HTTP_THREADS")->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not keep finished sequences for prefix reuse")
+      ->envname("QWEN36_NO_PREFIX_CACHE");
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
+      ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
+  cmd->callback([o] {
+#if QWEN36_HAVE_SERVER
+    serve(*o);
+#else
+    fail("this build has no HTTP server: it needs cpp-httplib (Debian libcpp-httplib-dev) and PCRE2 at build time");
+#endif
+  });
+}
+
+}  // namespace qwen36::cli

@@ -1,0 +1,185 @@
+// The route table of `qwen36 serve`, and the small routes. Every handler runs inside
+// `guarded`, which turns exceptions into OpenAI-style error bodies so a bad request can never
+// take the server down.
+#include <spdlog/spdlog.h>
+
+#include "server/api.h"
+
+namespace qwen36::server {
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json error_body(const HttpError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+            {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}}}};
+}
+
+Json parse_body(const httplib::Request& req) {
+  Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) throw HttpError(400, "the request body is not valid JSON", {}, "invalid_json");
+  if (!body.is_object()) throw HttpError(400, "the request body must be a JSON object", {}, "invalid_json");
+  return body;
+}
+
+namespace {
+
+using Api = HttpServer::Api;
+using Handler = void (*)(Api&, const httplib::Request&, httplib::Response&);
+
+void reply(httplib::Response& res, int status, const Json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void require_ready(const Api& api) {
+  if (!api.ready->load()) throw HttpError(503, "the model is still loading", {}, "loading", "server_error");
+}
+
+// ---- the small routes ----
+
+void health(Api& api, const httplib::Request&, httplib::Response& res) {
+  const bool ok = api.ready->load();
+  reply(res, ok ? 200 : 503, {{"status", ok ? "ok" : "loading"}});
+}
+
+void models(Api& api, const httplib::Request&, httplib::Response& res) {
+  require_ready(api);
+  Json m = {{"id", api.ctx.model_name},
+            {"object", "model"},
+            {"created", 0},
+            {"owned_by", "qwen36"},
+            {"max_model_len", api.ctx.engine->options().context}};
+  reply(res, 200, {{"object", "list"}, {"data", Json::array({m})}});
+}
+
+void tokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  const Json body = parse_body(req);
+  const Json text = body.contains("content") ? body["content"] : body.value("text", Json());
+  if (!text.is_string()) throw HttpError(400, "'content' must be a string", "content");
+  const bool pieces = body.value("with_pieces", false);
+  Json tokens = Json::array();
+  for (int32_t id : api.ctx.tokenizer->encode(text.get<std::string>())) {
+    if (pieces)
+      tokens.push_back({{"id", id}, {"piece", api.ctx.tokenizer->token_bytes(id)}});
+    else
+      tokens.push_back(id);
+  }
+  reply(res, 200, {{"tokens", tokens}});
+}
+
+void detokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  const Json body = parse_body(req);
+  const Json toks = body.value("tokens", Json());
+  if (!toks.is_array()) throw HttpError(400, "'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> ids;
+  for (const Json& t : toks) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= api.ctx.tokenizer->vocab_size())
+      throw HttpError(400, "'tokens' holds a value that is not a token id of this tokenizer", "tokens");
+    ids.push_back(t.get<int32_t>());
+  }
+  std::string text;
+  try {
+    text = api.ctx.tokenizer->decode(ids);
+  } catch (const Error& e) {
+    throw HttpError(400, e.what(), "tokens");
+  }
+  reply(res, 200, {{"content", text}});
+}
+
+void metrics(Api& api, const httplib::Request&, httplib::Response& res) {
+  require_ready(api);
+  res.set_content(render_metrics(api), "text/plain; version=0.0.4");
+}
+
+void chat(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  handle_chat_completions(api, req, res);
+}
+
+void completions(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  handle_completions(api, req, res);
+}
+
+void web_page(Api&, const httplib::Request&, httplib::Response& res) {
+  res.set_content(kWebPage, "text/html; charset=utf-8");
+}
+
+struct Route {
+  const char* method;
+  const char* path;
+  Handler handler;
+  bool needs_key;  // with --api-key
+};
+
+// The whole API at a glance.
+constexpr Route kRoutes[] = {
+    {"GET", "/", web_page, false},
+    {"GET", "/health", health, false},
+    {"GET", "/v1/health", health, false},
+    {"GET", "/v1/models", models, true},
+    {"POST", "/v1/chat/completions", chat, true},
+    {"POST", "/v1/completions", completions, true},
+    {"POST", "/tokenize", tokenize, true},
+    {"POST", "/detokenize", detokenize, true},
+    {"GET", "/metrics", metrics, true},
+};
+
+bool key_ok(const Api& api, const httplib::Request& req) {
+  if (api.config.api_key.empty()) return true;
+  const std::string want = "Bearer " + api.config.api_key;
+  const std::string got = req.get_header_value("Authorization");
+  unsigned diff = unsigned(got.size() ^ want.size());  // compare without an early exit
+  for (size_t i = 0; i < got.size(); ++i) diff |= unsigned(got[i] ^ want[i % want.size()]);
+  return diff == 0;
+}
+
+// Runs a handler; any exception becomes an error body (4xx for the client's mistakes).
+void guarded(Api& api, const Route& r, const httplib::Request& req, httplib::Response& res) {
+  ++api.http_requests;
+  try {
+    if (r.needs_key && !key_ok(api, req))
+      throw HttpError(401, "Incorrect API key provided", {}, "invalid_api_key", "authentication_error");
+    r.handler(api, req, res);
+  } catch (const HttpError& e) {
+    ++api.http_errors;
+    reply(res, e.status, error_body(e));
+    if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  } catch (const Error& e) {  // engine validation (bad prompt tokens, sampling values ...)
+    ++api.http_errors;
+    reply(res, 400, error_body(HttpError(400, e.what())));
+  } catch (const std::exception& e) {
+    ++api.http_errors;
+    spdlog::error("{} {}: {}", r.method, r.path, e.what());
+    reply(res, 500, error_body(HttpError(500, std::string("internal error: ") + e.what(), {}, {}, "server_error")));
+  }
+}
+
+}  // namespace
+
+void register_routes(httplib::Server& http, Api& api) {
+  for (const Route& r : kRoutes) {
+    auto h = [&api, &r](const httplib::Request& req, httplib::Response& res) { guarded(api, r, req, res); };
+    if (std::string_view(r.method) == "GET")
+      http.Get(r.path, h);
+    else
+      http.Post(r.path, h);
+  }
+  // Unknown paths and methods get a JSON 404 / 405 too.
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler already answered
+    const bool known = std::any_of(std::begin(kRoutes), std::end(kRoutes), [&](const Route& r) { return req.path == r.path; });
+    const int status = res.status == 404 && known ? 405 : res.status;
+    const std::string msg = status == 404   ? "no route " + req.method + " " + req.path
+                            : status == 405 ? "method " + req.method + " is not allowed on " + req.path
+                                            : "the request could not be served";
+    reply(res, status, error_body(HttpError(status, msg, {}, status == 404 ? "not_found" : "")));
+  });
+}
+
+}  // namespace qwen36::server

@@ -1,0 +1,68 @@
+#pragma once
+// defines: ServerConfig, ServeContext (what the routes serve: engine, tokenizer, chat
+//          template), HttpServer (the OpenAI-compatible HTTP front end of `qwen36 serve`)
+//
+// The server listens before the model is loaded (so /health can answer 503 "loading") and
+// serves requests once attach() hands it a ready engine. Routes are listed in routes.cpp.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace qwen36::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;        // 0: any free port (tests)
+  std::string api_key;    // non-empty: every route but /health and / needs "Authorization: Bearer KEY"
+  int http_threads = 32;  // connections served at once (each streaming client holds one)
+};
+
+struct ServeContext {
+  Scheduler* engine = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  std::vector<int32_t> stop_ids;                // end-of-turn tokens (<|im_end|>, eos ids)
+  std::string model_name = "qwen36";
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServerConfig config);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the socket; returns the port (the chosen one when config.port is 0). Throws Error.
+  int bind();
+  void start();  // serves on a background thread (after bind)
+  void stop_accepting();  // no new connections; requests in flight go on
+  void stop();            // stop_accepting, then waits for the requests in flight to end
+
+  // The model is ready: requests are served from now on.
+  void attach(ServeContext ctx);
+  bool ready() const { return ready_.load(); }
+
+  struct Api;  // routes.cpp
+
+ private:
+  ServerConfig config_;
+  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<Api> api_;
+  std::atomic<bool> ready_{false};
+  std::thread thread_;
+  int port_ = -1;
+};
+
+}  // namespace qwen36::server
