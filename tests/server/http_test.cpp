@@ -1,0 +1,374 @@
+// The server over real HTTP on 127.0.0.1 (ephemeral port) with the built-in random model and
+// the Qwen3 tokenizer (skipped when scripts/fetch-tokenizer.sh has not fetched it). Every
+// client call has a timeout, so a broken server fails the test instead of hanging it.
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "engine/scheduler.h"
+#include "model/presets.h"
+#include "model/random_weights.h"
+#include "server/server.h"
+
+namespace qwen36::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+// $QWEN36_TOKENIZER (a directory) overrides the fetched copy in the source tree.
+const fs::path kTokenizerDir = std::getenv("QWEN36_TOKENIZER")
+                                   ? fs::path(std::getenv("QWEN36_TOKENIZER"))
+                                   : fs::path(QWEN36_TEST_DATA) / ".." / ".." / ".models" / "qwen3-tokenizer";
+
+// One model and tokenizer for the suite; each test starts its own engine + server.
+struct Shared {
+  std::unique_ptr<Backend> backend = make_cpu_backend(2);
+  std::unique_ptr<Model> model;
+  std::unique_ptr<text::Tokenizer> tok;
+  std::unique_ptr<ChatTemplate> tmpl;
+};
+Shared* g_shared = nullptr;
+
+class Served {
+ public:
+  explicit Served(SchedulerOptions so = {}, std::string api_key = {}) {
+    so.context = so.context == 4096 ? 512 : so.context;
+    so.token_text = [](int32_t id) {
+      const auto& t = *g_shared->tok;
+      return id < t.vocab_size() && !t.token_text(id).empty() ? t.token_bytes(id) : std::string{};
+    };
+    engine = std::make_unique<Scheduler>(*g_shared->model, so);
+    engine->start();
+    ServerConfig sc;
+    sc.port = 0;
+    sc.api_key = std::move(api_key);
+    sc.http_threads = 24;
+    http = std::make_unique<HttpServer>(sc);
+    port = http->bind();
+    http->start();
+    ServeContext ctx;
+    ctx.engine = engine.get();
+    ctx.tokenizer = g_shared->tok.get();
+    ctx.chat_template = g_shared->tmpl.get();
+    ctx.stop_ids = {g_shared->tok->token_id("<|im_end|>"), g_shared->tok->token_id("<|endoftext|>")};
+    http->attach(ctx);
+  }
+  ~Served() {
+    engine->stop();
+    http->stop();
+  }
+  httplib::Client client(int timeout_s = 30) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(5);
+    c.set_read_timeout(timeout_s);
+    c.set_write_timeout(5);
+    return c;
+  }
+  std::unique_ptr<Scheduler> engine;
+  std::unique_ptr<HttpServer> http;
+  int port = 0;
+};
+
+class HttpTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!fs::exists(kTokenizerDir / "tokenizer.json")) return;
+    g_shared = new Shared;
+    g_shared->model = std::make_unique<Model>(make_random_weights(model_preset("tiny-dense"), DType::BF16, 36),
+                                              *g_shared->backend);
+    g_shared->tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_file(kTokenizerDir.string()));
+    g_shared->tmpl = std::make_unique<ChatTemplate>(
+        ChatTemplate::from_tokenizer_config_file((kTokenizerDir / "tokenizer_config.json").string()));
+  }
+  static void TearDownTestSuite() {
+    delete g_shared;
+    g_shared = nullptr;
+  }
+  void SetUp() override {
+    if (!g_shared) GTEST_SKIP() << "no Qwen3 tokenizer at " << kTokenizerDir << " (run scripts/fetch-tokenizer.sh)";
+  }
+};
+
+Json post_json(httplib::Client& c, const std::string& path, const Json& body, int* status = nullptr,
+               const httplib::Headers& h = {}) {
+  auto r = c.Post(path.c_str(), h, body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << path << ": no response (" << httplib::to_string(r.error()) << ")";
+    return {};
+  }
+  if (status) *status = r->status;
+  return Json::parse(r->body, nullptr, false);
+}
+
+// POSTs and reads an SSE stream; returns the `data:` payloads. stop_after > 0 hangs up after
+// that many events (a client that goes away).
+std::vector<std::string> post_sse(httplib::Client& c, const std::string& path, const Json& body, int stop_after = 0) {
+  std::vector<std::string> events;
+  std::string buf;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    buf.append(d, n);
+    for (size_t i; (i = buf.find("\n\n")) != std::string::npos;) {
+      const std::string ev = buf.substr(0, i);
+      buf.erase(0, i + 2);
+      if (ev.rfind("data: ", 0) == 0) events.push_back(ev.substr(6));
+      else EXPECT_EQ(ev.rfind(":", 0), 0u) << "not an SSE data or comment line: " << ev;
+    }
+    return stop_after == 0 || int(events.size()) < stop_after;
+  };
+  auto r = c.send(req);
+  if (stop_after == 0) {
+    EXPECT_TRUE(r) << "stream failed: " << httplib::to_string(r.error());
+    if (r) {
+      EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+    }
+    EXPECT_TRUE(buf.empty()) << "trailing bytes: " << buf;
+  }
+  return events;
+}
+
+Json completion_request(int i, bool stream) {
+  return {{"prompt", fmt::format("Request number {}: tell me about {}", i, i * 7919)},
+          {"max_tokens", 12 + i % 5},
+          {"temperature", 0},
+          {"logprobs", 0},
+          {"stream", stream}};
+}
+
+std::vector<std::string> logprob_tokens(const Json& choice) { return choice["logprobs"]["tokens"]; }
+
+TEST_F(HttpTest, HealthModelsAndAuth) {
+  Served s({}, "sekret");
+  auto c = s.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 401);
+  EXPECT_EQ(Json::parse(m->body)["error"]["type"], "authentication_error");
+  auto bad = c.Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 401);
+  auto ok = c.Get("/v1/models", {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(Json::parse(ok->body)["data"][0]["max_model_len"], 512);
+  auto page = c.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_NE(page->body.find("/v1/chat/completions"), std::string::npos);
+}
+
+TEST_F(HttpTest, HealthIs503UntilAttached) {
+  ServerConfig sc;
+  sc.port = 0;
+  HttpServer http(sc);
+  const int port = http.bind();
+  http.start();
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(5);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  auto chat = c.Post("/v1/chat/completions", "{}", "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 503);
+  http.stop();
+}
+
+TEST_F(HttpTest, ChatNonStreamingAndStreamingAgree) {
+  Served s;
+  auto c = s.client();
+  Json req = {{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hello there"}}}},
+              {"max_tokens", 10}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  int status = 0;
+  Json a = post_json(c, "/v1/chat/completions", req, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  EXPECT_EQ(a["object"], "chat.completion");
+  EXPECT_EQ(a["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(a["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(a["choices"][0]["logprobs"]["content"].size(), 10u);
+  EXPECT_EQ(a["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
+
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  const auto events = post_sse(c, "/v1/chat/completions", req);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string content, reasoning;
+  int tokens_with_logprobs = 0;
+  Json finish, usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    Json j = Json::parse(events[i]);  // throws (fails) on a garbled frame
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (j["choices"].empty()) {
+      usage = j["usage"];
+      continue;
+    }
+    const Json& ch = j["choices"][0];
+    content += ch["delta"].value("content", "");
+    reasoning += ch["delta"].value("reasoning_content", "");
+    if (!ch["logprobs"].is_null()) tokens_with_logprobs += int(ch["logprobs"]["content"].size());
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 10);
+  EXPECT_EQ(tokens_with_logprobs, 10);
+  const Json& msg = a["choices"][0]["message"];
+  EXPECT_EQ(content, msg.contains("content") && msg["content"].is_string() ? msg["content"].get<std::string>() : "");
+  EXPECT_EQ(reasoning, msg.value("reasoning_content", ""));
+}
+
+TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
+  SchedulerOptions so;
+  so.context = 64;
+  Served s(so);
+  auto c = s.client();
+  auto expect_error = [&](const std::string& path, const std::string& body, int want, const std::string& param) {
+    auto r = c.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, want) << body << " → " << r->body;
+    Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << r->body;
+    }
+  };
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  expect_error("/v1/chat/completions", "{not json", 400, "");
+  expect_error("/v1/chat/completions", "[1,2]", 400, "");
+  expect_error("/v1/chat/completions", "{}", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages":[]})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages[0].role");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"max_tokens":-1})", 400, "max_tokens");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"max_tokens":"ten"})", 400, "max_tokens");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"temperature":1e30})", 400, "temperature");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"top_p":-0.5})", 400, "top_p");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":50,"logprobs":true})", 400, "top_logprobs");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"n":3})", 400, "n");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"frobnicate":1})", 400, "frobnicate");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"stop":5})", 400, "stop");
+  const std::string long_text(2000, 'a');
+  auto r = c.Post("/v1/chat/completions", Json{{"messages", {{{"role", "user"}, {"content", long_text}}}}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(Json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  expect_error("/v1/completions", R"({"prompt":[1,-5]})", 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt":{"a":1}})", 400, "prompt");
+  expect_error("/v1/nothing", "{}", 404, "");
+  auto g = c.Get("/v1/chat/completions");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 405);
+  // Still serving after all that.
+  int status = 0;
+  post_json(c, "/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(HttpTest, QueueCapAnswers503) {
+  SchedulerOptions so;
+  so.max_queue = 0;  // every request is over the cap
+  Served s(so);
+  auto c = s.client();
+  int status = 0;
+  Json j = post_json(c, "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(j["error"]["code"], "queue_full");
+}
+
+TEST_F(HttpTest, ConcurrentStreamsEqualSingleRequestRuns) {
+  SchedulerOptions so;
+  so.slots = 4;
+  Served s(so);
+  constexpr int kClients = 8;  // more clients than slots: some queue, all join running batches
+  std::vector<std::vector<std::string>> alone(kClients), together(kClients);
+  {
+    auto c = s.client();
+    for (int i = 0; i < kClients; ++i) {
+      int status = 0;
+      Json j = post_json(c, "/v1/completions", completion_request(i, false), &status);
+      ASSERT_EQ(status, 200) << j.dump();
+      alone[size_t(i)] = logprob_tokens(j["choices"][0]);
+      ASSERT_EQ(alone[size_t(i)].size(), size_t(12 + i % 5));
+    }
+  }
+  std::vector<std::thread> clients;
+  std::vector<std::string> finish(kClients);
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] {
+      auto c = s.client();
+      const auto events = post_sse(c, "/v1/completions", completion_request(i, true));
+      for (const std::string& e : events) {
+        if (e == "[DONE]") continue;
+        Json j = Json::parse(e, nullptr, false);
+        if (j.is_discarded()) {
+          together[size_t(i)].push_back("<garbled>");
+          continue;
+        }
+        const Json& ch = j["choices"][0];
+        if (!ch["logprobs"].is_null()) together[size_t(i)].push_back(ch["logprobs"]["tokens"][0]);
+        if (!ch["finish_reason"].is_null()) finish[size_t(i)] = ch["finish_reason"];
+      }
+      if (events.empty() || events.back() != "[DONE]") finish[size_t(i)] = "incomplete";
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(finish[size_t(i)], "length") << i;
+    EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << i;
+  }
+  EXPECT_EQ(s.engine->stats().running, 0);
+}
+
+TEST_F(HttpTest, ClientDisconnectCancelsTheRequest) {
+  SchedulerOptions so;
+  so.slots = 1;
+  Served s(so);
+  auto c = s.client();
+  Json req = {{"prompt", "go on forever"}, {"max_tokens", 100000}, {"ignore_eos", true}, {"stream", true}};
+  post_sse(c, "/v1/completions", req, /*stop_after=*/3);  // hang up after three events
+  // The engine notices at the next token it cannot deliver; wait (bounded) for the cancel.
+  for (int i = 0; i < 100 && s.engine->stats().requests_cancelled == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const SchedulerStats st = s.engine->stats();
+  EXPECT_EQ(st.requests_cancelled, 1u);
+  EXPECT_LT(st.generated_tokens, 400u);  // stopped long before the context end
+  // The slot is free again: a new request is served.
+  int status = 0;
+  post_json(c, "/v1/completions", {{"prompt", "next"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(HttpTest, TokenizeDetokenizeAndMetrics) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  Json t = post_json(c, "/tokenize", {{"content", "Hello world"}}, &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_EQ(t["tokens"].size(), 2u);
+  Json d = post_json(c, "/detokenize", {{"tokens", t["tokens"]}}, &status);
+  EXPECT_EQ(d["content"], "Hello world");
+  post_json(c, "/detokenize", {{"tokens", {-1}}}, &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 3}}, &status);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  for (const char* name : {"qwen36_requests_running 0", "qwen36_generation_tokens_total 3",
+                           "qwen36_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1", "qwen36_prefix_cache_hit_rate",
+                           "qwen36_state_slots_busy", "# TYPE qwen36_inter_token_latency_seconds histogram"})
+    EXPECT_NE(m->body.find(name), std::string::npos) << name;
+}
+
+}  // namespace
+}  // namespace qwen36::server
