@@ -491,7 +491,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   g.params.stop_ids.clear();  // raw completion: only end-of-text stops, not the chat end-of-turn
   if (!boolean(body, "ignore_eos", false))
     for (int32_t id : api.ctx.stop_ids)
-      if (api.ctx.tokenizer->token_text(id) != "<|im_end|>") g.params.stop_ids.push_back(id);
+      if (id != api.ctx.tokenizer->token_id("<|im_end|>")) g.params.stop_ids.push_back(id);
   auto job = std::make_shared<CompletionJob>();
   job->tok = api.ctx.tokenizer;
   job->model = api.ctx.model_name;
