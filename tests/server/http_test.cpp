@@ -142,6 +142,16 @@ Json completion_request(int i, bool stream) {
           {"stream", stream}};
 }
 
+// Stats are refreshed at the end of an engine step, just after the answer went out: wait
+// (bounded) for the step that finished the last request.
+bool wait_idle(const Scheduler& e) {
+  for (int i = 0; i < 200; ++i) {
+    if (e.stats().running == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 std::vector<std::string> logprob_tokens(const Json& choice) { return choice["logprobs"]["tokens"]; }
 
 TEST_F(HttpTest, HealthModelsAndAuth) {
@@ -327,7 +337,7 @@ TEST_F(HttpTest, ConcurrentStreamsEqualSingleRequestRuns) {
     EXPECT_EQ(finish[size_t(i)], "length") << i;
     EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << i;
   }
-  EXPECT_EQ(s.engine->stats().running, 0);
+  EXPECT_TRUE(wait_idle(*s.engine));
 }
 
 TEST_F(HttpTest, ClientDisconnectCancelsTheRequest) {
@@ -361,6 +371,7 @@ TEST_F(HttpTest, TokenizeDetokenizeAndMetrics) {
   post_json(c, "/detokenize", {{"tokens", {-1}}}, &status);
   EXPECT_EQ(status, 400);
   post_json(c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 3}}, &status);
+  EXPECT_TRUE(wait_idle(*s.engine));
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
