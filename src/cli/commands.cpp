@@ -9,6 +9,7 @@ void register_commands(CLI::App& app) {
   register_template(app);
   register_info(app);
   register_serve(app);
+  register_bench(app);
 }
 
 }  // namespace qwen36::cli

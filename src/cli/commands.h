@@ -16,5 +16,6 @@ void register_tokenize(CLI::App& app);  // tokenize, detokenize
 void register_template(CLI::App& app);  // template
 void register_info(CLI::App& app);      // info (GGUF metadata and tensors)
 void register_serve(CLI::App& app);     // serve (OpenAI-compatible HTTP server)
+void register_bench(CLI::App& app);     // bench (speed, llama-bench-like)
 
 }  // namespace qwen36::cli

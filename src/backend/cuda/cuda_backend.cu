@@ -84,7 +84,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
-    for (auto& kv : ctx_.expert_tables) cudaFree(kv.second);
+    for (auto& kv : ctx_.expert_tables) cudaFree(kv.second.dev);
     if (weights_) cudaFree(weights_);
     cublasDestroy(ctx_.cublas);
     cudaStreamDestroy(ctx_.stream);

@@ -132,15 +132,19 @@ __global__ void scatter_add_kernel(const float* y, const int32_t* toks, const fl
 }
 
 const ExpertPtrs* expert_table(Ctx& c, std::span<const MlpWeights> experts) {
-  auto it = c.expert_tables.find(experts.data());
-  if (it != c.expert_tables.end()) return static_cast<const ExpertPtrs*>(it->second);
-  std::vector<ExpertPtrs> h;
-  for (const MlpWeights& m : experts) h.push_back({m.gate_proj.data, m.up_proj.data, m.down_proj.data});
-  void* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(ExpertPtrs)));
-  CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(ExpertPtrs), cudaMemcpyHostToDevice));
-  c.expert_tables[experts.data()] = d;
-  return static_cast<const ExpertPtrs*>(d);
+  std::vector<const void*> h;
+  for (const MlpWeights& m : experts) h.insert(h.end(), {m.gate_proj.data, m.up_proj.data, m.down_proj.data});
+  ExpertTable& t = c.expert_tables[experts.data()];
+  if (t.dev && t.host == h) return static_cast<const ExpertPtrs*>(t.dev);
+  if (t.dev) {
+    CUDA_CHECK(cudaStreamSynchronize(c.stream));  // the old table may still be read
+    CUDA_CHECK(cudaFree(t.dev));
+    t.dev = nullptr;
+  }
+  CUDA_CHECK(cudaMalloc(&t.dev, h.size() * sizeof(void*)));
+  CUDA_CHECK(cudaMemcpy(t.dev, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  t.host = std::move(h);
+  return static_cast<const ExpertPtrs*>(t.dev);
 }
 
 }  // namespace

@@ -68,12 +68,17 @@ template <typename... A>
 
 namespace qwen36::cuda {
 
+struct ExpertTable {
+  std::vector<const void*> host;  // [gate, up, down] per expert, to detect a reused span address
+  void* dev = nullptr;
+};
+
 struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   bool exact_matmul = false;
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
-  std::unordered_map<const void*, void*> expert_tables;
+  std::unordered_map<const void*, ExpertTable> expert_tables;
 };
 
 // A stream-ordered temporary (cudaMallocAsync / cudaFreeAsync on the context's stream).

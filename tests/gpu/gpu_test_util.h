@@ -1,0 +1,96 @@
+#pragma once
+// Helpers of the GPU tests: random host tensors, upload/download through a Backend, error
+// measures, and the skip-when-no-GPU fixture.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+
+namespace qwen36::gputest {
+
+// A host tensor with its own storage.
+struct HostT {
+  std::vector<uint8_t> bytes;
+  Tensor t;
+  HostT() = default;
+  HostT(DType dt, std::initializer_list<int64_t> shape) {
+    t = Tensor(nullptr, dt, shape);
+    bytes.resize(t.nbytes());
+    t.data = bytes.data();
+  }
+  HostT(const HostT& o) : bytes(o.bytes), t(o.t) { t.data = bytes.data(); }
+  HostT& operator=(const HostT& o) {
+    bytes = o.bytes;
+    t = o.t;
+    t.data = bytes.data();
+    return *this;
+  }
+  float* f() { return t.as<float>(); }
+  std::vector<float> floats() const {
+    return std::vector<float>(t.as<const float>(), t.as<const float>() + t.numel());
+  }
+};
+
+inline HostT random_t(std::mt19937& rng, DType dt, std::initializer_list<int64_t> shape, float lo = -1.0f,
+                      float hi = 1.0f) {
+  HostT h(dt, shape);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < h.t.numel(); ++i) {
+    const float v = u(rng);
+    if (dt == DType::F32) h.t.as<float>()[i] = v;
+    if (dt == DType::BF16) h.t.as<uint16_t>()[i] = f32_to_bf16(v);
+    if (dt == DType::F16) h.t.as<uint16_t>()[i] = f32_to_f16(v);
+  }
+  return h;
+}
+
+// A device tensor (a backend buffer) with the shape of a host tensor.
+struct DevT {
+  std::unique_ptr<DeviceBuffer> buf;
+  Tensor t;
+};
+inline DevT upload(Backend& b, const HostT& h) {
+  DevT d;
+  d.buf = b.alloc(h.t.nbytes());
+  d.t = h.t;
+  d.t.data = d.buf->data();
+  b.copy_from_host(h.t.data, d.t);
+  return d;
+}
+inline std::vector<float> download(Backend& b, const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  b.copy_to_host(t, v.data());
+  return v;
+}
+
+// max |got − want| / max(1, max |want|)
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0, scale = 1;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    scale = std::max(scale, double(std::abs(want[i])));
+    const double d = std::abs(double(got[i]) - double(want[i]));
+    worst = std::max(worst, std::isnan(d) ? 1e30 : d);
+  }
+  return worst / scale;
+}
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device, CUDA tests skipped: " << why;
+    gpu_ = make_cuda_backend();
+  }
+  std::unique_ptr<Backend> gpu_;
+  std::mt19937 rng_{1234};
+};
+
+}  // namespace qwen36::gputest

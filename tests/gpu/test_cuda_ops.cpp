@@ -1,0 +1,307 @@
+// Every CUDA op against its CPU reference (qwen36::cpu::*) on random inputs. Tolerances are
+// relative to the largest reference magnitude (rel_err): f32-accumulating kernels ≤ 1e-5..1e-4,
+// the prefill GEMM with activations rounded to bf16/f16 ≤ 1.5e-2.
+#include <chrono>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "gpu_test_util.h"
+
+namespace qwen36::gputest {
+namespace {
+
+class CudaOps : public CudaTest {};
+
+// ---- matmul ----
+struct MatmulCase {
+  DType dt;
+  int64_t T, N, K;
+};
+
+void check_matmul(Backend& gpu, std::mt19937& rng, const MatmulCase& c, double tol) {
+  HostT x = random_t(rng, DType::F32, {c.T, c.K}), w = random_t(rng, c.dt, {c.N, c.K});
+  HostT want(DType::F32, {c.T, c.N});
+  cpu::matmul(x.t, w.t, want.t);
+  DevT dx = upload(gpu, x), dw = upload(gpu, w), dout = upload(gpu, HostT(DType::F32, {c.T, c.N}));
+  gpu.matmul(dx.t, dw.t, dout.t);
+  const double e = rel_err(download(gpu, dout.t), want.floats());
+  EXPECT_LE(e, tol) << dtype_name(c.dt) << " T=" << c.T << " N=" << c.N << " K=" << c.K;
+}
+
+TEST_F(CudaOps, MatmulGemvDecode) {  // T ≤ 8: f32 activations, f32 accumulation
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (int64_t T : {1, 2, 3, 5, 8})
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 256}, {37, 100}, {300, 1032}, {9, 4104}})
+        check_matmul(*gpu_, rng_, {dt, T, N, K}, 2e-5);
+}
+
+TEST_F(CudaOps, MatmulGemmPrefillRoundsActivations) {  // T > 8: cuBLAS, activations → bf16/f16
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t T : {9, 64, 130})
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 256}, {200, 1024}}) check_matmul(*gpu_, rng_, {dt, T, N, K}, 1.5e-2);
+  for (int64_t T : {9, 70}) check_matmul(*gpu_, rng_, {DType::F32, T, 96, 200}, 1e-4);  // cublasSgemm
+}
+
+TEST_F(CudaOps, MatmulExactMode) {
+  CudaOptions o;
+  o.exact_matmul = true;
+  auto exact = make_cuda_backend(o);
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (int64_t T : {9, 100}) check_matmul(*exact, rng_, {dt, T, 70, 264}, 2e-5);
+}
+
+// Decode GEMV on the 27B's large matrices: correct, and its bandwidth (printed; the ≥ 85%
+// target is checked by `qwen36 bench`, this reports the kernel alone).
+TEST_F(CudaOps, GemvBandwidth27B) {
+  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}}) {
+    HostT x = random_t(rng_, DType::F32, {1, K}), w = random_t(rng_, DType::BF16, {N, K});
+    DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), dout = upload(*gpu_, HostT(DType::F32, {1, N}));
+    gpu_->matmul(dx.t, dw.t, dout.t);
+    const std::vector<float> got = download(*gpu_, dout.t);
+    double worst = 0;
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t n = 0; n < N; n += 997) {  // spot-check rows against the CPU
+      cpu::weight_row_to_f32(w.t, n, row.data());
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(row[size_t(k)]) * x.f()[k];
+      worst = std::max(worst, std::abs(s - got[size_t(n)]));
+    }
+    EXPECT_LE(worst, 1e-3);
+    const int reps = 50;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) gpu_->matmul(dx.t, dw.t, dout.t);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    const double gbs = double(w.t.nbytes()) / s / 1e9;
+    std::printf("[ gemv ] bf16 %lld x %lld, T=1: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s\n",
+                (long long)N, (long long)K, s * 1e6, gbs, 100 * gbs / copy, copy);
+  }
+}
+
+// ---- elementwise and norms ----
+TEST_F(CudaOps, EmbedAllDtypes) {
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    HostT table = random_t(rng_, dt, {50, 72});
+    const std::vector<int32_t> ids{3, 0, 49, 3, 17};
+    HostT want(DType::F32, {5, 72});
+    cpu::embed(table.t, ids, want.t);
+    DevT dt_ = upload(*gpu_, table), out = upload(*gpu_, HostT(DType::F32, {5, 72}));
+    gpu_->embed(dt_.t, ids, out.t);
+    EXPECT_EQ(rel_err(download(*gpu_, out.t), want.floats()), 0.0);
+    const std::vector<int32_t> bad{50};
+    Tensor one = out.t;
+    one.shape[0] = 1;
+    EXPECT_THROW(gpu_->embed(dt_.t, bad, one), Error);
+  }
+}
+
+TEST_F(CudaOps, RmsNormAndGated) {
+  for (int64_t D : {16, 100, 256, 5120}) {
+    HostT x = random_t(rng_, DType::F32, {7, D}, -3, 3), z = random_t(rng_, DType::F32, {7, D}, -3, 3),
+          w = random_t(rng_, DType::F32, {D}, 0.5f, 1.5f);
+    HostT want(DType::F32, {7, D}), want_g(DType::F32, {7, D});
+    cpu::rms_norm(x.t, w.t, 1e-6f, want.t);
+    cpu::gated_rms_norm(x.t, z.t, w.t, 1e-6f, want_g.t);
+    DevT dx = upload(*gpu_, x), dz = upload(*gpu_, z), dw = upload(*gpu_, w), o = upload(*gpu_, HostT(DType::F32, {7, D}));
+    gpu_->rms_norm(dx.t, dw.t, 1e-6f, o.t);
+    EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 1e-5) << D;
+    gpu_->gated_rms_norm(dx.t, dz.t, dw.t, 1e-6f, o.t);
+    EXPECT_LE(rel_err(download(*gpu_, o.t), want_g.floats()), 1e-5) << D;
+    gpu_->rms_norm(dx.t, dw.t, 1e-6f, dx.t);  // in place, as the model uses it
+    EXPECT_LE(rel_err(download(*gpu_, dx.t), want.floats()), 1e-5) << D;
+  }
+}
+
+TEST_F(CudaOps, Elementwise) {
+  HostT y = random_t(rng_, DType::F32, {6, 33}, -4, 4), x = random_t(rng_, DType::F32, {6, 33}, -4, 4),
+        s = random_t(rng_, DType::F32, {6, 1}, -4, 4);
+  DevT dy = upload(*gpu_, y), dx = upload(*gpu_, x), ds = upload(*gpu_, s), o = upload(*gpu_, HostT(DType::F32, {6, 33}));
+  HostT w1 = y;
+  cpu::add(w1.t, x.t);
+  gpu_->add(dy.t, dx.t);
+  EXPECT_LE(rel_err(download(*gpu_, dy.t), w1.floats()), 1e-6);
+  HostT w2(DType::F32, {6, 33});
+  cpu::swiglu(w1.t, x.t, w2.t);
+  gpu_->swiglu(dy.t, dx.t, o.t);
+  EXPECT_LE(rel_err(download(*gpu_, o.t), w2.floats()), 1e-6);
+  cpu::sigmoid_mul(w2.t, x.t);
+  gpu_->sigmoid_mul(o.t, dx.t);
+  EXPECT_LE(rel_err(download(*gpu_, o.t), w2.floats()), 1e-6);
+  cpu::add_sigmoid_scaled(w2.t, x.t, s.t);
+  gpu_->add_sigmoid_scaled(o.t, dx.t, ds.t);
+  EXPECT_LE(rel_err(download(*gpu_, o.t), w2.floats()), 1e-6);
+}
+
+TEST_F(CudaOps, CopyColsGetRowsSplitQGate) {
+  HostT src = random_t(rng_, DType::F32, {5, 40}), dst = random_t(rng_, DType::F32, {5, 30});
+  DevT ds = upload(*gpu_, src), dd = upload(*gpu_, dst);
+  cpu::copy_cols(src.t, 7, dst.t, 3, 20);
+  gpu_->copy_cols(ds.t, 7, dd.t, 3, 20);
+  EXPECT_EQ(rel_err(download(*gpu_, dd.t), dst.floats()), 0.0);
+  const std::vector<int32_t> rows{4, 0, 4, 2};
+  HostT want(DType::F32, {4, 40});
+  cpu::get_rows(src.t, rows, want.t);
+  DevT o = upload(*gpu_, HostT(DType::F32, {4, 40}));
+  gpu_->get_rows(ds.t, rows, o.t);
+  EXPECT_EQ(rel_err(download(*gpu_, o.t), want.floats()), 0.0);
+  HostT qg = random_t(rng_, DType::F32, {3, 4, 2 * 16});
+  HostT q(DType::F32, {3, 4, 16}), g(DType::F32, {3, 64});
+  cpu::split_q_gate(qg.t, q.t, g.t);
+  DevT dqg = upload(*gpu_, qg), dq = upload(*gpu_, HostT(DType::F32, {3, 4, 16})), dg = upload(*gpu_, HostT(DType::F32, {3, 64}));
+  gpu_->split_q_gate(dqg.t, dq.t, dg.t);
+  EXPECT_EQ(rel_err(download(*gpu_, dq.t), q.floats()), 0.0);
+  EXPECT_EQ(rel_err(download(*gpu_, dg.t), g.floats()), 0.0);
+}
+
+TEST_F(CudaOps, Rope) {
+  const std::vector<SeqRun> runs{{0, 5, 0, 3}, {1, 4000, 3, 4}};
+  for (int64_t hd : {64, 256}) {
+    HostT x = random_t(rng_, DType::F32, {7, 3, hd});
+    DevT dx = upload(*gpu_, x);
+    cpu::rope(x.t, runs, hd / 4, 1e7f);
+    gpu_->rope(dx.t, runs, hd / 4, 1e7f);
+    EXPECT_LE(rel_err(download(*gpu_, dx.t), x.floats()), 2e-5) << hd;
+  }
+}
+
+// ---- attention ----
+TEST_F(CudaOps, AttentionPrefillThenDecode) {
+  struct Shape {
+    int64_t H, KVH, hd;
+  };
+  for (Shape s : {Shape{6, 2, 64}, Shape{24, 4, 256}, Shape{4, 1, 16}, Shape{16, 2, 256}}) {
+    const int64_t slots = 3, cap = 80;
+    HostT kc(DType::F32, {slots, cap, s.KVH, s.hd}), vc(DType::F32, {slots, cap, s.KVH, s.hd});
+    DevT dkc = upload(*gpu_, kc), dvc = upload(*gpu_, vc);
+    const float scale = 1.0f / std::sqrt(float(s.hd));
+    // Step 1: two sequences prefilled together; step 2: both decode one token; step 3: one
+    // more chunk for slot 2.
+    const std::vector<std::vector<SeqRun>> steps{{{2, 0, 0, 37}, {0, 0, 37, 20}}, {{0, 20, 0, 1}, {2, 37, 1, 1}},
+                                                 {{2, 38, 0, 9}}};
+    for (const auto& runs : steps) {
+      int64_t T = 0;
+      for (const SeqRun& r : runs) T += r.count;
+      HostT q = random_t(rng_, DType::F32, {T, s.H, s.hd}, -2, 2), k = random_t(rng_, DType::F32, {T, s.KVH, s.hd}, -2, 2),
+            v = random_t(rng_, DType::F32, {T, s.KVH, s.hd});
+      HostT want(DType::F32, {T, s.H, s.hd});
+      cpu::attention(q.t, k.t, v.t, kc.t, vc.t, runs, scale, want.t);
+      DevT dq = upload(*gpu_, q), dk = upload(*gpu_, k), dv = upload(*gpu_, v), o = upload(*gpu_, HostT(DType::F32, {T, s.H, s.hd}));
+      gpu_->attention(dq.t, dk.t, dv.t, dkc.t, dvc.t, runs, scale, o.t);
+      EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 2e-5) << "H=" << s.H << " hd=" << s.hd;
+    }
+    EXPECT_LE(rel_err(download(*gpu_, dkc.t), kc.floats()), 0.0);
+    EXPECT_LE(rel_err(download(*gpu_, dvc.t), vc.floats()), 0.0);
+  }
+}
+
+// ---- DeltaNet ----
+TEST_F(CudaOps, Conv1dSiluWithState) {
+  const int64_t C = 300, K = 4, slots = 3;
+  HostT w = random_t(rng_, DType::F32, {C, K}), st(DType::F32, {slots, C, K - 1});
+  DevT dw = upload(*gpu_, w), dst = upload(*gpu_, st);
+  const std::vector<std::vector<SeqRun>> steps{{{1, 0, 0, 10}, {2, 0, 10, 2}}, {{1, 10, 0, 1}, {2, 2, 1, 1}},
+                                               {{2, 3, 0, 70}}};
+  for (const auto& runs : steps) {
+    int64_t T = 0;
+    for (const SeqRun& r : runs) T += r.count;
+    HostT x = random_t(rng_, DType::F32, {T, C}, -2, 2);
+    DevT dx = upload(*gpu_, x);
+    cpu::causal_conv1d_silu(x.t, w.t, st.t, runs);
+    gpu_->causal_conv1d_silu(dx.t, dw.t, dst.t, runs);
+    EXPECT_LE(rel_err(download(*gpu_, dx.t), x.floats()), 1e-6);
+  }
+  EXPECT_LE(rel_err(download(*gpu_, dst.t), st.floats()), 0.0);
+}
+
+TEST_F(CudaOps, DeltaNetGates) {
+  const int64_t T = 9, Hv = 48;
+  HostT a = random_t(rng_, DType::F32, {T, Hv}, -30, 30), b = random_t(rng_, DType::F32, {T, Hv}, -5, 5),
+        ae = random_t(rng_, DType::F32, {Hv}, -1.5f, -0.5f), dt = random_t(rng_, DType::F32, {Hv});
+  HostT g(DType::F32, {T, Hv}), beta(DType::F32, {T, Hv});
+  cpu::deltanet_gates(a.t, b.t, ae.t, dt.t, g.t, beta.t);
+  DevT da = upload(*gpu_, a), db = upload(*gpu_, b), dae = upload(*gpu_, ae), ddt = upload(*gpu_, dt),
+       dg = upload(*gpu_, HostT(DType::F32, {T, Hv})), dbeta = upload(*gpu_, HostT(DType::F32, {T, Hv}));
+  gpu_->deltanet_gates(da.t, db.t, dae.t, ddt.t, dg.t, dbeta.t);
+  EXPECT_LE(rel_err(download(*gpu_, dg.t), g.floats()), 1e-6);
+  EXPECT_LE(rel_err(download(*gpu_, dbeta.t), beta.floats()), 1e-6);
+}
+
+TEST_F(CudaOps, GatedDeltaRuleAllModesCarryState) {
+  struct Shape {
+    int64_t Hk, Hv, dk, dv;
+  };
+  for (Shape s : {Shape{16, 48, 128, 128}, Shape{2, 6, 32, 24}, Shape{1, 2, 16, 48}, Shape{2, 4, 64, 64}}) {
+    for (DeltaRuleMode mode : {DeltaRuleMode::Auto, DeltaRuleMode::Chunked, DeltaRuleMode::Recurrent}) {
+      const int64_t slots = 3;
+      HostT st = random_t(rng_, DType::F32, {slots, s.Hv, s.dk, s.dv}, -0.1f, 0.1f);
+      DevT dst = upload(*gpu_, st);
+      const std::vector<std::vector<SeqRun>> steps{{{0, 0, 0, 70}, {2, 0, 70, 5}}, {{0, 70, 0, 1}, {2, 5, 1, 1}},
+                                                   {{2, 6, 0, 130}}};
+      for (const auto& runs : steps) {
+        int64_t T = 0;
+        for (const SeqRun& r : runs) T += r.count;
+        HostT q = random_t(rng_, DType::F32, {T, s.Hk, s.dk}), k = random_t(rng_, DType::F32, {T, s.Hk, s.dk}),
+              v = random_t(rng_, DType::F32, {T, s.Hv, s.dv}), g = random_t(rng_, DType::F32, {T, s.Hv}, -2.0f, -0.01f),
+              beta = random_t(rng_, DType::F32, {T, s.Hv}, 0.0f, 1.0f);
+        HostT want(DType::F32, {T, s.Hv, s.dv});
+        cpu::gated_delta_rule(q.t, k.t, v.t, g.t, beta.t, st.t, runs, want.t, mode);
+        DevT dq = upload(*gpu_, q), dk = upload(*gpu_, k), dv = upload(*gpu_, v), dg = upload(*gpu_, g),
+             db = upload(*gpu_, beta), o = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.dv}));
+        gpu_->gated_delta_rule(dq.t, dk.t, dv.t, dg.t, db.t, dst.t, runs, o.t, mode);
+        EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 1e-4) << "dk=" << s.dk << " dv=" << s.dv;
+      }
+      EXPECT_LE(rel_err(download(*gpu_, dst.t), st.floats()), 1e-4) << "state dk=" << s.dk;
+    }
+  }
+}
+
+// ---- MoE ----
+TEST_F(CudaOps, MoeRoute) {
+  for (auto [E, k] : {std::pair<int64_t, int64_t>{16, 4}, {256, 8}, {8, 2}})
+    for (bool renorm : {true, false}) {
+      const int64_t T = 21;
+      HostT logits = random_t(rng_, DType::F32, {T, E}, -3, 3);
+      for (int64_t e = 0; e < E; e += 3) logits.f()[e] = logits.f()[1];  // ties in row 0: lower id wins
+      HostT w(DType::F32, {T, k}), ids(DType::I32, {T, k});
+      cpu::moe_route(logits.t, k, renorm, w.t, ids.t);
+      DevT dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {T, k})),
+           di = upload(*gpu_, HostT(DType::I32, {T, k}));
+      gpu_->moe_route(dl.t, k, renorm, dw.t, di.t);
+      std::vector<int32_t> gids(size_t(T * k));
+      gpu_->copy_to_host(di.t, gids.data());
+      EXPECT_EQ(gids, std::vector<int32_t>(ids.t.as<int32_t>(), ids.t.as<int32_t>() + T * k)) << E;
+      EXPECT_LE(rel_err(download(*gpu_, dw.t), w.floats()), 1e-6);
+    }
+}
+
+TEST_F(CudaOps, MoeExpertsDecodeAndPrefillPaths) {
+  const int64_t E = 16, D = 128, I = 64, k = 4;
+  std::vector<HostT> hw;
+  std::vector<DevT> dw;
+  std::vector<MlpWeights> he, de;
+  for (int64_t e = 0; e < E; ++e) {
+    hw.push_back(random_t(rng_, DType::BF16, {I, D}, -0.2f, 0.2f));
+    hw.push_back(random_t(rng_, DType::BF16, {I, D}, -0.2f, 0.2f));
+    hw.push_back(random_t(rng_, DType::BF16, {D, I}, -0.2f, 0.2f));
+  }
+  for (auto& h : hw) dw.push_back(upload(*gpu_, h));
+  for (int64_t e = 0; e < E; ++e) {
+    he.push_back({hw[size_t(3 * e)].t, hw[size_t(3 * e + 1)].t, hw[size_t(3 * e + 2)].t});
+    de.push_back({dw[size_t(3 * e)].t, dw[size_t(3 * e + 1)].t, dw[size_t(3 * e + 2)].t});
+  }
+  for (int64_t T : {1, 8, 16, 40}) {  // T·k ≤ 64: fused kernels; larger: grouped per expert (cuBLAS)
+    HostT x = random_t(rng_, DType::F32, {T, D}), logits = random_t(rng_, DType::F32, {T, E}, -2, 2);
+    HostT w(DType::F32, {T, k}), ids(DType::I32, {T, k}), want(DType::F32, {T, D});
+    cpu::moe_route(logits.t, k, true, w.t, ids.t);
+    cpu::moe_experts(x.t, w.t, ids.t, he, want.t);
+    DevT dx = upload(*gpu_, x), dwt = upload(*gpu_, w), di = upload(*gpu_, ids), o = upload(*gpu_, HostT(DType::F32, {T, D}));
+    gpu_->moe_experts(dx.t, dwt.t, di.t, de, o.t);
+    EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), T * k <= 64 ? 2e-5 : 1.5e-2) << "T=" << T;
+  }
+}
+
+}  // namespace
+}  // namespace qwen36::gputest
