@@ -16,9 +16,9 @@ git status --short >> "$OUT/commit.txt" 2>/dev/null || true
   cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops; } 2>&1 | tail -40 > "$OUT/build.log"
 [ -x "$BUILD/src/cli/qwen36" ] || { echo "build failed, see $OUT/build.log"; exit 1; }
 
-"$BUILD/tests/gpu/test_cuda_ops" 2>&1 | tee "$OUT/test_cuda_ops.log" | grep -E "^\[  (PASSED|FAILED) |FAILED|^\[ (gemv|[a-z-]+) \]" 
+timeout 150 "$BUILD/tests/gpu/test_cuda_ops" 2>&1 | tee "$OUT/test_cuda_ops.log" | grep -E "^\[  (PASSED|FAILED) |FAILED|^\[ (gemv|[a-z-]+) \]" 
 Q=$BUILD/src/cli/qwen36
-bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
+bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 200 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
 if [ "$QUICK" = "--quick" ]; then
   bench --synthetic qwen3.6-27b --type bf16 -p 512 -n 32 -b 1 -r 2
 else

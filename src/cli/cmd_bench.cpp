@@ -154,11 +154,14 @@ void run_bench(const BenchOptions& o) {
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
   const int64_t n_delta = c.n_layers - n_attn;
   const std::vector<int64_t> prompts = parse_list(o.prompts), gens = parse_list(o.gens), batches = parse_list(o.batches);
-  int64_t max_b = 1, max_len = 1;
+  // A state per test, sized for it (a 32-slot state of the longest prompt would not fit).
+  std::unique_ptr<ModelState> state_ptr;
+  auto new_state = [&](int64_t slots, int64_t len) {
+    state_ptr.reset();
+    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, false);
+  };
+  int64_t max_b = 1;
   for (int64_t b : batches) max_b = std::max(max_b, b);
-  for (int64_t p : prompts) max_len = std::max(max_len, o.depth + p);
-  for (int64_t n : gens) max_len = std::max(max_len, o.depth + n);
-  ModelState state(*backend, c, int32_t(max_b), max_len, false);
   std::mt19937 rng(7);
   auto random_tokens = [&](int64_t n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -167,8 +170,8 @@ void run_bench(const BenchOptions& o) {
   };
   std::vector<float> logits(size_t(max_b * c.vocab_size));
   auto fill_depth = [&](int32_t slot) {
-    state.reset_slot(slot);
-    if (o.depth > 0) model.forward(ForwardBatch::single(random_tokens(o.depth), 0, slot), state, logits.data());
+    state_ptr->reset_slot(slot);
+    if (o.depth > 0) model.forward(ForwardBatch::single(random_tokens(o.depth), 0, slot), *state_ptr, logits.data());
   };
   auto sync = [&] {
 #ifdef QWEN36_HAVE_CUDA
@@ -196,13 +199,14 @@ void run_bench(const BenchOptions& o) {
   };
 
   for (int64_t p : prompts) {
+    new_state(1, o.depth + p);
     std::vector<double> v;
     for (int r = 0; r <= o.repeats; ++r) {  // the first run warms up
       fill_depth(0);
       const auto toks = random_tokens(p);
       sync();
       const auto t0 = std::chrono::steady_clock::now();
-      model.forward(ForwardBatch::single(toks, int32_t(o.depth), 0), state, logits.data());
+      model.forward(ForwardBatch::single(toks, int32_t(o.depth), 0), *state_ptr, logits.data());
       sync();
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) v.push_back(double(p) / t);
@@ -217,6 +221,7 @@ void run_bench(const BenchOptions& o) {
   }
   for (int64_t n : gens)
     for (int64_t B : batches) {
+      new_state(B, o.depth + n);
       std::vector<double> v;
       for (int r = 0; r <= o.repeats; ++r) {
         for (int32_t s = 0; s < int32_t(B); ++s) fill_depth(s);
@@ -230,7 +235,7 @@ void run_bench(const BenchOptions& o) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n; ++i) {
           for (auto& run : fb.runs) run.pos0 = int32_t(o.depth + i);
-          model.forward(fb, state, logits.data());
+          model.forward(fb, *state_ptr, logits.data());
           for (int32_t s = 0; s < int32_t(B); ++s)  // greedy, on the host
             fb.tokens[size_t(s)] = int32_t(std::max_element(logits.begin() + s * c.vocab_size,
                                                             logits.begin() + (s + 1) * c.vocab_size) -
