@@ -5,8 +5,11 @@
 // sharding, and f32 storage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -39,7 +42,7 @@ std::vector<int32_t> fixture_tokens(const std::string& name) {
 
 // All-position logits of one forward pass from an empty cache (as `qwen36 logits` does).
 std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& tokens) {
-  auto be = make_cpu_backend(0);
+  auto be = make_cpu_backend(1);  // tiny models; one thread avoids OpenMP spin-waits when ctest runs tests in parallel
   Model m(load_hf_checkpoint(dir), *be);
   ModelState st(*be, m.config(), 1, int64_t(tokens.size()), false);
   std::vector<float> out(tokens.size() * size_t(m.config().vocab_size));
@@ -54,7 +57,7 @@ enum class Outcome { Rejected, Loaded, Crashed };
 Outcome try_checkpoint(const std::string& dir, const std::string& what, std::string* message = nullptr) {
   try {
     ModelWeights w = load_hf_checkpoint(dir);
-    auto be = make_cpu_backend(0);
+    auto be = make_cpu_backend(1);  // tiny models; one thread avoids OpenMP spin-waits when ctest runs tests in parallel
     Model m(std::move(w), *be);
     std::vector<int32_t> toks;
     for (int i = 0; i < 5; ++i) toks.push_back(int32_t((i * 37) % m.config().vocab_size));
