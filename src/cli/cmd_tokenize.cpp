@@ -13,6 +13,7 @@
 #include "core/error.h"
 
 #ifdef QWEN36_HAVE_PCRE2
+#include "format/gguf.h"
 #include "text/tokenizer.h"
 #endif
 
@@ -57,7 +58,11 @@ namespace {
 }
 
 #ifdef QWEN36_HAVE_PCRE2
-text::Tokenizer load_tokenizer(const std::string& path) { return text::Tokenizer::from_file(path); }
+// A .gguf model file carries its own tokenizer (tokenizer.ggml.* metadata).
+text::Tokenizer load_tokenizer(const std::string& path) {
+  if (path.ends_with(".gguf")) return text::Tokenizer::from_gguf(GgufFile(path));
+  return text::Tokenizer::from_file(path);
+}
 #else
 [[noreturn]] void no_tokenizer() {
   fail("this qwen36 was built without PCRE2, so it has no tokenizer (install libpcre2-dev and rebuild)");
@@ -72,7 +77,7 @@ void register_tokenize(CLI::App& app) {
   };
   auto tok_opts = std::make_shared<Options>();
   CLI::App* tok = app.add_subcommand("tokenize", "Encode a UTF-8 text file to token ids (int32 LE)");
-  tok->add_option("--tokenizer", tok_opts->tokenizer, "tokenizer.json or a model directory")->required();
+  tok->add_option("--tokenizer", tok_opts->tokenizer, "tokenizer.json, a model directory or a .gguf model")->required();
   tok->add_option("--in", tok_opts->in, "UTF-8 text file")->required();
   tok->add_option("--out", tok_opts->out, "output ids file (.i32)")->required();
   tok->callback([tok_opts] {
@@ -89,7 +94,7 @@ void register_tokenize(CLI::App& app) {
 
   auto detok_opts = std::make_shared<Options>();
   CLI::App* detok = app.add_subcommand("detokenize", "Decode token ids (int32 LE) to text on stdout");
-  detok->add_option("--tokenizer", detok_opts->tokenizer, "tokenizer.json or a model directory")->required();
+  detok->add_option("--tokenizer", detok_opts->tokenizer, "tokenizer.json, a model directory or a .gguf model")->required();
   detok->add_option("--in", detok_opts->in, "ids file (.i32)")->required();
   detok->callback([detok_opts] {
 #ifdef QWEN36_HAVE_PCRE2

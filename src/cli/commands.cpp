@@ -10,6 +10,9 @@ void register_commands(CLI::App& app) {
   register_info(app);
   register_serve(app);
   register_bench(app);
+  register_convert(app);
+  register_quantize(app);
+  register_gen_model(app);
 }
 
 }  // namespace qwen36::cli

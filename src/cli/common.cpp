@@ -53,6 +53,7 @@ std::string resolve_tokenizer(const std::string& explicit_path, const std::strin
   if (const char* env = std::getenv("QWEN36_TOKENIZER"); env && *env) return env;
   if (!model_path.empty()) {
     if (fs::is_directory(model_path) && fs::exists(fs::path(model_path) / "tokenizer.json")) return model_path;
+    if (model_path.ends_with(".gguf")) return model_path;  // GGUF models carry their tokenizer
     return "";
   }
   const fs::path fetched = fs::path(QWEN36_SOURCE_DIR) / ".models" / "qwen3-tokenizer";

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "format/gguf.h"
 #include "text/bpe.h"
 #include "text/unicode.h"
 
@@ -533,8 +534,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::string file = path;
   std::error_code ec;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "tokenizer.json").string();
-  if (file.size() >= 5 && file.compare(file.size() - 5, 5, ".gguf") == 0)
-    fail("{}: reading the tokenizer from GGUF is not yet supported; pass tokenizer.json", file);
+  if (file.size() >= 5 && file.compare(file.size() - 5, 5, ".gguf") == 0) return from_gguf(GgufFile(file));
   std::ifstream in(file, std::ios::binary);
   if (!in) fail("{}: cannot open tokenizer file", file);
   std::ostringstream ss;

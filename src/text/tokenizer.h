@@ -21,6 +21,10 @@
 #include <unordered_map>
 #include <vector>
 
+namespace qwen36 {
+class GgufFile;
+}
+
 namespace qwen36::text {
 
 class BpeMerger;
@@ -68,6 +72,8 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view json_text);
   // The spec a tokenizer.json describes (exposed for tests and for tools).
   static TokenizerSpec spec_from_json(std::string_view json_text);
+  // The gpt2-type BPE tokenizer stored in a GGUF file's tokenizer.ggml.* metadata.
+  static Tokenizer from_gguf(const GgufFile& file);
 
   // Text (valid UTF-8, else Error) to ids. With parse_special=false, special added tokens
   // in the text are ordinary text (HF's encode_special_tokens); non-special ones still match.
