@@ -134,6 +134,9 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   QWEN36_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "matmul: activations must be f32");
   QWEN36_CHECK(x.cols() == K && out.numel() == T * N, "matmul: x {} · w {} → out {}", x.shape_str(), w.shape_str(),
                out.shape_str());
+  // Checked here, outside the parallel regions: an exception must not escape an OpenMP region.
+  QWEN36_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16 || dtype_is_quantized(w.dtype),
+               "matmul: weight dtype {} is not supported by the CPU backend", dtype_name(w.dtype));
   const float* xp = x.as<const float>();
   float* op = out.as<float>();
   if (dtype_is_quantized(w.dtype)) {
