@@ -55,10 +55,13 @@ GgufMetadata gguf_metadata_for_config(const ModelConfig& c, const std::string& n
   m.set_u32(k("ssm.group_count"), u32(c.linear_k_heads));
   m.set_u32(k("ssm.time_step_rank"), u32(c.linear_v_heads));
   m.set_u32(k("ssm.inner_size"), u32(c.linear_value_dim()));
-  // The interval of the layer pattern (the first full-attention layer's index + 1).
+  // The interval of the layer pattern (the first full-attention layer's index + 1), written
+  // only when every layer follows it; otherwise readers take the kinds from the tensors.
   int64_t interval = 0;
   for (int64_t i = 0; i < c.n_layers && !interval; ++i)
     if (c.layer_kinds[size_t(i)] == LayerKind::FullAttention) interval = i + 1;
+  for (int64_t i = 0; i < c.n_layers && interval; ++i)
+    if ((c.layer_kinds[size_t(i)] == LayerKind::FullAttention) != ((i + 1) % interval == 0)) interval = 0;
   if (interval > 0) m.set_u32(k("full_attention_interval"), u32(interval));
   m.set_u32(k("rope.dimension_count"), u32(c.rotary_dim));
   const int32_t sections[4] = {11, 11, 10, 0};  // the converter's default mrope sections
@@ -101,7 +104,9 @@ std::string token_content(const nlohmann::json& j) {
 GgufVocab vocab_from_hf_dir(const std::string& dir, int64_t vocab_size) {
   const text::TokenizerSpec spec = text::Tokenizer::spec_from_json(read_text(fs::path(dir) / "tokenizer.json"));
   GgufVocab v;
-  const int64_t n = std::max<int64_t>(vocab_size, int64_t(spec.tokens.size()));
+  int64_t n = std::max<int64_t>(vocab_size, int64_t(spec.tokens.size()));
+  for (const text::AddedToken& t : spec.added_tokens) n = std::max<int64_t>(n, int64_t(t.id) + 1);
+  if (n > vocab_size) spdlog::warn("{}: the tokenizer has {} ids, the model only {}", dir, n, vocab_size);
   v.tokens.assign(size_t(n), "");
   v.token_types.assign(size_t(n), 1);
   for (size_t i = 0; i < spec.tokens.size(); ++i) v.tokens[i] = spec.tokens[i];
@@ -185,8 +190,9 @@ class HfPlanner {
     s.shape = std::move(shape);
     s.dtype = small_f32 ? DType::F32 : mt_;
     const int64_t cols = s.cols();
-    QWEN36_CHECK(src.numel() == s.rows() * cols, "tensor for {} has shape {}, expected {} elements", s.name,
-                 src.shape_str(), s.rows() * cols);
+    // A row-mapped source (fused experts) may hold more rows than it supplies.
+    QWEN36_CHECK(row_map ? src.numel() >= s.rows() * cols && src.numel() % cols == 0 : src.numel() == s.rows() * cols,
+                 "tensor for {} has shape {}, expected {} elements", s.name, src.shape_str(), s.rows() * cols);
     const bool plain = !row_map && col_map.empty() && f == identity;
     if (plain && src.dtype == s.dtype) s.raw = src.data;
     const Tensor t = src;

@@ -344,7 +344,8 @@ ModelWeights make_random_quant_weights(const ModelConfig& c, QuantMix mix, uint6
       if (c.shared_expert_intermediate_size > 0) {
         l.moe.shared = {get(b + "ffn_gate_shexp.weight"), get(b + "ffn_up_shexp.weight"),
                         get(b + "ffn_down_shexp.weight")};
-        l.moe.shared_gate = get(b + "ffn_gate_inp_shexp.weight");
+        const Tensor g1 = get(b + "ffn_gate_inp_shexp.weight");  // stored as ne {H}, canonical (1, H)
+        l.moe.shared_gate = Tensor(g1.data, g1.dtype, {1, c.hidden_size});
       }
     } else {
       l.mlp = {get(b + "ffn_gate.weight"), get(b + "ffn_up.weight"), get(b + "ffn_down.weight")};

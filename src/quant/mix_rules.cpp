@@ -83,7 +83,10 @@ DType shape_fallback(DType t, int64_t ncols) {
     case DType::Q4_K: f = DType::Q5_0; break;
     case DType::Q5_K: f = DType::Q5_1; break;
     case DType::Q6_K: f = DType::Q8_0; break;
-    default: fail("no fallback type for {} with rows of {} elements", dtype_name(t), ncols);
+    default:
+      // llama-quantize refuses here (it defines no fallback for 32-element types); keeping
+      // such a tensor in F16 is more useful and cannot clash with any llama.cpp-made file.
+      return DType::F16;
   }
   return ncols % dtype_block_elems(f) == 0 ? f : DType::F16;
 }
