@@ -43,7 +43,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     const size_t data_start = 8 + size_t(header_len);
     const size_t data_size = size - data_start;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (auto& [name, v] : j.items()) {
+    for (auto& item : j.items()) {
+      // Plain names rather than a structured binding: the lambdas below capture them.
+      const std::string& name = item.key();
+      const nlohmann::json& v = item.value();
       if (name == "__metadata__") continue;
       auto ctx = [&](std::string_view f, auto&&... a) {
         fail("tensor {}: {}", name, fmt::vformat(f, fmt::make_format_args(a...)));
