@@ -23,18 +23,13 @@ cmake --build --preset "$preset" -j "$jobs"
 
 echo "== asan: untrusted-input suites"
 cmake --preset asan >/dev/null
-asan_targets=()
-for t in test_format test_gguf; do
-  grep -q "qwen36_add_test($t " tests/unit/*/CMakeLists.txt && asan_targets+=("$t")
+asan_targets=(test_format test_gguf)
+cmake --build --preset asan -j "$jobs" --target "${asan_targets[@]}"
+for t in "${asan_targets[@]}"; do
+  bin=$(find build/asan/tests -type f -name "$t" | head -n 1)
+  echo "-- $t under ASan + UBSan"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$bin" --gtest_brief=1
 done
-if [ ${#asan_targets[@]} -gt 0 ]; then
-  cmake --build --preset asan -j "$jobs" --target "${asan_targets[@]}"
-  for t in "${asan_targets[@]}"; do
-    bin=$(find build/asan/tests -type f -name "$t" | head -n 1)
-    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 "$bin" --gtest_brief=1
-  done
-fi
-
 
 echo "== $preset tests"
 ctest --preset "$preset" -j "$jobs" --timeout 900
