@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/test_files.h"
 #include "engine/generate.h"
 #include "format/model_loader.h"
 #include "model/qwen36.h"
@@ -19,15 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename T>
-std::vector<T> read_raw(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary | std::ios::ate);
-  EXPECT_TRUE(in.good()) << p;
-  std::vector<T> v(size_t(in.tellg()) / sizeof(T));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
-  return v;
-}
+using test::read_raw;
 
 // Fixture directories holding `file` (case.json: every fixture; mtp_logits.f32: MTP ones).
 std::vector<std::string> fixture_names(const char* file = "case.json") {
