@@ -32,4 +32,7 @@ for t in "${asan_targets[@]}"; do
 done
 
 echo "== $preset tests"
+# ctest runs test binaries side by side; idle OpenMP threads must sleep, not spin, or two
+# binaries on two cores slow each other down many times over.
+export OMP_WAIT_POLICY=PASSIVE
 ctest --preset "$preset" -j "$jobs" --timeout 900
