@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,20 @@ class Backend {
                                 const Tensor& beta, Tensor& state, std::span<const SeqRun> runs, Tensor& out,
                                 DeltaRuleMode mode = DeltaRuleMode::Auto) = 0;
 
+  // ---- speculative verify: DeltaNet without advancing the state ----
+  // The verify pass of speculative decoding runs k drafts that may be rejected. The recurrent
+  // and conv state cannot be truncated afterwards, so verify runs only READ them: the
+  // outputs are exactly those of causal_conv1d_silu / gated_delta_rule (token by token, as
+  // decode runs), and the state is left as it was. Once the accepted count n is known, the
+  // model replays the first n tokens' saved inputs through the plain ops, which advances the
+  // state to exactly where n decode steps would have left it (Model::commit_speculative).
+  // Defaults throw: a backend without them cannot run speculative decoding.
+  virtual void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state,
+                                           std::span<const SeqRun> runs);
+  virtual void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                         const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs,
+                                         Tensor& out);
+
   // ---- mixture of experts ----
   // softmax over all experts → top-k → renormalise (when renorm) → weights [T, k] f32, ids [T, k] i32
   virtual void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) = 0;
@@ -112,6 +127,15 @@ class Backend {
   virtual void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                            std::span<const MlpWeights> experts, Tensor& out) = 0;
 };
+
+inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const Tensor&, std::span<const SeqRun>) {
+  // std::runtime_error, not Error: core/error.h (fmt) cannot be compiled by nvcc, which reads this header
+  throw std::runtime_error("causal_conv1d_silu_readonly (speculative decoding) is not implemented on the " + name() + " backend");
+}
+inline void Backend::gated_delta_rule_readonly(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                               const Tensor&, const Tensor&, std::span<const SeqRun>, Tensor&) {
+  throw std::runtime_error("gated_delta_rule_readonly (speculative decoding) is not implemented on the " + name() + " backend");
+}
 
 // The CPU backend (always available). `threads` 0 means all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

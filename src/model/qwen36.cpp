@@ -75,8 +75,20 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x
   return y;
 }
 
+// Rows [begin, begin + count) of src [T, C] for each run → rows [0, count) of the run's slot
+// in buf [slots, n, C] (a verify run's saved DeltaNet inputs).
+static void save_rows(Backend& b, const Tensor& src, Tensor& buf, std::span<const SeqRun> runs) {
+  const int64_t C = src.cols(), per_slot = buf.dim(1) * C;
+  for (const SeqRun& r : runs) {
+    const Tensor from(static_cast<float*>(src.data) + int64_t(r.begin) * C, DType::F32, {r.count, C});
+    Tensor to(static_cast<float*>(buf.data) + int64_t(r.slot) * per_slot, DType::F32, {r.count, C});
+    b.copy(from, to);
+  }
+}
+
 Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state,
-                             Tensor& ssm_state, std::span<const SeqRun> runs, DeltaRuleMode mode) {
+                             Tensor& ssm_state, std::span<const SeqRun> runs, DeltaRuleMode mode,
+                             const VerifySave* save) {
   const ModelConfig& c = w_.config;
   const DeltaNetWeights& d = l.deltanet;
   const int64_t T = x.rows(), Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim,
@@ -88,7 +100,13 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   backend_.matmul(x, d.in_proj_z, z);
   backend_.matmul(x, d.in_proj_b, b);
   backend_.matmul(x, d.in_proj_a, a);
-  backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
+  if (save) {  // verify runs only read their state; their inputs are kept for the commit
+    save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
+    if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
+    backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
+  } else {
+    backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
+  }
 
   Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
   Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});
@@ -99,7 +117,14 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
   backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
   Tensor o = s.f32({T, Hv, dv});
-  backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
+  if (save) {
+    save_rows(backend_, g, *save->g, save->verify);
+    save_rows(backend_, beta, *save->beta, save->verify);
+    if (!save->plain.empty()) backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, save->plain, o, mode);
+    backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
+  } else {
+    backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
+  }
   backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
   Tensor o2(o.data, DType::F32, {T, Hv * dv});
   if (!d.out_proj_heads.empty()) {  // out_proj reads its heads in another order (GGUF)
@@ -146,12 +171,12 @@ Tensor Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x) {
 }
 
 void Model::decoder_layer(Scratch& s, const LayerWeights& l, Tensor& h, Tensor& cache_a, Tensor& cache_b,
-                          std::span<const SeqRun> runs, DeltaRuleMode mode) {
+                          std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save) {
   const ModelConfig& c = w_.config;
   Tensor x = s.f32({h.rows(), c.hidden_size});
   backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
   Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs)
-                                                    : deltanet_block(s, l, x, cache_a, cache_b, runs, mode);
+                                                    : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
   backend_.add(h, mixed);
   backend_.rms_norm(h, l.post_attention_norm, c.rms_norm_eps, x);
   Tensor ffn = c.moe ? moe_block(s, l.moe, x) : mlp_block(s, l.mlp, x);
@@ -186,6 +211,22 @@ static void check_batch(const ForwardBatch& b, const ModelState& state) {
   QWEN36_CHECK(covered == int64_t(b.tokens.size()), "batch runs cover {} of {} tokens", covered, b.tokens.size());
   for (int32_t r : b.output_rows)
     QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "output row {} out of range", r);
+  for (int32_t r : b.hidden_rows)
+    QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "hidden row {} out of range", r);
+}
+
+// The batch's runs split into plain ones and verify ones (ForwardBatch::verify_runs).
+static void split_verify_runs(const ForwardBatch& b, const ModelState& state, std::vector<SeqRun>& plain,
+                              std::vector<SeqRun>& verify) {
+  std::vector<bool> is_verify(b.runs.size(), false);
+  for (int32_t i : b.verify_runs) {
+    QWEN36_CHECK(i >= 0 && size_t(i) < b.runs.size() && !is_verify[size_t(i)], "bad verify run index {}", i);
+    QWEN36_CHECK(b.runs[size_t(i)].count <= state.spec_max_tokens(),
+                 "a verify run of {} tokens needs ModelState::enable_speculation({}) (it holds {})",
+                 b.runs[size_t(i)].count, b.runs[size_t(i)].count, state.spec_max_tokens());
+    is_verify[size_t(i)] = true;
+  }
+  for (size_t i = 0; i < b.runs.size(); ++i) (is_verify[i] ? verify : plain).push_back(b.runs[i]);
 }
 
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
@@ -193,6 +234,8 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
   if (T == 0) return;
+  std::vector<SeqRun> plain_runs, verify_runs;
+  split_verify_runs(batch, state, plain_runs, verify_runs);
   Scratch s(backend_);
   Tensor h = s.f32({T, c.hidden_size});  // the residual stream
   backend_.embed(w_.embed_tokens, batch.tokens, h);
@@ -201,10 +244,60 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
     Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
     Scratch layer_scratch(backend_);  // a layer's activations are freed before the next layer
-    decoder_layer(layer_scratch, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode);
+    VerifySave save{plain_runs, verify_runs, nullptr, nullptr, nullptr};
+    if (!attn && !verify_runs.empty())
+      save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
+    decoder_layer(layer_scratch, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode,
+                  save.conv_input ? &save : nullptr);
   }
-  head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
+  if (batch.hidden_rows.empty()) {
+    head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
+  } else {
+    head(s, h, w_.final_norm, batch.output_rows, logits, nullptr);
+    head(s, h, w_.final_norm, batch.hidden_rows, nullptr, hidden);
+  }
 }
+
+void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> commits) {
+  const ModelConfig& c = w_.config;
+  const int32_t n_max = state.spec_max_tokens();
+  std::vector<SeqRun> runs;  // the kept tokens of every commit, packed
+  int32_t T = 0;
+  for (const SpecCommit& cm : commits) {
+    QWEN36_CHECK(cm.slot >= 0 && cm.slot < state.slots(), "commit: slot {} out of range", cm.slot);
+    QWEN36_CHECK(cm.keep >= 0 && cm.keep <= n_max, "commit: keep {} outside 0..{}", cm.keep, n_max);
+    if (cm.keep > 0) runs.push_back({cm.slot, 0, T, cm.keep});
+    T += cm.keep;
+  }
+  if (T == 0) return;
+  const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
+                C = c.conv_dim();
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    if (c.layer_kinds[size_t(i)] == LayerKind::FullAttention) continue;
+    Scratch s(backend_);
+    Tensor mixed = s.f32({T, C}), g = s.f32({T, Hv}), beta = s.f32({T, Hv});
+    const std::pair<Tensor*, Tensor*> parts[] = {
+        {&state.spec_conv_input(i), &mixed}, {&state.spec_g(i), &g}, {&state.spec_beta(i), &beta}};
+    for (const auto& [buf, dst] : parts) {
+      const int64_t w = dst->cols(), per_slot = int64_t(n_max) * w;
+      for (const SeqRun& r : runs) {
+        const Tensor from(static_cast<float*>(buf->data) + int64_t(r.slot) * per_slot, DType::F32, {r.count, w});
+        Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin) * w, DType::F32, {r.count, w});
+        backend_.copy(from, to);
+      }
+    }
+    const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;
+    backend_.causal_conv1d_silu(mixed, d.conv1d, state.conv_state(i), runs);
+    Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
+    Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});
+    backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
+    backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
+    backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+    Tensor o = s.f32({T, Hv, dv});  // outputs were produced by the verify pass; discarded
+    backend_.gated_delta_rule(q, k, v, g, beta, state.recurrent_state(i), runs, o, DeltaRuleMode::Recurrent);
+  }
+}
+
 
 void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden) {

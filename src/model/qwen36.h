@@ -18,10 +18,24 @@ struct ForwardBatch {
   std::vector<SeqRun> runs;          // covers tokens exactly
   std::vector<int32_t> output_rows;  // batch rows whose logits (and hidden) are returned, in order
   DeltaRuleMode deltanet_mode = DeltaRuleMode::Auto;
+  // Speculative verify: indices into `runs` whose DeltaNet conv/recurrent state is only read
+  // (their conv inputs and gates are saved in the state's speculation buffers, which must hold
+  // the run); Model::commit_speculative then advances each by its accepted prefix. Their
+  // attention KV is written as usual: rejected positions are overwritten later.
+  std::vector<int32_t> verify_runs;
+  // Rows whose post-norm hidden state forward() returns; empty: output_rows. (MTP drafting
+  // wants every prompt row's hidden state but only the last row's logits.)
+  std::vector<int32_t> hidden_rows;
 
   // A single sequence's tokens at positions pos0.. in `slot`, returning the last row's logits
   // (or every row's when all_logits).
   static ForwardBatch single(std::span<const int32_t> tokens, int32_t pos0, int32_t slot = 0, bool all_logits = false);
+};
+
+// Advance `slot`'s DeltaNet state by the first `keep` tokens of its last verify run.
+struct SpecCommit {
+  int32_t slot = 0;
+  int32_t keep = 0;
 };
 
 class Model {
@@ -37,6 +51,12 @@ class Model {
   // host [output_rows, hidden], the final-normed hidden state that feeds lm_head and MTP.
   void forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden = nullptr);
 
+  // After a forward with verify_runs: replays the saved conv inputs and gates of each commit's
+  // first `keep` verify tokens through the plain DeltaNet ops (token by token, as decode),
+  // leaving the state where running only those tokens would have. No matmuls; the cost is
+  // one pass of the recurrence over the kept tokens per DeltaNet layer.
+  void commit_speculative(ModelState& state, std::span<const SpecCommit> commits);
+
   // MTP head: for each row i, predicts the token after next from the target's post-norm
   // hidden[i] (host [n, hidden]) and the following token next_tokens[i]; runs use the MTP's
   // own KV cache in `state`. logits: host [n, vocab]; mtp_hidden (optional) gets the MTP's
@@ -48,13 +68,18 @@ class Model {
   class Scratch;
   Tensor attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
                          std::span<const SeqRun> runs);
+  // Where a verify batch saves a DeltaNet layer's inputs (null: no verify runs).
+  struct VerifySave {
+    std::span<const SeqRun> plain, verify;  // the batch's runs, split
+    Tensor *conv_input, *g, *beta;          // the layer's speculation buffers
+  };
   Tensor deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state, Tensor& ssm_state,
-                        std::span<const SeqRun> runs, DeltaRuleMode mode);
+                        std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   Tensor mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x);
   Tensor moe_block(Scratch& s, const MoeWeights& m, const Tensor& x);
   // One decoder layer: h += mixer(norm(h)); h += ffn(norm(h)).
   void decoder_layer(Scratch& s, const LayerWeights& l, Tensor& h, Tensor& cache_a, Tensor& cache_b,
-                     std::span<const SeqRun> runs, DeltaRuleMode mode);
+                     std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   void head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
             float* hidden);
 

@@ -5,7 +5,7 @@
 namespace qwen36 {
 
 ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, int64_t capacity, bool with_mtp)
-    : backend_(backend), slots_(slots), capacity_(capacity) {
+    : backend_(backend), slots_(slots), capacity_(capacity), config_(c) {
   QWEN36_CHECK(slots > 0 && capacity > 0, "state needs at least one slot and one position");
   for (int64_t l = 0; l < c.n_layers; ++l) {
     cache_index_.push_back(int64_t(tensors_.size()));
@@ -32,6 +32,25 @@ ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::i
   p.a = ta;
   p.b = tb;
   return p;
+}
+
+void ModelState::enable_speculation(int32_t max_tokens) {
+  QWEN36_CHECK(max_tokens > 0 && max_tokens <= 64, "speculation needs 1..64 verify tokens, not {}", max_tokens);
+  if (max_tokens <= spec_max_tokens_) return;  // growing keeps the old buffers until the state goes
+  const ModelConfig& c = config_;
+  spec_.assign(tensors_.size(), Pair{});
+  spec_beta_.assign(tensors_.size(), Tensor{});
+  spec_bytes_per_slot_ = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].is_kv) continue;
+    spec_[i] = make_pair_({slots_, max_tokens, c.conv_dim()}, {slots_, max_tokens, c.linear_v_heads});
+    Tensor beta(nullptr, DType::F32, {slots_, max_tokens, c.linear_v_heads});
+    buffers_.push_back(backend_.alloc(beta.nbytes()));
+    beta.data = buffers_.back()->data();
+    spec_beta_[i] = beta;
+    spec_bytes_per_slot_ += size_t(max_tokens) * size_t(c.conv_dim() + 2 * c.linear_v_heads) * sizeof(float);
+  }
+  spec_max_tokens_ = max_tokens;
 }
 
 void ModelState::reset_slot(int32_t slot) {

@@ -28,6 +28,19 @@ class ModelState {
   Tensor& mtp_v_cache() { return mtp_.b; }
   bool has_mtp() const { return !mtp_.a.empty(); }
 
+  // Speculative decoding (Model::commit_speculative): per DeltaNet layer and slot, room for
+  // the conv inputs and gates of up to `max_tokens` verify tokens, so the state can be
+  // advanced by the accepted prefix after verification. This is the whole cost of GDN
+  // rollback: (conv_dim + 2·Hv) floats per token per DeltaNet layer, e.g. for 27B at k = 5
+  // (6 verify tokens) 48 · 6 · (10240 + 96) · 4 B = 11.4 MiB per sequence, 7.6 % of its
+  // 150 MiB recurrent + conv state (per-position state snapshots would need 6 × 150 MiB).
+  void enable_speculation(int32_t max_tokens);
+  int32_t spec_max_tokens() const { return spec_max_tokens_; }
+  Tensor& spec_conv_input(int64_t layer) { return spec_.at(size_t(cache_index_.at(size_t(layer)))).a; }  // [slots, n, conv_dim]
+  Tensor& spec_g(int64_t layer) { return spec_.at(size_t(cache_index_.at(size_t(layer)))).b; }           // [slots, n, Hv]
+  Tensor& spec_beta(int64_t layer) { return spec_beta_.at(size_t(cache_index_.at(size_t(layer)))); }     // [slots, n, Hv]
+  size_t spec_bytes_per_slot() const { return spec_bytes_per_slot_; }
+
   // Forget slot's sequence: zero its recurrent and conv state (KV entries are overwritten
   // as positions are written again).
   void reset_slot(int32_t slot);
@@ -47,6 +60,11 @@ class ModelState {
   std::vector<Pair> tensors_;      // one per layer
   std::vector<int64_t> cache_index_;  // layer → tensors_ index
   Pair mtp_;
+  const ModelConfig config_;
+  int32_t spec_max_tokens_ = 0;
+  std::vector<Pair> spec_;          // per layer (empty for attention layers): conv input, g
+  std::vector<Tensor> spec_beta_;   // per layer: beta
+  size_t spec_bytes_per_slot_ = 0;
 };
 
 }  // namespace qwen36

@@ -73,6 +73,15 @@ class CpuBackend final : public Backend {
                         Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode) override {
     cpu::gated_delta_rule(q, k, v, g, beta, state, runs, out, mode);
   }
+  void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state,
+                                   std::span<const SeqRun> runs) override {
+    cpu::causal_conv1d_silu_readonly(x, w, conv_state, runs);
+  }
+  void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                 const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs,
+                                 Tensor& out) override {
+    cpu::gated_delta_rule_readonly(q, k, v, g, beta, state, runs, out);
+  }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
     cpu::moe_route(logits, k, renorm, weights, ids);
   }

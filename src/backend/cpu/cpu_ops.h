@@ -34,6 +34,9 @@ void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, c
                     Tensor& beta);
 void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode);
+void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state, std::span<const SeqRun> runs);
+void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                               const Tensor& state, std::span<const SeqRun> runs, Tensor& out);
 
 void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,

@@ -1,0 +1,101 @@
+#include "engine/spec/mtp_drafter.h"
+
+#include <random>
+
+#include "core/error.h"
+#include "engine/spec/rejection.h"
+
+namespace qwen36 {
+
+MtpDrafter::MtpDrafter(Model& model, ModelState& state) : model_(model), state_(state) {
+  QWEN36_CHECK(model.has_mtp(), "--spec mtp: this checkpoint has no MTP head");
+  QWEN36_CHECK(state.has_mtp(), "MTP drafting needs a model state created with an MTP cache");
+}
+
+void MtpDrafter::reset(int32_t slot) { pending_.erase(slot); }
+
+void MtpDrafter::observe(int32_t slot, int32_t pos0, std::span<const float> hidden,
+                         std::span<const int32_t> next_tokens) {
+  const int64_t H = model_.config().hidden_size;
+  QWEN36_CHECK(int64_t(hidden.size()) == int64_t(next_tokens.size()) * H, "MTP observe: {} hidden values for {} rows",
+               hidden.size(), next_tokens.size());
+  Pending& p = pending_[slot];
+  if (p.next_tokens.empty()) p.pos0 = pos0;
+  QWEN36_CHECK(pos0 == p.pos0 + int32_t(p.next_tokens.size()), "MTP observe: position {} does not follow {}", pos0,
+               p.pos0 + int32_t(p.next_tokens.size()));
+  p.hidden.insert(p.hidden.end(), hidden.begin(), hidden.end());
+  p.next_tokens.insert(p.next_tokens.end(), next_tokens.begin(), next_tokens.end());
+}
+
+void MtpDrafter::propose(std::span<DraftRequest> requests) {
+  const int64_t H = model_.config().hidden_size, V = model_.config().vocab_size;
+  // Requests that draft this round, with their chain state.
+  struct Chain {
+    DraftRequest* req;
+    int32_t pos;                  // MTP position of the next chained row
+    std::vector<float> hidden;    // MTP output of the previous step
+    std::vector<int32_t> history; // history + drafts so far (penalties see the drafts)
+    std::mt19937_64 rng;
+  };
+  std::vector<Chain> chains;
+  std::vector<float> hid;
+  std::vector<int32_t> toks;
+  std::vector<SeqRun> runs;
+  for (DraftRequest& r : requests) {
+    r.tokens.clear();
+    r.q.clear();
+    auto it = pending_.find(r.slot);
+    if (r.k <= 0 || it == pending_.end() || it->second.next_tokens.empty()) continue;
+    Pending& p = it->second;
+    const int32_t n = int32_t(p.next_tokens.size());
+    runs.push_back({r.slot, p.pos0, int32_t(toks.size()), n});
+    hid.insert(hid.end(), p.hidden.begin(), p.hidden.end());
+    toks.insert(toks.end(), p.next_tokens.begin(), p.next_tokens.end());
+    chains.push_back({&r, p.pos0 + n, {}, std::vector<int32_t>(r.history.begin(), r.history.end()),
+                      std::mt19937_64(r.rng_seed)});
+    pending_.erase(it);  // those rows are now in the MTP cache
+  }
+  std::vector<float> logits, mtp_hidden;
+  // Each step: run the rows, then turn each chain's last row into its next draft.
+  auto run_step = [&](const std::vector<int32_t>& last_rows) {
+    logits.resize(toks.size() * size_t(V));
+    mtp_hidden.resize(toks.size() * size_t(H));
+    model_.mtp_forward(hid, toks, runs, state_, logits.data(), mtp_hidden.data());
+    for (size_t c = 0; c < last_rows.size(); ++c) {
+      Chain& ch = chains[c];
+      const size_t row = size_t(last_rows[c]);
+      std::span<float> l(logits.data() + row * size_t(V), size_t(V));
+      Sampler sampler(*ch.req->sampling);
+      Dist q = sampler.distribution(l, ch.history);
+      const bool greedy = ch.req->sampling->temperature == 0.0f;
+      const int32_t d = greedy ? q.front().first : draw(q, ch.rng);
+      ch.req->tokens.push_back(d);
+      if (!greedy) ch.req->q.push_back(std::move(q));
+      ch.history.push_back(d);
+      ch.hidden.assign(mtp_hidden.begin() + ptrdiff_t(row * size_t(H)), mtp_hidden.begin() + ptrdiff_t((row + 1) * size_t(H)));
+    }
+  };
+  if (chains.empty()) return;
+  std::vector<int32_t> last_rows;
+  for (const SeqRun& r : runs) last_rows.push_back(r.begin + r.count - 1);
+  run_step(last_rows);
+  // Chained steps over the requests that still want drafts; positions advance by one.
+  for (int32_t step = 1;; ++step) {
+    std::vector<Chain> next;
+    hid.clear(), toks.clear(), runs.clear();
+    for (Chain& ch : chains) {
+      if (int32_t(ch.req->tokens.size()) >= ch.req->k) continue;
+      runs.push_back({ch.req->slot, ch.pos - 1 + step, int32_t(toks.size()), 1});
+      hid.insert(hid.end(), ch.hidden.begin(), ch.hidden.end());
+      toks.push_back(ch.req->tokens.back());
+      next.push_back(std::move(ch));
+    }
+    if (next.empty()) break;
+    chains = std::move(next);
+    last_rows.clear();
+    for (const SeqRun& r : runs) last_rows.push_back(r.begin);
+    run_step(last_rows);
+  }
+}
+
+}  // namespace qwen36

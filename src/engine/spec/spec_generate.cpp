@@ -1,0 +1,256 @@
+#include "engine/spec/spec_generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "core/error.h"
+#include "engine/spec/mtp_drafter.h"
+#include "engine/spec/rejection.h"
+
+namespace qwen36 {
+
+SpecMethod parse_spec_method(const std::string& s) {
+  if (s == "mtp") return SpecMethod::Mtp;
+  if (s == "ngram") return SpecMethod::Ngram;
+  if (s == "none") return SpecMethod::None;
+  fail("unknown speculative method \"{}\" (mtp, ngram or none)", s);
+}
+
+const char* spec_method_name(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::Mtp: return "mtp";
+    case SpecMethod::Ngram: return "ngram";
+    case SpecMethod::None: break;
+  }
+  return "none";
+}
+
+std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelState& state, const NgramOptions& ngram) {
+  switch (method) {
+    case SpecMethod::Mtp: return std::make_unique<MtpDrafter>(model, state);
+    case SpecMethod::Ngram: return std::make_unique<NgramDrafter>(ngram);
+    case SpecMethod::None: break;
+  }
+  return nullptr;
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// One running sequence.
+struct Live {
+  SpecSequence* in;
+  SpecResult res;
+  std::vector<int32_t> history;  // prompt + emitted tokens; the last emitted one is pending
+  int32_t pos = 0;               // positions the target has run (= position of the pending token)
+  int32_t k = 0;                 // drafts to ask for next round
+  bool done = false;
+  Sampler sampler;               // distributions only (filters, penalties); draws use rng
+  std::mt19937_64 rng;
+  DraftRequest draft;
+  Live(SpecSequence& s, int32_t k0)
+      : in(&s), history(s.prompt), k(k0), sampler(s.opts.sampling), rng(s.opts.sampling.seed) {}
+
+  // Emits `tok` as generate() would: a stop id ends without emitting; so do max_tokens,
+  // a cancelling callback, and the context filling up (checked by the caller).
+  bool emit(int32_t tok) {
+    const GenerateOptions& o = in->opts;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), tok) != o.stop_ids.end()) return finish("eos");
+    res.gen.tokens.push_back(tok);
+    history.push_back(tok);
+    if (in->on_token && !in->on_token(tok)) return finish("cancelled");
+    if (int32_t(res.gen.tokens.size()) >= o.max_tokens) return finish("length");
+    return true;
+  }
+  bool finish(const char* why) {
+    res.gen.stop_reason = why;
+    done = true;
+    return false;
+  }
+};
+
+void check_sequence(const SpecSequence& s, const Model& model, const ModelState& state) {
+  QWEN36_CHECK(!s.prompt.empty(), "the prompt is empty");
+  QWEN36_CHECK(s.opts.max_tokens >= 0, "max_tokens {} must be >= 0", s.opts.max_tokens);
+  QWEN36_CHECK(s.opts.prefill_chunk > 0, "prefill chunk must be positive");
+  QWEN36_CHECK(s.slot >= 0 && s.slot < state.slots(), "slot {} out of range", s.slot);
+  for (int32_t t : s.prompt)
+    QWEN36_CHECK(t >= 0 && t < model.config().vocab_size, "prompt token {} is outside the vocabulary", t);
+  QWEN36_CHECK(int64_t(s.prompt.size()) < state.capacity(), "the prompt ({} tokens) does not fit the context ({})",
+               s.prompt.size(), state.capacity());
+}
+
+// Prefill in generate()'s chunks; returns the last row's logits. With `hidden`, every
+// prompt row's post-norm hidden state too (the MTP's first inputs).
+void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector<float>& logits,
+             std::vector<float>* hidden) {
+  const std::vector<int32_t>& prompt = s.prompt;
+  const size_t H = size_t(model.config().hidden_size);
+  if (hidden) hidden->resize(prompt.size() * H);
+  for (size_t b = 0; b < prompt.size(); b += size_t(s.opts.prefill_chunk)) {
+    const size_t n = std::min(prompt.size() - b, size_t(s.opts.prefill_chunk));
+    const bool last = b + n == prompt.size();
+    ForwardBatch batch = ForwardBatch::single(std::span(prompt).subspan(b, n), int32_t(b), s.slot, false);
+    if (!last) batch.output_rows.clear();
+    if (hidden)
+      for (int32_t i = 0; i < int32_t(n); ++i) batch.hidden_rows.push_back(i);
+    model.forward(batch, state, last ? logits.data() : nullptr, hidden ? hidden->data() + b * H : nullptr);
+  }
+}
+
+}  // namespace
+
+std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std::span<SpecSequence> seqs,
+                                            const SpecOptions& spec, Drafter* drafter) {
+  const ModelConfig& c = model.config();
+  const size_t V = size_t(c.vocab_size), H = size_t(c.hidden_size);
+  QWEN36_CHECK(spec.draft_n >= 1 && spec.draft_n <= 16, "--spec-draft-n {} is out of range (1..16)", spec.draft_n);
+  if (drafter) state.enable_speculation(spec.draft_n + 1);
+  const bool want_hidden = drafter && drafter->wants_hidden();
+  std::vector<Live> live;
+  live.reserve(seqs.size());
+  for (SpecSequence& s : seqs) {
+    check_sequence(s, model, state);
+    for (const Live& l : live) QWEN36_CHECK(l.in->slot != s.slot, "two sequences share slot {}", s.slot);
+    live.emplace_back(s, spec.draft_n);
+  }
+
+  // Prefill and the first token of every sequence (no drafts yet).
+  std::vector<float> logits(V), hidden;
+  for (Live& l : live) {
+    const SpecSequence& s = *l.in;
+    const auto t0 = clock::now();
+    state.reset_slot(s.slot);
+    if (drafter) drafter->reset(s.slot);
+    l.res.gen.n_prompt = int32_t(s.prompt.size());
+    l.res.gen.stop_reason = "length";
+    prefill(model, state, s, logits, want_hidden && s.draft ? &hidden : nullptr);
+    l.res.gen.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    l.pos = int32_t(s.prompt.size());
+    if (s.opts.max_tokens == 0) {
+      l.done = true;
+      continue;
+    }
+    if (!l.emit(draw(l.sampler.distribution(logits, l.history), l.rng))) continue;
+    if (want_hidden && s.draft) {
+      std::vector<int32_t> next(s.prompt.begin() + 1, s.prompt.end());
+      next.push_back(l.history.back());
+      drafter->observe(s.slot, 0, hidden, next);
+    }
+    if (l.pos + 1 >= state.capacity()) l.finish("context");
+  }
+
+  // Decode rounds.
+  const auto t_decode = clock::now();
+  std::vector<float> verify_hidden;
+  for (;;) {
+    std::vector<Live*> active;
+    for (Live& l : live)
+      if (!l.done) active.push_back(&l);
+    if (active.empty()) break;
+
+    // 1. Drafts, within what may still be emitted and what the context holds: a round
+    //    emits at most k + 1 tokens and writes positions pos .. pos + k.
+    std::vector<DraftRequest> reqs;
+    std::vector<Live*> drafting;
+    for (Live* l : active) {
+      l->draft = DraftRequest{};
+      const int32_t room = std::min(l->in->opts.max_tokens - int32_t(l->res.gen.tokens.size()) - 1,
+                                    int32_t(state.capacity()) - 2 - l->pos);
+      const int32_t k = std::min(l->k, room);
+      if (!drafter || !l->in->draft || k <= 0) continue;
+      DraftRequest r;
+      r.slot = l->in->slot;
+      r.k = k;
+      r.history = l->history;
+      r.sampling = &l->in->opts.sampling;
+      r.rng_seed = l->rng();
+      reqs.push_back(std::move(r));
+      drafting.push_back(l);
+    }
+    if (!reqs.empty()) drafter->propose(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      QWEN36_CHECK(int32_t(reqs[i].tokens.size()) <= reqs[i].k, "{} drafter proposed too many tokens", drafter->name());
+      drafting[i]->draft = std::move(reqs[i]);
+    }
+
+    // 2. One target forward: [pending, drafts...] per sequence, every row's logits.
+    ForwardBatch batch;
+    for (Live* l : active) {
+      const int32_t n = 1 + int32_t(l->draft.tokens.size());
+      if (n > 1) batch.verify_runs.push_back(int32_t(batch.runs.size()));
+      batch.runs.push_back({l->in->slot, l->pos, int32_t(batch.tokens.size()), n});
+      batch.tokens.push_back(l->history.back());
+      batch.tokens.insert(batch.tokens.end(), l->draft.tokens.begin(), l->draft.tokens.end());
+    }
+    for (int32_t i = 0; i < int32_t(batch.tokens.size()); ++i) batch.output_rows.push_back(i);
+    logits.resize(batch.tokens.size() * V);
+    verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
+    model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr);
+
+    // 3. Acceptance, emission, commit.
+    std::vector<SpecCommit> commits;
+    for (size_t si = 0; si < active.size(); ++si) {
+      Live& l = *active[si];
+      const SeqRun& run = batch.runs[si];
+      const std::vector<int32_t> drafts = l.draft.tokens;
+      const int32_t m = int32_t(drafts.size());
+      const bool greedy = l.in->opts.sampling.temperature == 0.0f;
+      std::vector<int32_t> hist = l.history;  // + drafts accepted so far (penalties see them)
+      int32_t accepted = 0, next = -1;
+      for (int32_t i = 0; i <= m; ++i) {
+        std::span<float> row(logits.data() + size_t(run.begin + i) * V, V);
+        const Dist p = l.sampler.distribution(row, hist);
+        if (i == m) {  // every draft accepted: the bonus token
+          next = greedy ? p.front().first : draw(p, l.rng);
+          break;
+        }
+        bool ok;
+        if (greedy) {
+          ok = drafts[size_t(i)] == p.front().first;
+          next = p.front().first;
+        } else {
+          ok = accept_or_recover(p, l.draft.q.empty() ? Dist{} : l.draft.q[size_t(i)], drafts[size_t(i)], l.rng, &next);
+        }
+        if (!ok) break;
+        ++accepted;
+        hist.push_back(drafts[size_t(i)]);
+      }
+      l.res.metrics.add_round(m, accepted);
+      if (spec.adaptive && m > 0) l.k = accepted == m ? std::min(spec.draft_n, l.k + 1) : std::max(1, accepted + 1);
+
+      std::vector<int32_t> out(drafts.begin(), drafts.begin() + accepted);
+      out.push_back(next);
+      bool alive = true;
+      for (int32_t t : out)
+        if (!(alive = l.emit(t))) break;
+      if (m > 0 && alive) commits.push_back({l.in->slot, accepted + 1});
+      if (!alive) continue;
+      if (want_hidden && l.in->draft)
+        drafter->observe(l.in->slot, l.pos, std::span(verify_hidden).subspan(size_t(run.begin) * H, size_t(accepted + 1) * H),
+                         out);
+      l.pos += accepted + 1;
+      if (l.pos + 1 >= state.capacity()) l.finish("context");
+    }
+    model.commit_speculative(state, commits);
+  }
+  const double decode_s = std::chrono::duration<double>(clock::now() - t_decode).count();
+  std::vector<SpecResult> results;
+  for (Live& l : live) {
+    l.res.gen.decode_seconds = decode_s;  // the rounds were shared
+    results.push_back(std::move(l.res));
+  }
+  return results;
+}
+
+SpecResult spec_generate(Model& model, ModelState& state, const std::vector<int32_t>& prompt,
+                         const GenerateOptions& opts, const SpecOptions& spec,
+                         const std::function<bool(int32_t)>& on_token, int32_t slot) {
+  std::unique_ptr<Drafter> drafter = make_drafter(spec.method, model, state, spec.ngram);
+  SpecSequence s{prompt, opts, slot, true, on_token};
+  return std::move(spec_generate_batch(model, state, std::span(&s, 1), spec, drafter.get()).front());
+}
+
+}  // namespace qwen36

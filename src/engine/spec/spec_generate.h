@@ -1,0 +1,67 @@
+#pragma once
+// defines: SpecMethod, SpecOptions, SpecSequence, spec_generate_batch, spec_generate
+//          (generation with speculative decoding; mirrors engine/generate.h)
+//
+// Every round, for each running sequence: the drafter proposes up to k tokens; ONE target
+// forward runs [pending token, drafts...] for every sequence together (sequences without
+// drafts run their one decode token in the same batch); acceptance is exact (greedy) or by
+// rejection sampling (rejection.h), so the output follows the target's distribution; the
+// DeltaNet state is then advanced by the accepted prefix only (Model::commit_speculative),
+// attention KV past it is simply overwritten later.
+//
+// Prompts are prefilled one sequence at a time in the same chunks generate() uses, so a
+// greedy run reproduces generate() token for token (up to f32 rounding differences between
+// batch shapes in the matmul, which do not show on the tested models).
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/spec/drafter.h"
+#include "engine/spec/metrics.h"
+#include "engine/spec/ngram_drafter.h"
+
+namespace qwen36 {
+
+enum class SpecMethod : uint8_t { None, Mtp, Ngram };
+SpecMethod parse_spec_method(const std::string& s);  // "mtp", "ngram", "none"; throws Error otherwise
+const char* spec_method_name(SpecMethod m);
+
+struct SpecOptions {
+  SpecMethod method = SpecMethod::Mtp;
+  int32_t draft_n = 3;    // k: drafts per round at most
+  bool adaptive = false;  // per sequence: k grows by one after a fully accepted round, else
+                          // drops to (accepted + 1): fewer wasted drafts where they fail
+  NgramOptions ngram;
+};
+
+// The drafter `method` needs (null for None). MTP drafting reads and writes state's MTP cache.
+std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelState& state, const NgramOptions& ngram);
+
+struct SpecSequence {
+  std::vector<int32_t> prompt;
+  GenerateOptions opts;
+  int32_t slot = 0;
+  bool draft = true;  // false: this sequence decodes without drafts (it still shares batches)
+  std::function<bool(int32_t)> on_token;  // optional; false stops (cancelled)
+};
+
+struct SpecResult {
+  GenerateResult gen;
+  SpecMetrics metrics;
+};
+
+// Generates every sequence to completion. drafter may be null (no drafting at all). `state`
+// needs a slot per sequence, an MTP cache for MTP drafting; speculation buffers for k + 1
+// tokens are enabled here. Sequences run in the same verify batches.
+std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std::span<SpecSequence> seqs,
+                                            const SpecOptions& spec, Drafter* drafter);
+
+// One sequence, with the drafter of spec.method.
+SpecResult spec_generate(Model& model, ModelState& state, const std::vector<int32_t>& prompt,
+                         const GenerateOptions& opts, const SpecOptions& spec,
+                         const std::function<bool(int32_t)>& on_token = {}, int32_t slot = 0);
+
+}  // namespace qwen36
