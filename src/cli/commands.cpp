@@ -13,6 +13,7 @@ void register_commands(CLI::App& app) {
   register_convert(app);
   register_quantize(app);
   register_gen_model(app);
+  register_perplexity(app);
 }
 
 }  // namespace qwen36::cli

@@ -20,5 +20,6 @@ void register_bench(CLI::App& app);     // bench (speed, llama-bench-like)
 void register_convert(CLI::App& app);   // convert (HF checkpoint -> GGUF)
 void register_quantize(CLI::App& app);  // quantize (GGUF or HF -> Q8_0/Q6_K/Q5_K_M/Q4_K_M...)
 void register_gen_model(CLI::App& app); // gen-model (random full-size GGUF)
+void register_perplexity(CLI::App& app); // perplexity (PPL and KL divergence, llama-perplexity-like)
 
 }  // namespace qwen36::cli
