@@ -18,6 +18,7 @@ if [ "$need" = chromium ]; then
   [ -f "$here/node_modules/playwright-core/package.json" ] || skip "playwright-core missing (scripts/setup.sh)"
   chrome="${QWEN36_CHROMIUM:-/usr/bin/chromium}"
   [ -x "$chrome" ] || skip "no Chromium at $chrome (Debian chromium; scripts/setup.sh)"
+  [ "$major" -ge 20 ] || skip "node $major is too old for playwright-core 1.65 (needs >= 20)"
 fi
 export QWEN36_BIN="$bin"
 # node --test runs the file in a child process; the file's after() hooks and exit handlers
