@@ -168,8 +168,9 @@ Json shutdown_error() {
 
 // Pulls events until the request finishes, writing as it goes. A failed write means the
 // client is gone: the request is cancelled and frees its slot at the engine's next step.
-// While nothing else is written a keep-alive (an SSE comment, or JSON-neutral whitespace)
-// goes out every half second, which is also how a vanished client is noticed.
+// Whenever nothing has been written for half a second — no events, or only events whose text
+// is held back (stop strings, partial tags) — a keep-alive (an SSE comment, or JSON-neutral
+// whitespace) goes out, which is also how a vanished client is noticed.
 bool pump(Job& job, httplib::DataSink& sink) {
   auto write = [&](const std::string& s) {
     if (sink.write(s.data(), s.size())) return true;
@@ -179,14 +180,17 @@ bool pump(Job& job, httplib::DataSink& sink) {
   auto sse = [&](const Json& j) { return write("data: " + dump(j) + "\n\n"); };
   auto last_write = Clock::now();
   RequestEvent ev;
+  auto keep_alive = [&] {
+    if (Clock::now() - last_write <= 500ms) return true;
+    last_write = Clock::now();
+    return write(job.stream ? ": keep-alive\n\n" : " ");
+  };
   while (true) {
     if (!job.req->next(ev, 100ms)) {
-      if (Clock::now() - last_write > 500ms) {
-        if (!write(job.stream ? ": keep-alive\n\n" : " ")) return false;
-        last_write = Clock::now();
-      }
+      if (!keep_alive()) return false;
       continue;
     }
+    if (!keep_alive()) return false;
     if (ev.kind == RequestEvent::Kind::Token) {
       if (!job.stream) {
         job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr);
@@ -339,6 +343,9 @@ Json template_messages(const Json& messages) {
       m["content"] = text;
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       throw HttpError(400, where + ".content must be a string, an array of text parts or null", where + ".content");
+    } else if (!m.contains("content") || m["content"].is_null()) {
+      // OpenAI clients send null content with tool_calls; templates test it with `in`.
+      m["content"] = "";
     }
     if (m.contains("tool_calls")) {
       if (!m["tool_calls"].is_array()) throw HttpError(400, where + ".tool_calls must be an array", where);

@@ -138,7 +138,7 @@ describe('openai client', { timeout: 120000 }, () => {
   // The SDK's own shape for an assistant turn that only calls tools is content: null.
   // Today the Qwen3 template's `'</think>' in message.content` fails on it (400); the server
   // should pass null as "" (src/server/openai.cpp template_messages).
-  test('tool-call history with content: null', { todo: 'openai.cpp: assistant content null -> ""' }, async () => {
+  test('tool-call history with content: null', async () => {
     const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
     const r = await client.chat.completions.create({
       ...greedy, tools, messages: toolHistory([{ role: 'user', content: 'Weather in Paris?' }], null),
