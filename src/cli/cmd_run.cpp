@@ -1,5 +1,6 @@
 // qwen36 run: generate from a prompt (text, chat, or raw token ids) with one model.
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -7,6 +8,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "engine/spec/spec_generate.h"
 
 #ifdef QWEN36_HAVE_PCRE2
 #include <nlohmann/json.hpp>
@@ -28,6 +30,9 @@ struct RunOptions {
   int64_t ctx = 4096;
   int threads = 0;
   bool ignore_eos = false, chat = false, no_think = false;
+  std::string spec = "none";  // speculative decoding: mtp, ngram or none
+  int32_t spec_draft_n = 3;
+  bool spec_adaptive = false;
   SamplingParams sampling;
 };
 
@@ -64,13 +69,30 @@ GenerateOptions generate_options(const RunOptions& o, const ModelConfig& c) {
   return g;
 }
 
+// generate(), or spec_generate() with --spec (then the acceptance figures go to stderr).
+GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::vector<int32_t>& prompt,
+                              const GenerateOptions& g, const std::function<bool(int32_t)>& on_token) {
+  const ModelConfig& c = lm.model->config();
+  const SpecMethod method = parse_spec_method(o.spec);
+  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings),
+                   /*with_mtp=*/method == SpecMethod::Mtp);
+  if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
+  SpecOptions spec;
+  spec.method = method;
+  spec.draft_n = o.spec_draft_n;
+  spec.adaptive = o.spec_adaptive;
+  SpecResult r = spec_generate(*lm.model, state, prompt, g, spec, on_token);
+  std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", o.spec.c_str(), o.spec_draft_n,
+               o.spec_adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
+  return r.gen;
+}
+
 // Token ids in, token ids out.
 void run_tokens(const RunOptions& o, LoadedModel& lm) {
   const std::vector<int32_t> prompt = parse_token_list(o.tokens);
   QWEN36_CHECK(!prompt.empty(), "--tokens: the prompt is empty");
   const ModelConfig& c = lm.model->config();
-  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings), false);
-  GenerateResult r = generate(*lm.model, state, prompt, generate_options(o, c), [](int32_t tok) {
+  GenerateResult r = run_generation(o, lm, prompt, generate_options(o, c), [](int32_t tok) {
     std::printf("%d ", tok);
     std::fflush(stdout);
     return true;
@@ -119,7 +141,6 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   }
   const std::vector<int32_t> prompt = tok.encode(text);
   QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
-  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings), false);
 
   text::StreamDecoder decoder(tok);
   OutputParser parser(popts);
@@ -132,7 +153,7 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
     }
   };
   if (!o.chat) std::fputs(text.c_str(), stdout);
-  GenerateResult r = generate(*lm.model, state, prompt, g, [&](int32_t id) {
+  GenerateResult r = run_generation(o, lm, prompt, g, [&](int32_t id) {
     if (id >= tok.vocab_size()) return true;  // padded embedding rows have no text
     const std::string piece = decoder.push(id);
     if (o.chat)
@@ -187,6 +208,13 @@ void register_run(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
+  cmd->add_option("--spec", o->spec, "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup) or none")
+      ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass (1..16)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
   add_sampling_options(cmd, o->sampling);
   cmd->callback([o] {
     o->sampling.validate();

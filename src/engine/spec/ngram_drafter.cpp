@@ -13,8 +13,12 @@ std::vector<int32_t> ngram_lookup(std::span<const int32_t> history, int32_t k, c
     // Latest start s < L - n with history[s .. s + n) == suffix; recent text predicts best.
     for (int64_t s = L - n - 1; s >= 0; --s) {
       if (!std::equal(suffix.begin(), suffix.end(), history.begin() + s)) continue;
-      const int64_t from = s + n, len = std::min<int64_t>(k, L - from);
-      return {history.begin() + from, history.begin() + from + len};
+      // The continuation may run past the end of the history; it then continues from its own
+      // proposals (history + drafts), so a repeating pattern is drafted k deep, not just to the end.
+      std::vector<int32_t> out;
+      for (int64_t i = s + n; int64_t(out.size()) < k; ++i)
+        out.push_back(i < L ? history[size_t(i)] : out[size_t(i - L)]);
+      return out;
     }
   }
   return {};

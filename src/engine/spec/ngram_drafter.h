@@ -3,7 +3,8 @@
 //          sequence's own prompt + output)
 //
 // For n from max_n down to min_n, the most recent earlier occurrence of the last n tokens is
-// looked up and the (up to k) tokens that followed it are proposed. Deterministic, so its q
+// looked up and the k tokens that followed it are proposed (past the end of the history, the
+// continuation repeats itself: history + drafts is treated as one text). Deterministic, so its q
 // is one-hot. Cheap and effective on code edits, tool calls and anything that repeats input.
 
 #include "engine/spec/drafter.h"

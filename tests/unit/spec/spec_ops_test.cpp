@@ -149,8 +149,9 @@ TEST(Ngram, ProposesTheContinuationOfTheLatestLongestMatch) {
   EXPECT_EQ(ngram_lookup(std::vector<int32_t>{1, 2, 3, 4, 8, 2, 3, 9, 5, 2, 3}, 3, o), (std::vector<int32_t>{9, 5, 2}));
   // the longest match wins: [7 2 3] occurs once, followed by 4, though [3] alone recurs later
   EXPECT_EQ(ngram_lookup(std::vector<int32_t>{7, 2, 3, 4, 3, 6, 7, 2, 3}, 2, o), (std::vector<int32_t>{4, 3}));
-  // the continuation stops at the end of the history
-  EXPECT_EQ(ngram_lookup(std::vector<int32_t>{5, 6, 5}, 4, o), (std::vector<int32_t>{6, 5}));
+  // past the end of the history the continuation reads its own drafts: a repeating pattern
+  EXPECT_EQ(ngram_lookup(std::vector<int32_t>{5, 6, 5}, 4, o), (std::vector<int32_t>{6, 5, 6, 5}));
+  EXPECT_EQ(ngram_lookup(std::vector<int32_t>{9, 3, 3, 3}, 3, o), (std::vector<int32_t>{3, 3, 3}));
   EXPECT_TRUE(ngram_lookup(std::vector<int32_t>{1, 2, 3, 4}, 3, o).empty());
   EXPECT_TRUE(ngram_lookup(std::vector<int32_t>{1, 2, 1}, 0, o).empty());
   EXPECT_TRUE(ngram_lookup(std::vector<int32_t>{1, 2, 1}, 2, NgramOptions{2, 3}).empty());
