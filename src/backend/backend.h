@@ -120,6 +120,21 @@ class Backend {
                                          const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs,
                                          Tensor& out);
 
+  // ---- batch tables and one-step graphs (optional; the defaults do nothing) ----
+  // The token ids, runs and output rows of the forward pass about to run. A device backend
+  // uploads them once; ops later given spans with the same contents read that device copy.
+  virtual void set_batch(std::span<const int32_t> /*tokens*/, std::span<const SeqRun> /*runs*/,
+                         std::span<const int32_t> /*rows*/) {}
+  // Records the ops issued until end_capture instead of running them; false: not supported
+  // (then nothing is being recorded).
+  virtual bool begin_capture() { return false; }
+  // Ends the recording and keeps it under `key` when `keep` and every recorded op could be
+  // recorded; returns whether it was kept. Nothing recorded has run yet.
+  virtual bool end_capture(uint64_t /*key*/, bool /*keep*/) { return false; }
+  // Runs the recording kept under `key` (its ops read the tables of the last set_batch);
+  // false when there is none.
+  virtual bool replay(uint64_t /*key*/) { return false; }
+
   // ---- mixture of experts ----
   // softmax over all experts → top-k → renormalise (when renorm) → weights [T, k] f32, ids [T, k] i32
   virtual void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) = 0;

@@ -3,27 +3,69 @@
 // use T = tokens in the batch, H = hidden size.
 #include "model/qwen36.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <unordered_map>
 
 #include "core/error.h"
 
 namespace qwen36 {
 
-// Activation buffers of one forward pass, allocated from the backend.
+// Reusable activation memory of the forward passes: one backend buffer used as a stack.
+// Scratch frames take from its top and give back on destruction (a layer's activations are
+// released before the next layer). What does not fit comes from a separate allocation and
+// the buffer is grown to the high-water mark at the next forward, so a repeated batch shape
+// reuses the same addresses (a condition of replaying a recorded decode step).
+struct Model::Workspace {
+  std::unique_ptr<DeviceBuffer> buf;
+  size_t top = 0, high = 0;
+  bool overflowed = false;                 // this forward needed memory outside buf
+  std::unordered_map<uint64_t, int> seen;  // decode-step key → forwards seen (recorded at the 2nd)
+  void begin(Backend& b) {
+    top = 0;
+    overflowed = false;
+    if (high > (buf ? buf->size() : 0)) {
+      buf.reset();
+      buf = b.alloc(high + high / 8);
+      seen.clear();
+    }
+  }
+};
+
 class Model::Scratch {
  public:
   explicit Scratch(Backend& b) : backend_(b) {}
+  Scratch(Backend& b, Workspace& ws) : backend_(b), ws_(&ws), mark_(ws.top) {}
+  ~Scratch() {
+    if (ws_) ws_->top = mark_;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   Tensor f32(std::initializer_list<int64_t> shape) { return make(DType::F32, shape); }
   Tensor i32(std::initializer_list<int64_t> shape) { return make(DType::I32, shape); }
 
  private:
   Tensor make(DType t, std::initializer_list<int64_t> shape) {
     Tensor x(nullptr, t, shape);
+    const size_t n = (x.nbytes() + 255) / 256 * 256;
+    if (ws_) {
+      ws_->high = std::max(ws_->high, ws_->top + n);
+      if (ws_->buf && ws_->top + n <= ws_->buf->size()) {
+        x.data = static_cast<std::byte*>(ws_->buf->data()) + ws_->top;
+        ws_->top += n;
+        return x;
+      }
+      ws_->top += n;  // counted, so that the next forward's buffer holds it
+      ws_->overflowed = true;
+    }
     buffers_.push_back(backend_.alloc(x.nbytes()));
     x.data = buffers_.back()->data();
     return x;
   }
   Backend& backend_;
+  Workspace* ws_ = nullptr;
+  size_t mark_ = 0;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
 };
 
@@ -39,7 +81,8 @@ ForwardBatch ForwardBatch::single(std::span<const int32_t> tokens, int32_t pos0,
   return b;
 }
 
-Model::Model(ModelWeights weights, Backend& backend) : w_(std::move(weights)), backend_(backend) {
+Model::Model(ModelWeights weights, Backend& backend)
+    : w_(std::move(weights)), backend_(backend), ws_(std::make_shared<Workspace>()) {
   validate_weights(w_);
   backend_.prepare_weights(w_);
 }
@@ -229,6 +272,59 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
   for (size_t i = 0; i < b.runs.size(); ++i) (is_verify[i] ? verify : plain).push_back(b.runs[i]);
 }
 
+// A decode step (every run one token, plain Auto/Recurrent mode) on a backend that records:
+// the first forward of a shape runs eagerly, the second is recorded and every later one is a
+// replay of that recording (embedding to lm_head, no host work between layers), followed by
+// the copies to the host. The key names everything the recorded ops bake in: batch shape,
+// workspace and state addresses; slots, positions and token ids are read on the device from
+// the set_batch tables. Returns false when the step must run the ordinary way.
+bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
+  const ModelConfig& c = w_.config;
+  const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
+  if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || int64_t(batch.runs.size()) != T)
+    return false;
+  uint64_t key = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
+  mix(uint64_t(T));
+  mix(uint64_t(n));
+  mix(uint64_t(batch.deltanet_mode));
+  mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
+    for (const Tensor* t : {attn ? &state.k_cache(i) : &state.conv_state(i), attn ? &state.v_cache(i) : &state.recurrent_state(i)}) {
+      mix(reinterpret_cast<uintptr_t>(t->data));
+      for (int d = 0; d < t->ndim; ++d) mix(uint64_t(t->dim(d)));
+    }
+  }
+  const int seen = ws_->seen[key]++;
+  if (seen == 0 || !ws_->buf) return false;  // first sight: eager (fills the backend's caches)
+  Scratch s(backend_, *ws_);
+  Tensor h = s.f32({T, c.hidden_size}), sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
+  auto run = [&] {
+    backend_.embed(w_.embed_tokens, batch.tokens, h);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
+      Scratch layer_scratch(backend_, *ws_);
+      decoder_layer(layer_scratch, w_.layers[size_t(i)], h, attn ? state.k_cache(i) : state.conv_state(i),
+                    attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode);
+    }
+    backend_.get_rows(h, batch.output_rows, sel);
+    backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
+    backend_.matmul(sel, w_.lm_head, out);
+  };
+  if (!backend_.replay(key)) {
+    if (seen == 1 && backend_.begin_capture()) {
+      run();
+      if (!backend_.end_capture(key, !ws_->overflowed) || !backend_.replay(key)) run();
+    } else {
+      run();
+    }
+  }
+  if (hidden) backend_.copy_to_host(sel, hidden);
+  if (logits) backend_.copy_to_host(out, logits);
+  return true;
+}
+
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
   check_batch(batch, state);
   const ModelConfig& c = w_.config;
@@ -236,14 +332,17 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   if (T == 0) return;
   std::vector<SeqRun> plain_runs, verify_runs;
   split_verify_runs(batch, state, plain_runs, verify_runs);
-  Scratch s(backend_);
+  ws_->begin(backend_);
+  backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
+  if (verify_runs.empty() && batch.hidden_rows.empty() && decode_step(batch, state, logits, hidden)) return;
+  Scratch s(backend_, *ws_);
   Tensor h = s.f32({T, c.hidden_size});  // the residual stream
   backend_.embed(w_.embed_tokens, batch.tokens, h);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
     Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
-    Scratch layer_scratch(backend_);  // a layer's activations are freed before the next layer
+    Scratch layer_scratch(backend_, *ws_);  // a layer's activations are freed before the next layer
     VerifySave save{plain_runs, verify_runs, nullptr, nullptr, nullptr};
     if (!attn && !verify_runs.empty())
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
@@ -297,7 +396,6 @@ void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> co
     backend_.gated_delta_rule(q, k, v, g, beta, state.recurrent_state(i), runs, o, DeltaRuleMode::Recurrent);
   }
 }
-
 
 void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden) {

@@ -83,8 +83,12 @@ class Model {
   void head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
             float* hidden);
 
+  bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
+
   ModelWeights w_;
   Backend& backend_;
+  struct Workspace;
+  std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes
 };
 
 }  // namespace qwen36

@@ -131,12 +131,12 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                  r.pos0, r.pos0 + r.count - 1, cap);
   }
   if (T == 0) return;
-  const TokenMap tm = token_map(runs, T);
-  Temp<int32_t> ts(c, std::span<const int32_t>(tm.slot.data(), tm.slot.size()));
-  Temp<int32_t> tp(c, std::span<const int32_t>(tm.pos.data(), tm.pos.size()));
+  Temp<int32_t> stmp(c, 0), ptmp(c, 0);
+  const int32_t *ts = nullptr, *tp = nullptr;
+  dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
   const int64_t row = KVH * hd, n = T * row;
   kv_append_kernel<<<int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8)), 256, 0, c.stream>>>(
-      k.as<const float>(), v.as<const float>(), k_cache.as<float>(), v_cache.as<float>(), ts.get(), tp.get(), cap, row,
+      k.as<const float>(), v.as<const float>(), k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row,
       n);
   CUDA_LAUNCH_CHECK();
   const int G = int(H / KVH);
@@ -145,7 +145,7 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const int npl = int((hd + 31) / 32);
   auto launch = [&](auto kernel) {
     kernel<<<grid, kWarps * 32, smem, c.stream>>>(q.as<const float>(), k_cache.as<const float>(),
-                                                   v_cache.as<const float>(), ts.get(), tp.get(), out.as<float>(),
+                                                   v_cache.as<const float>(), ts, tp, out.as<float>(),
                                                    int(H), int(KVH), int(hd), cap, scale);
   };
   if (npl <= 1)

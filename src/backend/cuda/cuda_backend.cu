@@ -2,6 +2,9 @@
 // every Backend op to the kernels of cuda_*.cu. All work runs on one stream; copies to the
 // host synchronise it.
 #include <cstdint>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -26,6 +29,69 @@ TokenMap token_map(std::span<const SeqRun> runs, int64_t T) {
     }
   }
   return m;
+}
+
+namespace {
+template <typename T>
+bool same_contents(const std::vector<T>& v, std::span<const T> h) {
+  return v.size() == h.size() && (h.empty() || std::memcmp(v.data(), h.data(), h.size_bytes()) == 0);
+}
+}  // namespace
+
+bool host_work_allowed(Ctx& c) {
+  if (!c.capturing) return true;
+  c.capture_failed = true;
+  return false;
+}
+
+static const void* dev_constant(Ctx& c, const void* host, size_t bytes) {
+  std::string key(static_cast<const char*>(host), bytes);
+  auto it = c.constants.find(key);
+  if (it != c.constants.end()) return it->second;
+  if (c.constants.size() >= 256 || !host_work_allowed(c)) return nullptr;
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, bytes));
+  CUDA_CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+  c.constants.emplace(std::move(key), d);
+  return d;
+}
+
+const int32_t* dev_i32(Ctx& c, std::span<const int32_t> host, Temp<int32_t>& tmp, bool constant) {
+  const BatchTables& b = c.batch;
+  if (b.dev && !host.empty()) {
+    if (same_contents(b.tokens, host)) return b.dev;
+    if (same_contents(b.rows, host)) return b.dev + b.off_rows;
+  }
+  if (constant && !host.empty() && host.size() <= 4096)
+    if (const void* d = dev_constant(c, host.data(), host.size_bytes())) return static_cast<const int32_t*>(d);
+  if (!host_work_allowed(c)) return nullptr;
+  return tmp.assign(host);
+}
+
+const SeqRun* dev_runs(Ctx& c, std::span<const SeqRun> runs, Temp<SeqRun>& tmp) {
+  const BatchTables& b = c.batch;
+  if (b.dev && same_contents(b.runs, runs)) return reinterpret_cast<const SeqRun*>(b.dev + b.off_runs);
+  if (!host_work_allowed(c)) return nullptr;
+  return tmp.assign(runs);
+}
+
+void dev_token_map(Ctx& c, std::span<const SeqRun> runs, int64_t T, Temp<int32_t>& slot_tmp, Temp<int32_t>& pos_tmp,
+                   const int32_t** slot, const int32_t** pos) {
+  const BatchTables& b = c.batch;
+  if (b.dev && int64_t(b.tokens.size()) == T && same_contents(b.runs, runs)) {
+    *slot = b.dev + b.off_tslot;
+    *pos = b.dev + b.off_tpos;
+    return;
+  }
+  *slot = *pos = nullptr;
+  if (!host_work_allowed(c)) return;
+  const TokenMap m = token_map(runs, T);
+  *slot = slot_tmp.assign(std::span<const int32_t>(m.slot.data(), m.slot.size()));
+  *pos = pos_tmp.assign(std::span<const int32_t>(m.pos.data(), m.pos.size()));
+}
+
+const float* dev_const_f32(Ctx& c, std::span<const float> host) {
+  return static_cast<const float*>(dev_constant(c, host.data(), host.size_bytes()));
 }
 
 void check_weight_dtype(const Tensor& w, const char* op) {
@@ -81,9 +147,22 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));
     uint64_t keep = UINT64_MAX;
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    // A fixed cuBLAS workspace: nothing is allocated inside a recorded decode step.
+    CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
+    CUBLAS_CHECK(cublasSetWorkspace(ctx_.cublas, cublas_ws_, kCublasWorkspace));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
+    const char* prof = std::getenv("QWEN36_PROFILE");
+    profile_ = prof && *prof && std::string(prof) != "0";
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
+    if (profile_) print_profile();
+    drop_graphs();
+    for (auto& kv : ctx_.constants) cudaFree(kv.second);
+    cudaFree(ctx_.batch.dev);
+    cudaFreeHost(ctx_.batch.pinned);
+    cudaEventDestroy(ctx_.batch.uploaded);
+    cudaFree(cublas_ws_);
     for (auto& kv : ctx_.expert_tables) cudaFree(kv.second.dev);
     if (weights_) cudaFree(weights_);
     cublasDestroy(ctx_.cublas);
@@ -97,6 +176,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(const Tensor& src, void* dst) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    if (profile_) collect_profile();
   }
   void copy_from_host(const void* src, Tensor& dst) override {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, ctx_.stream));
@@ -109,60 +189,240 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream));
   }
   void copy_cols(const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width) override {
+    Prof p_(*this, "copy_cols");
     cuda::copy_cols(ctx_, src, src_col0, dst, dst_col0, width);
   }
   void get_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& dst) override {
+    Prof p_(*this, "get_rows");
     cuda::get_rows(ctx_, src, rows, dst);
   }
   void prepare_weights(ModelWeights& w) override;
 
+  void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
+                 std::span<const int32_t> rows) override;
+  bool begin_capture() override {
+    if (profile_ || ctx_.capturing) return false;  // profiling times ops one by one
+    CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+    ctx_.capturing = true;
+    ctx_.capture_failed = false;
+    return true;
+  }
+  bool end_capture(uint64_t key, bool keep) override {
+    if (!ctx_.capturing) return false;
+    cudaGraph_t g = nullptr;
+    ctx_.capturing = false;
+    CUDA_CHECK(cudaStreamEndCapture(ctx_.stream, &g));
+    keep = keep && !ctx_.capture_failed && g != nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (keep) CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    if (g) cudaGraphDestroy(g);
+    if (!keep) return false;
+    if (graphs_.size() >= 64) drop_graphs();
+    if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second);
+    graphs_[key] = exec;
+    return true;
+  }
+  bool replay(uint64_t key) override {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    CUDA_CHECK(cudaGraphLaunch(it->second, ctx_.stream));
+    return true;
+  }
+
   void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
+    Prof p_(*this, "embed");
     cuda::embed(ctx_, table, ids, out);
   }
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    Prof p_(*this, "rms_norm");
     cuda::rms_norm(ctx_, x, w, eps, out);
   }
   void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out) override {
+    Prof p_(*this, "gated_rms_norm");
     cuda::gated_rms_norm(ctx_, x, z, w, eps, out);
   }
-  void add(Tensor& y, const Tensor& x) override { cuda::add(ctx_, y, x); }
-  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cuda::swiglu(ctx_, gate, up, out); }
-  void sigmoid_mul(Tensor& x, const Tensor& gate) override { cuda::sigmoid_mul(ctx_, x, gate); }
+  void add(Tensor& y, const Tensor& x) override {
+    Prof p_(*this, "add");
+    cuda::add(ctx_, y, x);
+  }
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    Prof p_(*this, "swiglu");
+    cuda::swiglu(ctx_, gate, up, out);
+  }
+  void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    Prof p_(*this, "sigmoid_mul");
+    cuda::sigmoid_mul(ctx_, x, gate);
+  }
   void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) override {
+    Prof p_(*this, "add_sigmoid_scaled");
     cuda::add_sigmoid_scaled(ctx_, y, x, s);
   }
-  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override { cuda::matmul(ctx_, x, w, out); }
-  void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override { cuda::split_q_gate(ctx_, qg, q, gate); }
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override {
+    Prof p_(*this, profile_ ? "matmul " + std::string(x.rows() <= 8 ? "gemv " : "gemm ") + std::to_string(w.rows()) +
+                                  "x" + std::to_string(w.cols())
+                            : std::string());
+    cuda::matmul(ctx_, x, w, out);
+  }
+  void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override {
+    Prof p_(*this, "split_q_gate");
+    cuda::split_q_gate(ctx_, qg, q, gate);
+  }
   void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) override {
+    Prof p_(*this, "rope");
     cuda::rope(ctx_, x, runs, rotary_dim, theta);
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                  std::span<const SeqRun> runs, float scale, Tensor& out) override {
+    Prof p_(*this, "attention");
     cuda::attention(ctx_, q, k, v, k_cache, v_cache, runs, scale, out);
   }
   void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) override {
+    Prof p_(*this, "conv1d");
     cuda::causal_conv1d_silu(ctx_, x, w, conv_state, runs);
   }
   void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias, Tensor& g,
                       Tensor& beta) override {
+    Prof p_(*this, "deltanet_gates");
     cuda::deltanet_gates(ctx_, a, b, a_neg_exp, dt_bias, g, beta);
   }
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                         Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode) override {
+    Prof p_(*this, "delta_rule");
     cuda::gated_delta_rule(ctx_, q, k, v, g, beta, state, runs, out, mode);
   }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
+    Prof p_(*this, "moe_route");
     cuda::moe_route(ctx_, logits, k, renorm, weights, ids);
   }
   void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                    Tensor& out) override {
+    Prof p_(*this, "moe_experts");
     cuda::moe_experts(ctx_, x, weights, ids, experts, out);
   }
 
  private:
+  // QWEN36_PROFILE=1: every op between two cudaEvents; per-op totals printed at exit.
+  class Prof {
+   public:
+    Prof(CudaBackend& b, std::string name) : b_(b.profile_ ? &b : nullptr) {
+      if (!b_) return;
+      name_ = std::move(name);
+      e0_ = b_->event();
+      CUDA_CHECK(cudaEventRecord(e0_, b_->ctx_.stream));
+    }
+    ~Prof() {
+      if (!b_) return;
+      cudaEvent_t e1 = b_->event();
+      cudaEventRecord(e1, b_->ctx_.stream);
+      b_->pending_.push_back({std::move(name_), e0_, e1});
+    }
+    Prof(const Prof&) = delete;
+    Prof& operator=(const Prof&) = delete;
+
+   private:
+    CudaBackend* b_;
+    std::string name_;
+    cudaEvent_t e0_ = nullptr;
+  };
+  struct Pending {
+    std::string name;
+    cudaEvent_t e0, e1;
+  };
+  struct OpTime {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  cudaEvent_t event() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  void collect_profile() {
+    for (Pending& p : pending_) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, p.e0, p.e1));
+      OpTime& t = op_times_[p.name];
+      t.ms += ms;
+      ++t.calls;
+      free_events_.push_back(p.e0);
+      free_events_.push_back(p.e1);
+    }
+    pending_.clear();
+  }
+  void print_profile() {
+    collect_profile();
+    std::vector<std::pair<std::string, OpTime>> v(op_times_.begin(), op_times_.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double total = 0;
+    for (const auto& [n, t] : v) total += t.ms;
+    const double fw = double(std::max<int64_t>(forwards_, 1));
+    std::fprintf(stderr, "\nQWEN36_PROFILE: %lld forward passes, op time %.3f ms per forward (GPU time between "
+                 "events around each op, eager launches)\n", (long long)forwards_, total / fw);
+    std::fprintf(stderr, "| op | calls/forward | ms/forward | us/call | share |\n| --- | ---: | ---: | ---: | ---: |\n");
+    for (const auto& [n, t] : v)
+      std::fprintf(stderr, "| %s | %.1f | %.3f | %.1f | %.1f%% |\n", n.c_str(), double(t.calls) / fw, t.ms / fw,
+                   1000 * t.ms / double(t.calls), 100 * t.ms / std::max(total, 1e-9));
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    free_events_.clear();
+  }
+  void drop_graphs() {
+    for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
+    graphs_.clear();
+  }
+
+  static constexpr size_t kCublasWorkspace = size_t(32) << 20;
   cuda::Ctx ctx_;
   void* weights_ = nullptr;  // one allocation holding every uploaded weight
+  void* cublas_ws_ = nullptr;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  bool profile_ = false;
+  int64_t forwards_ = 0;
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  std::map<std::string, OpTime> op_times_;
 };
+
+void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
+                            std::span<const int32_t> rows) {
+  ++forwards_;
+  cuda::BatchTables& b = ctx_.batch;
+  const int64_t T = int64_t(tokens.size());
+  const cuda::TokenMap m = cuda::token_map(runs, T);
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.runs.assign(runs.begin(), runs.end());
+  b.rows.assign(rows.begin(), rows.end());
+  b.tslot = m.slot;
+  b.tpos = m.pos;
+  static_assert(sizeof(SeqRun) == 4 * sizeof(int32_t));
+  b.off_runs = size_t(T);
+  b.off_tslot = b.off_runs + 4 * runs.size();
+  b.off_tpos = b.off_tslot + size_t(T);
+  b.off_rows = b.off_tpos + size_t(T);
+  const size_t total = b.off_rows + rows.size();
+  if (total > b.cap) {
+    CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    drop_graphs();  // recordings read the old device table
+    cudaFree(b.dev);
+    cudaFreeHost(b.pinned);
+    b.cap = std::max<size_t>(total, size_t(1) << 16);
+    CUDA_CHECK(cudaMalloc(&b.dev, b.cap * 4));
+    CUDA_CHECK(cudaMallocHost(&b.pinned, b.cap * 4));
+  } else {
+    CUDA_CHECK(cudaEventSynchronize(b.uploaded));  // the last upload has left the staging buffer
+  }
+  std::copy(tokens.begin(), tokens.end(), b.pinned);
+  std::memcpy(b.pinned + b.off_runs, runs.data(), runs.size_bytes());
+  std::copy(m.slot.begin(), m.slot.end(), b.pinned + b.off_tslot);
+  std::copy(m.pos.begin(), m.pos.end(), b.pinned + b.off_tpos);
+  std::copy(rows.begin(), rows.end(), b.pinned + b.off_rows);
+  CUDA_CHECK(cudaMemcpyAsync(b.dev, b.pinned, total * 4, cudaMemcpyHostToDevice, ctx_.stream));
+  CUDA_CHECK(cudaEventRecord(b.uploaded, ctx_.stream));
+}
 
 // Every weight tensor of `w`, once per distinct data pointer (a tied head is its embedding).
 std::vector<Tensor*> weight_tensors(ModelWeights& w) {

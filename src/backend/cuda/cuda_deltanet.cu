@@ -148,9 +148,10 @@ void causal_conv1d_silu(Ctx& c, Tensor& x, const Tensor& w, Tensor& conv_state, 
   for (const SeqRun& r : runs)
     QWEN36_CHECK(r.slot >= 0 && r.slot < conv_state.dim(0), "conv1d: slot {} out of range", r.slot);
   if (runs.empty() || C == 0) return;
-  Temp<SeqRun> dr(c, runs);
+  Temp<SeqRun> tmp(c, 0);
+  const SeqRun* dr = dev_runs(c, runs, tmp);
   const dim3 grid(unsigned(blocks_for(C, 128)), unsigned(runs.size()));
-  conv1d_silu_kernel<<<grid, 128, 0, c.stream>>>(x.as<float>(), w.as<const float>(), conv_state.as<float>(), dr.get(),
+  conv1d_silu_kernel<<<grid, 128, 0, c.stream>>>(x.as<float>(), w.as<const float>(), conv_state.as<float>(), dr,
                                                  C, int(K));
   CUDA_LAUNCH_CHECK();
 }
@@ -183,12 +184,13 @@ void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v,
   l2norm_qk_kernel<<<unsigned(blocks_for(rows * 32, 256)), 256, 0, c.stream>>>(
       q.as<const float>(), k.as<const float>(), qn.get(), kn.get(), rows, int(dk), 1.0f / std::sqrt(float(dk)));
   CUDA_LAUNCH_CHECK();
-  Temp<SeqRun> dr(c, runs);
+  Temp<SeqRun> tmp(c, 0);
+  const SeqRun* dr = dev_runs(c, runs, tmp);
   const dim3 grid(unsigned(runs.size()), unsigned(Hv));
   const int threads = int((dv + 31) / 32 * 32);
   auto launch = [&](auto kernel) {
     kernel<<<grid, threads, 0, c.stream>>>(qn.get(), kn.get(), v.as<const float>(), g.as<const float>(),
-                                           beta.as<const float>(), state.as<float>(), dr.get(), out.as<float>(),
+                                           beta.as<const float>(), state.as<float>(), dr, out.as<float>(),
                                            int(Hk), int(Hv), int(dv));
   };
   switch (dk) {

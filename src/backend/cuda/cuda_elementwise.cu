@@ -113,8 +113,9 @@ void embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& ou
                ids.size(), D);
   for (int32_t id : ids) QWEN36_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary (0..{})", id, V - 1);
   if (ids.empty()) return;
-  Temp<int32_t> dids(c, ids);
-  embed_kernel<<<unsigned(ids.size()), 256, 0, c.stream>>>(table.data, table.dtype, dids.get(), out.as<float>(), D);
+  Temp<int32_t> tmp(c, 0);
+  const int32_t* dids = dev_i32(c, ids, tmp);
+  embed_kernel<<<unsigned(ids.size()), 256, 0, c.stream>>>(table.data, table.dtype, dids, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -200,8 +201,9 @@ void get_rows(Ctx& c, const Tensor& src, std::span<const int32_t> rows, Tensor& 
   QWEN36_CHECK(dst.numel() == int64_t(rows.size()) * D, "get_rows: {} rows of {} into {}", rows.size(),
                src.shape_str(), dst.shape_str());
   for (int32_t r : rows) QWEN36_CHECK(r >= 0 && r < src.rows(), "get_rows: row {} out of range", r);
-  Temp<int32_t> d(c, rows);
-  get_rows_dev(c, src.as<const float>(), D, d.get(), int64_t(rows.size()), dst.as<float>());
+  Temp<int32_t> tmp(c, 0);
+  const int32_t* d = dev_i32(c, rows, tmp, /*constant=*/true);
+  get_rows_dev(c, src.as<const float>(), D, d, int64_t(rows.size()), dst.as<float>());
 }
 
 void split_q_gate(Ctx& c, const Tensor& qg, Tensor& q, Tensor& gate) {
@@ -222,11 +224,17 @@ void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, f
   // Frequencies computed on the host exactly as the CPU reference does.
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
-  const TokenMap m = token_map(runs, T);
-  Temp<float> f(c, std::span<const float>(inv_freq.data(), inv_freq.size()));
-  Temp<int32_t> pos(c, std::span<const int32_t>(m.pos.data(), m.pos.size()));
+  const float* f = dev_const_f32(c, std::span<const float>(inv_freq.data(), inv_freq.size()));
+  Temp<float> ftmp(c, 0);
+  if (!f) {
+    if (!host_work_allowed(c)) return;
+    f = ftmp.assign(std::span<const float>(inv_freq.data(), inv_freq.size()));
+  }
+  Temp<int32_t> stmp(c, 0), ptmp(c, 0);
+  const int32_t *slot = nullptr, *pos = nullptr;
+  dev_token_map(c, runs, T, stmp, ptmp, &slot, &pos);
   const int64_t n = T * heads * half;
-  rope_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), pos.get(), f.get(), heads, hd, half, n);
+  rope_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), pos, f, heads, hd, half, n);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -136,6 +136,7 @@ const ExpertPtrs* expert_table(Ctx& c, std::span<const MlpWeights> experts) {
   for (const MlpWeights& m : experts) h.insert(h.end(), {m.gate_proj.data, m.up_proj.data, m.down_proj.data});
   ExpertTable& t = c.expert_tables[experts.data()];
   if (t.dev && t.host == h) return static_cast<const ExpertPtrs*>(t.dev);
+  if (!host_work_allowed(c)) return nullptr;
   if (t.dev) {
     CUDA_CHECK(cudaStreamSynchronize(c.stream));  // the old table may still be read
     CUDA_CHECK(cudaFree(t.dev));
@@ -198,6 +199,7 @@ void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& i
     return;
   }
   // Prefill: group on the host.
+  if (!host_work_allowed(c)) return;
   std::vector<int32_t> hid(static_cast<size_t>(P));
   std::vector<float> hw(static_cast<size_t>(P));
   CUDA_CHECK(cudaMemcpyAsync(hid.data(), ids.data, size_t(P) * 4, cudaMemcpyDeviceToHost, c.stream));

@@ -47,6 +47,7 @@ template <typename... A>
 }
 }  // namespace qwen36::cuda
 
+#undef QWEN36_CHECK  // core/error.h's (via backend.h) formats with fmt, which nvcc cannot compile
 #define QWEN36_CHECK(cond, ...)                   \
   do {                                            \
     if (!(cond)) ::qwen36::cuda::fail(__VA_ARGS__); \
@@ -73,13 +74,31 @@ struct ExpertTable {
   void* dev = nullptr;
 };
 
+// The current forward pass's host tables (Backend::set_batch) and their device copy:
+// [tokens | runs (4 ints each) | token slot | token position | output rows].
+struct BatchTables {
+  std::vector<int32_t> tokens, rows, tslot, tpos;
+  std::vector<SeqRun> runs;
+  int32_t* dev = nullptr;     // device copy
+  int32_t* pinned = nullptr;  // staging for the upload
+  size_t cap = 0;             // ints in dev and pinned
+  size_t off_runs = 0, off_tslot = 0, off_tpos = 0, off_rows = 0;
+  cudaEvent_t uploaded = nullptr;
+};
+
 struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   bool exact_matmul = false;
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
   std::unordered_map<const void*, ExpertTable> expert_tables;
+  BatchTables batch;
+  // small constant tables (RoPE frequencies, head orders) by content → device copy
+  std::unordered_map<std::string, void*> constants;
+  bool capturing = false;       // ops are being recorded into a graph (Backend::begin_capture)
+  bool capture_failed = false;  // an op needed host work while recording: the recording is dropped
 };
+
 
 // A stream-ordered temporary (cudaMallocAsync / cudaFreeAsync on the context's stream).
 template <typename T>
@@ -96,6 +115,17 @@ class Temp {
   }
   Temp(const Temp&) = delete;
   Temp& operator=(const Temp&) = delete;
+  // Replaces the contents with a copy of `host` (stream-ordered upload from pageable memory).
+  T* assign(std::span<const T> host) {
+    if (p_) cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+    n_ = host.size();
+    if (n_) {
+      CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n_ * sizeof(T), stream_));
+      CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    }
+    return p_;
+  }
   T* get() const { return p_; }
   size_t size() const { return n_; }
 
@@ -104,6 +134,20 @@ class Temp {
   size_t n_;
   T* p_ = nullptr;
 };
+
+// Device copies of host tables handed to an op. Spans equal to the current batch's tables
+// (set_batch) read its device copy; small constant tables are uploaded once and cached;
+// anything else is uploaded into `tmp` (not while recording: that marks the recording failed
+// and returns null). `constant`: a table that recurs (a head order), cached by content.
+const int32_t* dev_i32(Ctx& c, std::span<const int32_t> host, Temp<int32_t>& tmp, bool constant = false);
+const SeqRun* dev_runs(Ctx& c, std::span<const SeqRun> runs, Temp<SeqRun>& tmp);
+// The per-token slot and position of `runs` (T rows) on the device.
+void dev_token_map(Ctx& c, std::span<const SeqRun> runs, int64_t T, Temp<int32_t>& slot_tmp, Temp<int32_t>& pos_tmp,
+                   const int32_t** slot, const int32_t** pos);
+const float* dev_const_f32(Ctx& c, std::span<const float> host);
+// Work that needs the host in the middle of an op (a sync, an upload): false while recording,
+// which marks the recording failed (the caller then skips the op; nothing of it runs anyway).
+bool host_work_allowed(Ctx& c);
 
 inline int blocks_for(int64_t n, int threads) { return int((n + threads - 1) / threads); }
 
