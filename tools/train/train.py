@@ -101,7 +101,7 @@ def main(argv=None):
     def windows(data, idx):  # [len(idx), W] int64
         return data[(idx[:, None] * W + offs[None, :])].long()
 
-    cfg = make_config(vocab, args.preset, eos_token_id=tok["eos_id"], pad_token_id=tok["eos_id"])
+    cfg = make_config(vocab, args.preset, eos_token_id=tok["eos_id"], pad_token_id=None)  # no padding_idx: eos is a real target
     model = Qwen36Trainable(cfg).to(dev)
     counts = param_counts(model)
     fla = bool(getattr(transformers.utils, "is_flash_linear_attention_available", lambda: False)())
