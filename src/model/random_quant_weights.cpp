@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
 #include "quant/quantize_model.h"
@@ -15,24 +16,8 @@ namespace qwen36 {
 
 namespace {
 
-// splitmix64, seeded per (seed, tensor, row): any row can be generated on its own.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f; }
-  void bytes(uint8_t* p, size_t n) {
-    for (size_t i = 0; i < n; i += 8) {
-      const uint64_t v = next();
-      std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
-    }
-  }
-};
+// Seeded per (seed, tensor, row): any row can be generated on its own.
+using Rng = SplitMix64;
 
 // How a tensor's values are distributed: normal(0, sigma) for matrices, mean ± spread
 // (uniform) for the small f32 vectors.

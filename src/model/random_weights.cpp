@@ -3,25 +3,13 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace qwen36 {
 
 namespace {
 
-// splitmix64: a tiny, fast, well-mixed generator; one stream per tensor (seeded by its
-// index) keeps generation parallel and reproducible.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-  // Sum of 4 uniforms, rescaled: close enough to normal for weights, and cheap.
-  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f; }
-};
+using Rng = SplitMix64;  // one stream per tensor block (core/rng.h)
 
 class Builder {
  public:
