@@ -151,11 +151,20 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
     backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
   }
 
-  Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
-  Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});
-  backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
-  backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
-  backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+  Tensor q, k, v;
+  if (T == 1) {  // one row: its [q | k | v] channel slices are already contiguous tensors
+    float* m = mixed.as<float>();
+    q = Tensor(m, DType::F32, {T, Hk, dk});
+    k = Tensor(m + Hk * dk, DType::F32, {T, Hk, dk});
+    v = Tensor(m + 2 * Hk * dk, DType::F32, {T, Hv, dv});
+  } else {
+    q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
+    Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}),
+        v2(v.data, DType::F32, {T, Hv * dv});
+    backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
+    backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
+    backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+  }
 
   Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
   backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);

@@ -32,7 +32,8 @@ void check_matmul(Backend& gpu, std::mt19937& rng, const MatmulCase& c, double t
 TEST_F(CudaOps, MatmulGemvDecode) {  // T ≤ 8: f32 activations, f32 accumulation
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (int64_t T : {1, 2, 3, 5, 8})
-      for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 256}, {37, 100}, {300, 1032}, {9, 4104}})
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 256}, {37, 100}, {300, 1032}, {9, 4104}, {48, 5120},
+                          {2100, 520}})  // N ≤ 2048 with K % 8 == 0: split-K kernel; else row per warp
         check_matmul(*gpu_, rng_, {dt, T, N, K}, 2e-5);
 }
 

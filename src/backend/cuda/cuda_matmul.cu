@@ -120,13 +120,62 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// Few rows (N ≤ kSplitRows, K % 8 == 0): one block per weight row, its 8 warps split K, so
+// that a small matrix (DeltaNet's a/b projections, k/v projections, MoE router and shared
+// expert) still spreads over every SM with several loads in flight.
+constexpr int kSplitRows = 2048;
+template <typename W, int T>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_split_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
+  const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const W* wr = w + size_t(row) * size_t(K);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  const int K8 = K / 8;
+#pragma unroll 2
+  for (int i = threadIdx.x; i < K8; i += kGemvWarps * 32) {
+    Vec8<W> v;
+    v.load(wr + size_t(i) * 8);
+    float f[8];
+    v.unpack(f);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8));
+      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8) + 1);
+      acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+                f[7] * x1.w;
+    }
+  }
+  __shared__ float part[kGemvWarps][T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) part[warp][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < T) {
+    float s = 0;
+#pragma unroll
+    for (int j = 0; j < kGemvWarps; ++j) s += part[j][threadIdx.x];
+    out[size_t(threadIdx.x) * N + row] = s;
+  }
+  (void)N;
+}
+
 template <typename W>
 void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
-  const dim3 grid(unsigned((N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  const bool split = N <= kSplitRows && K % 8 == 0;
+  const dim3 grid(unsigned(split ? N : (N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
   switch (T) {
-#define QWEN36_GEMV_CASE(n) \
-  case n: gemv_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K); break;
+#define QWEN36_GEMV_CASE(n)                                                               \
+  case n:                                                                                 \
+    if (split)                                                                            \
+      gemv_split_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);            \
+    else                                                                                  \
+      gemv_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);                  \
+    break;
     QWEN36_GEMV_CASE(1)
     QWEN36_GEMV_CASE(2)
     QWEN36_GEMV_CASE(3)

@@ -115,6 +115,39 @@ __global__ void experts_down_kernel(const float* act, const int32_t* ids, const 
   const int t = blockIdx.y, d = blockIdx.x * 8 + threadIdx.x / 32;
   if (d >= D) return;
   float acc = 0;
+  if constexpr (sizeof(W) == 2) {
+    if (I % 8 == 0 && k <= 16) {
+      // Every expert's row loads are issued before any is reduced (the k rows are short:
+      // one sequential warp_dot per expert would leave the memory system mostly idle).
+      const W* rows[16];
+      float part[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        rows[j] = j < k ? static_cast<const W*>(table[ids[t * k + j]].down) + int64_t(d) * I : nullptr;
+        part[j] = 0;
+      }
+      for (int i = threadIdx.x % 32; i < I / 8; i += 32) {
+        uint4 r[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          if (j < k) r[j] = __ldg(reinterpret_cast<const uint4*>(rows[j]) + i);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (j >= k) break;
+          const float* a = act + int64_t(t * k + j) * I + i * 8;
+          const float4 x0 = *reinterpret_cast<const float4*>(a), x1 = *reinterpret_cast<const float4*>(a + 4);
+          const W* h = reinterpret_cast<const W*>(&r[j]);
+          part[j] += to_f32(h[0]) * x0.x + to_f32(h[1]) * x0.y + to_f32(h[2]) * x0.z + to_f32(h[3]) * x0.w +
+                     to_f32(h[4]) * x1.x + to_f32(h[5]) * x1.y + to_f32(h[6]) * x1.z + to_f32(h[7]) * x1.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        if (j < k) acc += weights[t * k + j] * warp_sum(part[j]);
+      if (threadIdx.x % 32 == 0) out[int64_t(t) * D + d] = acc;
+      return;
+    }
+  }
   for (int j = 0; j < k; ++j) {
     const int p = t * k + j;
     const ExpertPtrs e = table[ids[p]];
