@@ -23,5 +23,10 @@ if [ "$QUICK" = "--quick" ]; then
   bench --synthetic qwen3.6-27b --type bf16 -p 512 -n 32 -b 1 -r 2
 else
   bench --synthetic qwen3.6-27b --type bf16 -p 512,4096 -n 128 -b 1,8,32 -r 3
-  bench --synthetic qwen3.6-35b-a3b --type bf16 -p 4096 -n 128 -b 1 -r 3
+  bench --synthetic qwen3.6-35b-a3b --type bf16 -p 4096 -n 128 -b 1,8 -r 3
 fi
+# Per-op GPU time of one decode step (eager launches, events around every op; no graphs).
+for m in qwen3.6-27b qwen3.6-35b-a3b; do
+  QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 -p "" -n 16 -b 1 -r 1 \
+    > "$OUT/profile-$m.md" 2>&1
+done
