@@ -104,7 +104,9 @@ ModelWeights make_random_weights(const ModelConfig& c, DType matrix_dtype, uint6
   ModelWeights w;
   w.config = c;
   Builder b(w, matrix_dtype, seed);
-  w.embed_tokens = b.matrix({c.vocab_size, c.hidden_size}, 1.0f);
+  // Small embeddings (2/sqrt(H) per element): the residual stream is then dominated by what the
+  // layers add rather than by the input token, so a tied head does not just repeat its input.
+  w.embed_tokens = b.matrix({c.vocab_size, c.hidden_size}, 2.0f / std::sqrt(float(c.hidden_size)));
   w.final_norm = b.f32({c.hidden_size}, 1.0f, 0.1f);
   w.lm_head = c.tie_word_embeddings ? w.embed_tokens
                                     : b.matrix({c.vocab_size, c.hidden_size}, 1.0f / std::sqrt(float(c.hidden_size)));
