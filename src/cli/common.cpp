@@ -28,8 +28,20 @@ std::unique_ptr<Backend> make_backend(const std::string& backend, int threads) {
 }
 }  // namespace
 
+std::string default_model_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("QWEN36_DEFAULT_MODEL"); env && *env) return env;
+  const fs::path shipped = fs::path(QWEN36_SOURCE_DIR) / "models" / "qwen36-small-code-q8_0.gguf";
+  return fs::exists(shipped) ? shipped.string() : "";
+}
+
 LoadedModel load_default_model(const std::string& backend, int threads) {
-  spdlog::warn("no -m given: using the built-in small RANDOM model (untrained weights, output is gibberish)");
+  if (const std::string path = default_model_path(); !path.empty()) {
+    spdlog::info("no -m given: using the built-in small model {} (a 50M-parameter toy trained on Python code)",
+                 path);
+    return load_model(path, backend, threads);
+  }
+  spdlog::warn("no -m given and no shipped model found: using a small RANDOM model (output is gibberish)");
   LoadedModel lm;
   lm.backend = make_backend(backend, threads);
   ModelWeights w = make_random_weights(model_preset("tiny-dense"), DType::BF16, /*seed=*/36);
@@ -56,6 +68,7 @@ std::string resolve_tokenizer(const std::string& explicit_path, const std::strin
     if (model_path.ends_with(".gguf")) return model_path;  // GGUF models carry their tokenizer
     return "";
   }
+  if (const std::string dflt = default_model_path(); !dflt.empty()) return dflt;  // carries its tokenizer
   const fs::path fetched = fs::path(QWEN36_SOURCE_DIR) / ".models" / "qwen3-tokenizer";
   return fs::exists(fetched / "tokenizer.json") ? fetched.string() : "";
 }

@@ -21,15 +21,18 @@ struct LoadedModel {
 // backend: "cpu" or "cuda" (an Error when this build has no CUDA backend).
 LoadedModel load_model(const std::string& path, const std::string& backend, int threads = 0);
 
-// The built-in default model. Until a trained small model ships, this is a small RANDOM
-// checkpoint (tiny-dense preset, generated in memory, fixed seed); it says so when loaded.
+// The built-in default model: models/qwen36-small-code-q8_0.gguf of this checkout (trained by
+// tools/train, see models/README.md; $QWEN36_DEFAULT_MODEL overrides), or, where that file
+// is absent, a small RANDOM model generated in memory (it says so when loaded).
+std::string default_model_path();  // "" when there is none
 LoadedModel load_default_model(const std::string& backend, int threads = 0);
 
 std::vector<int32_t> read_i32_file(const std::string& path);
 
 // Where the tokenizer for a model lives: `explicit_path` if given, else $QWEN36_TOKENIZER,
-// else the model directory when it holds a tokenizer.json, else (for the built-in default
-// model, model_path empty) the Qwen3 tokenizer fetched by scripts/fetch-tokenizer.sh.
+// else the model itself (a GGUF, or a directory holding tokenizer.json); for the built-in
+// default model (model_path empty) the shipped GGUF, else the Qwen3 tokenizer fetched by
+// scripts/fetch-tokenizer.sh.
 // Returns "" when none is found.
 std::string resolve_tokenizer(const std::string& explicit_path, const std::string& model_path);
 
