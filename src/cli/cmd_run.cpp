@@ -136,9 +136,11 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
     text = tmpl.render(messages, nullptr, true, kwargs);
     popts.thinking_enabled = true;
     popts.prompt_opened_thinking = text.ends_with("<think>\n");
-    for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
-      if (int32_t id = tok.token_id(stop); id >= 0 && !o.ignore_eos) g.stop_ids.push_back(id);
   }
+  // Qwen tokenizers end documents with <|endoftext|> and turns with <|im_end|>; a checkpoint's
+  // eos list (or a GGUF's single eos id) may name only one of them.
+  for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
+    if (int32_t id = tok.token_id(stop); id >= 0 && !o.ignore_eos) g.stop_ids.push_back(id);
   const std::vector<int32_t> prompt = tok.encode(text);
   QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
 
