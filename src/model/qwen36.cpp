@@ -407,7 +407,8 @@ void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> co
 }
 
 void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
-                        std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden) {
+                        std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
+                        std::span<const int32_t> output_rows) {
   QWEN36_CHECK(w_.mtp.has_value(), "this checkpoint has no MTP head");
   QWEN36_CHECK(state.has_mtp(), "the model state was created without an MTP cache");
   const ModelConfig& c = w_.config;
@@ -426,8 +427,10 @@ void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> 
   Tensor h = s.f32({n, H});
   backend_.matmul(cat, m.fc, h);
   decoder_layer(s, m.layer, h, state.mtp_k_cache(), state.mtp_v_cache(), runs, DeltaRuleMode::Auto);
-  std::vector<int32_t> rows(static_cast<size_t>(n));
-  for (int32_t i = 0; i < int32_t(n); ++i) rows[size_t(i)] = i;
+  std::vector<int32_t> rows(output_rows.begin(), output_rows.end());
+  if (rows.empty())
+    for (int32_t i = 0; i < int32_t(n); ++i) rows.push_back(i);
+  for (int32_t r : rows) QWEN36_CHECK(r >= 0 && r < int32_t(n), "mtp_forward: output row {} out of range", r);
   head(s, h, m.norm, rows, logits, mtp_hidden);
 }
 

@@ -59,10 +59,13 @@ class Model {
 
   // MTP head: for each row i, predicts the token after next from the target's post-norm
   // hidden[i] (host [n, hidden]) and the following token next_tokens[i]; runs use the MTP's
-  // own KV cache in `state`. logits: host [n, vocab]; mtp_hidden (optional) gets the MTP's
-  // normalised output, the hidden input of the next draft step.
+  // own KV cache in `state`. logits: host [rows, vocab]; mtp_hidden (optional) gets the MTP's
+  // normalised output, the hidden input of the next draft step. Every row runs (the MTP's KV
+  // cache needs them all); only `output_rows` (all rows when empty) get logits and hidden —
+  // a drafter catching up over a long prompt wants just the last row's.
   void mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens, std::span<const SeqRun> runs,
-                   ModelState& state, float* logits, float* mtp_hidden = nullptr);
+                   ModelState& state, float* logits, float* mtp_hidden = nullptr,
+                   std::span<const int32_t> output_rows = {});
 
  private:
   class Scratch;

@@ -56,14 +56,15 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
     pending_.erase(it);  // those rows are now in the MTP cache
   }
   std::vector<float> logits, mtp_hidden;
-  // Each step: run the rows, then turn each chain's last row into its next draft.
+  // Each step: run the rows, then turn each chain's last row into its next draft (only those
+  // rows get logits: catching up over a long prompt must not pay the vocabulary per row).
   auto run_step = [&](const std::vector<int32_t>& last_rows) {
-    logits.resize(toks.size() * size_t(V));
-    mtp_hidden.resize(toks.size() * size_t(H));
-    model_.mtp_forward(hid, toks, runs, state_, logits.data(), mtp_hidden.data());
+    logits.resize(last_rows.size() * size_t(V));
+    mtp_hidden.resize(last_rows.size() * size_t(H));
+    model_.mtp_forward(hid, toks, runs, state_, logits.data(), mtp_hidden.data(), last_rows);
     for (size_t c = 0; c < last_rows.size(); ++c) {
       Chain& ch = chains[c];
-      const size_t row = size_t(last_rows[c]);
+      const size_t row = c;  // outputs are compact, in last_rows order
       std::span<float> l(logits.data() + row * size_t(V), size_t(V));
       Sampler sampler(*ch.req->sampling);
       Dist q = sampler.distribution(l, ch.history);
