@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/test_files.h"
 #include "engine/generate.h"
 #include "format/model_loader.h"
 #include "gpu_test_util.h"
@@ -20,15 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename T>
-std::vector<T> read_raw(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary | std::ios::ate);
-  EXPECT_TRUE(in.good()) << p;
-  std::vector<T> v(size_t(in.tellg()) / sizeof(T));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
-  return v;
-}
+using test::read_raw;
 
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;

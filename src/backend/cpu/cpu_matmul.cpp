@@ -29,36 +29,30 @@ inline __m256 load_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
+inline __m256 load_f32x8(const float* p) { return _mm256_loadu_ps(p); }
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) { return bf16_to_f32(x); }
+
+// Weight row (f32, or bf16 widened in registers) · f32 vector, four independent accumulators.
+template <typename W, __m256 (*Load)(const W*)>
+float dot(const W* w, const float* x, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    s0 = _mm256_fmadd_ps(Load(w + i), _mm256_loadu_ps(x + i), s0);
+    s1 = _mm256_fmadd_ps(Load(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+    s2 = _mm256_fmadd_ps(Load(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+    s3 = _mm256_fmadd_ps(Load(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(Load(w + i), _mm256_loadu_ps(x + i), s0);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += to_f32(w[i]) * x[i];
   return s;
 }
 
+float dot_f32(const float* a, const float* b, int64_t n) { return dot<float, load_f32x8>(a, b, n); }
 // bf16 row · f32 vector without widening the row first (the decode GEMV path).
-float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
-    s1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
-    s2 = _mm256_fmadd_ps(load_bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
-    s3 = _mm256_fmadd_ps(load_bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
-  return s;
-}
+float dot_bf16(const uint16_t* w, const float* x, int64_t n) { return dot<uint16_t, load_bf16x8>(w, x, n); }
 
 // out[t * ldo + r] = w_r · x_t for r < 4 and every t < T; w holds 4 consecutive rows of K.
 void tile_4rows(const float* w, int64_t K, const float* x, int64_t T, float* out, int64_t ldo) {
