@@ -1,0 +1,2 @@
+// (being written this session)
+#include "backend/cuda/cuda_ops.cuh"

@@ -1,0 +1,1 @@
+// CUDA deltanet kernels vs the CPU reference (owned by the deltanet work; filled in this session).
