@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
-#   scripts/gpu-check.sh OUTDIR [--quick]
+#   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
@@ -12,12 +12,21 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 git log -1 --format='%H %s' > "$OUT/commit.txt" 2>/dev/null || true
 git status --short >> "$OUT/commit.txt" 2>/dev/null || true
 
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN36_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
-  cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops; } 2>&1 | tail -40 > "$OUT/build.log"
-[ -x "$BUILD/src/cli/qwen36" ] || { echo "build failed, see $OUT/build.log"; exit 1; }
+# QWEN36_PREBUILT=DIR: use DIR/qwen36 and DIR/test_cuda_ops built elsewhere (sm_90a), with any
+# shared libraries they need in DIR/lib, instead of building here.
+if [ -n "${QWEN36_PREBUILT:-}" ]; then
+  export LD_LIBRARY_PATH="$QWEN36_PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  Q=$QWEN36_PREBUILT/qwen36 TESTS=$QWEN36_PREBUILT/test_cuda_ops
+else
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN36_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops; } 2>&1 | tail -40 > "$OUT/build.log"
+  [ -x "$BUILD/src/cli/qwen36" ] || { echo "build failed, see $OUT/build.log"; exit 1; }
+  Q=$BUILD/src/cli/qwen36 TESTS=$BUILD/tests/gpu/test_cuda_ops
+fi
 
-timeout 150 "$BUILD/tests/gpu/test_cuda_ops" 2>&1 | tee "$OUT/test_cuda_ops.log" | grep -E "^\[  (PASSED|FAILED) |FAILED|^\[ (gemv|[a-z-]+) \]" 
-Q=$BUILD/src/cli/qwen36
+timeout 240 "$TESTS" ${QWEN36_GTEST_FILTER:+--gtest_filter=$QWEN36_GTEST_FILTER} 2>&1 | tee "$OUT/test_cuda_ops.log" |
+  grep -E "^\[  (PASSED|FAILED) |FAILED|^\[ (gemv|[a-z-]+) \]|time|GB/s|TFLOP"
+
 bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 200 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
 if [ "$QUICK" = "--quick" ]; then
   bench --synthetic qwen3.6-27b --type bf16 -p 512 -n 32 -b 1 -r 2
@@ -29,4 +38,9 @@ fi
 for m in qwen3.6-27b qwen3.6-35b-a3b; do
   QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 -p "" -n 16 -b 1 -r 1 \
     > "$OUT/profile-$m.md" 2>&1
+done
+# The same for one 4096-token prefill (where prefill time goes).
+for m in qwen3.6-27b qwen3.6-35b-a3b; do
+  QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 -p 4096 -n "" -b 1 -r 1 \
+    > "$OUT/profile-prefill-$m.md" 2>&1
 done

@@ -61,6 +61,9 @@ class Backend {
   virtual void get_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& dst) = 0;
   // Makes the weights usable by this backend (uploads them for a device backend).
   virtual void prepare_weights(ModelWeights& w) = 0;
+  // Bytes of backend memory still free for caches and activations; 0: not tracked (host
+  // memory), so memory plans are not checked against it.
+  virtual size_t free_memory() { return 0; }
 
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]
@@ -78,6 +81,27 @@ class Backend {
   // ---- matrix products ----
   // out[T, N] = x[T, K] · w[N, K]ᵀ for any weight dtype
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+
+  // ---- fused forms: the defaults compose the plain ops (that is their reference); a backend
+  // overrides them where one pass saves launches or memory traffic (decode) ----
+  // outs[i] = x · ws[i]ᵀ for every i: several weights applied to the same activations (the
+  // DeltaNet in-projections, attention q/k/v). outs[i] [T, ws[i].rows()].
+  virtual void matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *outs[i]);
+  }
+  // gate_out = silu(x · gateᵀ) * (x · upᵀ). up_out is scratch of gate_out's shape, which a fused
+  // implementation may leave untouched.
+  virtual void matmul_swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
+                             Tensor& up_out) {
+    matmul(x, gate, gate_out);
+    matmul(x, up, up_out);
+    swiglu(gate_out, up_out, gate_out);
+  }
+  // y += delta; out = rms_norm(y, w, eps)   (the residual add and the next norm in one pass)
+  virtual void add_rms_norm(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {
+    add(y, delta);
+    rms_norm(y, w, eps, out);
+  }
 
   // ---- gated full attention ----
   // qg [T, H, 2·hd] (per head [q | gate]) → q [T, H, hd], gate [T, H·hd]

@@ -26,6 +26,7 @@
 #include "model/random_weights.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "model/memory_plan.h"
 #endif
 
 namespace qwen36::cli {
@@ -37,6 +38,7 @@ struct BenchOptions {
                                 batches = "1";
   int64_t depth = 0, layers = 0;
   int repeats = 3, threads = 0;
+  CacheTypes cache;
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -160,6 +162,7 @@ void run_bench(const BenchOptions& o) {
   const ModelCost cost = model_cost(w);
   Model model(std::move(w), *backend);
   const ModelConfig& c = model.config();
+  const DType kv_type = resolve_cache_type(o.cache, *backend);
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
   const int64_t n_delta = c.n_layers - n_attn;
   const std::vector<int64_t> prompts = parse_list(o.prompts), gens = parse_list(o.gens), batches = parse_list(o.batches);
@@ -167,7 +170,14 @@ void run_bench(const BenchOptions& o) {
   std::unique_ptr<ModelState> state_ptr;
   auto new_state = [&](int64_t slots, int64_t len) {
     state_ptr.reset();
-    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, false);
+    MemoryRequest mem;
+    mem.slots = int32_t(slots);
+    mem.ctx = len;
+    mem.batch_tokens = std::max<int64_t>(slots, std::min<int64_t>(len, 4096));
+    mem.output_rows = slots;
+    mem.kv_type = kv_type;
+    check_memory_plan(*backend, c, mem, {"-p/-n/-d", "-b/--batch", "-p", "-ctk/-ctv"});
+    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, false, kv_type);
   };
   int64_t max_b = 1;
   for (int64_t b : batches) max_b = std::max(max_b, b);
@@ -262,7 +272,7 @@ void run_bench(const BenchOptions& o) {
         experts = double(c.n_layers) * E * (1 - std::pow(1 - k / E, double(B))) * cost.expert_bytes;
       }
       const double ctx = double(o.depth) + double(n + 1) / 2;
-      const double kv = double(B) * double(n_attn) * 2 * ctx * double(c.n_kv_heads * c.head_dim) * 4;
+      const double kv = double(B) * double(n_attn) * 2 * ctx * double(c.n_kv_heads * c.head_dim) * double(dtype_row_bytes(kv_type, 1));
       const double st = double(B) * double(n_delta) * 2 *
                         double(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim + c.conv_dim() * (c.conv_kernel - 1)) * 4;
       const double bytes = cost.layer_bytes_dense + experts + cost.head_bytes + kv + st;
@@ -302,6 +312,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "Model: Hugging Face directory or .gguf file");
   cmd->add_option("--synthetic", o->synthetic, "Random weights of a preset: qwen3.6-27b, qwen3.6-35b-a3b, cpu-0.5b, ...");
   cmd->add_option("--type", o->type, "Matrix dtype of synthetic weights: bf16, f16, f32")->capture_default_str();
+  add_cache_type_options(cmd, o->cache);
   cmd->add_option("--layers", o->layers, "Override the synthetic preset's layer count");
   cmd->add_option("-p,--n-prompt", o->prompts, "Prompt lengths, comma-separated (empty: none)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gens, "Decode lengths, comma-separated (empty: none)")->capture_default_str();

@@ -18,6 +18,7 @@
 #include "text/chat_template.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
+#include "model/memory_plan.h"
 #endif
 
 namespace qwen36::cli {
@@ -34,6 +35,7 @@ struct RunOptions {
   int32_t spec_draft_n = 3;
   bool spec_adaptive = false;
   SamplingParams sampling;
+  CacheTypes cache;
 };
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
@@ -74,8 +76,14 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
                               const GenerateOptions& g, const std::function<bool(int32_t)>& on_token) {
   const ModelConfig& c = lm.model->config();
   const SpecMethod method = parse_spec_method(o.spec);
-  ModelState state(*lm.backend, c, 1, std::min<int64_t>(o.ctx, c.max_position_embeddings),
-                   /*with_mtp=*/method == SpecMethod::Mtp);
+  const int64_t ctx = std::min<int64_t>(o.ctx, c.max_position_embeddings);
+  MemoryRequest mem;
+  mem.ctx = ctx;
+  mem.batch_tokens = g.prefill_chunk;
+  mem.mtp = method == SpecMethod::Mtp;
+  mem.kv_type = resolve_cache_type(o.cache, *lm.backend);
+  check_memory_plan(*lm.backend, c, mem);
+  ModelState state(*lm.backend, c, 1, ctx, /*with_mtp=*/mem.mtp, mem.kv_type);
   if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
   SpecOptions spec;
   spec.method = method;
@@ -218,6 +226,7 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
   add_sampling_options(cmd, o->sampling);
+  add_cache_type_options(cmd, o->cache);
   cmd->callback([o] {
     o->sampling.validate();
     QWEN36_CHECK(o->n_predict >= 0, "--n-predict {} must be >= 0", o->n_predict);

@@ -16,6 +16,7 @@
 #include "server/server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "model/memory_plan.h"
 #endif
 
 namespace qwen36::cli {
@@ -30,6 +31,7 @@ struct ServeOptions {
   int32_t prefill_chunk = 256, batch_tokens = 512;
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
+  CacheTypes cache;
 };
 
 #if QWEN36_HAVE_SERVER
@@ -80,10 +82,18 @@ void serve(const ServeOptions& o) {
   so.max_batch_tokens = o.batch_tokens;
   so.max_queue = o.max_queue;
   so.prefix_cache = !o.no_prefix_cache;
+  so.kv_type = resolve_cache_type(o.cache, *lm.backend);
   so.token_text = [&tok](int32_t id) {
     // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
     return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
   };
+  MemoryRequest mem;
+  mem.slots = so.slots;
+  mem.ctx = so.context;
+  mem.batch_tokens = so.max_batch_tokens;
+  mem.output_rows = so.slots;
+  mem.kv_type = so.kv_type;
+  check_memory_plan(*lm.backend, c, mem);
   Scheduler engine(*lm.model, so);
   engine.start();
 
@@ -130,6 +140,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->envname("QWEN36_THREADS")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->envname("QWEN36_BACKEND")->capture_default_str();
+  add_cache_type_options(cmd, o->cache);
+  cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
+  cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")
       ->envname("QWEN36_BATCH_SIZE")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step")

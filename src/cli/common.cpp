@@ -85,4 +85,25 @@ std::vector<int32_t> read_i32_file(const std::string& path) {
   return v;
 }
 
+void add_cache_type_options(CLI::App* cmd, CacheTypes& t) {
+  cmd->add_option("-ctk,--cache-type-k", t.k, "KV cache type for K: auto (bf16 on cuda, f32 on cpu), f32, bf16")
+      ->capture_default_str();
+  cmd->add_option("-ctv,--cache-type-v", t.v, "KV cache type for V (as --cache-type-k)")->capture_default_str();
+}
+
+DType resolve_cache_type(const CacheTypes& t, const Backend& backend) {
+  auto one = [&](const std::string& s, const char* flag) {
+    if (s == "auto") return backend.name() == "cpu" ? DType::F32 : DType::BF16;
+    if (s == "f32") return DType::F32;
+    if (s == "bf16") return DType::BF16;
+    if (s == "f16" || s == "fp8" || s == "q8_0" || s == "q4_0")
+      fail("{} {}: this KV cache type is not implemented yet (supported: auto, f32, bf16)", flag, s);
+    fail("{} {}: unknown KV cache type (supported: auto, f32, bf16)", flag, s);
+  };
+  const DType k = one(t.k, "--cache-type-k"), v = one(t.v, "--cache-type-v");
+  QWEN36_CHECK(k == v, "--cache-type-k {} and --cache-type-v {} differ; different K and V types are not supported yet",
+               t.k, t.v);
+  return k;
+}
+
 }  // namespace qwen36::cli

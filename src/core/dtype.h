@@ -1,8 +1,8 @@
 #pragma once
-// defines: DType, dtype_name, dtype_size, bf16/f16 <-> f32 conversions
+// defines: DType, dtype_name, dtype_block_bytes/dtype_row_bytes, bf16/f16 <-> f32 conversions
 //
 // Element types of tensors. Block-quantized types (GGUF K-quants etc.) are described by
-// quant/ and have a block size > 1; for them dtype_size() is the size of one block.
+// quant/ and have a block size > 1; for them dtype_block_bytes() is the size of one block.
 
 #include <bit>
 #include <cstdint>

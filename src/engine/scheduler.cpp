@@ -45,7 +45,7 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(Model& model, SchedulerOptions opts)
     : model_(model),
       opts_(std::move(opts)),
-      state_(model.backend(), model.config(), opts_.slots, opts_.context, false),
+      state_(model.backend(), model.config(), opts_.slots, opts_.context, false, opts_.kv_type),
       cache_(opts_.slots, opts_.prefix_cache) {
   QWEN36_CHECK(opts_.prefill_chunk > 0, "prefill chunk {} must be positive", opts_.prefill_chunk);
   QWEN36_CHECK(opts_.max_batch_tokens > 0, "batch token budget {} must be positive", opts_.max_batch_tokens);

@@ -93,18 +93,16 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x
   const int64_t T = x.rows(), nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
   const AttentionWeights& a = l.attn;
   Tensor q = s.f32({T, nh, hd});
+  Tensor qg = c.attn_output_gate ? s.f32({T, nh, 2 * hd}) : q;  // per head [q | gate]
+  Tensor k = s.f32({T, nkv, hd}), v = s.f32({T, nkv, hd});
+  const Tensor* ws[] = {&a.q_proj, &a.k_proj, &a.v_proj};
+  Tensor* outs[] = {&qg, &k, &v};
+  backend_.matmul_multi(x, ws, outs);
   Tensor gate;  // [T, nh*hd], only with attn_output_gate
   if (c.attn_output_gate) {
-    Tensor qg = s.f32({T, nh, 2 * hd});  // per head [q | gate]
-    backend_.matmul(x, a.q_proj, qg);
     gate = s.f32({T, nh * hd});
     backend_.split_q_gate(qg, q, gate);
-  } else {
-    backend_.matmul(x, a.q_proj, q);
   }
-  Tensor k = s.f32({T, nkv, hd}), v = s.f32({T, nkv, hd});
-  backend_.matmul(x, a.k_proj, k);
-  backend_.matmul(x, a.v_proj, v);
   backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);  // per head over hd
   backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
   backend_.rope(q, runs, c.rotary_dim, c.rope_theta);
@@ -139,10 +137,9 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   Tensor mixed = s.f32({T, c.conv_dim()});  // [q | k | v] channels
   Tensor z = s.f32({T, Hv, dv});
   Tensor b = s.f32({T, Hv}), a = s.f32({T, Hv});
-  backend_.matmul(x, d.in_proj_qkv, mixed);
-  backend_.matmul(x, d.in_proj_z, z);
-  backend_.matmul(x, d.in_proj_b, b);
-  backend_.matmul(x, d.in_proj_a, a);
+  const Tensor* ws[] = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a};
+  Tensor* outs[] = {&mixed, &z, &b, &a};
+  backend_.matmul_multi(x, ws, outs);
   if (save) {  // verify runs only read their state; their inputs are kept for the commit
     save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
     if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
@@ -193,46 +190,57 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   return y;
 }
 
-Tensor Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x) {
+void Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y) {
   const int64_t T = x.rows(), I = m.gate_proj.rows();
   Tensor gate = s.f32({T, I}), up = s.f32({T, I});
-  backend_.matmul(x, m.gate_proj, gate);
-  backend_.matmul(x, m.up_proj, up);
-  backend_.swiglu(gate, up, gate);
-  Tensor y = s.f32({T, x.cols()});
+  backend_.matmul_swiglu(x, m.gate_proj, m.up_proj, gate, up);
   backend_.matmul(gate, m.down_proj, y);
-  return y;
 }
 
-Tensor Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x) {
+void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y) {
   const ModelConfig& c = w_.config;
   const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
   Tensor logits = s.f32({T, E});
   backend_.matmul(x, m.router, logits);
   Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
-  Tensor y = s.f32({T, c.hidden_size});
   backend_.moe_experts(x, weights, ids, m.experts, y);
   if (!m.shared.gate_proj.empty()) {
-    Tensor shared = mlp_block(s, m.shared, x);
+    Tensor shared = s.f32({T, c.hidden_size});
+    mlp_block(s, m.shared, x, shared);
     Tensor sg = s.f32({T, 1});
     backend_.matmul(x, m.shared_gate, sg);
     backend_.add_sigmoid_scaled(y, shared, sg);
   }
-  return y;
 }
 
-void Model::decoder_layer(Scratch& s, const LayerWeights& l, Tensor& h, Tensor& cache_a, Tensor& cache_b,
+Model::Residual Model::residual(Scratch& s, int64_t T) {
+  const int64_t H = w_.config.hidden_size;
+  return {s.f32({T, H}), s.f32({T, H}), false};
+}
+
+void Model::finish(Residual& r) {
+  if (r.has_pending) backend_.add(r.h, r.pending);
+  r.has_pending = false;
+}
+
+void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor& cache_a, Tensor& cache_b,
                           std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save) {
   const ModelConfig& c = w_.config;
+  Tensor& h = r.h;
   Tensor x = s.f32({h.rows(), c.hidden_size});
-  backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
+  if (r.has_pending)
+    backend_.add_rms_norm(h, r.pending, l.input_norm, c.rms_norm_eps, x);
+  else
+    backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
   Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs)
                                                     : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
-  backend_.add(h, mixed);
-  backend_.rms_norm(h, l.post_attention_norm, c.rms_norm_eps, x);
-  Tensor ffn = c.moe ? moe_block(s, l.moe, x) : mlp_block(s, l.mlp, x);
-  backend_.add(h, ffn);
+  backend_.add_rms_norm(h, mixed, l.post_attention_norm, c.rms_norm_eps, x);
+  if (c.moe)
+    moe_block(s, l.moe, x, r.pending);
+  else
+    mlp_block(s, l.mlp, x, r.pending);
+  r.has_pending = true;
 }
 
 void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
@@ -308,16 +316,19 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   const int seen = ws_->seen[key]++;
   if (seen == 0 || !ws_->buf) return false;  // first sight: eager (fills the backend's caches)
   Scratch s(backend_, *ws_);
-  Tensor h = s.f32({T, c.hidden_size}), sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
+  Residual r = residual(s, T);
+  Tensor sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
   auto run = [&] {
-    backend_.embed(w_.embed_tokens, batch.tokens, h);
+    r.has_pending = false;
+    backend_.embed(w_.embed_tokens, batch.tokens, r.h);
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
       Scratch layer_scratch(backend_, *ws_);
-      decoder_layer(layer_scratch, w_.layers[size_t(i)], h, attn ? state.k_cache(i) : state.conv_state(i),
+      decoder_layer(layer_scratch, w_.layers[size_t(i)], r, attn ? state.k_cache(i) : state.conv_state(i),
                     attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode);
     }
-    backend_.get_rows(h, batch.output_rows, sel);
+    finish(r);
+    backend_.get_rows(r.h, batch.output_rows, sel);
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
     backend_.matmul(sel, w_.lm_head, out);
   };
@@ -345,8 +356,8 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
   if (verify_runs.empty() && batch.hidden_rows.empty() && decode_step(batch, state, logits, hidden)) return;
   Scratch s(backend_, *ws_);
-  Tensor h = s.f32({T, c.hidden_size});  // the residual stream
-  backend_.embed(w_.embed_tokens, batch.tokens, h);
+  Residual r = residual(s, T);
+  backend_.embed(w_.embed_tokens, batch.tokens, r.h);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
@@ -355,9 +366,11 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
     VerifySave save{plain_runs, verify_runs, nullptr, nullptr, nullptr};
     if (!attn && !verify_runs.empty())
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
-    decoder_layer(layer_scratch, w_.layers[size_t(i)], h, ca, cb, batch.runs, batch.deltanet_mode,
+    decoder_layer(layer_scratch, w_.layers[size_t(i)], r, ca, cb, batch.runs, batch.deltanet_mode,
                   save.conv_input ? &save : nullptr);
   }
+  finish(r);
+  const Tensor& h = r.h;
   if (batch.hidden_rows.empty()) {
     head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
   } else {
@@ -424,13 +437,15 @@ void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> 
   backend_.rms_norm(hin, m.pre_fc_norm_hidden, c.rms_norm_eps, hin);
   backend_.copy_cols(e, 0, cat, 0, H);  // embedding first, then the hidden state
   backend_.copy_cols(hin, 0, cat, H, H);
-  Tensor h = s.f32({n, H});
-  backend_.matmul(cat, m.fc, h);
-  decoder_layer(s, m.layer, h, state.mtp_k_cache(), state.mtp_v_cache(), runs, DeltaRuleMode::Auto);
+  Residual r = residual(s, n);
+  backend_.matmul(cat, m.fc, r.h);
+  decoder_layer(s, m.layer, r, state.mtp_k_cache(), state.mtp_v_cache(), runs, DeltaRuleMode::Auto);
+  finish(r);
+  const Tensor& h = r.h;
   std::vector<int32_t> rows(output_rows.begin(), output_rows.end());
   if (rows.empty())
     for (int32_t i = 0; i < int32_t(n); ++i) rows.push_back(i);
-  for (int32_t r : rows) QWEN36_CHECK(r >= 0 && r < int32_t(n), "mtp_forward: output row {} out of range", r);
+  for (int32_t row : rows) QWEN36_CHECK(row >= 0 && row < int32_t(n), "mtp_forward: output row {} out of range", row);
   head(s, h, m.norm, rows, logits, mtp_hidden);
 }
 

@@ -78,10 +78,19 @@ class Model {
   };
   Tensor deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state, Tensor& ssm_state,
                         std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
-  Tensor mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x);
-  Tensor moe_block(Scratch& s, const MoeWeights& m, const Tensor& x);
-  // One decoder layer: h += mixer(norm(h)); h += ffn(norm(h)).
-  void decoder_layer(Scratch& s, const LayerWeights& l, Tensor& h, Tensor& cache_a, Tensor& cache_b,
+  // The FFN blocks write their output into y [T, hidden].
+  void mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y);
+  void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y);
+  // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
+  // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
+  struct Residual {
+    Tensor h, pending;
+    bool has_pending = false;
+  };
+  Residual residual(Scratch& s, int64_t T);
+  void finish(Residual& r);
+  // One decoder layer: h += mixer(norm(h)); h += ffn(norm(h)) (the second add left pending).
+  void decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor& cache_a, Tensor& cache_b,
                      std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   void head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
             float* hidden);

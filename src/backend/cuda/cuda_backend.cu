@@ -197,6 +197,11 @@ class CudaBackend final : public Backend {
     cuda::get_rows(ctx_, src, rows, dst);
   }
   void prepare_weights(ModelWeights& w) override;
+  size_t free_memory() override {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+  }
 
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                  std::span<const int32_t> rows) override;
@@ -262,6 +267,26 @@ class CudaBackend final : public Backend {
                                   "x" + std::to_string(w.cols())
                             : std::string());
     cuda::matmul(ctx_, x, w, out);
+  }
+  void matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
+    {
+      Prof p_(*this, profile_ ? "matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols()) : std::string());
+      if (cuda::matmul_multi(ctx_, x, ws, outs)) return;
+    }
+    Backend::matmul_multi(x, ws, outs);
+  }
+  void matmul_swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
+                     Tensor& up_out) override {
+    {
+      Prof p_(*this, profile_ ? "matmul_swiglu " + std::to_string(gate.rows()) + "x" + std::to_string(gate.cols())
+                              : std::string());
+      if (cuda::matmul_swiglu(ctx_, x, gate, up, gate_out)) return;
+    }
+    Backend::matmul_swiglu(x, gate, up, gate_out, up_out);
+  }
+  void add_rms_norm(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) override {
+    Prof p_(*this, "add_rms_norm");
+    cuda::add_rms_norm(ctx_, y, delta, w, eps, out);
   }
   void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override {
     Prof p_(*this, "split_q_gate");

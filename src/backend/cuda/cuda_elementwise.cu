@@ -54,6 +54,24 @@ __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, 
   }
 }
 
+// y += delta, then out = rms_norm(y) · w: the residual add and the next layer's norm read
+// the stream once.
+__global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w, float eps, float* out,
+                                    int64_t D) {
+  float* yr = y + int64_t(blockIdx.x) * D;
+  const float* dr = delta + int64_t(blockIdx.x) * D;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = yr[i] + dr[i];
+    yr[i] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+  float* o = out + int64_t(blockIdx.x) * D;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = yr[i] * inv * w[i];
+}
+
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   QWEN36_GRID_STRIDE(i, n) y[i] += x[i];
 }
@@ -142,6 +160,20 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
   if (R == 0) return;
   rms_norm_kernel<true><<<unsigned(R), norm_threads(D), 0, c.stream>>>(
       x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+  CUDA_LAUNCH_CHECK();
+}
+
+void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {
+  const int64_t D = w.numel(), R = y.numel() / std::max<int64_t>(D, 1);
+  check_f32(y, "add_rms_norm");
+  check_f32(delta, "add_rms_norm delta");
+  check_f32(w, "add_rms_norm weight");
+  check_same(y, delta, "add_rms_norm");
+  check_same(y, out, "add_rms_norm");
+  QWEN36_CHECK(y.numel() == R * D, "add_rms_norm: {} is not rows of {}", y.shape_str(), D);
+  if (R == 0) return;
+  add_rms_norm_kernel<<<unsigned(R), norm_threads(D), 0, c.stream>>>(y.as<float>(), delta.as<const float>(),
+                                                                     w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 

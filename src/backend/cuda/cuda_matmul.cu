@@ -61,62 +61,125 @@ struct Vec8<float> {
 constexpr int kGemvWarps = 8;  // rows per block
 constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
 
+// This lane's share of Σ_k w[k] · x[t, k] for the T activation rows (the caller reduces over
+// the warp): 16-byte weight loads, kUnroll in flight per lane, activations from L1.
+template <typename W, int T>
+__device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* __restrict__ x, int K, int lane,
+                                         float (&acc)[T]) {
+  auto fma8 = [&](const float (&f)[8], int c) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
+      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
+      acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+                f[7] * x1.w;
+    }
+  };
+  if (K % 8 != 0) {
+    for (int c = lane; c < K; c += 32) {
+      const float f = to_f32(wr[c]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) acc[t] += f * x[size_t(t) * K + c];
+    }
+    return;
+  }
+  const int K8 = K / 8;
+  int i = lane;
+  for (; i + 32 * (kUnroll - 1) < K8; i += 32 * kUnroll) {
+    Vec8<W> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u].load(wr + size_t(i + 32 * u) * 8);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float f[8];
+      v[u].unpack(f);
+      fma8(f, (i + 32 * u) * 8);
+    }
+  }
+  for (; i < K8; i += 32) {
+    Vec8<W> v;
+    v.load(wr + size_t(i) * 8);
+    float f[8];
+    v.unpack(f);
+    fma8(f, i * 8);
+  }
+}
+
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
-  const W* wr = w + size_t(row) * size_t(K);
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  if (K % 8 == 0) {
-    const int K8 = K / 8;
-    int i = lane;
-    for (; i + 32 * (kUnroll - 1) < K8; i += 32 * kUnroll) {
-      Vec8<W> v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u].load(wr + size_t(i + 32 * u) * 8);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float f[8];
-        v[u].unpack(f);
-        const int c = (i + 32 * u) * 8;
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
-          const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
-          acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y +
-                    f[6] * x1.z + f[7] * x1.w;
-        }
-      }
-    }
-    for (; i < K8; i += 32) {
-      Vec8<W> v;
-      v.load(wr + size_t(i) * 8);
-      float f[8];
-      v.unpack(f);
-      const int c = i * 8;
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
-        acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
-                  f[7] * x1.w;
-      }
-    }
-  } else {
-    for (int c = lane; c < K; c += 32) {
-      const float f = to_f32(wr[c]);
-#pragma unroll
-      for (int t = 0; t < T; ++t) acc[t] += f * x[size_t(t) * K + c];
-    }
-  }
+  float acc[T] = {};
+  lane_dot<W, T>(w + size_t(row) * size_t(K), x, K, lane, acc);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float s = warp_sum(acc[t]);
     if (lane == 0) out[size_t(t) * N + row] = s;
+  }
+}
+
+// Several weight matrices applied to the same activations in one launch (Backend::
+// matmul_multi): the rows of all of them form one index space, a warp per row, so the small
+// matrices (DeltaNet's 48-row a/b projections) ride along with the large ones instead of
+// paying a launch and a tail of their own.
+constexpr int kMaxMulti = 4;
+struct MultiRows {
+  const void* w[kMaxMulti];
+  float* out[kMaxMulti];
+  int end[kMaxMulti];  // exclusive prefix of the row counts
+  int n;
+};
+template <typename W, int T>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
+  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= m.end[m.n - 1]) return;
+  int s = 0;
+  while (row >= m.end[s]) ++s;
+  const int r0 = s ? m.end[s - 1] : 0, N = m.end[s] - r0, local = row - r0;
+  float acc[T] = {};
+  lane_dot<W, T>(static_cast<const W*>(m.w[s]) + size_t(local) * size_t(K), x, K, lane, acc);
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) m.out[s][size_t(t) * N + local] = v;
+  }
+}
+
+// out = silu(x · gateᵀ) * (x · upᵀ) (Backend::matmul_swiglu): a warp reads row i of both
+// matrices, so the MLP's two projections and the SwiGLU are one launch.
+template <typename W, int T>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_swiglu_kernel(const W* __restrict__ wg, const W* __restrict__ wu, const float* __restrict__ x,
+                       float* __restrict__ out, int N, int K) {
+  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  float g[T] = {}, u[T] = {};
+  lane_dot<W, T>(wg + size_t(row) * size_t(K), x, K, lane, g);
+  lane_dot<W, T>(wu + size_t(row) * size_t(K), x, K, lane, u);
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float gs = warp_sum(g[t]), us = warp_sum(u[t]);
+    if (lane == 0) out[size_t(t) * N + row] = silu_f(gs) * us;
+  }
+}
+
+// Calls f(std::integral_constant<int, T>) for the batch sizes the GEMV kernels are built for.
+template <typename F>
+void with_batch(int T, F&& f) {
+  switch (T) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: fail("gemv: T = {} > 8", T);
   }
 }
 
@@ -168,25 +231,12 @@ void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N
   const bool split = N <= kSplitRows && K % 8 == 0;
   const dim3 grid(unsigned(split ? N : (N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
-  switch (T) {
-#define QWEN36_GEMV_CASE(n)                                                               \
-  case n:                                                                                 \
-    if (split)                                                                            \
-      gemv_split_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);            \
-    else                                                                                  \
-      gemv_kernel<W, n><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);                  \
-    break;
-    QWEN36_GEMV_CASE(1)
-    QWEN36_GEMV_CASE(2)
-    QWEN36_GEMV_CASE(3)
-    QWEN36_GEMV_CASE(4)
-    QWEN36_GEMV_CASE(5)
-    QWEN36_GEMV_CASE(6)
-    QWEN36_GEMV_CASE(7)
-    QWEN36_GEMV_CASE(8)
-#undef QWEN36_GEMV_CASE
-    default: fail("gemv: T = {} > 8", T);
-  }
+  with_batch(T, [&](auto tc) {
+    if (split)
+      gemv_split_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);
+    else
+      gemv_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);
+  });
   CUDA_LAUNCH_CHECK();
 }
 
@@ -228,7 +278,65 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ y, int
   }
 }
 
+// The GEMV dtypes (the fused decode kernels handle these; anything else composes).
+bool gemv_dtype(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+
+template <typename F>
+void with_weight_type(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: return f(__nv_bfloat16{});
+    case DType::F16: return f(__half{});
+    default: return f(float{});
+  }
+}
+
 }  // namespace
+
+bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (ws.empty() || ws.size() > size_t(kMaxMulti) || ws.size() != outs.size() || x.dtype != DType::F32) return false;
+  const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (T < 1 || T > 8 || x.cols() != K || K % 8 != 0 || !gemv_dtype(ws[0]->dtype)) return false;
+  MultiRows m{};
+  int64_t rows = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i];
+    if (w.dtype != ws[0]->dtype || w.cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * w.rows())
+      return false;
+    rows += w.rows();
+    if (rows >= (int64_t(1) << 31)) return false;
+    m.w[i] = w.data;
+    m.out[i] = outs[i]->as<float>();
+    m.end[i] = int(rows);
+  }
+  m.n = int(ws.size());
+  const dim3 grid(unsigned((rows + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  with_weight_type(ws[0]->dtype, [&](auto wt) {
+    using W = decltype(wt);
+    with_batch(int(T), [&](auto tc) {
+      gemv_multi_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(m, x.as<const float>(), int(K));
+    });
+  });
+  CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out) {
+  const int64_t K = gate.cols(), N = gate.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (T < 1 || T > 8 || x.dtype != DType::F32 || x.cols() != K || K % 8 != 0 || !gemv_dtype(gate.dtype) ||
+      up.dtype != gate.dtype || up.rows() != N || up.cols() != K || out.dtype != DType::F32 || out.numel() != T * N ||
+      N >= (int64_t(1) << 31))
+    return false;
+  const dim3 grid(unsigned((N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  with_weight_type(gate.dtype, [&](auto wt) {
+    using W = decltype(wt);
+    with_batch(int(T), [&](auto tc) {
+      gemv_swiglu_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(
+          gate.as<const W>(), up.as<const W>(), x.as<const float>(), out.as<float>(), int(N), int(K));
+    });
+  });
+  CUDA_LAUNCH_CHECK();
+  return true;
+}
 
 void matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   check_weight_dtype(w, "matmul");

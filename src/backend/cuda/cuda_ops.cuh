@@ -189,6 +189,7 @@ void embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out)
 void rms_norm(Ctx&, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void gated_rms_norm(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
 void add(Ctx&, Tensor& y, const Tensor& x);
+void add_rms_norm(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate);
 void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
@@ -198,6 +199,10 @@ void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& ds
 void get_rows_dev(Ctx&, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst);
 
 void matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
+// Fused decode forms (Backend::matmul_multi / matmul_swiglu): false when the shapes or dtypes
+// are not ones the one-launch kernels handle; the caller then composes the plain ops.
+bool matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
 
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);

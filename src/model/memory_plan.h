@@ -1,0 +1,52 @@
+#pragma once
+// defines: MemoryPlan (what the caches and activations of a run need in backend memory) and
+//          check_memory_plan (refuses, before anything is allocated, a run that cannot fit,
+//          naming the part that is too large, by how much, and the flag that shrinks it)
+//
+// The weights are already resident when this runs (Model's constructor uploads them and
+// fails with its own message when they do not fit), so the plan compares the rest with the
+// memory still free.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "model/config.h"
+
+namespace qwen36 {
+
+class Backend;
+
+struct MemoryRequest {
+  int32_t slots = 1;            // sequences held at once (--parallel)
+  int64_t ctx = 0;              // positions per sequence (-c)
+  int64_t batch_tokens = 512;   // tokens of the largest forward pass (prefill chunk or step budget)
+  int64_t output_rows = 1;      // rows of logits that pass returns
+  DType kv_type = DType::F32;   // attention cache element type
+  bool mtp = false;             // the MTP head's cache too
+};
+
+struct MemoryPlan {
+  size_t kv = 0;          // attention K and V caches (and the MTP head's)
+  size_t state = 0;       // DeltaNet conv + recurrent state
+  size_t activations = 0; // the largest forward pass's activations, with headroom for op temporaries
+  size_t total() const { return kv + state + activations; }
+  std::string describe() const;  // "KV cache 12.0 GiB + DeltaNet state 0.6 GiB + activations 1.1 GiB"
+};
+
+MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r);
+
+// Throws qwen36::Error when the plan needs more than the backend has free (a backend that
+// does not report free memory, the CPU, is not checked). `flags` names the options of the
+// calling command that shrink each part, e.g. "-c/--ctx-size", "--parallel".
+struct MemoryFlags {
+  std::string ctx = "-c/--ctx-size", slots = "--parallel", batch = "-b/--batch-size",
+              kv_type = "--cache-type-k/--cache-type-v";
+};
+void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryRequest& r, const MemoryFlags& flags = {});
+// The same against a given number of free bytes of memory called `where` (tests).
+void check_memory_plan(size_t free_bytes, const std::string& where, const ModelConfig& c, const MemoryRequest& r,
+                       const MemoryFlags& flags = {});
+
+}  // namespace qwen36
