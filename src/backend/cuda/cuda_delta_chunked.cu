@@ -1,2 +1,547 @@
-// (being written this session)
+// The chunked (prefill) gated delta rule on the GPU: chunks of 64 tokens in the WY/UT form,
+// the f32 state carried across chunks. CPU twin: delta_rule_chunked in
+// backend/cpu/cpu_deltanet.cpp (same maths, same zero padding of a run's last chunk).
+// cuda_deltanet.cu normalises q, k and dispatches the runs long enough to pay here.
+//
+// Design. A 4096-token run has 64 chunks but only Hv = 48 (or 32) heads, so one block per
+// head looping over its chunks would leave most SMs idle. The work is split so that only the
+// cheap part is sequential:
+//  1. prepare (grid chunks × Hv): γ = cumsum g; A = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
+//     T = (I − A)⁻¹ by forward substitution (f32 SIMT: the inverse is the sensitive step);
+//     W = T·diag(β e^γ)·K̂, U = T·diag(β)·V → workspace.
+//  2. state scan (grid runs × Hv × dv/32, sequential over the run's chunks): the state's
+//     value columns evolve independently, so a block owns 32 of them (S slice DK × 32 f32 in
+//     registers as mma accumulators). Per chunk: snapshot S → workspace; V' = U − W·S
+//     (overwrites U); S ← e^{γ_last} S + K̂ᵀ·diag(e^{γ_last−γ})·V'. W/U of the next chunk
+//     load (cp.async) during the state update, K̂ of the next chunk during the next V'.
+//  3. output (grid chunks × Hv): O = (Q̂ ⊙ e^γ)·S_c + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})·V'.
+// Every product runs on tensor cores (mma.sync m16n8k8 tf32, f32 accumulators, sm_80+) with
+// each operand split into two tf32 parts (3 mma per tile: big·big + big·small + small·big),
+// which keeps f32-level accuracy (≈ 2^-21 per product) so the results match the CPU to the
+// same tolerance as the recurrent kernel; kMmaPasses switches to plain tf32 (3× fewer mma,
+// ~1e-3 relative error) or to SIMT f32 FMAs (the simple reference path). Operands are read
+// from shared memory through row/column views with row pads chosen so each fragment load
+// hits 32 distinct banks. Workspace per chunk and head: W, U/V' (64 × dk, 64 × dv), S_c
+// (dk × dv), γ (64), all f32; long batches run in segments of chunks that fit kWorkspaceBytes
+// (the state carries between segments through the state tensor).
+#include <algorithm>
+#include <cstdint>
+
 #include "backend/cuda/cuda_ops.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+constexpr int kC = 64;                 // chunk length (the CPU twin's kChunk)
+constexpr int kThreads = 256;          // every kernel: 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kNB = 32;                // value columns of the state per scan block
+constexpr int kMmaPasses = 3;          // 3: split tf32 (≈ f32), 1: plain tf32, 0: SIMT f32
+constexpr size_t kWorkspaceBytes = size_t(1) << 30;
+
+// ---- shared-memory views and the warp-tiled product ----
+struct RowMajor {  // element (r, c) at p[r·ld + c]
+  const float* p;
+  int ld;
+  __device__ float operator()(int r, int c) const { return p[r * ld + c]; }
+};
+struct ColMajor {  // element (r, c) at p[c·ld + r]: a row-major matrix read transposed
+  const float* p;
+  int ld;
+  __device__ float operator()(int r, int c) const { return p[c * ld + r]; }
+};
+
+// x = big + small with big rounded to tf32 (10 mantissa bits); small is exact in f32 and the
+// mma truncates it to tf32, an error of ≤ 2^-21 |x|.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  const uint32_t b = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  big = b;
+  small = __float_as_uint(x - __uint_as_float(b));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// C[M × N] += A·B over the block's 8 warps: warp w owns an (16·MT) × (8·NT) tile of C in the
+// m16n8 accumulator layout (lane: g = lane/4, t = lane%4; element e of tile (mt, nt) is
+// row 16mt + g + 8(e/2), column 8nt + 2t + e%2 of the warp tile).
+template <int M, int N, int MT, int NT>
+struct Acc {
+  static constexpr int WN = N / (8 * NT);
+  static_assert(M % (16 * MT) == 0 && N % (8 * NT) == 0 && (M / (16 * MT)) * WN == kWarps, "one tile per warp");
+  float c[MT][NT][4];
+  int m0, n0, g, t;
+
+  __device__ Acc() {
+    const int w = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    m0 = (w / WN) * 16 * MT;
+    n0 = (w % WN) * 8 * NT;
+    g = lane >> 2;
+    t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
+  }
+
+  // f(row, col, element&) for each element this thread holds
+  template <class F>
+  __device__ void each(F f) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(m0 + 16 * i + g + 8 * (e >> 1), n0 + 8 * j + 2 * t + (e & 1), c[i][j][e]);
+  }
+
+  // += A(:, 0..k_end) · B(0..k_end, :); k_end a multiple of 8
+  template <class AV, class BV>
+  __device__ void mma(const AV& A, const BV& B, int k_end) {
+    for (int k0 = 0; k0 < k_end; k0 += 8) {
+      if constexpr (kMmaPasses == 0) {
+#pragma unroll
+        for (int k = k0; k < k0 + 8; ++k) {
+          float a[MT][2], b[NT][2];
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {
+            a[i][0] = A(m0 + 16 * i + g, k);
+            a[i][1] = A(m0 + 16 * i + g + 8, k);
+          }
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            b[j][0] = B(k, n0 + 8 * j + 2 * t);
+            b[j][1] = B(k, n0 + 8 * j + 2 * t + 1);
+          }
+#pragma unroll
+          for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) c[i][j][e] = fmaf(a[i][e >> 1], b[j][e & 1], c[i][j][e]);
+        }
+      } else {
+        uint32_t ab[MT][4], as[MT][4], bb[NT][2], bs[NT][2];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const int r = m0 + 16 * i + g;
+          split_tf32(A(r, k0 + t), ab[i][0], as[i][0]);
+          split_tf32(A(r + 8, k0 + t), ab[i][1], as[i][1]);
+          split_tf32(A(r, k0 + t + 4), ab[i][2], as[i][2]);
+          split_tf32(A(r + 8, k0 + t + 4), ab[i][3], as[i][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int col = n0 + 8 * j + g;
+          split_tf32(B(k0 + t, col), bb[j][0], bs[j][0]);
+          split_tf32(B(k0 + t + 4, col), bb[j][1], bs[j][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if constexpr (kMmaPasses == 3) {
+              mma_tf32(c[i][j], as[i], bb[j]);
+              mma_tf32(c[i][j], ab[i], bs[j]);
+            }
+            mma_tf32(c[i][j], ab[i], bb[j]);
+          }
+      }
+    }
+  }
+};
+
+// ---- async copies ----
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid = true) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- the three kernels ----
+struct ChunkArgs {
+  const float *qn, *kn, *v, *g, *beta;  // q̂ (scaled), k̂ [T, Hk, dk]; v [T, Hv, dv]; g, β [T, Hv]
+  float* state;                         // [slots, Hv, dk, dv]
+  float* out;                           // [T, Hv, dv]
+  const SeqRun* runs;
+  int nruns, min_count;  // runs with count ≥ min_count are chunked
+  int Hk, Hv;
+  int64_t seg0, seg1;  // this launch's chunks, numbered over the chunked runs in order
+  float *w, *u, *sc, *gam;  // workspace per (chunk − seg0, head): W, U/V', S_c, γ
+};
+
+__device__ __forceinline__ int64_t chunks_of(int count) { return (int64_t(count) + kC - 1) / kC; }
+
+// The run and chunk index of chunk `gc` (numbered over the chunked runs in order).
+__device__ bool find_chunk(const ChunkArgs& a, int64_t gc, SeqRun& run, int& c) {
+  int64_t base = 0;
+  for (int i = 0; i < a.nruns; ++i) {
+    const SeqRun r = a.runs[i];
+    if (r.count < a.min_count) continue;
+    const int64_t nc = chunks_of(r.count);
+    if (gc < base + nc) {
+      run = r;
+      c = int(gc - base);
+      return true;
+    }
+    base += nc;
+  }
+  return false;
+}
+
+// Rows [0, n) of a chunk of q̂ or k̂ into smem rows of stride ld; rows n..63 zero.
+template <int DK>
+__device__ void load_rows(float* dst, int ld, const float* src, int64_t row0, int n, int Hk, int kh) {
+  for (int e = int(threadIdx.x); e < kC * DK / 4; e += kThreads) {
+    const int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
+    float4 val = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n) val = *reinterpret_cast<const float4*>(src + ((row0 + i) * Hk + kh) * DK + x);
+    *reinterpret_cast<float4*>(dst + i * ld + x) = val;
+  }
+}
+
+template <int DK, int DV>
+struct PrepLayout {
+  // K̂ is read as A and Bᵀ (pad 4: banks 4g + t) and as B in W (2-way conflicts, accepted)
+  static constexpr int LK = DK + 4, LV = DV + 8, LA = kC + 4;
+  static constexpr size_t bytes = (size_t(kC) * (LK + LV + 2 * LA) + 2 * kC) * sizeof(float);
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a) {
+  using L = PrepLayout<DK, DV>;
+  extern __shared__ float4 smem4[];
+  float* Ks = reinterpret_cast<float*>(smem4);  // [64][LK] k̂, then β e^γ k̂
+  float* Vs = Ks + kC * L::LK;                  // [64][LV] v, then β v
+  float* As = Vs + kC * L::LV;                  // [64][LA] A (strictly lower)
+  float* Ts = As + kC * L::LA;                  // [64][LA] T = (I − A)⁻¹
+  float* gs = Ts + kC * L::LA;                  // [64] γ
+  float* bs = gs + kC;                          // [64] β
+  SeqRun r;
+  int c;
+  const int64_t gcl = blockIdx.x;
+  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
+  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
+  const int n = min(kC, r.count - c * kC);
+  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
+
+  load_rows<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
+  for (int e = tid; e < kC * DV; e += kThreads) {
+    const int i = e / DV, x = e % DV;
+    Vs[i * L::LV + x] = i < n ? a.v[((row0 + i) * a.Hv + h) * DV + x] : 0.0f;
+  }
+  for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
+  if (tid < kC) {
+    gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
+    bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
+    float acc = 0;
+    for (int i = 0; i < kC; ++i) gs[i] = acc += gs[i];
+  }
+  __syncthreads();
+  if (tid < kC) a.gam[head * kC + tid] = gs[tid];
+
+  {  // A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} for j < i (warp tiles wholly above the diagonal skip the product)
+    Acc<kC, kC, 2, 2> acc;
+    if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Ks, L::LK}, ColMajor{Ks, L::LK}, DK);
+    acc.each([&](int i, int j, float& s) {
+      As[i * L::LA + j] = j < i ? -(bs[i] * s) * expf(gs[i] - gs[j]) : 0.0f;
+    });
+  }
+  __syncthreads();
+  // The W and U operands (nothing reads Ks or Vs during the substitution below).
+  for (int e = tid; e < kC * DK; e += kThreads) {
+    const int i = e / DK, x = e % DK;
+    Ks[i * L::LK + x] *= bs[i] * expf(gs[i]);
+  }
+  for (int e = tid; e < kC * DV; e += kThreads) {
+    const int i = e / DV, x = e % DV;
+    Vs[i * L::LV + x] *= bs[i];
+  }
+  {  // Row i of T − I: X_ij = A_ij + Σ_{j<m<i} A_im X_mj, rows in order; 4 threads per (i, j).
+    const int j = tid >> 2, p = tid & 3;
+    for (int i = 1; i < n; ++i) {
+      float s = 0;
+      if (j < i)
+        for (int m = j + 1 + p; m < i; m += 4) s += As[i * L::LA + m] * Ts[m * L::LA + j];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (j < i && p == 0) Ts[i * L::LA + j] = As[i * L::LA + j] + s;
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
+    Acc<kC, DK, 2, DK / 32> acc;
+    acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
+    float* W = a.w + head * kC * DK;
+    acc.each([&](int i, int x, float& s) { W[i * DK + x] = s; });
+  }
+  {  // U = T·(β V)
+    Acc<kC, DV, 2, DV / 32> acc;
+    acc.mma(RowMajor{Ts, L::LA}, RowMajor{Vs, L::LV}, acc.m0 + 32);
+    float* U = a.u + head * kC * DV;
+    acc.each([&](int i, int x, float& s) { U[i * DV + x] = s; });
+  }
+}
+
+template <int DK, int DV>
+struct ScanLayout {
+  // W: A row-major (pad 4); K̂: A read transposed and S, V': B row-major (pad 8: banks 8t + g)
+  static constexpr int LW = DK + 4, LKt = DK + 8, LN = kNB + 8;
+  static constexpr size_t bytes = (size_t(kC) * (LW + LKt + 2 * LN) + size_t(DK) * LN + 2 * kC) * sizeof(float);
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
+  using L = ScanLayout<DK, DV>;
+  const SeqRun r = a.runs[blockIdx.x];
+  if (r.count < a.min_count) return;
+  int64_t base = 0;  // this run's first chunk number
+  for (int i = 0; i < int(blockIdx.x); ++i)
+    if (a.runs[i].count >= a.min_count) base += chunks_of(a.runs[i].count);
+  const int nc = int(chunks_of(r.count));
+  const int64_t lo = a.seg0 - base, hi = a.seg1 - base;  // this launch's chunks, relative to the run
+  const int c_begin = int(lo > 0 ? lo : 0), c_end = int(hi < nc ? hi : nc);
+  if (c_begin >= c_end) return;
+
+  extern __shared__ float4 smem4[];
+  float* Ws = reinterpret_cast<float*>(smem4);  // [64][LW] W of the chunk
+  float* Kt = Ws + kC * L::LW;                   // [64][LKt] k̂ of the chunk
+  float* Us = Kt + kC * L::LKt;                  // [64][LN] U, this block's columns
+  float* Vn = Us + kC * L::LN;                   // [64][LN] V' ⊙ e^{γ_last − γ}
+  float* Ss = Vn + kC * L::LN;                   // [DK][LN] S before the chunk
+  float* gs = Ss + DK * L::LN;                   // [2][64] γ, double-buffered with W/U
+  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), col0 = int(blockIdx.z) * kNB, tid = int(threadIdx.x);
+  float* S = a.state + (int64_t(r.slot) * a.Hv + h) * DK * DV + col0;  // row x at S[x·DV]
+  auto head_of = [&](int c) { return (base + c - a.seg0) * a.Hv + h; };
+
+  auto issue_wu = [&](int c) {
+    const int64_t hd = head_of(c);
+    const float* W = a.w + hd * kC * DK;
+    for (int e = tid; e < kC * DK / 4; e += kThreads) {
+      const int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
+      cp_async16(Ws + i * L::LW + x, W + i * DK + x);
+    }
+    const float* U = a.u + hd * kC * DV + col0;
+    for (int e = tid; e < kC * kNB / 4; e += kThreads) {
+      const int i = e / (kNB / 4), x = (e % (kNB / 4)) * 4;
+      cp_async16(Us + i * L::LN + x, U + i * DV + x);
+    }
+    if (tid < kC / 4) cp_async16(gs + (c & 1) * kC + tid * 4, a.gam + hd * kC + tid * 4);
+  };
+  auto issue_k = [&](int c) {
+    const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC;
+    const int n = min(kC, r.count - c * kC);
+    for (int e = tid; e < kC * DK / 4; e += kThreads) {
+      const int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
+      const bool ok = i < n;  // padding rows are zero-filled (the source row is only a valid address)
+      cp_async16(Kt + i * L::LKt + x, a.kn + ((row0 + (ok ? i : 0)) * a.Hk + kh) * DK + x, ok);
+    }
+  };
+
+  Acc<DK, kNB, DK / 64, 2> st;  // the state slice S[:, col0 .. col0+32)
+  st.each([&](int x, int y, float& s) { s = S[int64_t(x) * DV + y]; });
+  issue_wu(c_begin);
+  cp_async_commit();
+  issue_k(c_begin);
+  cp_async_commit();
+  for (int c = c_begin; c < c_end; ++c) {
+    const int64_t hd = head_of(c);
+    const float* gam = gs + (c & 1) * kC;
+    st.each([&](int x, int y, float& s) { Ss[x * L::LN + y] = s; });
+    cp_async_wait<1>();  // W, U, γ of chunk c (k̂ of chunk c may still be in flight)
+    __syncthreads();
+    float* Sc = a.sc + hd * DK * DV + col0;
+    for (int e = tid; e < DK * kNB / 4; e += kThreads) {
+      const int x = e / (kNB / 4), y = (e % (kNB / 4)) * 4;
+      *reinterpret_cast<float4*>(Sc + x * DV + y) = *reinterpret_cast<const float4*>(Ss + x * L::LN + y);
+    }
+    {  // V' = U − W·S (to the workspace for the output kernel, and decayed to smem for the update)
+      Acc<kC, kNB, 1, 2> acc;
+      acc.mma(RowMajor{Ws, L::LW}, RowMajor{Ss, L::LN}, DK);
+      const float gl = gam[kC - 1];
+      float* U = a.u + hd * kC * DV + col0;
+      acc.each([&](int i, int y, float& s) {
+        const float vn = Us[i * L::LN + y] - s;
+        U[i * DV + y] = vn;
+        Vn[i * L::LN + y] = vn * expf(gl - gam[i]);
+      });
+    }
+    __syncthreads();
+    if (c + 1 < c_end) issue_wu(c + 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // k̂ of chunk c (W, U of the next chunk may still be in flight)
+    __syncthreads();
+    const float el = expf(gam[kC - 1]);
+    st.each([&](int, int, float& s) { s *= el; });
+    st.mma(ColMajor{Kt, L::LKt}, RowMajor{Vn, L::LN}, kC);  // S += K̂ᵀ·(e^{γ_last−γ} V')
+    __syncthreads();
+    if (c + 1 < c_end) issue_k(c + 1);
+    cp_async_commit();
+  }
+  st.each([&](int x, int y, float& s) { S[int64_t(x) * DV + y] = s; });
+}
+
+template <int DK, int DV>
+struct OutLayout {
+  // Q̂, P: A row-major (pad 4); K̂: Bᵀ (pad 4); S_c / V' tiles of 32 rows: B row-major (pad 8)
+  static constexpr int LQ = DK + 4, LP = kC + 4, LB = DV + 8, TB = 32;
+  static constexpr int KB = kC * LQ > 2 * TB * LB ? kC * LQ : 2 * TB * LB;  // K̂, later two B tiles
+  static constexpr size_t bytes = (size_t(kC) * LQ + KB + size_t(kC) * LP + kC) * sizeof(float);
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) {
+  using L = OutLayout<DK, DV>;
+  extern __shared__ float4 smem4[];
+  float* Qs = reinterpret_cast<float*>(smem4);  // [64][LQ] q̂, then q̂ e^γ
+  float* Ks = Qs + kC * L::LQ;                   // [64][LQ] k̂
+  float* Bt = Ks;                                // [2][TB][LB] after P: tiles of S_c and V'
+  float* Ps = Ks + L::KB;                        // [64][LP] tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})
+  float* gs = Ps + kC * L::LP;                   // [64] γ
+  SeqRun r;
+  int c;
+  const int64_t gcl = blockIdx.x;
+  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
+  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
+  const int n = min(kC, r.count - c * kC);
+  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
+
+  load_rows<DK>(Qs, L::LQ, a.qn, row0, n, a.Hk, kh);
+  load_rows<DK>(Ks, L::LQ, a.kn, row0, n, a.Hk, kh);
+  if (tid < kC) gs[tid] = a.gam[head * kC + tid];
+  __syncthreads();
+  {
+    Acc<kC, kC, 2, 2> acc;
+    if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Qs, L::LQ}, ColMajor{Ks, L::LQ}, DK);
+    acc.each([&](int i, int j, float& s) { Ps[i * L::LP + j] = j <= i ? s * expf(gs[i] - gs[j]) : 0.0f; });
+  }
+  __syncthreads();
+  constexpr int kTilesS = DK / L::TB, kTiles = kTilesS + kC / L::TB;
+  const float* Sc = a.sc + head * DK * DV;
+  const float* Vn = a.u + head * kC * DV;
+  auto issue_tile = [&](int t) {
+    const float* src = t < kTilesS ? Sc + int64_t(t) * L::TB * DV : Vn + int64_t(t - kTilesS) * L::TB * DV;
+    float* dst = Bt + (t & 1) * L::TB * L::LB;
+    for (int e = tid; e < L::TB * DV / 4; e += kThreads) {
+      const int k = e / (DV / 4), y = (e % (DV / 4)) * 4;
+      cp_async16(dst + k * L::LB + y, src + k * DV + y);
+    }
+  };
+  issue_tile(0);
+  cp_async_commit();
+  for (int e = tid; e < kC * DK; e += kThreads) {
+    const int i = e / DK, x = e % DK;
+    Qs[i * L::LQ + x] *= expf(gs[i]);
+  }
+  Acc<kC, DV, 2, DV / 32> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
+  for (int t = 0; t < kTiles; ++t) {
+    if (t + 1 < kTiles) issue_tile(t + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const RowMajor B{Bt + (t & 1) * L::TB * L::LB, L::LB};
+    if (t < kTilesS)
+      acc.mma(RowMajor{Qs + t * L::TB, L::LQ}, B, L::TB);
+    else
+      acc.mma(RowMajor{Ps + (t - kTilesS) * L::TB, L::LP}, B, L::TB);
+    __syncthreads();
+  }
+  acc.each([&](int i, int y, float& s) {
+    if (i < n) a.out[((row0 + i) * a.Hv + h) * DV + y] = s;
+  });
+}
+
+template <int DK, int DV>
+size_t max_smem() {
+  return std::max({PrepLayout<DK, DV>::bytes, ScanLayout<DK, DV>::bytes, OutLayout<DK, DV>::bytes});
+}
+
+template <int DK, int DV>
+bool fits_device() {
+  static const bool ok = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return false;
+    return size_t(optin) >= max_smem<DK, DV>();
+  }();
+  return ok;
+}
+
+template <int DK, int DV>
+void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
+  static const bool attr_set = [] {  // once per instantiation (the limit is per function)
+    CUDA_CHECK(cudaFuncSetAttribute(chunk_prepare_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(PrepLayout<DK, DV>::bytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(ScanLayout<DK, DV>::bytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(chunk_output_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(OutLayout<DK, DV>::bytes)));
+    return true;
+  }();
+  (void)attr_set;
+  int64_t total = 0;
+  for (const SeqRun& r : runs)
+    if (r.count >= a.min_count) total += (int64_t(r.count) + kC - 1) / kC;
+  if (total == 0) return;
+  const int64_t per_chunk = int64_t(a.Hv) * (kC * DK + kC * DV + DK * DV + kC);  // floats
+  const int64_t seg = std::max<int64_t>(1, int64_t(kWorkspaceBytes / sizeof(float)) / per_chunk);
+  const int64_t cap = std::min(total, seg);
+  Temp<float> w(c, size_t(cap * a.Hv * kC * DK)), u(c, size_t(cap * a.Hv * kC * DV)),
+      sc(c, size_t(cap * a.Hv * DK * DV)), gam(c, size_t(cap * a.Hv * kC));
+  a.w = w.get();
+  a.u = u.get();
+  a.sc = sc.get();
+  a.gam = gam.get();
+  for (int64_t s0 = 0; s0 < total; s0 += seg) {
+    a.seg0 = s0;
+    a.seg1 = std::min(total, s0 + seg);
+    const dim3 chunks_grid(unsigned(a.seg1 - s0), unsigned(a.Hv));
+    chunk_prepare_kernel<DK, DV><<<chunks_grid, kThreads, PrepLayout<DK, DV>::bytes, c.stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+    chunk_state_kernel<DK, DV>
+        <<<dim3(unsigned(a.nruns), unsigned(a.Hv), unsigned(DV / kNB)), kThreads, ScanLayout<DK, DV>::bytes, c.stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+    chunk_output_kernel<DK, DV><<<chunks_grid, kThreads, OutLayout<DK, DV>::bytes, c.stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+// Declared (without a header) in cuda_deltanet.cu, the dispatcher.
+bool delta_rule_chunked_supported(int64_t dk, int64_t dv) {
+  if (dk == 128 && dv == 128) return fits_device<128, 128>();
+  if (dk == 64 && dv == 64) return fits_device<64, 64>();
+  return false;
+}
+
+void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
+                        float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
+                        int min_count, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
+  ChunkArgs a{qn, kn, v, g, beta, state, out, dev_runs, int(runs.size()), min_count, int(Hk), int(Hv),
+              0, 0, nullptr, nullptr, nullptr, nullptr};
+  if (dk == 128 && dv == 128)
+    run<128, 128>(c, a, runs);
+  else if (dk == 64 && dv == 64)
+    run<64, 64>(c, a, runs);
+  else
+    fail("delta_rule_chunked: head dims {}/{} not supported", dk, dv);
+}
+
+}  // namespace qwen36::cuda

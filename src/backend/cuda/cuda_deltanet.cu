@@ -1,22 +1,35 @@
 // Gated DeltaNet on the GPU: causal depthwise conv + SiLU with carried state, the gates, and
 // the gated delta rule. CPU twin: backend/cpu/cpu_deltanet.cpp.
 //
-// The delta rule runs in its recurrent (token-by-token) form for every mode, prefill
-// included: one block per (run, value head); thread j owns column j of the state S[dk, dv]
-// in registers, so each token's update needs no reduction across threads
+// The delta rule has two forms. Runs of at least kAutoChunkedMin tokens (Auto) or of any
+// length (Chunked) take the chunked WY/UT form of cuda_delta_chunked.cu (head dims 64/64 and
+// 128/128, when the device has the shared memory); every other run (decode, short runs,
+// Recurrent mode, other head dims) runs token by token here: one block per (run, value
+// head); thread j owns column j of the state S[dk, dv] in registers, so each token's update
+// needs no reduction across threads
 // (S ← e^g S; u_j = Σ_i S_ij k_i; δ_j = β(v_j − u_j); S_ij += k_i δ_j; o_j = Σ_i S_ij q_i).
-// q̂, k̂ are L2-normalised by a separate parallel kernel first. The chunked (WY/UT, chunk
-// 64) tensor-core form for prefill is not written yet; DeltaRuleMode::Chunked runs this
-// same recurrent kernel (results agree with the CPU's chunked form to rounding).
+// Both kernels take the whole run table and skip the other form's runs, so a mixed batch
+// needs no per-form upload. q̂, k̂ are L2-normalised by a separate parallel kernel first.
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace qwen36::cuda {
 
+// cuda_delta_chunked.cu
+bool delta_rule_chunked_supported(int64_t dk, int64_t dv);
+void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
+                        float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
+                        int min_count, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
+
 namespace {
 
 constexpr int kMaxConvK = 8;
+// Auto mode: the chunked form from this run length on. One chunk of work costs about as much
+// as a few dozen serial recurrent steps; 64 (one full chunk) is a conservative start, to be
+// tuned from the crossover sweep printed by the CudaDeltaNet timing test.
+constexpr int kAutoChunkedMin = 64;
 
 // One thread per (run, channel): the run's tokens in order, window in registers.
 __global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const SeqRun* runs, int64_t C, int K) {
@@ -86,8 +99,9 @@ template <int DK>
 __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                                   const float* __restrict__ v, const float* __restrict__ g,
                                   const float* __restrict__ beta, float* __restrict__ state, const SeqRun* runs,
-                                  float* __restrict__ out, int Hk, int Hv, int dv) {
+                                  float* __restrict__ out, int Hk, int Hv, int dv, int min_chunked) {
   const SeqRun r = runs[blockIdx.x];
+  if (r.count >= min_chunked) return;  // the chunked kernels' run
   const int h = blockIdx.y, kh = h / (Hv / Hk), j = threadIdx.x;
   const bool active = j < dv;
   __shared__ float ks[2][DK], qs[2][DK], gb[2][2];
@@ -170,7 +184,7 @@ void deltanet_gates(Ctx& c, const Tensor& a, const Tensor& b, const Tensor& a_ne
 }
 
 void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                      Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode /*mode*/) {
+                      Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode) {
   QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && state.ndim == 4, "gated_delta_rule: bad ranks");
   const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
   QWEN36_CHECK(Hv % Hk == 0 && state.dim(1) == Hv && state.dim(2) == dk && state.dim(3) == dv,
@@ -179,6 +193,14 @@ void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v,
   for (const SeqRun& r : runs)
     QWEN36_CHECK(r.slot >= 0 && r.slot < state.dim(0), "gated_delta_rule: slot {} out of range", r.slot);
   if (runs.empty() || T == 0) return;
+  int min_chunked = INT_MAX;  // runs with count ≥ min_chunked take the chunked form
+  if (mode != DeltaRuleMode::Recurrent && delta_rule_chunked_supported(dk, dv))
+    min_chunked = mode == DeltaRuleMode::Chunked ? 1 : kAutoChunkedMin;
+  bool any_chunked = false, any_recurrent = false;
+  for (const SeqRun& r : runs) {
+    any_chunked |= r.count > 0 && r.count >= min_chunked;
+    any_recurrent |= r.count > 0 && r.count < min_chunked;
+  }
   Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
   const int64_t rows = T * Hk;
   l2norm_qk_kernel<<<unsigned(blocks_for(rows * 32, 256)), 256, 0, c.stream>>>(
@@ -186,12 +208,16 @@ void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v,
   CUDA_LAUNCH_CHECK();
   Temp<SeqRun> tmp(c, 0);
   const SeqRun* dr = dev_runs(c, runs, tmp);
+  if (any_chunked)
+    delta_rule_chunked(c, qn.get(), kn.get(), v.as<const float>(), g.as<const float>(), beta.as<const float>(),
+                       state.as<float>(), out.as<float>(), runs, dr, min_chunked, Hk, Hv, dk, dv);
+  if (!any_recurrent) return;
   const dim3 grid(unsigned(runs.size()), unsigned(Hv));
   const int threads = int((dv + 31) / 32 * 32);
   auto launch = [&](auto kernel) {
     kernel<<<grid, threads, 0, c.stream>>>(qn.get(), kn.get(), v.as<const float>(), g.as<const float>(),
                                            beta.as<const float>(), state.as<float>(), dr, out.as<float>(),
-                                           int(Hk), int(Hv), int(dv));
+                                           int(Hk), int(Hv), int(dv), min_chunked);
   };
   switch (dk) {
     case 16: launch(delta_rule_kernel<16>); break;
