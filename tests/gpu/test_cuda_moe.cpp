@@ -1,1 +1,307 @@
-// CUDA moe kernels vs the CPU reference (owned by the moe work; filled in this session).
+// CUDA mixture of experts (cuda_moe.cu) against the CPU twins cpu::moe_experts / cpu::moe_route
+// on random inputs, through every path: decode kernels (T·k ≤ 64), the grouped tensor-core
+// prefill (bf16/f16 weights), and the per-expert matmul fallback (f32 weights, exact_matmul,
+// shapes not multiple of 8). Prints the time of one 35B-A3B layer's experts (not asserted).
+//
+// Tolerances (rel_err: max |Δ| / max(1, max |want|)):
+//  - decode: f32 activations and f32 accumulation, only the summation order differs: 1e-4.
+//  - prefill (tensor cores): x and the SwiGLU output are rounded to bf16/f16 once each
+//    (relative 2^-9 / 2^-12 per element) before f32-accumulated products: 1.5e-2, as the
+//    prefill matmul test.
+//  - f32 weights / exact_matmul fallback: f32 throughout: 1e-4.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "backend/cpu/cpu_ops.h"
+#include "gpu_test_util.h"
+
+namespace qwen36::gputest {
+namespace {
+
+class CudaMoe : public CudaTest {};
+
+constexpr double kDecodeTol = 1e-4, kPrefillTol = 1.5e-2, kF32Tol = 1e-4;
+
+// E experts of one dtype and shape, on the host (CPU reference) and the device. `distinct`
+// random matrices per kind are cycled over the experts (the 35B timing needs 768 matrices;
+// their values do not matter there, their separate device copies do).
+struct Experts {
+  std::vector<HostT> host;
+  std::vector<DevT> dev;
+  std::vector<MlpWeights> h, d;
+};
+Experts make_experts(Backend& gpu, std::mt19937& rng, DType dt, int64_t E, int64_t D, int64_t I,
+                     int64_t distinct = 0) {
+  if (distinct == 0) distinct = E;
+  Experts ex;
+  // Scales keep gate/up and down outputs O(1) for x uniform in [-1, 1].
+  const float a = 1.5f / std::sqrt(float(D)), b = 1.5f / std::sqrt(float(I));
+  for (int64_t e = 0; e < distinct; ++e) {
+    ex.host.push_back(random_t(rng, dt, {I, D}, -a, a));
+    ex.host.push_back(random_t(rng, dt, {I, D}, -a, a));
+    ex.host.push_back(random_t(rng, dt, {D, I}, -b, b));
+  }
+  for (int64_t e = 0; e < E; ++e)
+    for (int m = 0; m < 3; ++m) ex.dev.push_back(upload(gpu, ex.host[size_t(3 * (e % distinct) + m)]));
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t h = size_t(3 * (e % distinct)), d = size_t(3 * e);
+    ex.h.push_back({ex.host[h].t, ex.host[h + 1].t, ex.host[h + 2].t});
+    ex.d.push_back({ex.dev[d].t, ex.dev[d + 1].t, ex.dev[d + 2].t});
+  }
+  return ex;
+}
+
+// Routing of T tokens by the CPU twin; experts ≥ live never win (they receive no token).
+void route(std::mt19937& rng, int64_t T, int64_t E, int64_t k, HostT& w, HostT& ids, int64_t live) {
+  HostT logits = random_t(rng, DType::F32, {T, E}, -2, 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = live; e < E; ++e) logits.f()[t * E + e] = -30;
+  w = HostT(DType::F32, {T, k});
+  ids = HostT(DType::I32, {T, k});
+  cpu::moe_route(logits.t, k, true, w.t, ids.t);
+}
+
+// Where the largest difference is, for a failure message.
+std::string worst_at(const std::vector<float>& got, const std::vector<float>& want, int64_t D) {
+  size_t wi = 0;
+  double wd = -1;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    double d = std::abs(double(got[i]) - double(want[i]));
+    if (std::isnan(d)) d = std::numeric_limits<double>::infinity();
+    if (d > wd) wd = d, wi = i;
+  }
+  std::ostringstream o;
+  if (wd >= 0)
+    o << "worst at token " << int64_t(wi) / D << ", column " << int64_t(wi) % D << ": got " << got[wi] << ", want "
+      << want[wi];
+  return o.str();
+}
+
+// The GPU op on (x, w, ids) vs the CPU twin on (x, w_ref, ids_ref) (the same unless a case
+// makes ids invalid on the GPU side). The output starts as NaN: an unwritten element fails.
+void check_experts(Backend& gpu, const Experts& ex, const HostT& x, const HostT& w, const HostT& ids,
+                   const HostT& w_ref, const HostT& ids_ref, double tol, const std::string& what) {
+  const int64_t T = x.t.rows(), D = x.t.cols();
+  HostT want(DType::F32, {T, D}), init(DType::F32, {T, D});
+  cpu::moe_experts(x.t, w_ref.t, ids_ref.t, ex.h, want.t);
+  std::fill(init.f(), init.f() + T * D, std::numeric_limits<float>::quiet_NaN());
+  DevT dx = upload(gpu, x), dw = upload(gpu, w), di = upload(gpu, ids), o = upload(gpu, init);
+  gpu.moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+  const std::vector<float> got = download(gpu, o.t), ref = want.floats();
+  EXPECT_LE(rel_err(got, ref), tol) << what << ": " << worst_at(got, ref, D);
+}
+void check_experts(Backend& gpu, const Experts& ex, const HostT& x, const HostT& w, const HostT& ids, double tol,
+                   const std::string& what) {
+  check_experts(gpu, ex, x, w, ids, w, ids, tol, what);
+}
+
+std::string label(DType dt, int64_t T, int64_t k, const char* note) {
+  std::ostringstream o;
+  o << dtype_name(dt) << " T=" << T << " k=" << k << " " << note;
+  return o.str();
+}
+
+TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
+  const int64_t E = 64, D = 256, I = 128, k = 8;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    const Experts ex = make_experts(*gpu_, rng_, dt, E, D, I);
+    for (int64_t T : {1, 3, 8}) {
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      check_experts(*gpu_, ex, x, w, ids, kDecodeTol, label(dt, T, k, "decode"));
+    }
+  }
+  // Shapes not multiple of 8: the scalar loops; k = 12 > 8: the 16-row register variant.
+  const Experts odd = make_experts(*gpu_, rng_, DType::BF16, 8, 100, 36);
+  HostT x = random_t(rng_, DType::F32, {2, 100}), w, ids;
+  route(rng_, 2, 8, 4, w, ids, 8);
+  check_experts(*gpu_, odd, x, w, ids, kDecodeTol, "bf16 D=100 I=36 decode");
+  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, 32, 256, 128);
+  x = random_t(rng_, DType::F32, {5, 256});
+  route(rng_, 5, 32, 12, w, ids, 32);
+  check_experts(*gpu_, ex, x, w, ids, kDecodeTol, "bf16 T=5 k=12 decode");
+}
+
+TEST_F(CudaMoe, PrefillTensorCoresMatchCpu) {
+  const int64_t E = 64, D = 256, I = 128;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const Experts ex = make_experts(*gpu_, rng_, dt, E, D, I);
+    for (auto [T, k, live] : {std::tuple<int64_t, int64_t, int64_t>{9, 8, 64}, {100, 8, 48}, {700, 8, 64},
+                              {100, 1, 64}, {700, 1, 20}}) {
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, live);  // live < E: experts that receive no token
+      check_experts(*gpu_, ex, x, w, ids, kPrefillTol, label(dt, T, k, live < E ? "some experts idle" : "routed"));
+    }
+    // Expert 5 receives every token (slot 0 of each; a token may then name it twice, which the
+    // op allows): 700 rows = five full 128-row tiles and a partial one.
+    for (int64_t k : {8, 1}) {
+      const int64_t T = 700;
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      for (int64_t t = 0; t < T; ++t) ids.t.as<int32_t>()[t * k] = 5;
+      check_experts(*gpu_, ex, x, w, ids, kPrefillTol, label(dt, T, k, "one expert takes all"));
+    }
+  }
+  // The golden MoE models' shapes: K = 48 is not a multiple of the 32-wide k-tile and N = 32
+  // or 48 fills part of a 64/128-wide n-tile; 136/72: partial tiles beyond one.
+  for (auto [En, Dn, In, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 48, 32, 2}, {8, 136, 72, 2}}) {
+    const Experts ex = make_experts(*gpu_, rng_, DType::BF16, En, Dn, In);
+    HostT x = random_t(rng_, DType::F32, {100, Dn}), w, ids;
+    route(rng_, 100, En, k, w, ids, En);
+    check_experts(*gpu_, ex, x, w, ids, kPrefillTol, label(DType::BF16, 100, k, ("D=" + std::to_string(Dn)).c_str()));
+  }
+}
+
+TEST_F(CudaMoe, PrefillFallbacksMatchCpu) {
+  const int64_t E = 16, D = 256, I = 128, k = 4, T = 100;
+  {  // f32 weights: per-expert matmul (cublasSgemm / GEMV)
+    const Experts ex = make_experts(*gpu_, rng_, DType::F32, E, D, I);
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+    route(rng_, T, E, k, w, ids, 12);
+    check_experts(*gpu_, ex, x, w, ids, kF32Tol, "f32 weights prefill");
+  }
+  {  // exact_matmul: f32 activations (SIMT), on the same grouping
+    CudaOptions o;
+    o.exact_matmul = true;
+    auto exact = make_cuda_backend(o);
+    const Experts ex = make_experts(*exact, rng_, DType::BF16, E, D, I);
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+    route(rng_, T, E, k, w, ids, E);
+    check_experts(*exact, ex, x, w, ids, kF32Tol, "bf16 exact_matmul prefill");
+  }
+  {  // D not a multiple of 8: cuBLAS per expert, activations rounded
+    const Experts ex = make_experts(*gpu_, rng_, DType::F16, 8, 100, 36);
+    HostT x = random_t(rng_, DType::F32, {T, 100}), w, ids;
+    route(rng_, T, 8, 2, w, ids, 8);
+    check_experts(*gpu_, ex, x, w, ids, kPrefillTol, "f16 D=100 I=36 prefill");
+  }
+}
+
+// Ids outside [0, E) contribute nothing on every path (the CPU twin would throw: its reference
+// is the same routing with those pairs' weight 0 and a valid id).
+TEST_F(CudaMoe, InvalidIdsContributeNothing) {
+  const int64_t E = 16, D = 128, I = 64, k = 4;
+  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, E, D, I);
+  for (int64_t T : {2, 50}) {
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+    route(rng_, T, E, k, w, ids, E);
+    HostT bad = ids, w_ref = w, ids_ref = ids;
+    for (int64_t t = 0; t < T; t += 1 + T / 10) {
+      bad.t.as<int32_t>()[t * k + 1] = t % 2 ? -1 : int32_t(E + 3);
+      ids_ref.t.as<int32_t>()[t * k + 1] = 0;
+      w_ref.f()[t * k + 1] = 0;
+    }
+    check_experts(*gpu_, ex, x, w, bad, w_ref, ids_ref, T * k <= 64 ? kDecodeTol : kPrefillTol,
+                  "invalid ids T=" + std::to_string(T));
+  }
+}
+
+// Routing on the GPU feeding the experts on the GPU, as the model runs them.
+TEST_F(CudaMoe, RouteThenExpertsMatchCpu) {
+  const int64_t E = 64, D = 256, I = 128, k = 8, T = 300;
+  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, E, D, I);
+  HostT logits = random_t(rng_, DType::F32, {T, E}, -3, 3), x = random_t(rng_, DType::F32, {T, D});
+  HostT w(DType::F32, {T, k}), ids(DType::I32, {T, k}), want(DType::F32, {T, D});
+  cpu::moe_route(logits.t, k, true, w.t, ids.t);
+  cpu::moe_experts(x.t, w.t, ids.t, ex.h, want.t);
+  DevT dl = upload(*gpu_, logits), dx = upload(*gpu_, x), dw = upload(*gpu_, HostT(DType::F32, {T, k})),
+       di = upload(*gpu_, HostT(DType::I32, {T, k})), o = upload(*gpu_, HostT(DType::F32, {T, D}));
+  gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+  std::vector<int32_t> gids(size_t(T * k));
+  gpu_->copy_to_host(di.t, gids.data());
+  EXPECT_EQ(gids, std::vector<int32_t>(ids.t.as<int32_t>(), ids.t.as<int32_t>() + T * k));
+  EXPECT_LE(rel_err(download(*gpu_, dw.t), w.floats()), 1e-6);
+  gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+  const std::vector<float> got = download(*gpu_, o.t), ref = want.floats();
+  EXPECT_LE(rel_err(got, ref), kPrefillTol) << worst_at(got, ref, D);
+}
+
+// A view of rows [r0, r0 + n) of a 2-D device tensor.
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) {
+  Tensor v = t;
+  v.data = static_cast<char*>(t.data) + r0 * int64_t(t.row_bytes());
+  v.shape[0] = n;
+  return v;
+}
+
+// One 35B-A3B layer's routed experts (256 × [512 × 2048] bf16, top-8): prefill of 4096 tokens
+// and a decode step, timed (printed; targets ≲ 1.5 ms and ≤ 15 µs), with a spot check of a
+// few tokens against the CPU.
+TEST_F(CudaMoe, Time35BLayer) {
+  const int64_t E = 256, D = 2048, I = 512, k = 8;
+  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, E, D, I, /*distinct=*/4);
+  auto spot_check = [&](const HostT& x, const DevT& dw, const DevT& di, const std::vector<float>& got, int64_t r0,
+                        int64_t n, double tol, const char* what) {
+    HostT xs(DType::F32, {n, D}), w(DType::F32, {n, k}), ids(DType::I32, {n, k}), want(DType::F32, {n, D});
+    std::copy(x.t.as<const float>() + r0 * D, x.t.as<const float>() + (r0 + n) * D, xs.f());
+    gpu_->copy_to_host(rows_of(dw.t, r0, n), w.f());
+    gpu_->copy_to_host(rows_of(di.t, r0, n), ids.t.data);
+    cpu::moe_experts(xs.t, w.t, ids.t, ex.h, want.t);
+    const std::vector<float> part(got.begin() + r0 * D, got.begin() + (r0 + n) * D), ref = want.floats();
+    EXPECT_LE(rel_err(part, ref), tol) << what << ": " << worst_at(part, ref, D);
+  };
+  {  // prefill
+    const int64_t T = 4096;
+    HostT x = random_t(rng_, DType::F32, {T, D}), logits = random_t(rng_, DType::F32, {T, E}, -2, 2);
+    DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {T, k})),
+         di = upload(*gpu_, HostT(DType::I32, {T, k})), o = upload(*gpu_, HostT(DType::F32, {T, D}));
+    gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    const std::vector<float> got = download(*gpu_, o.t);
+    spot_check(x, dw, di, got, 0, 8, kPrefillTol, "35B prefill tokens 0..7");
+    spot_check(x, dw, di, got, T - 8, 8, kPrefillTol, "35B prefill last 8 tokens");
+    // The prefill needs no host sync either: it records into a graph; replays are timed and
+    // must reproduce the result bit for bit (the grouping's row order does not matter).
+    ASSERT_TRUE(gpu_->begin_capture());
+    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    const bool kept = gpu_->end_capture(0x6d6f6501, true);
+    EXPECT_TRUE(kept) << "the tensor-core prefill could not be recorded";
+    const int reps = 10;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r)
+      if (!kept || !gpu_->replay(0x6d6f6501)) gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    EXPECT_EQ(download(*gpu_, o.t), got) << "prefill is not deterministic";
+    const double flop = 2.0 * double(T * k) * 3 * double(I * D);
+    std::printf("[ moe ] 35B prefill T=%lld: %.3f ms per layer (routed experts), %.0f TFLOP/s\n", (long long)T,
+                s * 1e3, flop / s / 1e12);
+  }
+  {  // decode: 64 routings cycled, so that consecutive steps read mostly different experts
+    const int64_t steps = 64;
+    HostT x = random_t(rng_, DType::F32, {steps, D}), logits = random_t(rng_, DType::F32, {steps, E}, -2, 2);
+    DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {steps, k})),
+         di = upload(*gpu_, HostT(DType::I32, {steps, k})), o = upload(*gpu_, HostT(DType::F32, {steps, D}));
+    gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+    for (int64_t r = 0; r < steps; ++r) {
+      Tensor orow = rows_of(o.t, r, 1);
+      gpu_->moe_experts(rows_of(dx.t, r, 1), rows_of(dw.t, r, 1), rows_of(di.t, r, 1), ex.d, orow);
+    }
+    const std::vector<float> got = download(*gpu_, o.t);
+    spot_check(x, dw, di, got, 0, 4, kDecodeTol, "35B decode steps 0..3");
+    // 64 steps recorded as one graph (as the model records decode), so no host time is counted.
+    ASSERT_TRUE(gpu_->begin_capture());
+    for (int64_t r = 0; r < steps; ++r) {
+      Tensor orow = rows_of(o.t, r, 1);
+      gpu_->moe_experts(rows_of(dx.t, r, 1), rows_of(dw.t, r, 1), rows_of(di.t, r, 1), ex.d, orow);
+    }
+    ASSERT_TRUE(gpu_->end_capture(0x6d6f6502, true)) << "the decode path could not be recorded";
+    const int reps = 5;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < reps; ++rep) gpu_->replay(0x6d6f6502);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (reps * steps);
+    EXPECT_EQ(download(*gpu_, o.t), got);
+    const double bytes = double(k) * 3 * double(I * D) * 2;
+    std::printf("[ moe ] 35B decode T=1: %.1f us per layer (routed experts, %.0f MB), %.0f GB/s; copy bandwidth %.0f GB/s\n",
+                s * 1e6, bytes / 1e6, bytes / s / 1e9, cuda_copy_bandwidth_gbs(size_t(1) << 30, 3));
+  }
+}
+
+}  // namespace
+}  // namespace qwen36::gputest

@@ -2,15 +2,33 @@
 //
 //  - moe_route: one warp per token: softmax over the experts, top-k by repeated arg-max
 //    (ties to the lower id, as the CPU), renormalised.
-//  - moe_experts, few (token, expert) pairs (decode, batch decode: T·k ≤ 64): two fused
-//    kernels that read each pair's expert from the routing ids on the device (no host sync):
-//    act[p] = silu(gate_e x_t) * (up_e x_t), then out[t] = Σ_j w_tj · down_e act[p]. One warp
-//    per weight row, 16-byte loads.
-//  - many pairs (prefill): the ids come to the host, tokens are grouped per expert, and each
-//    expert with tokens runs gather → matmul (cuBLAS) → SwiGLU → matmul → weighted
-//    scatter-add, in ascending expert order like the CPU. (A grouped GEMM is future work.)
+//  - moe_experts, few (token, expert) pairs (decode, batch decode: T·k ≤ 64; graph-captured,
+//    so no host sync and no shape that depends on device data): two launches that read each
+//    pair's expert from the routing ids through a device table of expert pointers.
+//    gate+up: a warp per (pair, intermediate row) streams the gate and the up row together
+//    (16-byte loads, 8 per row in flight per lane) and applies SwiGLU; down: a warp per
+//    (token, output row) loads the rows of all k experts at once and sums them in j order,
+//    weighted (no atomics). f32 activations, f32 accumulation.
+//  - many pairs (prefill), bf16/f16 weights: the pairs are grouped by expert on the device
+//    (one block: counts, scan, scatter = a counting sort; no host round trip), then two
+//    grouped tensor-core GEMMs (mma.sync m16n8k16, cp.async 4-stage pipeline) whose 1-D grid
+//    enumerates (m-tile of an expert, n-tile); a block finds its expert by binary search in
+//    the device tile offsets and blocks past the last tile exit. The launch size is a bound
+//    (P/128 + E m-tiles), so nothing waits on the host.
+//      gate+up: A rows are gathered from x (rounded to bf16/f16 once) through the permutation,
+//      B interleaves 8 gate rows and 8 up rows so each thread holds gate and up of the same
+//      element and the epilogue writes silu(g)·u (bf16/f16) directly.
+//      down: A = those rows, B = the expert's down matrix; f32 rows in expert order.
+//    A last pass sums each token's k rows in j order, weighted (deterministic, no atomics).
+//  - otherwise (f32 weights, CudaOptions::exact_matmul, shapes not multiple of 8, unaligned
+//    weights): the same device grouping, the offsets come to the host once, and each expert
+//    with rows runs matmul (cuBLAS / SIMT per matmul's rules) on its slice.
+//  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -19,7 +37,7 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
-constexpr int kMaxPairs = 64;
+constexpr int kMaxPairs = 64;     // T·k up to this: the decode kernels
 
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   __shared__ float p[kMaxExperts];
@@ -67,102 +85,470 @@ struct ExpertPtrs {
   const void* down;
 };
 
-// Dot of a weight row (n elements of type W) with an f32 vector, by one warp; all lanes get it.
+__device__ __forceinline__ bool valid_expert(int e, int E) { return e >= 0 && e < E; }
+
+// ---------------------------------------------------------------------------------------------
+// Decode
+// ---------------------------------------------------------------------------------------------
+
+// 8 consecutive weights (one 16-byte load for bf16/f16, two for f32), dotted with 8 f32 values.
 template <typename W>
-__device__ __forceinline__ float warp_dot(const W* w, const float* x, int n) {
-  float acc = 0;
-  if (n % 8 == 0) {
-    for (int i = threadIdx.x % 32; i < n / 8; i += 32) {
-      float f[8];
-      if constexpr (sizeof(W) == 2) {
-        const uint4 r = __ldg(reinterpret_cast<const uint4*>(w) + i);
-        const W* h = reinterpret_cast<const W*>(&r);
+struct W8 {
+  uint4 r{};
+  __device__ __forceinline__ void load(const W* p) { r = __ldcs(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ float dot(const float4& x0, const float4& x1) const {
+    float f[8];
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = to_f32(h[j]);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
       } else {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * i);
-        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * i + 1);
-        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
       }
-      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x) + 2 * i);
-      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x) + 2 * i + 1);
-      acc += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
-             f[7] * x1.w;
+    }
+    return f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+           f[7] * x1.w;
+  }
+};
+template <>
+struct W8<float> {
+  float4 a{}, b{};
+  __device__ __forceinline__ void load(const float* p) {
+    a = __ldcs(reinterpret_cast<const float4*>(p));
+    b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
+  }
+  __device__ __forceinline__ float dot(const float4& x0, const float4& x1) const {
+    return a.x * x0.x + a.y * x0.y + a.z * x0.z + a.w * x0.w + b.x * x1.x + b.y * x1.y + b.z * x1.z + b.w * x1.w;
+  }
+};
+
+template <typename W>
+__device__ __forceinline__ float dot8(const W8<W>& w, const float* x) {
+  return w.dot(__ldg(reinterpret_cast<const float4*>(x)), __ldg(reinterpret_cast<const float4*>(x) + 1));
+}
+
+// Loads in flight per lane and row: 8 × 16 bytes for bf16/f16 (the register budget for f32).
+template <typename W>
+constexpr int kUnroll = sizeof(W) == 4 ? 4 : 8;
+
+// This lane's part of row · x over n elements (vec: n % 8 == 0 and 16-byte aligned rows).
+template <typename W>
+__device__ __forceinline__ float lane_dot(const W* w, const float* x, int n, bool vec, int lane) {
+  float acc = 0;
+  if (!vec) {
+    for (int i = lane; i < n; i += 32) acc += to_f32(w[i]) * x[i];
+    return acc;
+  }
+  constexpr int U = kUnroll<W>;
+  const int nch = n / 8;
+  for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+    W8<W> r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (c0 + 32 * u < nch) r[u].load(w + (c0 + 32 * u) * 8);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (c0 + 32 * u < nch) acc += dot8(r[u], x + (c0 + 32 * u) * 8);
+  }
+  return acc;
+}
+
+// grid (ceil(I / 8), P), 256 threads: warp per intermediate row i of pair p = t·k + j; the gate
+// and up rows stream together so 2·U loads per lane are in flight.
+template <typename W>
+__global__ void __launch_bounds__(256) decode_gate_up_kernel(const float* x, const int32_t* ids,
+                                                             const ExpertPtrs* table, float* act, int D, int I,
+                                                             int k, int E, bool vec) {
+  const int p = blockIdx.y, i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (i >= I) return;
+  const int e = ids[p];
+  if (!valid_expert(e, E)) {
+    if (lane == 0) act[int64_t(p) * I + i] = 0;
+    return;
+  }
+  const W* g = static_cast<const W*>(table[e].gate) + int64_t(i) * D;
+  const W* u = static_cast<const W*>(table[e].up) + int64_t(i) * D;
+  const float* xt = x + int64_t(p / k) * D;
+  float ag = 0, au = 0;
+  if (vec) {
+    constexpr int U = kUnroll<W>;
+    const int nch = D / 8;
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+      W8<W> rg[U], ru[U];
+#pragma unroll
+      for (int v = 0; v < U; ++v)
+        if (c0 + 32 * v < nch) {
+          rg[v].load(g + (c0 + 32 * v) * 8);
+          ru[v].load(u + (c0 + 32 * v) * 8);
+        }
+#pragma unroll
+      for (int v = 0; v < U; ++v)
+        if (c0 + 32 * v < nch) {
+          const float4* xv = reinterpret_cast<const float4*>(xt + (c0 + 32 * v) * 8);
+          const float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+          ag += rg[v].dot(x0, x1);
+          au += ru[v].dot(x0, x1);
+        }
     }
   } else {
-    for (int i = threadIdx.x % 32; i < n; i += 32) acc += to_f32(w[i]) * x[i];
+    for (int d = lane; d < D; d += 32) {
+      ag += to_f32(g[d]) * xt[d];
+      au += to_f32(u[d]) * xt[d];
+    }
   }
-  return warp_sum(acc);
+  ag = warp_sum(ag);
+  au = warp_sum(au);
+  if (lane == 0) act[int64_t(p) * I + i] = silu_f(ag) * au;
 }
 
-// grid (ceil(I / 8), pairs); warp per intermediate row i of pair p = t·k + j.
-template <typename W>
-__global__ void experts_gate_up_kernel(const float* x, const int32_t* ids, const ExpertPtrs* table, float* act, int D,
-                                       int I, int k) {
-  const int p = blockIdx.y, i = blockIdx.x * 8 + threadIdx.x / 32;
-  if (i >= I) return;
-  const ExpertPtrs e = table[ids[p]];
-  const float* xt = x + int64_t(p / k) * D;
-  const float g = warp_dot(static_cast<const W*>(e.gate) + int64_t(i) * D, xt, D);
-  const float u = warp_dot(static_cast<const W*>(e.up) + int64_t(i) * D, xt, D);
-  if (threadIdx.x % 32 == 0) act[int64_t(p) * I + i] = silu_f(g) * u;
-}
-
-// grid (ceil(D / 8), T); warp per output row d of token t, summing its k experts.
-template <typename W>
-__global__ void experts_down_kernel(const float* act, const int32_t* ids, const float* weights,
-                                    const ExpertPtrs* table, float* out, int D, int I, int k) {
-  const int t = blockIdx.y, d = blockIdx.x * 8 + threadIdx.x / 32;
+// grid (ceil(D / 8), T), 256 threads: warp per output row d of token t; the block's warps own
+// their rows, so the k experts are summed in registers (j order), no atomics. KMAX (8 or 16)
+// bounds the k rows held in registers (16 costs ~150 registers, half the occupancy).
+template <typename W, int KMAX>
+__global__ void __launch_bounds__(256) decode_down_kernel(const float* act, const int32_t* ids, const float* weights,
+                                                          const ExpertPtrs* table, float* out, int D, int I, int k,
+                                                          int E, bool vec) {
+  const int t = blockIdx.y, d = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (d >= D) return;
+  const float* a = act + int64_t(t) * k * I;
   float acc = 0;
   if constexpr (sizeof(W) == 2) {
-    if (I % 8 == 0 && k <= 16) {
-      // Every expert's row loads are issued before any is reduced (the k rows are short:
-      // one sequential warp_dot per expert would leave the memory system mostly idle).
-      const W* rows[16];
-      float part[16];
+    if (vec && k <= KMAX) {
+      // Every expert's row loads are issued before any is reduced (a row is short, 1 KB at
+      // I = 512: one expert after the other would leave the memory system mostly idle).
+      const W* rows[KMAX];
+      float part[KMAX];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        rows[j] = j < k ? static_cast<const W*>(table[ids[t * k + j]].down) + int64_t(d) * I : nullptr;
+      for (int j = 0; j < KMAX; ++j) {
+        const int e = j < k ? ids[t * k + j] : -1;
+        rows[j] = valid_expert(e, E) ? static_cast<const W*>(table[e].down) + int64_t(d) * I : nullptr;
         part[j] = 0;
       }
-      for (int i = threadIdx.x % 32; i < I / 8; i += 32) {
-        uint4 r[16];
+      const int nch = I / 8;
+      for (int c = lane; c < nch; c += 32) {
+        W8<W> r[KMAX];
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-          if (j < k) r[j] = __ldg(reinterpret_cast<const uint4*>(rows[j]) + i);
+        for (int j = 0; j < KMAX; ++j)
+          if (rows[j]) r[j].load(rows[j] + c * 8);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (j >= k) break;
-          const float* a = act + int64_t(t * k + j) * I + i * 8;
-          const float4 x0 = *reinterpret_cast<const float4*>(a), x1 = *reinterpret_cast<const float4*>(a + 4);
-          const W* h = reinterpret_cast<const W*>(&r[j]);
-          part[j] += to_f32(h[0]) * x0.x + to_f32(h[1]) * x0.y + to_f32(h[2]) * x0.z + to_f32(h[3]) * x0.w +
-                     to_f32(h[4]) * x1.x + to_f32(h[5]) * x1.y + to_f32(h[6]) * x1.z + to_f32(h[7]) * x1.w;
-        }
+        for (int j = 0; j < KMAX; ++j)
+          if (rows[j]) part[j] += dot8(r[j], a + j * I + c * 8);
       }
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        if (j < k) acc += weights[t * k + j] * warp_sum(part[j]);
-      if (threadIdx.x % 32 == 0) out[int64_t(t) * D + d] = acc;
+      for (int j = 0; j < KMAX; ++j)
+        if (rows[j]) acc += weights[t * k + j] * warp_sum(part[j]);
+      if (lane == 0) out[int64_t(t) * D + d] = acc;
       return;
     }
   }
   for (int j = 0; j < k; ++j) {
-    const int p = t * k + j;
-    const ExpertPtrs e = table[ids[p]];
-    acc += weights[p] * warp_dot(static_cast<const W*>(e.down) + int64_t(d) * I, act + int64_t(p) * I, I);
+    const int e = ids[t * k + j];
+    if (!valid_expert(e, E)) continue;
+    const W* row = static_cast<const W*>(table[e].down) + int64_t(d) * I;
+    acc += weights[t * k + j] * warp_sum(lane_dot(row, a + j * I, I, vec, lane));
   }
-  if (threadIdx.x % 32 == 0) out[int64_t(t) * D + d] = acc;
+  if (lane == 0) out[int64_t(t) * D + d] = acc;
 }
 
-__global__ void scatter_add_kernel(const float* y, const int32_t* toks, const float* w, float* out, int64_t D,
-                                   int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / D, c = i % D;
-    out[int64_t(toks[r]) * D + c] += w[r] * y[i];
+// ---------------------------------------------------------------------------------------------
+// Prefill: grouping by expert on the device
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kGroupThreads = 1024;  // ≥ kMaxExperts: thread e owns expert e in the scan
+
+// One block. Counting sort of the P pairs by expert: off[e] = first row of expert e,
+// tile_off[e] = its first m-tile (bm rows each), row_pair[row] = pair, pair_row[pair] = row
+// (-1 for an invalid id). Rows within an expert come in atomic order; that does not change
+// any result (every row is computed on its own and read back through pair_row).
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids, int P, int E, int bm, int32_t* off,
+                                                              int32_t* tile_off, int32_t* row_pair, int32_t* pair_row) {
+  __shared__ int cnt[kMaxExperts], cur[kMaxExperts], wc[kGroupThreads / 32], wm[kGroupThreads / 32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid < E) cnt[tid] = 0;
+  __syncthreads();
+  for (int p = tid; p < P; p += kGroupThreads) {
+    const int e = ids[p];
+    if (valid_expert(e, E)) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  // Exclusive scans of the counts and of the m-tile counts: within warps by shuffles, then
+  // each thread adds the totals of the warps before it.
+  const int c = tid < E ? cnt[tid] : 0, m = (c + bm - 1) / bm;
+  int ic = c, im = m;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int nc = __shfl_up_sync(0xffffffffu, ic, o), nm = __shfl_up_sync(0xffffffffu, im, o);
+    if (lane >= o) ic += nc, im += nm;
+  }
+  if (lane == 31) wc[warp] = ic, wm[warp] = im;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) ic += wc[w], im += wm[w];
+  if (tid < E) {
+    off[tid] = ic - c;
+    tile_off[tid] = im - m;
+    cur[tid] = ic - c;
+  }
+  if (tid == E - 1) off[E] = ic, tile_off[E] = im;
+  __syncthreads();
+  for (int p = tid; p < P; p += kGroupThreads) {
+    const int e = ids[p];
+    int r = -1;
+    if (valid_expert(e, E)) {
+      r = atomicAdd(&cur[e], 1);
+      row_pair[r] = p;
+    }
+    pair_row[p] = r;
   }
 }
+
+// out[t] = Σ_j w[t, j] · y[pair_row[t·k + j]]  (j order; rows of invalid ids are skipped)
+__global__ void combine_kernel(const float* y, const int32_t* pair_row, const float* w, float* out, int64_t D, int k,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float acc = 0;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      const int r = pair_row[p];
+      if (r >= 0) acc += w[p] * y[int64_t(r) * D + d];
+    }
+    out[i] = acc;
+  }
+}
+
+template <typename T>
+__global__ void round_kernel(const float* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      y[i] = __float2bfloat16_rn(x[i]);
+    else
+      y[i] = __float2half_rn(x[i]);
+  }
+}
+
+// xs[r] = x[row_pair[r] / k]   (the fallback path's f32 rows in expert order)
+__global__ void gather_kernel(const float* x, const int32_t* row_pair, int k, int64_t D, float* xs, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    xs[i] = x[int64_t(row_pair[i / D] / k) * D + i % D];
+}
+
+int grid_stride_blocks(int64_t n) { return int(std::min<int64_t>(blocks_for(n, 256), 65535)); }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: grouped tensor-core GEMM
+// ---------------------------------------------------------------------------------------------
+
+// Block tile 128 × 128 × 32, 8 warps as 2 (m) × 4 (n), warp tile 64 × 32 = 4 × 4 mma tiles.
+// A and B tiles are [128 rows][32 k] in shared memory, 64-byte rows whose four 16-byte chunks
+// are XOR-swizzled by (row / 2) % 4: the 8 rows an ldmatrix reads (and the 8 a cp.async
+// quarter-warp writes) then fall in 8 distinct 16-byte bank groups.
+constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4, kGemmThreads = 256;
+constexpr int kTileElems = kBM * kBK;  // = kBN · kBK
+constexpr int kGemmSmem = kStages * 2 * kTileElems * 2;  // bytes: 64 KB
+
+__device__ __forceinline__ int swz(int row, int chunk) { return row * kBK + ((chunk ^ ((row >> 1) & 3)) << 3); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  // src-size 0 zero-fills the 16 bytes without reading (rows past the group, k past K)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+struct GemmArgs {
+  const void* a;            // gate+up: x rounded [T, K] (rows via row_pair / k); down: act [P, K] by row
+  const int32_t* row_pair;  // [P] row → pair
+  const int32_t* off;       // [E + 1] first row of each expert
+  const int32_t* tile_off;  // [E + 1] first m-tile of each expert
+  const ExpertPtrs* table;
+  void* out;                // gate+up: act [P, N] (T); down: y [P, N] (f32)
+  int E, K, N, k, n_tiles;  // N: I (gate+up) or D (down); n_tiles per m-tile
+};
+
+// Requires K % 8 == 0 and 16-byte aligned rows (chunks are all-in or all-out of K).
+// gate+up: the block's 128 B rows are gate rows n0 + 8q .. +8 (even q) and up rows (odd q) for
+// q = 0..15, n0 = 64 · n-tile; the warp's n8 tiles 2np (gate) and 2np+1 (up) hold the same
+// intermediate elements in the same fragment slots.
+template <typename T, bool kGateUp>
+__global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const GemmArgs g) {
+  extern __shared__ uint4 smem[];
+  const uint32_t sA = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t sB = sA + kStages * kTileElems * 2;
+
+  const int mtile = blockIdx.x / g.n_tiles, ntile = blockIdx.x % g.n_tiles;
+  if (mtile >= g.tile_off[g.E]) return;  // the grid is a bound on the m-tiles
+  int lo = 0, hi = g.E;  // tile_off[lo] ≤ mtile < tile_off[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (g.tile_off[mid] <= mtile)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int e = lo;
+  const int row0 = g.off[e] + (mtile - g.tile_off[e]) * kBM;
+  const int rows = min(kBM, g.off[e + 1] - row0);
+  const int n0 = ntile * (kGateUp ? kBN / 2 : kBN);
+  const ExpertPtrs ep = g.table[e];
+  const T* A = static_cast<const T*>(g.a);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  // Loader: thread → tile rows tid/4 and tid/4 + 64, 16-byte chunk tid % 4, for A and B.
+  const int lr = tid / 4, kc = tid % 4;
+  const T* a_src[2];
+  const T* b_src[2];
+  bool a_ok[2], b_ok[2];
+  uint32_t s_off[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lr + 64 * h;
+    a_ok[h] = r < rows;
+    int64_t arow = 0;
+    if (a_ok[h]) arow = kGateUp ? g.row_pair[row0 + r] / g.k : row0 + r;
+    a_src[h] = A + arow * g.K + kc * 8;
+    int brow;
+    const T* base;
+    if constexpr (kGateUp) {
+      const int q = r / 8;
+      brow = n0 + (q / 2) * 8 + r % 8;
+      base = static_cast<const T*>(q % 2 ? ep.up : ep.gate);
+    } else {
+      brow = n0 + r;
+      base = static_cast<const T*>(ep.down);
+    }
+    b_ok[h] = brow < g.N;
+    b_src[h] = base + int64_t(b_ok[h] ? brow : 0) * g.K + kc * 8;
+    s_off[h] = uint32_t(swz(r, kc)) * 2;
+  }
+  auto load = [&](int stage, int kt) {
+    const int k0 = kt * kBK;
+    const bool k_ok = k0 + kc * 8 < g.K;
+    const uint32_t st = uint32_t(stage * kTileElems * 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool av = a_ok[h] && k_ok, bv = b_ok[h] && k_ok;
+      cp_async16(sA + st + s_off[h], av ? a_src[h] + k0 : a_src[h], av);
+      cp_async16(sB + st + s_off[h], bv ? b_src[h] + k0 : b_src[h], bv);
+    }
+  };
+
+  // m16 tiles of this warp that hold rows (a partial last tile of an expert skips the rest)
+  const int mt_live = min(4, max(0, (rows - wm * 64 + 15) / 16));
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0;
+
+  const int ktiles = (g.K + kBK - 1) / kBK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ktiles) load(s, s);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<kStages - 2>();  // tile kt has landed (this thread's part) ...
+    __syncthreads();               // ... everyone's, and stage (kt - 1) % kStages is free again
+    if (kt + kStages - 1 < ktiles) load((kt + kStages - 1) % kStages, kt + kStages - 1);
+    cp_async_commit();
+    const uint32_t st = uint32_t((kt % kStages) * kTileElems * 2);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t b[4][2];
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        // matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+        const int n = wn * 32 + np * 16 + (lane % 8) + (lane / 16) * 8, ch = kk * 2 + (lane / 8) % 2;
+        uint32_t r[4];
+        ldmatrix_x4(r, sB + st + uint32_t(swz(n, ch)) * 2);
+        b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt < mt_live) {
+          // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15)
+          const int row = wm * 64 + mt * 16 + lane % 16, ch = kk * 2 + lane / 16;
+          uint32_t a[4];
+          ldmatrix_x4(a, sA + st + uint32_t(swz(row, ch)) * 2);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) mma16816<T>(acc[mt][nt], a, b[nt][0], b[nt][1]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator (mt, nt): rows lane/4 (+8 for v ≥ 2), columns 2·(lane%4) + v%2 of the n8 tile.
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt >= mt_live) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm * 64 + mt * 16 + lane / 4 + half * 8;
+      if (r >= rows) continue;
+      const int64_t orow = int64_t(row0 + r) * g.N;
+      if constexpr (kGateUp) {
+        T* act = static_cast<T*>(g.out);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int i = n0 + (wn * 2 + np) * 8 + (lane % 4) * 2;
+          if (i >= g.N) continue;
+          const float* gt = acc[mt][2 * np] + half * 2;
+          const float* up = acc[mt][2 * np + 1] + half * 2;
+          *reinterpret_cast<uint32_t*>(act + orow + i) =
+              pack2<T>(silu_f(gt[0]) * up[0], silu_f(gt[1]) * up[1]);
+        }
+      } else {
+        float* y = static_cast<float*>(g.out);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int d = n0 + wn * 32 + nt * 8 + (lane % 4) * 2;
+          if (d >= g.N) continue;
+          *reinterpret_cast<float2*>(y + orow + d) = make_float2(acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 
 const ExpertPtrs* expert_table(Ctx& c, std::span<const MlpWeights> experts) {
   std::vector<const void*> h;
@@ -181,6 +567,139 @@ const ExpertPtrs* expert_table(Ctx& c, std::span<const MlpWeights> experts) {
   return static_cast<const ExpertPtrs*>(t.dev);
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+struct MoeShape {
+  int64_t T, D, I, E, k, P;
+};
+
+void run_decode(Ctx& c, const MoeShape& s, DType dt, bool vec, const Tensor& x, const Tensor& weights,
+                const Tensor& ids, const ExpertPtrs* table, Tensor& out) {
+  Temp<float> act(c, size_t(s.P * s.I));
+  const dim3 g1(unsigned((s.I + 7) / 8), unsigned(s.P)), g2(unsigned((s.D + 7) / 8), unsigned(s.T));
+  const int D = int(s.D), I = int(s.I), k = int(s.k), E = int(s.E);
+  auto run = [&](auto tag) {
+    using W = decltype(tag);
+    decode_gate_up_kernel<W><<<g1, 256, 0, c.stream>>>(x.as<const float>(), ids.as<const int32_t>(), table, act.get(),
+                                                       D, I, k, E, vec);
+    CUDA_LAUNCH_CHECK();
+    auto down = k <= 8 ? decode_down_kernel<W, 8> : decode_down_kernel<W, 16>;
+    down<<<g2, 256, 0, c.stream>>>(act.get(), ids.as<const int32_t>(), weights.as<const float>(), table,
+                                   out.as<float>(), D, I, k, E, vec);
+    CUDA_LAUNCH_CHECK();
+  };
+  if (dt == DType::BF16)
+    run(__nv_bfloat16{});
+  else if (dt == DType::F16)
+    run(__half{});
+  else
+    run(float{});
+}
+
+// The grouping's device arrays: off [E+1] | tile_off [E+1] | row_pair [P] | pair_row [P].
+struct Grouping {
+  Temp<int32_t> buf;
+  int32_t *off, *tile_off, *row_pair, *pair_row;
+  Grouping(Ctx& c, const MoeShape& s, const Tensor& ids, int bm) : buf(c, size_t(2 * (s.E + 1) + 2 * s.P)) {
+    off = buf.get();
+    tile_off = off + s.E + 1;
+    row_pair = tile_off + s.E + 1;
+    pair_row = row_pair + s.P;
+    group_kernel<<<1, kGroupThreads, 0, c.stream>>>(ids.as<const int32_t>(), int(s.P), int(s.E), bm, off, tile_off,
+                                                    row_pair, pair_row);
+    CUDA_LAUNCH_CHECK();
+  }
+};
+
+void combine(Ctx& c, const MoeShape& s, const float* y, const Grouping& g, const Tensor& weights, Tensor& out) {
+  const int64_t n = s.T * s.D;
+  combine_kernel<<<grid_stride_blocks(n), 256, 0, c.stream>>>(y, g.pair_row, weights.as<const float>(),
+                                                              out.as<float>(), s.D, int(s.k), n);
+  CUDA_LAUNCH_CHECK();
+}
+
+// The GEMM's 64 KB of shared memory needs an opt-in per kernel and device; done once (and
+// so never while a graph is being recorded after a first plain call).
+template <typename T, bool kGateUp>
+void allow_gemm_smem() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev % 64);
+  if (done.load() & bit) return;
+  CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<T, kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kGemmSmem));
+  done.fetch_or(bit);
+}
+
+template <typename T>
+void run_prefill_mma(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                     const ExpertPtrs* table, Tensor& out) {
+  const Grouping grp(c, s, ids, kBM);
+  Temp<T> xb(c, size_t(s.T * s.D)), act(c, size_t(s.P * s.I));
+  Temp<float> y(c, size_t(s.P * s.D));
+  round_kernel<T><<<grid_stride_blocks(s.T * s.D), 256, 0, c.stream>>>(x.as<const float>(), xb.get(), s.T * s.D);
+  CUDA_LAUNCH_CHECK();
+  // Every expert with n rows has ceil(n / kBM) ≤ n / kBM + 1 m-tiles, and at least one row each.
+  const int64_t mtiles = std::min<int64_t>(s.P, s.P / kBM + s.E + 1);
+  GemmArgs g{xb.get(), grp.row_pair, grp.off, grp.tile_off, table, act.get(),
+             int(s.E), int(s.D), int(s.I), int(s.k), int((s.I + kBN / 2 - 1) / (kBN / 2))};
+  QWEN36_CHECK(mtiles * std::max<int64_t>(g.n_tiles, (s.D + kBN - 1) / kBN) < (int64_t(1) << 31),
+               "moe_experts: {} pairs are too many", s.P);
+  allow_gemm_smem<T, true>();
+  allow_gemm_smem<T, false>();
+  grouped_gemm_kernel<T, true><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
+  CUDA_LAUNCH_CHECK();
+  g.a = act.get();
+  g.out = y.get();
+  g.K = int(s.I);
+  g.N = int(s.D);
+  g.n_tiles = int((s.D + kBN - 1) / kBN);
+  grouped_gemm_kernel<T, false><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
+  CUDA_LAUNCH_CHECK();
+  combine(c, s, y.get(), grp, weights, out);
+}
+
+// f32 weights, exact_matmul, odd shapes: per-expert matmul on the device-grouped rows (the
+// offsets come to the host once).
+void run_prefill_matmul(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                        std::span<const MlpWeights> experts, Tensor& out) {
+  const Grouping grp(c, s, ids, 1);
+  if (!host_work_allowed(c)) return;
+  std::vector<int32_t> off(size_t(s.E) + 1);
+  CUDA_CHECK(cudaMemcpyAsync(off.data(), grp.off, off.size() * 4, cudaMemcpyDeviceToHost, c.stream));
+  CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  const int64_t R = off[size_t(s.E)];  // rows with a valid id
+  Temp<float> xs(c, size_t(R * s.D)), gate(c, size_t(R * s.I)), up(c, size_t(R * s.I)), y(c, size_t(R * s.D));
+  if (R > 0) {
+    gather_kernel<<<grid_stride_blocks(R * s.D), 256, 0, c.stream>>>(x.as<const float>(), grp.row_pair, int(s.k),
+                                                                     s.D, xs.get(), R * s.D);
+    CUDA_LAUNCH_CHECK();
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t e = 0; e < s.E; ++e) {
+        const int64_t o = off[size_t(e)], n = off[size_t(e) + 1] - o;
+        if (n == 0) continue;
+        const MlpWeights& m = experts[size_t(e)];
+        Tensor tg(gate.get() + o * s.I, DType::F32, {n, s.I});
+        if (pass == 0) {
+          const Tensor tx(xs.get() + o * s.D, DType::F32, {n, s.D});
+          Tensor tu(up.get() + o * s.I, DType::F32, {n, s.I});
+          matmul(c, tx, m.gate_proj, tg);
+          matmul(c, tx, m.up_proj, tu);
+        } else {
+          Tensor ty(y.get() + o * s.D, DType::F32, {n, s.D});
+          matmul(c, tg, m.down_proj, ty);
+        }
+      }
+      if (pass == 0) {
+        Tensor tg(gate.get(), DType::F32, {R, s.I}), tu(up.get(), DType::F32, {R, s.I});
+        swiglu(c, tg, tu, tg);
+      }
+    }
+  }
+  combine(c, s, y.get(), grp, weights, out);
+}
+
 }  // namespace
 
 void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) {
@@ -197,86 +716,39 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
 void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
-  QWEN36_CHECK(out.numel() == T * D && ids.rows() == T, "moe_experts: x {} ids {} out {}", x.shape_str(),
-               ids.shape_str(), out.shape_str());
+  QWEN36_CHECK(out.numel() == T * D && ids.rows() == T && ids.dtype == DType::I32 && weights.numel() == T * k,
+               "moe_experts: x {} weights {} ids {} out {}", x.shape_str(), weights.shape_str(), ids.shape_str(),
+               out.shape_str());
   QWEN36_CHECK(!experts.empty(), "moe_experts: no experts");
   const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
+  QWEN36_CHECK(E <= kMaxExperts, "moe_experts: {} experts (CUDA supports ≤ {})", E, kMaxExperts);
   const DType dt = experts[0].gate_proj.dtype;
   check_weight_dtype(experts[0].gate_proj, "moe_experts");
-  for (const MlpWeights& m : experts)
+  bool aligned = aligned16(x.data);
+  for (const MlpWeights& m : experts) {
     QWEN36_CHECK(m.gate_proj.dtype == dt && m.up_proj.dtype == dt && m.down_proj.dtype == dt &&
-                     m.gate_proj.rows() == I && m.gate_proj.cols() == D && m.down_proj.rows() == D,
+                     m.gate_proj.rows() == I && m.gate_proj.cols() == D && m.up_proj.rows() == I &&
+                     m.up_proj.cols() == D && m.down_proj.rows() == D && m.down_proj.cols() == I,
                  "moe_experts: experts must share one dtype and shape");
+    aligned = aligned && aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data);
+  }
   if (T == 0) return;
-  const int64_t P = T * k;
-  if (P <= kMaxPairs) {
-    // Ids are trusted here (they come from moe_route on the device).
+  const MoeShape s{T, D, I, E, k, T * k};
+  QWEN36_CHECK(s.P < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
+               "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
+  const bool vec = aligned && D % 8 == 0 && I % 8 == 0;
+  if (s.P <= kMaxPairs) {
     const ExpertPtrs* table = expert_table(c, experts);
-    Temp<float> act(c, size_t(P * I));
-    const dim3 g1(unsigned((I + 7) / 8), unsigned(P)), g2(unsigned((D + 7) / 8), unsigned(T));
-    auto run = [&](auto tag) {
-      using W = decltype(tag);
-      experts_gate_up_kernel<W><<<g1, 256, 0, c.stream>>>(x.as<const float>(), ids.as<const int32_t>(), table,
-                                                          act.get(), int(D), int(I), int(k));
-      CUDA_LAUNCH_CHECK();
-      experts_down_kernel<W><<<g2, 256, 0, c.stream>>>(act.get(), ids.as<const int32_t>(), weights.as<const float>(),
-                                                       table, out.as<float>(), int(D), int(I), int(k));
-      CUDA_LAUNCH_CHECK();
-    };
-    if (dt == DType::BF16)
-      run(__nv_bfloat16{});
-    else if (dt == DType::F16)
-      run(__half{});
-    else
-      run(float{});
-    return;
+    if (!table) return;  // recording, and the table is new: the recording is dropped anyway
+    return run_decode(c, s, dt, vec, x, weights, ids, table, out);
   }
-  // Prefill: group on the host.
-  if (!host_work_allowed(c)) return;
-  std::vector<int32_t> hid(static_cast<size_t>(P));
-  std::vector<float> hw(static_cast<size_t>(P));
-  CUDA_CHECK(cudaMemcpyAsync(hid.data(), ids.data, size_t(P) * 4, cudaMemcpyDeviceToHost, c.stream));
-  CUDA_CHECK(cudaMemcpyAsync(hw.data(), weights.data, size_t(P) * 4, cudaMemcpyDeviceToHost, c.stream));
-  CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  std::vector<std::vector<int32_t>> toks(static_cast<size_t>(E));
-  std::vector<std::vector<float>> wts(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = hid[size_t(t * k + j)];
-      QWEN36_CHECK(e >= 0 && e < E, "moe_experts: expert id {} out of range", e);
-      toks[size_t(e)].push_back(int32_t(t));
-      wts[size_t(e)].push_back(hw[size_t(t * k + j)]);
-    }
-  // One upload of every expert's token list and weights.
-  std::vector<int32_t> all_t;
-  std::vector<float> all_w;
-  std::vector<int64_t> off(size_t(E) + 1, 0);
-  for (int64_t e = 0; e < E; ++e) {
-    all_t.insert(all_t.end(), toks[size_t(e)].begin(), toks[size_t(e)].end());
-    all_w.insert(all_w.end(), wts[size_t(e)].begin(), wts[size_t(e)].end());
-    off[size_t(e) + 1] = int64_t(all_t.size());
+  if (vec && !c.exact_matmul && dt != DType::F32) {
+    const ExpertPtrs* table = expert_table(c, experts);
+    if (!table) return;
+    if (dt == DType::BF16) return run_prefill_mma<__nv_bfloat16>(c, s, x, weights, ids, table, out);
+    return run_prefill_mma<__half>(c, s, x, weights, ids, table, out);
   }
-  Temp<int32_t> dt_tok(c, std::span<const int32_t>(all_t.data(), all_t.size()));
-  Temp<float> dt_w(c, std::span<const float>(all_w.data(), all_w.size()));
-  int64_t max_n = 0;
-  for (int64_t e = 0; e < E; ++e) max_n = std::max(max_n, off[size_t(e) + 1] - off[size_t(e)]);
-  Temp<float> xs(c, size_t(max_n * D)), gate(c, size_t(max_n * I)), up(c, size_t(max_n * I)), y(c, size_t(max_n * D));
-  CUDA_CHECK(cudaMemsetAsync(out.data, 0, size_t(T * D) * 4, c.stream));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = off[size_t(e) + 1] - off[size_t(e)];
-    if (n == 0) continue;
-    const MlpWeights& m = experts[size_t(e)];
-    get_rows_dev(c, x.as<const float>(), D, dt_tok.get() + off[size_t(e)], n, xs.get());
-    Tensor tx(xs.get(), DType::F32, {n, D}), tg(gate.get(), DType::F32, {n, I}), tu(up.get(), DType::F32, {n, I}),
-        ty(y.get(), DType::F32, {n, D});
-    matmul(c, tx, m.gate_proj, tg);
-    matmul(c, tx, m.up_proj, tu);
-    swiglu(c, tg, tu, tg);
-    matmul(c, tg, m.down_proj, ty);
-    scatter_add_kernel<<<int(std::min<int64_t>(blocks_for(n * D, 256), 65535)), 256, 0, c.stream>>>(
-        y.get(), dt_tok.get() + off[size_t(e)], dt_w.get() + off[size_t(e)], out.as<float>(), D, n * D);
-    CUDA_LAUNCH_CHECK();
-  }
+  run_prefill_matmul(c, s, x, weights, ids, experts, out);
 }
 
 }  // namespace qwen36::cuda
