@@ -145,6 +145,12 @@ TEST_F(CudaMoe, PrefillTensorCoresMatchCpu) {
       check_experts(*gpu_, ex, x, w, ids, kPrefillTol, label(dt, T, k, "one expert takes all"));
     }
   }
+  {  // more than 32768 pairs: two passes over token chunks
+    const Experts ex = make_experts(*gpu_, rng_, DType::BF16, 8, 64, 32);
+    HostT x = random_t(rng_, DType::F32, {33000, 64}), w, ids;
+    route(rng_, 33000, 8, 1, w, ids, 8);
+    check_experts(*gpu_, ex, x, w, ids, kPrefillTol, "bf16 T=33000 k=1 (two passes)");
+  }
   // The golden MoE models' shapes: K = 48 is not a multiple of the 32-wide k-tile and N = 32
   // or 48 fills part of a 64/128-wide n-tile; 136/72: partial tiles beyond one.
   for (auto [En, Dn, In, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 48, 32, 2}, {8, 136, 72, 2}}) {

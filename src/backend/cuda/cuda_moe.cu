@@ -38,6 +38,7 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kMaxPairs = 64;     // T·k up to this: the decode kernels
+constexpr int64_t kMaxPrefillPairs = 32768;  // pairs per prefill pass (bounds the temporaries)
 
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   __shared__ float p[kMaxExperts];
@@ -742,13 +743,25 @@ void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& i
     if (!table) return;  // recording, and the table is new: the recording is dropped anyway
     return run_decode(c, s, dt, vec, x, weights, ids, table, out);
   }
-  if (vec && !c.exact_matmul && dt != DType::F32) {
-    const ExpertPtrs* table = expert_table(c, experts);
-    if (!table) return;
-    if (dt == DType::BF16) return run_prefill_mma<__nv_bfloat16>(c, s, x, weights, ids, table, out);
-    return run_prefill_mma<__half>(c, s, x, weights, ids, table, out);
+  const bool tensor_cores = vec && !c.exact_matmul && dt != DType::F32;
+  const ExpertPtrs* table = tensor_cores ? expert_table(c, experts) : nullptr;
+  if (tensor_cores && !table) return;
+  // Chunks of ≤ kMaxPrefillPairs pairs bound the temporaries (the f32 rows: 256 MB at the
+  // 35B's 2048 columns); a chunk that large still reads each expert's weights for ~128 rows.
+  const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const MoeShape sc{n, D, I, E, k, n * k};
+    const Tensor xc(x.as<float>() + t0 * D, DType::F32, {n, D}), wc(weights.as<float>() + t0 * k, DType::F32, {n, k}),
+        ic(ids.as<int32_t>() + t0 * k, DType::I32, {n, k});
+    Tensor oc(out.as<float>() + t0 * D, DType::F32, {n, D});
+    if (!tensor_cores)
+      run_prefill_matmul(c, sc, xc, wc, ic, experts, oc);
+    else if (dt == DType::BF16)
+      run_prefill_mma<__nv_bfloat16>(c, sc, xc, wc, ic, table, oc);
+    else
+      run_prefill_mma<__half>(c, sc, xc, wc, ic, table, oc);
   }
-  run_prefill_matmul(c, s, x, weights, ids, experts, out);
 }
 
 }  // namespace qwen36::cuda
