@@ -108,15 +108,15 @@ __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* 
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
-  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= N) return;
-  float acc[T] = {};
-  lane_dot<W, T>(w + size_t(row) * size_t(K), x, K, lane, acc);
+  for (int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5); row < N; row += gridDim.x * kGemvWarps) {
+    float acc[T] = {};
+    lane_dot<W, T>(w + size_t(row) * size_t(K), x, K, lane, acc);
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) out[size_t(t) * N + row] = s;
+    for (int t = 0; t < T; ++t) {
+      const float s = warp_sum(acc[t]);
+      if (lane == 0) out[size_t(t) * N + row] = s;
+    }
   }
 }
 
@@ -133,18 +133,18 @@ struct MultiRows {
 };
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
-  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= m.end[m.n - 1]) return;
-  int s = 0;
-  while (row >= m.end[s]) ++s;
-  const int r0 = s ? m.end[s - 1] : 0, N = m.end[s] - r0, local = row - r0;
-  float acc[T] = {};
-  lane_dot<W, T>(static_cast<const W*>(m.w[s]) + size_t(local) * size_t(K), x, K, lane, acc);
+  for (int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5); row < m.end[m.n - 1]; row += gridDim.x * kGemvWarps) {
+    int s = 0;
+    while (row >= m.end[s]) ++s;
+    const int r0 = s ? m.end[s - 1] : 0, N = m.end[s] - r0, local = row - r0;
+    float acc[T] = {};
+    lane_dot<W, T>(static_cast<const W*>(m.w[s]) + size_t(local) * size_t(K), x, K, lane, acc);
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) m.out[s][size_t(t) * N + local] = v;
+    for (int t = 0; t < T; ++t) {
+      const float v = warp_sum(acc[t]);
+      if (lane == 0) m.out[s][size_t(t) * N + local] = v;
+    }
   }
 }
 
@@ -154,17 +154,34 @@ template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_swiglu_kernel(const W* __restrict__ wg, const W* __restrict__ wu, const float* __restrict__ x,
                        float* __restrict__ out, int N, int K) {
-  const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= N) return;
-  float g[T] = {}, u[T] = {};
-  lane_dot<W, T>(wg + size_t(row) * size_t(K), x, K, lane, g);
-  lane_dot<W, T>(wu + size_t(row) * size_t(K), x, K, lane, u);
+  for (int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5); row < N; row += gridDim.x * kGemvWarps) {
+    float g[T] = {}, u[T] = {};
+    lane_dot<W, T>(wg + size_t(row) * size_t(K), x, K, lane, g);
+    lane_dot<W, T>(wu + size_t(row) * size_t(K), x, K, lane, u);
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float gs = warp_sum(g[t]), us = warp_sum(u[t]);
-    if (lane == 0) out[size_t(t) * N + row] = silu_f(gs) * us;
+    for (int t = 0; t < T; ++t) {
+      const float gs = warp_sum(g[t]), us = warp_sum(u[t]);
+      if (lane == 0) out[size_t(t) * N + row] = silu_f(gs) * us;
+    }
   }
+}
+
+// Blocks for a warp-per-row GEMV over `rows` rows. The kernels stride over rows, and the
+// grid gives every warp the same number of rows (⌈rows / warps the GPU holds⌉), so no last
+// partial wave of blocks runs with most SMs idle: 17408 rows on 132 SMs are 5803 warps of 3
+// rows, not 2176 blocks in 2.06 waves. Bandwidth stays saturated: each warp keeps kUnroll
+// 16-byte loads per lane in flight, far above what the memory latency needs.
+int gemv_blocks(int64_t rows) {
+  static const int64_t resident_warps = [] {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return int64_t(std::max(1, sms)) * 2048 / 32;  // threads per SM on sm_80..120 (≥ 1536)
+  }();
+  const int64_t per_warp = (rows + resident_warps - 1) / resident_warps;
+  const int64_t warps = (rows + per_warp - 1) / per_warp;
+  return int((warps + kGemvWarps - 1) / kGemvWarps);
 }
 
 // Calls f(std::integral_constant<int, T>) for the batch sizes the GEMV kernels are built for.
@@ -229,7 +246,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <typename W>
 void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
   const bool split = N <= kSplitRows && K % 8 == 0;
-  const dim3 grid(unsigned(split ? N : (N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  const dim3 grid(unsigned(split ? N : gemv_blocks(N))), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
   with_batch(T, [&](auto tc) {
     if (split)
@@ -309,7 +326,7 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     m.end[i] = int(rows);
   }
   m.n = int(ws.size());
-  const dim3 grid(unsigned((rows + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  const dim3 grid(unsigned(gemv_blocks(rows))), block(kGemvWarps * 32);
   with_weight_type(ws[0]->dtype, [&](auto wt) {
     using W = decltype(wt);
     with_batch(int(T), [&](auto tc) {
@@ -326,7 +343,7 @@ bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up
       up.dtype != gate.dtype || up.rows() != N || up.cols() != K || out.dtype != DType::F32 || out.numel() != T * N ||
       N >= (int64_t(1) << 31))
     return false;
-  const dim3 grid(unsigned((N + kGemvWarps - 1) / kGemvWarps)), block(kGemvWarps * 32);
+  const dim3 grid(unsigned(gemv_blocks(N))), block(kGemvWarps * 32);
   with_weight_type(gate.dtype, [&](auto wt) {
     using W = decltype(wt);
     with_batch(int(T), [&](auto tc) {
