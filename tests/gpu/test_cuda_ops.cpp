@@ -254,7 +254,7 @@ TEST_F(CudaOps, Conv1dSiluWithState) {
   HostT w = random_t(rng_, DType::F32, {C, K}), st(DType::F32, {slots, C, K - 1});
   DevT dw = upload(*gpu_, w), dst = upload(*gpu_, st);
   const std::vector<std::vector<SeqRun>> steps{{{1, 0, 0, 10}, {2, 0, 10, 2}}, {{1, 10, 0, 1}, {2, 2, 1, 1}},
-                                               {{2, 3, 0, 70}}};
+                                               {{2, 3, 0, 70}}, {{0, 0, 0, 200}, {1, 11, 200, 5}}};
   for (const auto& runs : steps) {
     int64_t T = 0;
     for (const SeqRun& r : runs) T += r.count;
