@@ -86,9 +86,9 @@ std::vector<int32_t> read_i32_file(const std::string& path) {
 }
 
 void add_cache_type_options(CLI::App* cmd, CacheTypes& t) {
-  cmd->add_option("-ctk,--cache-type-k", t.k, "KV cache type for K: auto (bf16 on cuda, f32 on cpu), f32, bf16")
+  cmd->add_option("--cache-type-k", t.k, "KV cache type for K (alias -ctk): auto (bf16 on cuda, f32 on cpu), f32, bf16")
       ->capture_default_str();
-  cmd->add_option("-ctv,--cache-type-v", t.v, "KV cache type for V (as --cache-type-k)")->capture_default_str();
+  cmd->add_option("--cache-type-v", t.v, "KV cache type for V (alias -ctv), as --cache-type-k")->capture_default_str();
 }
 
 DType resolve_cache_type(const CacheTypes& t, const Backend& backend) {
