@@ -4,14 +4,19 @@
 
 namespace qwen36 {
 
-ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, int64_t capacity, bool with_mtp)
-    : backend_(backend), slots_(slots), capacity_(capacity), config_(c) {
+bool ModelState::kv_dtype_supported(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, int64_t capacity, bool with_mtp,
+                       DType kv_dtype)
+    : backend_(backend), slots_(slots), capacity_(capacity), kv_dtype_(kv_dtype), config_(c) {
   QWEN36_CHECK(slots > 0 && capacity > 0, "state needs at least one slot and one position");
+  QWEN36_CHECK(kv_dtype_supported(kv_dtype), "KV cache type {} is not supported (f32, bf16)", dtype_name(kv_dtype));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     cache_index_.push_back(int64_t(tensors_.size()));
     if (c.layer_kinds[size_t(l)] == LayerKind::FullAttention) {
-      tensors_.push_back(make_pair_({slots, capacity, c.n_kv_heads, c.head_dim},    // K
-                                    {slots, capacity, c.n_kv_heads, c.head_dim}));  // V
+      tensors_.push_back(make_pair_({slots, capacity, c.n_kv_heads, c.head_dim},  // K
+                                    {slots, capacity, c.n_kv_heads, c.head_dim},  // V
+                                    kv_dtype));
       tensors_.back().is_kv = true;
     } else {
       tensors_.push_back(make_pair_({slots, c.conv_dim(), c.conv_kernel - 1},                      // conv
@@ -19,12 +24,13 @@ ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, in
     }
   }
   if (with_mtp)
-    mtp_ = make_pair_({slots, capacity, c.n_kv_heads, c.head_dim}, {slots, capacity, c.n_kv_heads, c.head_dim});
+    mtp_ = make_pair_({slots, capacity, c.n_kv_heads, c.head_dim}, {slots, capacity, c.n_kv_heads, c.head_dim},
+                      kv_dtype);
 }
 
-ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b) {
+ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt) {
   Pair p;
-  Tensor ta(nullptr, DType::F32, a), tb(nullptr, DType::F32, b);
+  Tensor ta(nullptr, dt, a), tb(nullptr, dt, b);
   buffers_.push_back(backend_.alloc(ta.nbytes()));
   ta.data = buffers_.back()->data();
   buffers_.push_back(backend_.alloc(tb.nbytes()));
@@ -68,6 +74,14 @@ void ModelState::reset_slot(int32_t slot) {
 size_t ModelState::bytes() const {
   size_t n = 0;
   for (const auto& b : buffers_) n += b->size();
+  return n;
+}
+
+size_t ModelState::kv_bytes() const {
+  size_t n = 0;
+  for (const Pair& p : tensors_)
+    if (p.is_kv) n += p.a.nbytes() + p.b.nbytes();
+  if (has_mtp()) n += mtp_.a.nbytes() + mtp_.b.nbytes();
   return n;
 }
 

@@ -4,6 +4,10 @@
 // A state holds `slots` sequences of up to `capacity` positions each. Slot s of every cache
 // belongs to one sequence; SeqRun::slot picks it. The MTP head, when present, has its own
 // attention cache.
+//
+// The attention K/V caches (the MTP head's too) hold `kv_dtype` elements: F32 (exact) or
+// BF16 (rounded to nearest on append, half the memory and bandwidth). Other types (fp8,
+// q8_0, q4_0) are refused by name until the attention kernels can read them.
 
 #include <memory>
 #include <vector>
@@ -15,10 +19,14 @@ namespace qwen36 {
 
 class ModelState {
  public:
-  ModelState(Backend& backend, const ModelConfig& config, int32_t slots, int64_t capacity, bool with_mtp);
+  ModelState(Backend& backend, const ModelConfig& config, int32_t slots, int64_t capacity, bool with_mtp,
+             DType kv_dtype = DType::F32);
+  // Whether the attention K/V caches can be held in `t` (F32, BF16).
+  static bool kv_dtype_supported(DType t);
 
   int32_t slots() const { return slots_; }
   int64_t capacity() const { return capacity_; }
+  DType kv_dtype() const { return kv_dtype_; }
   // Caches of model layer `layer` (which must be of the matching kind).
   Tensor& k_cache(int64_t layer) { return tensors_[size_t(cache_index_.at(size_t(layer)))].a; }
   Tensor& v_cache(int64_t layer) { return tensors_[size_t(cache_index_.at(size_t(layer)))].b; }
@@ -44,18 +52,20 @@ class ModelState {
   // Forget slot's sequence: zero its recurrent and conv state (KV entries are overwritten
   // as positions are written again).
   void reset_slot(int32_t slot);
-  size_t bytes() const;  // device memory held
+  size_t bytes() const;     // device memory held (every buffer at its dtype's size)
+  size_t kv_bytes() const;  // of which attention K/V caches (MTP's included)
 
  private:
   struct Pair {
     Tensor a, b;
     bool is_kv = false;  // attention K/V (else DeltaNet conv/recurrent state)
   };
-  Pair make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b);
+  Pair make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt = DType::F32);
 
   Backend& backend_;
   int32_t slots_;
   int64_t capacity_;
+  DType kv_dtype_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
   std::vector<Pair> tensors_;      // one per layer
   std::vector<int64_t> cache_index_;  // layer → tensors_ index

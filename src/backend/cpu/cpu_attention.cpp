@@ -1,7 +1,8 @@
 // Gated full attention on the CPU: q/gate split, partial NeoX RoPE, causal GQA attention
-// over a per-slot KV cache.
+// over a per-slot KV cache of f32 or bf16 elements.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -52,33 +53,34 @@ void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float the
   }
 }
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out) {
-  QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
-               q.shape_str(), k.shape_str(), k_cache.shape_str());
+namespace {
+
+// K/V cache element access: f32 caches are copied exactly, bf16 caches round to nearest even
+// on append and widen on read (the CUDA kernels store and read the same values).
+inline void store_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, size_t(n) * sizeof(float)); }
+inline void store_row(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+
+template <typename CT>
+void attention_cache(const Tensor& q, const Tensor& k, const Tensor& v, CT* kc, CT* vc, int64_t cap,
+                     std::span<const SeqRun> runs, float scale, Tensor& out) {
   const int64_t H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
-  const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
-  QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
-               k_cache.shape_str(), k.shape_str());
   const int64_t group = H / KVH, row = KVH * hd;
-  float* kc = k_cache.as<float>();
-  float* vc = v_cache.as<float>();
 
   // Append the new keys/values first, so each query sees its own position.
-  for (const SeqRun& r : runs) {
-    QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
-    QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
-                 r.pos0, r.pos0 + r.count - 1, cap);
+  for (const SeqRun& r : runs)
     for (int32_t j = 0; j < r.count; ++j) {
       const int64_t dst = (int64_t(r.slot) * cap + r.pos0 + j) * row;
-      std::memcpy(kc + dst, k.as<const float>() + int64_t(r.begin + j) * row, size_t(row) * sizeof(float));
-      std::memcpy(vc + dst, v.as<const float>() + int64_t(r.begin + j) * row, size_t(row) * sizeof(float));
+      store_row(kc + dst, k.as<const float>() + int64_t(r.begin + j) * row, row);
+      store_row(vc + dst, v.as<const float>() + int64_t(r.begin + j) * row, row);
     }
-  }
 
   for (const SeqRun& r : runs) {
-    const float* kbase = kc + int64_t(r.slot) * cap * row;
-    const float* vbase = vc + int64_t(r.slot) * cap * row;
+    const CT* kbase = kc + int64_t(r.slot) * cap * row;
+    const CT* vbase = vc + int64_t(r.slot) * cap * row;
 #pragma omp parallel
     {
       std::vector<float> scores(size_t(r.pos0 + r.count));
@@ -90,9 +92,9 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cach
           const int64_t kvh = h / group;
           float mx = -INFINITY;
           for (int64_t p = 0; p < n_ctx; ++p) {
-            const float* kv = kbase + p * row + kvh * hd;
+            const CT* kv = kbase + p * row + kvh * hd;
             float s = 0;
-            for (int64_t d = 0; d < hd; ++d) s += qv[d] * kv[d];
+            for (int64_t d = 0; d < hd; ++d) s += qv[d] * load(kv, d);
             s *= scale;
             scores[size_t(p)] = s;
             mx = std::max(mx, s);
@@ -104,13 +106,37 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cach
           std::fill(o, o + hd, 0.0f);
           for (int64_t p = 0; p < n_ctx; ++p) {
             const float wgt = scores[size_t(p)] * inv;
-            const float* vv = vbase + p * row + kvh * hd;
-            for (int64_t d = 0; d < hd; ++d) o[d] += wgt * vv[d];
+            const CT* vv = vbase + p * row + kvh * hd;
+            for (int64_t d = 0; d < hd; ++d) o[d] += wgt * load(vv, d);
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+               std::span<const SeqRun> runs, float scale, Tensor& out) {
+  QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
+               q.shape_str(), k.shape_str(), k_cache.shape_str());
+  const int64_t H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
+  const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
+  QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
+               k_cache.shape_str(), k.shape_str());
+  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16),
+               "attention: KV cache types {} / {} are not supported (f32 or bf16, both the same)",
+               dtype_name(k_cache.dtype), dtype_name(v_cache.dtype));
+  for (const SeqRun& r : runs) {
+    QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
+    QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
+                 r.pos0, r.pos0 + r.count - 1, cap);
+  }
+  if (k_cache.dtype == DType::BF16)
+    attention_cache(q, k, v, k_cache.as<uint16_t>(), v_cache.as<uint16_t>(), cap, runs, scale, out);
+  else
+    attention_cache(q, k, v, k_cache.as<float>(), v_cache.as<float>(), cap, runs, scale, out);
 }
 
 }  // namespace qwen36::cpu

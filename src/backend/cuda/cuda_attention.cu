@@ -1,48 +1,131 @@
 // Gated full attention on the GPU: KV append and causal GQA softmax attention over the
-// per-slot f32 KV cache [slots, capacity, KVH, hd]. CPU twin: backend/cpu/cpu_attention.cpp.
+// per-slot KV cache [slots, capacity, KVH, hd] of f32 or bf16 elements (bf16 rounds to nearest
+// on append). CPU twin: backend/cpu/cpu_attention.cpp.
 //
-// One block per (token, kv head) serves all H/KVH query heads of that group, so each K/V row
-// is read once per group. Its 4 warps split the context positions; each warp keeps an online
-// softmax (running max, sum, output) per query head, lanes own head_dim/32 dims each; the
-// warps' partial results are merged at the end. Straightforward, not flash-tiled yet.
+// Dispatch per run: runs of ≥ kFlashMinTokens tokens go to the tensor-core flash kernel
+// (cuda_flash_attention.cu; hd 64/128/256), shorter runs (decode, short verify chunks) to
+// the decode kernel here, which is exact f32 arithmetic on the cached values (and takes every
+// run in exact mode, Ctx::exact_matmul).
+//
+// Decode kernel: one block per (token, kv head, split) serves all G = H/KVH query heads of
+// the group, so each K/V row is read once per group. Its 4 warps stride over the split's
+// positions; each warp keeps an online softmax (running max, sum, output) per query head,
+// lanes own hd/32 consecutive dims (one 16-byte load per row for hd 256); the warps' partial
+// results are merged at the end. With a large capacity the context is cut into splits
+// (flash-decoding) so a handful of decode tokens still fills the GPU; a merge kernel
+// combines the splits' (max, sum, output). The split count depends only on the batch shape
+// and the capacity, and each block derives its chunk from the device-side position, so the
+// op stays capturable into a CUDA graph whose replays see other positions.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace qwen36::cuda {
 
+// cuda_flash_attention.cu (documented there).
+int flash_attention_tile_rows();
+bool flash_attention_supported(Ctx& c, int64_t hd);
+void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
+                     int n_tiles, int H, int KVH, int hd, int64_t cap, float scale, float* out);
+
 namespace {
 
-constexpr int kMaxGroup = 8;  // query heads per kv head
+constexpr int kMaxGroup = 8;  // query heads per kv head in the decode kernel (registers)
 constexpr int kWarps = 4;
+constexpr int32_t kFlashMinTokens = 16;    // a run this long goes to the flash kernel
+constexpr int64_t kSplitMinCapacity = 1024;  // caches longer than this decode with splits
+constexpr int kMaxSplits = 64;
+constexpr int kMinSplitPositions = 256;  // at full capacity, no split is shorter than this
 
-__global__ void kv_append_kernel(const float* k, const float* v, float* kc, float* vc, const int32_t* tslot,
+__device__ __forceinline__ void store_cache(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_cache(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+template <typename CT>
+__global__ void kv_append_kernel(const float* k, const float* v, CT* kc, CT* vc, const int32_t* tslot,
                                  const int32_t* tpos, int64_t cap, int64_t row, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / row, c = i % row;
     const int32_t s = tslot[t];
     if (s < 0) continue;
     const int64_t dst = (int64_t(s) * cap + tpos[t]) * row + c;
-    kc[dst] = k[i];
-    vc[dst] = v[i];
+    store_cache(kc + dst, k[i]);
+    store_cache(vc + dst, v[i]);
   }
 }
 
+// The NPL consecutive dims of this lane (lane·NPL ..) of one cached row as f32; `vec`: the
+// row is exactly 32·NPL long and 16-byte aligned, so it is read in vector loads.
 template <int NPL>
+__device__ __forceinline__ void load_dims(const float* row, int lane, int hd, bool vec, float (&r)[NPL]) {
+  if constexpr (NPL % 4 == 0) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NPL; i += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(row + lane * NPL + i);
+        r[i] = x.x, r[i + 1] = x.y, r[i + 2] = x.z, r[i + 3] = x.w;
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const int d = lane * NPL + i;
+    r[i] = d < hd ? row[d] : 0.0f;
+  }
+}
+template <int NPL>
+__device__ __forceinline__ void load_dims(const __nv_bfloat16* row, int lane, int hd, bool vec, float (&r)[NPL]) {
+  if constexpr (NPL >= 2) {
+    if (vec) {
+      constexpr int W = NPL < 8 ? NPL : 8;  // bf16 per load: 4, 8 or 16 bytes
+      using V = std::conditional_t<W == 8, uint4, std::conditional_t<W == 4, uint2, uint32_t>>;
+#pragma unroll
+      for (int i = 0; i < NPL; i += W) {
+        const V x = *reinterpret_cast<const V*>(row + lane * NPL + i);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+        for (int j = 0; j < W / 2; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          r[i + 2 * j] = f.x, r[i + 2 * j + 1] = f.y;
+        }
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const int d = lane * NPL + i;
+    r[i] = d < hd ? __bfloat162float(row[d]) : 0.0f;
+  }
+}
+
+// part (splits > 1): per (block x, kv head, split) [G] max, [G] sum, [G, hd] unnormalised
+// output; else the normalised output goes straight to out.
+template <int NPL, typename CT>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_kernel(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                     const int32_t* tslot, const int32_t* tpos, float* __restrict__ out, int H, int KVH, int hd,
-                     int64_t cap, float scale) {
-  const int t = blockIdx.x, kvh = blockIdx.y, G = H / KVH;
+    attention_decode_kernel(const float* __restrict__ q, const CT* __restrict__ kc, const CT* __restrict__ vc,
+                            const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, float* __restrict__ out,
+                            float* __restrict__ part, int H, int KVH, int hd, int64_t cap, float scale, bool vec) {
+  const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
+  const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z, G = H / KVH;
   const int slot = tslot[t], pos = tpos[t];
   if (slot < 0) return;
+  // This split's positions: 0..pos cut into nsplit chunks of a multiple of 32 positions.
+  // Trailing splits may be empty; they still report (max −∞, sum 0) to the merge.
+  const int n = pos + 1;
+  const int chunk = ((n + nsplit - 1) / nsplit + 31) & ~31;
+  const int p_begin = min(n, split * chunk), p_end = min(n, p_begin + chunk);
+
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   extern __shared__ float sm[];
-  float* qs = sm;                   // [G, hd]
-  float* part = sm + G * hd;        // per warp: [G] m, [G] l, [G, hd] acc
+  float* qs = sm;             // [G, hd]
+  float* wpart = sm + G * hd;  // per warp: [G] m, [G] l, [G, hd] acc
   const int part_stride = G * (hd + 2);
-  for (int i = threadIdx.x; i < G * hd; i += blockDim.x)
-    qs[i] = q[(int64_t(t) * H + int64_t(kvh) * G) * hd + i];
+  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(int64_t(t) * H + int64_t(kvh) * G) * hd + i];
   __syncthreads();
 
   float qr[kMaxGroup][NPL], acc[kMaxGroup][NPL], m[kMaxGroup], l[kMaxGroup];
@@ -52,38 +135,48 @@ __global__ void __launch_bounds__(kWarps * 32)
     l[g] = 0;
 #pragma unroll
     for (int i = 0; i < NPL; ++i) {
-      const int d = lane + 32 * i;
+      const int d = lane * NPL + i;
       qr[g][i] = (g < G && d < hd) ? qs[g * hd + d] : 0.0f;
       acc[g][i] = 0;
     }
   }
   const int64_t row = int64_t(KVH) * hd;
-  const float* kb = kc + int64_t(slot) * cap * row + int64_t(kvh) * hd;
-  const float* vb = vc + int64_t(slot) * cap * row + int64_t(kvh) * hd;
-  for (int p = warp; p <= pos; p += kWarps) {
-    float kr[NPL], vr[NPL];
+  const CT* kb = kc + int64_t(slot) * cap * row + int64_t(kvh) * hd;
+  const CT* vb = vc + int64_t(slot) * cap * row + int64_t(kvh) * hd;
+  // Two positions per step: twice the loads in flight per warp (decode is bound by memory
+  // latency at this occupancy) and one rescale of the running output for both.
+  for (int p = p_begin + warp; p < p_end; p += 2 * kWarps) {
+    const bool two = p + kWarps < p_end;  // warp-uniform
+    float k0[NPL], v0[NPL], k1[NPL], v1[NPL];
+    load_dims<NPL>(kb + int64_t(p) * row, lane, hd, vec, k0);
+    load_dims<NPL>(vb + int64_t(p) * row, lane, hd, vec, v0);
+    if (two) {
+      load_dims<NPL>(kb + int64_t(p + kWarps) * row, lane, hd, vec, k1);
+      load_dims<NPL>(vb + int64_t(p + kWarps) * row, lane, hd, vec, v1);
+    } else {
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      const int d = lane + 32 * i;
-      kr[i] = d < hd ? kb[int64_t(p) * row + d] : 0.0f;
-      vr[i] = d < hd ? vb[int64_t(p) * row + d] : 0.0f;
+      for (int i = 0; i < NPL; ++i) k1[i] = v1[i] = 0;
     }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= G) break;
-      float s = 0;
+      float s0 = 0, s1 = 0;
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) s += qr[g][i] * kr[i];
-      s = warp_sum(s) * scale;
-      const float mn = fmaxf(m[g], s);
-      const float corr = expf(m[g] - mn), e = expf(s - mn);
-      l[g] = l[g] * corr + e;
+      for (int i = 0; i < NPL; ++i) {
+        s0 += qr[g][i] * k0[i];
+        s1 += qr[g][i] * k1[i];
+      }
+      s0 = warp_sum(s0) * scale;
+      s1 = two ? warp_sum(s1) * scale : -INFINITY;
+      const float mn = fmaxf(m[g], fmaxf(s0, s1));
+      const float corr = expf(m[g] - mn), e0 = expf(s0 - mn), e1 = expf(s1 - mn);
+      l[g] = l[g] * corr + e0 + e1;
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) acc[g][i] = acc[g][i] * corr + e * vr[i];
+      for (int i = 0; i < NPL; ++i) acc[g][i] = acc[g][i] * corr + e0 * v0[i] + e1 * v1[i];
       m[g] = mn;
     }
   }
-  float* mine = part + warp * part_stride;
+  float* mine = wpart + warp * part_stride;
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     if (g >= G) break;
@@ -93,24 +186,72 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 #pragma unroll
     for (int i = 0; i < NPL; ++i) {
-      const int d = lane + 32 * i;
+      const int d = lane * NPL + i;
       if (d < hd) mine[2 * G + g * hd + d] = acc[g][i];
     }
   }
   __syncthreads();
+  float* pp = part ? part + ((int64_t(blockIdx.x) * KVH + kvh) * nsplit + split) * int64_t(part_stride) : nullptr;
   for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
     const int g = i / hd;
     float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, part[w * part_stride + g]);
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wpart[w * part_stride + g]);
     float L = 0, O = 0;
     for (int w = 0; w < kWarps; ++w) {
-      const float* pw = part + w * part_stride;
-      const float f = pw[g] == -INFINITY ? 0.0f : expf(pw[g] - M);
+      const float* pw = wpart + w * part_stride;
+      const float f = pw[g] == -INFINITY ? 0.0f : expf(pw[g] - M);  // a warp without positions
       L += pw[G + g] * f;
       O += pw[2 * G + i] * f;
     }
+    if (!pp) {
+      out[(int64_t(t) * H + int64_t(kvh) * G) * hd + i] = O / L;
+    } else {
+      if (i % hd == 0) {
+        pp[g] = M;
+        pp[G + g] = L;
+      }
+      pp[2 * G + i] = O;
+    }
+  }
+}
+
+// Combines the splits of attention_decode_kernel (grid: its x × KVH).
+__global__ void attention_merge_kernel(const float* __restrict__ part, const int32_t* tslot, const int32_t* tlist,
+                                       float* __restrict__ out, int H, int KVH, int hd, int nsplit) {
+  const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
+  if (tslot[t] < 0) return;
+  const int kvh = blockIdx.y, G = H / KVH;
+  const int64_t stride = int64_t(G) * (hd + 2);
+  const float* pb = part + (int64_t(blockIdx.x) * KVH + kvh) * nsplit * stride;
+  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+    const int g = i / hd;
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, pb[s * stride + g]);
+    float L = 0, O = 0;
+    for (int s = 0; s < nsplit; ++s) {
+      const float* ps = pb + s * stride;
+      const float f = ps[g] == -INFINITY ? 0.0f : expf(ps[g] - M);  // an empty split
+      L += ps[G + g] * f;
+      O += ps[2 * G + i] * f;
+    }
     out[(int64_t(t) * H + int64_t(kvh) * G) * hd + i] = O / L;
   }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Splits of the decode kernel for `blocks` (token, kv head) blocks: about two blocks per SM
+// in all, when the capacity is large enough for the context to be worth cutting.
+int decode_splits(int64_t blocks, int64_t cap) {
+  if (cap <= kSplitMinCapacity) return 1;
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const int64_t want = (2 * int64_t(sms) + blocks - 1) / blocks;
+  return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, cap / kMinSplitPositions)));
 }
 
 }  // namespace
@@ -123,40 +264,118 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
   QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
                k_cache.shape_str(), k.shape_str());
-  QWEN36_CHECK(H / KVH <= kMaxGroup && hd <= 256, "attention: CUDA kernel supports ≤ {} query heads per kv head and "
-               "head_dim ≤ 256 (got {} and {})", kMaxGroup, H / KVH, hd);
+  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16),
+               "attention: KV cache types {} / {} are not supported by the CUDA backend (f32 or bf16, both the same)",
+               dtype_name(k_cache.dtype), dtype_name(v_cache.dtype));
   for (const SeqRun& r : runs) {
     QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
     QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
                  r.pos0, r.pos0 + r.count - 1, cap);
   }
   if (T == 0) return;
+  const bool bf16 = k_cache.dtype == DType::BF16;
+  const int G = int(H / KVH);
+
+  // Which runs take the flash kernel (decided on the host from run lengths alone; a decode
+  // graph has runs of one token, so it never takes this path and needs no host tables).
+  // Exact mode (CudaOptions::exact_matmul, for reference checks) keeps attention in f32 too.
+  const bool decode_ok = G <= kMaxGroup && hd <= 256;
+  const bool flash_ok = !c.exact_matmul && flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
+                        aligned16(k_cache.data) && aligned16(v_cache.data);
+  std::vector<const SeqRun*> flash_runs;
+  int64_t decode_tokens = 0;
+  for (const SeqRun& r : runs) {
+    if (r.count == 0) continue;
+    if (flash_ok && (r.count >= kFlashMinTokens || !decode_ok)) {
+      flash_runs.push_back(&r);
+    } else {
+      QWEN36_CHECK(decode_ok, "attention: the CUDA kernels support ≤ {} query heads per kv head and head_dim ≤ 256, "
+                   "or head_dim 64/128/256 (got {} and {})", kMaxGroup, G, hd);
+      decode_tokens += r.count;
+    }
+  }
+
   Temp<int32_t> stmp(c, 0), ptmp(c, 0);
   const int32_t *ts = nullptr, *tp = nullptr;
   dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
+  if (!ts) return;  // recording a graph that needed the host: it is dropped
   const int64_t row = KVH * hd, n = T * row;
-  kv_append_kernel<<<int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8)), 256, 0, c.stream>>>(
-      k.as<const float>(), v.as<const float>(), k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row,
-      n);
-  CUDA_LAUNCH_CHECK();
-  const int G = int(H / KVH);
-  const size_t smem = sizeof(float) * size_t(G * hd + kWarps * G * (hd + 2));
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(KVH));
-  const int npl = int((hd + 31) / 32);
-  auto launch = [&](auto kernel) {
-    kernel<<<grid, kWarps * 32, smem, c.stream>>>(q.as<const float>(), k_cache.as<const float>(),
-                                                   v_cache.as<const float>(), ts, tp, out.as<float>(),
-                                                   int(H), int(KVH), int(hd), cap, scale);
-  };
-  if (npl <= 1)
-    launch(attention_kernel<1>);
-  else if (npl <= 2)
-    launch(attention_kernel<2>);
-  else if (npl <= 4)
-    launch(attention_kernel<4>);
+  const int append_blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8));
+  if (bf16)
+    kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
+                                                          k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts,
+                                                          tp, cap, row, n);
   else
-    launch(attention_kernel<8>);
+    kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
+                                                          k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row, n);
   CUDA_LAUNCH_CHECK();
+
+  Temp<int32_t> tile_tmp(c, 0), list_tmp(c, 0);
+  if (!flash_runs.empty()) {
+    if (!host_work_allowed(c)) return;
+    // Tiles of 64 (token, head) rows; the heaviest (latest max position) first.
+    const int bm = flash_attention_tile_rows();
+    struct Tile {
+      int64_t work;
+      int32_t v[5];
+    };
+    std::vector<Tile> tl;
+    for (const SeqRun* r : flash_runs)
+      for (int32_t row0 = 0; row0 < r->count * G; row0 += bm)
+        tl.push_back({r->pos0 + std::min<int64_t>(r->count - 1, (row0 + bm - 1) / G),
+                      {r->slot, r->pos0, r->begin, r->count, row0}});
+    std::stable_sort(tl.begin(), tl.end(), [](const Tile& a, const Tile& b) { return a.work > b.work; });
+    std::vector<int32_t> flat;
+    flat.reserve(tl.size() * 5);
+    for (const Tile& t : tl) flat.insert(flat.end(), t.v, t.v + 5);
+    const int32_t* dtiles = tile_tmp.assign(std::span<const int32_t>(flat.data(), flat.size()));
+    flash_attention(c, q.as<const float>(), k_cache.data, v_cache.data, bf16, dtiles, int(tl.size()), int(H),
+                    int(KVH), int(hd), cap, scale, out.as<float>());
+  }
+  if (decode_tokens == 0) return;
+
+  // Decode tokens: all of the batch (no list: capturable), or the listed rows of short runs.
+  const int32_t* tlist = nullptr;
+  int64_t n_tok = T;
+  if (!flash_runs.empty()) {
+    std::vector<int32_t> list;
+    for (const SeqRun& r : runs)
+      if (r.count > 0 && std::find(flash_runs.begin(), flash_runs.end(), &r) == flash_runs.end())
+        for (int32_t j = 0; j < r.count; ++j) list.push_back(r.begin + j);
+    tlist = list_tmp.assign(std::span<const int32_t>(list.data(), list.size()));
+    n_tok = int64_t(list.size());
+  }
+  const int nsplit = decode_splits(n_tok * KVH, cap);
+  Temp<float> part(c, nsplit > 1 ? size_t(n_tok * KVH * nsplit) * size_t(G) * size_t(hd + 2) : 0);
+  const size_t smem = sizeof(float) * size_t(G * hd + kWarps * G * (hd + 2));
+  const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(nsplit));
+  const int npl = hd <= 32 ? 1 : hd <= 64 ? 2 : hd <= 128 ? 4 : 8;
+  const bool vec = hd == 32 * npl && aligned16(k_cache.data) && aligned16(v_cache.data);
+  auto launch = [&](auto kernel, auto* kc, auto* vc) {
+    kernel<<<grid, kWarps * 32, smem, c.stream>>>(q.as<const float>(), kc, vc, ts, tp, tlist, out.as<float>(),
+                                                   part.get(), int(H), int(KVH), int(hd), cap, scale, vec);
+  };
+  auto launch_npl = [&](auto* kc, auto* vc) {
+    using CT = std::remove_const_t<std::remove_pointer_t<decltype(kc)>>;
+    if (npl == 1)
+      launch(attention_decode_kernel<1, CT>, kc, vc);
+    else if (npl == 2)
+      launch(attention_decode_kernel<2, CT>, kc, vc);
+    else if (npl == 4)
+      launch(attention_decode_kernel<4, CT>, kc, vc);
+    else
+      launch(attention_decode_kernel<8, CT>, kc, vc);
+  };
+  if (bf16)
+    launch_npl(k_cache.as<const __nv_bfloat16>(), v_cache.as<const __nv_bfloat16>());
+  else
+    launch_npl(k_cache.as<const float>(), v_cache.as<const float>());
+  CUDA_LAUNCH_CHECK();
+  if (nsplit > 1) {
+    attention_merge_kernel<<<dim3(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH)), 256, 0, c.stream>>>(
+        part.get(), ts, tlist, out.as<float>(), int(H), int(KVH), int(hd), nsplit);
+    CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace qwen36::cuda

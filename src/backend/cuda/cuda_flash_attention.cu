@@ -1,2 +1,334 @@
-// (being written this session)
+// Flash attention for prefill on tensor cores (mma.sync m16n8k16 bf16 → f32, sm_80+): causal
+// GQA softmax attention of a run's query rows over its slot's KV cache (f32 or bf16), after
+// the new keys were appended (cuda_attention.cu appends and dispatches here).
+//
+// Design. A block (4 warps) owns a tile of 64 query rows of one kv head's group: the run's
+// rows are numbered R = j·G + g (token j of the run, query head g of the group), so the G
+// heads sharing a K/V tile use it from shared memory once (GQA reuse), and a tile covers
+// 64/G consecutive positions, which keeps the causal diagonal narrow. Each warp owns 16 rows.
+// Per 64-key tile: S = Q·Kᵀ (Q and K from shared memory through ldmatrix), the online
+// softmax in f32 on the accumulators (exp2 with log2(e) folded into the scale), P rounded to
+// bf16 and reused as the A operand of O += P·V (V through ldmatrix.trans). O stays in
+// registers (head_dim/8 × 4 floats per thread; 128 for hd 256, which is what limits the
+// block to 64 rows and 4 warps). Shared memory: Q, K and V tiles of 64 × (hd + 8) bf16; the
+// 8-element pad shifts consecutive rows by 16 bytes so ldmatrix's 8 row reads hit distinct
+// banks. hd 256: 99 KB, so two blocks per SM on sm_80/90, one on sm_86/89/120.
+// Pipelining: a bf16 cache is copied with cp.async; V of a tile loads while S is computed
+// and K of the next tile while the softmax and P·V run. An f32 cache is converted to bf16
+// on the way in with plain loads (no overlap within a block; the other block covers it).
+// Tiles are issued heaviest (latest positions) first so the causal tail does not straggle.
+#include <cstdint>
+
 #include "backend/cuda/cuda_ops.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+constexpr int kBM = 64;  // query rows per block
+constexpr int kBN = 64;  // keys per K/V tile
+constexpr int kThreads = 128;
+constexpr int kTileInts = 5;  // per tile: slot, pos0, begin, count, row0 (see flash_attention)
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return size_t(kBM + 2 * kBN) * size_t(D + 8) * sizeof(__nv_bfloat16);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// d += a·b for one m16n8k16 tile (bf16 inputs, f32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (lower 16 bits) = lo
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ void store4_bf16(__nv_bfloat16* dst, float4 x) {
+  uint2 u;
+  u.x = pack_bf16(x.x, x.y);
+  u.y = pack_bf16(x.z, x.w);
+  *reinterpret_cast<uint2*>(dst) = u;
+}
+
+// Rows p0 .. p0 + 63 of a cache (row p at src + p·rstride) into a [64][D + 8] bf16 tile;
+// rows past pmax are zero (never read from the cache: they may be beyond the capacity or
+// hold a previous sequence's values, and a NaN there would survive the 0 weight).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t rstride, int p0,
+                                             int pmax) {
+  constexpr int S = D + 8, C = D / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
+    const int r = i / C, c = i % C, p = p0 + r;
+    __nv_bfloat16* d = dst + r * S + c * 8;
+    if (p <= pmax)
+      cp_async16(d, src + int64_t(p) * rstride + c * 8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+template <int D>
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* dst, const float* src, int64_t rstride, int p0, int pmax) {
+  constexpr int S = D + 8, C = D / 4;  // float4s per row
+  for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
+    const int r = i / C, c = i % C, p = p0 + r;
+    const float4 x = p <= pmax ? __ldg(reinterpret_cast<const float4*>(src + int64_t(p) * rstride + c * 4))
+                               : make_float4(0, 0, 0, 0);
+    store4_bf16(dst + r * S + c * 4, x);
+  }
+}
+
+template <int D, typename CT>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_kernel(const float* __restrict__ q, const CT* __restrict__ kc, const CT* __restrict__ vc,
+                           const int32_t* __restrict__ tiles, float* __restrict__ out, int H, int KVH, int64_t cap,
+                           float scale_log2) {
+  constexpr int S = D + 8;  // shared row stride, bf16 elements
+  constexpr int KS = D / 16;  // k-steps of S = Q·Kᵀ
+  constexpr int ND = D / 8;   // n-blocks of O
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* ks = qs + kBM * S;
+  __nv_bfloat16* vs = ks + kBN * S;
+
+  const int32_t* tile = tiles + int64_t(blockIdx.x) * kTileInts;
+  const int slot = tile[0], pos0 = tile[1], begin = tile[2], count = tile[3], row0 = tile[4];
+  const int kvh = blockIdx.y, G = H / KVH, nrows = count * G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
+
+  // Q tile, rounded to bf16; rows past the run are zero (their outputs are not written).
+  for (int i = threadIdx.x; i < kBM * (D / 4); i += kThreads) {
+    const int r = i / (D / 4), c = i % (D / 4), R = row0 + r;
+    float4 x = make_float4(0, 0, 0, 0);
+    if (R < nrows)
+      x = __ldg(reinterpret_cast<const float4*>(q + ((int64_t(begin) + R / G) * H + int64_t(kvh) * G + R % G) * D +
+                                                c * 4));
+    store4_bf16(qs + r * S + c * 4, x);
+  }
+
+  // Causal range: the tile's rows sit at positions min_pos .. max_pos; keys 0 .. max_pos.
+  const int max_pos = pos0 + min(count - 1, (row0 + kBM - 1) / G), min_pos = pos0 + row0 / G;
+  const int n_kv = max_pos / kBN + 1;
+  const int64_t rstride = int64_t(KVH) * D;
+  const CT* kbase = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * D;
+  const CT* vbase = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * D;
+
+  // This thread's two accumulator rows (gid and gid + 8 of the warp's 16) and their positions
+  // (rows past the run take the last position: finite softmax, output dropped).
+  const int ra = row0 + warp * 16 + gid, rb = ra + 8;
+  const int qpos_a = pos0 + min(ra / G, count - 1), qpos_b = pos0 + min(rb / G, count - 1);
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0, l_b = 0;  // running max (log2 units), partial sums
+
+  // ldmatrix lane addresses (bytes). A operand (Q, row-major 16×16): matrices rows 0-7/8-15 ×
+  // cols 0-7/8-15 in the order a0..a3. B operand from K ([key][d] = column-major B): two
+  // n-blocks of 8 keys × k 0-7/8-15. B from V ([key][d] = row-major B): .trans, keys 0-7/8-15
+  // × two 8-wide d-blocks.
+  const uint32_t q_lane = smem_addr(qs) + uint32_t(((warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8) * 2);
+  const uint32_t k_lane = smem_addr(ks) + uint32_t((((lane & 7) + (lane >> 4) * 8) * S + ((lane >> 3) & 1) * 8) * 2);
+  const uint32_t v_lane = smem_addr(vs) + uint32_t((((lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8) * 2);
+
+  load_kv_tile<D>(ks, kbase, rstride, 0, max_pos);
+  cp_async_commit();
+  for (int it = 0; it < n_kv; ++it) {
+    const int kv0 = it * kBN;
+    load_kv_tile<D>(vs, vbase, rstride, kv0, max_pos);
+    cp_async_commit();
+    cp_async_wait<1>();  // K tile `it` (the V tile just issued may still be in flight)
+    __syncthreads();
+
+    float s[kBN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, q_lane + kk * 32);
+#pragma unroll
+      for (int np = 0; np < kBN / 16; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, k_lane + uint32_t(np * 16 * S * 2 + kk * 32));
+        mma_bf16(s[2 * np], a, b[0], b[1]);
+        mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this K tile
+    if (it + 1 < n_kv) load_kv_tile<D>(ks, kbase, rstride, kv0 + kBN, max_pos);
+    cp_async_commit();  // (possibly empty: keeps the group count uniform for the waits)
+
+    // Online softmax. Row a = accumulator elements 0, 1; row b = 2, 3; key of element e of
+    // n-block n: kv0 + 8n + 2·tig + (e & 1). Only tiles reaching past min_pos need the mask.
+    const bool mask = kv0 + kBN - 1 > min_pos;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[n][e] * scale_log2;
+        if (mask && kv0 + 8 * n + 2 * tig + (e & 1) > (e < 2 ? qpos_a : qpos_b)) v = -INFINITY;
+        s[n][e] = v;
+        if (e < 2)
+          mx_a = fmaxf(mx_a, v);
+        else
+          mx_b = fmaxf(mx_b, v);
+      }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    // Key 0 is in tile 0 and visible to every row, so the running max is finite from then on.
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0, sum_b = 0;
+    uint32_t p[kBN / 16][4];  // P as the A operand of P·V, per 16-key step
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) {
+      const float p0 = exp2f(s[n][0] - mn_a), p1 = exp2f(s[n][1] - mn_a);
+      const float p2 = exp2f(s[n][2] - mn_b), p3 = exp2f(s[n][3] - mn_b);
+      sum_a += p0 + p1;
+      sum_b += p2 + p3;
+      // C layout of n-blocks 2k, 2k+1 == A layout of k-step k: {a0, a1} from n-block 2k
+      // (rows a, b), {a2, a3} from n-block 2k + 1.
+      p[n / 2][(n & 1) * 2 + 0] = pack_bf16(p0, p1);
+      p[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= corr_a;
+      o[n][1] *= corr_a;
+      o[n][2] *= corr_b;
+      o[n][3] *= corr_b;
+    }
+
+    cp_async_wait<1>();  // V tile `it` (the next K tile may still be in flight)
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int dp = 0; dp < ND / 2; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, v_lane + uint32_t(kk * 16 * S * 2 + dp * 32));
+        mma_bf16(o[2 * dp], p[kk], b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], p[kk], b[2], b[3]);
+      }
+    __syncthreads();  // every warp is done with this V tile before the next one lands
+  }
+
+  // The 4 threads of a row group hold partial sums of the same rows.
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+  if (ra < nrows) {
+    float* dst = out + ((int64_t(begin) + ra / G) * H + int64_t(kvh) * G + ra % G) * D + 2 * tig;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][0] * inv_a, o[n][1] * inv_a);
+  }
+  if (rb < nrows) {
+    float* dst = out + ((int64_t(begin) + rb / G) * H + int64_t(kvh) * G + rb % G) * D + 2 * tig;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2] * inv_b, o[n][3] * inv_b);
+  }
+}
+
+template <int D>
+bool fits_device(Ctx&) {
+  static const bool ok = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return false;
+    return size_t(optin) >= smem_bytes<D>();
+  }();
+  return ok;
+}
+
+template <int D, typename CT>
+void launch(Ctx& c, const float* q, const void* kc, const void* vc, const int32_t* tiles, int n_tiles, int H, int KVH,
+            int64_t cap, float scale, float* out) {
+  auto kernel = flash_attention_kernel<D, CT>;
+  static const bool attr_set = [&] {  // once per instantiation (the limit is per function)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<D>())));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(KVH));
+  kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(q, static_cast<const CT*>(kc), static_cast<const CT*>(vc),
+                                                        tiles, out, H, KVH, cap, scale * 1.4426950408889634f);
+  CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void launch_dt(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
+               int n_tiles, int H, int KVH, int64_t cap, float scale, float* out) {
+  if (bf16_cache)
+    launch<D, __nv_bfloat16>(c, q, kc, vc, tiles, n_tiles, H, KVH, cap, scale, out);
+  else
+    launch<D, float>(c, q, kc, vc, tiles, n_tiles, H, KVH, cap, scale, out);
+}
+
+}  // namespace
+
+// Declared in cuda_attention.cu (its only caller).
+int flash_attention_tile_rows() { return kBM; }
+
+bool flash_attention_supported(Ctx& c, int64_t hd) {
+  switch (hd) {
+    case 64: return fits_device<64>(c);
+    case 128: return fits_device<128>(c);
+    case 256: return fits_device<256>(c);
+    default: return false;
+  }
+}
+
+// tiles: n_tiles × {slot, pos0, begin, count, row0} on the device: rows [row0, row0 + 64) of
+// the run (slot, pos0, begin, count)'s count·G rows, R = token·G + head in group. q, out
+// [T, H, hd] f32; caches [slots, cap, KVH, hd] holding this batch's keys already; all
+// 16-byte aligned.
+void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
+                     int n_tiles, int H, int KVH, int hd, int64_t cap, float scale, float* out) {
+  if (n_tiles == 0) return;
+  switch (hd) {
+    case 64: launch_dt<64>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
+    case 128: launch_dt<128>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
+    case 256: launch_dt<256>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
+    default: fail("flash_attention: head_dim {} not supported (64, 128, 256)", hd);
+  }
+}
+
+}  // namespace qwen36::cuda

@@ -437,6 +437,50 @@ TEST_F(CpuOps, AttentionRejectsBadSlotsAndCapacity) {
   }
 }
 
+// A bf16 KV cache: append rounds k, v to nearest (ties to even), attention reads the stored
+// values; the output is then exact attention over the rounded history (f32 tolerances).
+uint16_t ref_round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t lo = uint16_t(u >> 16), hi = uint16_t(lo + 1);  // truncation and the next value up in magnitude
+  const double dl = std::abs(test::ref_bf16(lo) - double(f)), dh = std::abs(test::ref_bf16(hi) - double(f));
+  if (dl != dh) return dl < dh ? lo : hi;
+  return (lo & 1) ? hi : lo;
+}
+
+TEST_F(CpuOps, AttentionBf16CacheRoundsOnAppend) {
+  Rng r(31);
+  const AttnSetup s{4, 2, 12, 2, 24};
+  const std::vector<SeqRun> runs = {{1, 0, 0, 5}, {0, 3, 5, 2}};
+  const int64_t T = 7, row = s.KVH * s.hd, n_cache = s.slots * s.cap * row;
+  auto q = r.vec(size_t(T * s.H * s.hd), -2, 2), k = r.vec(size_t(T * row), -2, 2), v = r.vec(size_t(T * row));
+  std::vector<uint16_t> kc(static_cast<size_t>(n_cache)), vc = kc;
+  for (size_t i = 0; i < kc.size(); ++i) {  // earlier positions: arbitrary bf16 values
+    kc[i] = ref_round_bf16(r.uniform(-2, 2));
+    vc[i] = ref_round_bf16(r.uniform(-1, 1));
+  }
+  std::vector<uint16_t> ek = kc, ev = vc;  // expected cache contents after the call
+  for (const SeqRun& run : runs)
+    for (int32_t j = 0; j < run.count; ++j)
+      for (int64_t i = 0; i < row; ++i) {
+        ek[size_t((run.slot * s.cap + run.pos0 + j) * row + i)] = ref_round_bf16(k[size_t((run.begin + j) * row + i)]);
+        ev[size_t((run.slot * s.cap + run.pos0 + j) * row + i)] = ref_round_bf16(v[size_t((run.begin + j) * row + i)]);
+      }
+  std::vector<float> hk(ek.size()), hv(ev.size()), out(q.size(), NAN);
+  for (size_t i = 0; i < ek.size(); ++i) hk[i] = float(test::ref_bf16(ek[i])), hv[i] = float(test::ref_bf16(ev[i]));
+  Tensor tq = test::f32(q, {T, s.H, s.hd}), tk = test::f32(k, {T, s.KVH, s.hd}), tv = test::f32(v, {T, s.KVH, s.hd});
+  Tensor tkc(kc.data(), DType::BF16, {s.slots, s.cap, s.KVH, s.hd}), tvc(vc.data(), DType::BF16, {s.slots, s.cap, s.KVH, s.hd});
+  Tensor to = test::f32(out, {T, s.H, s.hd});
+  const double scale = 1.0 / std::sqrt(double(s.hd));
+  be->attention(tq, tk, tv, tkc, tvc, runs, float(scale), to);
+  EXPECT_EQ(kc, ek) << "k cache after append";
+  EXPECT_EQ(vc, ev) << "v cache after append";
+  expect_close(out, naive_attention(s, q, hk, hv, runs, scale, T), 1e-6, 1e-5, "attention over a bf16 cache");
+  // Mixed or unsupported cache types are refused.
+  Tensor f32c = test::f32(hk, {s.slots, s.cap, s.KVH, s.hd});
+  EXPECT_THROW(be->attention(tq, tk, tv, tkc, f32c, runs, float(scale), to), Error);
+}
+
 // ---------------------------------------------------------------- causal conv1d
 
 // Per channel: seq = [state, inputs]; out[t] = silu(Σ_j w[c, j] seq[t + j]); state = last K−1.
