@@ -7,7 +7,8 @@
 // head looping over its chunks would leave most SMs idle. The work is split so that only the
 // cheap part is sequential:
 //  1. prepare (grid chunks × Hv): γ = cumsum g; A = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
-//     T = (I − A)⁻¹ by forward substitution (f32 SIMT: the inverse is the sensitive step);
+//     T = (I − A)⁻¹ in f32 SIMT (the sensitive step): 16×16 diagonal blocks by forward
+//     substitution, then the off-diagonal blocks by block products (3 levels, not 63 rows);
 //     W = T·diag(β e^γ)·K̂, U = T·diag(β)·V → workspace.
 //  2. state scan (grid runs × Hv × dv/32, sequential over the run's chunks): the state's
 //     value columns evolve independently, so a block owns 32 of them (S slice DK × 32 f32 in
@@ -215,7 +216,7 @@ template <int DK, int DV>
 struct PrepLayout {
   // K̂ is read as A and Bᵀ (pad 4: banks 4g + t) and as B in W (2-way conflicts, accepted)
   static constexpr int LK = DK + 4, LV = DV + 8, LA = kC + 4;
-  static constexpr size_t bytes = (size_t(kC) * (LK + LV + 2 * LA) + 2 * kC) * sizeof(float);
+  static constexpr size_t bytes = (size_t(kC) * (LK + LV + 2 * LA) + 2 * kC + 3 * 256) * sizeof(float);
 };
 
 template <int DK, int DV>
@@ -228,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   float* Ts = As + kC * L::LA;                  // [64][LA] T = (I − A)⁻¹
   float* gs = Ts + kC * L::LA;                  // [64] γ
   float* bs = gs + kC;                          // [64] β
+  float* Ys = bs + kC;                          // [3][16][16] blocks of the inverse in progress
   SeqRun r;
   int c;
   const int64_t gcl = blockIdx.x;
@@ -271,19 +273,40 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
     const int i = e / DV, x = e % DV;
     Vs[i * L::LV + x] *= bs[i];
   }
-  {  // Row i of T − I: X_ij = A_ij + Σ_{j<m<i} A_im X_mj, rows in order; 4 threads per (i, j).
-    const int j = tid >> 2, p = tid & 3;
-    for (int i = 1; i < n; ++i) {
-      float s = 0;
-      if (j < i)
-        for (int m = j + 1 + p; m < i; m += 4) s += As[i * L::LA + m] * Ts[m * L::LA + j];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (j < i && p == 0) Ts[i * L::LA + j] = As[i * L::LA + j] + s;
+  {  // T = (I − A)⁻¹ in 16×16 blocks. The four diagonal blocks by forward substitution, one
+     // warp each (row i of T − I: X_ij = A_ij + Σ_{j<m<i} A_im X_mj, two lanes per column);
+     // then the off-diagonal blocks by distance from the diagonal: T_IJ = T_II·Σ_{J≤M<I} A_IM T_MJ.
+    const int w = tid >> 5, lane = tid & 31;
+    if (w < 4) {
+      const int o = 16 * w, j = lane & 15, p = lane >> 4;
+      for (int i = 1; i < 16; ++i) {
+        float s = 0;
+        if (j < i)
+          for (int m = j + 1 + p; m < i; m += 2) s += As[(o + i) * L::LA + o + m] * Ts[(o + m) * L::LA + o + j];
+        s += __shfl_xor_sync(0xffffffffu, s, 16);
+        if (j < i && p == 0) Ts[(o + i) * L::LA + o + j] = As[(o + i) * L::LA + o + j] + s;
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    const int r = tid >> 4, cc = tid & 15;
+    for (int d = 1; d < 4; ++d) {
+      for (int J = 0; J + d < 4; ++J) {  // Y = Σ_{J≤M<I} A_IM T_MJ: columns 16J..16I of A's row
+        const int I = J + d;
+        float y = 0;
+        for (int x = 16 * J; x < 16 * I; ++x) y += As[(16 * I + r) * L::LA + x] * Ts[x * L::LA + 16 * J + cc];
+        Ys[J * 256 + r * 16 + cc] = y;
+      }
+      __syncthreads();
+      for (int J = 0; J + d < 4; ++J) {  // T_IJ = T_II · Y
+        const int I = J + d;
+        float s = 0;
+        for (int m = 0; m < 16; ++m) s += Ts[(16 * I + r) * L::LA + 16 * I + m] * Ys[J * 256 + m * 16 + cc];
+        Ts[(16 * I + r) * L::LA + 16 * J + cc] = s;
+      }
       __syncthreads();
     }
   }
-  __syncthreads();
   {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
     Acc<kC, DK, 2, DK / 32> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
