@@ -16,7 +16,8 @@
 // Pipelining: a bf16 cache is copied with cp.async; V of a tile loads while S is computed
 // and K of the next tile while the softmax and P·V run. An f32 cache is converted to bf16
 // on the way in with plain loads (no overlap within a block; the other block covers it).
-// Tiles are issued heaviest (latest positions) first so the causal tail does not straggle.
+// Tiles are issued heaviest (latest positions) first, all kv heads of a tile together, so
+// the causal tail does not straggle.
 #include <cstdint>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -115,9 +116,10 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* ks = qs + kBM * S;
   __nv_bfloat16* vs = ks + kBN * S;
 
-  const int32_t* tile = tiles + int64_t(blockIdx.x) * kTileInts;
+  // Block b: tile b / KVH, kv head b % KVH (all kv heads of the heaviest tiles go first).
+  const int32_t* tile = tiles + int64_t(blockIdx.x / KVH) * kTileInts;
   const int slot = tile[0], pos0 = tile[1], begin = tile[2], count = tile[3], row0 = tile[4];
-  const int kvh = blockIdx.y, G = H / KVH, nrows = count * G;
+  const int kvh = int(blockIdx.x % KVH), G = H / KVH, nrows = count * G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
 
@@ -287,7 +289,7 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const int32_
     return true;
   }();
   (void)attr_set;
-  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(KVH));
+  const unsigned grid = static_cast<unsigned>(int64_t(n_tiles) * KVH);
   kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(q, static_cast<const CT*>(kc), static_cast<const CT*>(vc),
                                                         tiles, out, H, KVH, cap, scale * 1.4426950408889634f);
   CUDA_LAUNCH_CHECK();
