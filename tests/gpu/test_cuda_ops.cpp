@@ -241,7 +241,11 @@ TEST_F(CudaOps, AttentionPrefillThenDecode) {
       cpu::attention(q.t, k.t, v.t, kc.t, vc.t, runs, scale, want.t);
       DevT dq = upload(*gpu_, q), dk = upload(*gpu_, k), dv = upload(*gpu_, v), o = upload(*gpu_, HostT(DType::F32, {T, s.H, s.hd}));
       gpu_->attention(dq.t, dk.t, dv.t, dkc.t, dvc.t, runs, scale, o.t);
-      EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 2e-5) << "H=" << s.H << " hd=" << s.hd;
+      // Runs of ≥ 16 tokens take the tensor-core flash kernel (q, k, v and p rounded to bf16:
+      // ~1e-3 measured, 1e-2 allowed); decode-sized runs the exact f32 kernel.
+      bool flash = false;
+      for (const SeqRun& r : runs) flash = flash || r.count >= 16;
+      EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), flash ? 1e-2 : 2e-5) << "H=" << s.H << " hd=" << s.hd;
     }
     EXPECT_LE(rel_err(download(*gpu_, dkc.t), kc.floats()), 0.0);
     EXPECT_LE(rel_err(download(*gpu_, dvc.t), vc.floats()), 0.0);
