@@ -19,8 +19,9 @@
 // Every product runs on tensor cores (mma.sync m16n8k8 tf32, f32 accumulators, sm_80+) with
 // each operand split into two tf32 parts (3 mma per tile: big·big + big·small + small·big),
 // which keeps f32-level accuracy (≈ 2^-21 per product) so the results match the CPU to the
-// same tolerance as the recurrent kernel; kMmaPasses switches to plain tf32 (3× fewer mma,
-// ~1e-3 relative error) or to SIMT f32 FMAs (the simple reference path). Operands are read
+// same tolerance as the recurrent kernel; kPasses* switch a kernel to plain tf32 (3× fewer
+// mma; host-emulated errors vs f64 at d 64: state ~1.5e-4, outputs ~3e-5) or to SIMT f32
+// FMAs (the simple reference path). Operands are read
 // from shared memory through row/column views with row pads chosen so each fragment load
 // hits 32 distinct banks. Workspace per chunk and head: W, U/V' (64 × dk, 64 × dv), S_c
 // (dk × dv), γ (64), all f32; long batches run in segments of chunks that fit kWorkspaceBytes
@@ -38,7 +39,9 @@ constexpr int kC = 64;                 // chunk length (the CPU twin's kChunk)
 constexpr int kThreads = 256;          // every kernel: 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kNB = 32;                // value columns of the state per scan block
-constexpr int kMmaPasses = 3;          // 3: split tf32 (≈ f32), 1: plain tf32, 0: SIMT f32
+// mma passes per product, per kernel: 3 = split tf32 (≈ f32), 1 = plain tf32, 0 = SIMT f32 FMAs.
+// prepare and state feed the carried state; output errors are not carried.
+constexpr int kPassesPrepare = 3, kPassesState = 3, kPassesOutput = 3;
 constexpr size_t kWorkspaceBytes = size_t(1) << 30;
 
 // ---- shared-memory views and the warp-tiled product ----
@@ -71,7 +74,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // C[M × N] += A·B over the block's 8 warps: warp w owns an (16·MT) × (8·NT) tile of C in the
 // m16n8 accumulator layout (lane: g = lane/4, t = lane%4; element e of tile (mt, nt) is
 // row 16mt + g + 8(e/2), column 8nt + 2t + e%2 of the warp tile).
-template <int M, int N, int MT, int NT>
+template <int M, int N, int MT, int NT, int PASSES>
 struct Acc {
   static constexpr int WN = N / (8 * NT);
   static_assert(M % (16 * MT) == 0 && N % (8 * NT) == 0 && (M / (16 * MT)) * WN == kWarps, "one tile per warp");
@@ -107,7 +110,7 @@ struct Acc {
   template <class AV, class BV>
   __device__ void mma(const AV& A, const BV& B, int k_end) {
     for (int k0 = 0; k0 < k_end; k0 += 8) {
-      if constexpr (kMmaPasses == 0) {
+      if constexpr (PASSES == 0) {
 #pragma unroll
         for (int k = k0; k < k0 + 8; ++k) {
           float a[MT][2], b[NT][2];
@@ -148,7 +151,7 @@ struct Acc {
         for (int i = 0; i < MT; ++i)
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            if constexpr (kMmaPasses == 3) {
+            if constexpr (PASSES == 3) {
               mma_tf32(c[i][j], as[i], bb[j]);
               mma_tf32(c[i][j], ab[i], bs[j]);
             }
@@ -257,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   if (tid < kC) a.gam[head * kC + tid] = gs[tid];
 
   {  // A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} for j < i (warp tiles wholly above the diagonal skip the product)
-    Acc<kC, kC, 2, 2> acc;
+    Acc<kC, kC, 2, 2, kPassesPrepare> acc;
     if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Ks, L::LK}, ColMajor{Ks, L::LK}, DK);
     acc.each([&](int i, int j, float& s) {
       As[i * L::LA + j] = j < i ? -(bs[i] * s) * expf(gs[i] - gs[j]) : 0.0f;
@@ -308,13 +311,13 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
     }
   }
   {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
-    Acc<kC, DK, 2, DK / 32> acc;
+    Acc<kC, DK, 2, DK / 32, kPassesPrepare> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
     float* W = a.w + head * kC * DK;
     acc.each([&](int i, int x, float& s) { W[i * DK + x] = s; });
   }
   {  // U = T·(β V)
-    Acc<kC, DV, 2, DV / 32> acc;
+    Acc<kC, DV, 2, DV / 32, kPassesPrepare> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Vs, L::LV}, acc.m0 + 32);
     float* U = a.u + head * kC * DV;
     acc.each([&](int i, int x, float& s) { U[i * DV + x] = s; });
@@ -376,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
     }
   };
 
-  Acc<DK, kNB, DK / 64, 2> st;  // the state slice S[:, col0 .. col0+32)
+  Acc<DK, kNB, DK / 64, 2, kPassesState> st;  // the state slice S[:, col0 .. col0+32)
   st.each([&](int x, int y, float& s) { s = S[int64_t(x) * DV + y]; });
   issue_wu(c_begin);
   cp_async_commit();
@@ -394,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
       *reinterpret_cast<float4*>(Sc + x * DV + y) = *reinterpret_cast<const float4*>(Ss + x * L::LN + y);
     }
     {  // V' = U − W·S (to the workspace for the output kernel, and decayed to smem for the update)
-      Acc<kC, kNB, 1, 2> acc;
+      Acc<kC, kNB, 1, 2, kPassesState> acc;
       acc.mma(RowMajor{Ws, L::LW}, RowMajor{Ss, L::LN}, DK);
       const float gl = gam[kC - 1];
       float* U = a.u + hd * kC * DV + col0;
@@ -449,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   if (tid < kC) gs[tid] = a.gam[head * kC + tid];
   __syncthreads();
   {
-    Acc<kC, kC, 2, 2> acc;
+    Acc<kC, kC, 2, 2, kPassesOutput> acc;
     if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Qs, L::LQ}, ColMajor{Ks, L::LQ}, DK);
     acc.each([&](int i, int j, float& s) { Ps[i * L::LP + j] = j <= i ? s * expf(gs[i] - gs[j]) : 0.0f; });
   }
@@ -471,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
     const int i = e / DK, x = e % DK;
     Qs[i * L::LQ + x] *= expf(gs[i]);
   }
-  Acc<kC, DV, 2, DV / 32> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
+  Acc<kC, DV, 2, DV / 32, kPassesOutput> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
   for (int t = 0; t < kTiles; ++t) {
     if (t + 1 < kTiles) issue_tile(t + 1);
     cp_async_commit();
@@ -480,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
     const RowMajor B{Bt + (t & 1) * L::TB * L::LB, L::LB};
     if (t < kTilesS)
       acc.mma(RowMajor{Qs + t * L::TB, L::LQ}, B, L::TB);
-    else
+    else if ((t - kTilesS) * L::TB < acc.m0 + 32)  // P is lower triangular: skip its zero blocks
       acc.mma(RowMajor{Ps + (t - kTilesS) * L::TB, L::LP}, B, L::TB);
     __syncthreads();
   }
