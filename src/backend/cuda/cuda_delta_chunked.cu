@@ -17,15 +17,17 @@
 //     load (cp.async) during the state update, K̂ of the next chunk during the next V'.
 //  3. output (grid chunks × Hv): O = (Q̂ ⊙ e^γ)·S_c + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})·V'.
 // Every product runs on tensor cores (mma.sync m16n8k8 tf32, f32 accumulators, sm_80+) with
-// each operand split into two tf32 parts (3 mma per tile: big·big + big·small + small·big),
-// which keeps f32-level accuracy (≈ 2^-21 per product) so the results match the CPU to the
-// same tolerance as the recurrent kernel; kPasses* switch a kernel to plain tf32 (3× fewer
-// mma; host-emulated errors vs f64 at d 64: state ~1.5e-4, outputs ~3e-5) or to SIMT f32
-// FMAs (the simple reference path). Operands are read
-// from shared memory through row/column views with row pads chosen so each fragment load
-// hits 32 distinct banks. Workspace per chunk and head: W, U/V' (64 × dk, 64 × dv), S_c
-// (dk × dv), γ (64), all f32; long batches run in segments of chunks that fit kWorkspaceBytes
-// (the state carries between segments through the state tensor).
+// each operand split into two tf32 parts (3 mma per tile: big·big + big·small + small·big):
+// ≈ 2^-21 relative per product, so the results match the CPU to f32-level tolerances.
+// kPasses* switch a kernel to plain tf32 (3× fewer mma; host-emulated errors vs f64 at d 64:
+// state ~1.5e-4, outputs ~3e-5) or to SIMT f32 FMAs (the simple reference path). Operands
+// come from shared memory through row/column views; row pads (4 or 8 floats, by access
+// pattern) spread the fragment loads over the banks. Workspace per chunk and head: W, U/V'
+// (64 × dk, 64 × dv), S_c (dk × dv), γ (64), all f32; longer batches run in segments of
+// chunks that fit kWorkspaceBytes (the state carries between segments in the state tensor).
+// Expected limits (not measured): the scan is the only sequential part, with Hv·dv/32 blocks
+// (192 for the 27B: one or two per SM) bound by mma throughput; prepare and output have
+// chunks × Hv blocks (3072 at 4096 tokens) and are throughput-bound as well.
 #include <algorithm>
 #include <cstdint>
 
@@ -64,6 +66,8 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
   small = __float_as_uint(x - __uint_as_float(b));
 }
 
+// d += a·b, one m16n8k8 tile. Fragments (g = lane/4, t = lane%4): a = A(g, t), A(g+8, t),
+// A(g, t+4), A(g+8, t+4); b = B(t, g), B(t+4, g); d = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
