@@ -10,6 +10,7 @@
 // (S ← e^g S; u_j = Σ_i S_ij k_i; δ_j = β(v_j − u_j); S_ij += k_i δ_j; o_j = Σ_i S_ij q_i).
 // Both kernels take the whole run table and skip the other form's runs, so a mixed batch
 // needs no per-form upload. q̂, k̂ are L2-normalised by a separate parallel kernel first.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -193,9 +194,11 @@ void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v,
   for (const SeqRun& r : runs)
     QWEN36_CHECK(r.slot >= 0 && r.slot < state.dim(0), "gated_delta_rule: slot {} out of range", r.slot);
   if (runs.empty() || T == 0) return;
-  int min_chunked = INT_MAX;  // runs with count ≥ min_chunked take the chunked form
-  if (mode != DeltaRuleMode::Recurrent && delta_rule_chunked_supported(dk, dv))
-    min_chunked = mode == DeltaRuleMode::Chunked ? 1 : kAutoChunkedMin;
+  // Runs with count ≥ min_chunked take the chunked form. The device is asked about the
+  // chunked kernels only when a run wants them (never in a recorded decode step).
+  const int want = mode == DeltaRuleMode::Chunked ? 1 : mode == DeltaRuleMode::Auto ? kAutoChunkedMin : INT_MAX;
+  const bool wanted = std::any_of(runs.begin(), runs.end(), [&](const SeqRun& r) { return r.count >= want; });
+  const int min_chunked = wanted && delta_rule_chunked_supported(dk, dv) ? want : INT_MAX;
   bool any_chunked = false, any_recurrent = false;
   for (const SeqRun& r : runs) {
     any_chunked |= r.count > 0 && r.count >= min_chunked;
