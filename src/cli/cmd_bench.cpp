@@ -23,7 +23,9 @@
 #include "core/error.h"
 #include "format/model_loader.h"
 #include "model/presets.h"
+#include "model/random_quant_weights.h"
 #include "model/random_weights.h"
+#include "quant/mix_rules.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "model/memory_plan.h"
@@ -147,13 +149,24 @@ void run_bench(const BenchOptions& o) {
   if (!o.synthetic.empty()) {
     const DType dt = o.type == "bf16" ? DType::BF16 : o.type == "f16" ? DType::F16 : o.type == "f32" ? DType::F32
                                                                                                      : DType::I32;
-    QWEN36_CHECK(dt != DType::I32, "bench: --type {} is not one of bf16, f16, f32", o.type);
     const ModelConfig cfg = model_preset(o.synthetic, o.layers);
+    if (dt == DType::I32) {  // block-quantized: a mix (CPU, CUDA) or one block type (CUDA)
 #ifdef QWEN36_HAVE_CUDA
-    w = cuda ? make_random_weights_cuda(cfg, dt, 42) : make_random_weights(cfg, dt, 42, false);
-#else
-    w = make_random_weights(cfg, dt, 42, false);
+      if (cuda) w = make_random_quant_weights_cuda(cfg, o.type, 42);
 #endif
+      if (!cuda) {
+        const auto mix = parse_quant_mix(o.type);
+        QWEN36_CHECK(mix, "bench: --type {} is not bf16, f16, f32 or a quantization mix (q8_0, q6_k, q5_k_m, q4_k_m, ...)",
+                     o.type);
+        w = make_random_quant_weights(cfg, *mix, 42);
+      }
+    } else {
+#ifdef QWEN36_HAVE_CUDA
+      w = cuda ? make_random_weights_cuda(cfg, dt, 42) : make_random_weights(cfg, dt, 42, false);
+#else
+      w = make_random_weights(cfg, dt, 42, false);
+#endif
+    }
     model_name = fmt::format("{} {} (synthetic, random)", o.synthetic, o.type);
   } else {
     w = load_model_weights(o.model);
@@ -311,7 +324,11 @@ void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   cmd->add_option("-m,--model", o->model, "Model: Hugging Face directory or .gguf file");
   cmd->add_option("--synthetic", o->synthetic, "Random weights of a preset: qwen3.6-27b, qwen3.6-35b-a3b, cpu-0.5b, ...");
-  cmd->add_option("--type", o->type, "Matrix dtype of synthetic weights: bf16, f16, f32")->capture_default_str();
+  cmd->add_option("--type", o->type,
+                  "Matrix dtype of synthetic weights: bf16, f16, f32, a quantization mix (q8_0, q6_k, q5_k_m, q4_k_m, "
+                  "...; per-tensor types as `quantize` gives them), or with --backend cuda a block type for every "
+                  "matrix (q4_k, q5_k, iq4_xs, ...)")
+      ->capture_default_str();
   add_cache_type_options(cmd, o->cache);
   cmd->add_option("--layers", o->layers, "Override the synthetic preset's layer count");
   cmd->add_option("-p,--n-prompt", o->prompts, "Prompt lengths, comma-separated (empty: none)")->capture_default_str();

@@ -36,5 +36,9 @@ double cuda_bf16_gemm_tflops(int n, int reps);
 // Random weights generated directly in device memory (same structure and scales as
 // make_random_weights; values differ). prepare_weights of the CUDA backend keeps them in place.
 ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dtype, uint64_t seed);
+// The same with block-quantized matrices: `type` is a quantization mix ("q4_k_m", "q8_0", ...;
+// per-tensor types as `qwen36 quantize` gives them) or a block type ("q4_k", "iq4_xs", ...: every
+// quantizable matrix in that type).
+ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed);
 
 }  // namespace qwen36

@@ -127,6 +127,7 @@ int norm_threads(int64_t D) { return int(std::clamp<int64_t>((D / 8 + 31) / 32 *
 }  // namespace
 
 void embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  if (dtype_is_quantized(table.dtype)) return quant_embed(c, table, ids, out);  // cuda_quant_matmul.cu
   check_weight_dtype(table, "embed");
   const int64_t D = table.cols(), V = table.rows();
   check_f32(out, "embed");

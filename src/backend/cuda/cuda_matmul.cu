@@ -349,7 +349,25 @@ bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up
   return true;
 }
 
+void round_activations(Ctx& c, const float* x, void* xh, int64_t n, bool to_bf16) {
+  const int blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535));
+  if (to_bf16)
+    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__nv_bfloat16*>(xh), n);
+  else
+    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__half*>(xh), n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void gemm_half(Ctx& c, const void* w, const void* xh, bool bf16, int T, int N, int K, float* out, int ldo) {
+  // Row-major out[T, N] = x[T, K] · w[N, K]ᵀ is column-major out(N×T) = wᵀ(N×K) · x(K×T).
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, dt, K, xh, dt, K, &zero, out,
+                            CUDA_R_32F, ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
+  if (dtype_is_quantized(w.dtype)) return quant_matmul(c, x, w, out);  // cuda_quant_matmul.cu
   check_weight_dtype(w, "matmul");
   const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
   QWEN36_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "matmul: activations must be f32");
@@ -383,15 +401,8 @@ void matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   }
   const bool bf = w.dtype == DType::BF16;
   Temp<uint16_t> xh(c, size_t(T * K));
-  const int blocks = int(std::min<int64_t>(blocks_for(T * K, 256), 65535));
-  if (bf)
-    round_kernel<<<blocks, 256, 0, c.stream>>>(xp, reinterpret_cast<__nv_bfloat16*>(xh.get()), T * K);
-  else
-    round_kernel<<<blocks, 256, 0, c.stream>>>(xp, reinterpret_cast<__half*>(xh.get()), T * K);
-  CUDA_LAUNCH_CHECK();
-  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
-  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, iN, iT, iK, &one, w.data, dt, iK, xh.get(), dt, iK,
-                            &zero, op, CUDA_R_32F, iN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  round_activations(c, xp, xh.get(), T * K, bf);
+  gemm_half(c, w.data, xh.get(), bf, iT, iN, iK, op, iN);
 }
 
 }  // namespace qwen36::cuda

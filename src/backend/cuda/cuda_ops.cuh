@@ -199,6 +199,16 @@ void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& ds
 void get_rows_dev(Ctx&, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst);
 
 void matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
+// The prefill GEMM's parts (cuda_matmul.cu): x rounded to bf16 / f16 into xh, and out (row
+// stride ldo) [T, N] = xh[T, K] · w[N, K]ᵀ, both bf16 or both f16, f32 accumulation.
+void round_activations(Ctx&, const float* x, void* xh, int64_t n, bool to_bf16);
+void gemm_half(Ctx&, const void* w, const void* xh, bool bf16, int T, int N, int K, float* out, int ldo);
+// Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
+bool quant_supported(DType t);
+void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
+void quant_embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+// n weights of random blocks of type t at dst (std ≈ sigma, mean ≈ 0), on the default stream.
+void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed);
 // Fused decode forms (Backend::matmul_multi / matmul_swiglu): false when the shapes or dtypes
 // are not ones the one-launch kernels handle; the caller then composes the plain ops.
 bool matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);

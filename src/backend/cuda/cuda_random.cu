@@ -2,10 +2,20 @@
 // on full-size shapes, where generating 54 GB on the host and uploading it is slow). The
 // structure and scales follow model/random_weights.cpp (matrices ~ N(0, 1/fan_in), norm
 // multipliers near 1, DeltaNet decays in a realistic range); the values themselves differ.
+// Block-quantized models take each matrix's type from the rules `qwen36 quantize` applies
+// (quant/mix_rules.h, via the CPU synthetic model's plan) and random valid blocks
+// (cuda::quant_random_fill).
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <optional>
+#include <string>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
+#include "model/random_quant_weights.h"
+#include "quant/quantize_model.h"
 
 namespace qwen36 {
 
@@ -40,8 +50,14 @@ __global__ void fill_kernel(T* p, int64_t n, uint64_t stream, bool normal, float
 
 class DeviceBuilder {
  public:
-  DeviceBuilder(ModelWeights& w, DType dtype, uint64_t seed) : w_(w), dtype_(dtype), seed_(seed) {}
-  Tensor matrix(std::initializer_list<int64_t> shape, float std) { return make(dtype_, shape, true, std, 0); }
+  // types: the type of every matrix by GGUF name (block-quantized synthetic models), else dtype.
+  DeviceBuilder(ModelWeights& w, DType dtype, uint64_t seed, const std::unordered_map<std::string, DType>* types)
+      : w_(w), dtype_(dtype), seed_(seed), types_(types) {}
+  void set_layer(int64_t i) { prefix_ = "blk." + std::to_string(i) + "."; }
+  // name: the GGUF name within the layer set by set_layer ("attn_q.weight"), or a global one.
+  Tensor matrix(const std::string& name, std::initializer_list<int64_t> shape, float std) {
+    return make(type_of(name), shape, true, std, 0);
+  }
   Tensor f32(std::initializer_list<int64_t> shape, float mean, float spread) {
     return make(DType::F32, shape, false, mean, spread);
   }
@@ -56,7 +72,9 @@ class DeviceBuilder {
     const int64_t n = x.numel();
     const uint64_t stream = (seed_ * 1000003ull + counter_++) * 0x100000001b3ull;
     const int blocks = int(std::min<int64_t>((n + 255) / 256, 132 * 64));
-    if (n > 0) {
+    if (n > 0 && dtype_is_quantized(t)) {
+      cuda::quant_random_fill(t, p, n, a, stream);  // cuda_quant_matmul.cu
+    } else if (n > 0) {
       switch (t) {
         case DType::BF16: fill_kernel<<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, stream, normal, a, b); break;
         case DType::F16: fill_kernel<<<blocks, 256>>>(static_cast<__half*>(p), n, stream, normal, a, b); break;
@@ -66,15 +84,26 @@ class DeviceBuilder {
     }
     return x;
   }
+  DType type_of(const std::string& name) const {
+    if (!types_) return dtype_;
+    auto it = types_->find(name);
+    if (it == types_->end()) it = types_->find(prefix_ + name);
+    QWEN36_CHECK(it != types_->end(), "internal: random model has no tensor {}{}", prefix_, name);
+    return it->second;
+  }
   ModelWeights& w_;
   DType dtype_;
   uint64_t seed_;
   uint64_t counter_ = 0;
+  const std::unordered_map<std::string, DType>* types_;
+  std::string prefix_;
 };
 
-MlpWeights random_mlp(DeviceBuilder& b, int64_t H, int64_t I) {
-  return {b.matrix({I, H}, 1.0f / std::sqrt(float(H))), b.matrix({I, H}, 1.0f / std::sqrt(float(H))),
-          b.matrix({H, I}, 1.0f / std::sqrt(float(I)))};
+// kind: "" (dense MLP), "_exps" (routed experts), "_shexp" (shared expert), as in GGUF names.
+MlpWeights random_mlp(DeviceBuilder& b, int64_t H, int64_t I, const std::string& kind) {
+  return {b.matrix("ffn_gate" + kind + ".weight", {I, H}, 1.0f / std::sqrt(float(H))),
+          b.matrix("ffn_up" + kind + ".weight", {I, H}, 1.0f / std::sqrt(float(H))),
+          b.matrix("ffn_down" + kind + ".weight", {H, I}, 1.0f / std::sqrt(float(I)))};
 }
 
 LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind) {
@@ -86,33 +115,68 @@ LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind
   l.post_attention_norm = b.f32({H}, 1.0f, 0.1f);
   if (kind == LayerKind::FullAttention) {
     const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-    l.attn = {b.matrix({c.q_proj_rows(), H}, sh), b.matrix({kvd, H}, sh), b.matrix({kvd, H}, sh),
-              b.matrix({H, qd}, 1.0f / std::sqrt(float(qd))), b.f32({c.head_dim}, 1.0f, 0.1f),
+    l.attn = {b.matrix("attn_q.weight", {c.q_proj_rows(), H}, sh), b.matrix("attn_k.weight", {kvd, H}, sh),
+              b.matrix("attn_v.weight", {kvd, H}, sh),
+              b.matrix("attn_output.weight", {H, qd}, 1.0f / std::sqrt(float(qd))), b.f32({c.head_dim}, 1.0f, 0.1f),
               b.f32({c.head_dim}, 1.0f, 0.1f)};
   } else {
     const int64_t vd = c.linear_value_dim();
     auto& d = l.deltanet;
-    d.in_proj_qkv = b.matrix({c.conv_dim(), H}, sh);
-    d.in_proj_z = b.matrix({vd, H}, sh);
-    d.in_proj_b = b.matrix({c.linear_v_heads, H}, sh);
-    d.in_proj_a = b.matrix({c.linear_v_heads, H}, sh);
+    d.in_proj_qkv = b.matrix("attn_qkv.weight", {c.conv_dim(), H}, sh);
+    d.in_proj_z = b.matrix("attn_gate.weight", {vd, H}, sh);
+    d.in_proj_b = b.matrix("ssm_beta.weight", {c.linear_v_heads, H}, sh);
+    d.in_proj_a = b.matrix("ssm_alpha.weight", {c.linear_v_heads, H}, sh);
     d.conv1d = b.f32({c.conv_dim(), c.conv_kernel}, 0.0f, 0.5f);
     d.dt_bias = b.f32({c.linear_v_heads}, 0.0f, 0.5f);
     d.a_neg_exp = b.f32({c.linear_v_heads}, -1.0f, 0.5f);
     d.norm = b.f32({c.linear_v_dim}, 1.0f, 0.1f);
-    d.out_proj = b.matrix({H, vd}, 1.0f / std::sqrt(float(vd)));
+    d.out_proj = b.matrix("ssm_out.weight", {H, vd}, 1.0f / std::sqrt(float(vd)));
   }
   if (c.moe) {
-    l.moe.router = b.matrix({c.n_experts, H}, sh);
-    for (int64_t e = 0; e < c.n_experts; ++e) l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size));
+    l.moe.router = b.matrix("ffn_gate_inp.weight", {c.n_experts, H}, sh);
+    for (int64_t e = 0; e < c.n_experts; ++e)
+      l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size, "_exps"));
     if (c.shared_expert_intermediate_size > 0) {
-      l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size);
-      l.moe.shared_gate = b.matrix({1, H}, sh);
+      l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size, "_shexp");
+      l.moe.shared_gate = b.matrix("ffn_gate_inp_shexp.weight", {1, H}, sh);
     }
   } else {
-    l.mlp = random_mlp(b, H, c.intermediate_size);
+    l.mlp = random_mlp(b, H, c.intermediate_size, "");
   }
   return l;
+}
+
+// A block type by its name ("q4_k", "IQ4_XS"), case-insensitive; F32 when none.
+DType quant_block_type(const std::string& name) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K, DType::IQ4_XS}) {
+    std::string n(dtype_name(t));
+    if (n.size() == name.size() && std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        }))
+      return t;
+  }
+  return DType::F32;
+}
+
+ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
+                   const std::unordered_map<std::string, DType>* types) {
+  c.validate();
+  ModelWeights w;
+  w.config = c;
+  DeviceBuilder b(w, matrix_dtype, seed, types);
+  w.embed_tokens = b.matrix("token_embd.weight", {c.vocab_size, c.hidden_size}, 1.0f);
+  w.final_norm = b.f32({c.hidden_size}, 1.0f, 0.1f);
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens
+                                    : b.matrix("output.weight", {c.vocab_size, c.hidden_size},
+                                               1.0f / std::sqrt(float(c.hidden_size)));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    b.set_layer(i);
+    w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)]));
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  validate_weights(w);
+  return w;
 }
 
 }  // namespace
@@ -120,18 +184,25 @@ LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind
 ModelWeights make_random_weights_cuda(const ModelConfig& c, DType matrix_dtype, uint64_t seed) {
   QWEN36_CHECK(matrix_dtype == DType::F32 || matrix_dtype == DType::F16 || matrix_dtype == DType::BF16,
                "random weights: dtype {} is not supported here", dtype_name(matrix_dtype));
-  c.validate();
-  ModelWeights w;
-  w.config = c;
-  DeviceBuilder b(w, matrix_dtype, seed);
-  w.embed_tokens = b.matrix({c.vocab_size, c.hidden_size}, 1.0f);
-  w.final_norm = b.f32({c.hidden_size}, 1.0f, 0.1f);
-  w.lm_head = c.tie_word_embeddings ? w.embed_tokens
-                                    : b.matrix({c.vocab_size, c.hidden_size}, 1.0f / std::sqrt(float(c.hidden_size)));
-  for (int64_t i = 0; i < c.n_layers; ++i) w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)]));
-  CUDA_CHECK(cudaDeviceSynchronize());
-  validate_weights(w);
-  return w;
+  return build(c, matrix_dtype, seed, nullptr);
+}
+
+ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::string& type, uint64_t seed) {
+  // The per-tensor types `qwen36 quantize` would give the CPU synthetic model of the same
+  // preset (model/random_quant_weights.cpp): a mix's rules, or for a block type every matrix
+  // the Q8_0 mix quantizes in that type (Q8_0 where a row cannot hold its blocks).
+  const std::optional<QuantMix> mix = parse_quant_mix(type);
+  const DType pure = mix ? DType::F32 : quant_block_type(type);
+  QWEN36_CHECK(mix || pure != DType::F32, "random weights: {} is neither a quantization mix nor a block type", type);
+  ModelPlan plan = random_model_plan(c, seed, "qwen36-random");
+  const std::vector<DType> types = choose_plan_types(plan, mix ? *mix : QuantMix::Q8_0);
+  std::unordered_map<std::string, DType> by_name;
+  for (size_t i = 0; i < types.size(); ++i) {
+    DType t = types[i];
+    if (!mix && dtype_is_quantized(t) && plan.tensors[i].cols() % dtype_block_elems(pure) == 0) t = pure;
+    by_name[plan.tensors[i].name] = t;
+  }
+  return build(c, DType::BF16, seed, &by_name);
 }
 
 }  // namespace qwen36
