@@ -3,7 +3,8 @@
 // in different slots, lengths around the chunk size (1, 63, 64, 65, 200, 300), nonzero
 // initial state carried over two batches, the 27B (Hv/Hk = 3), 35B (Hv/Hk = 2) and dk = 64
 // shapes, modes Chunked (every run chunked) and Auto (runs ≥ 64 chunked, the rest recurrent);
-// outputs and the whole state tensor (one slot untouched) are compared.
+// a batch of 40 runs (decode steps mixed with prefills); outputs and the whole state tensor
+// (one slot untouched) are compared.
 //
 // Tolerance 1e-4 of max(1, max |reference|) (outputs here are ≲ 1, so about 1e-4 absolute).
 // Both sides compute in f32 with the same chunk boundaries; they differ in summation order
@@ -89,14 +90,17 @@ void run_gpu(Backend& gpu, const Inputs& in, DevT& dst, const std::vector<SeqRun
   gpu.gated_delta_rule(dq.t, dk.t, dv.t, dg.t, db.t, dst.t, runs, dout.t, mode);
 }
 
-void check_against_cpu(Backend& gpu, std::mt19937& rng, const Shape& s, DeltaRuleMode mode) {
+// The default batches: six runs around the chunk size, then a second batch continuing them.
+const std::vector<std::vector<SeqRun>> kSteps{
+    {{5, 0, 0, 1}, {0, 0, 1, 63}, {3, 0, 64, 64}, {1, 0, 128, 65}, {4, 0, 193, 200}, {2, 0, 393, 300}},
+    {{2, 300, 0, 130}, {5, 1, 130, 1}, {3, 64, 131, 64}, {0, 63, 195, 2}, {4, 200, 197, 129}}};
+
+void check_against_cpu(Backend& gpu, std::mt19937& rng, const Shape& s, DeltaRuleMode mode,
+                       const std::vector<std::vector<SeqRun>>& steps = kSteps, int64_t slots = 7) {
   const char* mname = mode == DeltaRuleMode::Chunked ? "Chunked" : "Auto";
-  const int64_t slots = 7;  // slot 6 is never used: it must come back unchanged
+  // the last slot is never used by kSteps: it must come back unchanged
   HostT st = random_t(rng, DType::F32, {slots, s.Hv, s.d, s.d}, -0.5f, 0.5f);
   DevT dst = upload(gpu, st);
-  const std::vector<std::vector<SeqRun>> steps{
-      {{5, 0, 0, 1}, {0, 0, 1, 63}, {3, 0, 64, 64}, {1, 0, 128, 65}, {4, 0, 193, 200}, {2, 0, 393, 300}},
-      {{2, 300, 0, 130}, {5, 1, 130, 1}, {3, 64, 131, 64}, {0, 63, 195, 2}, {4, 200, 197, 129}}};
   for (size_t step = 0; step < steps.size(); ++step) {
     const std::vector<SeqRun>& runs = steps[step];
     int64_t T = 0;
@@ -128,6 +132,22 @@ TEST_F(CudaDeltaNet, ChunkedMatchesCpu35B) {
 }
 TEST_F(CudaDeltaNet, ChunkedMatchesCpuHeadDim64) {
   for (DeltaRuleMode mode : {DeltaRuleMode::Chunked, DeltaRuleMode::Auto}) check_against_cpu(*gpu_, rng_, kD64, mode);
+}
+
+// A serving batch: 40 runs, mostly one-token decode steps, with prefills among them (the
+// chunked kernels locate their chunks by scanning the run table 32 runs at a time).
+TEST_F(CudaDeltaNet, MixedBatchOfManyRuns) {
+  std::vector<SeqRun> runs;
+  int32_t begin = 0;
+  for (int32_t i = 0; i < 40; ++i) {
+    const int32_t count = i == 5 ? 70 : i == 33 ? 130 : i == 38 ? 64 : i == 39 ? 3 : 1;
+    runs.push_back({i, 0, begin, count});
+    begin += count;
+  }
+  for (DeltaRuleMode mode : {DeltaRuleMode::Chunked, DeltaRuleMode::Auto}) {
+    check_against_cpu(*gpu_, rng_, kD64, mode, {runs}, 41);
+    check_against_cpu(*gpu_, rng_, k35B, mode, {runs}, 41);
+  }
 }
 
 // Milliseconds per call of one run over all of `in`'s tokens (mean of `reps` after one warm-up).

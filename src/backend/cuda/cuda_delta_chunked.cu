@@ -191,21 +191,43 @@ struct ChunkArgs {
 
 __device__ __forceinline__ int64_t chunks_of(int count) { return (int64_t(count) + kC - 1) / kC; }
 
-// The run and chunk index of chunk `gc` (numbered over the chunked runs in order).
+// The run and chunk index of chunk `gc` (numbered over the chunked runs in order). Called by
+// the whole block; the first warp scans the run table 32 runs at a time (a batch may hold
+// hundreds of one-token decode runs next to a prefill).
 __device__ bool find_chunk(const ChunkArgs& a, int64_t gc, SeqRun& run, int& c) {
-  int64_t base = 0;
-  for (int i = 0; i < a.nruns; ++i) {
-    const SeqRun r = a.runs[i];
-    if (r.count < a.min_count) continue;
-    const int64_t nc = chunks_of(r.count);
-    if (gc < base + nc) {
-      run = r;
-      c = int(gc - base);
-      return true;
+  __shared__ int found[2];
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    int base = 0, fr = -1, fc = 0;
+    for (int i0 = 0; i0 < a.nruns && fr < 0; i0 += 32) {
+      const int i = i0 + lane;
+      const int cnt = i < a.nruns ? a.runs[i].count : 0;
+      const int nc = cnt >= a.min_count ? int(chunks_of(cnt)) : 0;
+      int incl = nc;  // inclusive prefix sum over the lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const int first = base + incl - nc;
+      const unsigned hit = __ballot_sync(0xffffffffu, nc > 0 && gc >= first && gc < first + nc);
+      if (hit) {
+        const int src = __ffs(int(hit)) - 1;
+        fr = i0 + src;
+        fc = int(gc - __shfl_sync(0xffffffffu, first, src));
+      }
+      base += __shfl_sync(0xffffffffu, incl, 31);
     }
-    base += nc;
+    if (lane == 0) {
+      found[0] = fr;
+      found[1] = fc;
+    }
   }
-  return false;
+  __syncthreads();
+  if (found[0] < 0) return false;
+  run = a.runs[found[0]];
+  c = found[1];
+  return true;
 }
 
 // Rows [0, n) of a chunk of q̂ or k̂ into smem rows of stride ld; rows n..63 zero.
