@@ -152,6 +152,52 @@ TEST_F(CudaOps, FusedMatmulMultiAndSwiglu) {
     }
 }
 
+// Prefill forms: a group stored back to back (as prepare_weights lays out a checkpoint) is one
+// GEMM with bf16/f16-rounded activations (1.5e-2, as the plain prefill GEMM); the SwiGLU
+// reads gate/up products rounded to the 16-bit type (a further 2^-8 relative: same bound).
+TEST_F(CudaOps, FusedMatmulPrefillOverContiguousWeights) {
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t T : {9, 100}) {
+      const int64_t K = 256;
+      const std::vector<int64_t> rows{200, 48, 48, 7};
+      int64_t total = 0;
+      for (int64_t n : rows) total += n;
+      HostT x = random_t(rng_, DType::F32, {T, K}), all = random_t(rng_, dt, {total, K});
+      DevT dx = upload(*gpu_, x), dall = upload(*gpu_, all);
+      std::vector<Tensor> dw;
+      std::vector<HostT> want;
+      std::vector<DevT> dout;
+      int64_t r0 = 0;
+      for (int64_t n : rows) {
+        HostT w(dt, {n, K});
+        std::memcpy(w.t.data, static_cast<const uint8_t*>(all.t.data) + size_t(r0 * K) * 2, size_t(n * K) * 2);
+        want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, n});
+        cpu::matmul(x.t, w.t, want.back().t);
+        dw.emplace_back(static_cast<uint8_t*>(dall.t.data) + size_t(r0 * K) * 2, dt, std::initializer_list<int64_t>{n, K});
+        dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+        r0 += n;
+      }
+      const Tensor* ws[] = {&dw[0], &dw[1], &dw[2], &dw[3]};
+      Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
+      gpu_->matmul_multi(dx.t, ws, outs);
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " matrix " << i;
+
+      // gate = rows [0, 100), up = rows [100, 200) of the same block
+      HostT g(dt, {100, K}), u(dt, {100, K});
+      std::memcpy(g.t.data, all.t.data, size_t(100 * K) * 2);
+      std::memcpy(u.t.data, static_cast<const uint8_t*>(all.t.data) + size_t(100 * K) * 2, size_t(100 * K) * 2);
+      HostT gw(DType::F32, {T, 100}), uw(DType::F32, {T, 100});
+      cpu::matmul(x.t, g.t, gw.t);
+      cpu::matmul(x.t, u.t, uw.t);
+      cpu::swiglu(gw.t, uw.t, gw.t);
+      const Tensor dg(dall.t.data, dt, {100, K}), du(static_cast<uint8_t*>(dall.t.data) + size_t(100 * K) * 2, dt, {100, K});
+      DevT go = upload(*gpu_, HostT(DType::F32, {T, 100})), uo = upload(*gpu_, HostT(DType::F32, {T, 100}));
+      gpu_->matmul_swiglu(dx.t, dg, du, go.t, uo.t);
+      EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " swiglu";
+    }
+}
+
 TEST_F(CudaOps, AddRmsNorm) {
   for (int64_t D : {100, 5120}) {
     HostT y = random_t(rng_, DType::F32, {5, D}, -3, 3), d = random_t(rng_, DType::F32, {5, D}, -3, 3),

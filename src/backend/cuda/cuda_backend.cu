@@ -38,6 +38,19 @@ bool same_contents(const std::vector<T>& v, std::span<const T> h) {
 }
 }  // namespace
 
+bool pdl_supported() {
+  // QWEN36_NO_PDL=1 turns it off (to measure what it gives, or to rule it out).
+  static const bool on = [] {
+    const char* off = std::getenv("QWEN36_NO_PDL");
+    if (off && *off && std::string(off) != "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    return major >= 9;
+  }();
+  return on;
+}
+
 bool host_work_allowed(Ctx& c) {
   if (!c.capturing) return true;
   c.capture_failed = true;
@@ -271,7 +284,7 @@ class CudaBackend final : public Backend {
   void matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
     {
       Prof p_(*this, profile_ ? "matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols()) : std::string());
-      if (cuda::matmul_multi(ctx_, x, ws, outs)) return;
+      if (cuda::matmul_multi(ctx_, x, ws, outs) || cuda::matmul_multi_prefill(ctx_, x, ws, outs)) return;
     }
     Backend::matmul_multi(x, ws, outs);
   }
@@ -280,7 +293,8 @@ class CudaBackend final : public Backend {
     {
       Prof p_(*this, profile_ ? "matmul_swiglu " + std::to_string(gate.rows()) + "x" + std::to_string(gate.cols())
                               : std::string());
-      if (cuda::matmul_swiglu(ctx_, x, gate, up, gate_out)) return;
+      if (cuda::matmul_swiglu(ctx_, x, gate, up, gate_out) || cuda::matmul_swiglu_prefill(ctx_, x, gate, up, gate_out))
+        return;
     }
     Backend::matmul_swiglu(x, gate, up, gate_out, up_out);
   }

@@ -40,6 +40,7 @@ __device__ float block_sum(float v) {
 
 template <bool Gated>
 __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D) {
+  griddep_trigger();  // the GEMV after a norm may start streaming its weights
   const float* xr = x + int64_t(blockIdx.x) * D;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
@@ -58,6 +59,7 @@ __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, 
 // the stream once.
 __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w, float eps, float* out,
                                     int64_t D) {
+  griddep_trigger();
   float* yr = y + int64_t(blockIdx.x) * D;
   const float* dr = delta + int64_t(blockIdx.x) * D;
   float ss = 0;
@@ -79,6 +81,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* o, int64_t 
   QWEN36_GRID_STRIDE(i, n) o[i] = silu_f(g[i]) * u[i];
 }
 __global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n) {
+  griddep_trigger();
   QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
 }
 __global__ void add_sigmoid_scaled_kernel(float* y, const float* x, const float* s, int64_t D, int64_t n) {

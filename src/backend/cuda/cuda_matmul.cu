@@ -76,6 +76,7 @@ __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* 
     }
   };
   if (K % 8 != 0) {
+    griddep_wait();
     for (int c = lane; c < K; c += 32) {
       const float f = to_f32(wr[c]);
 #pragma unroll
@@ -85,15 +86,27 @@ __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* 
   }
   const int K8 = K / 8;
   int i = lane;
-  for (; i + 32 * (kUnroll - 1) < K8; i += 32 * kUnroll) {
-    Vec8<W> v[kUnroll];
+  // The weights do not depend on the kernel before this one: the first loads are issued,
+  // then (under programmatic dependent launch) the wait for that kernel's results.
+  Vec8<W> v[kUnroll];
+  bool more = i + 32 * (kUnroll - 1) < K8;
+  if (more) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u].load(wr + size_t(i + 32 * u) * 8);
+  }
+  griddep_wait();
+  while (more) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float f[8];
       v[u].unpack(f);
       fma8(f, (i + 32 * u) * 8);
+    }
+    i += 32 * kUnroll;
+    more = i + 32 * (kUnroll - 1) < K8;
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u].load(wr + size_t(i + 32 * u) * 8);
     }
   }
   for (; i < K8; i += 32) {
@@ -108,6 +121,7 @@ __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* 
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
+  griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
@@ -135,20 +149,27 @@ struct MultiRows {
 };
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
+  griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= m.end[m.n - 1]) return;
-  int s = 0;
-  while (row >= m.end[s]) ++s;
-  const int r0 = s ? m.end[s - 1] : 0, N = m.end[s] - r0, local = row - r0;
+  // The row's matrix, chosen with compile-time indices only: a runtime index into the
+  // parameter arrays would copy them to local memory in every thread.
+  const void* wp = m.w[0];
+  float* op = m.out[0];
+  int r0 = 0, r1 = m.end[0];
+#pragma unroll
+  for (int i = 1; i < kMaxMulti; ++i)
+    if (i < m.n && row >= m.end[i - 1]) wp = m.w[i], op = m.out[i], r0 = m.end[i - 1], r1 = m.end[i];
+  const int N = r1 - r0, local = row - r0;
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  lane_dot<W, T>(static_cast<const W*>(m.w[s]) + size_t(local) * size_t(K), x, K, lane, acc);
+  lane_dot<W, T>(static_cast<const W*>(wp) + size_t(local) * size_t(K), x, K, lane, acc);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) m.out[s][size_t(t) * N + local] = v;
+    if (lane == 0) op[size_t(t) * N + local] = v;
   }
 }
 
@@ -158,6 +179,7 @@ template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_swiglu_kernel(const W* __restrict__ wg, const W* __restrict__ wu, const float* __restrict__ x,
                        float* __restrict__ out, int N, int K) {
+  griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
@@ -201,6 +223,8 @@ constexpr int kSplitRows = 2048;
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_split_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
+  griddep_trigger();
+  griddep_wait();
   const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const W* wr = w + size_t(row) * size_t(K);
   float acc[T];
@@ -244,9 +268,9 @@ void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N
   const W* wp = static_cast<const W*>(w);
   with_batch(T, [&](auto tc) {
     if (split)
-      gemv_split_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);
+      launch_pdl(gemv_split_kernel<W, tc.value>, grid, block, 0, c.stream, wp, x, out, N, K);
     else
-      gemv_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(wp, x, out, N, K);
+      launch_pdl(gemv_kernel<W, tc.value>, grid, block, 0, c.stream, wp, x, out, N, K);
   });
   CUDA_LAUNCH_CHECK();
 }
@@ -324,7 +348,7 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   with_weight_type(ws[0]->dtype, [&](auto wt) {
     using W = decltype(wt);
     with_batch(int(T), [&](auto tc) {
-      gemv_multi_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(m, x.as<const float>(), int(K));
+      launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
     });
   });
   CUDA_LAUNCH_CHECK();
@@ -341,8 +365,8 @@ bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up
   with_weight_type(gate.dtype, [&](auto wt) {
     using W = decltype(wt);
     with_batch(int(T), [&](auto tc) {
-      gemv_swiglu_kernel<W, tc.value><<<grid, block, 0, c.stream>>>(
-          gate.as<const W>(), up.as<const W>(), x.as<const float>(), out.as<float>(), int(N), int(K));
+      launch_pdl(gemv_swiglu_kernel<W, tc.value>, grid, block, 0, c.stream, gate.as<const W>(), up.as<const W>(),
+                 x.as<const float>(), out.as<float>(), int(N), int(K));
     });
   });
   CUDA_LAUNCH_CHECK();

@@ -176,6 +176,39 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, DType t) {
   }
 }
 
+// ---- programmatic dependent launch (Hopper and later) ----
+// A kernel launched with launch_pdl may start while the kernel before it in the stream is
+// still finishing: it must call griddep_wait() before reading that kernel's results or
+// writing anything the kernel may still read. Work that depends on neither (streaming
+// weights) goes before the wait, so a decode step's GEMVs start loading while the norm or
+// GEMV before them drains. Kernels call griddep_trigger() once their blocks are running, to
+// let a waiting dependent be scheduled. Both are no-ops before sm_90 and when not launched so.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+bool pdl_supported();  // the current device is sm_90 or later
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 // The per-token (slot, position) of a batch laid out by runs (-1 for uncovered rows).
 struct TokenMap {
   std::vector<int32_t> slot, pos;
@@ -213,6 +246,9 @@ void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed
 // are not ones the one-launch kernels handle; the caller then composes the plain ops.
 bool matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
+// Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
+bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
 
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
@@ -220,6 +256,8 @@ void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
                std::span<const SeqRun> runs, float scale, Tensor& out);
 
 void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
+// The same for runs of many tokens, parallel over tokens (cuda_conv1d.cu); false: not taken.
+bool conv1d_silu_prefill(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
 void deltanet_gates(Ctx&, const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
                     Tensor& g, Tensor& beta);
 void gated_delta_rule(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,

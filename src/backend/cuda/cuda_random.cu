@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -65,9 +66,7 @@ class DeviceBuilder {
  private:
   Tensor make(DType t, std::initializer_list<int64_t> shape, bool normal, float a, float b) {
     Tensor x(nullptr, t, shape);
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(x.nbytes(), 1)));
-    w_.storage.push_back(std::shared_ptr<const void>(p, [](const void* q) { cudaFree(const_cast<void*>(q)); }));
+    void* p = place(x.nbytes());
     x.data = p;
     const int64_t n = x.numel();
     const uint64_t stream = (seed_ * 1000003ull + counter_++) * 0x100000001b3ull;
@@ -84,6 +83,30 @@ class DeviceBuilder {
     }
     return x;
   }
+  // Tensors are placed one after another in 4 GiB arenas (256-byte aligned), as
+  // prepare_weights lays out a loaded checkpoint: a layer's projections that read the same
+  // input end up back to back, which the prefill GEMMs use (cuda_matmul_fused.cu).
+  void* place(size_t bytes) {
+    constexpr size_t kArena = size_t(4) << 30;
+    bytes = std::max<size_t>((bytes + 255) / 256 * 256, 256);
+    if (bytes > kArena) return own(bytes);  // e.g. the embedding: its own allocation
+    if (bytes > arena_left_) {
+      arena_ = static_cast<std::byte*>(own(kArena));
+      arena_left_ = kArena;
+    }
+    void* p = arena_;
+    arena_ += bytes;
+    arena_left_ -= bytes;
+    return p;
+  }
+  void* own(size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    w_.storage.push_back(std::shared_ptr<const void>(p, [](const void* q) { cudaFree(const_cast<void*>(q)); }));
+    return p;
+  }
+  std::byte* arena_ = nullptr;
+  size_t arena_left_ = 0;
   DType type_of(const std::string& name) const {
     if (!types_) return dtype_;
     auto it = types_->find(name);
