@@ -44,6 +44,9 @@ constexpr int kNB = 32;                // value columns of the state per scan bl
 // mma passes per product, per kernel: 3 = split tf32 (≈ f32), 1 = plain tf32, 0 = SIMT f32 FMAs.
 // prepare and state feed the carried state; output errors are not carried.
 constexpr int kPassesPrepare = 3, kPassesState = 3, kPassesOutput = 3;
+// Workspace: ~98 KB per token for the 27B (W, U, S_c per chunk and head), within the memory
+// plan's allowance for op temporaries (half the activations, ~109 KB per token); the cap only
+// splits very long batches into segments.
 constexpr size_t kWorkspaceBytes = size_t(1) << 30;
 
 // ---- shared-memory views and the warp-tiled product ----
