@@ -91,14 +91,12 @@ std::string worst_at(const std::vector<float>& got, const std::vector<float>& wa
          ": got " + std::to_string(got[at]) + " want " + std::to_string(want[at]);
 }
 
-double run_matmul(Backend& gpu, const HostT& w, const HostT& x, int64_t T, std::vector<float>* got_out = nullptr,
-                  std::string* where = nullptr) {
+double run_matmul(Backend& gpu, const HostT& w, const HostT& x, int64_t T, std::string* where) {
   const int64_t N = w.t.rows();
   DevT dw = upload(gpu, w), dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {T, N}));
   gpu.matmul(dx.t, dw.t, dout.t);
   const std::vector<float> got = download(gpu, dout.t), want = reference(w, x, T);
-  if (where) *where = worst_at(got, want, N);
-  if (got_out) *got_out = got;
+  *where = worst_at(got, want, N);
   return rel_err(got, want);
 }
 
@@ -106,30 +104,38 @@ struct Shape {
   int64_t N, K;
 };
 
-// Shapes for every type (K a multiple of 256): one block per row and 37 rows (fewer rows than
-// SMs); 301 rows of 5 / 9 super-blocks (a 1024-weight segment and a partial one); 4421 rows
-// (> 32 rows per block on ≤ 132 SMs: rows shared by two warps meet in shared memory).
-const Shape kShapes[] = {{37, 256}, {301, 1280}, {301, 2304}, {4421, 1280}};
+// GEMV segments are 2048 weights (8 super-blocks, 64 blocks). Shapes for every type: one block
+// per row and 37 rows (fewer rows than SMs); 301 rows of 5 and of 9 super-blocks (a partial
+// segment; a full one and a partial one).
+const Shape kShapes[] = {{37, 256}, {301, 1280}, {301, 2304}};
+
+void check_gemv_exact(Backend& gpu, std::mt19937& rng, DType dt, const Shape& s) {
+  const HostT w = quantized(rng, dt, s.N, s.K);
+  for (int64_t T : {1, 3, 8}) {
+    const HostT x = int8_exact_activations(rng, T, s.K);
+    std::string where;
+    const double e = run_matmul(gpu, w, x, T, &where);
+    EXPECT_LE(e, 2e-5) << dtype_name(dt) << " T=" << T << " N=" << s.N << " K=" << s.K << " " << where;
+  }
+}
 
 TEST_F(CudaQuant, GemvExactActivationsEveryType) {
   for (DType dt : kAllTypes)
-    for (const Shape& s : kShapes) {
-      const HostT w = quantized(rng_, dt, s.N, s.K);
-      for (int64_t T : {1, 3, 8}) {
-        const HostT x = int8_exact_activations(rng_, T, s.K);
-        std::string where;
-        const double e = run_matmul(*gpu_, w, x, T, nullptr, &where);
-        EXPECT_LE(e, 2e-5) << dtype_name(dt) << " T=" << T << " N=" << s.N << " K=" << s.K << " " << where;
-      }
-    }
+    for (const Shape& s : kShapes) check_gemv_exact(*gpu_, rng_, dt, s);
 }
 
-TEST_F(CudaQuant, GemvQ8_0RowsOf32Blocks) {  // K a multiple of 32 only: partial segments of 3 and 1 blocks
-  for (const Shape& s : {Shape{101, 96}, Shape{57, 1056}, Shape{4421, 1056}})
+// 4421 rows of 2 segments: > 32 rows per block on ≤ 132 SMs, so a block's warps split its
+// (row, segment) steps with rows shared by two warps, whose halves meet in shared memory.
+TEST_F(CudaQuant, GemvRowsSharedByTwoWarps) {
+  for (DType dt : {DType::Q8_0, DType::Q4_K, DType::Q6_K}) check_gemv_exact(*gpu_, rng_, dt, {4421, 2304});
+}
+
+TEST_F(CudaQuant, GemvQ8_0RowsOf32Blocks) {  // K a multiple of 32 only: 3 blocks; 64 + 1 blocks
+  for (const Shape& s : {Shape{101, 96}, Shape{57, 2080}, Shape{4421, 2080}})
     for (int64_t T : {1, 3, 8}) {
       const HostT w = quantized(rng_, DType::Q8_0, s.N, s.K), x = int8_exact_activations(rng_, T, s.K);
       std::string where;
-      EXPECT_LE(run_matmul(*gpu_, w, x, T, nullptr, &where), 2e-5) << "N=" << s.N << " K=" << s.K << " T=" << T
+      EXPECT_LE(run_matmul(*gpu_, w, x, T, &where), 2e-5) << "N=" << s.N << " K=" << s.K << " T=" << T
                                                                    << " " << where;
     }
 }
@@ -140,7 +146,7 @@ TEST_F(CudaQuant, GemvGeneralActivationsWithinInt8Error) {
     for (int64_t T : {1, 2, 5, 8}) {
       const HostT x = random_t(rng_, DType::F32, {T, 2304});
       std::string where;
-      const double e = run_matmul(*gpu_, w, x, T, nullptr, &where);
+      const double e = run_matmul(*gpu_, w, x, T, &where);
       std::printf("[ gemv ] %s T=%lld: int8-activation error %.2e of the largest dot\n",
                   std::string(dtype_name(dt)).c_str(), (long long)T, e);
       EXPECT_LE(e, 1e-2) << dtype_name(dt) << " T=" << T << " " << where;
@@ -156,32 +162,36 @@ TEST_F(CudaQuant, GemvLargeKActivationsInGlobalMemory) {
     for (int64_t T : {1, 8}) {
       const HostT x = int8_exact_activations(rng_, T, 17408);
       std::string where;
-      EXPECT_LE(run_matmul(*gpu_, w, x, T, nullptr, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+      EXPECT_LE(run_matmul(*gpu_, w, x, T, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
     }
   }
 }
 
 TEST_F(CudaQuant, PrefillDequantizesToBf16) {
   for (DType dt : kAllTypes)
-    for (const Shape& s : {Shape{301, 1280}, Shape{37, 2304}})
+    for (const Shape& s : {Shape{301, 1280}, Shape{37, 2304}}) {
+      const HostT w = quantized(rng_, dt, s.N, s.K);
       for (int64_t T : {9, 100}) {
-        const HostT w = quantized(rng_, dt, s.N, s.K), x = random_t(rng_, DType::F32, {T, s.K});
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
         std::string where;
-        EXPECT_LE(run_matmul(*gpu_, w, x, T, nullptr, &where), 1.5e-2)
+        EXPECT_LE(run_matmul(*gpu_, w, x, T, &where), 1.5e-2)
             << dtype_name(dt) << " T=" << T << " N=" << s.N << " K=" << s.K << " " << where;
       }
+    }
 }
 
 TEST_F(CudaQuant, ExactModeIsF32) {
   CudaOptions o;
   o.exact_matmul = true;
   auto exact = make_cuda_backend(o);
-  for (DType dt : kAllTypes)
+  for (DType dt : kAllTypes) {
+    const HostT w = quantized(rng_, dt, 77, 1280);
     for (int64_t T : {1, 9, 100}) {
-      const HostT w = quantized(rng_, dt, 77, 1280), x = random_t(rng_, DType::F32, {T, 1280});
+      const HostT x = random_t(rng_, DType::F32, {T, 1280});
       std::string where;
-      EXPECT_LE(run_matmul(*exact, w, x, T, nullptr, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+      EXPECT_LE(run_matmul(*exact, w, x, T, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
     }
+  }
 }
 
 TEST_F(CudaQuant, EmbedEqualsCpu) {

@@ -7,16 +7,17 @@
 //    of rows; its warps split the range's (row, segment) steps evenly, so a row may be shared by
 //    two neighbouring warps whose partial sums meet in shared memory in a fixed order (no tail of
 //    idle SMs: 17408 rows over 132 × 32 warps would otherwise leave 18% of the last round idle).
-//    A segment is 1024 weights (4 super-blocks or 32 blocks); each warp streams its segments
-//    into a private 4-stage shared-memory ring with 16-byte cp.async (3 segments in flight per
-//    warp). Loads never address the block stream lane by lane: Q6_K (210 B), Q8_0 (34 B) and
-//    IQ4_XS (136 B) blocks are not 16-byte aligned, and the ring makes every type stream with
-//    aligned 16-byte copies. Each lane then decodes one slice and dots it with int8 activations
-//    (dp4a). The activations are quantized per 32 (scale amax/127, round to nearest even, like
-//    llama.cpp's q8_1) into shared memory by every block, while its first weight segments load.
+//    A segment is 2048 weights (8 super-blocks or 64 blocks); each warp streams its segments
+//    into a private 3-stage shared-memory ring with 16-byte cp.async (2 segments in flight per
+//    warp, ≥ 60 KB per SM). Loads never address the block stream lane by lane: Q6_K (210 B),
+//    Q8_0 (34 B) and IQ4_XS (136 B) blocks are not 16-byte aligned, and the ring makes every
+//    type stream with aligned 16-byte copies. Each lane then decodes two slices (sharing the
+//    loads of one super-block's bytes) and dots them with int8 activations (dp4a). The
+//    activations are quantized per 32 (scale amax/127, round to nearest even, like llama.cpp's
+//    q8_1) into shared memory by every block, while its first weight segments load.
 //    Why int8: at HBM speed a 4.5-bit type delivers ~29 weights per clock per SM; dequantising
 //    to f32 costs ~4 instructions per weight and makes the kernel issue-bound at T = 1, the dp4a
-//    path ~1.5. Accuracy: see tests/gpu/test_cuda_quant.cpp (≈ 0.4% of a dot's magnitude).
+//    path ~1. Accuracy: see tests/gpu/test_cuda_quant.cpp (≈ 0.4% of a dot's magnitude).
 //    When T·K activations do not fit in shared memory next to the rings (T = 8 with K = 17408
 //    on an H200), a separate kernel quantizes them to global memory once.
 //  - Prefill (T > 8): weights dequantized to bf16 in row slices (≤ 96 Mi weights, 192 MiB), each
@@ -106,14 +107,18 @@ __device__ __forceinline__ uint32_t iq4_lookup(uint32_t idx) {
   return __byte_perm(lo, hi, 0x3210u | ((s >> 1) & 0x4444u));
 }
 
-// 6-bit scale and min of sub-block j of a Q4_K / Q5_K block (quant/blocks.h unpack_k_scale_min).
-__device__ __forceinline__ void k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block whose first 16 bytes are h
+// (d | dmin, then scales bytes 0..3, 4..7, 8..11 in h.y, h.z, h.w; quant/blocks.h
+// unpack_k_scale_min).
+__device__ __forceinline__ void k_scale_min(const uint4& h, int j, int& sc, int& m) {
+  const int sh = 8 * (j & 3);
+  const int a = int((h.y >> sh) & 255), b = int((h.z >> sh) & 255), c = int((h.w >> sh) & 255);
   if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
+    sc = a & 63;
+    m = b & 63;
   } else {
-    sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (c & 15) | ((a >> 6) << 4);
+    m = (c >> 4) | ((b >> 6) << 4);
   }
 }
 
@@ -196,20 +201,31 @@ struct QType<DType::Q8_0> {
     s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = 1, s.bias = 0;
   }
 };
-// Slice j of a super-block is sub-block j: the low (j even) or high nibbles of qs[32(j/2), +32).
+// Super-block types decode two slices at once (decode2), sharing their loads: `pair` 0..3
+// names slices slice_a(pair) and slice_b(pair) of the block (slice j = weights 32j..32j+31).
+//
+// Q4_K: pair c = sub-blocks 2c, 2c+1: the low and high nibbles of qs[32c, +32).
 template <>
 struct QType<DType::Q4_K> {
   static constexpr int kElems = 256, kBytes = 144, kAlign = 16, kZ = 0;
   static constexpr bool kBias = true, kTwoScales = false;
-  __device__ static void decode(const uint8_t* p, int j, Slice& s) {
+  __device__ static int slice_a(int c) { return 2 * c; }
+  __device__ static int slice_b(int c) { return 2 * c + 1; }
+  __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
     uint32_t v[8];
-    load_words<16>(p + 16 + 32 * (j >> 1), v);
-    const int sh = 4 * (j & 1);
+    load_words<16>(p + 16 + 32 * c, v);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s.q[k] = (v[k] >> sh) & 0x0F0F0F0Fu;
+    for (int k = 0; k < 8; ++k) a.q[k] = v[k] & 0x0F0F0F0Fu, b.q[k] = (v[k] >> 4) & 0x0F0F0F0Fu;
+    header(p, c, a, b);
+  }
+  __device__ static void header(const uint8_t* p, int c, Slice& a, Slice& b) {
+    const uint4 h = *reinterpret_cast<const uint4*>(p);
+    const float d = h2f(uint16_t(h.x & 0xFFFF)), dmin = h2f(uint16_t(h.x >> 16));
     int sc, m;
-    k_scale_min(p + 4, j, sc, m);
-    s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = sc, s.bias = -h2f(ld_u16(p + 2)) * float(m);
+    k_scale_min(h, 2 * c, sc, m);
+    a.scale = d, a.sc0 = a.sc1 = sc, a.bias = -dmin * float(m);
+    k_scale_min(h, 2 * c + 1, sc, m);
+    b.scale = d, b.sc0 = b.sc1 = sc, b.bias = -dmin * float(m);
   }
 };
 // As Q4_K; the 5th bit of weight l of sub-block j is bit j of qh[l].
@@ -217,53 +233,71 @@ template <>
 struct QType<DType::Q5_K> {
   static constexpr int kElems = 256, kBytes = 176, kAlign = 16, kZ = 0;
   static constexpr bool kBias = true, kTwoScales = false;
-  __device__ static void decode(const uint8_t* p, int j, Slice& s) {
+  __device__ static int slice_a(int c) { return 2 * c; }
+  __device__ static int slice_b(int c) { return 2 * c + 1; }
+  __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
     uint32_t v[8], h[8];
-    load_words<16>(p + 48 + 32 * (j >> 1), v);
+    load_words<16>(p + 48 + 32 * c, v);
     load_words<16>(p + 16, h);
-    const int sh = 4 * (j & 1);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s.q[k] = ((v[k] >> sh) & 0x0F0F0F0Fu) | (((h[k] >> j) & 0x01010101u) << 4);
-    int sc, m;
-    k_scale_min(p + 4, j, sc, m);
-    s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = sc, s.bias = -h2f(ld_u16(p + 2)) * float(m);
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t hb = h[k] >> (2 * c);
+      a.q[k] = (v[k] & 0x0F0F0F0Fu) | ((hb & 0x01010101u) << 4);
+      b.q[k] = ((v[k] >> 4) & 0x0F0F0F0Fu) | ((hb & 0x02020202u) << 3);
+    }
+    QType<DType::Q4_K>::header(p, c, a, b);
   }
 };
-// Slice j = 4n + m (weights 128n + 32m + l): low 4 bits from the low (m < 2) or high nibbles of
-// ql[64n + 32(m & 1) + l], bits 4..5 from bits 2m..2m+1 of qh[32n + l]; int8 scale
-// scales[8n + 2m + l / 16]; values − 32.
+// Q6_K: slice j = 4n + m (weights 128n + 32m + l) takes its low 4 bits from the low (m < 2) or
+// high nibbles of ql[64n + 32(m & 1) + l], bits 4..5 from bits 2m..2m+1 of qh[32n + l], int8
+// scale scales[8n + 2m + l / 16]; values − 32. Pair (n, h) = slices 4n + h and 4n + h + 2, which
+// share their ql and qh bytes.
 template <>
 struct QType<DType::Q6_K> {
   static constexpr int kElems = 256, kBytes = 210, kAlign = 2, kZ = 32;
   static constexpr bool kBias = false, kTwoScales = true;
-  __device__ static void decode(const uint8_t* p, int j, Slice& s) {
-    const int n = j >> 2, m = j & 3;
-    uint32_t l[8], h[8];
-    load_words<2>(p + 64 * n + 32 * (m & 1), l);
-    load_words<2>(p + 128 + 32 * n, h);
-    const int sl = 4 * (m >> 1), sh = 2 * m;
+  __device__ static int slice_a(int pair) { return 4 * (pair >> 1) + (pair & 1); }
+  __device__ static int slice_b(int pair) { return 4 * (pair >> 1) + (pair & 1) + 2; }
+  __device__ static void decode2(const uint8_t* p, int pair, Slice& a, Slice& b) {
+    const int n = pair >> 1, h = pair & 1;
+    uint32_t l[8], hi[8];
+    load_words<2>(p + 64 * n + 32 * h, l);
+    load_words<2>(p + 128 + 32 * n, hi);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s.q[k] = ((l[k] >> sl) & 0x0F0F0F0Fu) | (((h[k] >> sh) & 0x03030303u) << 4);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * n + 2 * m);
-    s.scale = h2f(ld_u16(p + 208)), s.sc0 = sc[0], s.sc1 = sc[1], s.bias = 0;
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t hb = hi[k] >> (2 * h);
+      a.q[k] = (l[k] & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4);
+      b.q[k] = ((l[k] >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u);
+    }
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * n + 2 * h);
+    const float d = h2f(ld_u16(p + 208));
+    a.scale = d, a.sc0 = sc[0], a.sc1 = sc[1], a.bias = 0;
+    b.scale = d, b.sc0 = sc[4], b.sc1 = sc[5], b.bias = 0;
   }
 };
-// Slice ib = sub-block ib: nibbles of qs[16 ib, +16) as in Q4_0, mapped through the IQ4_NL grid;
-// 6-bit scale ls (4 bits in scales_l, 2 in scales_h), dl = d · (ls − 32).
+// IQ4_XS: pair c = sub-blocks 2c, 2c+1 = qs[32c, +32); each sub-block's nibbles as in Q4_0,
+// mapped through the IQ4_NL grid; 6-bit scale ls (4 bits in scales_l[c], 2 in scales_h),
+// dl = d · (ls − 32).
 template <>
 struct QType<DType::IQ4_XS> {
   static constexpr int kElems = 256, kBytes = 136, kAlign = 8, kZ = 0;
   static constexpr bool kBias = false, kTwoScales = false;
-  __device__ static void decode(const uint8_t* p, int ib, Slice& s) {
-    uint32_t v[4];
-    load_words<8>(p + 8 + 16 * ib, v);
+  __device__ static int slice_a(int c) { return 2 * c; }
+  __device__ static int slice_b(int c) { return 2 * c + 1; }
+  __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
+    uint32_t v[8];
+    load_words<8>(p + 8 + 32 * c, v);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      s.q[k] = iq4_lookup(v[k] & 0x0F0F0F0Fu);
-      s.q[k + 4] = iq4_lookup((v[k] >> 4) & 0x0F0F0F0Fu);
+      a.q[k] = iq4_lookup(v[k] & 0x0F0F0F0Fu);
+      a.q[k + 4] = iq4_lookup((v[k] >> 4) & 0x0F0F0F0Fu);
+      b.q[k] = iq4_lookup(v[k + 4] & 0x0F0F0F0Fu);
+      b.q[k + 4] = iq4_lookup((v[k + 4] >> 4) & 0x0F0F0F0Fu);
     }
-    const int ls = ((p[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (((ld_u16(p + 2) >> (2 * ib)) & 3) << 4);
-    s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = ls - 32, s.bias = 0;
+    const int lo = p[4 + c], hs = ld_u16(p + 2) >> (4 * c);
+    const float d = h2f(ld_u16(p));
+    a.scale = d, a.sc0 = a.sc1 = ((lo & 15) | ((hs & 3) << 4)) - 32, a.bias = 0;
+    b.scale = d, b.sc0 = b.sc1 = ((lo >> 4) | (((hs >> 2) & 3) << 4)) - 32, b.bias = 0;
   }
 };
 
@@ -355,10 +389,20 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int nb, int8_t* _
   quantize_x(x, nb, xq, xm, gw, ngw, int(threadIdx.x & 31));
 }
 
-// Σ_i y_i x_i over one slice for activation block m (x words xa, xb).
+// Σ_i y_i x_i over one slice for activation block *mp (x words xa, xb). Only the fields the
+// type needs are loaded (shared-memory bandwidth is the next limit after HBM at T = 1).
 template <DType D>
-__device__ __forceinline__ float slice_dot(const Slice& s, const int4& xa, const int4& xb, const XMeta& m) {
+__device__ __forceinline__ float slice_dot(const Slice& s, const int4& xa, const int4& xb, const XMeta* mp) {
   using Q = QType<D>;
+  XMeta m;
+  if constexpr (Q::kZ != 0) {
+    m = *mp;
+  } else if constexpr (Q::kBias) {
+    const float2 v = *reinterpret_cast<const float2*>(mp);
+    m.d = v.x, m.s = v.y, m.i0 = m.i1 = 0;
+  } else {
+    m.d = mp->d, m.s = 0, m.i0 = m.i1 = 0;
+  }
   const int s0 = __dp4a(int(s.q[3]), xa.w, __dp4a(int(s.q[2]), xa.z, __dp4a(int(s.q[1]), xa.y, __dp4a(int(s.q[0]), xa.x, 0))));
   const int s1 = __dp4a(int(s.q[7]), xb.w, __dp4a(int(s.q[6]), xb.z, __dp4a(int(s.q[5]), xb.y, __dp4a(int(s.q[4]), xb.x, 0))));
   int acc;
@@ -373,8 +417,15 @@ __device__ __forceinline__ float slice_dot(const Slice& s, const int4& xa, const
 
 // ---- decode GEMV ----
 
-constexpr int kMaxWarps = 32, kStages = 4, kSegElems = 1024;
+constexpr int kMaxWarps = 32, kStages = 3, kSegElems = 2048;
 constexpr int kPartFloats = 2 * kMaxWarps * 8;  // head and tail partial sums per warp, T ≤ 8
+
+// Warps per block: 32 keep enough segments in flight at T ≤ 2 within 64 registers; the
+// T ≤ 8 kernels need more registers (accumulators, two slices) and run 16 warps.
+template <int TM>
+__host__ __device__ constexpr int gemv_warps() {
+  return TM <= 2 ? 32 : 16;
+}
 
 template <DType D>
 __host__ __device__ constexpr int seg_bytes() {
@@ -408,10 +459,10 @@ struct GemvParams {
 
 // Shared memory: the warps' rings | head and tail partials | activations (when x_smem).
 template <DType D, int TM>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) quant_gemv_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(gemv_warps<TM>() * 32, 1) quant_gemv_kernel(const GemvParams p) {
   using Q = QType<D>;
-  constexpr int kSeg = seg_bytes<D>(), kStage = stage_bytes<D>(), kG = kSegElems / Q::kElems,
-                kSubs = Q::kElems / 32;
+  constexpr int kSeg = seg_bytes<D>(), kStage = stage_bytes<D>(), kG = kSegElems / Q::kElems;
+  constexpr bool kSuper = Q::kElems == 256;
   extern __shared__ __align__(16) uint8_t smem[];
   const int nwarps = int(blockDim.x >> 5), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   uint8_t* ring = smem + warp * (kStages * kStage);
@@ -422,29 +473,38 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) quant_gemv_kernel(const Gem
   const int rows = r1 - r0, W = min(nwarps, rows), S = rows * p.nseg;
   const int s_begin = warp < W ? int((long long)warp * S / W) : 0, s_end = warp < W ? int((long long)(warp + 1) * S / W) : 0;
 
-  // Step s = (local row s / nseg, segment s % nseg): its first byte and length.
-  auto segment = [&](int s, unsigned long long& start, int& len) {
-    const int lr = s / p.nseg;
-    const unsigned long long off = (unsigned long long)(s - lr * p.nseg) * kSeg;
-    start = (unsigned long long)(r0 + lr) * p.row_bytes + off;
-    len = int(min((unsigned long long)kSeg, p.row_bytes - off));
-  };
-  // Step s's segment → ring slot dst as whole 16-byte chunks (the tensor's last chunk is
-  // zero-filled past its end).
-  auto issue = [&](int s, uint8_t* dst) {
+  // A step's position: local row, segment, first byte. Positions advance one step at a time
+  // (no divisions or 64-bit products in the loop).
+  struct Pos {
+    int lr, seg;
     unsigned long long start;
-    int len;
-    segment(s, start, len);
-    const unsigned long long c0 = start & ~15ull;
-    const int n = int(((start + unsigned(len) + 15) & ~15ull) - c0) >> 4;
+  };
+  const int last_len = int(p.row_bytes - (unsigned long long)(p.nseg - 1) * kSeg);  // a row's last segment
+  auto advance = [&](Pos& q) {
+    if (++q.seg == p.nseg) {
+      q.seg = 0, ++q.lr, q.start += unsigned(last_len);
+    } else {
+      q.start += kSeg;
+    }
+  };
+  Pos cons{s_begin / p.nseg, s_begin % p.nseg, 0};
+  cons.start = (unsigned long long)(r0 + cons.lr) * p.row_bytes + (unsigned long long)cons.seg * kSeg;
+  Pos prod = cons;
+  // The producer's segment → ring slot dst as whole 16-byte chunks (the tensor's last chunk is
+  // zero-filled past its end).
+  auto issue = [&](uint8_t* dst) {
+    const int len = prod.seg == p.nseg - 1 ? last_len : kSeg;
+    const unsigned long long c0 = prod.start & ~15ull;
+    const int n = int((((prod.start + unsigned(len) + 15) & ~15ull) - c0) >> 4);
     for (int k = lane; k < n; k += 32) {
       const unsigned long long g = c0 + 16ull * unsigned(k);
       cp_async16(dst + 16 * k, p.w + g, int(min(16ull, p.w_bytes - g)));
     }
+    advance(prod);
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (s_begin + i < s_end) issue(s_begin + i, ring + i * kStage);
+    if (s_begin + i < s_end) issue(ring + i * kStage);
     cp_async_commit();
   }
 
@@ -459,34 +519,50 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) quant_gemv_kernel(const Gem
   __syncthreads();
 
   const int K32 = p.K / 32;
-  const int blk = lane / kSubs, sub = lane % kSubs;
+  // A lane's two slices: super-block types, pair lane % 4 of block lane / 4; else blocks
+  // 2·lane and 2·lane + 1.
+  const int blk = kSuper ? lane >> 2 : 2 * lane, pair = lane & 3;
   float acc[TM];
 #pragma unroll
   for (int t = 0; t < TM; ++t) acc[t] = 0.0f;
+  const int last_nblk = p.bpr - (p.nseg - 1) * kG;
   for (int s = s_begin; s < s_end; ++s) {
     const int i = s - s_begin;
-    if (s + kStages - 1 < s_end) issue(s + kStages - 1, ring + ((i + kStages - 1) % kStages) * kStage);
+    if (s + kStages - 1 < s_end) issue(ring + ((i + kStages - 1) % kStages) * kStage);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int lr = s / p.nseg, seg = s - lr * p.nseg;
-    if (blk < min(kG, p.bpr - seg * kG)) {
-      unsigned long long start;
-      int len;
-      segment(s, start, len);
-      const uint8_t* bp = ring + (i % kStages) * kStage + int(start & 15) + blk * Q::kBytes;
-      Slice sl;
-      Q::decode(bp, sub, sl);
-      const int e = seg * 32 + lane;  // this lane's 32 weights: K index 32e
+    const int lr = cons.lr, seg = cons.seg;
+    const int nblk = seg == p.nseg - 1 ? last_nblk : kG;
+    if (blk < nblk) {
+      const uint8_t* bp = ring + (i % kStages) * kStage + int(cons.start & 15) + blk * Q::kBytes;
+      Slice a, b;
+      int ea, eb;  // the slices' K indices, in 32s
+      bool has_b = true;
+      if constexpr (kSuper) {
+        Q::decode2(bp, pair, a, b);
+        ea = seg * 64 + blk * 8 + Q::slice_a(pair), eb = seg * 64 + blk * 8 + Q::slice_b(pair);
+      } else {
+        has_b = blk + 1 < nblk;
+        Q::decode(bp, 0, a);
+        if (has_b) Q::decode(bp + Q::kBytes, 0, b);
+        ea = seg * 64 + blk, eb = ea + 1;
+      }
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
         if (t < p.T) {
-          const int4* xv = reinterpret_cast<const int4*>(xq + size_t(t) * p.K + size_t(e) * 32);
-          acc[t] += slice_dot<D>(sl, xv[0], xv[1], xm[t * K32 + e]);
+          const int4* xa = reinterpret_cast<const int4*>(xq + size_t(t) * p.K + size_t(ea) * 32);
+          float v = slice_dot<D>(a, xa[0], xa[1], xm + t * K32 + ea);
+          if (has_b) {
+            const int4* xb = reinterpret_cast<const int4*>(xq + size_t(t) * p.K + size_t(eb) * 32);
+            v += slice_dot<D>(b, xb[0], xb[1], xm + t * K32 + eb);
+          }
+          acc[t] += v;
         }
       }
     }
     __syncwarp();  // every lane is done with slot i before it is refilled
+    advance(cons);
     if (seg == p.nseg - 1 || s == s_end - 1) {
       // A row this warp shares with its predecessor (head) or successor (tail) meets its other
       // part below; a row it owns is written now.
@@ -533,7 +609,31 @@ DevInfo dev_info() {
 }
 
 template <DType D, int TM>
-void launch_gemv_tm(Ctx& c, const GemvParams& p, int grid, int warps, size_t smem) {
+void launch_gemv(Ctx& c, GemvParams p) {
+  const DevInfo di = dev_info();
+  const int grid = std::min(p.N, di.sms);
+  const int rows_max = (p.N + grid - 1) / grid;
+  // At least 8 warps: the activation pass of a block with a single row still needs the threads.
+  int warps = std::min(gemv_warps<TM>(), std::max(8, rows_max));
+  const size_t ring = size_t(kStages) * stage_bytes<D>(), fixed = kPartFloats * sizeof(float);
+  const size_t x_bytes = size_t(p.T) * p.K + size_t(p.T) * (p.K / 32) * sizeof(XMeta), optin = size_t(di.smem_optin);
+  // Activations in shared memory while at least 16 warps' rings fit next to them.
+  p.x_smem = fixed + x_bytes + size_t(std::min(warps, 16)) * ring <= optin;
+  if (p.x_smem)
+    warps = std::min<int>(warps, int((optin - fixed - x_bytes) / ring));
+  else
+    warps = std::min<int>(warps, int((optin - fixed) / ring));
+  QWEN36_CHECK(warps >= 1, "quant matmul: {} bytes of shared memory are too few", optin);
+  const size_t smem = fixed + size_t(warps) * ring + (p.x_smem ? x_bytes : 0);
+  Temp<int8_t> gq(c, p.x_smem ? 0 : size_t(p.T) * p.K);
+  Temp<XMeta> gm(c, p.x_smem ? 0 : size_t(p.T) * (p.K / 32));
+  if (!p.x_smem) {
+    const int nb = p.T * (p.K / 32);
+    quantize_x_kernel<<<blocks_for(int64_t(nb) * 8, 256), 256, 0, c.stream>>>(p.x, nb, gq.get(), gm.get());
+    CUDA_LAUNCH_CHECK();
+    p.xq = gq.get();
+    p.xm = gm.get();
+  }
   static const bool attr_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(quant_gemv_kernel<D, TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     dev_info().smem_optin));
@@ -541,6 +641,7 @@ void launch_gemv_tm(Ctx& c, const GemvParams& p, int grid, int warps, size_t sme
   }();
   (void)attr_set;
   quant_gemv_kernel<D, TM><<<grid, warps * 32, smem, c.stream>>>(p);
+  CUDA_LAUNCH_CHECK();
 }
 
 template <DType D>
@@ -549,7 +650,6 @@ void quant_gemv(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
   // The decoder's loads assume blocks start kAlign-aligned (ring slots keep the tensor's
   // alignment mod 16): kAlign must be exactly the power of two in kBytes, capped at 16.
   static_assert(Q::kBytes % Q::kAlign == 0 && (Q::kAlign == 16 || Q::kBytes % (2 * Q::kAlign) != 0));
-  const DevInfo di = dev_info();
   GemvParams p{};
   p.w = static_cast<const uint8_t*>(w.data);
   p.w_bytes = w.nbytes();
@@ -559,38 +659,14 @@ void quant_gemv(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
   p.T = T, p.N = N, p.K = K;
   p.bpr = K / Q::kElems;
   p.nseg = (p.bpr + kSegElems / Q::kElems - 1) / (kSegElems / Q::kElems);
-  const int grid = std::min(N, di.sms);
-  const int rows_max = (N + grid - 1) / grid;
-  // At least 8 warps: the activation pass of a block with a single row still needs the threads.
-  int warps = std::min(kMaxWarps, std::max(8, rows_max));
-  const size_t ring = size_t(kStages) * stage_bytes<D>(), fixed = kPartFloats * sizeof(float);
-  const size_t x_bytes = size_t(T) * K + size_t(T) * (K / 32) * sizeof(XMeta), optin = size_t(di.smem_optin);
-  // Activations in shared memory while at least 16 warps' rings fit next to them.
-  p.x_smem = fixed + x_bytes + size_t(std::min(warps, 16)) * ring <= optin;
-  if (p.x_smem)
-    warps = std::min<int>(warps, int((optin - fixed - x_bytes) / ring));
-  else
-    warps = std::min<int>(warps, int((optin - fixed) / ring));
-  QWEN36_CHECK(warps >= 1, "quant matmul: {} bytes of shared memory are too few", optin);
-  const size_t smem = fixed + size_t(warps) * ring + (p.x_smem ? x_bytes : 0);
-  Temp<int8_t> gq(c, p.x_smem ? 0 : size_t(T) * K);
-  Temp<XMeta> gm(c, p.x_smem ? 0 : size_t(T) * (K / 32));
-  if (!p.x_smem) {
-    const int nb = T * (K / 32);
-    quantize_x_kernel<<<blocks_for(int64_t(nb) * 8, 256), 256, 0, c.stream>>>(x, nb, gq.get(), gm.get());
-    CUDA_LAUNCH_CHECK();
-    p.xq = gq.get();
-    p.xm = gm.get();
-  }
   if (T == 1)
-    launch_gemv_tm<D, 1>(c, p, grid, warps, smem);
+    launch_gemv<D, 1>(c, p);
   else if (T == 2)
-    launch_gemv_tm<D, 2>(c, p, grid, warps, smem);
+    launch_gemv<D, 2>(c, p);
   else if (T <= 4)
-    launch_gemv_tm<D, 4>(c, p, grid, warps, smem);
+    launch_gemv<D, 4>(c, p);
   else
-    launch_gemv_tm<D, 8>(c, p, grid, warps, smem);
-  CUDA_LAUNCH_CHECK();
+    launch_gemv<D, 8>(c, p);
 }
 
 // ---- dequantization (prefill slices, embedding rows) ----
@@ -612,35 +688,54 @@ __device__ __forceinline__ void store32(__nv_bfloat16* o, const float (&y)[32]) 
   }
 }
 
+// Slice s as 32 values: y = fma(scale · sc, q − Z, bias) rounds once, as quant/dequantize.cpp.
+template <DType D>
+__device__ __forceinline__ void slice_values(const Slice& s, float (&y)[32]) {
+  const float a0 = s.scale * float(s.sc0), a1 = s.scale * float(s.sc1);
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      y[4 * k + j] = fmaf(k < 4 ? a0 : a1, float(int(int8_t(s.q[k] >> (8 * j))) - QType<D>::kZ), s.bias);
+}
+
 // out[r, :] = weight row rows[r] (or r0 + r without a row list) as f32 / bf16, r < nrows. One
-// thread per slice; y = fma(scale · sc, q − Z, bias) rounds once, as quant/dequantize.cpp.
+// thread per decode unit: a slice pair of a super-block, or one 32-weight block.
 template <DType D, typename O>
 __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, const int32_t* __restrict__ rows, int r0,
                                int nrows, int K, O* __restrict__ out) {
   using Q = QType<D>;
-  constexpr int kSubs = Q::kElems / 32;
-  const int K32 = K / 32;
-  const long long n = (long long)nrows * K32;
+  constexpr bool kSuper = Q::kElems == 256;
+  constexpr int kUnitElems = kSuper ? 64 : 32;
+  const int units = K / kUnitElems;
+  const long long n = (long long)nrows * units;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const int r = int(i / K32), sl = int(i - (long long)r * K32);
+    const int r = int(i / units), u = int(i - (long long)r * units);
     const long long row = rows ? rows[r] : r0 + r;
-    Slice s;
-    Q::decode(w + size_t(row) * row_bytes + size_t(sl / kSubs) * Q::kBytes, sl % kSubs, s);
-    const float a0 = s.scale * float(s.sc0), a1 = s.scale * float(s.sc1);
+    const uint8_t* wr = w + size_t(row) * row_bytes;
+    O* o = out + size_t(r) * K;
     float y[32];
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        y[4 * k + j] = fmaf(k < 4 ? a0 : a1, float(int(int8_t(s.q[k] >> (8 * j))) - Q::kZ), s.bias);
-    store32(out + size_t(r) * K + size_t(sl) * 32, y);
+    if constexpr (kSuper) {
+      Slice a, b;
+      const int blk = u >> 2, pair = u & 3;
+      Q::decode2(wr + size_t(blk) * Q::kBytes, pair, a, b);
+      slice_values<D>(a, y);
+      store32(o + size_t(blk) * 256 + 32 * Q::slice_a(pair), y);
+      slice_values<D>(b, y);
+      store32(o + size_t(blk) * 256 + 32 * Q::slice_b(pair), y);
+    } else {
+      Slice a;
+      Q::decode(wr + size_t(u) * Q::kBytes, 0, a);
+      slice_values<D>(a, y);
+      store32(o + size_t(u) * 32, y);
+    }
   }
 }
 
 template <DType D, typename O>
 void launch_dequant(Ctx& c, const Tensor& w, const int32_t* rows, int r0, int nrows, O* out) {
   const int K = int(w.cols());
-  const int64_t n = int64_t(nrows) * (K / 32);
+  const int64_t n = int64_t(nrows) * (K / (QType<D>::kElems == 256 ? 64 : 32));
   const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
   dequant_kernel<D, O><<<blocks, 256, 0, c.stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes(), rows, r0,
                                                      nrows, K, out);
