@@ -82,6 +82,99 @@ TEST_F(CudaOps, GemvBandwidth27B) {
   }
 }
 
+// Decode GEMV bandwidth with the weights NOT in L2: a decode step streams every matrix once,
+// so the test rotates over copies of each matrix adding up to > 4× the 60 MB L2 (the test
+// above re-reads one matrix and can hit L2). Printed for the row-per-warp and the split-K
+// kernels, and for the DeltaNet projections as one matmul_multi vs four matmuls.
+TEST_F(CudaOps, GemvBandwidthColdL2) {
+  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t K;
+  };
+  for (const Case& cs : {Case{{17408}, 5120}, Case{{5120}, 17408}, Case{{5120}, 6144}, Case{{10240, 6144, 48, 48}, 5120}}) {
+    int64_t total = 0;
+    for (int64_t n : cs.rows) total += n;
+    const int copies = int(std::max<int64_t>(2, (256ll << 20) / (total * cs.K * 2) + 1));
+    HostT x = random_t(rng_, DType::F32, {1, cs.K}), w = random_t(rng_, DType::BF16, {total, cs.K});
+    DevT dx = upload(*gpu_, x);
+    std::vector<DevT> dw;
+    for (int i = 0; i < copies; ++i) dw.push_back(upload(*gpu_, w));
+    std::vector<DevT> dout;
+    for (int64_t n : cs.rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {1, n})));
+    for (const char* mode : {"multi", "warp", "split"}) {
+      if (cs.rows.size() == 1 && std::string(mode) == "multi") continue;
+      setenv("QWEN36_GEMV_SPLIT_ROWS", std::string(mode) == "split" ? "100000000" : "2048", 1);
+      auto gpu = make_cuda_backend();
+      unsetenv("QWEN36_GEMV_SPLIT_ROWS");
+      auto step = [&](int i) {
+        std::vector<Tensor> ws;
+        int64_t r0 = 0;
+        for (int64_t n : cs.rows) {
+          ws.emplace_back(static_cast<uint8_t*>(dw[size_t(i)].t.data) + size_t(r0 * cs.K) * 2, DType::BF16,
+                          std::initializer_list<int64_t>{n, cs.K});
+          r0 += n;
+        }
+        if (std::string(mode) == "multi") {
+          std::vector<const Tensor*> wp;
+          std::vector<Tensor*> op;
+          for (size_t j = 0; j < ws.size(); ++j) wp.push_back(&ws[j]), op.push_back(&dout[j].t);
+          gpu->matmul_multi(dx.t, wp, op);
+        } else {
+          for (size_t j = 0; j < ws.size(); ++j) gpu->matmul(dx.t, ws[j], dout[j].t);
+        }
+      };
+      for (int i = 0; i < copies; ++i) step(i);
+      const int reps = 10 * copies;
+      cuda_synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) step(r % copies);
+      cuda_synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+      const double gbs = double(total * cs.K * 2) / s / 1e9;
+      std::printf("[ gemv-cold ] %s %lld rows (%zu matrices) x %lld: %.1f us, %.0f GB/s = %.1f%% of copy %.0f GB/s\n",
+                  mode, (long long)total, cs.rows.size(), (long long)cs.K, s * 1e6, gbs, 100 * gbs / copy, copy);
+      // every copy holds the same weights: the last step's outputs are the product with w
+      const std::vector<float> got = download(*gpu, dout[0].t);
+      std::vector<float> row(static_cast<size_t>(cs.K));
+      for (int64_t n = 0; n < cs.rows[0]; n += 991) {
+        cpu::weight_row_to_f32(w.t, n, row.data());
+        double want = 0;
+        for (int64_t k = 0; k < cs.K; ++k) want += double(row[size_t(k)]) * x.f()[k];
+        EXPECT_NEAR(got[size_t(n)], want, 1e-3) << mode << " row " << n;
+      }
+    }
+  }
+}
+
+// Prefill GEMM throughput at T = 4096 for the 27B's projection shapes (printed; cuBLAS picks
+// the kernel): where a prefill profile shows a matmul far below the bf16 peak, this tells
+// whether the GEMM or the work around it is slow. Spot-checked against the CPU.
+TEST_F(CudaOps, PrefillGemmThroughput27B) {
+  const int64_t T = 4096, K = 5120;
+  HostT x = random_t(rng_, DType::F32, {T, K});
+  DevT dx = upload(*gpu_, x);
+  for (int64_t N : {16480, 10240, 6144, 17408, 34816, 12288}) {
+    HostT w = random_t(rng_, DType::BF16, {N, K});
+    DevT dw = upload(*gpu_, w), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+    gpu_->matmul(dx.t, dw.t, dout.t);
+    cuda_synchronize();
+    const int reps = 5;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) gpu_->matmul(dx.t, dw.t, dout.t);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    std::printf("[ gemm ] bf16 T=%lld N=%lld K=%lld: %.3f ms, %.0f TFLOP/s (rounding of x included)\n", (long long)T,
+                (long long)N, (long long)K, s * 1e3, 2.0 * double(T) * double(N) * double(K) / s / 1e12);
+    const std::vector<float> got = download(*gpu_, dout.t);
+    std::vector<float> row(static_cast<size_t>(K));
+    cpu::weight_row_to_f32(w.t, N - 1, row.data());
+    double want = 0;
+    for (int64_t k = 0; k < K; ++k) want += double(row[size_t(k)]) * x.f()[(T - 1) * K + k];
+    EXPECT_NEAR(got[size_t((T - 1) * N + N - 1)], want, 0.05 * std::max(1.0, std::abs(want))) << N;
+  }
+}
+
 // ---- elementwise and norms ----
 TEST_F(CudaOps, EmbedAllDtypes) {
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {

@@ -155,6 +155,8 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&ctx_.cublas));
     CUBLAS_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream));
     ctx_.exact_matmul = o.exact_matmul;
+    // QWEN36_GEMV_SPLIT_ROWS=N: the row count up to which GEMVs split K over a block (tuning).
+    if (const char* e = std::getenv("QWEN36_GEMV_SPLIT_ROWS"); e && *e) ctx_.gemv_split_rows = std::atoll(e);
     // Keep freed pool memory cached: every forward allocates its activations again.
     cudaMemPool_t pool;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, o.device));

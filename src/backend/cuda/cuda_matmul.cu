@@ -216,10 +216,9 @@ void with_batch(int T, F&& f) {
   }
 }
 
-// Few rows (N ≤ kSplitRows, K % 8 == 0): one block per weight row, its 8 warps split K, so
+// Few rows (N ≤ Ctx::gemv_split_rows, K % 8 == 0): one block per weight row, its 8 warps split K, so
 // that a small matrix (DeltaNet's a/b projections, k/v projections, MoE router and shared
 // expert) still spreads over every SM with several loads in flight.
-constexpr int kSplitRows = 2048;
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_split_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
@@ -263,7 +262,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 template <typename W>
 void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
-  const bool split = N <= kSplitRows && K % 8 == 0;
+  const bool split = N <= c.gemv_split_rows && K % 8 == 0;
   const dim3 grid(unsigned(split ? N : gemv_blocks(N))), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
   with_batch(T, [&](auto tc) {

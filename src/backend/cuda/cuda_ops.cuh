@@ -90,6 +90,7 @@ struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   bool exact_matmul = false;
+  int64_t gemv_split_rows = 2048;  // GEMVs of at most this many rows split K across a block
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
   std::unordered_map<const void*, ExpertTable> expert_tables;
   BatchTables batch;
