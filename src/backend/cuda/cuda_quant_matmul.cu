@@ -43,7 +43,9 @@ __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_
 __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
 // n 32-bit little-endian words at p, which is known to be kAlign-byte aligned (16, 8, 4 or 2).
-template <int kAlign, int n>
+// kPad: the 4 bytes after the words may be read (ring slots have slack), so a 2-aligned p takes
+// n + 1 aligned words and byte permutes, the same instructions for every lane.
+template <int kAlign, bool kPad = false, int n>
 __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[n]) {
   if constexpr (kAlign >= 16 && n % 4 == 0) {
 #pragma unroll
@@ -60,6 +62,16 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[n]) {
   } else if constexpr (kAlign >= 4) {
 #pragma unroll
     for (int k = 0; k < n; ++k) w[k] = reinterpret_cast<const uint32_t*>(p)[k];
+  } else if constexpr (kPad) {
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    const uint32_t sel = (reinterpret_cast<uintptr_t>(p) & 2) ? 0x5432u : 0x3210u;
+    uint32_t prev = a[0];
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      const uint32_t next = a[k + 1];
+      w[k] = __byte_perm(prev, next, sel);
+      prev = next;
+    }
   } else if ((reinterpret_cast<uintptr_t>(p) & 2) == 0) {
 #pragma unroll
     for (int k = 0; k < n; ++k) w[k] = reinterpret_cast<const uint32_t*>(p)[k];
@@ -140,9 +152,10 @@ template <>
 struct QType<DType::Q4_0> {
   static constexpr int kElems = 32, kBytes = 18, kAlign = 2, kZ = 8;
   static constexpr bool kBias = false, kTwoScales = false;
+  template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t v[4];
-    load_words<2>(p + 2, v);
+    load_words<2, kPad>(p + 2, v);
     split_nibbles(v, s.q);
     s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = 1, s.bias = 0;
   }
@@ -151,6 +164,7 @@ template <>
 struct QType<DType::Q4_1> {
   static constexpr int kElems = 32, kBytes = 20, kAlign = 4, kZ = 0;
   static constexpr bool kBias = true, kTwoScales = false;
+  template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t v[4];
     load_words<4>(p + 4, v);
@@ -162,10 +176,11 @@ template <>
 struct QType<DType::Q5_0> {
   static constexpr int kElems = 32, kBytes = 22, kAlign = 2, kZ = 16;
   static constexpr bool kBias = false, kTwoScales = false;
+  template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t h[1], v[4];
-    load_words<2>(p + 2, h);
-    load_words<2>(p + 6, v);
+    load_words<2, kPad>(p + 2, h);
+    load_words<2, kPad>(p + 6, v);
     split_nibbles(v, s.q);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -179,6 +194,7 @@ template <>
 struct QType<DType::Q5_1> {
   static constexpr int kElems = 32, kBytes = 24, kAlign = 8, kZ = 0;
   static constexpr bool kBias = true, kTwoScales = false;
+  template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t h[1], v[4];
     load_words<4>(p + 4, h);
@@ -196,8 +212,9 @@ template <>
 struct QType<DType::Q8_0> {
   static constexpr int kElems = 32, kBytes = 34, kAlign = 2, kZ = 0;
   static constexpr bool kBias = false, kTwoScales = false;
+  template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
-    load_words<2>(p + 2, s.q);
+    load_words<2, kPad>(p + 2, s.q);
     s.scale = h2f(ld_u16(p)), s.sc0 = s.sc1 = 1, s.bias = 0;
   }
 };
@@ -211,6 +228,7 @@ struct QType<DType::Q4_K> {
   static constexpr bool kBias = true, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
+  template <bool kPad>
   __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
     uint32_t v[8];
     load_words<16>(p + 16 + 32 * c, v);
@@ -235,6 +253,7 @@ struct QType<DType::Q5_K> {
   static constexpr bool kBias = true, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
+  template <bool kPad>
   __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
     uint32_t v[8], h[8];
     load_words<16>(p + 48 + 32 * c, v);
@@ -258,11 +277,12 @@ struct QType<DType::Q6_K> {
   static constexpr bool kBias = false, kTwoScales = true;
   __device__ static int slice_a(int pair) { return 4 * (pair >> 1) + (pair & 1); }
   __device__ static int slice_b(int pair) { return 4 * (pair >> 1) + (pair & 1) + 2; }
+  template <bool kPad>
   __device__ static void decode2(const uint8_t* p, int pair, Slice& a, Slice& b) {
     const int n = pair >> 1, h = pair & 1;
     uint32_t l[8], hi[8];
-    load_words<2>(p + 64 * n + 32 * h, l);
-    load_words<2>(p + 128 + 32 * n, hi);
+    load_words<2, kPad>(p + 64 * n + 32 * h, l);
+    load_words<2, kPad>(p + 128 + 32 * n, hi);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const uint32_t hb = hi[k] >> (2 * h);
@@ -284,6 +304,7 @@ struct QType<DType::IQ4_XS> {
   static constexpr bool kBias = false, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
+  template <bool kPad>
   __device__ static void decode2(const uint8_t* p, int c, Slice& a, Slice& b) {
     uint32_t v[8];
     load_words<8>(p + 8 + 32 * c, v);
@@ -431,10 +452,11 @@ template <DType D>
 __host__ __device__ constexpr int seg_bytes() {
   return kSegElems / QType<D>::kElems * QType<D>::kBytes;
 }
-// A segment starting anywhere in a 16-byte chunk, rounded out to whole chunks.
+// A segment starting anywhere in a 16-byte chunk, rounded out to whole chunks, and 16 bytes of
+// slack for the decoders' padded reads.
 template <DType D>
 __host__ __device__ constexpr int stage_bytes() {
-  return (seg_bytes<D>() + 15 + 15) / 16 * 16;
+  return (seg_bytes<D>() + 15 + 15) / 16 * 16 + 16;
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
@@ -540,12 +562,12 @@ __global__ void __launch_bounds__(gemv_warps<TM>() * 32, 1) quant_gemv_kernel(co
       int ea, eb;  // the slices' K indices, in 32s
       bool has_b = true;
       if constexpr (kSuper) {
-        Q::decode2(bp, pair, a, b);
+        Q::template decode2<true>(bp, pair, a, b);
         ea = seg * 64 + blk * 8 + Q::slice_a(pair), eb = seg * 64 + blk * 8 + Q::slice_b(pair);
       } else {
         has_b = blk + 1 < nblk;
-        Q::decode(bp, 0, a);
-        if (has_b) Q::decode(bp + Q::kBytes, 0, b);
+        Q::template decode<true>(bp, 0, a);
+        if (has_b) Q::template decode<true>(bp + Q::kBytes, 0, b);
         ea = seg * 64 + blk, eb = ea + 1;
       }
 #pragma unroll
@@ -718,14 +740,14 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, 
     if constexpr (kSuper) {
       Slice a, b;
       const int blk = u >> 2, pair = u & 3;
-      Q::decode2(wr + size_t(blk) * Q::kBytes, pair, a, b);
+      Q::template decode2<false>(wr + size_t(blk) * Q::kBytes, pair, a, b);
       slice_values<D>(a, y);
       store32(o + size_t(blk) * 256 + 32 * Q::slice_a(pair), y);
       slice_values<D>(b, y);
       store32(o + size_t(blk) * 256 + 32 * Q::slice_b(pair), y);
     } else {
       Slice a;
-      Q::decode(wr + size_t(u) * Q::kBytes, 0, a);
+      Q::template decode<false>(wr + size_t(u) * Q::kBytes, 0, a);
       slice_values<D>(a, y);
       store32(o + size_t(u) * 32, y);
     }
