@@ -14,7 +14,8 @@
 //    type stream with aligned 16-byte copies. Each lane then decodes two slices (sharing the
 //    loads of one super-block's bytes) and dots them with int8 activations (dp4a). The
 //    activations are quantized per 32 (scale amax/127, round to nearest even, like llama.cpp's
-//    q8_1) into shared memory by every block, while its first weight segments load.
+//    q8_1) into shared memory by every block, while its first weight segments load (launched
+//    with programmatic dependent launch: those loads start before the previous kernel ends).
 //    Why int8: at HBM speed a 4.5-bit type delivers ~29 weights per clock per SM; dequantising
 //    to f32 costs ~4 instructions per weight and makes the kernel issue-bound at T = 1, the dp4a
 //    path ~1. Accuracy: see tests/gpu/test_cuda_quant.cpp (≈ 0.4% of a dot's magnitude).
@@ -486,6 +487,7 @@ __global__ void __launch_bounds__(gemv_warps<TM>() * 32, 1) quant_gemv_kernel(co
   constexpr int kSeg = seg_bytes<D>(), kStage = stage_bytes<D>(), kG = kSegElems / Q::kElems;
   constexpr bool kSuper = Q::kElems == 256;
   extern __shared__ __align__(16) uint8_t smem[];
+  griddep_trigger();
   const int nwarps = int(blockDim.x >> 5), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   uint8_t* ring = smem + warp * (kStages * kStage);
   float* part = reinterpret_cast<float*>(smem + nwarps * (kStages * kStage));  // [head|tail][warp][t]
@@ -530,6 +532,9 @@ __global__ void __launch_bounds__(gemv_warps<TM>() * 32, 1) quant_gemv_kernel(co
     cp_async_commit();
   }
 
+  // The first segments depend on nothing before this kernel; the activations (and out, which
+  // the kernel before may still read) do: under programmatic dependent launch, wait here.
+  griddep_wait();
   const int8_t* xq = p.xq;
   const XMeta* xm = p.xm;
   if (p.x_smem) {
@@ -662,8 +667,7 @@ void launch_gemv(Ctx& c, GemvParams p) {
     return true;
   }();
   (void)attr_set;
-  quant_gemv_kernel<D, TM><<<grid, warps * 32, smem, c.stream>>>(p);
-  CUDA_LAUNCH_CHECK();
+  launch_pdl(quant_gemv_kernel<D, TM>, dim3(unsigned(grid)), dim3(unsigned(warps * 32)), smem, c.stream, p);
 }
 
 template <DType D>
