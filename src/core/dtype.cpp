@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace qwen36 {
@@ -17,6 +19,7 @@ constexpr DTypeInfo kInfo[] = {
     {"q4_0", 18, 32},   {"q4_1", 20, 32},  {"q5_0", 22, 32},  {"q5_1", 24, 32},
     {"q8_0", 34, 32},   {"q4_k", 144, 256}, {"q5_k", 176, 256}, {"q6_k", 210, 256},
     {"q8_k", 292, 256}, {"iq4_xs", 136, 256},
+    {"f8_e4m3", 1, 1},
 };
 const DTypeInfo& info(DType t) { return kInfo[static_cast<size_t>(t)]; }
 }  // namespace
@@ -77,6 +80,32 @@ uint16_t f32_to_f16(float f) {
   const uint32_t rem = mant & 0x1fff;
   if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;  // may carry into the exponent: correct
   return uint16_t(half);
+}
+
+float f8_e4m3_to_f32(uint8_t b) {
+  const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  float v;
+  if (e == 0)
+    v = float(m) * 0.001953125f;  // subnormal: m · 2^-9
+  else if (e == 15 && m == 7)
+    v = std::bit_cast<float>(0x7fc00000u);  // NaN
+  else
+    v = std::bit_cast<float>((e + 120u) << 23 | m << 20);
+  return (b & 0x80) ? -v : v;
+}
+
+uint8_t f32_to_f8_e4m3(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);  // NaN
+  if (a >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // ≥ 448 (infinity too): saturate
+  if (a < 0x3c800000u)  // below 2^-6: subnormal steps of 2^-9 (8 rounds up to 2^-6, encoded 0x08)
+    return uint8_t(sign | uint8_t(std::nearbyint(std::bit_cast<float>(a) * 512.0f)));
+  // Normal: keep the exponent and the top 3 mantissa bits, rounding the other 20 to nearest
+  // even (a carry moves into the exponent); below 448 nothing rounds past 0x7e.
+  const uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+  return uint8_t(sign | (r - (120u << 3)));
 }
 
 }  // namespace qwen36

@@ -27,6 +27,8 @@ enum class DType : uint8_t {
   Q6_K,
   Q8_K,
   IQ4_XS,
+  // OCP FP8 E4M3 ("e4m3fn"), one byte per element (the fp8 KV cache, backend/kv_cache.h)
+  F8_E4M3,
 };
 
 std::string_view dtype_name(DType t);
@@ -50,5 +52,11 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 // IEEE half precision.
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+
+// FP8 E4M3 (bias 7, 3 mantissa bits, subnormals, no infinities; 0x7f/0xff are NaN; max ±448).
+// f32 → e4m3 rounds to nearest even and saturates to ±448 (NaN stays NaN); every e4m3 value
+// is exact in f32 (and in f16 and bf16).
+float f8_e4m3_to_f32(uint8_t b);
+uint8_t f32_to_f8_e4m3(float f);
 
 }  // namespace qwen36

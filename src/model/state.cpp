@@ -1,31 +1,49 @@
 #include "model/state.h"
 
+#include "backend/kv_cache.h"
 #include "core/error.h"
 
 namespace qwen36 {
 
-bool ModelState::kv_dtype_supported(DType t) { return t == DType::F32 || t == DType::BF16; }
+bool ModelState::kv_dtype_supported(DType t) { return kv_cache_type_supported(t); }
+
+size_t ModelState::kv_bytes_per_position(const ModelConfig& c, DType t) {
+  return 2 * kv_cache_bytes(t, 1, 1, c.n_kv_heads, c.head_dim);
+}
 
 ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, int64_t capacity, bool with_mtp,
                        DType kv_dtype)
     : backend_(backend), slots_(slots), capacity_(capacity), kv_dtype_(kv_dtype), config_(c) {
   QWEN36_CHECK(slots > 0 && capacity > 0, "state needs at least one slot and one position");
-  QWEN36_CHECK(kv_dtype_supported(kv_dtype), "KV cache type {} is not supported (f32, bf16)", dtype_name(kv_dtype));
+  QWEN36_CHECK(kv_dtype_supported(kv_dtype), "KV cache type {} is not supported (f32, bf16, f8_e4m3, q8_0, q4_0)",
+               dtype_name(kv_dtype));
+  QWEN36_CHECK(kv_cache_head_dim_ok(kv_dtype, c.head_dim), "a {} KV cache needs a power-of-two head_dim ≥ 32, not {}",
+               dtype_name(kv_dtype), c.head_dim);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     cache_index_.push_back(int64_t(tensors_.size()));
     if (c.layer_kinds[size_t(l)] == LayerKind::FullAttention) {
-      tensors_.push_back(make_pair_({slots, capacity, c.n_kv_heads, c.head_dim},  // K
-                                    {slots, capacity, c.n_kv_heads, c.head_dim},  // V
-                                    kv_dtype));
-      tensors_.back().is_kv = true;
+      tensors_.push_back(make_kv_pair_());
     } else {
       tensors_.push_back(make_pair_({slots, c.conv_dim(), c.conv_kernel - 1},                      // conv
                                     {slots, c.linear_v_heads, c.linear_k_dim, c.linear_v_dim}));  // S
     }
   }
-  if (with_mtp)
-    mtp_ = make_pair_({slots, capacity, c.n_kv_heads, c.head_dim}, {slots, capacity, c.n_kv_heads, c.head_dim},
-                      kv_dtype);
+  if (with_mtp) mtp_ = make_kv_pair_();
+}
+
+// K and V [slots, capacity, KVH, hd] of kv_dtype_, each buffer holding kv_cache_bytes (the
+// tensors' nbytes() leave out the fp8 scales stored after the elements).
+ModelState::Pair ModelState::make_kv_pair_() {
+  const ModelConfig& c = config_;
+  const size_t bytes = kv_cache_bytes(kv_dtype_, slots_, capacity_, c.n_kv_heads, c.head_dim);
+  Pair p;
+  for (Tensor* t : {&p.a, &p.b}) {
+    *t = Tensor(nullptr, kv_dtype_, {slots_, capacity_, c.n_kv_heads, c.head_dim});
+    buffers_.push_back(backend_.alloc(bytes));
+    t->data = buffers_.back()->data();
+  }
+  p.is_kv = true;
+  return p;
 }
 
 ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt) {
@@ -78,10 +96,12 @@ size_t ModelState::bytes() const {
 }
 
 size_t ModelState::kv_bytes() const {
+  const ModelConfig& c = config_;
+  const size_t pair = 2 * kv_cache_bytes(kv_dtype_, slots_, capacity_, c.n_kv_heads, c.head_dim);
   size_t n = 0;
   for (const Pair& p : tensors_)
-    if (p.is_kv) n += p.a.nbytes() + p.b.nbytes();
-  if (has_mtp()) n += mtp_.a.nbytes() + mtp_.b.nbytes();
+    if (p.is_kv) n += pair;
+  if (has_mtp()) n += pair;
   return n;
 }
 

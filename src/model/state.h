@@ -5,9 +5,10 @@
 // belongs to one sequence; SeqRun::slot picks it. The MTP head, when present, has its own
 // attention cache.
 //
-// The attention K/V caches (the MTP head's too) hold `kv_dtype` elements: F32 (exact) or
-// BF16 (rounded to nearest on append, half the memory and bandwidth). Other types (fp8,
-// q8_0, q4_0) are refused by name until the attention kernels can read them.
+// The attention K/V caches (the MTP head's too) hold `kv_dtype` elements: F32 (exact), BF16
+// (rounded to nearest on append, half the memory and bandwidth), or the quantised formats of
+// backend/kv_cache.h: F8_E4M3 (1 byte + a per-(position, kv head) power-of-two scale), Q8_0
+// (8.5 bits) and Q4_0 (4.5 bits), both after a Hadamard rotation along head_dim.
 
 #include <memory>
 #include <vector>
@@ -21,8 +22,10 @@ class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, int32_t slots, int64_t capacity, bool with_mtp,
              DType kv_dtype = DType::F32);
-  // Whether the attention K/V caches can be held in `t` (F32, BF16).
+  // Whether the attention K/V caches can be held in `t` (F32, BF16, F8_E4M3, Q8_0, Q4_0).
   static bool kv_dtype_supported(DType t);
+  // Bytes of one layer's K and V caches together per position and slot (fp8 scales included).
+  static size_t kv_bytes_per_position(const ModelConfig& config, DType t);
 
   int32_t slots() const { return slots_; }
   int64_t capacity() const { return capacity_; }
@@ -61,6 +64,7 @@ class ModelState {
     bool is_kv = false;  // attention K/V (else DeltaNet conv/recurrent state)
   };
   Pair make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt = DType::F32);
+  Pair make_kv_pair_();
 
   Backend& backend_;
   int32_t slots_;

@@ -19,7 +19,7 @@ DType dot_activation_type(DType weight) {
       return DType::Q8_0;
     case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q8_K: case DType::IQ4_XS:
       return DType::Q8_K;
-    case DType::I32: break;
+    case DType::I32: case DType::F8_E4M3: break;
   }
   fail("no dot product for weights of type {}", dtype_name(weight));
 }

@@ -385,6 +385,11 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q8_K: q8_k(src, static_cast<BlockQ8_K*>(dst), nb); break;
     case DType::IQ4_XS: iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb); break;
     case DType::I32: fail("quantize_row: i32 is not a float type");
+    case DType::F8_E4M3: {
+      auto* b = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) b[i] = f32_to_f8_e4m3(src[i]);
+      break;
+    }
   }
 }
 

@@ -1,5 +1,8 @@
 // Gated full attention on the CPU: q/gate split, partial NeoX RoPE, causal GQA attention
-// over a per-slot KV cache of f32 or bf16 elements.
+// over a per-slot KV cache of f32 or bf16 elements, or of the quantised formats of
+// backend/kv_cache.h (fp8 e4m3, q8_0, q4_0): those encode each new (position, kv head) row
+// on append and decode the run's history to f32 on read (q8_0/q4_0 rotate q before the
+// scores and the output back after P·V, see kv_cache.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -7,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/kv_cache.h"
 #include "core/error.h"
 
 namespace qwen36::cpu {
@@ -115,6 +119,83 @@ void attention_cache(const Tensor& q, const Tensor& k, const Tensor& v, CT* kc, 
   }
 }
 
+// Quantised caches. Each run's history is decoded once per kv head into f32 rows (the values
+// the CUDA kernels read), then attention runs as above over them.
+void attention_quantized(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                         std::span<const SeqRun> runs, float scale, Tensor& out) {
+  const DType t = k_cache.dtype;
+  const int64_t H = q.dim(1), hd = q.dim(2), KVH = k.dim(1), group = H / KVH;
+  const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
+  const size_t rb = dtype_row_bytes(t, hd), soff = kv_scale_offset(t, slots, cap, KVH, hd);
+  const bool rot = kv_cache_rotated(t);
+  auto row_at = [&](Tensor& c, int64_t slot, int64_t p, int64_t h) {
+    return c.as<uint8_t>() + size_t((slot * cap + p) * KVH + h) * rb;
+  };
+  auto scale_at = [&](Tensor& c, int64_t slot, int64_t p, int64_t h) {
+    return reinterpret_cast<float*>(c.as<uint8_t>() + soff) + (slot * KVH + h) * cap + p;
+  };
+  float unused = 0;
+  std::vector<float> tmp(static_cast<size_t>(hd), 0.0f);
+  for (const SeqRun& r : runs)
+    for (int32_t j = 0; j < r.count; ++j)
+      for (int64_t h = 0; h < KVH; ++h) {
+        const int64_t src = (int64_t(r.begin + j) * KVH + h) * hd;
+        const bool f8 = t == DType::F8_E4M3;
+        kv_encode_row(t, k.as<const float>() + src, hd, row_at(k_cache, r.slot, r.pos0 + j, h),
+                      f8 ? scale_at(k_cache, r.slot, r.pos0 + j, h) : &unused, tmp.data());
+        kv_encode_row(t, v.as<const float>() + src, hd, row_at(v_cache, r.slot, r.pos0 + j, h),
+                      f8 ? scale_at(v_cache, r.slot, r.pos0 + j, h) : &unused, tmp.data());
+      }
+
+  for (const SeqRun& r : runs) {
+    if (r.count == 0) continue;
+    const int64_t n = r.pos0 + r.count;
+    std::vector<float> kf(static_cast<size_t>(n * hd)), vf(static_cast<size_t>(n * hd));
+    for (int64_t kvh = 0; kvh < KVH; ++kvh) {
+#pragma omp parallel for schedule(static)
+      for (int64_t p = 0; p < n; ++p) {
+        const bool f8 = t == DType::F8_E4M3;
+        kv_decode_row(t, row_at(k_cache, r.slot, p, kvh), f8 ? *scale_at(k_cache, r.slot, p, kvh) : 1.0f, hd,
+                      kf.data() + p * hd);
+        kv_decode_row(t, row_at(v_cache, r.slot, p, kvh), f8 ? *scale_at(v_cache, r.slot, p, kvh) : 1.0f, hd,
+                      vf.data() + p * hd);
+      }
+#pragma omp parallel
+      {
+        std::vector<float> scores(static_cast<size_t>(n)), qv(static_cast<size_t>(hd)), o(static_cast<size_t>(hd));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int32_t j = 0; j < r.count; ++j) {
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t h = kvh * group + g, n_ctx = r.pos0 + j + 1;
+            std::memcpy(qv.data(), q.as<const float>() + (int64_t(r.begin + j) * H + h) * hd, size_t(hd) * 4);
+            if (rot) kv_hadamard(qv.data(), hd);
+            float mx = -INFINITY;
+            for (int64_t p = 0; p < n_ctx; ++p) {
+              const float* kv = kf.data() + p * hd;
+              float s = 0;
+              for (int64_t d = 0; d < hd; ++d) s += qv[size_t(d)] * kv[d];
+              s *= scale;
+              scores[size_t(p)] = s;
+              mx = std::max(mx, s);
+            }
+            float sum = 0;
+            for (int64_t p = 0; p < n_ctx; ++p) sum += scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
+            const float inv = 1.0f / sum;
+            std::fill(o.begin(), o.end(), 0.0f);
+            for (int64_t p = 0; p < n_ctx; ++p) {
+              const float wgt = scores[size_t(p)] * inv;
+              const float* vv = vf.data() + p * hd;
+              for (int64_t d = 0; d < hd; ++d) o[size_t(d)] += wgt * vv[d];
+            }
+            if (rot) kv_hadamard(o.data(), hd);
+            std::memcpy(out.as<float>() + (int64_t(r.begin + j) * H + h) * hd, o.data(), size_t(hd) * 4);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
@@ -125,15 +206,19 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cach
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
   QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
                k_cache.shape_str(), k.shape_str());
-  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16),
-               "attention: KV cache types {} / {} are not supported (f32 or bf16, both the same)",
+  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && kv_cache_type_supported(k_cache.dtype),
+               "attention: KV cache types {} / {} are not supported (f32, bf16, f8_e4m3, q8_0, q4_0; both the same)",
                dtype_name(k_cache.dtype), dtype_name(v_cache.dtype));
+  QWEN36_CHECK(kv_cache_head_dim_ok(k_cache.dtype, hd), "attention: a {} KV cache needs a power-of-two head_dim ≥ 32, not {}",
+               dtype_name(k_cache.dtype), hd);
   for (const SeqRun& r : runs) {
     QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
     QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
                  r.pos0, r.pos0 + r.count - 1, cap);
   }
-  if (k_cache.dtype == DType::BF16)
+  if (kv_cache_quantized(k_cache.dtype))
+    attention_quantized(q, k, v, k_cache, v_cache, runs, scale, out);
+  else if (k_cache.dtype == DType::BF16)
     attention_cache(q, k, v, k_cache.as<uint16_t>(), v_cache.as<uint16_t>(), cap, runs, scale, out);
   else
     attention_cache(q, k, v, k_cache.as<float>(), v_cache.as<float>(), cap, runs, scale, out);
