@@ -1,7 +1,8 @@
 // out[T, N] = x[T, K] · w[N, K]ᵀ for GGUF block-quantized weights, and embedding rows of such
 // tables. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (layouts: quant/blocks.h).
-// Every kernel reads a block through the same per-type `decode`: 32 weights ("a slice") as int8
-// lanes q with y = scale · sc_h · (q − Z) + bias, h = which 16 of the 32.
+// Every kernel reads blocks through the same per-type decoder (QType::decode, or decode2 for two
+// slices of a super-block): 32 weights ("a slice") as int8 lanes q with
+// y = scale · sc_h · (q − Z) + bias, h = which 16 of the 32.
 //
 //  - Decode (T ≤ 8, quant_gemv): memory-bound. One persistent block per SM owns a balanced range
 //    of rows; its warps split the range's (row, segment) steps evenly, so a row may be shared by
