@@ -33,10 +33,14 @@ std::vector<std::string> fixture_names() {
 
 constexpr float kExactTolerance = 2e-3f;
 // Measured on the H200 (a972e76): 0.019 .. 0.39 max |Δlogit| on logits of magnitude ≤ 3.6
-// (exact mode: ≤ 2e-5 on the same fixtures). The bf16 rounding of prefill activations is the
-// only difference between the two paths; on these tiny random models it is large, so this
-// bound only guards against gross errors. Greedy continuations are identical.
-constexpr float kFastTolerance = 0.5f;
+// (exact mode: ≤ 2e-5 on the same fixtures). The fast path rounds to bf16 the prefill GEMMs'
+// activations, the fused gate/up products, and attention's q, k, v and probabilities (flash
+// kernel); on these tiny random models (hidden 48..96, logits up to ±3.4, rms 0.6..0.8) that
+// moves single logits by up to 0.6 (moe-shared, measured) with an rms of 2-4% of the rms
+// logit. The bounds guard against gross errors (an index bug moves the rms to ~100%):
+// max ≤ 1.0 and rms ≤ 6% of the rms logit. Greedy continuations must be identical.
+constexpr float kFastTolerance = 1.0f;
+constexpr double kFastRmsRatio = 0.06;
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float worst = 0;
@@ -85,6 +89,7 @@ TEST_P(CudaGolden, FastLogitsMatchTransformersWithinBf16Rounding) {
   std::printf("[ %s ] cuda fast (bf16-rounded prefill activations): max |logit - transformers| = %.3g, rms %.3g of rms logit %.3g\n",
               GetParam().c_str(), worst, std::sqrt(se / double(got.size())), std::sqrt(sw / double(got.size())));
   EXPECT_LE(worst, kFastTolerance);
+  EXPECT_LE(std::sqrt(se / sw), kFastRmsRatio);
 }
 
 TEST_P(CudaGolden, GreedyContinuationMatchesTransformers) {

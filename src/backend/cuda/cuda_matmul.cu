@@ -146,13 +146,15 @@ struct MultiRows {
   float* out[kMaxMulti];
   int end[kMaxMulti];  // exclusive prefix of the row counts
   int n;
+  int total;  // end[n - 1], kept apart: indexing the arrays with a runtime value would copy
+              // the parameters to each thread's stack
 };
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
   griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= m.end[m.n - 1]) return;
+  if (row >= m.total) return;
   // The row's matrix, chosen with compile-time indices only: a runtime index into the
   // parameter arrays would copy them to local memory in every thread.
   const void* wp = m.w[0];
@@ -343,6 +345,7 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     m.end[i] = int(rows);
   }
   m.n = int(ws.size());
+  m.total = int(rows);
   const dim3 grid(unsigned(gemv_blocks(rows))), block(kGemvWarps * 32);
   with_weight_type(ws[0]->dtype, [&](auto wt) {
     using W = decltype(wt);
