@@ -29,13 +29,14 @@ bool contiguous_half(std::span<const Tensor* const> ws) {
 }
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]    (gu: [T, 2I] in the weights' 16-bit type)
+// (grid: x over columns, y over rows — no per-element division)
 template <typename H>
-__global__ void swiglu_halves_kernel(const H* __restrict__ gu, float* __restrict__ out, int64_t I, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / I, j = i % I;
-    const float g = to_f32(gu[t * 2 * I + j]), u = to_f32(gu[t * 2 * I + I + j]);
-    out[i] = silu_f(g) * u;
-  }
+__global__ void swiglu_halves_kernel(const H* __restrict__ gu, float* __restrict__ out, int64_t I, int64_t T) {
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y)
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < I; j += int64_t(gridDim.x) * blockDim.x) {
+      const float g = to_f32(gu[t * 2 * I + j]), u = to_f32(gu[t * 2 * I + I + j]);
+      out[t * I + j] = silu_f(g) * u;
+    }
 }
 
 }  // namespace
@@ -83,14 +84,13 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
   CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(2 * I), int(T), int(K), &one, gate.data, dt,
                             int(K), xh.get(), dt, int(K), &zero, gu.get(), dt, int(2 * I), CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
-  const int64_t n = T * I;
-  const int blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8));
+  const dim3 grid(unsigned(blocks_for(I, 256)), unsigned(std::min<int64_t>(T, 65535)));
   if (bf)
-    swiglu_halves_kernel<<<blocks, 256, 0, c.stream>>>(reinterpret_cast<const __nv_bfloat16*>(gu.get()),
-                                                       out.as<float>(), I, n);
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(reinterpret_cast<const __nv_bfloat16*>(gu.get()),
+                                                     out.as<float>(), I, T);
   else
-    swiglu_halves_kernel<<<blocks, 256, 0, c.stream>>>(reinterpret_cast<const __half*>(gu.get()), out.as<float>(),
-                                                       I, n);
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(reinterpret_cast<const __half*>(gu.get()), out.as<float>(), I,
+                                                     T);
   CUDA_LAUNCH_CHECK();
   return true;
 }
