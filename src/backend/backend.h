@@ -129,6 +129,18 @@ class Backend {
   virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                 const Tensor& beta, Tensor& state, std::span<const SeqRun> runs, Tensor& out,
                                 DeltaRuleMode mode = DeltaRuleMode::Auto) = 0;
+  // The DeltaNet mixer of a decode step, every run exactly one token (run i = row i):
+  //   causal_conv1d_silu(mixed, w.conv1d, conv_state); g, beta = deltanet_gates(a, b, ...);
+  //   q, k, v = mixed's [q | k | v] column blocks; gated_delta_rule(q, k, v, g, beta, ssm_state,
+  //   Recurrent) → out; out = gated_rms_norm(out, z, w.norm, eps).
+  // mixed [T, conv_dim] is scratch (its contents afterwards are unspecified); z, out [T, Hv, dv];
+  // a, b [T, Hv]; conv_state, ssm_state as above (updated). Head counts and dims come from the
+  // shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) / (2·dk). The default composes the
+  // ops above (the reference); a device backend fuses them, since a decode step's DeltaNet is
+  // bound by launches and latency, not arithmetic.
+  virtual void deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                               const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                               std::span<const SeqRun> runs, Tensor& out);
 
   // ---- speculative verify: DeltaNet without advancing the state ----
   // The verify pass of speculative decoding runs k drafts that may be rejected. The recurrent
@@ -174,6 +186,36 @@ inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const T
 inline void Backend::gated_delta_rule_readonly(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                const Tensor&, const Tensor&, std::span<const SeqRun>, Tensor&) {
   throw std::runtime_error("gated_delta_rule_readonly (speculative decoding) is not implemented on the " + name() + " backend");
+}
+
+inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                                     std::span<const SeqRun> runs, Tensor& out) {
+  const int64_t T = mixed.rows(), C = mixed.cols(), Hv = out.dim(1), dv = out.dim(2), dk = ssm_state.dim(2);
+  const int64_t Hk = (C - Hv * dv) / (2 * dk);
+  if (out.ndim != 3 || ssm_state.ndim != 4 || Hk <= 0 || 2 * Hk * dk + Hv * dv != C || int64_t(runs.size()) != T)
+    throw std::runtime_error("deltanet_decode: mixed " + mixed.shape_str() + ", out " + out.shape_str() + ", state " +
+                             ssm_state.shape_str() + ", " + std::to_string(runs.size()) + " runs");
+  for (const SeqRun& r : runs)
+    if (r.count != 1) throw std::runtime_error("deltanet_decode: a run of " + std::to_string(r.count) + " tokens");
+  causal_conv1d_silu(mixed, w.conv1d, conv_state, runs);
+  // g, beta, and (T > 1) contiguous copies of q, k, v
+  std::unique_ptr<DeviceBuffer> tmp = alloc(size_t(2 * T * Hv + (T > 1 ? T * C : 0)) * sizeof(float));
+  float* p = static_cast<float*>(tmp->data());
+  Tensor g(p, DType::F32, {T, Hv}), beta(p + T * Hv, DType::F32, {T, Hv});
+  float* qkv = T > 1 ? p + 2 * T * Hv : mixed.as<float>();  // one row: the column blocks are contiguous
+  if (T > 1) {  // [q (T·Hk·dk) | k (T·Hk·dk) | v (T·Hv·dv)]
+    Tensor q2(qkv, DType::F32, {T, Hk * dk}), k2(qkv + T * Hk * dk, DType::F32, {T, Hk * dk}),
+        v2(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv * dv});
+    copy_cols(mixed, 0, q2, 0, Hk * dk);
+    copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
+    copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+  }
+  Tensor q(qkv, DType::F32, {T, Hk, dk}), k(qkv + T * Hk * dk, DType::F32, {T, Hk, dk}),
+      v(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv, dv});
+  deltanet_gates(a, b, w.a_neg_exp, w.dt_bias, g, beta);
+  gated_delta_rule(q, k, v, g, beta, ssm_state, runs, out, DeltaRuleMode::Recurrent);
+  gated_rms_norm(out, z, w.norm, eps, out);
 }
 
 // The CPU backend (always available). `threads` 0 means all cores.

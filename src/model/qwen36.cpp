@@ -140,41 +140,49 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   const Tensor* ws[] = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a};
   Tensor* outs[] = {&mixed, &z, &b, &a};
   backend_.matmul_multi(x, ws, outs);
-  if (save) {  // verify runs only read their state; their inputs are kept for the commit
-    save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
-    if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
-    backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
-  } else {
-    backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
-  }
-
-  Tensor q, k, v;
-  if (T == 1) {  // one row: its [q | k | v] channel slices are already contiguous tensors
-    float* m = mixed.as<float>();
-    q = Tensor(m, DType::F32, {T, Hk, dk});
-    k = Tensor(m + Hk * dk, DType::F32, {T, Hk, dk});
-    v = Tensor(m + 2 * Hk * dk, DType::F32, {T, Hv, dv});
-  } else {
-    q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
-    Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}),
-        v2(v.data, DType::F32, {T, Hv * dv});
-    backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
-    backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
-    backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
-  }
-
-  Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
-  backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
   Tensor o = s.f32({T, Hv, dv});
-  if (save) {
-    save_rows(backend_, g, *save->g, save->verify);
-    save_rows(backend_, beta, *save->beta, save->verify);
-    if (!save->plain.empty()) backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, save->plain, o, mode);
-    backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
+  // A decode step (one token per run, as recorded decode steps are): conv, gates, delta rule
+  // and the gated norm in one backend op.
+  const bool decode = !save && mode != DeltaRuleMode::Chunked && int64_t(runs.size()) == T &&
+                      std::all_of(runs.begin(), runs.end(), [](const SeqRun& r) { return r.count == 1; });
+  if (decode) {
+    backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
   } else {
-    backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
+    if (save) {  // verify runs only read their state; their inputs are kept for the commit
+      save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
+      if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
+      backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
+    } else {
+      backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
+    }
+
+    Tensor q, k, v;
+    if (T == 1) {  // one row: its [q | k | v] channel slices are already contiguous tensors
+      float* m = mixed.as<float>();
+      q = Tensor(m, DType::F32, {T, Hk, dk});
+      k = Tensor(m + Hk * dk, DType::F32, {T, Hk, dk});
+      v = Tensor(m + 2 * Hk * dk, DType::F32, {T, Hv, dv});
+    } else {
+      q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
+      Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}),
+          v2(v.data, DType::F32, {T, Hv * dv});
+      backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
+      backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
+      backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+    }
+
+    Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
+    backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
+    if (save) {
+      save_rows(backend_, g, *save->g, save->verify);
+      save_rows(backend_, beta, *save->beta, save->verify);
+      if (!save->plain.empty()) backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, save->plain, o, mode);
+      backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
+    } else {
+      backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
+    }
+    backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
   }
-  backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
   Tensor o2(o.data, DType::F32, {T, Hv * dv});
   if (!d.out_proj_heads.empty()) {  // out_proj reads its heads in another order (GGUF)
     std::vector<int32_t> rows(static_cast<size_t>(T * Hv));
@@ -201,16 +209,25 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   const ModelConfig& c = w_.config;
   const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
   Tensor logits = s.f32({T, E});
-  backend_.matmul(x, m.router, logits);
+  const bool shared = !m.shared.gate_proj.empty();
+  Tensor sg, sh_gate, sh_up;
+  if (shared) {  // the router, the shared expert's gate and gate/up projections all read x: one pass
+    const int64_t I = m.shared.gate_proj.rows();
+    sg = s.f32({T, 1}), sh_gate = s.f32({T, I}), sh_up = s.f32({T, I});
+    const Tensor* ws[] = {&m.router, &m.shared_gate, &m.shared.gate_proj, &m.shared.up_proj};
+    Tensor* outs[] = {&logits, &sg, &sh_gate, &sh_up};
+    backend_.matmul_multi(x, ws, outs);
+  } else {
+    backend_.matmul(x, m.router, logits);
+  }
   Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
   backend_.moe_experts(x, weights, ids, m.experts, y);
-  if (!m.shared.gate_proj.empty()) {
-    Tensor shared = s.f32({T, c.hidden_size});
-    mlp_block(s, m.shared, x, shared);
-    Tensor sg = s.f32({T, 1});
-    backend_.matmul(x, m.shared_gate, sg);
-    backend_.add_sigmoid_scaled(y, shared, sg);
+  if (shared) {
+    backend_.swiglu(sh_gate, sh_up, sh_gate);
+    Tensor out = s.f32({T, c.hidden_size});
+    backend_.matmul(sh_gate, m.shared.down_proj, out);
+    backend_.add_sigmoid_scaled(y, out, sg);
   }
 }
 

@@ -1,21 +1,34 @@
-// The CUDA gated delta rule (cuda_deltanet.cu dispatch; cuda_delta_chunked.cu, the chunked
-// prefill form) against cpu::gated_delta_rule on random inputs: several runs of one batch
-// in different slots, lengths around the chunk size (1, 63, 64, 65, 200, 300), nonzero
-// initial state carried over two batches, the 27B (Hv/Hk = 3), 35B (Hv/Hk = 2) and dk = 64
-// shapes, modes Chunked (every run chunked) and Auto (runs ≥ 64 chunked, the rest recurrent);
-// a batch of 40 runs (decode steps mixed with prefills); outputs and the whole state tensor
-// (one slot untouched) are compared.
+// The CUDA Gated DeltaNet against the CPU reference on random inputs.
 //
+// Delta rule (cuda_deltanet.cu dispatch; cuda_delta_chunked.cu, the chunked prefill form) vs
+// cpu::gated_delta_rule: several runs of one batch in different slots, lengths around the
+// chunk size (1, 63, 64, 65, 200, 300), nonzero initial state carried over two batches, the
+// 27B (Hv/Hk = 3), 35B (Hv/Hk = 2) and dk = 64 shapes, modes Chunked (every run chunked) and
+// Auto (runs ≥ 64 chunked, the rest recurrent); a batch of 40 runs (decode steps mixed with
+// prefills); outputs and the whole state tensor (one slot untouched) are compared.
 // Tolerance 1e-4 of max(1, max |reference|) (outputs here are ≲ 1, so about 1e-4 absolute).
 // Both sides compute in f32 with the same chunk boundaries; they differ in summation order
-// and, on the GPU, in the tensor-core products, whose operands are split into two tf32
-// parts (error ≤ ~2^-21 relative per product, accumulated in f32). The UT inverse of a chunk
-// of random unit keys is well conditioned (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1), and the decay
-// (g ≤ 0) keeps state errors from growing over chunks, so errors of ~1e-6..1e-5 are
-// expected; a wrong index, mask or padding row shows up as O(0.1..1). (With kMmaPasses = 1,
-// plain tf32, errors reach ~1e-3 and this tolerance fails by design.)
-// A timing test prints one 4096-token prefill layer of the 27B shape (chunked vs recurrent)
-// and a crossover sweep for the Auto threshold; its only assertion is chunked ≈ recurrent.
+// and, on the GPU, in the tensor-core products (cuda_delta_chunked.cu's header: split
+// operands, ≲ 1e-5 relative per product, or plain tf32 in the output kernel, whose errors
+// are not carried). The UT inverse of a chunk of random unit keys is well conditioned
+// (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1), and the decay (g ≤ 0) keeps state errors from growing over
+// chunks, so errors of ~1e-6..3e-5 are expected; a wrong index, mask or padding row shows up
+// as O(0.1..1).
+//
+// Fused decode (Backend::deltanet_decode) vs the CPU backend's composition of the plain ops:
+// three steps carrying conv and recurrent state, batches of 1..5 one-token runs in shuffled
+// slots, the 27B, 35B and dk = 64 shapes (and dv = 48, which the CUDA backend composes from
+// the plain ops), run directly and recorded into a graph. Tolerance 1e-4 as above: f32 on
+// both sides, different summation orders (≲ 1e-6 expected); the conv state is copied, so
+// compared exactly.
+//
+// Read-only ops (speculative verify) vs the CPU read-only ops, the state compared bit for bit
+// with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit).
+//
+// Timing tests print one 4096-token prefill layer of the 27B shape (chunked vs recurrent,
+// and the chunked form's three kernels), a crossover sweep for the Auto threshold, and the
+// decode step per layer (fused vs composed, graph-replayed); their only assertions are
+// chunked ≈ recurrent.
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -23,6 +36,13 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
+
+namespace qwen36::cuda {  // cuda_delta_chunked.cu: test instrumentation of the chunked form
+// on: every later chunked call times its three kernels (cudaEvents, synchronising); resets the sums
+void delta_rule_chunked_timing(bool on);
+// summed milliseconds of prepare, state scan and output over `calls` calls since timing was turned on
+void delta_rule_chunked_times(float ms[3], int* calls);
+}  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
 namespace {
@@ -189,11 +209,207 @@ TEST_F(CudaDeltaNet, Timing27BPrefill4096) {
       "[ deltanet ] 27B shape, one 4096-token run: chunked %.3f ms/layer (x48 layers = %.1f ms), recurrent %.3f "
       "ms/layer; chunked vs recurrent err out %.2e state %.2e\n",
       chunked, chunked * 48, recurrent, wo.err, ws.err);
+  cuda::delta_rule_chunked_timing(true);
+  const double timed = time_ms(*gpu_, in, st_c, DeltaRuleMode::Chunked, 10);
+  float ms[3] = {0, 0, 0};
+  int calls = 0;
+  cuda::delta_rule_chunked_times(ms, &calls);
+  cuda::delta_rule_chunked_timing(false);
+  if (calls > 0)
+    std::printf("[ deltanet ] 27B shape, 4096 tokens, chunked kernels per call: prepare %.3f ms, state scan %.3f ms, "
+                "output %.3f ms (%.3f ms per call with the timing syncs)\n",
+                ms[0] / calls, ms[1] / calls, ms[2] / calls, timed);
   for (int64_t n : {8, 16, 32, 64, 128, 256}) {  // where Auto should switch (kAutoChunkedMin)
     const Inputs small = random_inputs(rng_, n, s);
     const double c = time_ms(*gpu_, small, st_c, DeltaRuleMode::Chunked, 20);
     const double r = time_ms(*gpu_, small, st_r, DeltaRuleMode::Recurrent, 20);
     std::printf("[ deltanet ] 27B shape, one %lld-token run: chunked %.3f ms, recurrent %.3f ms\n", (long long)n, c, r);
+  }
+}
+
+// ---- fused decode ----
+
+struct DecodeShape {
+  const char* name;
+  int64_t Hk, Hv, dk, dv;
+};
+constexpr int64_t kConvK = 4;
+constexpr float kEps = 1e-6f;
+
+// The small DeltaNet weights the decode op reads, on the host and the device.
+struct DecodeWeights {
+  HostT conv, a_neg_exp, dt_bias, norm;
+  DevT dconv, da, ddt, dnorm;
+  DecodeWeights(Backend& gpu, std::mt19937& rng, const DecodeShape& s) {
+    const int64_t C = 2 * s.Hk * s.dk + s.Hv * s.dv;
+    conv = random_t(rng, DType::F32, {C, kConvK}, -0.5f, 0.5f);
+    a_neg_exp = random_t(rng, DType::F32, {s.Hv}, -2.0f, 1.0f);
+    for (int64_t h = 0; h < s.Hv; ++h) a_neg_exp.f()[h] = -std::exp(a_neg_exp.f()[h]);  // −exp(A_log)
+    dt_bias = random_t(rng, DType::F32, {s.Hv});
+    norm = random_t(rng, DType::F32, {s.dv}, 0.9f, 1.1f);
+    dconv = upload(gpu, conv), da = upload(gpu, a_neg_exp), ddt = upload(gpu, dt_bias), dnorm = upload(gpu, norm);
+  }
+  DeltaNetWeights host() const { return make(conv.t, a_neg_exp.t, dt_bias.t, norm.t); }
+  DeltaNetWeights dev() const { return make(dconv.t, da.t, ddt.t, dnorm.t); }
+  static DeltaNetWeights make(const Tensor& c, const Tensor& a, const Tensor& dt, const Tensor& n) {
+    DeltaNetWeights w;
+    w.conv1d = c, w.a_neg_exp = a, w.dt_bias = dt, w.norm = n;
+    return w;
+  }
+};
+
+// Decode steps of one-token runs in the given slots (steps[i]: step i's slots in batch order),
+// GPU deltanet_decode vs the CPU backend's composition; record: each step is recorded into a
+// graph (the batch tables set first, as decode_step does) and replayed.
+void check_decode(Backend& gpu, std::mt19937& rng, const DecodeShape& s,
+                  const std::vector<std::vector<int32_t>>& steps, int64_t slots, bool record) {
+  auto cpu = make_cpu_backend(1);
+  const int64_t C = 2 * s.Hk * s.dk + s.Hv * s.dv;
+  const DecodeWeights w(gpu, rng, s);
+  HostT conv = random_t(rng, DType::F32, {slots, C, kConvK - 1});
+  HostT st = random_t(rng, DType::F32, {slots, s.Hv, s.dk, s.dv}, -0.5f, 0.5f);
+  DevT dconv = upload(gpu, conv), dst = upload(gpu, st);
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const int64_t T = int64_t(steps[step].size());
+    std::vector<SeqRun> runs;
+    for (int64_t i = 0; i < T; ++i) runs.push_back({steps[step][size_t(i)], int32_t(step), int32_t(i), 1});
+    HostT mixed = random_t(rng, DType::F32, {T, C}), z = random_t(rng, DType::F32, {T, s.Hv, s.dv});
+    HostT a = random_t(rng, DType::F32, {T, s.Hv}, -3.0f, 3.0f), b = random_t(rng, DType::F32, {T, s.Hv}, -3.0f, 3.0f);
+    DevT dm = upload(gpu, mixed), dz = upload(gpu, z), da = upload(gpu, a), db = upload(gpu, b);
+    DevT dout = upload(gpu, HostT(DType::F32, {T, s.Hv, s.dv}));
+    HostT want(DType::F32, {T, s.Hv, s.dv});
+    cpu->deltanet_decode(mixed.t, z.t, a.t, b.t, w.host(), kEps, conv.t, st.t, runs, want.t);
+    const DeltaNetWeights dw = w.dev();
+    if (record) {
+      const std::vector<int32_t> tokens(size_t(T), 0);
+      gpu.set_batch(tokens, runs, {});
+      ASSERT_TRUE(gpu.begin_capture());
+      gpu.deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+      const uint64_t key = 0xdec0de00u + step;
+      ASSERT_TRUE(gpu.end_capture(key, true)) << s.name << ": the decode op could not be recorded";
+      ASSERT_TRUE(gpu.replay(key));
+    } else {
+      gpu.deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+    }
+    const Worst wo = worst_of(download(gpu, dout.t), want.floats());
+    const Worst ws = worst_of(download(gpu, dst.t), st.floats());
+    const Worst wc = worst_of(download(gpu, dconv.t), conv.floats());
+    std::printf("[ deltanet ] decode %s%s step %zu (%lld runs): out err %.2e, state err %.2e, conv state err %.2e\n",
+                s.name, record ? " recorded" : "", step, (long long)T, wo.err, ws.err, wc.err);
+    EXPECT_LE(wo.err, 1e-4) << s.name << " step " << step << ": output at " << out_where(wo.at, runs, s.Hv, s.dv)
+                            << ": got " << wo.got << ", want " << wo.want;
+    EXPECT_LE(ws.err, 1e-4) << s.name << " step " << step << ": state at slot " << int64_t(ws.at) / (s.Hv * s.dk * s.dv)
+                            << ", head " << int64_t(ws.at) / (s.dk * s.dv) % s.Hv << ", row "
+                            << int64_t(ws.at) / s.dv % s.dk << ", col " << int64_t(ws.at) % s.dv << ": got " << ws.got
+                            << ", want " << ws.want;
+    EXPECT_EQ(wc.err, 0.0) << s.name << " step " << step << ": conv state at slot "
+                           << int64_t(wc.at) / (C * (kConvK - 1)) << ", channel " << int64_t(wc.at) / (kConvK - 1) % C
+                           << ": got " << wc.got << ", want " << wc.want;
+  }
+}
+
+const DecodeShape kDec27B{"27B (Hk 16, Hv 48, d 128)", 16, 48, 128, 128};
+const DecodeShape kDec35B{"35B (Hk 16, Hv 32, d 128)", 16, 32, 128, 128};
+const DecodeShape kDecD64{"d64 (Hk 2, Hv 4, d 64)", 2, 4, 64, 64};
+const DecodeShape kDecDv48{"dv48 (Hk 2, Hv 4, dk 64, dv 48: composed)", 2, 4, 64, 48};
+// batches of 4, 1 and 5 runs in shuffled slots; slot 6 is never used and must stay as it was
+const std::vector<std::vector<int32_t>> kDecodeSteps{{3, 0, 5, 1}, {2}, {1, 5, 0, 3, 2}};
+
+TEST_F(CudaDeltaNet, FusedDecodeMatchesCpu) {
+  for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &kDecDv48}) check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, false);
+}
+
+TEST_F(CudaDeltaNet, FusedDecodeRecorded) {
+  for (const DecodeShape* s : {&kDec27B, &kDecD64}) check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, true);
+}
+
+// Microseconds per replay of a recording of one decode-step DeltaNet layer (T one-token runs):
+// the fused op, or (composed) the default composition of the plain CUDA ops.
+double decode_us(Backend& gpu, std::mt19937& rng, const DecodeShape& s, int64_t T, bool composed) {
+  const int64_t C = 2 * s.Hk * s.dk + s.Hv * s.dv;
+  const DecodeWeights w(gpu, rng, s);
+  DevT dconv = upload(gpu, random_t(rng, DType::F32, {T, C, kConvK - 1}));
+  DevT dst = upload(gpu, random_t(rng, DType::F32, {T, s.Hv, s.dk, s.dv}, -0.5f, 0.5f));
+  DevT dm = upload(gpu, random_t(rng, DType::F32, {T, C})), dz = upload(gpu, random_t(rng, DType::F32, {T, s.Hv, s.dv}));
+  DevT da = upload(gpu, random_t(rng, DType::F32, {T, s.Hv})), db = upload(gpu, random_t(rng, DType::F32, {T, s.Hv}));
+  DevT dout = upload(gpu, HostT(DType::F32, {T, s.Hv, s.dv}));
+  std::vector<SeqRun> runs;
+  for (int32_t i = 0; i < int32_t(T); ++i) runs.push_back({i, 0, i, 1});
+  const std::vector<int32_t> tokens(size_t(T), 0);
+  gpu.set_batch(tokens, runs, {});
+  const DeltaNetWeights dw = w.dev();
+  if (!gpu.begin_capture()) return -1;
+  if (composed)
+    gpu.Backend::deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+  else
+    gpu.deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+  const uint64_t key = 0x71de0000u + uint64_t(T) * 2 + (composed ? 1 : 0);
+  if (!gpu.end_capture(key, true)) return -1;
+  for (int i = 0; i < 20; ++i) gpu.replay(key);
+  cuda_synchronize();
+  const int reps = 500;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) gpu.replay(key);
+  cuda_synchronize();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+TEST_F(CudaDeltaNet, TimingDecodeStep) {
+  for (const DecodeShape* s : {&kDec27B, &kDec35B})
+    for (int64_t T : {1, 8, 32}) {
+      const double fused = decode_us(*gpu_, rng_, *s, T, false), composed = decode_us(*gpu_, rng_, *s, T, true);
+      std::printf("[ deltanet ] decode %s, %lld runs: fused %.1f us/layer, composed ops %.1f us/layer "
+                  "(graph replays, back to back)\n",
+                  s->name, (long long)T, fused, composed);
+    }
+}
+
+// ---- read-only ops (speculative verify) ----
+
+TEST_F(CudaDeltaNet, ReadonlyOpsMatchCpuAndLeaveStateAlone) {
+  {  // conv: runs of 1, 3, 9 (the plain op takes its prefill kernel) and 5 tokens in shuffled slots
+    const int64_t C = 300, slots = 5;
+    const std::vector<SeqRun> runs{{2, 4, 0, 1}, {0, 7, 1, 3}, {4, 0, 4, 9}, {1, 2, 13, 5}};
+    const int64_t T = 18;
+    HostT x = random_t(rng_, DType::F32, {T, C}), w = random_t(rng_, DType::F32, {C, kConvK}, -0.5f, 0.5f);
+    const HostT st = random_t(rng_, DType::F32, {slots, C, kConvK - 1});
+    DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), dst = upload(*gpu_, st);
+    DevT dxp = upload(*gpu_, x), dstp = upload(*gpu_, st);
+    gpu_->causal_conv1d_silu_readonly(dx.t, dw.t, dst.t, runs);
+    gpu_->causal_conv1d_silu(dxp.t, dw.t, dstp.t, runs);
+    HostT want = x;
+    cpu::causal_conv1d_silu_readonly(want.t, w.t, st.t, runs);
+    const std::vector<float> got = download(*gpu_, dx.t);
+    const Worst wo = worst_of(got, want.floats()), wp = worst_of(got, download(*gpu_, dxp.t));
+    std::printf("[ deltanet ] conv1d read-only: vs CPU err %.2e, vs the GPU plain op err %.2e\n", wo.err, wp.err);
+    // f32 in the same order on both sides; only expf in the SiLU differs (≲ 1e-7 relative)
+    EXPECT_LE(wo.err, 1e-5) << "conv1d read-only vs CPU at row " << wo.at / C << ", channel " << wo.at % C;
+    // the same arithmetic in the same order as the plain kernels (per channel; prefill for the 9-token run)
+    EXPECT_LE(wp.err, 1e-6) << "conv1d read-only vs the plain op at row " << wp.at / C << ", channel " << wp.at % C;
+    EXPECT_EQ(download(*gpu_, dst.t), st.floats()) << "conv1d read-only wrote its state";
+  }
+  {  // delta rule: runs of 1, 4 and 70 tokens (70 would be chunked in the plain op's Auto mode)
+    const Shape s{"Hk 2, Hv 6, d 128", 2, 6, 128};
+    const int64_t slots = 4;
+    const std::vector<SeqRun> runs{{3, 0, 0, 1}, {0, 5, 1, 4}, {2, 9, 5, 70}};
+    const int64_t T = 75;
+    const Inputs in = random_inputs(rng_, T, s);
+    const HostT st = random_t(rng_, DType::F32, {slots, s.Hv, s.d, s.d}, -0.5f, 0.5f);
+    HostT want(DType::F32, {T, s.Hv, s.d});
+    cpu::gated_delta_rule_readonly(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, st.t, runs, want.t);
+    DevT dq = upload(*gpu_, in.q), dk = upload(*gpu_, in.k), dv = upload(*gpu_, in.v), dg = upload(*gpu_, in.g),
+         db = upload(*gpu_, in.beta), dst = upload(*gpu_, st), dstp = upload(*gpu_, st);
+    DevT dout = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d})), doutp = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+    gpu_->gated_delta_rule_readonly(dq.t, dk.t, dv.t, dg.t, db.t, dst.t, runs, dout.t);
+    gpu_->gated_delta_rule(dq.t, dk.t, dv.t, dg.t, db.t, dstp.t, runs, doutp.t, DeltaRuleMode::Recurrent);
+    const std::vector<float> got = download(*gpu_, dout.t);
+    const Worst wo = worst_of(got, want.floats()), wp = worst_of(got, download(*gpu_, doutp.t));
+    std::printf("[ deltanet ] delta rule read-only: vs CPU err %.2e, vs the GPU plain op err %.2e\n", wo.err, wp.err);
+    EXPECT_LE(wo.err, 1e-4) << "delta rule read-only vs CPU at " << out_where(wo.at, runs, s.Hv, s.d) << ": got "
+                            << wo.got << ", want " << wo.want;
+    EXPECT_EQ(wp.err, 0.0) << "delta rule read-only vs the plain recurrent kernel (the same kernel) at "
+                           << out_where(wp.at, runs, s.Hv, s.d);
+    EXPECT_EQ(download(*gpu_, dst.t), st.floats()) << "delta rule read-only wrote its state";
   }
 }
 

@@ -331,6 +331,26 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "delta_rule");
     cuda::gated_delta_rule(ctx_, q, k, v, g, beta, state, runs, out, mode);
   }
+  void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state,
+                                   std::span<const SeqRun> runs) override {
+    Prof p_(*this, "conv1d_readonly");
+    cuda::causal_conv1d_silu_readonly(ctx_, x, w, conv_state, runs);
+  }
+  void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                 const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs,
+                                 Tensor& out) override {
+    Prof p_(*this, "delta_rule_readonly");
+    cuda::gated_delta_rule_readonly(ctx_, q, k, v, g, beta, state, runs, out);
+  }
+  void deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
+                       float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
+                       Tensor& out) override {
+    {
+      Prof p_(*this, "deltanet_decode");
+      if (cuda::deltanet_decode(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, runs, out)) return;
+    }
+    Backend::deltanet_decode(mixed, z, a, b, w, eps, conv_state, ssm_state, runs, out);
+  }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
     Prof p_(*this, "moe_route");
     cuda::moe_route(ctx_, logits, k, renorm, weights, ids);

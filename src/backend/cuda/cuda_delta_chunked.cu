@@ -538,6 +538,19 @@ bool fits_device() {
   return ok;
 }
 
+// Test instrumentation (delta_rule_chunked_timing): events around the three kernels of each
+// segment, read back at once (a sync per segment; never while recording).
+struct KernelTiming {
+  bool on = false;
+  float ms[3] = {0, 0, 0};
+  int calls = 0;
+  cudaEvent_t ev[4] = {};
+};
+KernelTiming& timing() {
+  static KernelTiming t;
+  return t;
+}
+
 template <int DK, int DV>
 void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
   static const bool attr_set = [] {  // once per instantiation (the limit is per function)
@@ -563,18 +576,36 @@ void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
   a.u = u.get();
   a.sc = sc.get();
   a.gam = gam.get();
+  KernelTiming& tm = timing();
+  const bool timed = tm.on && !c.capturing;
+  auto mark = [&](int i) {
+    if (timed) CUDA_CHECK(cudaEventRecord(tm.ev[i], c.stream));
+  };
   for (int64_t s0 = 0; s0 < total; s0 += seg) {
     a.seg0 = s0;
     a.seg1 = std::min(total, s0 + seg);
     const dim3 chunks_grid(unsigned(a.seg1 - s0), unsigned(a.Hv));
+    mark(0);
     chunk_prepare_kernel<DK, DV><<<chunks_grid, kThreads, PrepLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
+    mark(1);
     chunk_state_kernel<DK, DV>
         <<<dim3(unsigned(a.nruns), unsigned(a.Hv), unsigned(DV / kNB)), kThreads, ScanLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
+    mark(2);
     chunk_output_kernel<DK, DV><<<chunks_grid, kThreads, OutLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
+    mark(3);
+    if (timed) {
+      CUDA_CHECK(cudaEventSynchronize(tm.ev[3]));
+      for (int i = 0; i < 3; ++i) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, tm.ev[i], tm.ev[i + 1]));
+        tm.ms[i] += ms;
+      }
+    }
   }
+  if (timed) ++tm.calls;
 }
 
 }  // namespace
@@ -584,6 +615,21 @@ bool delta_rule_chunked_supported(int64_t dk, int64_t dv) {
   if (dk == 128 && dv == 128) return fits_device<128, 128>();
   if (dk == 64 && dv == 64) return fits_device<64, 64>();
   return false;
+}
+
+// Test instrumentation, declared by the GPU test (no header).
+void delta_rule_chunked_timing(bool on) {
+  KernelTiming& t = timing();
+  if (on && !t.ev[0])
+    for (cudaEvent_t& e : t.ev) CUDA_CHECK(cudaEventCreate(&e));
+  t.on = on;
+  t.calls = 0;
+  t.ms[0] = t.ms[1] = t.ms[2] = 0;
+}
+void delta_rule_chunked_times(float ms[3], int* calls) {
+  const KernelTiming& t = timing();
+  for (int i = 0; i < 3; ++i) ms[i] = t.ms[i];
+  *calls = t.calls;
 }
 
 void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,

@@ -263,6 +263,14 @@ void deltanet_gates(Ctx&, const Tensor& a, const Tensor& b, const Tensor& a_neg_
                     Tensor& g, Tensor& beta);
 void gated_delta_rule(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       Tensor& state, std::span<const SeqRun> runs, Tensor& out, DeltaRuleMode mode);
+void causal_conv1d_silu_readonly(Ctx&, Tensor& x, const Tensor& w, const Tensor& conv_state,
+                                 std::span<const SeqRun> runs);
+void gated_delta_rule_readonly(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                               const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs, Tensor& out);
+// Backend::deltanet_decode in two launches; false: shapes or dtypes the fused kernels do not
+// handle (the caller then composes the plain ops).
+bool deltanet_decode(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
+                     float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs, Tensor& out);
 
 void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
 void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
