@@ -16,6 +16,9 @@ git status --short >> "$OUT/commit.txt" 2>/dev/null || true
 # shared libraries they need in DIR/lib, instead of building here.
 if [ -n "${QWEN36_PREBUILT:-}" ]; then
   export LD_LIBRARY_PATH="$QWEN36_PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # the tests read fixtures under the source path they were built in (QWEN36_TEST_DATA)
+  src=$(strings "$QWEN36_PREBUILT/test_cuda_ops" | grep -m1 -o '^/[^ ]*/tests/data$' || true)
+  if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "${src%/tests/data}")" && ln -sfn "$PWD" "${src%/tests/data}"; fi
   Q=$QWEN36_PREBUILT/qwen36 TESTS=$QWEN36_PREBUILT/test_cuda_ops
 else
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN36_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
@@ -24,23 +27,34 @@ else
   Q=$BUILD/src/cli/qwen36 TESTS=$BUILD/tests/gpu/test_cuda_ops
 fi
 
-timeout 240 "$TESTS" ${QWEN36_GTEST_FILTER:+--gtest_filter=$QWEN36_GTEST_FILTER} 2>&1 | tee "$OUT/test_cuda_ops.log" |
-  grep -E "^\[  (PASSED|FAILED) |FAILED|^\[ (gemv|[a-z-]+) \]|time|GB/s|TFLOP"
+# Each test suite in its own process: a kernel fault in one leaves the others' results intact.
+: > "$OUT/tests.log"
+for suite in $("$TESTS" --gtest_list_tests | grep -v '^ ' | grep '\.$' | tr -d '.'); do
+  echo "=== $suite" >> "$OUT/tests.log"
+  timeout 240 "$TESTS" --gtest_filter="$suite.*" >> "$OUT/tests.log" 2>&1
+  echo "=== $suite rc=$?" | tee -a "$OUT/tests.log"
+done
+grep -E "^\[  (PASSED|FAILED) |Failure|^\[ [a-z0-9-]+ \]" "$OUT/tests.log"
 
-bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 200 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
+bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 300 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
 if [ "$QUICK" = "--quick" ]; then
   bench --synthetic qwen3.6-27b --type bf16 -p 512 -n 32 -b 1 -r 2
 else
   bench --synthetic qwen3.6-27b --type bf16 -p 512,4096 -n 128 -b 1,8,32 -r 3
   bench --synthetic qwen3.6-35b-a3b --type bf16 -p 4096 -n 128 -b 1,8 -r 3
+  bench --synthetic qwen3.6-27b --type q4_k_m -p 512,4096 -n 128 -b 1 -r 3
+  bench --synthetic qwen3.6-35b-a3b --type q4_k_m -p 4096 -n 128 -b 1 -r 3
+  for kv in bf16 ${QWEN36_KV_TYPES:-}; do
+    bench --synthetic qwen3.6-27b --type bf16 -p "" -n 32 -d 32768 -b 1 -r 2 -ctk $kv -ctv $kv
+  done
 fi
-# Per-op GPU time of one decode step (eager launches, events around every op; no graphs).
+# Per-op GPU time of one decode step and of one 4096-token prefill (eager launches, events
+# around every op; no graphs), all in one file.
+: > "$OUT/profiles.md"
 for m in qwen3.6-27b qwen3.6-35b-a3b; do
-  QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 -p "" -n 16 -b 1 -r 1 \
-    > "$OUT/profile-$m.md" 2>&1
-done
-# The same for one 4096-token prefill (where prefill time goes).
-for m in qwen3.6-27b qwen3.6-35b-a3b; do
-  QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 -p 4096 -n "" -b 1 -r 1 \
-    > "$OUT/profile-prefill-$m.md" 2>&1
+  for shape in '-p "" -n 16' '-p 4096 -n ""'; do
+    echo "## $m $shape" >> "$OUT/profiles.md"
+    eval QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 $shape -b 1 -r 1 \
+      >> "$OUT/profiles.md" 2>&1
+  done
 done

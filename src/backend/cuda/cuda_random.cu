@@ -156,13 +156,14 @@ LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind
     d.out_proj = b.matrix("ssm_out.weight", {H, vd}, 1.0f / std::sqrt(float(vd)));
   }
   if (c.moe) {
+    // router, shared gate, shared gate/up back to back: the model reads them in one pass
     l.moe.router = b.matrix("ffn_gate_inp.weight", {c.n_experts, H}, sh);
+    if (c.shared_expert_intermediate_size > 0) {
+      l.moe.shared_gate = b.matrix("ffn_gate_inp_shexp.weight", {1, H}, sh);
+      l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size, "_shexp");
+    }
     for (int64_t e = 0; e < c.n_experts; ++e)
       l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size, "_exps"));
-    if (c.shared_expert_intermediate_size > 0) {
-      l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size, "_shexp");
-      l.moe.shared_gate = b.matrix("ffn_gate_inp_shexp.weight", {1, H}, sh);
-    }
   } else {
     l.mlp = random_mlp(b, H, c.intermediate_size, "");
   }
