@@ -16,18 +16,21 @@
 //     (overwrites U); S ← e^{γ_last} S + K̂ᵀ·diag(e^{γ_last−γ})·V'. W/U of the next chunk
 //     load (cp.async) during the state update, K̂ of the next chunk during the next V'.
 //  3. output (grid chunks × Hv): O = (Q̂ ⊙ e^γ)·S_c + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})·V'.
-// Every product runs on tensor cores (mma.sync m16n8k8 tf32, f32 accumulators, sm_80+) with
-// each operand split into two tf32 parts (3 mma per tile: big·big + big·small + small·big):
-// ≈ 2^-21 relative per product, so the results match the CPU to f32-level tolerances.
-// kPasses* switch a kernel to plain tf32 (3× fewer mma; host-emulated errors vs f64 at d 64:
-// state ~1.5e-4, outputs ~3e-5) or to SIMT f32 FMAs (the simple reference path). Operands
-// come from shared memory through row/column views; row pads (4 or 8 floats, by access
-// pattern) spread the fragment loads over the banks. Workspace per chunk and head: W, U/V'
-// (64 × dk, 64 × dv), S_c (dk × dv), γ (64), all f32; longer batches run in segments of
-// chunks that fit kWorkspaceBytes (the state carries between segments in the state tensor).
+// Every product runs on tensor cores (mma.sync, f32 accumulators, sm_80+). Prepare and scan
+// feed the carried state, so their operands are split into bf16 hi + lo parts (3 m16n8k16 mma
+// per k16: ≲ 1e-5 relative per product, f32-like, at half the tensor work of split tf32); the
+// output kernel, whose errors are not carried, takes plain tf32 (kPrec*: see there).
+// Operands come from shared memory through row/column views; row pads (4 or 8 floats, by
+// precision and access pattern) spread the fragment loads over the banks. Workspace per chunk
+// and head: W, U/V' (64 × dk, 64 × dv), S_c (dk × dv), γ (64), all f32; longer batches run in
+// segments of chunks that fit kWorkspaceBytes (the state carries between segments in the
+// state tensor).
 // Expected limits (not measured): the scan is the only sequential part, with Hv·dv/32 blocks
-// (192 for the 27B: one or two per SM) bound by mma throughput; prepare and output have
-// chunks × Hv blocks (3072 at 4096 tokens) and are throughput-bound as well.
+// (192 for the 27B: one or two per SM, all resident) bound by mma latency and by re-reading W
+// and K̂ per column slice (~72 KB per block and chunk, mostly L2); prepare and output have
+// chunks × Hv blocks (3072 at 4096 tokens). The intermediates (W, U, V', S_c: ~1 GB of traffic
+// at 4096 tokens for the 27B, S_c alone ~400 MB) put a memory floor of roughly 0.25 ms under
+// the three kernels; the GPU test prints each kernel's time (delta_rule_chunked_timing).
 #include <algorithm>
 #include <cstdint>
 
@@ -41,38 +44,78 @@ constexpr int kC = 64;                 // chunk length (the CPU twin's kChunk)
 constexpr int kThreads = 256;          // every kernel: 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kNB = 32;                // value columns of the state per scan block
-// mma passes per product, per kernel: 3 = split tf32 (≈ f32), 1 = plain tf32, 0 = SIMT f32 FMAs.
-// prepare and state feed the carried state; output errors are not carried.
-constexpr int kPassesPrepare = 3, kPassesState = 3, kPassesOutput = 3;
+// How each kernel's products run (tensor cores unless Simt; f32 accumulators throughout):
+//  Tf32x3: operands split into tf32 big + small, 3 m16n8k8 mma per k8 (≈ 2^-20 relative per product)
+//  Bf16x3: operands split into bf16 hi + lo, 3 m16n8k16 mma per k16 (≲ 3·2^-18 ≈ 1e-5): half
+//          Tf32x3's tensor work (a bf16 k16 mma costs what a tf32 k8 one does) at f32-like accuracy
+//  Tf32:   plain tf32, 1 mma per k8 (2^-11 per operand; host-emulated errors vs f64 at d 64:
+//          state ~1.5e-4 when it feeds the carried state, outputs ~3e-5)
+//  Simt:   f32 FMAs (the simple reference path)
+// prepare and state feed the carried state (errors accumulate over chunks); output errors are
+// not carried, so the output kernel takes plain tf32.
+enum class Prec { Simt, Tf32, Tf32x3, Bf16x3 };
+constexpr Prec kPrecPrepare = Prec::Bf16x3, kPrecState = Prec::Bf16x3, kPrecOutput = Prec::Tf32;
+// Row pads (floats) of shared-memory operands so that a warp's fragment loads hit distinct
+// banks: tf32 fragments read 8 rows × 4 k (k-contiguous operand: pad ≡ 4 mod 32) or 4 k-rows
+// × 8 (k-strided: ≡ 8); bf16 ones read k pairs, as one 8-byte load where k is contiguous
+// (pad 8) or two loads 8 apart otherwise (pad 4).
+constexpr int pad_kcontig(Prec p) { return p == Prec::Bf16x3 ? 8 : 4; }
+constexpr int pad_kstrided(Prec p) { return p == Prec::Bf16x3 ? 4 : 8; }
 // Workspace: ~98 KB per token for the 27B (W, U, S_c per chunk and head), within the memory
 // plan's allowance for op temporaries (half the activations, ~109 KB per token); the cap only
 // splits very long batches into segments.
 constexpr size_t kWorkspaceBytes = size_t(1) << 30;
 
 // ---- shared-memory views and the warp-tiled product ----
+// k pairs for the bf16 fragments: A's along its columns, B's along its rows (where those are
+// contiguous, one 8-byte load: c, r even and ld even).
 struct RowMajor {  // element (r, c) at p[r·ld + c]
   const float* p;
   int ld;
   __device__ float operator()(int r, int c) const { return p[r * ld + c]; }
+  __device__ float2 col_pair(int r, int c) const { return *reinterpret_cast<const float2*>(p + r * ld + c); }
+  __device__ float2 row_pair(int r, int c) const { return make_float2(p[r * ld + c], p[(r + 1) * ld + c]); }
 };
 struct ColMajor {  // element (r, c) at p[c·ld + r]: a row-major matrix read transposed
   const float* p;
   int ld;
   __device__ float operator()(int r, int c) const { return p[c * ld + r]; }
+  __device__ float2 col_pair(int r, int c) const { return make_float2(p[c * ld + r], p[(c + 1) * ld + r]); }
+  __device__ float2 row_pair(int r, int c) const { return *reinterpret_cast<const float2*>(p + c * ld + r); }
 };
 
 // x = big + small with big rounded to tf32 (10 mantissa bits); small is exact in f32 and the
 // mma truncates it to tf32, an error of ≤ 2^-21 |x|.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+[[maybe_unused]] __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
   const uint32_t b = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
   big = b;
   small = __float_as_uint(x - __uint_as_float(b));
 }
+__device__ __forceinline__ uint32_t to_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
-// d += a·b, one m16n8k8 tile. Fragments (g = lane/4, t = lane%4): a = A(g, t), A(g+8, t),
+// (x.x, x.y) = hi + lo, both rounded to bf16 and packed in pairs (x.x in the low half, the
+// lower k index, as the mma fragments want): |x − hi − lo| ≤ 2^-18 |x|.
+__device__ __forceinline__ void split_bf16x2(float2 x, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x.x - hf.x, x.y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// d += a·b, one m16n8k8 tf32 tile. Fragments (g = lane/4, t = lane%4): a = A(g, t), A(g+8, t),
 // A(g, t+4), A(g+8, t+4); b = B(t, g), B(t+4, g); d = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// d += a·b, one m16n8k16 bf16 tile; each register holds a k pair (low half: the lower k).
+// a = A(g, 2t..2t+1), A(g+8, 2t..), A(g, 2t+8..), A(g+8, 2t+8..); b = B(2t..2t+1, g), B(2t+8.., g);
+// d as for tf32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -81,7 +124,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // C[M × N] += A·B over the block's 8 warps: warp w owns an (16·MT) × (8·NT) tile of C in the
 // m16n8 accumulator layout (lane: g = lane/4, t = lane%4; element e of tile (mt, nt) is
 // row 16mt + g + 8(e/2), column 8nt + 2t + e%2 of the warp tile).
-template <int M, int N, int MT, int NT, int PASSES>
+template <int M, int N, int MT, int NT, Prec P>
 struct Acc {
   static constexpr int WN = N / (8 * NT);
   static_assert(M % (16 * MT) == 0 && N % (8 * NT) == 0 && (M / (16 * MT)) * WN == kWarps, "one tile per warp");
@@ -112,59 +155,127 @@ struct Acc {
 #pragma unroll
         for (int e = 0; e < 4; ++e) f(m0 + 16 * i + g + 8 * (e >> 1), n0 + 8 * j + 2 * t + (e & 1), c[i][j][e]);
   }
+  // f(row, col, pair&) for each pair of adjacent columns (col even) this thread holds
+  template <class F>
+  __device__ void each_pair(F f) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float2 v = make_float2(c[i][j][2 * h], c[i][j][2 * h + 1]);
+          f(m0 + 16 * i + g + 8 * h, n0 + 8 * j + 2 * t, v);
+          c[i][j][2 * h] = v.x;
+          c[i][j][2 * h + 1] = v.y;
+        }
+  }
 
-  // += A(:, 0..k_end) · B(0..k_end, :); k_end a multiple of 8
+  // += A(:, 0..k_end) · B(0..k_end, :); k_end a multiple of 16
   template <class AV, class BV>
   __device__ void mma(const AV& A, const BV& B, int k_end) {
-    for (int k0 = 0; k0 < k_end; k0 += 8) {
-      if constexpr (PASSES == 0) {
+    if constexpr (P == Prec::Bf16x3) {
+      for (int k0 = 0; k0 < k_end; k0 += 16) step_bf16x3(A, B, k0);
+    } else {
+      for (int k0 = 0; k0 < k_end; k0 += 8) step_k8(A, B, k0);
+    }
+  }
+
+  template <class AV, class BV>
+  __device__ __forceinline__ void step_bf16x3(const AV& A, const BV& B, int k0) {
+    uint32_t ah[MT][4], al[MT][4], bh[NT][2], bl[NT][2];
+    const int k = k0 + 2 * t;
 #pragma unroll
-        for (int k = k0; k < k0 + 8; ++k) {
-          float a[MT][2], b[NT][2];
+    for (int i = 0; i < MT; ++i) {
+      const int r = m0 + 16 * i + g;
+      split_bf16x2(A.col_pair(r, k), ah[i][0], al[i][0]);
+      split_bf16x2(A.col_pair(r + 8, k), ah[i][1], al[i][1]);
+      split_bf16x2(A.col_pair(r, k + 8), ah[i][2], al[i][2]);
+      split_bf16x2(A.col_pair(r + 8, k + 8), ah[i][3], al[i][3]);
+    }
 #pragma unroll
-          for (int i = 0; i < MT; ++i) {
-            a[i][0] = A(m0 + 16 * i + g, k);
-            a[i][1] = A(m0 + 16 * i + g + 8, k);
-          }
+    for (int j = 0; j < NT; ++j) {
+      const int col = n0 + 8 * j + g;
+      split_bf16x2(B.row_pair(k, col), bh[j][0], bl[j][0]);
+      split_bf16x2(B.row_pair(k + 8, col), bh[j][1], bl[j][1]);
+    }
 #pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            b[j][0] = B(k, n0 + 8 * j + 2 * t);
-            b[j][1] = B(k, n0 + 8 * j + 2 * t + 1);
-          }
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
-          for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < NT; ++j) {  // the small terms first
+        mma_bf16(c[i][j], al[i], bh[j]);
+        mma_bf16(c[i][j], ah[i], bl[j]);
+        mma_bf16(c[i][j], ah[i], bh[j]);
+      }
+  }
+
+  template <class AV, class BV>
+  __device__ __forceinline__ void step_k8(const AV& A, const BV& B, int k0) {
+    if constexpr (P == Prec::Simt) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) c[i][j][e] = fmaf(a[i][e >> 1], b[j][e & 1], c[i][j][e]);
-        }
-      } else {
-        uint32_t ab[MT][4], as[MT][4], bb[NT][2], bs[NT][2];
+      for (int k = k0; k < k0 + 8; ++k) {
+        float a[MT][2], b[NT][2];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-          const int r = m0 + 16 * i + g;
-          split_tf32(A(r, k0 + t), ab[i][0], as[i][0]);
-          split_tf32(A(r + 8, k0 + t), ab[i][1], as[i][1]);
-          split_tf32(A(r, k0 + t + 4), ab[i][2], as[i][2]);
-          split_tf32(A(r + 8, k0 + t + 4), ab[i][3], as[i][3]);
+          a[i][0] = A(m0 + 16 * i + g, k);
+          a[i][1] = A(m0 + 16 * i + g + 8, k);
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const int col = n0 + 8 * j + g;
-          split_tf32(B(k0 + t, col), bb[j][0], bs[j][0]);
-          split_tf32(B(k0 + t + 4, col), bb[j][1], bs[j][1]);
+          b[j][0] = B(k, n0 + 8 * j + 2 * t);
+          b[j][1] = B(k, n0 + 8 * j + 2 * t + 1);
         }
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            if constexpr (PASSES == 3) {
-              mma_tf32(c[i][j], as[i], bb[j]);
-              mma_tf32(c[i][j], ab[i], bs[j]);
-            }
-            mma_tf32(c[i][j], ab[i], bb[j]);
-          }
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[i][j][e] = fmaf(a[i][e >> 1], b[j][e & 1], c[i][j][e]);
       }
+    } else if constexpr (P == Prec::Tf32) {
+      uint32_t ab[MT][4], bb[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = m0 + 16 * i + g;
+        ab[i][0] = to_tf32(A(r, k0 + t));
+        ab[i][1] = to_tf32(A(r + 8, k0 + t));
+        ab[i][2] = to_tf32(A(r, k0 + t + 4));
+        ab[i][3] = to_tf32(A(r + 8, k0 + t + 4));
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = n0 + 8 * j + g;
+        bb[j][0] = to_tf32(B(k0 + t, col));
+        bb[j][1] = to_tf32(B(k0 + t + 4, col));
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mma_tf32(c[i][j], ab[i], bb[j]);
+    } else {
+      uint32_t ab[MT][4], as[MT][4], bb[NT][2], bs[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = m0 + 16 * i + g;
+        split_tf32(A(r, k0 + t), ab[i][0], as[i][0]);
+        split_tf32(A(r + 8, k0 + t), ab[i][1], as[i][1]);
+        split_tf32(A(r, k0 + t + 4), ab[i][2], as[i][2]);
+        split_tf32(A(r + 8, k0 + t + 4), ab[i][3], as[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int col = n0 + 8 * j + g;
+        split_tf32(B(k0 + t, col), bb[j][0], bs[j][0]);
+        split_tf32(B(k0 + t + 4, col), bb[j][1], bs[j][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {  // the small terms first
+          mma_tf32(c[i][j], as[i], bb[j]);
+          mma_tf32(c[i][j], ab[i], bs[j]);
+          mma_tf32(c[i][j], ab[i], bb[j]);
+        }
     }
   }
 };
@@ -246,8 +357,10 @@ __device__ void load_rows(float* dst, int ld, const float* src, int64_t row0, in
 
 template <int DK, int DV>
 struct PrepLayout {
-  // K̂ is read as A and Bᵀ (pad 4: banks 4g + t) and as B in W (2-way conflicts, accepted)
-  static constexpr int LK = DK + 4, LV = DV + 8, LA = kC + 4;
+  // K̂ is read k-contiguous as A and Bᵀ, and k-strided as B in W (2-way conflicts, accepted);
+  // V k-strided as B; T (in the LA rows) k-contiguous as A
+  static constexpr int LK = DK + pad_kcontig(kPrecPrepare), LV = DV + pad_kstrided(kPrecPrepare),
+                       LA = kC + pad_kcontig(kPrecPrepare);
   static constexpr size_t bytes = (size_t(kC) * (LK + LV + 2 * LA) + 2 * kC + 3 * 256) * sizeof(float);
 };
 
@@ -282,14 +395,17 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   }
   __syncthreads();
   if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
-    float acc = 0;
-    for (int i = 0; i < kC; ++i) gs[i] = acc += gs[i];
+    float v[kC], acc = 0;  // loads first (independent), then the dependent adds
+#pragma unroll
+    for (int i = 0; i < kC; ++i) v[i] = gs[i];
+#pragma unroll
+    for (int i = 0; i < kC; ++i) gs[i] = acc += v[i];
   }
   __syncthreads();
   if (tid < kC) a.gam[head * kC + tid] = gs[tid];
 
   {  // A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} for j < i (warp tiles wholly above the diagonal skip the product)
-    Acc<kC, kC, 2, 2, kPassesPrepare> acc;
+    Acc<kC, kC, 2, 2, kPrecPrepare> acc;
     if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Ks, L::LK}, ColMajor{Ks, L::LK}, DK);
     acc.each([&](int i, int j, float& s) {
       As[i * L::LA + j] = j < i ? -(bs[i] * s) * expf(gs[i] - gs[j]) : 0.0f;
@@ -340,23 +456,24 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
     }
   }
   {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
-    Acc<kC, DK, 2, DK / 32, kPassesPrepare> acc;
+    Acc<kC, DK, 2, DK / 32, kPrecPrepare> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
     float* W = a.w + head * kC * DK;
-    acc.each([&](int i, int x, float& s) { W[i * DK + x] = s; });
+    acc.each_pair([&](int i, int x, float2& s) { *reinterpret_cast<float2*>(W + i * DK + x) = s; });
   }
   {  // U = T·(β V)
-    Acc<kC, DV, 2, DV / 32, kPassesPrepare> acc;
+    Acc<kC, DV, 2, DV / 32, kPrecPrepare> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Vs, L::LV}, acc.m0 + 32);
     float* U = a.u + head * kC * DV;
-    acc.each([&](int i, int x, float& s) { U[i * DV + x] = s; });
+    acc.each_pair([&](int i, int x, float2& s) { *reinterpret_cast<float2*>(U + i * DV + x) = s; });
   }
 }
 
 template <int DK, int DV>
 struct ScanLayout {
-  // W: A row-major (pad 4); K̂: A read transposed and S, V': B row-major (pad 8: banks 8t + g)
-  static constexpr int LW = DK + 4, LKt = DK + 8, LN = kNB + 8;
+  // W: A row-major (k-contiguous); K̂: A read transposed, and S, V': B row-major (k-strided)
+  static constexpr int LW = DK + pad_kcontig(kPrecState), LKt = DK + pad_kstrided(kPrecState),
+                       LN = kNB + pad_kstrided(kPrecState);
   static constexpr size_t bytes = (size_t(kC) * (LW + LKt + 2 * LN) + size_t(DK) * LN + 2 * kC) * sizeof(float);
 };
 
@@ -408,8 +525,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
     }
   };
 
-  Acc<DK, kNB, DK / 64, 2, kPassesState> st;  // the state slice S[:, col0 .. col0+32)
-  st.each([&](int x, int y, float& s) { s = S[int64_t(x) * DV + y]; });
+  Acc<DK, kNB, DK / 64, 2, kPrecState> st;  // the state slice S[:, col0 .. col0+32)
+  st.each_pair([&](int x, int y, float2& s) { s = *reinterpret_cast<const float2*>(S + int64_t(x) * DV + y); });
   issue_wu(c_begin);
   cp_async_commit();
   issue_k(c_begin);
@@ -417,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
   for (int c = c_begin; c < c_end; ++c) {
     const int64_t hd = head_of(c);
     const float* gam = gs + (c & 1) * kC;
-    st.each([&](int x, int y, float& s) { Ss[x * L::LN + y] = s; });
+    st.each_pair([&](int x, int y, float2& s) { *reinterpret_cast<float2*>(Ss + x * L::LN + y) = s; });
     cp_async_wait<1>();  // W, U, γ of chunk c (k̂ of chunk c may still be in flight)
     __syncthreads();
     float* Sc = a.sc + hd * DK * DV + col0;
@@ -426,14 +543,16 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
       *reinterpret_cast<float4*>(Sc + x * DV + y) = *reinterpret_cast<const float4*>(Ss + x * L::LN + y);
     }
     {  // V' = U − W·S (to the workspace for the output kernel, and decayed to smem for the update)
-      Acc<kC, kNB, 1, 2, kPassesState> acc;
+      Acc<kC, kNB, 1, 2, kPrecState> acc;
       acc.mma(RowMajor{Ws, L::LW}, RowMajor{Ss, L::LN}, DK);
       const float gl = gam[kC - 1];
       float* U = a.u + hd * kC * DV + col0;
-      acc.each([&](int i, int y, float& s) {
-        const float vn = Us[i * L::LN + y] - s;
-        U[i * DV + y] = vn;
-        Vn[i * L::LN + y] = vn * expf(gl - gam[i]);
+      acc.each_pair([&](int i, int y, float2& s) {
+        const float2 u = *reinterpret_cast<const float2*>(Us + i * L::LN + y);
+        const float2 vn = make_float2(u.x - s.x, u.y - s.y);
+        const float e = expf(gl - gam[i]);
+        *reinterpret_cast<float2*>(U + i * DV + y) = vn;
+        *reinterpret_cast<float2*>(Vn + i * L::LN + y) = make_float2(vn.x * e, vn.y * e);
       });
     }
     __syncthreads();
@@ -448,13 +567,14 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
     if (c + 1 < c_end) issue_k(c + 1);
     cp_async_commit();
   }
-  st.each([&](int x, int y, float& s) { S[int64_t(x) * DV + y] = s; });
+  st.each_pair([&](int x, int y, float2& s) { *reinterpret_cast<float2*>(S + int64_t(x) * DV + y) = s; });
 }
 
 template <int DK, int DV>
 struct OutLayout {
-  // Q̂, P: A row-major (pad 4); K̂: Bᵀ (pad 4); S_c / V' tiles of 32 rows: B row-major (pad 8)
-  static constexpr int LQ = DK + 4, LP = kC + 4, LB = DV + 8, TB = 32;
+  // Q̂, P: A row-major, K̂: Bᵀ (k-contiguous); S_c / V' tiles of 32 rows: B row-major (k-strided)
+  static constexpr int LQ = DK + pad_kcontig(kPrecOutput), LP = kC + pad_kcontig(kPrecOutput),
+                       LB = DV + pad_kstrided(kPrecOutput), TB = 32;
   static constexpr int KB = kC * LQ > 2 * TB * LB ? kC * LQ : 2 * TB * LB;  // K̂, later two B tiles
   static constexpr size_t bytes = (size_t(kC) * LQ + KB + size_t(kC) * LP + kC) * sizeof(float);
 };
@@ -481,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   if (tid < kC) gs[tid] = a.gam[head * kC + tid];
   __syncthreads();
   {
-    Acc<kC, kC, 2, 2, kPassesOutput> acc;
+    Acc<kC, kC, 2, 2, kPrecOutput> acc;
     if (acc.n0 < acc.m0 + 32) acc.mma(RowMajor{Qs, L::LQ}, ColMajor{Ks, L::LQ}, DK);
     acc.each([&](int i, int j, float& s) { Ps[i * L::LP + j] = j <= i ? s * expf(gs[i] - gs[j]) : 0.0f; });
   }
@@ -503,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
     const int i = e / DK, x = e % DK;
     Qs[i * L::LQ + x] *= expf(gs[i]);
   }
-  Acc<kC, DV, 2, DV / 32, kPassesOutput> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
+  Acc<kC, DV, 2, DV / 32, kPrecOutput> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
   for (int t = 0; t < kTiles; ++t) {
     if (t + 1 < kTiles) issue_tile(t + 1);
     cp_async_commit();
@@ -516,8 +636,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
       acc.mma(RowMajor{Ps + (t - kTilesS) * L::TB, L::LP}, B, L::TB);
     __syncthreads();
   }
-  acc.each([&](int i, int y, float& s) {
-    if (i < n) a.out[((row0 + i) * a.Hv + h) * DV + y] = s;
+  acc.each_pair([&](int i, int y, float2& s) {
+    if (i < n) *reinterpret_cast<float2*>(a.out + ((row0 + i) * a.Hv + h) * DV + y) = s;
   });
 }
 
