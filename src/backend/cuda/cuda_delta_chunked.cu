@@ -48,11 +48,13 @@ constexpr int kNB = 32;                // value columns of the state per scan bl
 //  Tf32x3: operands split into tf32 big + small, 3 m16n8k8 mma per k8 (≈ 2^-20 relative per product)
 //  Bf16x3: operands split into bf16 hi + lo, 3 m16n8k16 mma per k16 (≲ 3·2^-18 ≈ 1e-5): half
 //          Tf32x3's tensor work (a bf16 k16 mma costs what a tf32 k8 one does) at f32-like accuracy
-//  Tf32:   plain tf32, 1 mma per k8 (2^-11 per operand; host-emulated errors vs f64 at d 64:
-//          state ~1.5e-4 when it feeds the carried state, outputs ~3e-5)
+//  Tf32:   plain tf32, 1 mma per k8 (2^-11 per operand)
 //  Simt:   f32 FMAs (the simple reference path)
 // prepare and state feed the carried state (errors accumulate over chunks); output errors are
-// not carried, so the output kernel takes plain tf32.
+// not carried, so the output kernel takes plain tf32. Host emulation of these roundings vs an
+// f64 recurrence (d 128, 4096 tokens, the GPU test's input ranges; max error / max(1, |ref|)):
+// as chosen here state 1.9e-6, outputs 1.5e-5 (3e-7 with Bf16x3 output); everything plain tf32
+// state 1.6e-4 (fails the tests' 1e-4); f32 throughout 2e-7.
 enum class Prec { Simt, Tf32, Tf32x3, Bf16x3 };
 constexpr Prec kPrecPrepare = Prec::Bf16x3, kPrecState = Prec::Bf16x3, kPrecOutput = Prec::Tf32;
 // Row pads (floats) of shared-memory operands so that a warp's fragment loads hit distinct
@@ -573,9 +575,11 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
 template <int DK, int DV>
 struct OutLayout {
   // Q̂, P: A row-major, K̂: Bᵀ (k-contiguous); S_c / V' tiles of 32 rows: B row-major (k-strided)
+  // Three tile buffers: two loads in flight while one tile is multiplied (a block is mostly
+  // waiting on those loads; 2 blocks of ~101 KB per SM at d 128).
   static constexpr int LQ = DK + pad_kcontig(kPrecOutput), LP = kC + pad_kcontig(kPrecOutput),
-                       LB = DV + pad_kstrided(kPrecOutput), TB = 32;
-  static constexpr int KB = kC * LQ > 2 * TB * LB ? kC * LQ : 2 * TB * LB;  // K̂, later two B tiles
+                       LB = DV + pad_kstrided(kPrecOutput), TB = 32, NB = 3;
+  static constexpr int KB = kC * LQ > NB * TB * LB ? kC * LQ : NB * TB * LB;  // K̂, later the B tiles
   static constexpr size_t bytes = (size_t(kC) * LQ + KB + size_t(kC) * LP + kC) * sizeof(float);
 };
 
@@ -585,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   extern __shared__ float4 smem4[];
   float* Qs = reinterpret_cast<float*>(smem4);  // [64][LQ] q̂, then q̂ e^γ
   float* Ks = Qs + kC * L::LQ;                   // [64][LQ] k̂
-  float* Bt = Ks;                                // [2][TB][LB] after P: tiles of S_c and V'
+  float* Bt = Ks;                                // [NB][TB][LB] after P: tiles of S_c and V'
   float* Ps = Ks + L::KB;                        // [64][LP] tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})
   float* gs = Ps + kC * L::LP;                   // [64] γ
   SeqRun r;
@@ -607,11 +611,12 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   }
   __syncthreads();
   constexpr int kTilesS = DK / L::TB, kTiles = kTilesS + kC / L::TB;
+  static_assert(kTiles >= 2 && L::NB == 3, "two tiles issued ahead");
   const float* Sc = a.sc + head * DK * DV;
   const float* Vn = a.u + head * kC * DV;
   auto issue_tile = [&](int t) {
     const float* src = t < kTilesS ? Sc + int64_t(t) * L::TB * DV : Vn + int64_t(t - kTilesS) * L::TB * DV;
-    float* dst = Bt + (t & 1) * L::TB * L::LB;
+    float* dst = Bt + (t % L::NB) * L::TB * L::LB;
     for (int e = tid; e < L::TB * DV / 4; e += kThreads) {
       const int k = e / (DV / 4), y = (e % (DV / 4)) * 4;
       cp_async16(dst + k * L::LB + y, src + k * DV + y);
@@ -619,17 +624,19 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   };
   issue_tile(0);
   cp_async_commit();
+  issue_tile(1);
+  cp_async_commit();
   for (int e = tid; e < kC * DK; e += kThreads) {
     const int i = e / DK, x = e % DK;
     Qs[i * L::LQ + x] *= expf(gs[i]);
   }
   Acc<kC, DV, 2, DV / 32, kPrecOutput> acc;  // O = [Q̂ e^γ | P] · [S_c ; V'], 32 rows of the right side at a time
   for (int t = 0; t < kTiles; ++t) {
-    if (t + 1 < kTiles) issue_tile(t + 1);
+    if (t + 2 < kTiles) issue_tile(t + 2);  // into the buffer of tile t − 1, released by the last sync
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<2>();  // tile t (t + 1 and t + 2 may be in flight)
     __syncthreads();
-    const RowMajor B{Bt + (t & 1) * L::TB * L::LB, L::LB};
+    const RowMajor B{Bt + (t % L::NB) * L::TB * L::LB, L::LB};
     if (t < kTilesS)
       acc.mma(RowMajor{Qs + t * L::TB, L::LQ}, B, L::TB);
     else if ((t - kTilesS) * L::TB < acc.m0 + 32)  // P is lower triangular: skip its zero blocks
