@@ -96,9 +96,12 @@ DType resolve_cache_type(const CacheTypes& t, const Backend& backend) {
     if (s == "auto") return backend.name() == "cpu" ? DType::F32 : DType::BF16;
     if (s == "f32") return DType::F32;
     if (s == "bf16") return DType::BF16;
-    if (s == "f16" || s == "fp8" || s == "q8_0" || s == "q4_0")
-      fail("{} {}: this KV cache type is not implemented yet (supported: auto, f32, bf16)", flag, s);
-    fail("{} {}: unknown KV cache type (supported: auto, f32, bf16)", flag, s);
+    if (s == "fp8" || s == "f8_e4m3") return DType::F8_E4M3;  // formats: backend/kv_cache.h
+    if (s == "q8_0") return DType::Q8_0;
+    if (s == "q4_0") return DType::Q4_0;
+    if (s == "f16")
+      fail("{} {}: this KV cache type is not implemented yet (supported: auto, f32, bf16, fp8, q8_0, q4_0)", flag, s);
+    fail("{} {}: unknown KV cache type (supported: auto, f32, bf16, fp8, q8_0, q4_0)", flag, s);
   };
   const DType k = one(t.k, "--cache-type-k"), v = one(t.v, "--cache-type-v");
   QWEN36_CHECK(k == v, "--cache-type-k {} and --cache-type-v {} differ; different K and V types are not supported yet",

@@ -1,18 +1,27 @@
 // Gated full attention on the GPU: KV append and causal GQA softmax attention over the
-// per-slot KV cache [slots, capacity, KVH, hd] of f32 or bf16 elements (bf16 rounds to nearest
-// on append). CPU twin: backend/cpu/cpu_attention.cpp.
+// per-slot KV cache [slots, capacity, KVH, hd] of f32, bf16, fp8 e4m3, q8_0 or q4_0 (formats:
+// backend/kv_cache.h). CPU twin: backend/cpu/cpu_attention.cpp.
 //
 // Dispatch per run: runs of ≥ kFlashMinTokens tokens go to the tensor-core flash kernel
-// (cuda_flash_attention.cu; hd 64/128/256), shorter runs (decode, short verify chunks) to
-// the decode kernel here, which is exact f32 arithmetic on the cached values (and takes every
-// run in exact mode, Ctx::exact_matmul).
+// (cuda_flash_attention.cu; hd 64/128/256), shorter runs (decode, short verify chunks) to a
+// decode kernel: the tensor-core one (cuda_attention_decode.cu) for bf16 and quantised caches
+// with hd 64/128/256 and ≤ 8 query heads per kv head, else the CUDA-core kernel here, which
+// is exact f32 arithmetic on the cached values (f32 caches, other head dims, and every run
+// of an f32/bf16 cache in exact mode, Ctx::exact_matmul). Quantised caches in exact mode take
+// the tensor-core decode kernel for every run (its products are split into hi + lo parts:
+// f32-level accuracy).
 //
-// Decode kernel: one block per (token, kv head, split) serves all G = H/KVH query heads of
-// the group, so each K/V row is read once per group. Its 4 warps stride over the split's
-// positions; each warp keeps an online softmax (running max, sum, output) per query head,
-// lanes own hd/32 consecutive dims (one 16-byte load per row for hd 256); the warps' partial
-// results are merged at the end. With a large capacity the context is cut into splits
-// (flash-decoding) so a handful of decode tokens still fills the GPU; a merge kernel
+// Append: f32/bf16 elementwise; quantised caches one warp per (token, kv head) row, which
+// rotates (q8_0/q4_0) and encodes it exactly as kv_encode_row does on the CPU, so the cache
+// bytes agree. q8_0/q4_0 attention rotates q and the output (kv_cache.h): the decode kernel
+// itself, the flash path through hadamard_rows_kernel before and after.
+//
+// CUDA-core decode kernel: one block per (token, kv head, split) serves all G = H/KVH query
+// heads of the group, so each K/V row is read once per group. Its 4 warps stride over the
+// split's positions; each warp keeps an online softmax (running max, sum, output) per query
+// head, lanes own hd/32 consecutive dims (one 16-byte load per row for hd 256); the warps'
+// partial results are merged at the end. With a large capacity the context is cut into
+// splits (flash-decoding) so a handful of decode tokens still fills the GPU; a merge kernel
 // combines the splits' (max, sum, output). The split count depends only on the batch shape
 // and the capacity, and each block derives its chunk from the device-side position, so the
 // op stays capturable into a CUDA graph whose replays see other positions.
@@ -22,15 +31,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_attention_common.cuh"
+#include "backend/kv_cache.h"
 
 namespace qwen36::cuda {
-
-// cuda_flash_attention.cu (documented there).
-int flash_attention_tile_rows();
-bool flash_attention_supported(Ctx& c, int64_t hd);
-void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
-                     int n_tiles, int H, int KVH, int hd, int64_t cap, float scale, float* out);
 
 namespace {
 
@@ -55,6 +59,122 @@ __global__ void kv_append_kernel(const float* k, const float* v, CT* kc, CT* vc,
     store_cache(kc + dst, k[i]);
     store_cache(vc + dst, v[i]);
   }
+}
+
+// fp8 row scale exponent and e4m3 encoding: kv_fp8_exponent (kv_cache.h) and
+// f32_to_f8_e4m3 (core/dtype.cpp), operation for operation.
+__device__ __forceinline__ int fp8_exponent(float amax) {
+  const uint32_t u = __float_as_uint(amax) & 0x7fffffffu;
+  const int e = int(u >> 23) - 127 - 8 + ((u & 0x7fffffu) > 0x600000u ? 1 : 0);
+  return min(max(e, -15), 7);
+}
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(127 + e) << 23); }
+__device__ __forceinline__ uint32_t f32_to_e4m3(float f) {
+  const uint32_t u = __float_as_uint(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7fu;
+  if (a >= 0x43e00000u) return sign | 0x7eu;
+  if (a < 0x3c800000u) return sign | uint32_t(__float2int_rn(__uint_as_float(a) * 512.0f));
+  return sign | (((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3));
+}
+
+// Quantised append: warp w encodes row w / 2 (token t = row / KVH, kv head row % KVH) of k
+// (w even) or v (w odd) the way kv_encode_row does: lane l holds values l·NPL .. l·NPL + NPL − 1.
+template <int D, KvKind K>
+__global__ void __launch_bounds__(256)
+    kv_append_quant_kernel(const float* __restrict__ k, const float* __restrict__ v, uint8_t* kc, uint8_t* vc,
+                           float* ksc, float* vsc, const int32_t* tslot, const int32_t* tpos, int64_t cap, int KVH,
+                           int64_t n_warps, float hscale) {
+  constexpr int NPL = D / 32, RB = kv_row_bytes(K, D);
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = int(threadIdx.x & 31);
+  if (w >= n_warps) return;  // warp-uniform
+  const int64_t row = w >> 1, t = row / KVH;
+  const int h = int(row % KVH), which = int(w & 1);
+  const int32_t slot = tslot[t];
+  if (slot < 0) return;
+  const int32_t pos = tpos[t];
+  const float* src = (which ? v : k) + row * D + lane * NPL;
+  float x[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) x[i] = src[i];
+  uint8_t* dst = (which ? vc : kc) + ((int64_t(slot) * cap + pos) * KVH + h) * RB;
+  if constexpr (K == KvKind::F8) {
+    float amax = 0;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    const int e = fp8_exponent(warp_max(amax));
+    const float inv = pow2f(-e);
+#pragma unroll
+    for (int i = 0; i < NPL; i += 2)
+      *reinterpret_cast<uint16_t*>(dst + lane * NPL + i) =
+          static_cast<uint16_t>(f32_to_e4m3(x[i] * inv) | f32_to_e4m3(x[i + 1] * inv) << 8);
+    if (lane == 0) (which ? vsc : ksc)[(int64_t(slot) * KVH + h) * cap + pos] = pow2f(e);
+  } else {
+    warp_hadamard<NPL>(x, lane, hscale);
+    constexpr int LPB = 32 / NPL;  // lanes per block of 32 values
+    const int li = lane % LPB;
+    if constexpr (K == KvKind::Q8) {
+      float amax = 0;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+      for (int m = 1; m < LPB; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      uint8_t* blk = dst + (lane / LPB) * 34;
+#pragma unroll
+      for (int i = 0; i < NPL; i += 2) {
+        const int q0 = min(max(__float2int_rn(x[i] * id), -127), 127), q1 = min(max(__float2int_rn(x[i + 1] * id), -127), 127);
+        *reinterpret_cast<uint16_t*>(blk + 2 + li * NPL + i) = static_cast<uint16_t>((q0 & 0xff) | (q1 & 0xff) << 8);
+      }
+      if (li == 0) *reinterpret_cast<uint16_t*>(blk) = __half_as_ushort(__float2half_rn(d));
+    } else {
+      // The block's value of largest magnitude, the first on ties (lower lanes hold earlier values).
+      float am = 0, vm = 0;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i)
+        if (fabsf(x[i]) > am) am = fabsf(x[i]), vm = x[i];
+#pragma unroll
+      for (int m = 1; m < LPB; m <<= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, am, m), ov = __shfl_xor_sync(0xffffffffu, vm, m);
+        if (oa > am || (oa == am && (lane & m))) am = oa, vm = ov;
+      }
+      const __half dh = __float2half_rn(vm / -8.0f);
+      const float s = __half2float(dh), is = s != 0.0f ? 1.0f / s : 0.0f;
+      uint32_t qn[NPL], hi[NPL];
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) qn[i] = uint32_t(min(max(__float2int_rn(x[i] * is), -8), 7) + 8);
+      // Value j < 16 of a block shares its byte with value j + 16, LPB/2 lanes up.
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) hi[i] = __shfl_down_sync(0xffffffffu, qn[i], LPB / 2);
+      if (li < LPB / 2) {
+        uint8_t* blk = dst + (lane / LPB) * 18;
+#pragma unroll
+        for (int i = 0; i < NPL; i += 2)
+          *reinterpret_cast<uint16_t*>(blk + 2 + li * NPL + i) =
+              static_cast<uint16_t>((qn[i] | hi[i] << 4) | (qn[i + 1] | hi[i + 1] << 4) << 8);
+        if (li == 0) *reinterpret_cast<uint16_t*>(blk) = __half_as_ushort(dh);
+      }
+    }
+  }
+}
+
+// out row ← H·in row (kv_cache.h) for n_rows rows of D values, one warp per row; rows are
+// all rows (list null) or rows list[i / heads]·heads + i % heads (the heads of listed tokens).
+// In place is fine: a warp reads its whole row before writing it.
+template <int D>
+__global__ void __launch_bounds__(256) hadamard_rows_kernel(const float* in, float* out, const int32_t* list,
+                                                            int64_t n_rows, int heads, float hscale) {
+  constexpr int NPL = D / 32;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = int(threadIdx.x & 31);
+  if (w >= n_rows) return;
+  const int64_t row = list ? int64_t(list[w / heads]) * heads + w % heads : w;
+  float x[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) x[i] = in[row * D + lane * NPL + i];
+  warp_hadamard<NPL>(x, lane, hscale);
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) out[row * D + lane * NPL + i] = x[i];
 }
 
 // The NPL consecutive dims of this lane (lane·NPL ..) of one cached row as f32; `vec`: the
@@ -254,6 +374,38 @@ int decode_splits(int64_t blocks, int64_t cap) {
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, cap / kMinSplitPositions)));
 }
 
+template <int D>
+void launch_append_quant(Ctx& c, KvKind kind, const float* k, const float* v, void* kc, void* vc, float* ksc,
+                         float* vsc, const int32_t* ts, const int32_t* tp, int64_t cap, int KVH, int64_t T,
+                         float hscale) {
+  const int64_t n_warps = 2 * T * KVH;
+  const int blocks = blocks_for(n_warps * 32, 256);
+  auto go = [&](auto kernel) {
+    kernel<<<blocks, 256, 0, c.stream>>>(k, v, static_cast<uint8_t*>(kc), static_cast<uint8_t*>(vc), ksc, vsc, ts, tp,
+                                         cap, KVH, n_warps, hscale);
+  };
+  switch (kind) {
+    case KvKind::F8: go(kv_append_quant_kernel<D, KvKind::F8>); break;
+    case KvKind::Q8: go(kv_append_quant_kernel<D, KvKind::Q8>); break;
+    case KvKind::Q4: go(kv_append_quant_kernel<D, KvKind::Q4>); break;
+    default: fail("attention: {} is not a quantised KV cache kind", int(kind));
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
+void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int64_t n_rows, int heads, int hd,
+                   float hscale) {
+  if (n_rows == 0) return;
+  const int blocks = blocks_for(n_rows * 32, 256);
+  switch (hd) {
+    case 64: hadamard_rows_kernel<64><<<blocks, 256, 0, c.stream>>>(in, out, list, n_rows, heads, hscale); break;
+    case 128: hadamard_rows_kernel<128><<<blocks, 256, 0, c.stream>>>(in, out, list, n_rows, heads, hscale); break;
+    case 256: hadamard_rows_kernel<256><<<blocks, 256, 0, c.stream>>>(in, out, list, n_rows, heads, hscale); break;
+    default: fail("attention: head_dim {} has no rotation kernel (64, 128, 256)", hd);
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
@@ -264,24 +416,38 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
   QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
                k_cache.shape_str(), k.shape_str());
-  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16),
-               "attention: KV cache types {} / {} are not supported by the CUDA backend (f32 or bf16, both the same)",
+  QWEN36_CHECK(k_cache.dtype == v_cache.dtype && kv_cache_type_supported(k_cache.dtype),
+               "attention: KV cache types {} / {} are not supported (f32, bf16, f8_e4m3, q8_0, q4_0; both the same)",
                dtype_name(k_cache.dtype), dtype_name(v_cache.dtype));
   for (const SeqRun& r : runs) {
     QWEN36_CHECK(r.slot >= 0 && r.slot < slots, "attention: slot {} out of range", r.slot);
     QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= cap, "attention: positions {}..{} exceed the cache capacity {}",
                  r.pos0, r.pos0 + r.count - 1, cap);
   }
+  const KvKind kind = kv_kind(k_cache.dtype);
+  const bool quant = kv_quantized(kind), rot = kv_rotated(kind);
+  const bool caches_aligned = aligned16(k_cache.data) && aligned16(v_cache.data);
+  QWEN36_CHECK(!quant || ((hd == 64 || hd == 128 || hd == 256) && caches_aligned),
+               "attention: a {} KV cache needs head_dim 64, 128 or 256 on CUDA (got {}) and 16-byte aligned caches",
+               dtype_name(k_cache.dtype), hd);
   if (T == 0) return;
-  const bool bf16 = k_cache.dtype == DType::BF16;
   const int G = int(H / KVH);
+  const float hscale = kv_hadamard_scale(hd);
+  // fp8 row scales: after the elements of each cache buffer (kv_cache.h).
+  const size_t soff = kv_scale_offset(k_cache.dtype, slots, cap, KVH, hd);
+  float* ksc = kind == KvKind::F8 ? reinterpret_cast<float*>(k_cache.as<uint8_t>() + soff) : nullptr;
+  float* vsc = kind == KvKind::F8 ? reinterpret_cast<float*>(v_cache.as<uint8_t>() + soff) : nullptr;
 
   // Which runs take the flash kernel (decided on the host from run lengths alone; a decode
   // graph has runs of one token, so it never takes this path and needs no host tables).
-  // Exact mode (CudaOptions::exact_matmul, for reference checks) keeps attention in f32 too.
-  const bool decode_ok = G <= kMaxGroup && hd <= 256;
-  const bool flash_ok = !c.exact_matmul && flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
-                        aligned16(k_cache.data) && aligned16(v_cache.data);
+  // Exact mode (CudaOptions::exact_matmul, for reference checks) keeps f32/bf16 attention in
+  // f32 (CUDA-core kernel); quantised caches then use the tensor-core decode kernel, whose
+  // split products are f32-accurate, for every run it can take.
+  const bool tc_ok = caches_aligned && attention_decode_tc_supported(kind, hd, G) && (quant || !c.exact_matmul);
+  const bool core_ok = !quant && G <= kMaxGroup && hd <= 256;
+  const bool decode_ok = tc_ok || core_ok;
+  const bool flash_ok = flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
+                        caches_aligned && !(c.exact_matmul && decode_ok);
   std::vector<const SeqRun*> flash_runs;
   int64_t decode_tokens = 0;
   for (const SeqRun& r : runs) {
@@ -300,17 +466,27 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
   if (!ts) return;  // recording a graph that needed the host: it is dropped
   const int64_t row = KVH * hd, n = T * row;
-  const int append_blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8));
-  if (bf16)
-    kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
-                                                          k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts,
-                                                          tp, cap, row, n);
-  else
-    kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
-                                                          k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row, n);
-  CUDA_LAUNCH_CHECK();
+  if (quant) {
+    switch (hd) {
+      case 64: launch_append_quant<64>(c, kind, k.as<const float>(), v.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, ts, tp, cap, int(KVH), T, hscale); break;
+      case 128: launch_append_quant<128>(c, kind, k.as<const float>(), v.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, ts, tp, cap, int(KVH), T, hscale); break;
+      default: launch_append_quant<256>(c, kind, k.as<const float>(), v.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, ts, tp, cap, int(KVH), T, hscale); break;
+    }
+  } else {
+    const int append_blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8));
+    if (kind == KvKind::BF16)
+      kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
+                                                            k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(),
+                                                            ts, tp, cap, row, n);
+    else
+      kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
+                                                            k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row,
+                                                            n);
+    CUDA_LAUNCH_CHECK();
+  }
 
-  Temp<int32_t> tile_tmp(c, 0), list_tmp(c, 0);
+  Temp<int32_t> tile_tmp(c, 0), list_tmp(c, 0), flist_tmp(c, 0);
+  Temp<float> qrot(c, rot && !flash_runs.empty() ? size_t(T * H * hd) : 0);
   if (!flash_runs.empty()) {
     if (!host_work_allowed(c)) return;
     // Tiles of 64 (token, head) rows; the heaviest (latest max position) first.
@@ -329,8 +505,25 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     flat.reserve(tl.size() * 5);
     for (const Tile& t : tl) flat.insert(flat.end(), t.v, t.v + 5);
     const int32_t* dtiles = tile_tmp.assign(std::span<const int32_t>(flat.data(), flat.size()));
-    flash_attention(c, q.as<const float>(), k_cache.data, v_cache.data, bf16, dtiles, int(tl.size()), int(H),
-                    int(KVH), int(hd), cap, scale, out.as<float>());
+    const float* qf = q.as<const float>();
+    if (rot) {  // q rotated into a temporary; the flash rows of out rotated back afterwards
+      hadamard_rows(c, qf, qrot.get(), nullptr, T * H, int(H), int(hd), hscale);
+      qf = qrot.get();
+    }
+    flash_attention(c, qf, k_cache.data, v_cache.data, ksc, vsc, kind, dtiles, int(tl.size()), int(H), int(KVH),
+                    int(hd), cap, scale, out.as<float>());
+    if (rot) {
+      const int32_t* fl = nullptr;
+      int64_t n_flash = T;
+      if (decode_tokens > 0) {  // only the flash runs' tokens (the decode kernel rotates its own)
+        std::vector<int32_t> list;
+        for (const SeqRun* r : flash_runs)
+          for (int32_t j = 0; j < r->count; ++j) list.push_back(r->begin + j);
+        fl = flist_tmp.assign(std::span<const int32_t>(list.data(), list.size()));
+        n_flash = int64_t(list.size());
+      }
+      hadamard_rows(c, out.as<const float>(), out.as<float>(), fl, n_flash * H, int(H), int(hd), hscale);
+    }
   }
   if (decode_tokens == 0) return;
 
@@ -345,6 +538,12 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     tlist = list_tmp.assign(std::span<const int32_t>(list.data(), list.size()));
     n_tok = int64_t(list.size());
   }
+  if (tc_ok) {
+    attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
+                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>());
+    return;
+  }
+  const bool bf16 = kind == KvKind::BF16;
   const int nsplit = decode_splits(n_tok * KVH, cap);
   Temp<float> part(c, nsplit > 1 ? size_t(n_tok * KVH * nsplit) * size_t(G) * size_t(hd + 2) : 0);
   const size_t smem = sizeof(float) * size_t(G * hd + kWarps * G * (hd + 2));

@@ -1,6 +1,6 @@
-// Flash attention for prefill on tensor cores (mma.sync m16n8k16 bf16 → f32, sm_80+): causal
-// GQA softmax attention of a run's query rows over its slot's KV cache (f32 or bf16), after
-// the new keys were appended (cuda_attention.cu appends and dispatches here).
+// Flash attention for prefill on tensor cores (mma.sync m16n8k16 → f32, sm_80+): causal GQA
+// softmax attention of a run's query rows over its slot's KV cache (f32, bf16, fp8, q8_0 or
+// q4_0), after the new keys were appended (cuda_attention.cu appends and dispatches here).
 //
 // Design. A block (4 warps) owns a tile of 64 query rows of one kv head's group: the run's
 // rows are numbered R = j·G + g (token j of the run, query head g of the group), so the G
@@ -8,19 +8,22 @@
 // 64/G consecutive positions, which keeps the causal diagonal narrow. Each warp owns 16 rows.
 // Per 64-key tile: S = Q·Kᵀ (Q and K from shared memory through ldmatrix), the online
 // softmax in f32 on the accumulators (exp2 with log2(e) folded into the scale), P rounded to
-// bf16 and reused as the A operand of O += P·V (V through ldmatrix.trans). O stays in
-// registers (head_dim/8 × 4 floats per thread; 128 for hd 256, which is what limits the
-// block to 64 rows and 4 warps). Shared memory: Q, K and V tiles of 64 × (hd + 8) bf16; the
+// the tile type E and reused as the A operand of O += P·V (V through ldmatrix.trans). O stays
+// in registers (head_dim/8 × 4 floats per thread; 128 for hd 256, which is what limits the
+// block to 64 rows and 4 warps). Shared memory: Q, K and V tiles of 64 × (hd + 8) E; the
 // 8-element pad shifts consecutive rows by 16 bytes so ldmatrix's 8 row reads hit distinct
 // banks. hd 256: 99 KB, so two blocks per SM on sm_80/90, one on sm_86/89/120.
+// Tile types: bf16 for f32 and bf16 caches; f16 for fp8 / q8_0 / q4_0, whose values are exact
+// in f16 or defined as f16(d·q) (backend/kv_cache.h), so the tiles hold the cached values.
 // Pipelining: a bf16 cache is copied with cp.async; V of a tile loads while S is computed
-// and K of the next tile while the softmax and P·V run. An f32 cache is converted to bf16
-// on the way in with plain loads (no overlap within a block; the other block covers it).
-// Tiles are issued heaviest (latest positions) first, all kv heads of a tile together, so
-// the causal tail does not straggle.
+// and K of the next tile while the softmax and P·V run. Other caches are converted on the
+// way in with plain loads (f32 → bf16; dequant8 for the quantised ones: no overlap within a
+// block, the other block covers it). q8_0/q4_0: the caller passes q already rotated and
+// rotates the output back (kv_cache.h). Tiles are issued heaviest (latest positions) first,
+// all kv heads of a tile together, so the causal tail does not straggle.
 #include <cstdint>
 
-#include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_attention_common.cuh"
 
 namespace qwen36::cuda {
 
@@ -33,88 +36,60 @@ constexpr int kTileInts = 5;  // per tile: slot, pos0, begin, count, row0 (see f
 
 template <int D>
 constexpr size_t smem_bytes() {
-  return size_t(kBM + 2 * kBN) * size_t(D + 8) * sizeof(__nv_bfloat16);
+  return size_t(kBM + 2 * kBN) * size_t(D + 8) * 2;  // bf16 or f16 tiles
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += a·b for one m16n8k16 tile (bf16 inputs, f32 accumulators).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (lower 16 bits) = lo
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ void store4_bf16(__nv_bfloat16* dst, float4 x) {
-  uint2 u;
-  u.x = pack_bf16(x.x, x.y);
-  u.y = pack_bf16(x.z, x.w);
-  *reinterpret_cast<uint2*>(dst) = u;
-}
-
-// Rows p0 .. p0 + 63 of a cache (row p at src + p·rstride) into a [64][D + 8] bf16 tile;
-// rows past pmax are zero (never read from the cache: they may be beyond the capacity or
-// hold a previous sequence's values, and a NaN there would survive the 0 weight).
-template <int D>
-__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t rstride, int p0,
-                                             int pmax) {
-  constexpr int S = D + 8, C = D / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
-    const int r = i / C, c = i % C, p = p0 + r;
-    __nv_bfloat16* d = dst + r * S + c * 8;
-    if (p <= pmax)
-      cp_async16(d, src + int64_t(p) * rstride + c * 8);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-  }
-}
-template <int D>
-__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* dst, const float* src, int64_t rstride, int p0, int pmax) {
-  constexpr int S = D + 8, C = D / 4;  // float4s per row
-  for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
-    const int r = i / C, c = i % C, p = p0 + r;
-    const float4 x = p <= pmax ? __ldg(reinterpret_cast<const float4*>(src + int64_t(p) * rstride + c * 4))
-                               : make_float4(0, 0, 0, 0);
-    store4_bf16(dst + r * S + c * 4, x);
+// Rows p0 .. p0 + 63 of one kv head's cached rows (row p at base + p·rstride bytes; fp8 row
+// scales at sc[p]) into a [64][D + 8] tile of E; rows past pmax are zero (never read from the
+// cache: they may be beyond the capacity or hold a previous sequence's values, and a NaN
+// there would survive the 0 weight).
+template <int D, KvKind K, typename E>
+__device__ __forceinline__ void load_kv_tile(E* dst, const uint8_t* base, int64_t rstride, int p0, int pmax,
+                                             const float* sc) {
+  constexpr int S = D + 8;
+  if constexpr (K == KvKind::BF16) {
+    constexpr int C = D / 8;  // 16-byte chunks per row
+    for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
+      const int r = i / C, c = i % C, p = p0 + r;
+      E* d = dst + r * S + c * 8;
+      if (p <= pmax)
+        cp_async<16>(d, base + int64_t(p) * rstride + c * 16);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  } else if constexpr (K == KvKind::F32) {
+    constexpr int C = D / 4;  // float4s per row
+    for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
+      const int r = i / C, c = i % C, p = p0 + r;
+      const float4 x = p <= pmax ? __ldg(reinterpret_cast<const float4*>(base + int64_t(p) * rstride + c * 16))
+                                 : make_float4(0, 0, 0, 0);
+      store4<E>(dst + r * S + c * 4, x);
+    }
+  } else {
+    constexpr int C = D / 8;  // 8-value chunks per row
+    for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
+      const int r = i / C, c = i % C, p = p0 + r;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (p <= pmax) x = dequant8<K>(base + int64_t(p) * rstride, c, K == KvKind::F8 ? fp8_row_mult(sc[p]) : __float2half2_rn(1.0f));
+      *reinterpret_cast<uint4*>(dst + r * S + c * 8) = x;
+    }
   }
 }
 
-template <int D, typename CT>
+template <int D, KvKind K>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_kernel(const float* __restrict__ q, const CT* __restrict__ kc, const CT* __restrict__ vc,
+    flash_attention_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
+                           const float* __restrict__ ksc, const float* __restrict__ vsc,
                            const int32_t* __restrict__ tiles, float* __restrict__ out, int H, int KVH, int64_t cap,
                            float scale_log2) {
-  constexpr int S = D + 8;  // shared row stride, bf16 elements
+  using E = std::conditional_t<kv_quantized(K), __half, __nv_bfloat16>;
+  constexpr int S = D + 8;  // shared row stride, E elements
   constexpr int KS = D / 16;  // k-steps of S = Q·Kᵀ
   constexpr int ND = D / 8;   // n-blocks of O
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  __nv_bfloat16* ks = qs + kBM * S;
-  __nv_bfloat16* vs = ks + kBN * S;
+  E* qs = reinterpret_cast<E*>(smem_raw);
+  E* ks = qs + kBM * S;
+  E* vs = ks + kBN * S;
 
   // Block b: tile b / KVH, kv head b % KVH (all kv heads of the heaviest tiles go first).
   const int32_t* tile = tiles + int64_t(blockIdx.x / KVH) * kTileInts;
@@ -123,22 +98,26 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
 
-  // Q tile, rounded to bf16; rows past the run are zero (their outputs are not written).
+  // Q tile, rounded to E; rows past the run are zero (their outputs are not written).
   for (int i = threadIdx.x; i < kBM * (D / 4); i += kThreads) {
     const int r = i / (D / 4), c = i % (D / 4), R = row0 + r;
     float4 x = make_float4(0, 0, 0, 0);
     if (R < nrows)
       x = __ldg(reinterpret_cast<const float4*>(q + ((int64_t(begin) + R / G) * H + int64_t(kvh) * G + R % G) * D +
                                                 c * 4));
-    store4_bf16(qs + r * S + c * 4, x);
+    store4<E>(qs + r * S + c * 4, x);
   }
 
   // Causal range: the tile's rows sit at positions min_pos .. max_pos; keys 0 .. max_pos.
   const int max_pos = pos0 + min(count - 1, (row0 + kBM - 1) / G), min_pos = pos0 + row0 / G;
   const int n_kv = max_pos / kBN + 1;
-  const int64_t rstride = int64_t(KVH) * D;
-  const CT* kbase = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * D;
-  const CT* vbase = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * D;
+  constexpr int RB = kv_row_bytes(K, D);  // bytes of a cached row
+  const int64_t rstride = int64_t(KVH) * RB;
+  const uint8_t* kbase = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * RB;
+  const uint8_t* vbase = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * RB;
+  const int64_t sbase = (int64_t(slot) * KVH + kvh) * cap;  // fp8 row scales [slots, KVH, cap]
+  const float* kscale = ksc ? ksc + sbase : nullptr;
+  const float* vscale = vsc ? vsc + sbase : nullptr;
 
   // This thread's two accumulator rows (gid and gid + 8 of the warp's 16) and their positions
   // (rows past the run take the last position: finite softmax, output dropped).
@@ -158,11 +137,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t k_lane = smem_addr(ks) + uint32_t((((lane & 7) + (lane >> 4) * 8) * S + ((lane >> 3) & 1) * 8) * 2);
   const uint32_t v_lane = smem_addr(vs) + uint32_t((((lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8) * 2);
 
-  load_kv_tile<D>(ks, kbase, rstride, 0, max_pos);
+  load_kv_tile<D, K>(ks, kbase, rstride, 0, max_pos, kscale);
   cp_async_commit();
   for (int it = 0; it < n_kv; ++it) {
     const int kv0 = it * kBN;
-    load_kv_tile<D>(vs, vbase, rstride, kv0, max_pos);
+    load_kv_tile<D, K>(vs, vbase, rstride, kv0, max_pos, vscale);
     cp_async_commit();
     cp_async_wait<1>();  // K tile `it` (the V tile just issued may still be in flight)
     __syncthreads();
@@ -178,12 +157,12 @@ __global__ void __launch_bounds__(kThreads)
       for (int np = 0; np < kBN / 16; ++np) {
         uint32_t b[4];
         ldsm_x4(b, k_lane + uint32_t(np * 16 * S * 2 + kk * 32));
-        mma_bf16(s[2 * np], a, b[0], b[1]);
-        mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+        mma16816<E>(s[2 * np], a, b[0], b[1]);
+        mma16816<E>(s[2 * np + 1], a, b[2], b[3]);
       }
     }
     __syncthreads();  // every warp is done with this K tile
-    if (it + 1 < n_kv) load_kv_tile<D>(ks, kbase, rstride, kv0 + kBN, max_pos);
+    if (it + 1 < n_kv) load_kv_tile<D, K>(ks, kbase, rstride, kv0 + kBN, max_pos, kscale);
     cp_async_commit();  // (possibly empty: keeps the group count uniform for the waits)
 
     // Online softmax. Row a = accumulator elements 0, 1; row b = 2, 3; key of element e of
@@ -221,8 +200,8 @@ __global__ void __launch_bounds__(kThreads)
       sum_b += p2 + p3;
       // C layout of n-blocks 2k, 2k+1 == A layout of k-step k: {a0, a1} from n-block 2k
       // (rows a, b), {a2, a3} from n-block 2k + 1.
-      p[n / 2][(n & 1) * 2 + 0] = pack_bf16(p0, p1);
-      p[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+      p[n / 2][(n & 1) * 2 + 0] = pack2<E>(p0, p1);
+      p[n / 2][(n & 1) * 2 + 1] = pack2<E>(p2, p3);
     }
     l_a = l_a * corr_a + sum_a;
     l_b = l_b * corr_b + sum_b;
@@ -242,8 +221,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int dp = 0; dp < ND / 2; ++dp) {
         uint32_t b[4];
         ldsm_x4_trans(b, v_lane + uint32_t(kk * 16 * S * 2 + dp * 32));
-        mma_bf16(o[2 * dp], p[kk], b[0], b[1]);
-        mma_bf16(o[2 * dp + 1], p[kk], b[2], b[3]);
+        mma16816<E>(o[2 * dp], p[kk], b[0], b[1]);
+        mma16816<E>(o[2 * dp + 1], p[kk], b[2], b[3]);
       }
     __syncthreads();  // every warp is done with this V tile before the next one lands
   }
@@ -280,33 +259,45 @@ bool fits_device(Ctx&) {
   return ok;
 }
 
-template <int D, typename CT>
-void launch(Ctx& c, const float* q, const void* kc, const void* vc, const int32_t* tiles, int n_tiles, int H, int KVH,
-            int64_t cap, float scale, float* out) {
-  auto kernel = flash_attention_kernel<D, CT>;
+struct Args {
+  const float* q;
+  const void *kc, *vc;
+  const float *ksc, *vsc;
+  const int32_t* tiles;
+  int n_tiles, H, KVH;
+  int64_t cap;
+  float scale;
+  float* out;
+};
+
+template <int D, KvKind K>
+void launch(Ctx& c, const Args& a) {
+  auto kernel = flash_attention_kernel<D, K>;
   static const bool attr_set = [&] {  // once per instantiation (the limit is per function)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<D>())));
     return true;
   }();
   (void)attr_set;
-  const unsigned grid = static_cast<unsigned>(int64_t(n_tiles) * KVH);
-  kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(q, static_cast<const CT*>(kc), static_cast<const CT*>(vc),
-                                                        tiles, out, H, KVH, cap, scale * 1.4426950408889634f);
+  const unsigned grid = static_cast<unsigned>(int64_t(a.n_tiles) * a.KVH);
+  kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(a.q, static_cast<const uint8_t*>(a.kc),
+                                                        static_cast<const uint8_t*>(a.vc), a.ksc, a.vsc, a.tiles, a.out,
+                                                        a.H, a.KVH, a.cap, a.scale * 1.4426950408889634f);
   CUDA_LAUNCH_CHECK();
 }
 
 template <int D>
-void launch_dt(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
-               int n_tiles, int H, int KVH, int64_t cap, float scale, float* out) {
-  if (bf16_cache)
-    launch<D, __nv_bfloat16>(c, q, kc, vc, tiles, n_tiles, H, KVH, cap, scale, out);
-  else
-    launch<D, float>(c, q, kc, vc, tiles, n_tiles, H, KVH, cap, scale, out);
+void launch_kind(Ctx& c, KvKind kind, const Args& a) {
+  switch (kind) {
+    case KvKind::F32: launch<D, KvKind::F32>(c, a); break;
+    case KvKind::BF16: launch<D, KvKind::BF16>(c, a); break;
+    case KvKind::F8: launch<D, KvKind::F8>(c, a); break;
+    case KvKind::Q8: launch<D, KvKind::Q8>(c, a); break;
+    case KvKind::Q4: launch<D, KvKind::Q4>(c, a); break;
+  }
 }
 
 }  // namespace
 
-// Declared in cuda_attention.cu (its only caller).
 int flash_attention_tile_rows() { return kBM; }
 
 bool flash_attention_supported(Ctx& c, int64_t hd) {
@@ -322,13 +313,15 @@ bool flash_attention_supported(Ctx& c, int64_t hd) {
 // the run (slot, pos0, begin, count)'s count·G rows, R = token·G + head in group. q, out
 // [T, H, hd] f32; caches [slots, cap, KVH, hd] holding this batch's keys already; all
 // 16-byte aligned.
-void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, bool bf16_cache, const int32_t* tiles,
-                     int n_tiles, int H, int KVH, int hd, int64_t cap, float scale, float* out) {
+void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
+                     KvKind kind, const int32_t* tiles, int n_tiles, int H, int KVH, int hd, int64_t cap, float scale,
+                     float* out) {
   if (n_tiles == 0) return;
+  const Args a{q, kc, vc, ksc, vsc, tiles, n_tiles, H, KVH, cap, scale, out};
   switch (hd) {
-    case 64: launch_dt<64>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
-    case 128: launch_dt<128>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
-    case 256: launch_dt<256>(c, q, kc, vc, bf16_cache, tiles, n_tiles, H, KVH, cap, scale, out); break;
+    case 64: launch_kind<64>(c, kind, a); break;
+    case 128: launch_kind<128>(c, kind, a); break;
+    case 256: launch_kind<256>(c, kind, a); break;
     default: fail("flash_attention: head_dim {} not supported (64, 128, 256)", hd);
   }
 }

@@ -1,0 +1,469 @@
+// Tensor-core decode attention: single-token rows (decode, short verify chunks) over bf16,
+// fp8, q8_0 and q4_0 KV caches. cuda_attention.cu appends the keys and dispatches here.
+//
+// Design. A block (4 warps) serves one (token, kv head, split): the G ≤ 8 query heads of the
+// group over positions [p_begin, p_end) of the token's context. Each warp is an independent
+// flash decoder over every 4th step of 16 positions, with its own ring of cp.async stages in
+// shared memory (no block barrier in the loop): K and V rows stream in 16-byte copies two to
+// five steps ahead, enough bytes in flight per SM to run at memory bandwidth. Decode reads
+// each cached byte once for ~3 FLOP, so bandwidth is the limit once the per-position work is
+// on tensor cores (the CUDA-core kernel in cuda_attention.cu pays shuffles and exps per
+// position and head).
+// Per step: S = Q·Kᵀ with Q as the mma A operand, rows 0-7 the heads' q rounded to E and rows
+// 8-15 the rounding residuals, so rows 0-7 plus 8-15 give q·k to f32 accuracy; K through
+// ldmatrix as B. Online softmax on the accumulators (exp2, log2 e folded into the scale; one
+// max per head and step). The output is accumulated transposed, Oᵀ[hd × 8] += Vᵀ·Pᵀ: V
+// through ldmatrix.trans is the A operand, and P's accumulator layout is exactly the B
+// operand's, so P stays in registers (split into E hi + lo as well). Oᵀ is hd/4 floats per
+// thread. At hd 256 a step is 32 + 32 mma per warp.
+// Quantised rows are copied raw (fp8 1, q8_0 1.06, q4_0 0.56 bytes per value) and each warp
+// dequantises its step into f16 tiles before the ldmatrix reads (dequant8).
+// The warps' (max, sum, output) merge through shared memory; with several splits a merge
+// kernel combines the splits. q8_0/q4_0: q is rotated on load and the output rotated back
+// (kv_cache.h). The split count fills the SMs (one block per SM: shared memory) from the
+// batch shape and the capacity alone; each block derives its range from the device-side
+// position, so the op records into a CUDA graph that replays at other positions.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_attention_common.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+constexpr int kKeys = 16;     // positions per warp step (the k of the P·V mma)
+constexpr int kHeads = 8;     // query heads per kv head served (the n of the P·V mma)
+constexpr int kMaxWarps = 4;
+constexpr int kMaxSplits = 128;
+constexpr int kMinSplitPositions = 256;  // at full capacity, no split is shorter than this
+
+template <int D, KvKind K>
+struct Cfg {
+  using E = std::conditional_t<K == KvKind::BF16, __nv_bfloat16, __half>;
+  static constexpr int TS = D + 8;                    // tile row stride (elements): rows 16 bytes apart in banks
+  static constexpr int RB = kv_row_bytes(K, D);       // bytes of a cached row
+  static constexpr bool kDirect = K == KvKind::BF16;  // the stage is the tile itself
+  static constexpr int SRB = kDirect ? TS * 2 : RB;   // stage row stride (bytes)
+  static constexpr int CW = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4;  // cp.async width (rows are CW-aligned)
+  static constexpr int CPR = RB / CW;                 // copies per row
+  static constexpr int kStageBytes = (2 * kKeys * SRB + (K == KvKind::F8 ? 2 * kKeys * 4 : 0) + 15) / 16 * 16;
+  static constexpr int kTileBytes = kDirect ? 0 : 2 * kKeys * TS * 2;  // dequantised K and V tiles
+  static constexpr int kQBytes = kHeads * D * 4;                        // q rows (f32), later the output rows
+  static constexpr int kMergeBytes = (2 * kHeads + kHeads * D) * 4;    // per warp: m, l, O [head][dim]
+  static constexpr int kPreferredStages = K == KvKind::BF16 ? 3 : K == KvKind::Q4 ? 6 : 4;
+  __host__ __device__ static constexpr size_t warp_bytes(int nst) {
+    const size_t b = size_t(nst) * kStageBytes + kTileBytes;
+    return b > size_t(kMergeBytes) ? b : size_t(kMergeBytes);
+  }
+  __host__ __device__ static constexpr size_t block_bytes(int nst, int nwarps) { return kQBytes + size_t(nwarps) * warp_bytes(nst); }
+};
+
+template <int N>
+__device__ __forceinline__ void zero_bytes(void* p) {
+  if constexpr (N == 16)
+    *reinterpret_cast<uint4*>(p) = make_uint4(0, 0, 0, 0);
+  else if constexpr (N == 8)
+    *reinterpret_cast<uint2*>(p) = make_uint2(0, 0);
+  else
+    *reinterpret_cast<uint32_t*>(p) = 0;
+}
+
+// part (splits > 1): per (block x, kv head, split) [G] max (log2 units), [G] sum, [G, D]
+// unnormalised output; else the output goes to out.
+template <int D, KvKind K>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+    decode_tc_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
+                     const float* __restrict__ ksc, const float* __restrict__ vsc, const int32_t* tslot,
+                     const int32_t* tpos, const int32_t* tlist, float* __restrict__ out, float* __restrict__ part, int H,
+                     int KVH, int64_t cap, float scale_log2, float hscale, int nst) {
+  using C = Cfg<D, K>;
+  using E = typename C::E;
+  constexpr int NPL = D / 32, KS = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
+  const int kvh = int(blockIdx.y), split = int(blockIdx.z), nsplit = int(gridDim.z), G = H / KVH;
+  const int slot = tslot[t];
+  if (slot < 0) return;
+  // This split's positions: 0 .. pos cut into nsplit chunks of a multiple of 64 (four warp
+  // steps). Trailing splits may be empty; they report (max −∞, sum 0) to the merge.
+  const int n = tpos[t] + 1;
+  const int chunk = ((n + nsplit - 1) / nsplit + 63) & ~63;
+  const int p_begin = min(n, split * chunk), p_end = min(n, p_begin + chunk);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nwarps = int(blockDim.x >> 5);
+  const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
+  float* qs = reinterpret_cast<float*>(smem);
+  const size_t wbytes = C::warp_bytes(nst);
+  unsigned char* wbase = smem + C::kQBytes + size_t(warp) * wbytes;
+
+  // q of the group's heads (rotated for q8_0/q4_0); rows G .. 7 zero.
+  for (int g = warp; g < kHeads; g += nwarps) {
+    float x[NPL];
+    const float* src = q + (int64_t(t) * H + int64_t(kvh) * G + g) * D + lane * NPL;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) x[i] = g < G ? src[i] : 0.0f;
+    if constexpr (kv_rotated(K)) warp_hadamard<NPL>(x, lane, hscale);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) qs[g * D + lane * NPL + i] = x[i];
+  }
+  __syncthreads();
+  // A fragments per 16-dim step kk: a0/a2 = q (row gid, dims 2·tig.. and 8 + 2·tig..) in E,
+  // a1/a3 = the residuals as rows gid + 8.
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    const float* r = qs + gid * D + kk * 16 + 2 * tig;
+    split2<E>(r[0], r[1], qf[kk][0], qf[kk][1]);
+    split2<E>(r[8], r[9], qf[kk][2], qf[kk][3]);
+  }
+
+  const int nsteps = p_end > p_begin ? (p_end - p_begin + kKeys - 1) / kKeys : 0;
+  const int my_steps = nsteps > warp ? (nsteps - warp + nwarps - 1) / nwarps : 0;
+  const int64_t rstride = int64_t(KVH) * C::RB;
+  const uint8_t* kb = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * C::RB;
+  const uint8_t* vb = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * C::RB;
+  const int64_t sbase = (int64_t(slot) * KVH + kvh) * cap;  // fp8 row scales [slots, KVH, cap]
+
+  // Stage of step j: K rows, V rows (row r = position p0 + r; past p_end zero), fp8 scales.
+  auto issue = [&](int j) {
+    const int p0 = p_begin + (warp + j * nwarps) * kKeys;
+    unsigned char* st = wbase + (j % nst) * C::kStageBytes;
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const uint8_t* base = which ? vb : kb;
+      unsigned char* dst = st + which * kKeys * C::SRB;
+      for (int i = lane; i < kKeys * C::CPR; i += 32) {
+        const int r = i / C::CPR, cc = i % C::CPR, p = p0 + r;
+        unsigned char* d = dst + r * C::SRB + cc * C::CW;
+        if (p < p_end)
+          cp_async<C::CW>(d, base + int64_t(p) * rstride + cc * C::CW);
+        else
+          zero_bytes<C::CW>(d);
+      }
+    }
+    if constexpr (K == KvKind::F8) {  // lanes 0-15: K scales, 16-31: V scales
+      float* sdst = reinterpret_cast<float*>(st + 2 * kKeys * C::SRB) + lane;
+      const int p = p0 + (lane & 15);
+      if (p < p_end)
+        cp_async<4>(sdst, (lane < 16 ? ksc : vsc) + sbase + p);
+      else
+        *sdst = 0.0f;
+    }
+  };
+  for (int s = 0; s + 1 < nst; ++s) {
+    if (s < my_steps) issue(s);
+    cp_async_commit();  // (possibly empty: keeps the group count uniform for the waits)
+  }
+
+  float m = -INFINITY, l = 0;  // head gid: running max (log2 units), this thread's share of the sum
+  float o[KS][4];              // Oᵀ: m-tile mt = dims 16·mt ..; c0/c2 head 2·tig, c1/c3 head 2·tig + 1
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0;
+  // ldmatrix lane offset (bytes), the same for both operands: lanes 0-7 rows 0-7 / dims 0-7,
+  // 8-15 rows 0-7 / dims 8-15, 16-23 rows 8-15 / dims 0-7, 24-31 rows 8-15 / dims 8-15. For K
+  // (non-trans) these are the B fragments of keys 0-7 (b0, b1) and 8-15 (b2, b3); for V
+  // (.trans) the A fragment of Vᵀ (dims as rows, keys as k).
+  const uint32_t lane_off = uint32_t((((lane & 7) + (lane >> 4) * 8) * C::TS + ((lane >> 3) & 1) * 8) * 2);
+  E* ktq = reinterpret_cast<E*>(wbase + size_t(nst) * C::kStageBytes);  // dequantised tiles (quantised kinds)
+  E* vtq = ktq + kKeys * C::TS;
+
+  for (int j = 0; j < my_steps; ++j) {
+    if (j + nst - 1 < my_steps) issue(j + nst - 1);
+    cp_async_commit();
+    cp_async_wait_dyn(nst - 1);  // step j's group has landed (this lane's copies)
+    __syncwarp();                // ... and every lane's
+    unsigned char* st = wbase + (j % nst) * C::kStageBytes;
+    const int p0 = p_begin + (warp + j * nwarps) * kKeys;
+    const E* kt;
+    const E* vt;
+    if constexpr (C::kDirect) {
+      kt = reinterpret_cast<const E*>(st);
+      vt = reinterpret_cast<const E*>(st + kKeys * C::SRB);
+    } else {
+      const float* ss = reinterpret_cast<const float*>(st + 2 * kKeys * C::SRB);
+      for (int i = lane; i < kKeys * (D / 8); i += 32) {
+        const int r = i / (D / 8), cc = i % (D / 8);
+        __half2 sk = __float2half2_rn(1.0f), sv = sk;
+        if constexpr (K == KvKind::F8) {
+          sk = fp8_row_mult(ss[r]);
+          sv = fp8_row_mult(ss[kKeys + r]);
+        }
+        *reinterpret_cast<uint4*>(ktq + r * C::TS + cc * 8) = dequant8<K>(st + r * C::SRB, cc, sk);
+        *reinterpret_cast<uint4*>(vtq + r * C::TS + cc * 8) = dequant8<K>(st + (kKeys + r) * C::SRB, cc, sv);
+      }
+      __syncwarp();
+      kt = ktq;
+      vt = vtq;
+    }
+    const uint32_t ka = smem_addr(kt) + lane_off, va = smem_addr(vt) + lane_off;
+
+    // S = Q·Kᵀ; even and odd k-steps in separate accumulators (shorter mma chains).
+    float sa[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, sb[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t b[4];
+      ldsm_x4(b, ka + kk * 32);
+      float(&acc)[2][4] = (kk & 1) ? sb : sa;
+      mma16816<E>(acc[0], qf[kk], b[0], b[1]);
+      mma16816<E>(acc[1], qf[kk], b[2], b[3]);
+    }
+    // Head gid's scores at keys p0 + 2·tig, + 1, p0 + 8 + 2·tig, + 1: row gid (q) plus row
+    // gid + 8 (its residual).
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i >> 1, e = i & 1;
+      sc[i] = (sa[h][e] + sa[h][e + 2]) + (sb[h][e] + sb[h][e + 2]);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = p0 + (i >> 1) * 8 + 2 * tig + (i & 1);
+      sc[i] = key < p_end ? sc[i] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, sc[i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);  // finite: a step holds at least one key before p_end
+    const float corr = exp2f(m - mn);
+    m = mn;
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = exp2f(sc[i] - mn);
+    l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+    // This thread's output columns are heads 2·tig and 2·tig + 1, whose rescale factors live
+    // in the quads of lanes 8·tig and 8·tig + 4.
+    const float ca = __shfl_sync(0xffffffffu, corr, 8 * tig), cb = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      o[mt][0] *= ca;
+      o[mt][1] *= cb;
+      o[mt][2] *= ca;
+      o[mt][3] *= cb;
+    }
+    // Pᵀ as the B operand: b0 = keys 2·tig, + 1 of head gid, b1 = keys 8 + 2·tig, + 1.
+    uint32_t ph0, pl0, ph1, pl1;
+    split2<E>(p[0], p[1], ph0, pl0);
+    split2<E>(p[2], p[3], ph1, pl1);
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      uint32_t a[4];
+      ldsm_x4_trans(a, va + mt * 32);
+      mma16816<E>(o[mt], a, ph0, ph1);
+      mma16816<E>(o[mt], a, pl0, pl1);
+    }
+    __syncwarp();  // every lane is done with this stage (and the tiles) before they are refilled
+  }
+  cp_async_wait<0>();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // Merge the warps (their scratch reuses their stage memory).
+  __syncthreads();
+  {
+    float* mw = reinterpret_cast<float*>(wbase);  // [8] m, [8] l, [8][D] output
+    if (tig == 0) {
+      mw[gid] = m;
+      mw[kHeads + gid] = l;
+    }
+    float* ow = mw + 2 * kHeads;
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      const int d0 = 16 * mt + gid;
+      ow[(2 * tig) * D + d0] = o[mt][0];
+      ow[(2 * tig + 1) * D + d0] = o[mt][1];
+      ow[(2 * tig) * D + d0 + 8] = o[mt][2];
+      ow[(2 * tig + 1) * D + d0 + 8] = o[mt][3];
+    }
+  }
+  __syncthreads();
+  const bool single = nsplit == 1;
+  float* pp = single ? nullptr : part + ((int64_t(blockIdx.x) * KVH + kvh) * nsplit + split) * int64_t(G) * (D + 2);
+  for (int i = int(threadIdx.x); i < G * D; i += int(blockDim.x)) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes)[g]);
+    float L = 0, O = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      const float* pw = reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes);
+      const float f = pw[g] == -INFINITY ? 0.0f : exp2f(pw[g] - M);  // a warp without positions
+      L += pw[kHeads + g] * f;
+      O += pw[2 * kHeads + g * D + d] * f;
+    }
+    if (!single) {
+      if (d == 0) {
+        pp[g] = M;
+        pp[G + g] = L;
+      }
+      pp[2 * G + i] = O;
+    } else if (kv_rotated(K)) {
+      qs[i] = O / L;
+    } else {
+      out[(int64_t(t) * H + int64_t(kvh) * G) * D + i] = O / L;
+    }
+  }
+  if constexpr (kv_rotated(K)) {
+    if (single) {  // rotate the output rows back
+      __syncthreads();
+      for (int g = warp; g < G; g += nwarps) {
+        float x[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; ++i) x[i] = qs[g * D + lane * NPL + i];
+        warp_hadamard<NPL>(x, lane, hscale);
+        float* dst = out + (int64_t(t) * H + int64_t(kvh) * G + g) * D + lane * NPL;
+#pragma unroll
+        for (int i = 0; i < NPL; ++i) dst[i] = x[i];
+      }
+    }
+  }
+}
+
+// Combines the splits of decode_tc_kernel: block (its x, kv head, head g), one thread per
+// dim; rotates q8_0/q4_0 outputs back.
+template <int D, bool kRot>
+__global__ void __launch_bounds__(D)
+    decode_tc_merge_kernel(const float* __restrict__ part, const int32_t* tslot, const int32_t* tlist,
+                           float* __restrict__ out, int H, int KVH, int nsplit, float hscale) {
+  const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
+  if (tslot[t] < 0) return;
+  const int kvh = int(blockIdx.y), g = int(blockIdx.z), G = H / KVH, d = int(threadIdx.x);
+  const int64_t stride = int64_t(G) * (D + 2);
+  const float* pb = part + (int64_t(blockIdx.x) * KVH + kvh) * nsplit * stride;
+  __shared__ float w[kMaxSplits];
+  __shared__ float buf[D];
+  __shared__ float Ls;
+  if (threadIdx.x < 32) {
+    float M = -INFINITY;
+    for (int s = d; s < nsplit; s += 32) M = fmaxf(M, pb[s * stride + g]);
+    M = warp_max(M);
+    float L = 0;
+    for (int s = d; s < nsplit; s += 32) {
+      const float ms = pb[s * stride + g];
+      const float f = ms == -INFINITY ? 0.0f : exp2f(ms - M);  // an empty split
+      w[s] = f;
+      L += pb[s * stride + G + g] * f;
+    }
+    L = warp_sum(L);
+    if (d == 0) Ls = L;
+  }
+  __syncthreads();
+  float O = 0;
+#pragma unroll 8
+  for (int s = 0; s < nsplit; ++s) O += w[s] * pb[s * stride + 2 * G + g * D + d];
+  float r = O / Ls;
+  if constexpr (kRot) {
+    buf[d] = r;
+    for (int h = 1; h < D; h <<= 1) {
+      __syncthreads();
+      const float a = buf[d], b = buf[d ^ h];
+      __syncthreads();
+      buf[d] = (d & h) ? b - a : a + b;
+    }
+    __syncthreads();
+    r = buf[d] * hscale;
+  }
+  out[(int64_t(t) * H + int64_t(kvh) * G + g) * D + d] = r;
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  return sms;
+}
+
+// Splits for `blocks` (token, kv head) rows: one wave of resident blocks in all, no split
+// shorter than kMinSplitPositions at full capacity.
+int tc_splits(int64_t blocks, int64_t cap, int per_sm) {
+  const int64_t want = int64_t(sm_count()) * per_sm / std::max<int64_t>(blocks, 1);
+  const int64_t limit = std::max<int64_t>(1, cap / kMinSplitPositions);
+  return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, limit)));
+}
+
+template <int D, KvKind K>
+void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
+            const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok, int H, int KVH,
+            int64_t cap, float scale, float hscale, float* out) {
+  using C = Cfg<D, K>;
+  auto kernel = decode_tc_kernel<D, K>;
+  struct Plan {
+    int nst, nwarps, per_sm;
+    size_t smem;
+  };
+  // Stages and warps that fit the device's shared memory (4 warps, 3-6 stages on sm_90).
+  static const Plan plan = [&] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    Plan p{C::kPreferredStages, kMaxWarps, 1, 0};
+    while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nst > 2) --p.nst;
+    while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nwarps > 1) --p.nwarps;
+    p.smem = C::block_bytes(p.nst, p.nwarps);
+    QWEN36_CHECK(p.smem <= size_t(optin), "attention decode: {} bytes of shared memory needed, the device has {}",
+                 p.smem, optin);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p.per_sm, kernel, p.nwarps * 32, p.smem));
+    p.per_sm = std::max(p.per_sm, 1);
+    return p;
+  }();
+  const int G = H / KVH;
+  const int nsplit = tc_splits(n_tok * KVH, cap, plan.per_sm);
+  Temp<float> part(c, nsplit > 1 ? size_t(n_tok * KVH * nsplit) * size_t(G) * size_t(D + 2) : 0);
+  const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(nsplit));
+  kernel<<<grid, plan.nwarps * 32, plan.smem, c.stream>>>(
+      q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), ksc, vsc, tslot, tpos, tlist, out,
+      part.get(), H, KVH, cap, scale * 1.4426950408889634f, hscale, plan.nst);
+  CUDA_LAUNCH_CHECK();
+  if (nsplit > 1) {
+    const dim3 mgrid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(G));
+    decode_tc_merge_kernel<D, kv_rotated(K)>
+        <<<mgrid, D, 0, c.stream>>>(part.get(), tslot, tlist, out, H, KVH, nsplit, hscale);
+    CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <int D>
+void launch_kind(Ctx& c, KvKind kind, const float* q, const void* kc, const void* vc, const float* ksc,
+                 const float* vsc, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
+                 int H, int KVH, int64_t cap, float scale, float hscale, float* out) {
+  switch (kind) {
+    case KvKind::BF16:
+      launch<D, KvKind::BF16>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      break;
+    case KvKind::F8:
+      launch<D, KvKind::F8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      break;
+    case KvKind::Q8:
+      launch<D, KvKind::Q8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      break;
+    case KvKind::Q4:
+      launch<D, KvKind::Q4>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      break;
+    case KvKind::F32: fail("attention decode: f32 caches take the CUDA-core kernel");
+  }
+}
+
+}  // namespace
+
+bool attention_decode_tc_supported(KvKind kind, int64_t hd, int64_t G) {
+  return kind != KvKind::F32 && (hd == 64 || hd == 128 || hd == 256) && G >= 1 && G <= kHeads;
+}
+
+void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
+                         KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
+                         int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out) {
+  if (n_tok == 0) return;
+  switch (hd) {
+    case 64: launch_kind<64>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
+    case 128: launch_kind<128>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
+    case 256: launch_kind<256>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
+    default: fail("attention decode: head_dim {} not supported (64, 128, 256)", hd);
+  }
+}
+
+}  // namespace qwen36::cuda
