@@ -346,7 +346,8 @@ __device__ bool find_chunk(const ChunkArgs& a, int64_t gc, SeqRun& run, int& c) 
   return true;
 }
 
-// Rows [0, n) of a chunk of q̂ or k̂ into smem rows of stride ld; rows n..63 zero.
+// Rows [0, n) of a chunk of q̂, k̂ (heads Hk, head kh) or v (Hv, h) into smem rows of stride
+// ld; rows n..63 zero.
 template <int DK>
 __device__ void load_rows(float* dst, int ld, const float* src, int64_t row0, int n, int Hk, int kh) {
   for (int e = int(threadIdx.x); e < kC * DK / 4; e += kThreads) {
@@ -386,10 +387,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
 
   load_rows<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
-  for (int e = tid; e < kC * DV; e += kThreads) {
-    const int i = e / DV, x = e % DV;
-    Vs[i * L::LV + x] = i < n ? a.v[((row0 + i) * a.Hv + h) * DV + x] : 0.0f;
-  }
+  load_rows<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
   for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
   if (tid < kC) {
     gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
