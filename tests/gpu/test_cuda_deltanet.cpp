@@ -316,7 +316,8 @@ const DecodeShape kDecDv48{"dv48 (Hk 2, Hv 4, dk 64, dv 48: composed)", 2, 4, 64
 const std::vector<std::vector<int32_t>> kDecodeSteps{{3, 0, 5, 1}, {2}, {1, 5, 0, 3, 2}};
 
 TEST_F(CudaDeltaNet, FusedDecodeMatchesCpu) {
-  for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &kDecDv48}) check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, false);
+  for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &kDecDv48})
+    check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, false);
 }
 
 TEST_F(CudaDeltaNet, FusedDecodeRecorded) {
@@ -330,7 +331,8 @@ double decode_us(Backend& gpu, std::mt19937& rng, const DecodeShape& s, int64_t 
   const DecodeWeights w(gpu, rng, s);
   DevT dconv = upload(gpu, random_t(rng, DType::F32, {T, C, kConvK - 1}));
   DevT dst = upload(gpu, random_t(rng, DType::F32, {T, s.Hv, s.dk, s.dv}, -0.5f, 0.5f));
-  DevT dm = upload(gpu, random_t(rng, DType::F32, {T, C})), dz = upload(gpu, random_t(rng, DType::F32, {T, s.Hv, s.dv}));
+  DevT dm = upload(gpu, random_t(rng, DType::F32, {T, C}));
+  DevT dz = upload(gpu, random_t(rng, DType::F32, {T, s.Hv, s.dv}));
   DevT da = upload(gpu, random_t(rng, DType::F32, {T, s.Hv})), db = upload(gpu, random_t(rng, DType::F32, {T, s.Hv}));
   DevT dout = upload(gpu, HostT(DType::F32, {T, s.Hv, s.dv}));
   std::vector<SeqRun> runs;
@@ -399,7 +401,8 @@ TEST_F(CudaDeltaNet, ReadonlyOpsMatchCpuAndLeaveStateAlone) {
     cpu::gated_delta_rule_readonly(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, st.t, runs, want.t);
     DevT dq = upload(*gpu_, in.q), dk = upload(*gpu_, in.k), dv = upload(*gpu_, in.v), dg = upload(*gpu_, in.g),
          db = upload(*gpu_, in.beta), dst = upload(*gpu_, st), dstp = upload(*gpu_, st);
-    DevT dout = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d})), doutp = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+    DevT dout = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+    DevT doutp = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
     gpu_->gated_delta_rule_readonly(dq.t, dk.t, dv.t, dg.t, db.t, dst.t, runs, dout.t);
     gpu_->gated_delta_rule(dq.t, dk.t, dv.t, dg.t, db.t, dstp.t, runs, doutp.t, DeltaRuleMode::Recurrent);
     const std::vector<float> got = download(*gpu_, dout.t);

@@ -258,7 +258,10 @@ __device__ __forceinline__ void sum_row_groups(float (&x)[4], float (*red)[kDecC
     for (int c = 0; c < 4; ++c) red[warp][4 * cg + c] = x[c];
   __syncthreads();
 #pragma unroll
-  for (int c = 0; c < 4; ++c) x[c] = (red[0][4 * cg + c] + red[1][4 * cg + c]) + (red[2][4 * cg + c] + red[3][4 * cg + c]);
+  for (int c = 0; c < 4; ++c) {
+    const int j = 4 * cg + c;
+    x[c] = (red[0][j] + red[1][j]) + (red[2][j] + red[3][j]);
+  }
 }
 
 // grid (T, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
