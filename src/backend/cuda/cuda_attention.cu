@@ -442,12 +442,12 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   // graph has runs of one token, so it never takes this path and needs no host tables).
   // Exact mode (CudaOptions::exact_matmul, for reference checks) keeps f32/bf16 attention in
   // f32 (CUDA-core kernel); quantised caches then use the tensor-core decode kernel, whose
-  // split products are f32-accurate, for every run it can take.
+  // split products are f32-accurate, for every run it can take (G ≤ 8; else flash).
   const bool tc_ok = caches_aligned && attention_decode_tc_supported(kind, hd, G) && (quant || !c.exact_matmul);
   const bool core_ok = !quant && G <= kMaxGroup && hd <= 256;
   const bool decode_ok = tc_ok || core_ok;
   const bool flash_ok = flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
-                        caches_aligned && !(c.exact_matmul && decode_ok);
+                        caches_aligned && !(c.exact_matmul && (decode_ok || !quant));
   std::vector<const SeqRun*> flash_runs;
   int64_t decode_tokens = 0;
   for (const SeqRun& r : runs) {
