@@ -24,8 +24,8 @@
 // launched programmatically dependent: it loads its state slice while (1) finishes.
 #include <algorithm>
 #include <climits>
-#include <initializer_list>
 #include <cmath>
+#include <initializer_list>
 
 #include "backend/cuda/cuda_ops.cuh"
 
