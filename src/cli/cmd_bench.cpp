@@ -285,7 +285,7 @@ void run_bench(const BenchOptions& o) {
         experts = double(c.n_layers) * E * (1 - std::pow(1 - k / E, double(B))) * cost.expert_bytes;
       }
       const double ctx = double(o.depth) + double(n + 1) / 2;
-      const double kv = double(B) * double(n_attn) * 2 * ctx * double(c.n_kv_heads * c.head_dim) * double(dtype_row_bytes(kv_type, 1));
+      const double kv = double(B) * double(n_attn) * ctx * double(ModelState::kv_bytes_per_position(c, kv_type));
       const double st = double(B) * double(n_delta) * 2 *
                         double(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim + c.conv_dim() * (c.conv_kernel - 1)) * 4;
       const double bytes = cost.layer_bytes_dense + experts + cost.head_bytes + kv + st;

@@ -86,7 +86,7 @@ std::vector<int32_t> read_i32_file(const std::string& path) {
 }
 
 void add_cache_type_options(CLI::App* cmd, CacheTypes& t) {
-  cmd->add_option("--cache-type-k", t.k, "KV cache type for K (alias -ctk): auto (bf16 on cuda, f32 on cpu), f32, bf16")
+  cmd->add_option("--cache-type-k", t.k, "KV cache type for K (alias -ctk): auto (bf16 on cuda, f32 on cpu), f32, bf16, fp8, q8_0, q4_0")
       ->capture_default_str();
   cmd->add_option("--cache-type-v", t.v, "KV cache type for V (alias -ctv), as --cache-type-k")->capture_default_str();
 }

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "model/state.h"
 
 namespace qwen36 {
 
@@ -24,7 +25,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   MemoryPlan p;
   int64_t attn_layers = 0, dn_layers = 0;
   for (LayerKind k : c.layer_kinds) (k == LayerKind::FullAttention ? attn_layers : dn_layers) += 1;
-  const size_t kv_row = size_t(c.n_kv_heads * c.head_dim) * dtype_row_bytes(r.kv_type, 1) * 2;  // K and V
+  const size_t kv_row = ModelState::kv_bytes_per_position(c, r.kv_type);  // K and V of one layer
   p.kv = kv_row * size_t(r.ctx) * size_t(r.slots) * size_t(attn_layers + (r.mtp ? 1 : 0));
   const size_t per_dn = (size_t(c.conv_dim() * (c.conv_kernel - 1)) +
                          size_t(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim)) * sizeof(float);
