@@ -55,6 +55,31 @@ __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, 
   }
 }
 
+// Short rows (the per-head norms: q/k over head_dim, the DeltaNet output over dv; D ≤ 512):
+// a warp per row, 8 rows per block. A block per row would be a 32-thread block each, ~200k
+// of them in a 4096-token prefill, and the block scheduler, not memory, sets the pace.
+constexpr int kRowsPerBlock = 8;
+template <bool Gated>
+__global__ void rms_norm_rows_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D,
+                                     int64_t R) {
+  griddep_trigger();
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  const float* xr = x + row * D;
+  float ss = 0;
+  for (int64_t i = lane; i < D; i += 32) ss += xr[i] * xr[i];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+  float* o = out + row * D;
+  for (int64_t i = lane; i < D; i += 32) {
+    if constexpr (Gated)
+      o[i] = w[i] * (xr[i] * inv) * silu_f(z[row * D + i]);
+    else
+      o[i] = xr[i] * inv * w[i];
+  }
+}
+
 // y += delta, then out = rms_norm(y) · w: the residual add and the next layer's norm read
 // the stream once.
 __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w, float eps, float* out,
@@ -72,6 +97,40 @@ __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w
   const float inv = 1.0f / sqrtf(ss / float(D) + eps);
   float* o = out + int64_t(blockIdx.x) * D;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = yr[i] * inv * w[i];
+}
+
+// The same with each thread's share of the row held in registers as float4 (D % 4 == 0,
+// D ≤ 4 · kVec · blockDim): one read of y and delta, one write of y and out, no second pass
+// over memory — in decode this kernel is pure latency, once per layer and half-layer.
+constexpr int kVec = 4;
+__global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const float4* w, float eps, float4* out,
+                                        int64_t D4) {
+  griddep_trigger();
+  float4* yr = y + int64_t(blockIdx.x) * D4;
+  const float4* dr = delta + int64_t(blockIdx.x) * D4;
+  float4 v[kVec];
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    if (i < D4) {
+      const float4 a = yr[i], b = dr[i];
+      v[j] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      yr[i] = v[j];
+      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(4 * D4) + eps);
+  float4* o = out + int64_t(blockIdx.x) * D4;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    if (i < D4) {
+      const float4 g = w[i];
+      o[i] = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z, v[j].w * inv * g.w);
+    }
+  }
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
@@ -160,8 +219,12 @@ void rms_norm(Ctx& c, const Tensor& x, const Tensor& w, float eps, Tensor& out) 
   check_same(x, out, "rms_norm");
   QWEN36_CHECK(x.numel() % D == 0, "rms_norm: {} is not rows of {}", x.shape_str(), D);
   if (R == 0) return;
-  rms_norm_kernel<false><<<unsigned(R), norm_threads(D), 0, c.stream>>>(x.as<const float>(), nullptr,
-                                                                         w.as<const float>(), eps, out.as<float>(), D);
+  if (D <= 512 && R > 1)
+    rms_norm_rows_kernel<false><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, c.stream>>>(
+        x.as<const float>(), nullptr, w.as<const float>(), eps, out.as<float>(), D, R);
+  else
+    rms_norm_kernel<false><<<unsigned(R), norm_threads(D), 0, c.stream>>>(x.as<const float>(), nullptr,
+                                                                           w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -171,8 +234,12 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
   check_same(x, z, "gated_rms_norm gate");
   check_same(x, out, "gated_rms_norm");
   if (R == 0) return;
-  rms_norm_kernel<true><<<unsigned(R), norm_threads(D), 0, c.stream>>>(
-      x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+  if (D <= 512 && R > 1)
+    rms_norm_rows_kernel<true><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, c.stream>>>(
+        x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D, R);
+  else
+    rms_norm_kernel<true><<<unsigned(R), norm_threads(D), 0, c.stream>>>(
+        x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -185,8 +252,16 @@ void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float
   check_same(y, out, "add_rms_norm");
   QWEN36_CHECK(y.numel() == R * D, "add_rms_norm: {} is not rows of {}", y.shape_str(), D);
   if (R == 0) return;
-  add_rms_norm_kernel<<<unsigned(R), norm_threads(D), 0, c.stream>>>(y.as<float>(), delta.as<const float>(),
-                                                                     w.as<const float>(), eps, out.as<float>(), D);
+  const bool aligned = (reinterpret_cast<uintptr_t>(y.data) | reinterpret_cast<uintptr_t>(delta.data) |
+                        reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(out.data)) % 16 == 0;
+  const int64_t D4 = D / 4;
+  const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
+  if (D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec)
+    add_rms_norm_vec_kernel<<<unsigned(R), threads, 0, c.stream>>>(y.as<float4>(), delta.as<const float4>(),
+                                                                   w.as<const float4>(), eps, out.as<float4>(), D4);
+  else
+    add_rms_norm_kernel<<<unsigned(R), norm_threads(D), 0, c.stream>>>(y.as<float>(), delta.as<const float>(),
+                                                                       w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
