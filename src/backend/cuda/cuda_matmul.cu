@@ -1,12 +1,17 @@
 // out[T, N] = x[T, K] · w[N, K]ᵀ on the GPU for bf16 / f16 / f32 weights.
 //
-//  - T ≤ 8 (decode): a memory-bound GEMV. One warp per weight row; each lane streams 16-byte
-//    weight vectors (8 bf16/f16) with several loads in flight, dots them with the f32
-//    activations (L1-resident) and the warp reduces. f32 accumulation, activations stay f32.
+//  - T ≤ 8 (decode): a memory-bound GEMV. T = 1 (and f32 weights, and matrices of few rows):
+//    one warp per weight row; each lane streams 16-byte weight vectors (8 bf16/f16) with
+//    several loads in flight, dots them with the f32 activations (L1-resident) and the warp
+//    reduces. 2 ≤ T ≤ 8 with bf16/f16 weights: the "tile" kernels, where a block's warps sweep
+//    K together over chunks of x staged in shared memory and each warp dots 4 rows at once
+//    (x read once per 4 rows, not once per row from L1). f32 accumulation, activations stay f32.
 //  - T > 8 (prefill): cuBLAS tensor-core GEMM. The f32 activations are ROUNDED to the weight
 //    type (bf16 or f16) first, the product accumulates in f32 and is written in f32.
 //    f32 weights use cublasSgemm. With CudaOptions::exact_matmul, a plain SIMT GEMM with f32
 //    activations is used instead (reference checks).
+#include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -218,6 +223,237 @@ void with_batch(int T, F&& f) {
   }
 }
 
+// ---- batched decode, 2 ≤ T ≤ 8, bf16 / f16 weights: activation chunks in shared memory ----
+// Dotting every 16-byte weight vector with T activation rows straight from L1 (lane_dot) costs
+// T·32 bytes of L1 reads per 16 weight bytes, and a row-per-warp grid re-reads all of x once
+// per row: at T = 8 that bounds the kernel far below DRAM speed. Here the warps of a block
+// sweep K together in chunks: a chunk of x (all T rows) is copied into shared memory once per
+// block (cp.async, double-buffered, the next chunk in flight while this one is used), and each
+// warp dots kTileRows weight rows with it, so each activation value read from shared memory
+// serves kTileRows rows. The chunk is stored split into the low and high float4 of each 8-wide
+// position, so a warp's read of one half is 512 contiguous bytes (no bank conflicts) while the
+// weights keep their 16-byte loads. Weight loads run kTileAhead steps ahead in registers and
+// are issued before griddep_wait(); the activations are read only after it.
+constexpr int kTileRows = 4;      // weight rows per warp (the x reuse factor)
+constexpr int kTileMaxWarps = 8;  // warps per block at most (the launch picks 1..8)
+constexpr int kTileAhead = 2;     // 32-lane steps of weight loads in flight per row
+
+template <int T>
+struct TileChunk {
+  // Activations per chunk: T · KC = 4096 floats at most (16 KB a buffer, two buffers).
+  static constexpr int KC = T <= 2 ? 2048 : T <= 4 ? 1024 : 512;
+  static constexpr int PC = KC / 8;            // 8-wide positions per chunk
+  static constexpr int J = PC / 32;            // warp steps per chunk
+  static constexpr int kBuf = T * 2 * PC;      // float4s per buffer: [t][half][position]
+  static_assert(J % kTileAhead == 0, "a chunk must hold whole rounds of the weight ring");
+};
+
+__device__ __forceinline__ void tile_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void tile_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void tile_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Chunk c of x[T, K] into buf (all threads of the block): float4 v of row t, elements
+// c·KC + 4v .. +3, goes to buf[(t·2 + v % 2)·PC + v / 2]. Positions past K are left unwritten
+// (tile_dot never reads them).
+template <int T>
+__device__ __forceinline__ void tile_fill(float4* buf, const float* __restrict__ x, int K, int c) {
+  using C = TileChunk<T>;
+  constexpr int per_t = C::KC / 4;
+  const int e0 = c * C::KC;
+  for (int q = threadIdx.x; q < T * per_t; q += blockDim.x) {
+    const int t = q / per_t, v = q % per_t, e = e0 + 4 * v;
+    if (e < K) tile_cp_async16(buf + (t * 2 + (v & 1)) * C::PC + (v >> 1), x + size_t(t) * K + e);
+  }
+}
+
+// 4 consecutive weights (two 32-bit words of a 16-byte vector) as f32.
+template <typename W>
+__device__ __forceinline__ void tile_unpack4(uint32_t a, uint32_t b, float (&f)[4]) {
+  if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+    f[0] = __uint_as_float(a << 16), f[1] = __uint_as_float(a & 0xffff0000u);
+    f[2] = __uint_as_float(b << 16), f[3] = __uint_as_float(b & 0xffff0000u);
+  } else {
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&a));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&b));
+    f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
+  }
+}
+
+// This lane's share of Σ_k w_r[k] · x[t, k] for the warp's RR weight rows wr[r] (valid row
+// pointers; the caller reduces over the warp). Called by every thread of the block (it
+// synchronises the block once per chunk); K % 8 == 0, x 16-byte aligned.
+template <typename W, int T, int RR>
+__device__ __forceinline__ void tile_dot(const W* const (&wr)[RR], const float* __restrict__ x, int K, float4* xs,
+                                         float (&acc)[RR][T]) {
+  using C = TileChunk<T>;
+  const int lane = threadIdx.x & 31, K8 = K / 8, chunks = (K8 + C::PC - 1) / C::PC;
+  uint4 wv[kTileAhead][RR] = {};
+#pragma unroll
+  for (int u = 0; u < kTileAhead; ++u)
+    if (u * 32 + lane < K8) {
+#pragma unroll
+      for (int r = 0; r < RR; ++r) wv[u][r] = __ldcs(reinterpret_cast<const uint4*>(wr[r] + size_t(u * 32 + lane) * 8));
+    }
+  griddep_wait();
+  tile_fill<T>(xs, x, K, 0);
+  tile_cp_async_commit();
+  for (int c = 0; c < chunks; ++c) {
+    // Chunk c has landed for everyone, and everyone is done with chunk c - 1's buffer.
+    tile_cp_async_wait_all();
+    __syncthreads();
+    if (c + 1 < chunks) tile_fill<T>(xs + ((c + 1) & 1) * C::kBuf, x, K, c + 1);
+    tile_cp_async_commit();
+    const float4* xb = xs + (c & 1) * C::kBuf;
+#pragma unroll
+    for (int j = 0; j < C::J; ++j) {
+      uint4(&v)[RR] = wv[j % kTileAhead];  // global step c·J + j; J is a multiple of kTileAhead
+      const int p = (c * C::J + j) * 32 + lane;
+      if (p < K8) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float f[RR][4];
+#pragma unroll
+          for (int r = 0; r < RR; ++r) tile_unpack4<W>(h ? v[r].z : v[r].x, h ? v[r].w : v[r].y, f[r]);
+#pragma unroll
+          for (int t = 0; t < T; ++t) {
+            const float4 xv = xb[(t * 2 + h) * C::PC + j * 32 + lane];
+#pragma unroll
+            for (int r = 0; r < RR; ++r)
+              acc[r][t] = fmaf(f[r][3], xv.w, fmaf(f[r][2], xv.z, fmaf(f[r][1], xv.y, fmaf(f[r][0], xv.x, acc[r][t]))));
+          }
+        }
+      }
+      const int pn = p + 32 * kTileAhead;
+      if (pn < K8) {
+#pragma unroll
+        for (int r = 0; r < RR; ++r) v[r] = __ldcs(reinterpret_cast<const uint4*>(wr[r] + size_t(pn) * 8));
+      }
+    }
+  }
+}
+
+// out[T, N] = x · wᵀ, kTileRows consecutive rows per warp.
+template <typename W, int T>
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+    gemv_tile_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
+  __shared__ float4 xs[2 * TileChunk<T>::kBuf];
+  griddep_trigger();
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kTileRows;
+  const W* wr[kTileRows];
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r) wr[r] = w + size_t(min(row0 + r, N - 1)) * size_t(K);  // past N: a dummy
+  float acc[kTileRows][T] = {};
+  tile_dot<W, T, kTileRows>(wr, x, K, xs, acc);
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float s = warp_sum(acc[r][t]);
+      if (lane == 0 && row0 + r < N) out[size_t(t) * N + row0 + r] = s;
+    }
+}
+
+// A row of a MultiRows index space: its matrix's weights and output, row count and local row
+// (compile-time indices only, as in gemv_multi_kernel).
+struct MultiRow {
+  const void* w;
+  float* out;
+  int N, local;
+};
+__device__ __forceinline__ MultiRow multi_row(const MultiRows& m, int row) {
+  MultiRow r{m.w[0], m.out[0], m.end[0], row};
+#pragma unroll
+  for (int i = 1; i < kMaxMulti; ++i)
+    if (i < m.n && row >= m.end[i - 1]) r = MultiRow{m.w[i], m.out[i], m.end[i] - m.end[i - 1], row - m.end[i - 1]};
+  return r;
+}
+
+template <typename W, int T>
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+    gemv_multi_tile_kernel(MultiRows m, const float* __restrict__ x, int K) {
+  __shared__ float4 xs[2 * TileChunk<T>::kBuf];
+  griddep_trigger();
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kTileRows;
+  const W* wr[kTileRows];
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r) {
+    const MultiRow mr = multi_row(m, min(row0 + r, m.total - 1));
+    wr[r] = static_cast<const W*>(mr.w) + size_t(mr.local) * size_t(K);
+  }
+  float acc[kTileRows][T] = {};
+  tile_dot<W, T, kTileRows>(wr, x, K, xs, acc);
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r) {
+    const MultiRow mr = multi_row(m, row0 + r);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float s = warp_sum(acc[r][t]);
+      if (lane == 0 && row0 + r < m.total) mr.out[size_t(t) * mr.N + mr.local] = s;
+    }
+  }
+}
+
+// SwiGLU: kTileRows / 2 output rows per warp, each a gate and an up row.
+template <typename W, int T>
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+    gemv_swiglu_tile_kernel(const W* __restrict__ wg, const W* __restrict__ wu, const float* __restrict__ x,
+                            float* __restrict__ out, int N, int K) {
+  constexpr int R = kTileRows / 2;
+  __shared__ float4 xs[2 * TileChunk<T>::kBuf];
+  griddep_trigger();
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  const W* wr[kTileRows];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t off = size_t(min(row0 + r, N - 1)) * size_t(K);
+    wr[2 * r] = wg + off, wr[2 * r + 1] = wu + off;
+  }
+  float acc[kTileRows][T] = {};
+  tile_dot<W, T, kTileRows>(wr, x, K, xs, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float g = warp_sum(acc[2 * r][t]), u = warp_sum(acc[2 * r + 1][t]);
+      if (lane == 0 && row0 + r < N) out[size_t(t) * N + row0 + r] = silu_f(g) * u;
+    }
+}
+
+// The tile kernels take bf16 / f16 weights, 2 ≤ T ≤ 8 and K % 8 == 0 (f32 weights and T = 1
+// stay on the warp-per-row kernels).
+template <typename W>
+constexpr bool tile_weight() {
+  return std::is_same_v<W, __nv_bfloat16> || std::is_same_v<W, __half>;
+}
+
+int gemv_sm_count() {
+  static int cache[16] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  int& n = cache[dev & 15];
+  if (n == 0) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// Warps per block for `tasks` warp tasks (kTileRows weight rows each). More warps per block
+// share each chunk of x among more rows (less L2 traffic for the copies, fewer barriers per
+// row); but a block sweeps K as one, so a matrix too small for two 8-warp blocks per SM gets
+// smaller blocks, about two per SM, rather than leaving SMs idle. QWEN36_GEMV_TILE_WARPS=1..8
+// overrides (tuning; read per launch, so a test can sweep it).
+int tile_warps(int64_t tasks) {
+  if (const char* e = std::getenv("QWEN36_GEMV_TILE_WARPS"); e && *e)
+    return std::clamp(std::atoi(e), 1, kTileMaxWarps);
+  const int64_t two_per_sm = 2 * int64_t(gemv_sm_count());
+  return int(std::clamp<int64_t>((tasks + two_per_sm - 1) / two_per_sm, 1, kTileMaxWarps));
+}
+
 // Few rows (N ≤ Ctx::gemv_split_rows, K % 8 == 0): one block per weight row, its 8 warps split K, so
 // that a small matrix (DeltaNet's a/b projections, k/v projections, MoE router and shared
 // expert) still spreads over every SM with several loads in flight.
@@ -267,6 +503,19 @@ void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N
   const bool split = N <= c.gemv_split_rows && K % 8 == 0;
   const dim3 grid(unsigned(split ? N : gemv_blocks(N))), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
+  if constexpr (tile_weight<W>()) {
+    if (T >= 2 && !split && K % 8 == 0) {
+      const int64_t tasks = (int64_t(N) + kTileRows - 1) / kTileRows;
+      const int warps = tile_warps(tasks);
+      const dim3 tgrid(unsigned((tasks + warps - 1) / warps)), tblock(unsigned(warps * 32));
+      with_batch(T, [&](auto tc) {
+        if constexpr (tc.value >= 2)
+          launch_pdl(gemv_tile_kernel<W, tc.value>, tgrid, tblock, 0, c.stream, wp, x, out, N, K);
+      });
+      CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
   with_batch(T, [&](auto tc) {
     if (split)
       launch_pdl(gemv_split_kernel<W, tc.value>, grid, block, 0, c.stream, wp, x, out, N, K);
@@ -349,6 +598,18 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const dim3 grid(unsigned(gemv_blocks(rows))), block(kGemvWarps * 32);
   with_weight_type(ws[0]->dtype, [&](auto wt) {
     using W = decltype(wt);
+    if constexpr (tile_weight<W>()) {
+      if (T >= 2) {
+        const int64_t tasks = (rows + kTileRows - 1) / kTileRows;
+        const int warps = tile_warps(tasks);
+        const dim3 tgrid(unsigned((tasks + warps - 1) / warps)), tblock(unsigned(warps * 32));
+        with_batch(int(T), [&](auto tc) {
+          if constexpr (tc.value >= 2)
+            launch_pdl(gemv_multi_tile_kernel<W, tc.value>, tgrid, tblock, 0, c.stream, m, x.as<const float>(), int(K));
+        });
+        return;
+      }
+    }
     with_batch(int(T), [&](auto tc) {
       launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
     });
@@ -366,6 +627,19 @@ bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up
   const dim3 grid(unsigned(gemv_blocks(N))), block(kGemvWarps * 32);
   with_weight_type(gate.dtype, [&](auto wt) {
     using W = decltype(wt);
+    if constexpr (tile_weight<W>()) {
+      if (T >= 2) {
+        const int64_t tasks = (N + kTileRows / 2 - 1) / (kTileRows / 2);
+        const int warps = tile_warps(tasks);
+        const dim3 tgrid(unsigned((tasks + warps - 1) / warps)), tblock(unsigned(warps * 32));
+        with_batch(int(T), [&](auto tc) {
+          if constexpr (tc.value >= 2)
+            launch_pdl(gemv_swiglu_tile_kernel<W, tc.value>, tgrid, tblock, 0, c.stream, gate.as<const W>(),
+                       up.as<const W>(), x.as<const float>(), out.as<float>(), int(N), int(K));
+        });
+        return;
+      }
+    }
     with_batch(int(T), [&](auto tc) {
       launch_pdl(gemv_swiglu_kernel<W, tc.value>, grid, block, 0, c.stream, gate.as<const W>(), up.as<const W>(),
                  x.as<const float>(), out.as<float>(), int(N), int(K));
