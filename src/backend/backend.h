@@ -97,6 +97,12 @@ class Backend {
     matmul(x, up, up_out);
     swiglu(gate_out, up_out, gate_out);
   }
+  // out = down · (silu(x · gateᵀ) * (x · upᵀ)): the whole MLP. gate_out and up_out are scratch
+  // [T, I] that a fused implementation may leave untouched.
+  virtual void mlp(const Tensor& x, const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {
+    matmul_swiglu(x, m.gate_proj, m.up_proj, gate_out, up_out);
+    matmul(gate_out, m.down_proj, out);
+  }
   // y += delta; out = rms_norm(y, w, eps)   (the residual add and the next norm in one pass)
   virtual void add_rms_norm(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {
     add(y, delta);

@@ -201,8 +201,7 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
 void Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y) {
   const int64_t T = x.rows(), I = m.gate_proj.rows();
   Tensor gate = s.f32({T, I}), up = s.f32({T, I});
-  backend_.matmul_swiglu(x, m.gate_proj, m.up_proj, gate, up);
-  backend_.matmul(gate, m.down_proj, y);
+  backend_.mlp(x, m, gate, up, y);
 }
 
 void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y) {

@@ -288,6 +288,15 @@ TEST_F(CudaOps, FusedMatmulPrefillOverContiguousWeights) {
       DevT go = upload(*gpu_, HostT(DType::F32, {T, 100})), uo = upload(*gpu_, HostT(DType::F32, {T, 100}));
       gpu_->matmul_swiglu(dx.t, dg, du, go.t, uo.t);
       EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " swiglu";
+
+      // the whole MLP: the SwiGLU result enters the down GEMM in the 16-bit type, as the
+      // composed path's matmul would round it
+      HostT down = random_t(rng_, dt, {K, 100}), mw(DType::F32, {T, K});
+      cpu::matmul(gw.t, down.t, mw.t);
+      DevT ddown = upload(*gpu_, down), mo = upload(*gpu_, HostT(DType::F32, {T, K}));
+      MlpWeights m{dg, du, ddown.t};
+      gpu_->mlp(dx.t, m, go.t, uo.t, mo.t);
+      EXPECT_LE(rel_err(download(*gpu_, mo.t), mw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " mlp";
     }
 }
 

@@ -300,6 +300,15 @@ class CudaBackend final : public Backend {
     }
     Backend::matmul_swiglu(x, gate, up, gate_out, up_out);
   }
+  void mlp(const Tensor& x, const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) override {
+    {
+      Prof p_(*this, profile_ && x.rows() > 8 ? "mlp " + std::to_string(m.gate_proj.rows()) + "x" +
+                                                    std::to_string(m.gate_proj.cols())
+                                              : std::string());
+      if (cuda::mlp_prefill(ctx_, x, m, out)) return;
+    }
+    Backend::mlp(x, m, gate_out, up_out, out);
+  }
   void add_rms_norm(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) override {
     Prof p_(*this, "add_rms_norm");
     cuda::add_rms_norm(ctx_, y, delta, w, eps, out);

@@ -1,4 +1,4 @@
-// Prefill (T > 8) forms of the fused matmuls (Backend::matmul_multi, matmul_swiglu). The
+// Prefill (T > 8) forms of the fused matmuls (Backend::matmul_multi, matmul_swiglu, mlp). The
 // decode forms are GEMV kernels in cuda_matmul.cu.
 //
 // Weights of one group are stored back to back (prepare_weights uploads them in
@@ -29,14 +29,40 @@ bool contiguous_half(std::span<const Tensor* const> ws) {
 }
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]    (gu: [T, 2I] in the weights' 16-bit type)
-// (grid: x over columns, y over rows — no per-element division)
-template <typename H>
-__global__ void swiglu_halves_kernel(const H* __restrict__ gu, float* __restrict__ out, int64_t I, int64_t T) {
+// (grid: x over columns, y over rows — no per-element division). O: float, or the 16-bit
+// type itself when the result feeds the down projection's GEMM directly.
+__device__ __forceinline__ void store_as(float& d, float v) { d = v; }
+__device__ __forceinline__ void store_as(__nv_bfloat16& d, float v) { d = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_as(__half& d, float v) { d = __float2half_rn(v); }
+template <typename H, typename O>
+__global__ void swiglu_halves_kernel(const H* __restrict__ gu, O* __restrict__ out, int64_t I, int64_t T) {
   for (int64_t t = blockIdx.y; t < T; t += gridDim.y)
     for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < I; j += int64_t(gridDim.x) * blockDim.x) {
       const float g = to_f32(gu[t * 2 * I + j]), u = to_f32(gu[t * 2 * I + I + j]);
-      out[t * I + j] = silu_f(g) * u;
+      store_as(out[t * I + j], silu_f(g) * u);
     }
+}
+
+// gu [T, 2I] = x · [gate; up]ᵀ in the weights' 16-bit type (x rounded to it first).
+void gate_up_gemm(Ctx& c, const Tensor& x, const Tensor& gate, void* xh, void* gu) {
+  const int64_t K = gate.cols(), I = gate.rows(), T = x.numel() / K;
+  const bool bf = gate.dtype == DType::BF16;
+  round_activations(c, x.as<const float>(), xh, T * K, bf);
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
+  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(2 * I), int(T), int(K), &one, gate.data, dt,
+                            int(K), xh, dt, int(K), &zero, gu, dt, int(2 * I), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename O>
+void launch_swiglu_halves(Ctx& c, bool bf, const void* gu, O* out, int64_t I, int64_t T) {
+  const dim3 grid(unsigned(blocks_for(I, 256)), unsigned(std::min<int64_t>(T, 65535)));
+  if (bf)
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(gu), out, I, T);
+  else
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __half*>(gu), out, I, T);
+  CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -73,25 +99,33 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
   const int64_t K = gate.cols(), I = gate.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   if (T <= 8 || x.cols() != K || out.dtype != DType::F32 || out.numel() != T * I || 2 * I >= (int64_t(1) << 31))
     return false;
-  const bool bf = gate.dtype == DType::BF16;
   Temp<uint16_t> xh(c, size_t(T * K)), gu(c, size_t(T * 2 * I));
-  round_activations(c, x.as<const float>(), xh.get(), T * K, bf);
   // One GEMM over [gate; up] written in the 16-bit type (f32 accumulation): the SwiGLU reads
   // half the bytes an f32 product would need, and the values are rounded as the down
   // projection's input would be anyway.
-  const float one = 1.0f, zero = 0.0f;
-  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
-  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(2 * I), int(T), int(K), &one, gate.data, dt,
-                            int(K), xh.get(), dt, int(K), &zero, gu.get(), dt, int(2 * I), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
-  const dim3 grid(unsigned(blocks_for(I, 256)), unsigned(std::min<int64_t>(T, 65535)));
+  gate_up_gemm(c, x, gate, xh.get(), gu.get());
+  launch_swiglu_halves(c, gate.dtype == DType::BF16, gu.get(), out.as<float>(), I, T);
+  return true;
+}
+
+bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
+  const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
+  const Tensor& down = m.down_proj;
+  if (c.exact_matmul || x.dtype != DType::F32 || out.dtype != DType::F32 || m.gate_proj.empty() ||
+      !contiguous_half(ws) || m.up_proj.rows() != m.gate_proj.rows() || down.dtype != m.gate_proj.dtype)
+    return false;
+  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (T <= 8 || x.cols() != K || down.cols() != I || out.numel() != T * H || 2 * I >= (int64_t(1) << 31)) return false;
+  const bool bf = m.gate_proj.dtype == DType::BF16;
+  Temp<uint16_t> xh(c, size_t(T * K)), gu(c, size_t(T * 2 * I)), act(c, size_t(T * I));
+  gate_up_gemm(c, x, m.gate_proj, xh.get(), gu.get());
+  // The SwiGLU result goes to the down projection in its 16-bit type: what matmul() would
+  // round it to, without the f32 round trip through memory.
   if (bf)
-    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(reinterpret_cast<const __nv_bfloat16*>(gu.get()),
-                                                     out.as<float>(), I, T);
+    launch_swiglu_halves(c, true, gu.get(), reinterpret_cast<__nv_bfloat16*>(act.get()), I, T);
   else
-    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(reinterpret_cast<const __half*>(gu.get()), out.as<float>(), I,
-                                                     T);
-  CUDA_LAUNCH_CHECK();
+    launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T);
+  gemm_half(c, down.data, act.get(), bf, int(T), int(H), int(I), out.as<float>(), int(H));
   return true;
 }
 

@@ -250,6 +250,7 @@ bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, 
 // Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
+bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
