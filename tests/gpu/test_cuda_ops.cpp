@@ -528,5 +528,179 @@ TEST_F(CudaOps, MoeExpertsDecodeAndPrefillPaths) {
   }
 }
 
+// ---- batched decode GEMV (2 ≤ T ≤ 8, bf16/f16: the tile kernels of cuda_matmul.cu) ----
+// Shapes that leave a block's last warps without rows (N not a multiple of 4 or of the block's
+// rows), K with a partial last chunk and a partial last 32-lane step (K = 8: one lane; 264: one
+// step and a lane; 2056: chunk tails at every T), and the warps per block forced to 1, 3 and 16
+// besides the automatic choice. matmul_multi with a warp's 4 rows straddling matrices (301, 7,
+// 48, 1 rows) and matmul_swiglu over several chunks. f32 activations and f32 accumulation like
+// the warp-per-row kernel, only the summation order differs: 2e-5, as MatmulGemvDecode.
+TEST_F(CudaOps, GemvBatchedTileShapes) {
+  setenv("QWEN36_GEMV_SPLIT_ROWS", "0", 1);  // no split-K: every shape takes the tile kernel
+  auto gpu = make_cuda_backend();
+  unsetenv("QWEN36_GEMV_SPLIT_ROWS");
+  for (const char* warps : {"auto", "1", "3", "16"}) {
+    if (std::string(warps) != "auto") setenv("QWEN36_GEMV_TILE_WARPS", warps, 1);
+    for (DType dt : {DType::BF16, DType::F16})
+      for (int64_t T = 2; T <= 8; ++T) {
+        for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 8}, {37, 264}, {130, 2056}, {301, 5120}}) {
+          SCOPED_TRACE(std::string("warps=") + warps);
+          check_matmul(*gpu, rng_, {dt, T, N, K}, 2e-5);
+        }
+        const int64_t K = 2056;
+        HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu, x);
+        std::vector<HostT> w, want;
+        std::vector<DevT> dw, dout;
+        for (int64_t N : {301, 7, 48, 1}) {
+          w.push_back(random_t(rng_, dt, {N, K}));
+          want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, N});
+          cpu::matmul(x.t, w.back().t, want.back().t);
+          dw.push_back(upload(*gpu, w.back()));
+          dout.push_back(upload(*gpu, HostT(DType::F32, {T, N})));
+        }
+        const Tensor* ws[] = {&dw[0].t, &dw[1].t, &dw[2].t, &dw[3].t};
+        Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
+        gpu->matmul_multi(dx.t, ws, outs);
+        for (size_t i = 0; i < 4; ++i)
+          EXPECT_LE(rel_err(download(*gpu, dout[i].t), want[i].floats()), 2e-5)
+              << dtype_name(dt) << " T=" << T << " warps=" << warps << " multi matrix " << i;
+        HostT g = random_t(rng_, dt, {133, K}), u = random_t(rng_, dt, {133, K});
+        HostT gw(DType::F32, {T, 133}), uw(DType::F32, {T, 133});
+        cpu::matmul(x.t, g.t, gw.t);
+        cpu::matmul(x.t, u.t, uw.t);
+        cpu::swiglu(gw.t, uw.t, gw.t);
+        DevT dg = upload(*gpu, g), du = upload(*gpu, u), go = upload(*gpu, HostT(DType::F32, {T, 133})),
+             uo = upload(*gpu, HostT(DType::F32, {T, 133}));
+        gpu->matmul_swiglu(dx.t, dg.t, du.t, go.t, uo.t);
+        EXPECT_LE(rel_err(download(*gpu, go.t), gw.floats()), 2e-5)
+            << dtype_name(dt) << " T=" << T << " warps=" << warps << " swiglu";
+      }
+    unsetenv("QWEN36_GEMV_TILE_WARPS");
+  }
+}
+
+// Batched decode GEMV bandwidth with the weights not in L2 (rotating over copies adding up to
+// > 256 MB, as GemvBandwidthColdL2) for the 27B's three large shapes at T = 1, 2, 4, 8, then
+// T = 8 with the warps per block forced (tuning data for tile_warps), then the fused forms
+// (the MLP's gate/up SwiGLU, the DeltaNet projections' multi) at T = 1 and 8. Printed; each
+// run's output spot-checked against the CPU at 2e-5 of the largest checked magnitude (f32
+// accumulation, as GemvBatchedTileShapes).
+TEST_F(CudaOps, GemvBatchedBandwidthColdL2) {
+  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
+  // Σ_k w[n, k] · x[t, k] in double.
+  auto dot = [](const HostT& w, int64_t n, const HostT& x, int64_t t) {
+    std::vector<float> row(static_cast<size_t>(w.t.cols()));
+    cpu::weight_row_to_f32(w.t, n, row.data());
+    double s = 0;
+    for (int64_t k = 0; k < w.t.cols(); ++k) s += double(row[size_t(k)]) * x.t.as<const float>()[t * w.t.cols() + k];
+    return s;
+  };
+  // Times step(i) rotating over the copies i and prints the weight bandwidth.
+  auto time_steps = [&](int copies, auto&& step, double bytes, const std::string& what) {
+    for (int i = 0; i < copies; ++i) step(i);
+    const int reps = 30 * copies;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) step(r % copies);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    const double gbs = bytes / s / 1e9;
+    std::printf("[ gemv-batch ] %s: %.1f us, %.0f GB/s = %.1f%% of copy %.0f GB/s\n", what.c_str(), s * 1e6, gbs,
+                100 * gbs / copy, copy);
+  };
+  auto copies_for = [](double bytes) { return int(std::max<double>(2, double(256ll << 20) / bytes + 1)); };
+
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}}) {
+    HostT w = random_t(rng_, DType::BF16, {N, K});
+    const int copies = copies_for(double(w.t.nbytes()));
+    std::vector<DevT> dw;
+    for (int i = 0; i < copies; ++i) dw.push_back(upload(*gpu_, w));
+    std::vector<std::pair<int64_t, std::string>> runs;
+    for (int64_t T : {1, 2, 4, 8}) runs.emplace_back(T, "auto");
+    for (const char* warps : {"3", "4", "5", "6", "8", "10", "12", "16"}) runs.emplace_back(8, warps);
+    for (const auto& [T, warps] : runs) {
+      if (warps != "auto") setenv("QWEN36_GEMV_TILE_WARPS", warps.c_str(), 1);
+      HostT x = random_t(rng_, DType::F32, {T, K});
+      DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+      const std::string what = "bf16 " + std::to_string(N) + " x " + std::to_string(K) + " T=" + std::to_string(T) +
+                               (T > 1 ? " warps=" + warps : std::string());
+      time_steps(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); }, double(w.t.nbytes()), what);
+      unsetenv("QWEN36_GEMV_TILE_WARPS");
+      const std::vector<float> got = download(*gpu_, dout.t);
+      double worst = 0, scale = 1;
+      int64_t worst_t = 0, worst_n = 0;
+      for (int64_t n = 0; n < N; n += 997)
+        for (int64_t t = 0; t < T; ++t) {
+          const double want = dot(w, n, x, t), d = std::abs(double(got[size_t(t * N + n)]) - want);
+          scale = std::max(scale, std::abs(want));
+          if (!(d <= worst)) worst = d, worst_t = t, worst_n = n;
+        }
+      EXPECT_LE(worst / scale, 2e-5) << what << ": worst at t=" << worst_t << " row " << worst_n;
+    }
+  }
+
+  // MLP gate/up + SwiGLU (17408 x 5120 twice) and the DeltaNet projections as one multi.
+  const int64_t K = 5120, I = 17408;
+  HostT g = random_t(rng_, DType::BF16, {I, K}), u = random_t(rng_, DType::BF16, {I, K});
+  const std::vector<int64_t> rows{10240, 6144, 48, 48};
+  HostT wm = random_t(rng_, DType::BF16, {16480, K});
+  for (int64_t T : {1, 8}) {
+    HostT x = random_t(rng_, DType::F32, {T, K});
+    DevT dx = upload(*gpu_, x);
+    {
+      const int copies = copies_for(2.0 * double(g.t.nbytes()));
+      std::vector<DevT> dg, du;
+      for (int i = 0; i < copies; ++i) dg.push_back(upload(*gpu_, g)), du.push_back(upload(*gpu_, u));
+      DevT go = upload(*gpu_, HostT(DType::F32, {T, I})), uo = upload(*gpu_, HostT(DType::F32, {T, I}));
+      time_steps(copies, [&](int i) { gpu_->matmul_swiglu(dx.t, dg[size_t(i)].t, du[size_t(i)].t, go.t, uo.t); },
+                 2.0 * double(g.t.nbytes()), "swiglu bf16 2 x 17408 x 5120 T=" + std::to_string(T));
+      const std::vector<float> got = download(*gpu_, go.t);
+      double worst = 0, scale = 1;
+      for (int64_t n = 0; n < I; n += 997)
+        for (int64_t t = 0; t < T; ++t) {
+          const double gs = dot(g, n, x, t), want = gs / (1 + std::exp(-gs)) * dot(u, n, x, t);
+          scale = std::max(scale, std::abs(want));
+          worst = std::max(worst, std::abs(double(got[size_t(t * I + n)]) - want));
+        }
+      EXPECT_LE(worst / scale, 2e-5) << "swiglu T=" << T;
+    }
+    {
+      const int copies = copies_for(double(wm.t.nbytes()));
+      std::vector<DevT> dw;
+      for (int i = 0; i < copies; ++i) dw.push_back(upload(*gpu_, wm));
+      std::vector<DevT> dout;
+      for (int64_t n : rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+      auto step = [&](int i) {
+        std::vector<Tensor> ws;
+        int64_t r0 = 0;
+        for (int64_t n : rows) {
+          ws.emplace_back(static_cast<uint8_t*>(dw[size_t(i)].t.data) + size_t(r0 * K) * 2, DType::BF16,
+                          std::initializer_list<int64_t>{n, K});
+          r0 += n;
+        }
+        const Tensor* wp[] = {&ws[0], &ws[1], &ws[2], &ws[3]};
+        Tensor* op[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
+        gpu_->matmul_multi(dx.t, wp, op);
+      };
+      time_steps(copies, step, double(wm.t.nbytes()), "multi bf16 10240+6144+48+48 x 5120 T=" + std::to_string(T));
+      // rows of the last two matrices too: they share warps and blocks with the large ones
+      double worst = 0, scale = 1;
+      int64_t r0 = 0;
+      for (size_t j = 0; j < rows.size(); ++j) {
+        const std::vector<float> got = download(*gpu_, dout[j].t);
+        for (int64_t n = 0; n < rows[j]; n += (rows[j] > 100 ? 997 : 7))
+          for (int64_t t = 0; t < T; ++t) {
+            const double want = dot(wm, r0 + n, x, t);
+            scale = std::max(scale, std::abs(want));
+            worst = std::max(worst, std::abs(double(got[size_t(t * rows[j] + n)]) - want));
+          }
+        r0 += rows[j];
+      }
+      EXPECT_LE(worst / scale, 2e-5) << "multi T=" << T;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qwen36::gputest

@@ -234,17 +234,18 @@ void with_batch(int T, F&& f) {
 // position, so a warp's read of one half is 512 contiguous bytes (no bank conflicts) while the
 // weights keep their 16-byte loads. Weight loads run kTileAhead steps ahead in registers and
 // are issued before griddep_wait(); the activations are read only after it.
-constexpr int kTileRows = 4;      // weight rows per warp (the x reuse factor)
-constexpr int kTileMaxWarps = 8;  // warps per block at most (the launch picks 1..8)
-constexpr int kTileAhead = 2;     // 32-lane steps of weight loads in flight per row
+constexpr int kTileRows = 4;       // weight rows per warp (the x reuse factor)
+constexpr int kTileMaxWarps = 16;  // warps per block at most (128 registers a thread either way)
+constexpr int kTileAutoWarps = 8;  // the most tile_warps picks by itself
+constexpr int kTileAhead = 2;      // 32-lane steps of weight loads in flight per row
 
 template <int T>
 struct TileChunk {
   // Activations per chunk: T · KC = 4096 floats at most (16 KB a buffer, two buffers).
   static constexpr int KC = T <= 2 ? 2048 : T <= 4 ? 1024 : 512;
-  static constexpr int PC = KC / 8;            // 8-wide positions per chunk
-  static constexpr int J = PC / 32;            // warp steps per chunk
-  static constexpr int kBuf = T * 2 * PC;      // float4s per buffer: [t][half][position]
+  static constexpr int PC = KC / 8;        // 8-wide positions per chunk
+  static constexpr int J = PC / 32;        // warp steps per chunk
+  static constexpr int kBuf = T * 2 * PC;  // float4s per buffer: [t][half][position]
   static_assert(J % kTileAhead == 0, "a chunk must hold whole rounds of the weight ring");
 };
 
@@ -338,7 +339,7 @@ __device__ __forceinline__ void tile_dot(const W* const (&wr)[RR], const float* 
 
 // out[T, N] = x · wᵀ, kTileRows consecutive rows per warp.
 template <typename W, int T>
-__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 1)
     gemv_tile_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
   __shared__ float4 xs[2 * TileChunk<T>::kBuf];
   griddep_trigger();
@@ -374,7 +375,7 @@ __device__ __forceinline__ MultiRow multi_row(const MultiRows& m, int row) {
 }
 
 template <typename W, int T>
-__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 1)
     gemv_multi_tile_kernel(MultiRows m, const float* __restrict__ x, int K) {
   __shared__ float4 xs[2 * TileChunk<T>::kBuf];
   griddep_trigger();
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
 
 // SwiGLU: kTileRows / 2 output rows per warp, each a gate and an up row.
 template <typename W, int T>
-__global__ void __launch_bounds__(kTileMaxWarps * 32, 2)
+__global__ void __launch_bounds__(kTileMaxWarps * 32, 1)
     gemv_swiglu_tile_kernel(const W* __restrict__ wg, const W* __restrict__ wu, const float* __restrict__ x,
                             float* __restrict__ out, int N, int K) {
   constexpr int R = kTileRows / 2;
@@ -445,13 +446,13 @@ int gemv_sm_count() {
 // Warps per block for `tasks` warp tasks (kTileRows weight rows each). More warps per block
 // share each chunk of x among more rows (less L2 traffic for the copies, fewer barriers per
 // row); but a block sweeps K as one, so a matrix too small for two 8-warp blocks per SM gets
-// smaller blocks, about two per SM, rather than leaving SMs idle. QWEN36_GEMV_TILE_WARPS=1..8
+// smaller blocks, about two per SM, rather than leaving SMs idle. QWEN36_GEMV_TILE_WARPS=1..16
 // overrides (tuning; read per launch, so a test can sweep it).
 int tile_warps(int64_t tasks) {
   if (const char* e = std::getenv("QWEN36_GEMV_TILE_WARPS"); e && *e)
     return std::clamp(std::atoi(e), 1, kTileMaxWarps);
   const int64_t two_per_sm = 2 * int64_t(gemv_sm_count());
-  return int(std::clamp<int64_t>((tasks + two_per_sm - 1) / two_per_sm, 1, kTileMaxWarps));
+  return int(std::clamp<int64_t>((tasks + two_per_sm - 1) / two_per_sm, 1, kTileAutoWarps));
 }
 
 // Few rows (N ≤ Ctx::gemv_split_rows, K % 8 == 0): one block per weight row, its 8 warps split K, so
