@@ -286,7 +286,9 @@ class CudaBackend final : public Backend {
   void matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
     {
       Prof p_(*this, profile_ ? "matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols()) : std::string());
-      if (cuda::matmul_multi(ctx_, x, ws, outs) || cuda::matmul_multi_prefill(ctx_, x, ws, outs)) return;
+      if (cuda::matmul_multi(ctx_, x, ws, outs) || cuda::quant_matmul_multi(ctx_, x, ws, outs) ||
+          cuda::matmul_multi_prefill(ctx_, x, ws, outs))
+        return;
     }
     Backend::matmul_multi(x, ws, outs);
   }
@@ -295,7 +297,8 @@ class CudaBackend final : public Backend {
     {
       Prof p_(*this, profile_ ? "matmul_swiglu " + std::to_string(gate.rows()) + "x" + std::to_string(gate.cols())
                               : std::string());
-      if (cuda::matmul_swiglu(ctx_, x, gate, up, gate_out) || cuda::matmul_swiglu_prefill(ctx_, x, gate, up, gate_out))
+      if (cuda::matmul_swiglu(ctx_, x, gate, up, gate_out) || cuda::quant_matmul_swiglu(ctx_, x, gate, up, gate_out, up_out) ||
+          cuda::matmul_swiglu_prefill(ctx_, x, gate, up, gate_out))
         return;
     }
     Backend::matmul_swiglu(x, gate, up, gate_out, up_out);

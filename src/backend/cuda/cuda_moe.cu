@@ -23,11 +23,16 @@
 //  - otherwise (f32 weights, CudaOptions::exact_matmul, shapes not multiple of 8, unaligned
 //    weights): the same device grouping, the offsets come to the host once, and each expert
 //    with rows runs matmul (cuBLAS / SIMT per matmul's rules) on its slice.
+//  - block-quantized experts (GGUF Q4_K / Q6_K ...): decode by the int8 GEMV kernels of
+//    cuda_quant_matmul.cu over the routed pairs (quant_moe_decode: gate+up+SwiGLU, then down
+//    weighted, two launches); prefill by the grouped GEMM above on bf16 weights, the experts
+//    that received pairs dequantized per pass into a bounded scratch (run_prefill_quant).
 //  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -399,6 +404,11 @@ struct GemmArgs {
   const ExpertPtrs* table;
   void* out;                // gate+up: act [P, N] (T); down: y [P, N] (f32)
   int E, K, N, k, n_tiles;  // N: I (gate+up) or D (down); n_tiles per m-tile
+  // Quantized experts, one pass: only experts [e0, e1) run, their weights dequantized at
+  // scratch + (e - e0)·3·mat (gate, up, down at 0, mat, 2·mat). Without scratch: e0 = 0, e1 = E.
+  const void* scratch;
+  long long mat;
+  int e0, e1;
 };
 
 // Requires K % 8 == 0 and 16-byte aligned rows (chunks are all-in or all-out of K).
@@ -422,10 +432,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const Gem
       hi = mid;
   }
   const int e = lo;
+  if (e < g.e0 || e >= g.e1) return;  // another pass's expert
   const int row0 = g.off[e] + (mtile - g.tile_off[e]) * kBM;
   const int rows = min(kBM, g.off[e + 1] - row0);
   const int n0 = ntile * (kGateUp ? kBN / 2 : kBN);
-  const ExpertPtrs ep = g.table[e];
+  ExpertPtrs ep;
+  if (g.scratch) {
+    const T* w = static_cast<const T*>(g.scratch) + (long long)(e - g.e0) * 3 * g.mat;
+    ep = ExpertPtrs{w, w + g.mat, w + 2 * g.mat};
+  } else {
+    ep = g.table[e];
+  }
   const T* A = static_cast<const T*>(g.a);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
@@ -644,7 +661,8 @@ void run_prefill_mma(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& w
   // Every expert with n rows has ceil(n / kBM) ≤ n / kBM + 1 m-tiles, and at least one row each.
   const int64_t mtiles = std::min<int64_t>(s.P, s.P / kBM + s.E + 1);
   GemmArgs g{xb.get(), grp.row_pair, grp.off, grp.tile_off, table, act.get(),
-             int(s.E), int(s.D), int(s.I), int(s.k), int((s.I + kBN / 2 - 1) / (kBN / 2))};
+             int(s.E), int(s.D), int(s.I), int(s.k), int((s.I + kBN / 2 - 1) / (kBN / 2)),
+             nullptr, 0, 0, int(s.E)};
   QWEN36_CHECK(mtiles * std::max<int64_t>(g.n_tiles, (s.D + kBN - 1) / kBN) < (int64_t(1) << 31),
                "moe_experts: {} pairs are too many", s.P);
   allow_gemm_smem<T, true>();
@@ -658,6 +676,49 @@ void run_prefill_mma(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& w
   g.n_tiles = int((s.D + kBN - 1) / kBN);
   grouped_gemm_kernel<T, false><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
   CUDA_LAUNCH_CHECK();
+  combine(c, s, y.get(), grp, weights, out);
+}
+
+// Block-quantized experts, prefill: the tensor-core GEMMs above on bf16 weights, dequantized in
+// passes of experts into a scratch of at most QWEN36_MOE_DEQUANT_MB (default 512) MiB; only the
+// experts that received pairs are dequantized (the device grouping says which; no host sync),
+// and each pass's GEMM blocks skip the other experts. (All 256 experts of the 35B in bf16 would
+// take 1.5 GB.)
+void run_prefill_quant(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                       const ExpertPtrs* table, DType gate_up, DType down, Tensor& out) {
+  using T = __nv_bfloat16;
+  const Grouping grp(c, s, ids, kBM);
+  Temp<T> xb(c, size_t(s.T * s.D)), act(c, size_t(s.P * s.I));
+  Temp<float> y(c, size_t(s.P * s.D));
+  round_kernel<T><<<grid_stride_blocks(s.T * s.D), 256, 0, c.stream>>>(x.as<const float>(), xb.get(), s.T * s.D);
+  CUDA_LAUNCH_CHECK();
+  const int64_t mat = s.I * s.D;
+  int64_t budget_mb = 512;
+  if (const char* v = std::getenv("QWEN36_MOE_DEQUANT_MB"); v && std::atoll(v) > 0) budget_mb = std::atoll(v);
+  const int64_t per_pass = std::clamp<int64_t>((budget_mb << 20) / (3 * mat * int64_t(sizeof(T))), 1, s.E);
+  Temp<T> scratch(c, size_t(per_pass * 3 * mat));
+  const int64_t mtiles = std::min<int64_t>(s.P, s.P / kBM + s.E + 1);
+  const int gu_tiles = int((s.I + kBN / 2 - 1) / (kBN / 2)), down_tiles = int((s.D + kBN - 1) / kBN);
+  QWEN36_CHECK(mtiles * std::max(gu_tiles, down_tiles) < (int64_t(1) << 31), "moe_experts: {} pairs are too many", s.P);
+  allow_gemm_smem<T, true>();
+  allow_gemm_smem<T, false>();
+  const void* const* qt = reinterpret_cast<const void* const*>(table);
+  for (int64_t e0 = 0; e0 < s.E; e0 += per_pass) {
+    const int ne = int(std::min(per_pass, s.E - e0));
+    quant_dequant_experts(c, gate_up, qt, 0, 2, grp.off, int(e0), ne, s.I, s.D, scratch.get());
+    quant_dequant_experts(c, down, qt, 2, 1, grp.off, int(e0), ne, s.D, s.I, scratch.get());
+    GemmArgs g{xb.get(), grp.row_pair, grp.off, grp.tile_off, table, act.get(),
+               int(s.E), int(s.D), int(s.I), int(s.k), gu_tiles, scratch.get(), mat, int(e0), int(e0) + ne};
+    grouped_gemm_kernel<T, true><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
+    CUDA_LAUNCH_CHECK();
+    g.a = act.get();
+    g.out = y.get();
+    g.K = int(s.I);
+    g.N = int(s.D);
+    g.n_tiles = down_tiles;
+    grouped_gemm_kernel<T, false><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
+    CUDA_LAUNCH_CHECK();
+  }
   combine(c, s, y.get(), grp, weights, out);
 }
 
@@ -701,6 +762,48 @@ void run_prefill_matmul(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor
   combine(c, s, y.get(), grp, weights, out);
 }
 
+// Block-quantized experts (gate and up of one type, down of one type, e.g. Q4_K and Q6_K):
+// decode (T·k ≤ 64) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu), else
+// the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot
+// tile take the per-expert matmul.
+void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                       std::span<const MlpWeights> experts, Tensor& out) {
+  const int64_t D = x.cols(), T = x.rows(), k = ids.cols(), E = int64_t(experts.size()),
+                I = experts[0].gate_proj.rows();
+  const DType gu = experts[0].gate_proj.dtype, dn = experts[0].down_proj.dtype;
+  QWEN36_CHECK(quant_supported(gu) && quant_supported(dn), "moe_experts: weight dtypes {} / {} are not supported",
+               dtype_name(gu), dtype_name(dn));
+  QWEN36_CHECK(x.dtype == DType::F32 && aligned16(x.data), "moe_experts: x must be f32, 16-byte aligned");
+  for (const MlpWeights& m : experts) {
+    QWEN36_CHECK(m.gate_proj.dtype == gu && m.up_proj.dtype == gu && m.down_proj.dtype == dn &&
+                     m.gate_proj.rows() == I && m.gate_proj.cols() == D && m.up_proj.rows() == I &&
+                     m.up_proj.cols() == D && m.down_proj.rows() == D && m.down_proj.cols() == I,
+                 "moe_experts: experts must share their dtypes and shapes");
+    QWEN36_CHECK(aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data),
+                 "moe_experts: quantized expert weights must be 16-byte aligned");
+  }
+  if (T == 0) return;
+  const MoeShape s{T, D, I, E, k, T * k};
+  QWEN36_CHECK(s.P < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
+               "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
+  if (c.exact_matmul) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
+  const ExpertPtrs* table = expert_table(c, experts);
+  if (!table) return;  // recording, and the table is new: the recording is dropped anyway
+  if (s.P <= kMaxPairs && quant_moe_decode(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn,
+                                           E, I, out))
+    return;
+  if (D % 8 != 0 || I % 8 != 0) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
+  const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const MoeShape sc{n, D, I, E, k, n * k};
+    const Tensor xc(x.as<float>() + t0 * D, DType::F32, {n, D}), wc(weights.as<float>() + t0 * k, DType::F32, {n, k}),
+        ic(ids.as<int32_t>() + t0 * k, DType::I32, {n, k});
+    Tensor oc(out.as<float>() + t0 * D, DType::F32, {n, D});
+    run_prefill_quant(c, sc, xc, wc, ic, table, gu, dn, oc);
+  }
+}
+
 }  // namespace
 
 void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) {
@@ -724,6 +827,7 @@ void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& i
   const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
   QWEN36_CHECK(E <= kMaxExperts, "moe_experts: {} experts (CUDA supports ≤ {})", E, kMaxExperts);
   const DType dt = experts[0].gate_proj.dtype;
+  if (dtype_is_quantized(dt)) return moe_experts_quant(c, x, weights, ids, experts, out);
   check_weight_dtype(experts[0].gate_proj, "moe_experts");
   bool aligned = aligned16(x.data);
   for (const MlpWeights& m : experts) {

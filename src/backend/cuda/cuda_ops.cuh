@@ -243,6 +243,21 @@ void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
 void quant_embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
 // n weights of random blocks of type t at dst (std ≈ sigma, mean ≈ 0), on the default stream.
 void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed);
+// Fused decode forms for quantized weights (Backend::matmul_multi / matmul_swiglu, T ≤ 8):
+// false when not taken (the caller composes). multi: one launch per quantized type in ws, the
+// other matrices through matmul_multi / matmul. swiglu: up_out is scratch.
+bool quant_matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool quant_matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
+                         Tensor& up_out);
+// Quantized MoE experts, decode (moe_experts semantics; table: device [E][gate, up, down]
+// pointers, gate/up [I, D] of type gate_up, down [D, I] of type down): false when not taken.
+bool quant_moe_decode(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
+                      DType gate_up, DType down, int64_t E, int64_t I, Tensor& out);
+// MoE prefill: matrices kind0 .. kind0 + nkind - 1 (0 gate, 1 up, 2 down; rows x K, type t) of
+// experts e0 .. e0 + ne - 1 with pairs (off[e + 1] > off[e]) to bf16, expert slot es at
+// scratch + es·3·rows·K, kind κ at + κ·rows·K.
+void quant_dequant_experts(Ctx&, DType t, const void* const* table, int kind0, int nkind, const int32_t* off, int e0,
+                           int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);
 // Fused decode forms (Backend::matmul_multi / matmul_swiglu): false when the shapes or dtypes
 // are not ones the one-launch kernels handle; the caller then composes the plain ops.
 bool matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);

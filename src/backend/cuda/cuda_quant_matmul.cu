@@ -1,36 +1,36 @@
-// out[T, N] = x[T, K] · w[N, K]ᵀ for GGUF block-quantized weights, and embedding rows of such
-// tables. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (layouts: quant/blocks.h).
-// Every kernel reads blocks through the same per-type decoder (QType::decode, or decode2 for two
-// slices of a super-block): 32 weights ("a slice") as int8 lanes q with
-// y = scale · sc_h · (q − Z) + bias, h = which 16 of the 32.
+// out[T, N] = x[T, K] · w[N, K]ᵀ for GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q4_K, Q5_K, Q6_K, IQ4_XS; layouts: quant/blocks.h); its fused decode forms (matrices sharing
+// x; gate/up with the SwiGLU); the decode GEMVs of quantized MoE experts and their dequantization
+// for the prefill GEMM; embedding rows; random blocks for synthetic models.
 //
-//  - Decode (T ≤ 8, quant_gemv): memory-bound. One persistent block per SM owns a balanced range
-//    of rows; its warps split the range's (row, segment) steps evenly, so a row may be shared by
-//    two neighbouring warps whose partial sums meet in shared memory in a fixed order (no tail of
-//    idle SMs: 17408 rows over 132 × 32 warps would otherwise leave 18% of the last round idle).
-//    A segment is 2048 weights (8 super-blocks or 64 blocks); each warp streams its segments
-//    into a private 3-stage shared-memory ring with 16-byte cp.async (2 segments in flight per
-//    warp, ≥ 60 KB per SM). Loads never address the block stream lane by lane: Q6_K (210 B),
-//    Q8_0 (34 B) and IQ4_XS (136 B) blocks are not 16-byte aligned, and the ring makes every
-//    type stream with aligned 16-byte copies. Each lane then decodes two slices (sharing the
-//    loads of one super-block's bytes) and dots them with int8 activations (dp4a). The
-//    activations are quantized per 32 (scale amax/127, round to nearest even, like llama.cpp's
-//    q8_1) into shared memory by every block, while its first weight segments load (launched
-//    with programmatic dependent launch: those loads start before the previous kernel ends).
-//    Why int8: at HBM speed a 4.5-bit type delivers ~29 weights per clock per SM; dequantising
-//    to f32 costs ~4 instructions per weight and makes the kernel issue-bound at T = 1, the dp4a
-//    path ~1. Accuracy: see tests/gpu/test_cuda_quant.cpp (≈ 0.4% of a dot's magnitude).
-//    When T·K activations do not fit in shared memory next to the rings (T = 8 with K = 17408
-//    on an H200), a separate kernel quantizes them to global memory once.
+//  - Decode (T ≤ 8, qgemv_kernel): memory-bound. One persistent block per SM first quantizes the
+//    activations per 32 to int8 in shared memory (scale amax/127, nearest even), in the order
+//    its lanes read them (every 128-bit load of 8 lanes is 128 contiguous bytes: no bank
+//    conflicts), while its first weights are already loading (programmatic dependent launch).
+//    The min / zero-point terms use the int8 sums, so a result is the dot of the exact weights
+//    with the rounded activations (tests/gpu/test_cuda_quant.cpp checks exactly that). The
+//    block's rows are cut into tasks of 8 super-blocks or 32 small blocks (a row segment, or
+//    several whole short rows); warps take balanced contiguous task ranges (no idle tail), and a
+//    row split between warps meets in shared memory in warp order (deterministic). An octet
+//    (8 lanes) decodes a super-block, 32 weights per lane as two runs of 16 (dp4a, scales
+//    decoded once per 32 weights); a 32-weight block is one lane's. Q4_K, Q5_K (16-byte aligned
+//    blocks) and IQ4_XS load straight into registers, the next task's loads in flight while one
+//    computes (~2 instructions per weight at T = 1, far below the issue rate that HBM speed
+//    allows, and only the activations touch shared memory). The 2-byte aligned types (Q6_K,
+//    Q8_0, Q4_0, ...) are staged per warp through a 3-slot shared-memory ring with 16-byte
+//    cp.async; Q6_K's octets read consecutive blocks, whose words fall in distinct banks.
 //  - Prefill (T > 8): weights dequantized to bf16 in row slices (≤ 96 Mi weights, 192 MiB), each
 //    multiplied by cuBLAS with the activations rounded to bf16 once (matmul's bf16 path:
 //    round_activations / gemm_half). With CudaOptions::exact_matmul, every T goes through f32
 //    slices and cublasSgemm with f32 activations instead (reference checks).
-//  - quant_random_fill: random valid blocks in device memory for synthetic models.
+//  - MoE: decode is two GEMV launches over the routed (token, expert) pairs (gate/up + SwiGLU,
+//    then down weighted by the routing); prefill dequantizes the experts that received tokens
+//    to bf16 for cuda_moe.cu's grouped GEMM (quant_dequant_experts).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.cuh"
 #include "quant/blocks.h"
@@ -146,14 +146,13 @@ struct Slice {
 };
 
 // Per type: weights per block, bytes per block, the alignment of a block start in a 16-byte
-// aligned tensor, the zero point Z, whether there is a bias (min) and two sub-scales per slice.
+// aligned tensor, the zero point Z.
 template <DType D>
 struct QType;
 
 template <>
 struct QType<DType::Q4_0> {
   static constexpr int kElems = 32, kBytes = 18, kAlign = 2, kZ = 8;
-  static constexpr bool kBias = false, kTwoScales = false;
   template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t v[4];
@@ -165,7 +164,6 @@ struct QType<DType::Q4_0> {
 template <>
 struct QType<DType::Q4_1> {
   static constexpr int kElems = 32, kBytes = 20, kAlign = 4, kZ = 0;
-  static constexpr bool kBias = true, kTwoScales = false;
   template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t v[4];
@@ -177,7 +175,6 @@ struct QType<DType::Q4_1> {
 template <>
 struct QType<DType::Q5_0> {
   static constexpr int kElems = 32, kBytes = 22, kAlign = 2, kZ = 16;
-  static constexpr bool kBias = false, kTwoScales = false;
   template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t h[1], v[4];
@@ -195,7 +192,6 @@ struct QType<DType::Q5_0> {
 template <>
 struct QType<DType::Q5_1> {
   static constexpr int kElems = 32, kBytes = 24, kAlign = 8, kZ = 0;
-  static constexpr bool kBias = true, kTwoScales = false;
   template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     uint32_t h[1], v[4];
@@ -213,7 +209,6 @@ struct QType<DType::Q5_1> {
 template <>
 struct QType<DType::Q8_0> {
   static constexpr int kElems = 32, kBytes = 34, kAlign = 2, kZ = 0;
-  static constexpr bool kBias = false, kTwoScales = false;
   template <bool kPad>
   __device__ static void decode(const uint8_t* p, int, Slice& s) {
     load_words<2, kPad>(p + 2, s.q);
@@ -227,7 +222,6 @@ struct QType<DType::Q8_0> {
 template <>
 struct QType<DType::Q4_K> {
   static constexpr int kElems = 256, kBytes = 144, kAlign = 16, kZ = 0;
-  static constexpr bool kBias = true, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
   template <bool kPad>
@@ -252,7 +246,6 @@ struct QType<DType::Q4_K> {
 template <>
 struct QType<DType::Q5_K> {
   static constexpr int kElems = 256, kBytes = 176, kAlign = 16, kZ = 0;
-  static constexpr bool kBias = true, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
   template <bool kPad>
@@ -276,7 +269,6 @@ struct QType<DType::Q5_K> {
 template <>
 struct QType<DType::Q6_K> {
   static constexpr int kElems = 256, kBytes = 210, kAlign = 2, kZ = 32;
-  static constexpr bool kBias = false, kTwoScales = true;
   __device__ static int slice_a(int pair) { return 4 * (pair >> 1) + (pair & 1); }
   __device__ static int slice_b(int pair) { return 4 * (pair >> 1) + (pair & 1) + 2; }
   template <bool kPad>
@@ -303,7 +295,6 @@ struct QType<DType::Q6_K> {
 template <>
 struct QType<DType::IQ4_XS> {
   static constexpr int kElems = 256, kBytes = 136, kAlign = 8, kZ = 0;
-  static constexpr bool kBias = false, kTwoScales = false;
   __device__ static int slice_a(int c) { return 2 * c; }
   __device__ static int slice_b(int c) { return 2 * c + 1; }
   template <bool kPad>
@@ -352,25 +343,50 @@ bool with_quant_type(DType t, F&& f) {
   }
 }
 
-// ---- activations as int8 per 32 ----
+// ================================================================================================
+// Decode GEMV (T ≤ 8 activation rows)
+// ================================================================================================
 
-// Block b of 32 activations: x ≈ d · q (q = xq[32b, +32)); s = Σ x (f32, for the mins);
-// i0 / i1 = Σ q over the first / second 16 (for the zero points).
-struct __align__(16) XMeta {
-  float d, s;
-  int i0, i1;
-};
+// ---- activations as int8 per 32, in the order the lanes read them ----
+//
+// A lane of an octet (8 lanes) handles 32 weights of a block as two runs of 16, A and B, and
+// reads their activations as two 16-byte loads: slot j (run A) and slot 8 + j (run B) of the
+// 256-activation chunk. The quantizer stores each 16-activation unit of a chunk at the slot
+// that reads it, so the 8 lanes of a 128-bit shared-memory phase always read 128 contiguous
+// bytes (no bank conflicts). Per chunk and lane slot j, one float4 of metadata:
+// {dA, dA·ΣqA, dB, dB·ΣqB} (scale of the run's 32-block and the scaled sum of the run's int8
+// values: the min / zero-point terms use the quantized sum, so the result is exactly the dot
+// of the weights with the int8-rounded activations).
+//
+// Slot orders (kPerm): 0: lane j = 32-block j (units 2j, 2j+1); 1: Q4_K/Q5_K, lane j = qs
+// bytes [16j, +16) (units 4(j/2) + j%2 and +2); 2: Q6_K, lane j = (half j/4, pair (j/2)%2,
+// l-half j%2) (units j + 4(j/4) and +4).
+template <int kPerm>
+__device__ __forceinline__ int x_slot(int unit) {
+  if constexpr (kPerm == 0) {
+    return (unit & 1) * 8 + (unit >> 1);
+  } else if constexpr (kPerm == 1) {
+    const int r = unit & 3;
+    return (r < 2 ? 0 : 6) + 2 * (unit >> 2) + r;
+  } else {
+    const int r = unit & 7;
+    return (r < 4 ? 0 : 4) + 4 * (unit >> 3) + r;
+  }
+}
 
 constexpr int kXUnroll = 4;  // loads in flight per lane in the activation pass
 
-// Quantizes the nb blocks of x: warp gw of ngw takes 4 blocks at a time, 8 lanes per block.
-// Rounding x · 127/amax to the nearest even integer by adding 1.5 · 2^23 (one f32 FMA; the
-// F2I unit runs at a quarter of the FMA rate).
-__device__ __forceinline__ void quantize_x(const float* __restrict__ x, int nb, int8_t* xq, XMeta* xm, int gw, int ngw,
-                                           int lane) {
+// Quantizes nrows rows of K activations (row-major, stride K) into xq ([nrows][Kp] bytes) and
+// xm ([nrows][Kp/256][8] float4). Warp w of nw takes 4 blocks of 32 at a time, 8 lanes per
+// block. Rounding x · 127/amax to the nearest even integer by adding 1.5 · 2^23 (one FMA, one
+// rounding; the CPU twin in the tests does the same).
+template <int kPerm>
+__device__ void quantize_rows(const float* __restrict__ x, int nrows, int K, int Kp, int8_t* xq, float4* xm, int warp,
+                              int nw, int lane) {
+  const int kb = K >> 5, nb = nrows * kb, nch = Kp >> 8;
   const int u = lane & 7, g = lane >> 3;
-  const int stride = ngw * 4;
-  for (int base = gw * 4; base < nb; base += stride * kXUnroll) {  // warp-uniform: shuffles below
+  const int stride = nw * 4;
+  for (int base = warp * 4; base < nb; base += stride * kXUnroll) {  // warp-uniform: shuffles below
     float4 v[kXUnroll];
 #pragma unroll
     for (int r = 0; r < kXUnroll; ++r) {
@@ -380,85 +396,406 @@ __device__ __forceinline__ void quantize_x(const float* __restrict__ x, int nb, 
 #pragma unroll
     for (int r = 0; r < kXUnroll; ++r) {
       const int b = base + r * stride + g;
-      const float4 a = v[r];
-      float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
-      float sum = (a.x + a.y) + (a.z + a.w);
+      const float4 f = v[r];
+      float amax = fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w)));
 #pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      }
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const int q0 = __float_as_int(fmaf(a.x, id, 12582912.0f)) - 0x4B400000;
-      const int q1 = __float_as_int(fmaf(a.y, id, 12582912.0f)) - 0x4B400000;
-      const int q2 = __float_as_int(fmaf(a.z, id, 12582912.0f)) - 0x4B400000;
-      const int q3 = __float_as_int(fmaf(a.w, id, 12582912.0f)) - 0x4B400000;
-      int is = q0 + q1 + q2 + q3;
+      const int q0 = __float_as_int(fmaf(f.x, id, 12582912.0f)) - 0x4B400000;
+      const int q1 = __float_as_int(fmaf(f.y, id, 12582912.0f)) - 0x4B400000;
+      const int q2 = __float_as_int(fmaf(f.z, id, 12582912.0f)) - 0x4B400000;
+      const int q3 = __float_as_int(fmaf(f.w, id, 12582912.0f)) - 0x4B400000;
+      int is = q0 + q1 + q2 + q3;  // summed over the 4 lanes of this 16-activation unit
       is += __shfl_xor_sync(0xffffffffu, is, 1);
       is += __shfl_xor_sync(0xffffffffu, is, 2);
-      const int is_hi = __shfl_sync(0xffffffffu, is, (lane & 24) | 4);
       if (b < nb) {
-        reinterpret_cast<uint32_t*>(xq)[size_t(b) * 8 + u] =
+        const int row = b / kb, bb = b - row * kb, chunk = bb >> 3;
+        const int slot = x_slot<kPerm>(2 * (bb & 7) + (u >> 2));
+        reinterpret_cast<uint32_t*>(xq + size_t(row) * Kp + chunk * 256 + slot * 16)[u & 3] =
             uint32_t(q0 & 255) | uint32_t(q1 & 255) << 8 | uint32_t(q2 & 255) << 16 | uint32_t(q3) << 24;
-        if (u == 0) xm[b] = XMeta{d, sum, is, is_hi};
+        if ((u & 3) == 0)
+          reinterpret_cast<float2*>(xm + (size_t(row) * nch + chunk) * 8 + (slot & 7))[slot >> 3] =
+              make_float2(d, d * float(is));
       }
     }
   }
 }
 
-__global__ void quantize_x_kernel(const float* __restrict__ x, int nb, int8_t* __restrict__ xq,
-                                  XMeta* __restrict__ xm) {
-  const int gw = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5), ngw = int((gridDim.x * blockDim.x) >> 5);
-  quantize_x(x, nb, xq, xm, gw, ngw, int(threadIdx.x & 31));
-}
+// ---- per-type lane decoders ----
 
-// Σ_i y_i x_i over one slice for activation block *mp (x words xa, xb). Only the fields the
-// type needs are loaded (shared-memory bandwidth is the next limit after HBM at T = 1).
-template <DType D>
-__device__ __forceinline__ float slice_dot(const Slice& s, const int4& xa, const int4& xb, const XMeta* mp) {
-  using Q = QType<D>;
-  XMeta m;
-  if constexpr (Q::kZ != 0) {
-    m = *mp;
-  } else if constexpr (Q::kBias) {
-    const float2 v = *reinterpret_cast<const float2*>(mp);
-    m.d = v.x, m.s = v.y, m.i0 = m.i1 = 0;
+// A lane's 32 weights of a block: runs A and B of 16 weights as q bytes (unsigned, or signed
+// for kSigned types), weight = s · q + z with (s, z) per run.
+struct Runs {
+  uint32_t a[4], b[4];
+  float sa, sb, za, zb;
+};
+
+// dp4a with unsigned (weights) or signed bytes in a, signed bytes (activations) in b.
+template <bool kSigned>
+__device__ __forceinline__ int dp4(uint32_t a, int b, int c) {
+  if constexpr (kSigned) {
+    return __dp4a(int(a), b, c);
   } else {
-    m.d = mp->d, m.s = 0, m.i0 = m.i1 = 0;
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
   }
-  const int s0 = __dp4a(int(s.q[3]), xa.w, __dp4a(int(s.q[2]), xa.z, __dp4a(int(s.q[1]), xa.y, __dp4a(int(s.q[0]), xa.x, 0))));
-  const int s1 = __dp4a(int(s.q[7]), xb.w, __dp4a(int(s.q[6]), xb.z, __dp4a(int(s.q[5]), xb.y, __dp4a(int(s.q[4]), xb.x, 0))));
-  int acc;
-  if constexpr (Q::kTwoScales)
-    acc = s.sc0 * (s0 - Q::kZ * m.i0) + s.sc1 * (s1 - Q::kZ * m.i1);
-  else
-    acc = s.sc0 * (s0 + s1 - Q::kZ * (m.i0 + m.i1));
-  float v = s.scale * m.d * float(acc);
-  if constexpr (Q::kBias) v = fmaf(s.bias, m.s, v);
-  return v;
 }
 
-// ---- decode GEMV ----
+// Scales and mins of sub-blocks 2c and 2c+1 of a Q4_K / Q5_K block with header h (as
+// k_scale_min, both at once and without branches on c: bytes 2(c%2), +1 of the scale words).
+__device__ __forceinline__ void k_scales(const uint4& h, int c, float b_factor, Runs& o) {
+  const int sh = 16 * (c & 1);
+  const uint32_t a = (h.y >> sh) & 0xFFFFu, b = (h.z >> sh) & 0xFFFFu, w = (h.w >> sh) & 0xFFFFu;
+  const bool hi = c >= 2;
+  const uint32_t s2 = hi ? (w & 0x0F0Fu) | ((a >> 2) & 0x3030u) : a & 0x3F3Fu;
+  const uint32_t m2 = hi ? ((w >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u) : b & 0x3F3Fu;
+  const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+  o.sa = d * float(s2 & 255u);
+  o.sb = d * b_factor * float(s2 >> 8);
+  o.za = -dmin * float(m2 & 255u);
+  o.zb = -dmin * float(m2 >> 8);
+}
 
-constexpr int kMaxWarps = 32, kStages = 3, kSegElems = 2048;
+// GEMV traits. kSlots: blocks per task (8 super-blocks: octet o takes blocks 2o, 2o+1; or 32
+// blocks of 32: lane L takes block L). kDirect: blocks are 16-byte aligned (or 8 for IQ4_XS)
+// and each lane loads its bytes from global memory into registers (load + decode); else the
+// warp stages a task's rows through a shared-memory ring with 16-byte cp.async and each lane
+// decodes from there (decode_smem, at the block's 2-byte alignment).
+template <DType D>
+struct GV;
+
+// Register-loading types keep few registers per block in flight: each lane of an octet loads
+// one word of the shared header (and of Q5_K's shared qh chunk) and gather() collects the rest
+// from the octet with shuffles (every lane calls it, valid block or not).
+template <>
+struct GV<DType::Q4_K> {  // runs: low nibbles (sub-block 2c), high nibbles in place (16·q, 2c+1)
+  static constexpr int kSlots = 8, kPerm = 1;
+  static constexpr bool kDirect = true, kSigned = false, kHasZ = true;
+  struct Raw {
+    uint32_t h;  // header word j % 4
+    uint4 q;     // qs bytes [16j, +16)
+  };
+  struct Full {
+    uint4 h, q;
+  };
+  __device__ static void load(const uint8_t* p, int j, Raw& r) {
+    r.h = __ldcs(reinterpret_cast<const unsigned*>(p) + (j & 3));
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p + 16) + j);
+  }
+  __device__ static void gather(const Raw& r, int lane, Full& f) {
+    const int o = lane & ~7;
+    f.h = make_uint4(__shfl_sync(0xffffffffu, r.h, o), __shfl_sync(0xffffffffu, r.h, o | 1),
+                     __shfl_sync(0xffffffffu, r.h, o | 2), __shfl_sync(0xffffffffu, r.h, o | 3));
+    f.q = r.q;
+  }
+  __device__ static void decode(const Full& f, int j, Runs& o) {
+    const uint32_t q[4] = {f.q.x, f.q.y, f.q.z, f.q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o.a[k] = q[k] & 0x0F0F0F0Fu, o.b[k] = q[k] & 0xF0F0F0F0u;
+    k_scales(f.h, j >> 1, 0.0625f, o);
+  }
+};
+template <>
+struct GV<DType::Q5_K> {  // as Q4_K; the 5th bits from qh bytes [16(j%2), +16)
+  static constexpr int kSlots = 8, kPerm = 1;
+  static constexpr bool kDirect = true, kSigned = false, kHasZ = true;
+  struct Raw {
+    uint32_t h;   // header word j % 4
+    uint32_t qh;  // word j / 2 of qh chunk j % 2
+    uint4 q;
+  };
+  struct Full {
+    uint4 h, qh, q;
+  };
+  __device__ static void load(const uint8_t* p, int j, Raw& r) {
+    r.h = __ldcs(reinterpret_cast<const unsigned*>(p) + (j & 3));
+    r.qh = __ldcs(reinterpret_cast<const unsigned*>(p + 16) + 4 * (j & 1) + (j >> 1));
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p + 48) + (j & 7));
+  }
+  __device__ static void gather(const Raw& r, int lane, Full& f) {
+    const int o = lane & ~7, hh = lane & 1;
+    f.h = make_uint4(__shfl_sync(0xffffffffu, r.h, o), __shfl_sync(0xffffffffu, r.h, o | 1),
+                     __shfl_sync(0xffffffffu, r.h, o | 2), __shfl_sync(0xffffffffu, r.h, o | 3));
+    f.qh = make_uint4(__shfl_sync(0xffffffffu, r.qh, o | hh), __shfl_sync(0xffffffffu, r.qh, o | (2 + hh)),
+                      __shfl_sync(0xffffffffu, r.qh, o | (4 + hh)), __shfl_sync(0xffffffffu, r.qh, o | (6 + hh)));
+    f.q = r.q;
+  }
+  __device__ static void decode(const Full& f, int j, Runs& o) {
+    const uint32_t q[4] = {f.q.x, f.q.y, f.q.z, f.q.w}, h[4] = {f.qh.x, f.qh.y, f.qh.z, f.qh.w};
+    const int c = j >> 1;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t hs = h[k] >> (2 * c);
+      o.a[k] = (q[k] & 0x0F0F0F0Fu) | ((hs & 0x01010101u) << 4);
+      o.b[k] = ((q[k] >> 4) & 0x0F0F0F0Fu) | ((hs & 0x02020202u) << 3);
+    }
+    k_scales(f.h, c, 1.0f, o);
+  }
+};
+template <>
+struct GV<DType::IQ4_XS> {  // lane j = sub-block j: low nibbles (weights 0..15), high (16..31)
+  static constexpr int kSlots = 8, kPerm = 0;
+  static constexpr bool kDirect = true, kSigned = true, kHasZ = false;
+  struct Raw {
+    uint32_t h;  // header word j % 2 (d | scales_h, scales_l)
+    uint2 q0, q1;
+  };
+  struct Full {
+    uint32_t h0, h1;
+    uint2 q0, q1;
+  };
+  __device__ static void load(const uint8_t* p, int j, Raw& r) {
+    r.h = __ldcs(reinterpret_cast<const unsigned*>(p) + (j & 1));
+    r.q0 = __ldcs(reinterpret_cast<const uint2*>(p + 8 + 16 * j));
+    r.q1 = __ldcs(reinterpret_cast<const uint2*>(p + 16 + 16 * j));
+  }
+  __device__ static void gather(const Raw& r, int lane, Full& f) {
+    const int o = lane & ~7;
+    f.h0 = __shfl_sync(0xffffffffu, r.h, o);
+    f.h1 = __shfl_sync(0xffffffffu, r.h, o | 1);
+    f.q0 = r.q0, f.q1 = r.q1;
+  }
+  __device__ static void decode(const Full& f, int j, Runs& o) {
+    const uint32_t q[4] = {f.q0.x, f.q0.y, f.q1.x, f.q1.y};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      o.a[k] = iq4_lookup(q[k] & 0x0F0F0F0Fu);
+      o.b[k] = iq4_lookup((q[k] >> 4) & 0x0F0F0F0Fu);
+    }
+    const int ls = int((f.h1 >> (4 * j)) & 15u) | int(((f.h0 >> (16 + 2 * j)) & 3u) << 4);
+    o.sa = o.sb = h2f(uint16_t(f.h0 & 0xFFFFu)) * float(ls - 32);
+    o.za = o.zb = 0.0f;
+  }
+};
+template <>
+struct GV<DType::Q6_K> {  // runs: ql low nibbles (m = (j/2)%2), high nibbles (m + 2); qh bits
+  static constexpr int kSlots = 8, kPerm = 2;
+  static constexpr bool kDirect = false, kSigned = false, kHasZ = true;
+  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
+    const int n = j >> 2, m = (j >> 1) & 1, h = j & 1;
+    uint32_t l[4], hi[4];
+    load_words<2, true>(p + 64 * n + 32 * m + 16 * h, l);
+    load_words<2, true>(p + 128 + 32 * n + 16 * h, hi);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t hs = hi[k] >> (2 * m);
+      o.a[k] = (l[k] & 0x0F0F0F0Fu) | ((hs & 0x03030303u) << 4);
+      o.b[k] = ((l[k] >> 4) & 0x0F0F0F0Fu) | (hs & 0x30303030u);
+    }
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * n + 2 * m + h);
+    const float d = h2f(ld_u16(p + 208));
+    o.sa = d * float(sc[0]);
+    o.sb = d * float(sc[4]);
+    o.za = -32.0f * o.sa;
+    o.zb = -32.0f * o.sb;
+  }
+};
+template <>
+struct GV<DType::Q8_0> {
+  static constexpr int kSlots = 32, kPerm = 0;
+  static constexpr bool kDirect = false, kSigned = true, kHasZ = false;
+  __device__ static void decode_smem(const uint8_t* p, int, Runs& o) {
+    uint32_t w[8];
+    load_words<2, true>(p + 2, w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o.a[k] = w[k], o.b[k] = w[k + 4];
+    o.sa = o.sb = h2f(ld_u16(p));
+    o.za = o.zb = 0.0f;
+  }
+};
+// The 32-weight types with nibbles: weights 0..15 in the low nibbles of qs, 16..31 in the high.
+__device__ __forceinline__ void nibble_runs(const uint32_t (&v)[4], Runs& o) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) o.a[k] = v[k] & 0x0F0F0F0Fu, o.b[k] = (v[k] >> 4) & 0x0F0F0F0Fu;
+}
+__device__ __forceinline__ void fifth_bits(uint32_t qh, Runs& o) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    o.a[k] |= spread4(qh >> (4 * k)) << 4;
+    o.b[k] |= spread4(qh >> (16 + 4 * k)) << 4;
+  }
+}
+template <>
+struct GV<DType::Q4_0> {
+  static constexpr int kSlots = 32, kPerm = 0;
+  static constexpr bool kDirect = false, kSigned = false, kHasZ = true;
+  __device__ static void decode_smem(const uint8_t* p, int, Runs& o) {
+    uint32_t v[4];
+    load_words<2, true>(p + 2, v);
+    nibble_runs(v, o);
+    o.sa = o.sb = h2f(ld_u16(p));
+    o.za = o.zb = -8.0f * o.sa;
+  }
+};
+template <>
+struct GV<DType::Q4_1> {
+  static constexpr int kSlots = 32, kPerm = 0;
+  static constexpr bool kDirect = false, kSigned = false, kHasZ = true;
+  __device__ static void decode_smem(const uint8_t* p, int, Runs& o) {
+    uint32_t v[4];
+    load_words<4>(p + 4, v);
+    nibble_runs(v, o);
+    o.sa = o.sb = h2f(ld_u16(p));
+    o.za = o.zb = h2f(ld_u16(p + 2));
+  }
+};
+template <>
+struct GV<DType::Q5_0> {
+  static constexpr int kSlots = 32, kPerm = 0;
+  static constexpr bool kDirect = false, kSigned = false, kHasZ = true;
+  __device__ static void decode_smem(const uint8_t* p, int, Runs& o) {
+    uint32_t h[1], v[4];
+    load_words<2, true>(p + 2, h);
+    load_words<2, true>(p + 6, v);
+    nibble_runs(v, o);
+    fifth_bits(h[0], o);
+    o.sa = o.sb = h2f(ld_u16(p));
+    o.za = o.zb = -16.0f * o.sa;
+  }
+};
+template <>
+struct GV<DType::Q5_1> {
+  static constexpr int kSlots = 32, kPerm = 0;
+  static constexpr bool kDirect = false, kSigned = false, kHasZ = true;
+  __device__ static void decode_smem(const uint8_t* p, int, Runs& o) {
+    uint32_t h[1], v[4];
+    load_words<4>(p + 4, h);
+    load_words<8>(p + 8, v);
+    nibble_runs(v, o);
+    fifth_bits(h[0], o);
+    o.sa = o.sb = h2f(ld_u16(p));
+    o.za = o.zb = h2f(ld_u16(p + 2));
+  }
+};
+
+// v[t] += Σ over the lane's 32 weights of weight · int8 activation, for the T activation rows
+// whose chunk bases are xc + t·Kp (int8) and mc + t·mstride (metadata); slot: the lane's slot.
+template <DType D, int TM>
+__device__ __forceinline__ void runs_dot(const Runs& r, const int8_t* xc, const float4* mc, int slot, int Kp,
+                                         int mstride, int T, float (&v)[TM]) {
+  using G = GV<D>;
+#pragma unroll
+  for (int t = 0; t < TM; ++t) {
+    if (t < T) {
+      const int8_t* xt = xc + size_t(t) * Kp;
+      const int4 xa = *reinterpret_cast<const int4*>(xt + 16 * slot);
+      const int4 xb = *reinterpret_cast<const int4*>(xt + 128 + 16 * slot);
+      const float4 m = mc[size_t(t) * mstride + slot];
+      const int da = dp4<G::kSigned>(r.a[3], xa.w,
+                                     dp4<G::kSigned>(r.a[2], xa.z, dp4<G::kSigned>(r.a[1], xa.y, dp4<G::kSigned>(r.a[0], xa.x, 0))));
+      const int db = dp4<G::kSigned>(r.b[3], xb.w,
+                                     dp4<G::kSigned>(r.b[2], xb.z, dp4<G::kSigned>(r.b[1], xb.y, dp4<G::kSigned>(r.b[0], xb.x, 0))));
+      float s = fmaf(r.sa, m.x * float(da), r.sb * (m.z * float(db)));
+      if constexpr (G::kHasZ) s = fmaf(r.za, m.y, fmaf(r.zb, m.w, s));
+      v[t] += s;
+    }
+  }
+}
+
+// ---- the kernel ----
+
+constexpr int kMaxMats = 4, kMaxWarps = 32, kStages = 3;
 constexpr int kPartFloats = 2 * kMaxWarps * 8;  // head and tail partial sums per warp, T ≤ 8
 
-// Warps per block: 32 keep enough segments in flight at T ≤ 2 within 64 registers; the
-// T ≤ 8 kernels need more registers (accumulators, two slices) and run 16 warps.
-template <int TM>
-__host__ __device__ constexpr int gemv_warps() {
-  return TM <= 2 ? 32 : 16;
+// Row sources. Plain: the rows of up to 4 matrices of one type, back to back in one index
+// space (Backend::matmul / matmul_multi), all T activation rows. Swiglu: row r of gate and of up
+// (virtual rows r), out[0] = silu(x · gate) · (x · up), out[1] scratch. MoE gate/up: virtual
+// row q = p·I + i of pair p's expert (gate and up), activation row = the pair's token,
+// out[0][q] = the SwiGLU. MoE down: virtual row u = t·D + d: row d of the k experts of token t,
+// each with its pair's SwiGLU row as activations; out[0][u] = Σ_j w[t, j] · dot_j.
+enum : int { kModePlain = 0, kModeSwiglu = 1, kModeMoeGateUp = 2, kModeMoeDown = 3 };
+
+struct GemvArgs {
+  const uint8_t* w[kMaxMats];
+  float* out[kMaxMats];
+  int row_end[kMaxMats];  // plain: cumulative row counts
+  int nmat;
+  const void* const* table;  // MoE: [E][gate, up, down] expert pointers
+  const int32_t* ids;        // MoE: [P] expert of each (token, slot) pair
+  const float* route_w;      // MoE down: [P] routing weights
+  float* res;                // MoE: per-row dot products (gate/up: [2][P·I], down: [T·D][k])
+  const float* x;            // activations, rows of K floats
+  unsigned long long rb;     // bytes per weight row
+  int mode, T, V, K, Kp, bpr, nseg, R, lgbpr, slot_bytes, span_stride, xcap, mrows, k, E;
+};
+
+struct RowSrc {
+  const uint8_t* p;    // the weight row (null: an invalid expert id, contributes 0)
+  const uint8_t* end;  // end of its matrix (copies never read past it)
+  int xrow;            // activation row in shared memory (MoE; plain rows use all T)
+};
+
+// Local row lr of the block whose virtual rows are [v0, v0 + nv). Matrices are picked with
+// compile-time indices only (a runtime index into the parameter arrays would copy them to
+// local memory in every thread).
+__device__ __forceinline__ RowSrc row_src(const GemvArgs& a, int v0, int nv, int src0, int lr) {
+  RowSrc s{nullptr, nullptr, 0};
+  if (a.mode == kModePlain) {
+    const int v = v0 + lr;
+    const uint8_t* w = a.w[0];
+    int r0 = 0, r1 = a.row_end[0];
+#pragma unroll
+    for (int i = 1; i < kMaxMats; ++i)
+      if (i < a.nmat && v >= a.row_end[i - 1]) w = a.w[i], r0 = a.row_end[i - 1], r1 = a.row_end[i];
+    s.p = w + (unsigned long long)(v - r0) * a.rb;
+    s.end = w + (unsigned long long)(r1 - r0) * a.rb;
+  } else if (a.mode == kModeSwiglu) {
+    const bool up = lr >= nv;
+    const uint8_t* w = up ? a.w[1] : a.w[0];
+    s.p = w + (unsigned long long)(v0 + lr - (up ? nv : 0)) * a.rb;
+    s.end = w + (unsigned long long)a.V * a.rb;
+  } else {
+    int pair, row, kind;
+    if (a.mode == kModeMoeGateUp) {
+      const bool up = lr >= nv;
+      const int q = v0 + lr - (up ? nv : 0);
+      pair = q / a.mrows, row = q - pair * a.mrows, kind = up ? 1 : 0;
+      s.xrow = pair / a.k - src0;
+    } else {
+      const int du = lr / a.k, j = lr - du * a.k, u = v0 + du, t = u / a.mrows;
+      row = u - t * a.mrows, pair = t * a.k + j, kind = 2;
+      s.xrow = pair - src0;
+    }
+    const int e = a.ids[pair];
+    if (e >= 0 && e < a.E) {
+      const uint8_t* base = static_cast<const uint8_t*>(a.table[3 * e + kind]);
+      s.p = base + (unsigned long long)row * a.rb;
+      s.end = base + (unsigned long long)a.mrows * a.rb;
+    }
+  }
+  return s;
 }
 
-template <DType D>
-__host__ __device__ constexpr int seg_bytes() {
-  return kSegElems / QType<D>::kElems * QType<D>::kBytes;
+// The finished dot product of local row lr for activation row t.
+__device__ __forceinline__ void write_row(const GemvArgs& a, int v0, int nv, int lr, int t, float val) {
+  if (a.mode == kModePlain) {
+    const int v = v0 + lr;
+    float* o = a.out[0];
+    int r0 = 0, r1 = a.row_end[0];
+#pragma unroll
+    for (int i = 1; i < kMaxMats; ++i)
+      if (i < a.nmat && v >= a.row_end[i - 1]) o = a.out[i], r0 = a.row_end[i - 1], r1 = a.row_end[i];
+    o[size_t(t) * (r1 - r0) + (v - r0)] = val;
+  } else if (a.mode == kModeSwiglu) {
+    const bool up = lr >= nv;
+    (up ? a.out[1] : a.out[0])[size_t(t) * a.V + v0 + lr - (up ? nv : 0)] = val;
+  } else if (a.mode == kModeMoeGateUp) {
+    const bool up = lr >= nv;
+    a.res[(up ? size_t(a.V) : 0) + v0 + lr - (up ? nv : 0)] = val;
+  } else {
+    a.res[size_t(v0) * a.k + lr] = val;
+  }
 }
-// A segment starting anywhere in a 16-byte chunk, rounded out to whole chunks, and 16 bytes of
-// slack for the decoders' padded reads.
-template <DType D>
-__host__ __device__ constexpr int stage_bytes() {
-  return (seg_bytes<D>() + 15 + 15) / 16 * 16 + 16;
+
+// Warps per block: as many as the registers allow without spilling (the SM's 64 K registers
+// for one block), since the warps' loads in flight hide the memory latency. Register-loading
+// types keep two tasks' blocks in registers (80 at 24 warps; Q5_K more); more activation rows
+// need more accumulators.
+template <DType D, bool kDirect, int TM>
+__host__ __device__ constexpr int gemv_warps() {
+  if constexpr (kDirect) return TM > 1 ? 16 : (D == DType::Q5_K ? 20 : 24);
+  return TM >= 4 ? 16 : (TM == 1 ? 32 : 24);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
@@ -471,153 +808,298 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
 }
 
-struct GemvParams {
-  const uint8_t* w;
-  unsigned long long w_bytes, row_bytes;
-  const float* x;      // [T, K] f32, quantized by every block when x_smem
-  const int8_t* xq;    // else: quantized by quantize_x_kernel
-  const XMeta* xm;
-  float* out;          // [T, N]
-  int T, N, K, bpr, nseg, x_smem;
-};
+// The 16-byte chunks covering [src, src + len) → dst (zero-filled past `end`, never read).
+__device__ __forceinline__ void copy_span(const uint8_t* src, int len, const uint8_t* end, uint8_t* dst, int lane) {
+  const uintptr_t c0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
+  const int n = int((((reinterpret_cast<uintptr_t>(src) + uintptr_t(len) + 15) & ~uintptr_t(15)) - c0) >> 4);
+  for (int k = lane; k < n; k += 32) {
+    const uintptr_t g = c0 + uintptr_t(16 * k);
+    const long long left = (long long)(reinterpret_cast<uintptr_t>(end) - g);
+    cp_async16(dst + 16 * k, reinterpret_cast<const void*>(g), left >= 16 ? 16 : (left > 0 ? int(left) : 0));
+  }
+}
 
-// Shared memory: the warps' rings | head and tail partials | activations (when x_smem).
+// One block per SM (persistent) owns virtual rows [v0, v1); its local rows (the block's rows of
+// every matrix it reads) are cut into tasks, and its warps take balanced contiguous ranges of
+// tasks. A task is kSlots blocks: a segment of one row (R = 1, nseg segments per row), or R
+// whole rows of bpr blocks when rows are that short (R = kSlots / bpr ≤ 8). Rows of R = 1
+// tasks may be split between warps: the parts meet in shared memory, summed in warp order
+// (deterministic, no atomics). Shared memory: partials | activations (int8, metadata) | rings.
 template <DType D, int TM>
-__global__ void __launch_bounds__(gemv_warps<TM>() * 32, 1) quant_gemv_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(gemv_warps<D, GV<D>::kDirect, TM>() * 32, 1) qgemv_kernel(const GemvArgs a) {
+  using G = GV<D>;
   using Q = QType<D>;
-  constexpr int kSeg = seg_bytes<D>(), kStage = stage_bytes<D>(), kG = kSegElems / Q::kElems;
-  constexpr bool kSuper = Q::kElems == 256;
+  constexpr int NB = G::kSlots == 8 ? 2 : 1;  // blocks per lane per task
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   const int nwarps = int(blockDim.x >> 5), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
-  uint8_t* ring = smem + warp * (kStages * kStage);
-  float* part = reinterpret_cast<float*>(smem + nwarps * (kStages * kStage));  // [head|tail][warp][t]
+  const int oct = lane >> 3, j = lane & 7;
+  const int v0 = int((long long)blockIdx.x * a.V / gridDim.x), v1 = int((long long)(blockIdx.x + 1) * a.V / gridDim.x);
+  const int nv = v1 - v0;
+  const int nl = a.mode == kModePlain || a.mode == kModeSwiglu ? (a.mode == kModePlain ? nv : 2 * nv)
+                                                                : (a.mode == kModeMoeDown ? nv * a.k : 2 * nv);
+  const int R = a.R, nseg = a.nseg, T = a.T;
+  const int S = (R > 1 ? (nl + R - 1) / R : nl) * nseg;
+  const int W = min(nwarps, S);
+  auto range_begin = [&](int w) { return int((long long)w * S / W); };
+  const int s_begin = warp < W ? range_begin(warp) : 0, s_end = warp < W ? range_begin(warp + 1) : 0;
 
-  // This block's rows [r0, r1), its steps (row, segment) split among W warps, each ≥ nseg long.
-  const int r0 = int((long long)blockIdx.x * p.N / gridDim.x), r1 = int((long long)(blockIdx.x + 1) * p.N / gridDim.x);
-  const int rows = r1 - r0, W = min(nwarps, rows), S = rows * p.nseg;
-  const int s_begin = warp < W ? int((long long)warp * S / W) : 0, s_end = warp < W ? int((long long)(warp + 1) * S / W) : 0;
+  // Activation rows this block needs: all T (plain), or its pairs' tokens / its tokens' pairs.
+  int src0 = 0, nsrc = a.T;
+  if (a.mode == kModeMoeGateUp) {
+    src0 = (v0 / a.mrows) / a.k;
+    nsrc = ((v1 - 1) / a.mrows) / a.k - src0 + 1;
+  } else if (a.mode == kModeMoeDown) {
+    const int t0 = v0 / a.mrows;
+    src0 = t0 * a.k;
+    nsrc = ((v1 - 1) / a.mrows - t0 + 1) * a.k;
+  }
+  const int nch = a.Kp >> 8;
+  float* part = reinterpret_cast<float*>(smem);  // [head | tail][warp][t]
+  int8_t* xq = reinterpret_cast<int8_t*>(smem + kPartFloats * sizeof(float));
+  float4* xm = reinterpret_cast<float4*>(xq + size_t(a.xcap) * a.Kp);
+  uint8_t* ring = reinterpret_cast<uint8_t*>(xm + size_t(a.xcap) * nch * 8) + size_t(warp) * kStages * a.slot_bytes;
 
-  // A step's position: local row, segment, first byte. Positions advance one step at a time
-  // (no divisions or 64-bit products in the loop).
+  // Task positions advance one at a time (no divisions in the loop).
   struct Pos {
-    int lr, seg;
-    unsigned long long start;
+    int g, seg;
   };
-  const int last_len = int(p.row_bytes - (unsigned long long)(p.nseg - 1) * kSeg);  // a row's last segment
   auto advance = [&](Pos& q) {
-    if (++q.seg == p.nseg) {
-      q.seg = 0, ++q.lr, q.start += unsigned(last_len);
-    } else {
-      q.start += kSeg;
-    }
+    if (++q.seg == nseg) q.seg = 0, ++q.g;
   };
-  Pos cons{s_begin / p.nseg, s_begin % p.nseg, 0};
-  cons.start = (unsigned long long)(r0 + cons.lr) * p.row_bytes + (unsigned long long)cons.seg * kSeg;
-  Pos prod = cons;
-  // The producer's segment → ring slot dst as whole 16-byte chunks (the tensor's last chunk is
-  // zero-filled past its end).
-  auto issue = [&](uint8_t* dst) {
-    const int len = prod.seg == p.nseg - 1 ? last_len : kSeg;
-    const unsigned long long c0 = prod.start & ~15ull;
-    const int n = int((((prod.start + unsigned(len) + 15) & ~15ull) - c0) >> 4);
-    for (int k = lane; k < n; k += 32) {
-      const unsigned long long g = c0 + 16ull * unsigned(k);
-      cp_async16(dst + 16 * k, p.w + g, int(min(16ull, p.w_bytes - g)));
-    }
-    advance(prod);
+  // The lane's blocks of task q: pointer (null: none), K index in blocks, activation row,
+  // and (staged types) the 16-aligned start of the block's span and the span's number.
+  struct Ref {
+    const uint8_t* p;
+    const uint8_t* span0;
+    int kb, xrow, span;
   };
+  auto refs = [&](const Pos& q, Ref (&r)[NB]) {
+    if (R == 1) {
+      const RowSrc rs = row_src(a, v0, nv, src0, q.g);
+      const int nblk = min(G::kSlots, a.bpr - q.seg * G::kSlots);
+      const uint8_t* seg0 = rs.p ? rs.p + size_t(q.seg) * G::kSlots * Q::kBytes : nullptr;
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (s_begin + i < s_end) issue(ring + i * kStage);
-    cp_async_commit();
-  }
+      for (int s = 0; s < NB; ++s) {
+        const int b = NB == 2 ? 2 * oct + s : lane;
+        r[s].p = rs.p && b < nblk ? seg0 + b * Q::kBytes : nullptr;
+        r[s].span0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(seg0) & ~uintptr_t(15));
+        r[s].kb = q.seg * G::kSlots + b, r[s].xrow = rs.xrow, r[s].span = 0;
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < NB; ++s) {
+        const int b = NB == 2 ? 2 * oct + s : lane, i = b >> a.lgbpr, lr = q.g * R + i;
+        const RowSrc rs = lr < nl ? row_src(a, v0, nv, src0, lr) : RowSrc{nullptr, nullptr, 0};
+        r[s].kb = b - (i << a.lgbpr);
+        r[s].p = rs.p ? rs.p + r[s].kb * Q::kBytes : nullptr;
+        r[s].span0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(rs.p) & ~uintptr_t(15));
+        r[s].xrow = rs.xrow, r[s].span = i;
+      }
+    }
+  };
+  auto dot = [&](const Runs& ru, const Ref& r, float (&v)[TM]) {
+    const int chunk = NB == 2 ? r.kb : r.kb >> 3, slot = NB == 2 ? j : r.kb & 7;
+    runs_dot<D, TM>(ru, xq + size_t(r.xrow) * a.Kp + size_t(chunk) * 256, xm + (size_t(r.xrow) * nch + chunk) * 8,
+                    slot, a.Kp, nch * 8, T, v);
+  };
 
-  // The first segments depend on nothing before this kernel; the activations (and out, which
-  // the kernel before may still read) do: under programmatic dependent launch, wait here.
-  griddep_wait();
-  const int8_t* xq = p.xq;
-  const XMeta* xm = p.xm;
-  if (p.x_smem) {
-    int8_t* sq = reinterpret_cast<int8_t*>(part + kPartFloats);
-    XMeta* sm = reinterpret_cast<XMeta*>(sq + size_t(p.T) * p.K);
-    quantize_x(p.x, p.T * p.K / 32, sq, sm, warp, nwarps, lane);
-    xq = sq, xm = sm;
-  }
-  __syncthreads();
-
-  const int K32 = p.K / 32;
-  // A lane's two slices: super-block types, pair lane % 4 of block lane / 4; else blocks
-  // 2·lane and 2·lane + 1.
-  const int blk = kSuper ? lane >> 2 : 2 * lane, pair = lane & 3;
+  // End of a task: R = 1 rows accumulate until their last segment (or the range's end); R > 1
+  // tasks hold whole rows, reduced over the lanes that share each row and written.
   float acc[TM];
 #pragma unroll
   for (int t = 0; t < TM; ++t) acc[t] = 0.0f;
-  const int last_nblk = p.bpr - (p.nseg - 1) * kG;
-  for (int s = s_begin; s < s_end; ++s) {
-    const int i = s - s_begin;
-    if (s + kStages - 1 < s_end) issue(ring + ((i + kStages - 1) % kStages) * kStage);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
-    const int lr = cons.lr, seg = cons.seg;
-    const int nblk = seg == p.nseg - 1 ? last_nblk : kG;
-    if (blk < nblk) {
-      const uint8_t* bp = ring + (i % kStages) * kStage + int(cons.start & 15) + blk * Q::kBytes;
-      Slice a, b;
-      int ea, eb;  // the slices' K indices, in 32s
-      bool has_b = true;
-      if constexpr (kSuper) {
-        Q::template decode2<true>(bp, pair, a, b);
-        ea = seg * 64 + blk * 8 + Q::slice_a(pair), eb = seg * 64 + blk * 8 + Q::slice_b(pair);
-      } else {
-        has_b = blk + 1 < nblk;
-        Q::template decode<true>(bp, 0, a);
-        if (has_b) Q::template decode<true>(bp + Q::kBytes, 0, b);
-        ea = seg * 64 + blk, eb = ea + 1;
-      }
+  auto finish = [&](const Pos& q, int s, float (&v)[NB][TM]) {
+    if (R == 1) {
 #pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        if (t < p.T) {
-          const int4* xa = reinterpret_cast<const int4*>(xq + size_t(t) * p.K + size_t(ea) * 32);
-          float v = slice_dot<D>(a, xa[0], xa[1], xm + t * K32 + ea);
-          if (has_b) {
-            const int4* xb = reinterpret_cast<const int4*>(xq + size_t(t) * p.K + size_t(eb) * 32);
-            v += slice_dot<D>(b, xb[0], xb[1], xm + t * K32 + eb);
+      for (int t = 0; t < TM; ++t) acc[t] += NB == 2 ? v[0][t] + v[NB - 1][t] : v[0][t];
+      if (q.seg == nseg - 1 || s == s_end - 1) {
+        const int lr = q.g;
+        const bool head = lr * nseg < s_begin, tail = (lr + 1) * nseg > s_end;
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+          const float val = warp_sum(acc[t]);
+          acc[t] = 0.0f;
+          if (lane == 0 && t < T) {
+            if (head)
+              part[warp * 8 + t] = val;
+            else if (tail)
+              part[kMaxWarps * 8 + warp * 8 + t] = val;
+            else
+              write_row(a, v0, nv, lr, t, val);
           }
-          acc[t] += v;
         }
       }
+      return;
     }
-    __syncwarp();  // every lane is done with slot i before it is refilled
-    advance(cons);
-    if (seg == p.nseg - 1 || s == s_end - 1) {
-      // A row this warp shares with its predecessor (head) or successor (tail) meets its other
-      // part below; a row it owns is written now.
-      const bool head = lr * p.nseg < s_begin, tail = (lr + 1) * p.nseg > s_end;
+    const int bpr = a.bpr;
+    if (NB == 2 && bpr == 1) {  // blocks 2·oct + s are rows of their own
 #pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        const float v = warp_sum(acc[t]);
-        acc[t] = 0.0f;
-        if (lane == 0 && t < p.T) {
-          if (head)
-            part[warp * 8 + t] = v;
-          else if (tail)
-            part[kMaxWarps * 8 + warp * 8 + t] = v;
-          else
-            p.out[size_t(t) * p.N + r0 + lr] = v;
+      for (int s = 0; s < NB; ++s)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+          float val = v[s][t];
+          val += __shfl_xor_sync(0xffffffffu, val, 1);
+          val += __shfl_xor_sync(0xffffffffu, val, 2);
+          val += __shfl_xor_sync(0xffffffffu, val, 4);
+          const int lr = q.g * R + 2 * oct + s;
+          if (j == 0 && t < T && lr < nl) write_row(a, v0, nv, lr, t, val);
+        }
+      return;
+    }
+    // Lanes sharing a row: 4·bpr (octets hold 2 blocks) or bpr (lanes hold 1), a power of two.
+    const int width = NB == 2 ? 4 * bpr : bpr;
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      float val = NB == 2 ? v[0][t] + v[NB - 1][t] : v[0][t];
+      for (int o = 1; o < width; o <<= 1) val += __shfl_xor_sync(0xffffffffu, val, o);
+      const int lr = q.g * R + lane / width;
+      if ((lane & (width - 1)) == 0 && t < T && lr < nl) write_row(a, v0, nv, lr, t, val);
+    }
+  };
+
+  const bool early = a.mode == kModePlain || a.mode == kModeSwiglu;  // weight rows known before the wait
+  Pos pc{0, 0};
+  if (s_begin < s_end) pc = Pos{s_begin / nseg, s_begin % nseg};
+  if constexpr (G::kDirect) {
+    typename G::Raw cur[NB] = {}, nxt[NB] = {};
+    auto fetch = [&](const Pos& q, typename G::Raw (&w)[NB]) {
+      Ref r[NB];
+      refs(q, r);
+#pragma unroll
+      for (int s = 0; s < NB; ++s)
+        if (r[s].p) G::load(r[s].p, j, w[s]);
+    };
+    // The first task's weights depend on nothing before this kernel; the activations (and
+    // out, which the kernel before may still read) do: under programmatic dependent launch,
+    // wait after issuing them.
+    if (early && s_begin < s_end) fetch(pc, cur);
+    griddep_wait();
+    quantize_rows<G::kPerm>(a.x + size_t(src0) * a.K, nsrc, a.K, a.Kp, xq, xm, warp, nwarps, lane);
+    __syncthreads();
+    if (!early && s_begin < s_end) fetch(pc, cur);
+    Pos pn = pc;
+    for (int s = s_begin; s < s_end; ++s) {
+      advance(pn);
+      if (s + 1 < s_end) fetch(pn, nxt);  // the next task's loads fly while this one computes
+      Ref r[NB];
+      refs(pc, r);  // recomputed rather than kept: registers go to the loads in flight
+      float v[NB][TM];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int t = 0; t < TM; ++t) v[b][t] = 0.0f;
+        typename G::Full f;
+        G::gather(cur[b], lane, f);
+        if (r[b].p) {
+          Runs ru;
+          G::decode(f, j, ru);
+          dot(ru, r[b], v[b]);
+        }
+      }
+      finish(pc, s, v);
+      pc = pn;
+#pragma unroll
+      for (int b = 0; b < NB; ++b) cur[b] = nxt[b];
+    }
+  } else {
+    Pos pp = pc;  // producer
+    auto issue = [&](uint8_t* dst) {
+      if (R == 1) {
+        const RowSrc rs = row_src(a, v0, nv, src0, pp.g);
+        const int nblk = min(G::kSlots, a.bpr - pp.seg * G::kSlots);
+        if (rs.p) copy_span(rs.p + size_t(pp.seg) * G::kSlots * Q::kBytes, nblk * Q::kBytes, rs.end, dst, lane);
+      } else {
+        for (int i = 0; i < R; ++i) {
+          const int lr = pp.g * R + i;
+          if (lr >= nl) break;
+          const RowSrc rs = row_src(a, v0, nv, src0, lr);
+          if (rs.p) copy_span(rs.p, a.bpr * Q::kBytes, rs.end, dst + i * a.span_stride, lane);
+        }
+      }
+      advance(pp);
+    };
+    if (early) {
+#pragma unroll
+      for (int i = 0; i < kStages - 1; ++i) {
+        if (s_begin + i < s_end) issue(ring + i * a.slot_bytes);
+        cp_async_commit();
+      }
+    }
+    griddep_wait();
+    quantize_rows<G::kPerm>(a.x + size_t(src0) * a.K, nsrc, a.K, a.Kp, xq, xm, warp, nwarps, lane);
+    __syncthreads();
+    if (!early) {
+#pragma unroll
+      for (int i = 0; i < kStages - 1; ++i) {
+        if (s_begin + i < s_end) issue(ring + i * a.slot_bytes);
+        cp_async_commit();
+      }
+    }
+    for (int s = s_begin; s < s_end; ++s) {
+      const int i = s - s_begin;
+      if (s + kStages - 1 < s_end) issue(ring + ((i + kStages - 1) % kStages) * a.slot_bytes);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      const uint8_t* slot = ring + (i % kStages) * a.slot_bytes;
+      Ref r[NB];
+      refs(pc, r);
+      float v[NB][TM];
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) v[b][t] = 0.0f;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        if (r[b].p) {
+          Runs ru;
+          G::decode_smem(slot + r[b].span * a.span_stride + (r[b].p - r[b].span0), j, ru);
+          dot(ru, r[b], v[b]);
+        }
+      __syncwarp();  // every lane is done with the slot before it is refilled
+      finish(pc, s, v);
+      advance(pc);
+    }
+    cp_async_wait<0>();
+  }
+
+  __syncthreads();
+  // Rows split between warps (R = 1): the warp holding a row's start (its tail partial) adds
+  // the head partials of the following warps, in order.
+  if (R == 1) {
+    for (int w = int(threadIdx.x); w < W; w += int(blockDim.x)) {
+      const int sb = range_begin(w), se = range_begin(w + 1), lr = (se - 1) / nseg;
+      if ((lr + 1) * nseg > se && lr * nseg >= sb) {
+        for (int t = 0; t < T; ++t) {
+          float sum = part[kMaxWarps * 8 + w * 8 + t];
+          for (int w2 = w + 1; w2 < W && range_begin(w2) < (lr + 1) * nseg; ++w2) sum += part[w2 * 8 + t];
+          write_row(a, v0, nv, lr, t, sum);
         }
       }
     }
   }
-  __syncthreads();
-  // Warp w's first step s_begin(w) splits a row iff it is not a row start: predecessor's tail +
-  // w's head, in that order (deterministic).
-  for (int i = int(threadIdx.x); i < (W - 1) * TM; i += int(blockDim.x)) {
-    const int w = 1 + i / TM, t = i % TM;
-    const int sb = int((long long)w * S / W);
-    if (t < p.T && sb % p.nseg != 0)
-      p.out[size_t(t) * p.N + r0 + sb / p.nseg] = part[kMaxWarps * 8 + (w - 1) * 8 + t] + part[w * 8 + t];
+  if (a.mode == kModePlain) return;
+  __syncthreads();  // the rows written above (global memory) are read back below
+  if (a.mode == kModeSwiglu) {
+    for (int i = int(threadIdx.x); i < nv * T; i += int(blockDim.x)) {
+      const int t = i / nv;
+      const size_t o = size_t(t) * a.V + v0 + (i - t * nv);
+      a.out[0][o] = silu_f(a.out[0][o]) * a.out[1][o];
+    }
+  } else if (a.mode == kModeMoeGateUp) {
+    for (int q = v0 + int(threadIdx.x); q < v1; q += int(blockDim.x))
+      a.out[0][q] = silu_f(a.res[q]) * a.res[size_t(a.V) + q];
+  } else {
+    for (int u = v0 + int(threadIdx.x); u < v1; u += int(blockDim.x)) {
+      const int t = u / a.mrows;
+      float sum = 0.0f;
+      for (int jj = 0; jj < a.k; ++jj) {
+        const int p = t * a.k + jj, e = a.ids[p];
+        if (e >= 0 && e < a.E) sum += a.route_w[p] * a.res[size_t(u) * a.k + jj];
+      }
+      a.out[0][u] = sum;
+    }
   }
 }
 
@@ -636,66 +1118,103 @@ DevInfo dev_info() {
   return d;
 }
 
+struct GemvPlan {
+  int grid = 0, warps = 0;
+  size_t smem = 0;
+};
+
+// Fills the derived fields of a (K, V, mode and xcap set) and the launch shape; false when the
+// activations and at least 4 warps' rings do not fit in shared memory.
 template <DType D, int TM>
-void launch_gemv(Ctx& c, GemvParams p) {
-  const DevInfo di = dev_info();
-  const int grid = std::min(p.N, di.sms);
-  const int rows_max = (p.N + grid - 1) / grid;
-  // At least 8 warps: the activation pass of a block with a single row still needs the threads.
-  int warps = std::min(gemv_warps<TM>(), std::max(8, rows_max));
-  const size_t ring = size_t(kStages) * stage_bytes<D>(), fixed = kPartFloats * sizeof(float);
-  const size_t x_bytes = size_t(p.T) * p.K + size_t(p.T) * (p.K / 32) * sizeof(XMeta), optin = size_t(di.smem_optin);
-  // Activations in shared memory while at least 16 warps' rings fit next to them.
-  p.x_smem = fixed + x_bytes + size_t(std::min(warps, 16)) * ring <= optin;
-  if (p.x_smem)
-    warps = std::min<int>(warps, int((optin - fixed - x_bytes) / ring));
-  else
-    warps = std::min<int>(warps, int((optin - fixed) / ring));
-  QWEN36_CHECK(warps >= 1, "quant matmul: {} bytes of shared memory are too few", optin);
-  const size_t smem = fixed + size_t(warps) * ring + (p.x_smem ? x_bytes : 0);
-  Temp<int8_t> gq(c, p.x_smem ? 0 : size_t(p.T) * p.K);
-  Temp<XMeta> gm(c, p.x_smem ? 0 : size_t(p.T) * (p.K / 32));
-  if (!p.x_smem) {
-    const int nb = p.T * (p.K / 32);
-    quantize_x_kernel<<<blocks_for(int64_t(nb) * 8, 256), 256, 0, c.stream>>>(p.x, nb, gq.get(), gm.get());
-    CUDA_LAUNCH_CHECK();
-    p.xq = gq.get();
-    p.xm = gm.get();
+bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
+  using G = GV<D>;
+  using Q = QType<D>;
+  // The decoders assume blocks start kAlign-aligned in a 16-byte aligned tensor (ring slots keep
+  // the alignment mod 16): kAlign is exactly the power of two in kBytes, capped at 16; the
+  // register-loading decoders need 8.
+  static_assert(Q::kBytes % Q::kAlign == 0 && (Q::kAlign == 16 || Q::kBytes % (2 * Q::kAlign) != 0));
+  static_assert(!G::kDirect || Q::kAlign >= 8);
+  a.bpr = a.K / Q::kElems;
+  a.Kp = (a.K + 255) / 256 * 256;
+  const int slots = G::kSlots;
+  if (a.bpr < slots && slots % a.bpr == 0 && slots / a.bpr <= 8) {
+    a.R = slots / a.bpr, a.nseg = 1, a.lgbpr = 0;
+    while ((1 << a.lgbpr) < a.bpr) ++a.lgbpr;
+  } else {
+    a.R = 1, a.nseg = (a.bpr + slots - 1) / slots, a.lgbpr = 0;
   }
+  const DevInfo di = dev_info();
+  pl.grid = std::min(a.V, di.sms);
+  const size_t fixed = kPartFloats * sizeof(float), xb = size_t(a.xcap) * a.Kp * 3 / 2;
+  const size_t optin = size_t(di.smem_optin);
+  if (fixed + xb > optin) return false;
+  pl.warps = gemv_warps<D, G::kDirect, TM>();
+  a.slot_bytes = a.span_stride = 0;
+  if (!G::kDirect) {
+    // A slot holds one task's spans, each from its first 16-byte chunk, plus 16 bytes of slack
+    // for the decoders' padded word reads.
+    a.span_stride = (15 + a.bpr * Q::kBytes + 15) / 16 * 16 + 16;
+    a.slot_bytes = a.R > 1 ? a.R * a.span_stride : (15 + std::min(slots, a.bpr) * Q::kBytes + 15) / 16 * 16 + 16;
+    const size_t per_warp = size_t(kStages) * a.slot_bytes;
+    pl.warps = int(std::min<size_t>(size_t(pl.warps), (optin - fixed - xb) / per_warp));
+    if (pl.warps < 4) return false;
+  }
+  pl.smem = fixed + xb + size_t(pl.warps) * kStages * a.slot_bytes;
+  return true;
+}
+
+template <DType D, int TM>
+void launch_gemv(Ctx& c, const GemvArgs& a, const GemvPlan& pl) {
   static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(quant_gemv_kernel<D, TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(qgemv_kernel<D, TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     dev_info().smem_optin));
     return true;
   }();
   (void)attr_set;
-  launch_pdl(quant_gemv_kernel<D, TM>, dim3(unsigned(grid)), dim3(unsigned(warps * 32)), smem, c.stream, p);
+  launch_pdl(qgemv_kernel<D, TM>, dim3(unsigned(pl.grid)), dim3(unsigned(pl.warps * 32)), pl.smem, c.stream, a);
+}
+
+// Plans (and with launch, runs) the GEMV of a for its T; false: it does not fit.
+template <DType D>
+bool run_gemv(Ctx& c, GemvArgs a, bool launch = true) {
+  GemvPlan pl;
+  auto go = [&](auto tm) {
+    constexpr int TM = decltype(tm)::value;
+    if (!plan_gemv<D, TM>(a, pl)) return false;
+    if (launch) launch_gemv<D, TM>(c, a, pl);
+    return true;
+  };
+  if (a.T <= 1) return go(std::integral_constant<int, 1>{});
+  if (a.T <= 2) return go(std::integral_constant<int, 2>{});
+  if (a.T <= 4) return go(std::integral_constant<int, 4>{});
+  return go(std::integral_constant<int, 8>{});
 }
 
 template <DType D>
-void quant_gemv(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
-  using Q = QType<D>;
-  // The decoder's loads assume blocks start kAlign-aligned (ring slots keep the tensor's
-  // alignment mod 16): kAlign must be exactly the power of two in kBytes, capped at 16.
-  static_assert(Q::kBytes % Q::kAlign == 0 && (Q::kAlign == 16 || Q::kBytes % (2 * Q::kAlign) != 0));
-  GemvParams p{};
-  p.w = static_cast<const uint8_t*>(w.data);
-  p.w_bytes = w.nbytes();
-  p.row_bytes = w.row_bytes();
-  p.x = x;
-  p.out = out;
-  p.T = T, p.N = N, p.K = K;
-  p.bpr = K / Q::kElems;
-  p.nseg = (p.bpr + kSegElems / Q::kElems - 1) / (kSegElems / Q::kElems);
-  if (T == 1)
-    launch_gemv<D, 1>(c, p);
-  else if (T == 2)
-    launch_gemv<D, 2>(c, p);
-  else if (T <= 4)
-    launch_gemv<D, 4>(c, p);
-  else
-    launch_gemv<D, 8>(c, p);
-}
+void quant_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K);
 
+// out[T, N] = x · wᵀ with the GEMV; activations too large for shared memory are split in
+// halves of T (each a pass over the weights), and a single row that still does not fit takes
+// the dequantizing GEMM.
+template <DType D>
+void quant_gemv(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
+  GemvArgs a{};
+  a.w[0] = static_cast<const uint8_t*>(w.data);
+  a.out[0] = out;
+  a.row_end[0] = N;
+  a.nmat = 1;
+  a.x = x;
+  a.rb = w.row_bytes();
+  a.mode = kModePlain;
+  a.T = a.xcap = T;
+  a.V = N;
+  a.K = K;
+  if (run_gemv<D>(c, a)) return;
+  if (T == 1) return quant_gemm<D>(c, w, x, out, T, N, K);
+  const int h = T / 2;
+  quant_gemv<D>(c, w, x, out, h, N, K);
+  quant_gemv<D>(c, w, x + size_t(h) * K, out + size_t(h) * N, T - h, N, K);
+}
 // ---- dequantization (prefill slices, embedding rows) ----
 
 __device__ __forceinline__ void store32(float* o, const float (&y)[32]) {
@@ -726,43 +1245,71 @@ __device__ __forceinline__ void slice_values(const Slice& s, float (&y)[32]) {
       y[4 * k + j] = fmaf(k < 4 ? a0 : a1, float(int(int8_t(s.q[k] >> (8 * j))) - QType<D>::kZ), s.bias);
 }
 
+// Decode unit u of weight row wr into o (the row's K outputs): a slice pair of a super-block, or
+// one 32-weight block.
+template <DType D, typename O>
+__device__ __forceinline__ void dequant_unit(const uint8_t* wr, int u, O* o) {
+  using Q = QType<D>;
+  float y[32];
+  if constexpr (Q::kElems == 256) {
+    Slice a, b;
+    const int blk = u >> 2, pair = u & 3;
+    Q::template decode2<false>(wr + size_t(blk) * Q::kBytes, pair, a, b);
+    slice_values<D>(a, y);
+    store32(o + size_t(blk) * 256 + 32 * Q::slice_a(pair), y);
+    slice_values<D>(b, y);
+    store32(o + size_t(blk) * 256 + 32 * Q::slice_b(pair), y);
+  } else {
+    Slice a;
+    Q::template decode<false>(wr + size_t(u) * Q::kBytes, 0, a);
+    slice_values<D>(a, y);
+    store32(o + size_t(u) * 32, y);
+  }
+}
+template <DType D>
+__host__ __device__ constexpr int unit_elems() {
+  return QType<D>::kElems == 256 ? 64 : 32;
+}
+
 // out[r, :] = weight row rows[r] (or r0 + r without a row list) as f32 / bf16, r < nrows. One
-// thread per decode unit: a slice pair of a super-block, or one 32-weight block.
+// thread per decode unit.
 template <DType D, typename O>
 __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, const int32_t* __restrict__ rows, int r0,
                                int nrows, int K, O* __restrict__ out) {
-  using Q = QType<D>;
-  constexpr bool kSuper = Q::kElems == 256;
-  constexpr int kUnitElems = kSuper ? 64 : 32;
-  const int units = K / kUnitElems;
+  const int units = K / unit_elems<D>();
   const long long n = (long long)nrows * units;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const int r = int(i / units), u = int(i - (long long)r * units);
     const long long row = rows ? rows[r] : r0 + r;
-    const uint8_t* wr = w + size_t(row) * row_bytes;
-    O* o = out + size_t(r) * K;
-    float y[32];
-    if constexpr (kSuper) {
-      Slice a, b;
-      const int blk = u >> 2, pair = u & 3;
-      Q::template decode2<false>(wr + size_t(blk) * Q::kBytes, pair, a, b);
-      slice_values<D>(a, y);
-      store32(o + size_t(blk) * 256 + 32 * Q::slice_a(pair), y);
-      slice_values<D>(b, y);
-      store32(o + size_t(blk) * 256 + 32 * Q::slice_b(pair), y);
-    } else {
-      Slice a;
-      Q::template decode<false>(wr + size_t(u) * Q::kBytes, 0, a);
-      slice_values<D>(a, y);
-      store32(o + size_t(u) * 32, y);
-    }
+    dequant_unit<D>(w + size_t(row) * row_bytes, u, out + size_t(r) * K);
+  }
+}
+
+// MoE prefill: matrices kind0 .. kind0 + nkind - 1 (0 gate, 1 up: [I, D]; 2 down: [D, I]; rows
+// x K each) of experts e0 + es, es < ne, into bf16 slot es of scratch ([ne][3][I·D], kind κ at
+// offset κ·I·D); experts that received no pair (off[e + 1] == off[e]) are skipped.
+template <DType D>
+__global__ void dequant_experts_kernel(const void* const* __restrict__ table, int kind0, int nkind,
+                                       const int32_t* __restrict__ off, int e0, int ne, int rows, int K,
+                                       size_t row_bytes, __nv_bfloat16* __restrict__ scratch) {
+  const int units = K / unit_elems<D>();
+  const long long per_mat = (long long)rows * units, n = per_mat * nkind * ne;
+  const size_t mat_elems = size_t(rows) * K;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long m = i / per_mat, ru = i - m * per_mat;
+    const int es = int(m / nkind), kind = kind0 + int(m - (long long)es * nkind), e = e0 + es;
+    if (off[e + 1] == off[e]) continue;
+    const int r = int(ru / units), u = int(ru - (long long)r * units);
+    const uint8_t* w = static_cast<const uint8_t*>(table[3 * e + kind]);
+    dequant_unit<D>(w + size_t(r) * row_bytes, u,
+                    scratch + (size_t(es) * 3 + size_t(kind)) * mat_elems + size_t(r) * K);
   }
 }
 
 template <DType D, typename O>
 void launch_dequant(Ctx& c, const Tensor& w, const int32_t* rows, int r0, int nrows, O* out) {
   const int K = int(w.cols());
-  const int64_t n = int64_t(nrows) * (K / (QType<D>::kElems == 256 ? 64 : 32));
+  const int64_t n = int64_t(nrows) * (K / unit_elems<D>());
   const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
   dequant_kernel<D, O><<<blocks, 256, 0, c.stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes(), rows, r0,
                                                      nrows, K, out);
@@ -869,6 +1416,7 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ dst, int64_t nb, floa
 
 }  // namespace
 
+
 void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed) {
   const bool ok = with_quant_type(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
@@ -885,6 +1433,10 @@ bool quant_supported(DType t) {
   return with_quant_type(t, [](auto) {});
 }
 
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
 void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   const int64_t K = w.cols(), N = w.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(quant_supported(w.dtype), "matmul: weight dtype {} is not supported by the CUDA backend",
@@ -892,9 +1444,8 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   QWEN36_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "matmul: activations must be f32");
   QWEN36_CHECK(x.cols() == K && out.numel() == T * N, "matmul: x {} · w {} → out {}", x.shape_str(), w.shape_str(),
                out.shape_str());
-  QWEN36_CHECK(N < (int64_t(1) << 31) && T * K < (int64_t(1) << 31), "matmul: {} is too large", w.shape_str());
-  QWEN36_CHECK(reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0,
-               "matmul: quantized weights and activations must be 16-byte aligned");
+  QWEN36_CHECK(N < (int64_t(1) << 30) && T * K < (int64_t(1) << 31), "matmul: {} is too large", w.shape_str());
+  QWEN36_CHECK(aligned16(w.data) && aligned16(x.data), "matmul: quantized weights and activations must be 16-byte aligned");
   if (T == 0 || N == 0) return;
   const float* xp = x.as<const float>();
   float* op = out.as<float>();
@@ -905,6 +1456,147 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
     else
       quant_gemm<D>(c, w, xp, op, int(T), int(N), int(K));
   });
+}
+
+bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (c.exact_matmul || ws.empty() || ws.size() != outs.size() || x.dtype != DType::F32) return false;
+  const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (T < 1 || T > 8 || x.cols() != K || !aligned16(x.data)) return false;
+  bool any = false;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i];
+    if (w.cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * w.rows()) return false;
+    if (dtype_is_quantized(w.dtype)) {
+      if (!quant_supported(w.dtype) || !aligned16(w.data) || w.rows() >= (int64_t(1) << 30)) return false;
+      any = true;
+    }
+  }
+  if (!any) return false;
+  // One launch per quantized type (up to 4 matrices each); the other matrices go to the bf16 /
+  // f16 / f32 multi-GEMV.
+  std::vector<bool> done(ws.size(), false);
+  std::vector<const Tensor*> rest_w;
+  std::vector<Tensor*> rest_o;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (done[i]) continue;
+    const DType t = ws[i]->dtype;
+    if (!dtype_is_quantized(t)) {
+      rest_w.push_back(ws[i]);
+      rest_o.push_back(outs[i]);
+      done[i] = true;
+      continue;
+    }
+    GemvArgs a{};
+    std::vector<size_t> members;
+    int64_t rows = 0;
+    for (size_t m = i; m < ws.size() && a.nmat < kMaxMats; ++m) {
+      if (done[m] || ws[m]->dtype != t || rows + ws[m]->rows() >= (int64_t(1) << 30)) continue;
+      rows += ws[m]->rows();
+      a.w[a.nmat] = static_cast<const uint8_t*>(ws[m]->data);
+      a.out[a.nmat] = outs[m]->as<float>();
+      a.row_end[a.nmat] = int(rows);
+      ++a.nmat;
+      members.push_back(m);
+      done[m] = true;
+    }
+    a.x = x.as<const float>();
+    a.rb = ws[i]->row_bytes();
+    a.mode = kModePlain;
+    a.T = a.xcap = int(T);
+    a.V = int(rows);
+    a.K = int(K);
+    bool ok = false;
+    with_quant_type(t, [&](auto dt) { ok = rows == 0 || run_gemv<decltype(dt)::value>(c, a); });
+    if (!ok)
+      for (size_t m : members) quant_matmul(c, x, *ws[m], *outs[m]);
+  }
+  if (!rest_w.empty() && !matmul_multi(c, x, rest_w, rest_o))
+    for (size_t i = 0; i < rest_w.size(); ++i) matmul(c, x, *rest_w[i], *rest_o[i]);
+  return true;
+}
+
+bool quant_matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
+                         Tensor& up_out) {
+  const int64_t K = gate.cols(), N = gate.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (c.exact_matmul || !dtype_is_quantized(gate.dtype) || !quant_supported(gate.dtype) || up.dtype != gate.dtype ||
+      up.rows() != N || up.cols() != K || x.dtype != DType::F32 || x.cols() != K || T < 1 || T > 8 ||
+      gate_out.dtype != DType::F32 || up_out.dtype != DType::F32 || gate_out.numel() != T * N ||
+      up_out.numel() != T * N || N < 1 || N >= (int64_t(1) << 29) || !aligned16(x.data) || !aligned16(gate.data) ||
+      !aligned16(up.data))
+    return false;
+  GemvArgs a{};
+  a.w[0] = static_cast<const uint8_t*>(gate.data);
+  a.w[1] = static_cast<const uint8_t*>(up.data);
+  a.out[0] = gate_out.as<float>();
+  a.out[1] = up_out.as<float>();
+  a.nmat = 2;
+  a.x = x.as<const float>();
+  a.rb = gate.row_bytes();
+  a.mode = kModeSwiglu;
+  a.T = a.xcap = int(T);
+  a.V = int(N);
+  a.K = int(K);
+  bool ok = false;
+  with_quant_type(gate.dtype, [&](auto dt) { ok = run_gemv<decltype(dt)::value>(c, a); });
+  return ok;
+}
+
+bool quant_moe_decode(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
+                      DType gate_up, DType down, int64_t E, int64_t I, Tensor& out) {
+  const int64_t T = x.rows(), D = x.cols(), k = ids.cols(), P = T * k;
+  if (c.exact_matmul || !quant_supported(gate_up) || !quant_supported(down) || P < 1 || !aligned16(x.data) ||
+      P * I >= (int64_t(1) << 29) || P * D >= (int64_t(1) << 30) || E >= (int64_t(1) << 30))
+    return false;
+  GemvArgs g{};
+  g.table = table;
+  g.ids = ids.as<const int32_t>();
+  g.x = x.as<const float>();
+  g.rb = dtype_row_bytes(gate_up, D);
+  g.mode = kModeMoeGateUp;
+  g.T = 1;
+  g.xcap = int(T);
+  g.V = int(P * I);
+  g.K = int(D);
+  g.mrows = int(I);
+  g.k = int(k);
+  g.E = int(E);
+  GemvArgs d = g;
+  d.route_w = weights.as<const float>();
+  d.rb = dtype_row_bytes(down, I);
+  d.mode = kModeMoeDown;
+  d.xcap = int(P);
+  d.V = int(T * D);
+  d.K = int(I);
+  d.mrows = int(D);
+  auto run = [&](DType t, GemvArgs& a, bool launch) {
+    bool ok = false;
+    with_quant_type(t, [&](auto dt) { ok = run_gemv<decltype(dt)::value>(c, a, launch); });
+    return ok;
+  };
+  if (!run(gate_up, g, false) || !run(down, d, false)) return false;
+  // act: the pairs' SwiGLU rows; res: per-row dot products of either launch (stream-ordered).
+  Temp<float> act(c, size_t(P * I)), res(c, size_t(std::max(2 * P * I, P * D)));
+  g.res = d.res = res.get();
+  g.out[0] = act.get();
+  d.x = act.get();
+  d.out[0] = out.as<float>();
+  run(gate_up, g, true);
+  run(down, d, true);
+  return true;
+}
+
+void quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
+                           int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
+  const bool ok = with_quant_type(t, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    const int64_t n = int64_t(ne) * nkind * rows * (K / unit_elems<D>());
+    if (n == 0) return;
+    const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
+    dequant_experts_kernel<D><<<blocks, 256, 0, c.stream>>>(table, kind0, nkind, off, e0, ne, int(rows), int(K),
+                                                           dtype_row_bytes(t, K), scratch);
+    CUDA_LAUNCH_CHECK();
+  });
+  QWEN36_CHECK(ok, "moe_experts: weight dtype {} is not supported by the CUDA backend", dtype_name(t));
 }
 
 void quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
