@@ -3,8 +3,15 @@
 // prefill (bf16/f16 weights), and the per-expert matmul fallback (f32 weights, exact_matmul,
 // shapes not multiple of 8). Prints the time of one 35B-A3B layer's experts (not asserted).
 //
+// Block-quantized experts (Q4_K / Q6_K ...) are checked against the CPU twin on their
+// dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill.
+//
 // Tolerances (rel_err: max |Δ| / max(1, max |want|)):
 //  - decode: f32 activations and f32 accumulation, only the summation order differs: 1e-4.
+//  - quantized decode: the GEMVs multiply with x and each pair's SwiGLU row rounded to int8 per
+//    32; the twin (moe_int8_reference) rounds the same way in double, so f32 arithmetic differs
+//    (~1e-6), and an activation whose CPU and GPU values straddle a rounding boundary moves by
+//    one step (amax/127) — one weight times that, ≪ 1e-3 of an output: 2e-3.
 //  - prefill (tensor cores): x and the SwiGLU output are rounded to bf16/f16 once each
 //    (relative 2^-9 / 2^-12 per element) before f32-accumulated products: 1.5e-2, as the
 //    prefill matmul test.
@@ -17,13 +24,14 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
+#include "quant/quant.h"
 
 namespace qwen36::gputest {
 namespace {
 
 class CudaMoe : public CudaTest {};
 
-constexpr double kDecodeTol = 1e-4, kPrefillTol = 1.5e-2, kF32Tol = 1e-4;
+constexpr double kDecodeTol = 1e-4, kPrefillTol = 1.5e-2, kF32Tol = 1e-4, kQuantDecodeTol = 2e-3;
 
 // E experts of one dtype and shape, on the host (CPU reference) and the device. `distinct`
 // random matrices per kind are cycled over the experts (the 35B timing needs 768 matrices;
@@ -306,6 +314,250 @@ TEST_F(CudaMoe, Time35BLayer) {
     const double bytes = double(k) * 3 * double(I * D) * 2;
     std::printf("[ moe ] 35B decode T=1: %.1f us per layer (routed experts, %.0f MB), %.0f GB/s; copy bandwidth %.0f GB/s\n",
                 s * 1e6, bytes / 1e6, bytes / s / 1e9, cuda_copy_bandwidth_gbs(size_t(1) << 30, 3));
+  }
+}
+
+// ---- block-quantized experts ----
+
+// E experts, gate/up of type gu and down of type dn: uniform random rows quantized by the
+// project's quantizer (device copies), and their dequantized f32 values for the CPU twin.
+// `distinct` matrices per kind are cycled over the experts, as make_experts.
+struct QuantExperts {
+  std::vector<HostT> q, f;
+  std::vector<DevT> dev;
+  std::vector<MlpWeights> h, d;  // h: f32 (host), d: quantized (device)
+};
+QuantExperts make_quant_experts(Backend& gpu, std::mt19937& rng, DType gu, DType dn, int64_t E, int64_t D, int64_t I,
+                                int64_t distinct = 0) {
+  if (distinct == 0) distinct = E;
+  QuantExperts ex;
+  const float a = 1.5f / std::sqrt(float(D)), b = 1.5f / std::sqrt(float(I));
+  for (int64_t e = 0; e < distinct; ++e)
+    for (int m = 0; m < 3; ++m) {
+      const int64_t rows = m < 2 ? I : D, cols = m < 2 ? D : I;
+      const DType dt = m < 2 ? gu : dn;
+      const HostT f = random_t(rng, DType::F32, {rows, cols}, m < 2 ? -a : -b, m < 2 ? a : b);
+      HostT q(dt, {rows, cols}), back(DType::F32, {rows, cols});
+      for (int64_t r = 0; r < rows; ++r) {
+        quantize_row(dt, f.t.as<const float>() + r * cols, q.bytes.data() + size_t(r) * q.t.row_bytes(), cols);
+        cpu::weight_row_to_f32(q.t, r, back.f() + r * cols);
+      }
+      ex.q.push_back(std::move(q));
+      ex.f.push_back(std::move(back));
+    }
+  for (int64_t e = 0; e < E; ++e)
+    for (int m = 0; m < 3; ++m) ex.dev.push_back(upload(gpu, ex.q[size_t(3 * (e % distinct) + m)]));
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t h = size_t(3 * (e % distinct)), d = size_t(3 * e);
+    ex.h.push_back({ex.f[h].t, ex.f[h + 1].t, ex.f[h + 2].t});
+    ex.d.push_back({ex.dev[d].t, ex.dev[d + 1].t, ex.dev[d + 2].t});
+  }
+  return ex;
+}
+
+// v rounded to int8 per 32 as the decode GEMVs round activations (scale amax/127, x·(127/amax)
+// to the nearest even integer by one FMA), as values.
+void int8_round(float* v, int64_t n) {
+  for (int64_t b = 0; b < n; b += 32) {
+    float amax = 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(v[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) v[i] = d * (std::fma(v[i], id, 12582912.0f) - 12582912.0f);
+  }
+}
+
+// The quantized decode as the GPU computes it, in double: out[t] = Σ_j w[t, j] · down_e ·
+// int8(silu(gate_e · int8(x_t)) · (up_e · int8(x_t))); ids outside [0, E) contribute nothing.
+std::vector<float> moe_int8_reference(const QuantExperts& ex, const HostT& x, const HostT& w, const HostT& ids) {
+  const int64_t T = x.t.rows(), D = x.t.cols(), k = ids.t.cols(), E = int64_t(ex.h.size()), I = ex.h[0].gate_proj.rows();
+  std::vector<float> out(size_t(T * D), 0.0f), xq(static_cast<size_t>(D)), act(static_cast<size_t>(I));
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(x.t.as<const float>() + t * D, x.t.as<const float>() + (t + 1) * D, xq.begin());
+    int8_round(xq.data(), D);
+    std::vector<double> acc(static_cast<size_t>(D), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids.t.as<const int32_t>()[t * k + j];
+      if (e < 0 || e >= E) continue;
+      const MlpWeights& m = ex.h[size_t(e)];
+      for (int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        const float* gr = m.gate_proj.as<const float>() + i * D;
+        const float* ur = m.up_proj.as<const float>() + i * D;
+        for (int64_t c = 0; c < D; ++c) g += double(gr[c]) * xq[size_t(c)], u += double(ur[c]) * xq[size_t(c)];
+        act[size_t(i)] = float(g / (1.0 + std::exp(-g)) * u);
+      }
+      int8_round(act.data(), I);
+      const double wt = w.t.as<const float>()[t * k + j];
+      for (int64_t d = 0; d < D; ++d) {
+        double y = 0;
+        const float* dr = m.down_proj.as<const float>() + d * I;
+        for (int64_t i = 0; i < I; ++i) y += double(dr[i]) * act[size_t(i)];
+        acc[size_t(d)] += wt * y;
+      }
+    }
+    for (int64_t d = 0; d < D; ++d) out[size_t(t * D + d)] = float(acc[size_t(d)]);
+  }
+  return out;
+}
+
+std::vector<float> run_experts(Backend& gpu, const std::vector<MlpWeights>& experts, const HostT& x, const HostT& w,
+                               const HostT& ids) {
+  HostT init(DType::F32, {x.t.rows(), x.t.cols()});
+  std::fill(init.f(), init.f() + init.t.numel(), std::numeric_limits<float>::quiet_NaN());
+  DevT dx = upload(gpu, x), dw = upload(gpu, w), di = upload(gpu, ids), o = upload(gpu, init);
+  gpu.moe_experts(dx.t, dw.t, di.t, experts, o.t);
+  return download(gpu, o.t);
+}
+
+struct ExpertTypes {
+  DType gu, dn;
+};
+std::string types_name(const ExpertTypes& m) {
+  return std::string(dtype_name(m.gu)) + "/" + std::string(dtype_name(m.dn));
+}
+
+// T·k ≤ 64: the two int8 GEMV launches over the routed pairs, against the int8 twin. D = 512,
+// I = 256: the down rows are one super-block (8 rows per task); the 35B's 2048 / 512 too.
+TEST_F(CudaMoe, QuantDecodeMatchesInt8Twin) {
+  for (const ExpertTypes& mx : {ExpertTypes{DType::Q4_K, DType::Q6_K}, ExpertTypes{DType::Q4_K, DType::Q4_K},
+                             ExpertTypes{DType::Q5_K, DType::Q6_K}, ExpertTypes{DType::Q8_0, DType::Q8_0},
+                             ExpertTypes{DType::IQ4_XS, DType::Q6_K}}) {
+    const int64_t E = 32, D = 512, I = 256, k = 8;
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, mx.gu, mx.dn, E, D, I);
+    for (int64_t T : {1, 3, 8}) {
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+      EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << types_name(mx) << " T=" << T << ": " << worst_at(got, want, D);
+    }
+  }
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, 16, 2048, 512);
+  for (int64_t T : {1, 2}) {
+    HostT x = random_t(rng_, DType::F32, {T, 2048}), w, ids;
+    route(rng_, T, 16, 8, w, ids, 16);
+    const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+    EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "q4_k/q6_k D=2048 I=512 T=" << T << ": " << worst_at(got, want, 2048);
+  }
+}
+
+TEST_F(CudaMoe, QuantDecodeInvalidIdsContributeNothing) {
+  const int64_t E = 16, D = 512, I = 256, k = 4, T = 3;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
+  HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+  route(rng_, T, E, k, w, ids, E);
+  ids.t.as<int32_t>()[1] = -1;
+  ids.t.as<int32_t>()[k + 2] = int32_t(E + 3);
+  const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+  EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << worst_at(got, want, D);
+}
+
+// Prefill: experts dequantized to bf16 (per pass) for the grouped GEMM; against the f32 twin on
+// the dequantized weights at the bf16 prefill tolerance. QWEN36_MOE_DEQUANT_MB=4 forces passes
+// of 5 experts; idle experts (live < E) are skipped. exact_matmul: per-expert f32 products.
+TEST_F(CudaMoe, QuantPrefillMatchesCpu) {
+  const int64_t E = 64, D = 512, I = 256, k = 8;
+  for (const ExpertTypes& mx : {ExpertTypes{DType::Q4_K, DType::Q6_K}, ExpertTypes{DType::Q8_0, DType::Q4_K}}) {
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, mx.gu, mx.dn, E, D, I);
+    for (const char* budget : {"", "4"}) {
+      if (*budget) setenv("QWEN36_MOE_DEQUANT_MB", budget, 1);
+      for (auto [T, live] : {std::pair<int64_t, int64_t>{100, 48}, {700, 64}}) {
+        HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, want(DType::F32, {T, D});
+        route(rng_, T, E, k, w, ids, live);
+        cpu::moe_experts(x.t, w.t, ids.t, ex.h, want.t);
+        const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), ref = want.floats();
+        EXPECT_LE(rel_err(got, ref), kPrefillTol)
+            << types_name(mx) << " T=" << T << " budget '" << budget << "': " << worst_at(got, ref, D);
+      }
+      unsetenv("QWEN36_MOE_DEQUANT_MB");
+    }
+  }
+  CudaOptions o;
+  o.exact_matmul = true;
+  auto exact = make_cuda_backend(o);
+  const QuantExperts ex = make_quant_experts(*exact, rng_, DType::Q4_K, DType::Q6_K, 16, D, I);
+  for (int64_t T : {2, 100}) {
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, want(DType::F32, {T, D});
+    route(rng_, T, 16, 4, w, ids, 16);
+    cpu::moe_experts(x.t, w.t, ids.t, ex.h, want.t);
+    const std::vector<float> got = run_experts(*exact, ex.d, x, w, ids), ref = want.floats();
+    EXPECT_LE(rel_err(got, ref), kF32Tol) << "exact_matmul T=" << T << ": " << worst_at(got, ref, D);
+  }
+}
+
+// One 35B-A3B Q4_K_M layer's routed experts (256 × gate/up [512 × 2048] Q4_K, down Q6_K, top-8):
+// a decode step (graph of 64 steps) and a 4096-token prefill, timed (printed), spot-checked.
+TEST_F(CudaMoe, Time35BLayerQuant) {
+  const int64_t E = 256, D = 2048, I = 512, k = 8;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I, /*distinct=*/4);
+  auto rows_host = [&](const DevT& d, int64_t r0, int64_t n, DType dt) {
+    HostT h(dt, {n, d.t.cols()});
+    gpu_->copy_to_host(rows_of(d.t, r0, n), h.t.data);
+    return h;
+  };
+  {  // decode: 64 routings cycled, so that consecutive steps read mostly different experts
+    const int64_t steps = 64;
+    HostT x = random_t(rng_, DType::F32, {steps, D}), logits = random_t(rng_, DType::F32, {steps, E}, -2, 2);
+    DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {steps, k})),
+         di = upload(*gpu_, HostT(DType::I32, {steps, k})), o = upload(*gpu_, HostT(DType::F32, {steps, D}));
+    gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+    auto run_steps = [&] {
+      for (int64_t r = 0; r < steps; ++r) {
+        Tensor orow = rows_of(o.t, r, 1);
+        gpu_->moe_experts(rows_of(dx.t, r, 1), rows_of(dw.t, r, 1), rows_of(di.t, r, 1), ex.d, orow);
+      }
+    };
+    run_steps();
+    const std::vector<float> got = download(*gpu_, o.t);
+    HostT xs(DType::F32, {4, D});
+    std::copy(x.t.as<const float>(), x.t.as<const float>() + 4 * D, xs.f());
+    const std::vector<float> part(got.begin(), got.begin() + 4 * D),
+        want = moe_int8_reference(ex, xs, rows_host(dw, 0, 4, DType::F32), rows_host(di, 0, 4, DType::I32));
+    EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B decode steps 0..3: " << worst_at(part, want, D);
+    ASSERT_TRUE(gpu_->begin_capture());
+    run_steps();
+    ASSERT_TRUE(gpu_->end_capture(0x6d6f6503, true)) << "the quantized decode path could not be recorded";
+    const int reps = 5;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < reps; ++rep) gpu_->replay(0x6d6f6503);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (reps * steps);
+    EXPECT_EQ(download(*gpu_, o.t), got) << "replays must reproduce the decode";
+    const double bytes = double(k) * double(2 * I * dtype_row_bytes(DType::Q4_K, D) + D * dtype_row_bytes(DType::Q6_K, I));
+    std::printf("[ moe ] 35B q4_k_m decode T=1: %.1f us per layer (routed experts, %.1f MB), %.0f GB/s; copy bandwidth %.0f GB/s\n",
+                s * 1e6, bytes / 1e6, bytes / s / 1e9, cuda_copy_bandwidth_gbs(size_t(1) << 30, 3));
+  }
+  {  // prefill
+    const int64_t T = 4096;
+    HostT x = random_t(rng_, DType::F32, {T, D}), logits = random_t(rng_, DType::F32, {T, E}, -2, 2);
+    DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {T, k})),
+         di = upload(*gpu_, HostT(DType::I32, {T, k})), o = upload(*gpu_, HostT(DType::F32, {T, D}));
+    gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    const std::vector<float> got = download(*gpu_, o.t);
+    for (int64_t r0 : {int64_t(0), T - 8}) {
+      HostT xs(DType::F32, {8, D}), want(DType::F32, {8, D});
+      std::copy(x.t.as<const float>() + r0 * D, x.t.as<const float>() + (r0 + 8) * D, xs.f());
+      const HostT w = rows_host(dw, r0, 8, DType::F32), ids = rows_host(di, r0, 8, DType::I32);
+      cpu::moe_experts(xs.t, w.t, ids.t, ex.h, want.t);
+      const std::vector<float> part(got.begin() + r0 * D, got.begin() + (r0 + 8) * D), ref = want.floats();
+      EXPECT_LE(rel_err(part, ref), kPrefillTol) << "35B prefill tokens " << r0 << "..: " << worst_at(part, ref, D);
+    }
+    ASSERT_TRUE(gpu_->begin_capture());
+    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    const bool kept = gpu_->end_capture(0x6d6f6504, true);
+    EXPECT_TRUE(kept) << "the quantized prefill could not be recorded";
+    const int reps = 5;
+    cuda_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r)
+      if (!kept || !gpu_->replay(0x6d6f6504)) gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
+    cuda_synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    EXPECT_EQ(download(*gpu_, o.t), got) << "prefill is not deterministic";
+    const double flop = 2.0 * double(T * k) * 3 * double(I * D);
+    std::printf("[ moe ] 35B q4_k_m prefill T=%lld: %.3f ms per layer (routed experts, dequantized per pass), %.0f TFLOP/s\n",
+                (long long)T, s * 1e3, flop / s / 1e12);
   }
 }
 
