@@ -1,23 +1,27 @@
 // Tensor-core decode attention: single-token rows (decode, short verify chunks) over bf16,
 // fp8, q8_0 and q4_0 KV caches. cuda_attention.cu appends the keys and dispatches here.
 //
-// Design. A block (4 warps) serves one (token, kv head, split): the G ≤ 8 query heads of the
-// group over positions [p_begin, p_end) of the token's context. Each warp is an independent
-// flash decoder over every 4th step of 16 positions, with its own ring of cp.async stages in
-// shared memory (no block barrier in the loop): K and V rows stream in 16-byte copies two to
-// five steps ahead, enough bytes in flight per SM to run at memory bandwidth. Decode reads
-// each cached byte once for ~3 FLOP, so bandwidth is the limit once the per-position work is
-// on tensor cores (the CUDA-core kernel in cuda_attention.cu pays shuffles and exps per
-// position and head).
+// Design. A block serves one (token, kv head, split): the G ≤ 8 query heads of the group over
+// positions [p_begin, p_end) of the token's context. Each warp is an independent flash
+// decoder over every nwarps-th step of 16 positions, with its own ring of cp.async stages in
+// shared memory (no block barrier in the loop): K and V rows stream in raw, two to five steps
+// ahead. Decode reads each cached byte once for ~3 FLOP, so bandwidth is the limit once the
+// per-position work is on tensor cores and the per-byte work is small.
 // Per step: S = Q·Kᵀ with Q as the mma A operand, rows 0-7 the heads' q rounded to E and rows
-// 8-15 the rounding residuals, so rows 0-7 plus 8-15 give q·k to f32 accuracy; K through
-// ldmatrix as B. Online softmax on the accumulators (exp2, log2 e folded into the scale; one
-// max per head and step). The output is accumulated transposed, Oᵀ[hd × 8] += Vᵀ·Pᵀ: V
-// through ldmatrix.trans is the A operand, and P's accumulator layout is exactly the B
-// operand's, so P stays in registers (split into E hi + lo as well). Oᵀ is hd/4 floats per
-// thread. At hd 256 a step is 32 + 32 mma per warp.
-// Quantised rows are copied raw (fp8 1, q8_0 1.06, q4_0 0.56 bytes per value) and each warp
-// dequantises its step into f16 tiles before the ldmatrix reads (dequant8).
+// 8-15 the rounding residuals, so rows 0-7 plus 8-15 give q·k to f32 accuracy; K as B. Online
+// softmax on the accumulators (exp2, log2 e folded into the scale; one max per head and
+// step; the output is rescaled only in steps where some head's max moved). The output is
+// accumulated transposed, Oᵀ[hd × 8] += Vᵀ·Pᵀ: V is the A operand, and P's accumulator layout
+// is exactly the B operand's, so P stays in registers (split into E hi + lo as well). Oᵀ is
+// hd/4 floats per thread. At hd 256 a step is 32 + 32 mma per warp.
+// bf16: the stage rows are the tiles, read by ldmatrix. Quantised kinds (fp8 1, q8_0 1.06,
+// q4_0 0.56 bytes per value): the stage holds the raw rows and each thread builds its mma
+// fragments from them in registers (DecodeFrag, cuda_attention_common.cuh: per-format dim
+// orders that make every load one conflict-free piece). What limited the earlier version of
+// this kernel on quantised caches was the per-step instruction stream of 4 lone warps per SM
+// (dequantise into an f16 tile, store it, ldmatrix it back): these kinds now run 8 warps per
+// block (two per scheduler) with about 2 instructions per value, and fp8 K rows skip the row
+// scale (folded into the f32 scores).
 // The warps' (max, sum, output) merge through shared memory; with several splits a merge
 // kernel combines the splits. q8_0/q4_0: q is rotated on load and the output rotated back
 // (kv_cache.h). The split count fills the SMs (one block per SM: shared memory) from the
@@ -35,26 +39,24 @@ namespace {
 
 constexpr int kKeys = 16;     // positions per warp step (the k of the P·V mma)
 constexpr int kHeads = 8;     // query heads per kv head served (the n of the P·V mma)
-constexpr int kMaxWarps = 4;
+constexpr int kMaxWarps = 8;
 constexpr int kMaxSplits = 128;
 constexpr int kMinSplitPositions = 256;  // at full capacity, no split is shorter than this
 
 template <int D, KvKind K>
 struct Cfg {
   using E = std::conditional_t<K == KvKind::BF16, __nv_bfloat16, __half>;
-  static constexpr int TS = D + 8;                    // tile row stride (elements): rows 16 bytes apart in banks
-  static constexpr int RB = kv_row_bytes(K, D);       // bytes of a cached row
-  static constexpr bool kDirect = K == KvKind::BF16;  // the stage is the tile itself
-  static constexpr int SRB = kDirect ? TS * 2 : RB;   // stage row stride (bytes)
-  static constexpr int CW = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4;  // cp.async width (rows are CW-aligned)
-  static constexpr int CPR = RB / CW;                 // copies per row
-  static constexpr int kStageBytes = (2 * kKeys * SRB + (K == KvKind::F8 ? 2 * kKeys * 4 : 0) + 15) / 16 * 16;
-  static constexpr int kTileBytes = kDirect ? 0 : 2 * kKeys * TS * 2;  // dequantised K and V tiles
-  static constexpr int kQBytes = kHeads * D * 4;                        // q rows (f32), later the output rows
-  static constexpr int kMergeBytes = (2 * kHeads + kHeads * D) * 4;    // per warp: m, l, O [head][dim]
-  static constexpr int kPreferredStages = K == KvKind::BF16 ? 3 : K == KvKind::Q4 ? 6 : 4;
+  using St = DecodeStage<D, K>;
+  using F = DecodeFrag<D, K>;
+  static constexpr int TS = D + 8;                   // bf16 tile row stride (elements): rows 16 bytes apart in banks
+  static constexpr int kQBytes = kHeads * D * 4;     // q rows (f32), later the output rows
+  static constexpr int kMergeBytes = (2 * kHeads + kHeads * D) * 4;  // per warp: m, l, O [head][dim]
+  // bf16 stages are twice the bytes: 4 warps × 3 stages fill the shared memory. Quantised:
+  // 8 warps (the per-value work needs two warps per scheduler to hide its latencies).
+  static constexpr int kWarps = K == KvKind::BF16 ? 4 : 8;
+  static constexpr int kPreferredStages = K == KvKind::Q4 ? 6 : 3;
   __host__ __device__ static constexpr size_t warp_bytes(int nst) {
-    const size_t b = size_t(nst) * kStageBytes + kTileBytes;
+    const size_t b = size_t(nst) * St::kBytes;
     return b > size_t(kMergeBytes) ? b : size_t(kMergeBytes);
   }
   __host__ __device__ static constexpr size_t block_bytes(int nst, int nwarps) { return kQBytes + size_t(nwarps) * warp_bytes(nst); }
@@ -80,6 +82,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
                      int KVH, int64_t cap, float scale_log2, float hscale, int nst) {
   using C = Cfg<D, K>;
   using E = typename C::E;
+  using St = typename C::St;
+  using F = typename C::F;
   constexpr int NPL = D / 32, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -87,8 +91,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   const int kvh = int(blockIdx.y), split = int(blockIdx.z), nsplit = int(gridDim.z), G = H / KVH;
   const int slot = tslot[t];
   if (slot < 0) return;
-  // This split's positions: 0 .. pos cut into nsplit chunks of a multiple of 64 (four warp
-  // steps). Trailing splits may be empty; they report (max −∞, sum 0) to the merge.
+  // This split's positions: 0 .. pos cut into nsplit chunks of a multiple of 64. Trailing
+  // splits may be empty; they report (max −∞, sum 0) to the merge.
   const int n = tpos[t] + 1;
   const int chunk = ((n + nsplit - 1) / nsplit + 63) & ~63;
   const int p_begin = min(n, split * chunk), p_end = min(n, p_begin + chunk);
@@ -109,42 +113,48 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     for (int i = 0; i < NPL; ++i) qs[g * D + lane * NPL + i] = x[i];
   }
   __syncthreads();
-  // A fragments per 16-dim step kk: a0/a2 = q (row gid, dims 2·tig.. and 8 + 2·tig..) in E,
-  // a1/a3 = the residuals as rows gid + 8.
+  // A fragments per k-step kk: a0/a2 = q of head gid at the dims F::q_dims pairs with the K
+  // values (E), a1/a3 = the residuals as rows gid + 8.
   uint32_t qf[KS][4];
 #pragma unroll
   for (int kk = 0; kk < KS; ++kk) {
-    const float* r = qs + gid * D + kk * 16 + 2 * tig;
-    split2<E>(r[0], r[1], qf[kk][0], qf[kk][1]);
-    split2<E>(r[8], r[9], qf[kk][2], qf[kk][3]);
+    int d[4];
+    F::q_dims(kk, tig, d);
+    const float* r = qs + gid * D;
+    split2<E>(r[d[0]], r[d[1]], qf[kk][0], qf[kk][1]);
+    split2<E>(r[d[2]], r[d[3]], qf[kk][2], qf[kk][3]);
   }
 
   const int nsteps = p_end > p_begin ? (p_end - p_begin + kKeys - 1) / kKeys : 0;
   const int my_steps = nsteps > warp ? (nsteps - warp + nwarps - 1) / nwarps : 0;
-  const int64_t rstride = int64_t(KVH) * C::RB;
-  const uint8_t* kb = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * C::RB;
-  const uint8_t* vb = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * C::RB;
+  const int64_t rstride = int64_t(KVH) * St::RB;
+  const uint8_t* kb = kc + int64_t(slot) * cap * rstride + int64_t(kvh) * St::RB;
+  const uint8_t* vb = vc + int64_t(slot) * cap * rstride + int64_t(kvh) * St::RB;
   const int64_t sbase = (int64_t(slot) * KVH + kvh) * cap;  // fp8 row scales [slots, KVH, cap]
 
   // Stage of step j: K rows, V rows (row r = position p0 + r; past p_end zero), fp8 scales.
   auto issue = [&](int j) {
     const int p0 = p_begin + (warp + j * nwarps) * kKeys;
-    unsigned char* st = wbase + (j % nst) * C::kStageBytes;
+    unsigned char* st = wbase + (j % nst) * St::kBytes;
+    constexpr int N = kKeys * St::CPR;  // chunks of K (and of V)
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const uint8_t* base = which ? vb : kb;
-      unsigned char* dst = st + which * kKeys * C::SRB;
-      for (int i = lane; i < kKeys * C::CPR; i += 32) {
-        const int r = i / C::CPR, cc = i % C::CPR, p = p0 + r;
-        unsigned char* d = dst + r * C::SRB + cc * C::CW;
-        if (p < p_end)
-          cp_async<C::CW>(d, base + int64_t(p) * rstride + cc * C::CW);
-        else
-          zero_bytes<C::CW>(d);
+      const uint8_t* base = (which ? vb : kb) + int64_t(p0) * rstride;
+#pragma unroll
+      for (int it = 0; it < (N + 31) / 32; ++it) {
+        const int i = lane + 32 * it;
+        if (N % 32 == 0 || i < N) {
+          const int r = i / St::CPR, cc = i - r * St::CPR;
+          unsigned char* d = st + St::chunk_off(which * kKeys + r, cc);
+          if (p0 + r < p_end)
+            cp_async<St::CW>(d, base + r * rstride + cc * St::CW);
+          else
+            zero_bytes<St::CW>(d);
+        }
       }
     }
     if constexpr (K == KvKind::F8) {  // lanes 0-15: K scales, 16-31: V scales
-      float* sdst = reinterpret_cast<float*>(st + 2 * kKeys * C::SRB) + lane;
+      float* sdst = reinterpret_cast<float*>(st + St::kScaleOff) + lane;
       const int p = p0 + (lane & 15);
       if (p < p_end)
         cp_async<4>(sdst, (lane < 16 ? ksc : vsc) + sbase + p);
@@ -158,70 +168,59 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   }
 
   float m = -INFINITY, l = 0;  // head gid: running max (log2 units), this thread's share of the sum
-  float o[KS][4];              // Oᵀ: m-tile mt = dims 16·mt ..; c0/c2 head 2·tig, c1/c3 head 2·tig + 1
+  float o[KS][4];              // Oᵀ: m-tile mt, rows F::v_dim(mt, gid | gid + 8); c0/c2 head 2·tig, c1/c3 head 2·tig + 1
 #pragma unroll
   for (int mt = 0; mt < KS; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0;
-  // ldmatrix lane offset (bytes), the same for both operands: lanes 0-7 rows 0-7 / dims 0-7,
-  // 8-15 rows 0-7 / dims 8-15, 16-23 rows 8-15 / dims 0-7, 24-31 rows 8-15 / dims 8-15. For K
-  // (non-trans) these are the B fragments of keys 0-7 (b0, b1) and 8-15 (b2, b3); for V
+  // bf16 ldmatrix lane offset (bytes), the same for both operands: lanes 0-7 rows 0-7 / dims
+  // 0-7, 8-15 rows 0-7 / dims 8-15, 16-23 rows 8-15 / dims 0-7, 24-31 rows 8-15 / dims 8-15. For
+  // K (non-trans) these are the B fragments of keys 0-7 (b0, b1) and 8-15 (b2, b3); for V
   // (.trans) the A fragment of Vᵀ (dims as rows, keys as k).
   const uint32_t lane_off = uint32_t((((lane & 7) + (lane >> 4) * 8) * C::TS + ((lane >> 3) & 1) * 8) * 2);
-  E* ktq = reinterpret_cast<E*>(wbase + size_t(nst) * C::kStageBytes);  // dequantised tiles (quantised kinds)
-  E* vtq = ktq + kKeys * C::TS;
 
   for (int j = 0; j < my_steps; ++j) {
     if (j + nst - 1 < my_steps) issue(j + nst - 1);
     cp_async_commit();
     cp_async_wait_dyn(nst - 1);  // step j's group has landed (this lane's copies)
     __syncwarp();                // ... and every lane's
-    unsigned char* st = wbase + (j % nst) * C::kStageBytes;
+    const unsigned char* st = wbase + (j % nst) * St::kBytes;
     const int p0 = p_begin + (warp + j * nwarps) * kKeys;
-    const E* kt;
-    const E* vt;
-    if constexpr (C::kDirect) {
-      kt = reinterpret_cast<const E*>(st);
-      vt = reinterpret_cast<const E*>(st + kKeys * C::SRB);
-    } else {
-      const float* ss = reinterpret_cast<const float*>(st + 2 * kKeys * C::SRB);
-      for (int i = lane; i < kKeys * (D / 8); i += 32) {
-        const int r = i / (D / 8), cc = i % (D / 8);
-        __half2 sk = __float2half2_rn(1.0f), sv = sk;
-        if constexpr (K == KvKind::F8) {
-          sk = fp8_row_mult(ss[r]);
-          sv = fp8_row_mult(ss[kKeys + r]);
-        }
-        *reinterpret_cast<uint4*>(ktq + r * C::TS + cc * 8) = dequant8<K>(st + r * C::SRB, cc, sk);
-        *reinterpret_cast<uint4*>(vtq + r * C::TS + cc * 8) = dequant8<K>(st + (kKeys + r) * C::SRB, cc, sv);
-      }
-      __syncwarp();
-      kt = ktq;
-      vt = vtq;
-    }
-    const uint32_t ka = smem_addr(kt) + lane_off, va = smem_addr(vt) + lane_off;
 
-    // S = Q·Kᵀ; even and odd k-steps in separate accumulators (shorter mma chains).
-    float sa[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, sb[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    // S = Q·Kᵀ; even and odd k-steps in separate accumulators (shorter mma chains):
+    // acc[kk & 1][tile], tile 0 = keys 0-7, 1 = keys 8-15.
+    float acc[2][2][4] = {};
+    if constexpr (K == KvKind::BF16) {
+      const uint32_t ka = smem_addr(st) + lane_off;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      uint32_t b[4];
-      ldsm_x4(b, ka + kk * 32);
-      float(&acc)[2][4] = (kk & 1) ? sb : sa;
-      mma16816<E>(acc[0], qf[kk], b[0], b[1]);
-      mma16816<E>(acc[1], qf[kk], b[2], b[3]);
+      for (int kk = 0; kk < KS; ++kk) {
+        uint32_t b[4];
+        ldsm_x4(b, ka + kk * 32);
+        mma16816<E>(acc[kk & 1][0], qf[kk], b[0], b[1]);
+        mma16816<E>(acc[kk & 1][1], qf[kk], b[2], b[3]);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < KS / F::KU; ++u) {
+        uint32_t b[F::KU][2][2];
+        F::k_unit(st, lane, u, b);
+#pragma unroll
+        for (int jj = 0; jj < F::KU; ++jj) {
+          const int kk = F::KU * u + jj;
+          mma16816<E>(acc[kk & 1][0], qf[kk], b[jj][0][0], b[jj][0][1]);
+          mma16816<E>(acc[kk & 1][1], qf[kk], b[jj][1][0], b[jj][1][1]);
+        }
+      }
     }
     // Head gid's scores at keys p0 + 2·tig, + 1, p0 + 8 + 2·tig, + 1: row gid (q) plus row
-    // gid + 8 (its residual).
-    float sc[4];
+    // gid + 8 (its residual); fp8: times the keys' row scales.
+    float kf[4];
+    F::k_score_mult(st, lane, kf);
+    float sc[4], mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int h = i >> 1, e = i & 1;
-      sc[i] = (sa[h][e] + sa[h][e + 2]) + (sb[h][e] + sb[h][e + 2]);
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = p0 + (i >> 1) * 8 + 2 * tig + (i & 1);
-      sc[i] = key < p_end ? sc[i] * scale_log2 : -INFINITY;
+      const float s = ((acc[0][h][e] + acc[0][h][e + 2]) + (acc[1][h][e] + acc[1][h][e + 2])) * kf[i];
+      const int key = p0 + h * 8 + 2 * tig + e;
+      sc[i] = key < p_end ? s * scale_log2 : -INFINITY;
       mx = fmaxf(mx, sc[i]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -234,27 +233,46 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     for (int i = 0; i < 4; ++i) p[i] = exp2f(sc[i] - mn);
     l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
     // This thread's output columns are heads 2·tig and 2·tig + 1, whose rescale factors live
-    // in the quads of lanes 8·tig and 8·tig + 4.
-    const float ca = __shfl_sync(0xffffffffu, corr, 8 * tig), cb = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
+    // in the quads of lanes 8·tig and 8·tig + 4. Most steps move no max: skip (warp-uniform).
+    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+      const float ca = __shfl_sync(0xffffffffu, corr, 8 * tig), cb = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
 #pragma unroll
-    for (int mt = 0; mt < KS; ++mt) {
-      o[mt][0] *= ca;
-      o[mt][1] *= cb;
-      o[mt][2] *= ca;
-      o[mt][3] *= cb;
+      for (int mt = 0; mt < KS; ++mt) {
+        o[mt][0] *= ca;
+        o[mt][1] *= cb;
+        o[mt][2] *= ca;
+        o[mt][3] *= cb;
+      }
     }
     // Pᵀ as the B operand: b0 = keys 2·tig, + 1 of head gid, b1 = keys 8 + 2·tig, + 1.
     uint32_t ph0, pl0, ph1, pl1;
     split2<E>(p[0], p[1], ph0, pl0);
     split2<E>(p[2], p[3], ph1, pl1);
+    if constexpr (K == KvKind::BF16) {
+      const uint32_t va = smem_addr(st + kKeys * St::SRB) + lane_off;
 #pragma unroll
-    for (int mt = 0; mt < KS; ++mt) {
-      uint32_t a[4];
-      ldsm_x4_trans(a, va + mt * 32);
-      mma16816<E>(o[mt], a, ph0, ph1);
-      mma16816<E>(o[mt], a, pl0, pl1);
+      for (int mt = 0; mt < KS; ++mt) {
+        uint32_t a[4];
+        ldsm_x4_trans(a, va + mt * 32);
+        mma16816<E>(o[mt], a, ph0, ph1);
+        mma16816<E>(o[mt], a, pl0, pl1);
+      }
+    } else {
+      uint32_t vm[2];
+      F::v_mult(st, lane, vm);
+#pragma unroll
+      for (int u = 0; u < KS / F::VU; ++u) {
+        uint32_t a[F::VU][4];
+        F::v_unit(st, lane, u, vm, a);
+#pragma unroll
+        for (int jj = 0; jj < F::VU; ++jj) {
+          const int mt = F::unit_mt(u, jj);
+          mma16816<E>(o[mt], a[jj], ph0, ph1);
+          mma16816<E>(o[mt], a[jj], pl0, pl1);
+        }
+      }
     }
-    __syncwarp();  // every lane is done with this stage (and the tiles) before they are refilled
+    __syncwarp();  // every lane is done with this stage before it is refilled
   }
   cp_async_wait<0>();
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -271,11 +289,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     float* ow = mw + 2 * kHeads;
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt) {
-      const int d0 = 16 * mt + gid;
+      const int d0 = F::v_dim(mt, gid), d1 = F::v_dim(mt, gid + 8);
       ow[(2 * tig) * D + d0] = o[mt][0];
       ow[(2 * tig + 1) * D + d0] = o[mt][1];
-      ow[(2 * tig) * D + d0 + 8] = o[mt][2];
-      ow[(2 * tig + 1) * D + d0 + 8] = o[mt][3];
+      ow[(2 * tig) * D + d1] = o[mt][2];
+      ow[(2 * tig + 1) * D + d1] = o[mt][3];
     }
   }
   __syncthreads();
@@ -395,12 +413,13 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
     int nst, nwarps, per_sm;
     size_t smem;
   };
-  // Stages and warps that fit the device's shared memory (4 warps, 3-6 stages on sm_90).
+  // Stages and warps that fit the device's shared memory (on sm_90: bf16 4 warps × 3 stages,
+  // fp8 / q8_0 8 × 3, q4_0 8 × 6).
   static const Plan plan = [&] {
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    Plan p{C::kPreferredStages, kMaxWarps, 1, 0};
+    Plan p{C::kPreferredStages, C::kWarps, 1, 0};
     while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nst > 2) --p.nst;
     while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nwarps > 1) --p.nwarps;
     p.smem = C::block_bytes(p.nst, p.nwarps);
