@@ -15,12 +15,17 @@
 // banks. hd 256: 99 KB, so two blocks per SM on sm_80/90, one on sm_86/89/120.
 // Tile types: bf16 for f32 and bf16 caches; f16 for fp8 / q8_0 / q4_0, whose values are exact
 // in f16 or defined as f16(d·q) (backend/kv_cache.h), so the tiles hold the cached values.
-// Pipelining: a bf16 cache is copied with cp.async; V of a tile loads while S is computed
-// and K of the next tile while the softmax and P·V run. Other caches are converted on the
-// way in with plain loads (f32 → bf16; dequant8 for the quantised ones: no overlap within a
-// block, the other block covers it). q8_0/q4_0: the caller passes q already rotated and
-// rotates the output back (kv_cache.h). Tiles are issued heaviest (latest positions) first,
-// all kv heads of a tile together, so the causal tail does not straggle.
+// Pipelining: V of a tile loads while S is computed and K of the next tile while the softmax
+// and P·V run, with cp.async for bf16 and the quantised kinds. A quantised tile is copied raw
+// into the tail of its own f16 tile rows (row r's RB bytes at bytes 2·hd − RB .. 2·hd of tile
+// row r, its fp8 scale in the row's pad, which ldmatrix never reads) and, once landed,
+// dequantised in place (convert_tile: each warp reads its rows' raw bytes into registers,
+// then overwrites the rows with f16): every cached value is converted once per block, the
+// loads overlap compute as for bf16, and no shared memory is added (two blocks per SM stay).
+// f32 caches are converted on the way in with plain loads (no overlap within a block, the
+// other block covers it). q8_0/q4_0: the caller passes q already rotated and rotates the
+// output back (kv_cache.h). Tiles are issued heaviest (latest positions) first, all kv heads
+// of a tile together, so the causal tail does not straggle.
 #include <cstdint>
 
 #include "backend/cuda/cuda_attention_common.cuh"
@@ -42,7 +47,12 @@ constexpr size_t smem_bytes() {
 // Rows p0 .. p0 + 63 of one kv head's cached rows (row p at base + p·rstride bytes; fp8 row
 // scales at sc[p]) into a [64][D + 8] tile of E; rows past pmax are zero (never read from the
 // cache: they may be beyond the capacity or hold a previous sequence's values, and a NaN
-// there would survive the 0 weight).
+// there would survive the 0 weight). Quantised kinds: only the raw copies are issued here
+// (rows past pmax skipped); convert_tile finishes the tile once they have landed.
+template <int D, KvKind K>
+__host__ __device__ constexpr int raw_offset() {  // bytes into a tile row where its raw cached row is copied
+  return 2 * D - kv_row_bytes(K, D);
+}
 template <int D, KvKind K, typename E>
 __device__ __forceinline__ void load_kv_tile(E* dst, const uint8_t* base, int64_t rstride, int p0, int pmax,
                                              const float* sc) {
@@ -66,12 +76,47 @@ __device__ __forceinline__ void load_kv_tile(E* dst, const uint8_t* base, int64_
       store4<E>(dst + r * S + c * 4, x);
     }
   } else {
-    constexpr int C = D / 8;  // 8-value chunks per row
-    for (int i = threadIdx.x; i < kBN * C; i += kThreads) {
-      const int r = i / C, c = i % C, p = p0 + r;
-      uint4 x = make_uint4(0, 0, 0, 0);
-      if (p <= pmax) x = dequant8<K>(base + int64_t(p) * rstride, c, K == KvKind::F8 ? fp8_row_mult(sc[p]) : __float2half2_rn(1.0f));
-      *reinterpret_cast<uint4*>(dst + r * S + c * 8) = x;
+    constexpr int RB = kv_row_bytes(K, D), CW = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4, CPR = RB / CW;
+    unsigned char* t = reinterpret_cast<unsigned char*>(dst);
+    for (int i = threadIdx.x; i < kBN * CPR; i += kThreads) {
+      const int r = i / CPR, c = i % CPR, p = p0 + r;
+      if (p <= pmax) cp_async<CW>(t + r * S * 2 + raw_offset<D, K>() + c * CW, base + int64_t(p) * rstride + c * CW);
+    }
+    if constexpr (K == KvKind::F8)
+      for (int r = threadIdx.x; r < kBN; r += kThreads)
+        if (p0 + r <= pmax) cp_async<4>(t + r * S * 2 + 2 * D, sc + p0 + r);
+  }
+}
+
+// Quantised kinds: tile rows' raw bytes (landed, visible to the block) → f16 values in place.
+// Warp w owns rows 16w .. 16w + 15 (so a row is read and rewritten by one warp: reads, then
+// __syncwarp, then writes); a lane converts one 8-value chunk per row (dequant8).
+template <int D, KvKind K>
+__device__ __forceinline__ void convert_tile(__half* tile, int p0, int pmax) {
+  constexpr int S = D + 8, C = D / 8, RPI = 32 / C;  // chunks per row, rows per warp pass
+  constexpr int ROWS = kBN / (kThreads / 32), PASSES = ROWS / RPI;
+  constexpr int B = D == 64 ? 4 : 2;  // passes read before their writes (registers: O is live)
+  static_assert(PASSES % B == 0);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int c = lane % C, rsub = lane / C;
+#pragma unroll
+  for (int g = 0; g < PASSES; g += B) {
+    uint4 x[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int r = warp * ROWS + (g + b) * RPI + rsub;
+      const unsigned char* row = reinterpret_cast<const unsigned char*>(tile + r * S);
+      x[b] = make_uint4(0, 0, 0, 0);
+      if (p0 + r <= pmax)
+        x[b] = dequant8<K>(row + raw_offset<D, K>(), c,
+                           K == KvKind::F8 ? fp8_row_mult(*reinterpret_cast<const float*>(row + 2 * D))
+                                           : __float2half2_rn(1.0f));
+    }
+    __syncwarp();  // the rows' raw bytes are all read before any lane overwrites them
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int r = warp * ROWS + (g + b) * RPI + rsub;
+      *reinterpret_cast<uint4*>(tile + r * S + c * 8) = x[b];
     }
   }
 }
@@ -145,6 +190,10 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // K tile `it` (the V tile just issued may still be in flight)
     __syncthreads();
+    if constexpr (kv_quantized(K)) {
+      convert_tile<D, K>(ks, kv0, max_pos);
+      __syncthreads();
+    }
 
     float s[kBN / 8][4];
 #pragma unroll
@@ -215,6 +264,10 @@ __global__ void __launch_bounds__(kThreads)
 
     cp_async_wait<1>();  // V tile `it` (the next K tile may still be in flight)
     __syncthreads();
+    if constexpr (kv_quantized(K)) {
+      convert_tile<D, K>(vs, kv0, max_pos);
+      __syncthreads();
+    }
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
