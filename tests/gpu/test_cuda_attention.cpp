@@ -24,6 +24,7 @@
 //    reads the same values, so its error against the f32 cache is the CPU's up to the above).
 // Timings (27B shape: 4096-token prefill, decode steps at 32K and at 511 positions) are printed.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -107,8 +108,10 @@ std::vector<uint8_t> download_cache(Backend& gpu, const DevT& d, size_t bytes) {
   gpu.copy_to_host(raw_view(d.t.data, bytes), b.data());
   return b;
 }
-// Every row of a cache encoded from random values (k ~ U(−2, 2) or v ~ U(−1, 1)).
-void fill_random(std::mt19937& rng, HostT& c, float lo, float hi) {
+// Every row of a cache encoded from random values (k ~ U(−2, 2) or v ~ U(−1, 1)); quantised
+// caches: each row times 2^U(ex.first, ex.second) when that range is not empty (rows of
+// different scales).
+void fill_random(std::mt19937& rng, HostT& c, float lo, float hi, std::pair<float, float> ex = {0, 0}) {
   const DType kv = c.t.dtype;
   const int64_t slots = c.t.dim(0), cap = c.t.dim(1), KVH = c.t.dim(2), hd = c.t.dim(3);
   std::uniform_real_distribution<float> u(lo, hi);
@@ -120,8 +123,10 @@ void fill_random(std::mt19937& rng, HostT& c, float lo, float hi) {
   const size_t rb = dtype_row_bytes(kv, hd), soff = kv_scale_offset(kv, slots, cap, KVH, hd);
   std::vector<float> x(static_cast<size_t>(hd)), tmp(x.size());
   float unused = 0;
+  std::uniform_real_distribution<float> ue(ex.first, ex.second);
   for (int64_t i = 0; i < slots * cap * KVH; ++i) {
-    for (float& e : x) e = u(rng);
+    const float mag = ex.first < ex.second ? std::exp2(ue(rng)) : 1.0f;
+    for (float& e : x) e = u(rng) * mag;
     const int64_t slot = i / (cap * KVH), p = i / KVH % cap, h = i % KVH;
     float* sc = kv == DType::F8_E4M3 ? reinterpret_cast<float*>(c.bytes.data() + soff) + (slot * KVH + h) * cap + p
                                      : &unused;
@@ -136,13 +141,13 @@ struct Rig {
   HostT kc, vc;
   DevT dkc, dvc;
   Rig(Backend& gpu, std::mt19937& rng, int64_t H_, int64_t KVH_, int64_t hd_, int64_t slots_, int64_t cap_, DType kv_,
-      bool random_cache)
+      bool random_cache, std::pair<float, float> kexp = {0, 0}, std::pair<float, float> vexp = {0, 0})
       : H(H_), KVH(KVH_), hd(hd_), slots(slots_), cap(cap_), kv(kv_) {
     kc = host_cache(kv, slots, cap, KVH, hd);
     vc = host_cache(kv, slots, cap, KVH, hd);
     if (random_cache) {
-      fill_random(rng, kc, -2, 2);
-      fill_random(rng, vc, -1, 1);
+      fill_random(rng, kc, -2, 2, kexp);
+      fill_random(rng, vc, -1, 1, vexp);
     }
     dkc = upload_cache(gpu, kc);
     dvc = upload_cache(gpu, vc);
@@ -236,6 +241,21 @@ TEST_F(CudaAttention, LongContextDecodeSplits) {
       rig.step(*gpu_, rng_, {{0, 5000, 0, 1}, {1, 3000, 1, 1}, {2, 10, 2, 1}}, "decode at 5000, 3000, 10");
       rig.step(*gpu_, rng_, {{2, 5119, 0, 1}}, "decode at 5119 alone");
       rig.step(*gpu_, rng_, {{1, 3001, 0, 20}}, "flash chunk at 3001");
+    }
+}
+
+// Quantised caches whose rows differ in scale: K rows times 2^U(−9, 0), V rows 2^U(−9, 4)
+// (fp8 row scales from the clamp 2^-15 up to 2^-4, q8_0/q4_0 block scales alike; K no larger
+// than elsewhere, so the score magnitudes, which set the flash tolerance, stay as assumed).
+// The decode kernel folds fp8 K row scales into the f32 scores and multiplies V per key, the
+// flash kernel dequantises per row. Every head dim the tensor-core kernels take; decode
+// through splits (two slots in one batch) and a flash chunk.
+TEST_F(CudaAttention, QuantizedCachesRowScalesSpread) {
+  for (DType kv : {DType::F8_E4M3, DType::Q8_0, DType::Q4_0})
+    for (int64_t hd : {64, 128, 256}) {
+      Rig rig(*gpu_, rng_, 6, 1, hd, 2, 3000, kv, true, {-9, 0}, {-9, 4});
+      rig.step(*gpu_, rng_, {{0, 2999, 0, 1}, {1, 1500, 1, 1}}, "row scales spread, decode at 2999, 1500");
+      rig.step(*gpu_, rng_, {{1, 2000, 0, 20}}, "row scales spread, flash chunk at 2000");
     }
 }
 
