@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -459,9 +461,10 @@ __device__ __forceinline__ void k_scales(const uint4& h, int c, float b_factor, 
 
 // GEMV traits. kSlots: blocks per task (8 super-blocks: octet o takes blocks 2o, 2o+1; or 32
 // blocks of 32: lane L takes block L). kDirect: blocks are 16-byte aligned (or 8 for IQ4_XS)
-// and each lane loads its bytes from global memory into registers (load + decode); else the
-// warp stages a task's rows through a shared-memory ring with 16-byte cp.async and each lane
-// decodes from there (decode_smem, at the block's 2-byte alignment).
+// and each lane loads its bytes from global memory into registers (load, gather, decode);
+// otherwise, or with QWEN36_QGEMV_STAGED=1 (to compare), the warp stages a task's rows through
+// a shared-memory ring with 16-byte cp.async and each lane decodes from there (decode_smem, at
+// the block's alignment, 2 bytes for Q6_K).
 template <DType D>
 struct GV;
 
@@ -494,6 +497,10 @@ struct GV<DType::Q4_K> {  // runs: low nibbles (sub-block 2c), high nibbles in p
 #pragma unroll
     for (int k = 0; k < 4; ++k) o.a[k] = q[k] & 0x0F0F0F0Fu, o.b[k] = q[k] & 0xF0F0F0F0u;
     k_scales(f.h, j >> 1, 0.0625f, o);
+  }
+  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
+    const Full f{*reinterpret_cast<const uint4*>(p), reinterpret_cast<const uint4*>(p + 16)[j]};
+    decode(f, j, o);
   }
 };
 template <>
@@ -532,6 +539,11 @@ struct GV<DType::Q5_K> {  // as Q4_K; the 5th bits from qh bytes [16(j%2), +16)
     }
     k_scales(f.h, c, 1.0f, o);
   }
+  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
+    const Full f{*reinterpret_cast<const uint4*>(p), reinterpret_cast<const uint4*>(p + 16)[j & 1],
+                 reinterpret_cast<const uint4*>(p + 48)[j]};
+    decode(f, j, o);
+  }
 };
 template <>
 struct GV<DType::IQ4_XS> {  // lane j = sub-block j: low nibbles (weights 0..15), high (16..31)
@@ -566,6 +578,11 @@ struct GV<DType::IQ4_XS> {  // lane j = sub-block j: low nibbles (weights 0..15)
     const int ls = int((f.h1 >> (4 * j)) & 15u) | int(((f.h0 >> (16 + 2 * j)) & 3u) << 4);
     o.sa = o.sb = h2f(uint16_t(f.h0 & 0xFFFFu)) * float(ls - 32);
     o.za = o.zb = 0.0f;
+  }
+  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
+    const uint2 h = *reinterpret_cast<const uint2*>(p);
+    const Full f{h.x, h.y, *reinterpret_cast<const uint2*>(p + 8 + 16 * j), *reinterpret_cast<const uint2*>(p + 16 + 16 * j)};
+    decode(f, j, o);
   }
 };
 template <>
@@ -825,8 +842,8 @@ __device__ __forceinline__ void copy_span(const uint8_t* src, int len, const uin
 // whole rows of bpr blocks when rows are that short (R = kSlots / bpr ≤ 8). Rows of R = 1
 // tasks may be split between warps: the parts meet in shared memory, summed in warp order
 // (deterministic, no atomics). Shared memory: partials | activations (int8, metadata) | rings.
-template <DType D, int TM>
-__global__ void __launch_bounds__(gemv_warps<D, GV<D>::kDirect, TM>() * 32, 1) qgemv_kernel(const GemvArgs a) {
+template <DType D, int TM, bool kRegs>
+__global__ void __launch_bounds__(gemv_warps<D, kRegs, TM>() * 32, 1) qgemv_kernel(const GemvArgs a) {
   using G = GV<D>;
   using Q = QType<D>;
   constexpr int NB = G::kSlots == 8 ? 2 : 1;  // blocks per lane per task
@@ -961,7 +978,7 @@ __global__ void __launch_bounds__(gemv_warps<D, GV<D>::kDirect, TM>() * 32, 1) q
   const bool early = a.mode == kModePlain || a.mode == kModeSwiglu;  // weight rows known before the wait
   Pos pc{0, 0};
   if (s_begin < s_end) pc = Pos{s_begin / nseg, s_begin % nseg};
-  if constexpr (G::kDirect) {
+  if constexpr (kRegs) {
     typename G::Raw cur[NB] = {}, nxt[NB] = {};
     auto fetch = [&](const Pos& q, typename G::Raw (&w)[NB]) {
       Ref r[NB];
@@ -1125,7 +1142,7 @@ struct GemvPlan {
 
 // Fills the derived fields of a (K, V, mode and xcap set) and the launch shape; false when the
 // activations and at least 4 warps' rings do not fit in shared memory.
-template <DType D, int TM>
+template <DType D, int TM, bool kRegs>
 bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
   using G = GV<D>;
   using Q = QType<D>;
@@ -1133,7 +1150,7 @@ bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
   // the alignment mod 16): kAlign is exactly the power of two in kBytes, capped at 16; the
   // register-loading decoders need 8.
   static_assert(Q::kBytes % Q::kAlign == 0 && (Q::kAlign == 16 || Q::kBytes % (2 * Q::kAlign) != 0));
-  static_assert(!G::kDirect || Q::kAlign >= 8);
+  static_assert(!kRegs || (G::kDirect && Q::kAlign >= 8));
   a.bpr = a.K / Q::kElems;
   a.Kp = (a.K + 255) / 256 * 256;
   const int slots = G::kSlots;
@@ -1148,9 +1165,9 @@ bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
   const size_t fixed = kPartFloats * sizeof(float), xb = size_t(a.xcap) * a.Kp * 3 / 2;
   const size_t optin = size_t(di.smem_optin);
   if (fixed + xb > optin) return false;
-  pl.warps = gemv_warps<D, G::kDirect, TM>();
+  pl.warps = gemv_warps<D, kRegs, TM>();
   a.slot_bytes = a.span_stride = 0;
-  if (!G::kDirect) {
+  if (!kRegs) {
     // A slot holds one task's spans, each from its first 16-byte chunk, plus 16 bytes of slack
     // for the decoders' padded word reads.
     a.span_stride = (15 + a.bpr * Q::kBytes + 15) / 16 * 16 + 16;
@@ -1163,15 +1180,24 @@ bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
   return true;
 }
 
-template <DType D, int TM>
+template <DType D, int TM, bool kRegs>
 void launch_gemv(Ctx& c, const GemvArgs& a, const GemvPlan& pl) {
   static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(qgemv_kernel<D, TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(qgemv_kernel<D, TM, kRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     dev_info().smem_optin));
     return true;
   }();
   (void)attr_set;
-  launch_pdl(qgemv_kernel<D, TM>, dim3(unsigned(pl.grid)), dim3(unsigned(pl.warps * 32)), pl.smem, c.stream, a);
+  launch_pdl(qgemv_kernel<D, TM, kRegs>, dim3(unsigned(pl.grid)), dim3(unsigned(pl.warps * 32)), pl.smem, c.stream,
+             a);
+}
+
+bool staged_only() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_QGEMV_STAGED");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
 }
 
 // Plans (and with launch, runs) the GEMV of a for its T; false: it does not fit.
@@ -1180,9 +1206,16 @@ bool run_gemv(Ctx& c, GemvArgs a, bool launch = true) {
   GemvPlan pl;
   auto go = [&](auto tm) {
     constexpr int TM = decltype(tm)::value;
-    if (!plan_gemv<D, TM>(a, pl)) return false;
-    if (launch) launch_gemv<D, TM>(c, a, pl);
-    return true;
+    auto with = [&](auto regs) {
+      constexpr bool kRegs = decltype(regs)::value;
+      if (!plan_gemv<D, TM, kRegs>(a, pl)) return false;
+      if (launch) launch_gemv<D, TM, kRegs>(c, a, pl);
+      return true;
+    };
+    if constexpr (GV<D>::kDirect) {
+      if (!staged_only()) return with(std::true_type{});
+    }
+    return with(std::false_type{});
   };
   if (a.T <= 1) return go(std::integral_constant<int, 1>{});
   if (a.T <= 2) return go(std::integral_constant<int, 2>{});
