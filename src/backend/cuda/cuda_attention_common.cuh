@@ -2,8 +2,10 @@
 // defines: what the attention kernels share (cuda_attention.cu, cuda_attention_decode.cu,
 //          cuda_flash_attention.cu): the KV-cache kinds and their row sizes, the sm_80 tensor
 //          core and async-copy wrappers (mma.sync m16n8k16, ldmatrix, cp.async), the
-//          dequantisation of cached rows into f16 (formats: backend/kv_cache.h), the warp
-//          Walsh–Hadamard transform, and the entry points of the two attention kernel files.
+//          dequantisation of cached rows into f16 (formats: backend/kv_cache.h), the decode
+//          kernel's stage layout and its mma fragments built straight from raw quantised rows
+//          (DecodeStage, DecodeFrag), the warp Walsh–Hadamard transform, and the entry points
+//          of the two attention kernel files.
 //
 // Element types of the tensor-core tiles: bf16 for f32 and bf16 caches; f16 for fp8, q8_0 and
 // q4_0, whose values are exact in f16 (fp8) or defined as f16(d·q) (kv_cache.h), so the tiles
@@ -420,6 +422,7 @@ KV_UNROLL
     }
   }
 };
+#undef KV_UNROLL
 
 // ---- Walsh–Hadamard rotation (kv_cache.h) ----
 // The warp holds one row of 32·NPL values, lane l the NPL consecutive values from l·NPL:
