@@ -12,13 +12,16 @@
 //    block's rows are cut into tasks of 8 super-blocks or 32 small blocks (a row segment, or
 //    several whole short rows); warps take balanced contiguous task ranges (no idle tail), and a
 //    row split between warps meets in shared memory in warp order (deterministic). An octet
-//    (8 lanes) decodes a super-block, 32 weights per lane as two runs of 16 (dp4a, scales
-//    decoded once per 32 weights); a 32-weight block is one lane's. Q4_K, Q5_K (16-byte aligned
-//    blocks) and IQ4_XS load straight into registers, the next task's loads in flight while one
-//    computes (~2 instructions per weight at T = 1, far below the issue rate that HBM speed
-//    allows, and only the activations touch shared memory). The 2-byte aligned types (Q6_K,
-//    Q8_0, Q4_0, ...) are staged per warp through a 3-slot shared-memory ring with 16-byte
-//    cp.async; Q6_K's octets read consecutive blocks, whose words fall in distinct banks.
+//    (8 lanes) decodes a super-block, 32 weights per lane as two runs of 16 (dp4a; scales
+//    decoded once per 32 weights and reused for every activation row); a 32-weight block is one
+//    lane's. Q4_K, Q5_K (16-byte aligned blocks) and IQ4_XS load straight into registers, one
+//    header word per lane (shuffled to the octet), the next task's loads in flight while one
+//    computes: only the activations touch shared memory, and by count ~2 instructions per
+//    weight at T = 1 stay well under the issue rate HBM speed allows. The 2-byte aligned types
+//    (Q6_K, Q8_0, Q4_0, ...) are staged per warp through a 3-slot shared-memory ring with
+//    16-byte cp.async (in-flight bytes cost no registers); Q6_K's octets read consecutive
+//    blocks, whose words fall in distinct banks. QWEN36_QGEMV_STAGED=1 stages every type (to
+//    compare the two ways on a device).
 //  - Prefill (T > 8): weights dequantized to bf16 in row slices (≤ 96 Mi weights, 192 MiB), each
 //    multiplied by cuBLAS with the activations rounded to bf16 once (matmul's bf16 path:
 //    round_activations / gemm_half). With CudaOptions::exact_matmul, every T goes through f32
