@@ -346,15 +346,16 @@ __device__ bool find_chunk(const ChunkArgs& a, int64_t gc, SeqRun& run, int& c) 
   return true;
 }
 
-// Rows [0, n) of a chunk of q̂, k̂ (heads Hk, head kh) or v (Hv, h) into smem rows of stride
-// ld; rows n..63 zero.
-template <int DK>
-__device__ void load_rows(float* dst, int ld, const float* src, int64_t row0, int n, int Hk, int kh) {
-  for (int e = int(threadIdx.x); e < kC * DK / 4; e += kThreads) {
-    const int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
-    float4 val = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (i < n) val = *reinterpret_cast<const float4*>(src + ((row0 + i) * Hk + kh) * DK + x);
-    *reinterpret_cast<float4*>(dst + i * ld + x) = val;
+// Rows [0, n) of a chunk of q̂, k̂ (heads H, head hh) or v (Hv, h) into smem rows of stride
+// ld (a multiple of 4), rows n..63 zero-filled; asynchronous (cp.async, the caller commits and
+// waits): all of a thread's loads are in flight at once. (Plain loads stored to shared memory
+// went one round trip per row group: the compiler cannot move a load above a store it may alias.)
+template <int D>
+__device__ void load_rows_async(float* dst, int ld, const float* src, int64_t row0, int n, int H, int hh) {
+  for (int e = int(threadIdx.x); e < kC * D / 4; e += kThreads) {
+    const int i = e / (D / 4), x = (e % (D / 4)) * 4;
+    const bool ok = i < n;  // padding rows: zero-filled (the source row is only a valid address)
+    cp_async16(dst + i * ld + x, src + ((row0 + (ok ? i : 0)) * H + hh) * D + x, ok);
   }
 }
 
@@ -386,13 +387,15 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   const int n = min(kC, r.count - c * kC);
   const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
 
-  load_rows<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
-  load_rows<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
+  load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
+  load_rows_async<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
+  cp_async_commit();
   for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
   if (tid < kC) {
     gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
     bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
   }
+  cp_async_wait<0>();
   __syncthreads();
   if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
     float v[kC], acc = 0;  // loads first (independent), then the dependent adds
@@ -598,9 +601,11 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   const int n = min(kC, r.count - c * kC);
   const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
 
-  load_rows<DK>(Qs, L::LQ, a.qn, row0, n, a.Hk, kh);
-  load_rows<DK>(Ks, L::LQ, a.kn, row0, n, a.Hk, kh);
+  load_rows_async<DK>(Qs, L::LQ, a.qn, row0, n, a.Hk, kh);
+  load_rows_async<DK>(Ks, L::LQ, a.kn, row0, n, a.Hk, kh);
+  cp_async_commit();
   if (tid < kC) gs[tid] = a.gam[head * kC + tid];
+  cp_async_wait<0>();
   __syncthreads();
   {
     Acc<kC, kC, 2, 2, kPrecOutput> acc;
