@@ -9,11 +9,12 @@
 // Tolerance 1e-4 of max(1, max |reference|) (outputs here are ≲ 1, so about 1e-4 absolute).
 // Both sides compute in f32 with the same chunk boundaries; they differ in summation order
 // and, on the GPU, in the tensor-core products (cuda_delta_chunked.cu's header: split
-// operands, ≲ 1e-5 relative per product, or plain tf32 in the output kernel, whose errors
-// are not carried). The UT inverse of a chunk of random unit keys is well conditioned
-// (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1), and the decay (g ≤ 0) keeps state errors from growing over
-// chunks, so errors of ~1e-6..3e-5 are expected; a wrong index, mask or padding row shows up
-// as O(0.1..1).
+// operands, ≲ 1e-5 relative per product, or f16/tf32 operands (2^-11) in the output
+// products, whose errors are not carried). The chunked tests run the default (fused) form;
+// SplitFormMatchesCpu the split (three-kernel) fallback. The UT inverse of a chunk of random
+// unit keys is well conditioned (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1), and the decay (g ≤ 0) keeps
+// state errors from growing over chunks, so errors of ~1e-6..3e-5 are expected; a wrong
+// index, mask or padding row shows up as O(0.1..1).
 //
 // Fused decode (Backend::deltanet_decode) vs the CPU backend's composition of the plain ops:
 // three steps carrying conv and recurrent state, batches of 1..5 one-token runs in shuffled
@@ -29,9 +30,9 @@
 // with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit).
 //
 // Timing tests print one 4096-token prefill layer of the 27B shape (chunked vs recurrent,
-// and the chunked form's three kernels), a crossover sweep for the Auto threshold, and the
-// decode step per layer (fused vs composed, graph-replayed); their only assertions are
-// chunked ≈ recurrent.
+// and each chunked form per kernel, both also checked against the recurrent kernel), a
+// crossover sweep for the Auto threshold, the conv1d prefill and the decode step per layer
+// (fused vs composed, graph-replayed); their only assertions are chunked ≈ recurrent.
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -44,7 +45,10 @@ namespace qwen36::cuda {  // cuda_delta_chunked.cu: test instrumentation of the 
 // on: every later chunked call times its three kernels (cudaEvents, synchronising); resets the sums
 void delta_rule_chunked_timing(bool on);
 // summed milliseconds of prepare, state scan and output over `calls` calls since timing was turned on
+// (the fused form's output is part of its scan: 0)
 void delta_rule_chunked_times(float ms[3], int* calls);
+// the form later calls take: 0 the default (fused where it fits), 1 split (three kernels), 2 fused
+void delta_rule_chunked_form(int form);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -157,6 +161,14 @@ TEST_F(CudaDeltaNet, ChunkedMatchesCpuHeadDim64) {
   for (DeltaRuleMode mode : {DeltaRuleMode::Chunked, DeltaRuleMode::Auto}) check_against_cpu(*gpu_, rng_, kD64, mode);
 }
 
+// The split form (prepare, state scan, output: the fallback where the fused form's shared
+// memory does not fit, or QWEN36_DELTA_CHUNKED=split); every other test takes the default.
+TEST_F(CudaDeltaNet, SplitFormMatchesCpu) {
+  cuda::delta_rule_chunked_form(1);
+  for (const Shape* s : {&k27B, &kD64}) check_against_cpu(*gpu_, rng_, *s, DeltaRuleMode::Chunked);
+  cuda::delta_rule_chunked_form(0);
+}
+
 // A serving batch: 40 runs, mostly one-token decode steps, with prefills among them (the
 // chunked kernels locate their chunks by scanning the run table 32 runs at a time).
 TEST_F(CudaDeltaNet, MixedBatchOfManyRuns) {
@@ -200,7 +212,8 @@ TEST_F(CudaDeltaNet, Timing27BPrefill4096) {
   run_gpu(*gpu_, in, st_c, runs, DeltaRuleMode::Chunked, out_c);
   run_gpu(*gpu_, in, st_r, runs, DeltaRuleMode::Recurrent, out_r);
   const std::vector<float> oc = download(*gpu_, out_c.t), orr = download(*gpu_, out_r.t);
-  const Worst wo = worst_of(oc, orr), ws = worst_of(download(*gpu_, st_c.t), download(*gpu_, st_r.t));
+  const std::vector<float> st_r_host = download(*gpu_, st_r.t);
+  const Worst wo = worst_of(oc, orr), ws = worst_of(download(*gpu_, st_c.t), st_r_host);
   EXPECT_LE(wo.err, 1e-4) << "4096 tokens: chunked vs recurrent output at " << out_where(wo.at, runs, s.Hv, s.d)
                           << ": " << wo.got << " vs " << wo.want;
   EXPECT_LE(ws.err, 1e-4) << "4096 tokens: chunked vs recurrent state at " << state_where(ws.at, s.Hv, s.d) << ": "
@@ -212,16 +225,30 @@ TEST_F(CudaDeltaNet, Timing27BPrefill4096) {
       "[ deltanet ] 27B shape, one 4096-token run: chunked %.3f ms/layer (x48 layers = %.1f ms), recurrent %.3f "
       "ms/layer; chunked vs recurrent err out %.2e state %.2e\n",
       chunked, chunked * 48, recurrent, wo.err, ws.err);
-  cuda::delta_rule_chunked_timing(true);
-  const double timed = time_ms(*gpu_, in, st_c, DeltaRuleMode::Chunked, 10);
-  float ms[3] = {0, 0, 0};
-  int calls = 0;
-  cuda::delta_rule_chunked_times(ms, &calls);
-  cuda::delta_rule_chunked_timing(false);
-  if (calls > 0)
-    std::printf("[ deltanet ] 27B shape, 4096 tokens, chunked kernels per call: prepare %.3f ms, state scan %.3f ms, "
-                "output %.3f ms (%.3f ms per call with the timing syncs)\n",
-                ms[0] / calls, ms[1] / calls, ms[2] / calls, timed);
+  for (int form : {2, 1}) {  // per kernel, each form (the fused form's output is in its scan)
+    const char* fname = form == 2 ? "fused" : "split";
+    cuda::delta_rule_chunked_form(form);
+    DevT st_f = upload(*gpu_, st0), out_f = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+    run_gpu(*gpu_, in, st_f, runs, DeltaRuleMode::Chunked, out_f);
+    const Worst fo = worst_of(download(*gpu_, out_f.t), orr), fs = worst_of(download(*gpu_, st_f.t), st_r_host);
+    EXPECT_LE(fo.err, 1e-4) << fname << ", 4096 tokens: vs recurrent output at " << out_where(fo.at, runs, s.Hv, s.d)
+                            << ": " << fo.got << " vs " << fo.want;
+    EXPECT_LE(fs.err, 1e-4) << fname << ", 4096 tokens: vs recurrent state at " << state_where(fs.at, s.Hv, s.d)
+                            << ": " << fs.got << " vs " << fs.want;
+    const double plain = time_ms(*gpu_, in, st_f, DeltaRuleMode::Chunked, 10);
+    cuda::delta_rule_chunked_timing(true);
+    const double timed = time_ms(*gpu_, in, st_f, DeltaRuleMode::Chunked, 10);
+    float ms[3] = {0, 0, 0};
+    int calls = 0;
+    cuda::delta_rule_chunked_times(ms, &calls);
+    cuda::delta_rule_chunked_timing(false);
+    if (calls > 0)
+      std::printf("[ deltanet ] 27B shape, 4096 tokens, %s form: %.3f ms/layer; per call: prepare %.3f ms, state scan "
+                  "%.3f ms, output %.3f ms (%.3f ms per call with the timing syncs); vs recurrent err out %.2e state "
+                  "%.2e\n",
+                  fname, plain, ms[0] / calls, ms[1] / calls, ms[2] / calls, timed, fo.err, fs.err);
+  }
+  cuda::delta_rule_chunked_form(0);
   for (int64_t n : {8, 16, 32, 64, 128, 256}) {  // where Auto should switch (kAutoChunkedMin)
     const Inputs small = random_inputs(rng_, n, s);
     const double c = time_ms(*gpu_, small, st_c, DeltaRuleMode::Chunked, 20);

@@ -3,36 +3,39 @@
 // backend/cpu/cpu_deltanet.cpp (same maths, same zero padding of a run's last chunk).
 // cuda_deltanet.cu normalises q, k and dispatches the runs long enough to pay here.
 //
-// Design. A 4096-token run has 64 chunks but only Hv = 48 (or 32) heads, so one block per
-// head looping over its chunks would leave most SMs idle. The work is split so that only the
-// cheap part is sequential:
-//  1. prepare (grid chunks × Hv): γ = cumsum g; A = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
-//     T = (I − A)⁻¹ in f32 SIMT (the sensitive step): 16×16 diagonal blocks by forward
-//     substitution, then the off-diagonal blocks by block products (3 levels, not 63 rows);
-//     W = T·diag(β e^γ)·K̂, U = T·diag(β)·V → workspace.
-//  2. state scan (grid runs × Hv × dv/32, sequential over the run's chunks): the state's
-//     value columns evolve independently, so a block owns 32 of them (S slice DK × 32 f32 in
-//     registers as mma accumulators). Per chunk: snapshot S → workspace; V' = U − W·S
-//     (overwrites U); S ← e^{γ_last} S + K̂ᵀ·diag(e^{γ_last−γ})·V'. W/U of the next chunk
-//     load (cp.async) during the state update, K̂ of the next chunk during the next V'.
-//  3. output (grid chunks × Hv): O = (Q̂ ⊙ e^γ)·S_c + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})·V'.
-// Every product runs on tensor cores (mma.sync, f32 accumulators, sm_80+). Prepare and scan
-// feed the carried state, so their operands are split into bf16 hi + lo parts (3 m16n8k16 mma
-// per k16: ≲ 1e-5 relative per product, f32-like, at half the tensor work of split tf32); the
-// output kernel, whose errors are not carried, takes plain tf32 (kPrec*: see there).
-// Operands come from shared memory through row/column views; row pads (4 or 8 floats, by
-// precision and access pattern) spread the fragment loads over the banks. Workspace per chunk
-// and head: W, U/V' (64 × dk, 64 × dv), S_c (dk × dv), γ (64), all f32; longer batches run in
-// segments of chunks that fit kWorkspaceBytes (the state carries between segments in the
-// state tensor).
-// Expected limits (not measured): the scan is the only sequential part, with Hv·dv/32 blocks
-// (192 for the 27B: one or two per SM, all resident) bound by mma latency and by re-reading W
-// and K̂ per column slice (~72 KB per block and chunk, mostly L2); prepare and output have
-// chunks × Hv blocks (3072 at 4096 tokens). The intermediates (W, U, V', S_c: ~1 GB of traffic
-// at 4096 tokens for the 27B, S_c alone ~400 MB) put a memory floor of roughly 0.25 ms under
-// the three kernels; the GPU test prints each kernel's time (delta_rule_chunked_timing).
+// Maths per chunk (γ = cumsum g in the chunk): A = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
+// T = (I − A)⁻¹; W = T·diag(β e^γ)·K̂, U = T·diag(β)·V; V' = U − W·S;
+// O = (Q̂ ⊙ e^γ)·S + tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})·V'; S ← e^{γ_last} S + K̂ᵀ·diag(e^{γ_last−γ})·V'.
+// A 4096-token run has 64 chunks but only Hv = 48 (or 32) heads, so everything that does not
+// depend on S runs in a parallel prepare kernel (grid chunks × Hv; T in f32 SIMT, the
+// sensitive step: 16×16 diagonal blocks by forward substitution, then the off-diagonal blocks
+// by block products), and only the S-dependent products run in a sequential scan. Two forms:
+//  fused (default): the prepare writes its results as mma B fragments (FragRecords); one scan
+//     kernel (grid runs × Hv × dv/64, 4 warps) keeps each warp's 16 state columns as Sᵀ in mma
+//     accumulators, which double as the A fragments of the next products, and computes V',
+//     the chunk's outputs and the state update per chunk without any exchange between warps;
+//     the next chunk's records in flight (cp.async; one chunk's where two do not fit, 107 KB
+//     each at d 128). No S snapshots or V' in memory, no output kernel.
+//  split (the earlier form, kept as the fallback: QWEN36_DELTA_CHUNKED=split): prepare → W, U
+//     f32; state scan (grid runs × Hv × dv/32) writes a snapshot of S per chunk and V'; an
+//     output kernel (grid chunks × Hv) computes O.
+// Every product runs on tensor cores (mma.sync, f32 accumulators, sm_80+). Products that feed
+// the carried state split their operands into bf16 hi + lo parts (3 m16n8k16 mma per k16:
+// ≲ 1e-5 relative per product, f32-like, at half the tensor work of split tf32); the output
+// products, whose errors are not carried, take single f16 (fused) or tf32 (split) operands
+// (kPrec*: see there). Workspace per chunk: fused ~68 KB per token for the 27B (W, U, P per
+// value head; k̂, q̂ per key head; fragment order), split ~98 KB (W, U/V', S_c, γ); longer
+// batches run in segments of chunks that fit kWorkspaceBytes (the state carries between
+// segments in the state tensor). The GPU test prints each kernel's time
+// (delta_rule_chunked_timing) for both forms.
+// Expected limits of the fused form (not measured): the scan is bound by its tensor work
+// (~470 mma per warp and chunk at d 128, 4 warps per SM: ~1.5 µs per chunk step) and by
+// the ~5 MB per step of records it streams; the prepare by its ~100 KB per block of loads and
+// stores and the serial parts of the inverse.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -43,7 +46,7 @@ namespace {
 constexpr int kC = 64;                 // chunk length (the CPU twin's kChunk)
 constexpr int kThreads = 256;          // every kernel: 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kNB = 32;                // value columns of the state per scan block
+constexpr int kNB = 32;                // split form: value columns of the state per scan block
 // How each kernel's products run (tensor cores unless Simt; f32 accumulators throughout):
 //  Tf32x3: operands split into tf32 big + small, 3 m16n8k8 mma per k8 (≈ 2^-20 relative per product)
 //  Bf16x3: operands split into bf16 hi + lo, 3 m16n8k16 mma per k16 (≲ 3·2^-18 ≈ 1e-5): half
@@ -51,10 +54,12 @@ constexpr int kNB = 32;                // value columns of the state per scan bl
 //  Tf32:   plain tf32, 1 mma per k8 (2^-11 per operand)
 //  Simt:   f32 FMAs (the simple reference path)
 // prepare and state feed the carried state (errors accumulate over chunks); output errors are
-// not carried, so the output kernel takes plain tf32. Host emulation of these roundings vs an
-// f64 recurrence (d 128, 4096 tokens, the GPU test's input ranges; max error / max(1, |ref|)):
-// as chosen here state 1.9e-6, outputs 1.5e-5 (3e-7 with Bf16x3 output); everything plain tf32
-// state 1.6e-4 (fails the tests' 1e-4); f32 throughout 2e-7.
+// not carried, so the split form's output kernel takes plain tf32 (and the fused scan f16,
+// the same 2^-11 per operand, which lets its accumulators serve as m16n8k16 A fragments).
+// Host emulation of these roundings vs an f64 recurrence (d 128, 4096 tokens, the GPU test's
+// input ranges; max error / max(1, |ref|)): as chosen here state 1.9e-6, outputs 1.5e-5
+// (3e-7 with Bf16x3 output); everything plain tf32 state 1.6e-4 (fails the tests' 1e-4); f32
+// throughout 2e-7.
 enum class Prec { Simt, Tf32, Tf32x3, Bf16x3 };
 constexpr Prec kPrecPrepare = Prec::Bf16x3, kPrecState = Prec::Bf16x3, kPrecOutput = Prec::Tf32;
 // Row pads (floats) of shared-memory operands so that a warp's fragment loads hit distinct
@@ -63,9 +68,9 @@ constexpr Prec kPrecPrepare = Prec::Bf16x3, kPrecState = Prec::Bf16x3, kPrecOutp
 // (pad 8) or two loads 8 apart otherwise (pad 4).
 constexpr int pad_kcontig(Prec p) { return p == Prec::Bf16x3 ? 8 : 4; }
 constexpr int pad_kstrided(Prec p) { return p == Prec::Bf16x3 ? 4 : 8; }
-// Workspace: ~98 KB per token for the 27B (W, U, S_c per chunk and head), within the memory
-// plan's allowance for op temporaries (half the activations, ~109 KB per token); the cap only
-// splits very long batches into segments.
+// Workspace: ≤ ~98 KB per token for the 27B (header), within the memory plan's allowance for
+// op temporaries (half the activations, ~109 KB per token); the cap only splits very long
+// batches into segments.
 constexpr size_t kWorkspaceBytes = size_t(1) << 30;
 
 // ---- shared-memory views and the warp-tiled product ----
@@ -121,6 +126,19 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a·b, one m16n8k16 f16 tile (fragments as for bf16): the fused scan's output products.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// (lo, hi) rounded to f16 and packed (lo in the low half: the lower k index)
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // C[M × N] += A·B over the block's 8 warps: warp w owns an (16·MT) × (8·NT) tile of C in the
@@ -292,8 +310,13 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// `bytes` (a multiple of 16) from global to shared memory by the whole block, 16 bytes a copy
+__device__ __forceinline__ void copy_async(void* dst, const void* src, size_t bytes) {
+  for (size_t e = threadIdx.x; e < bytes / 16; e += blockDim.x)
+    cp_async16(static_cast<float*>(dst) + 4 * e, static_cast<const float*>(src) + 4 * e);
+}
 
-// ---- the three kernels ----
+// ---- the kernels ----
 struct ChunkArgs {
   const float *qn, *kn, *v, *g, *beta;  // q̂ (scaled), k̂ [T, Hk, dk]; v [T, Hv, dv]; g, β [T, Hv]
   float* state;                         // [slots, Hv, dk, dv]
@@ -302,7 +325,13 @@ struct ChunkArgs {
   int nruns, min_count;  // runs with count ≥ min_count are chunked
   int Hk, Hv;
   int64_t seg0, seg1;  // this launch's chunks, numbered over the chunked runs in order
-  float *w, *u, *sc, *gam;  // workspace per (chunk − seg0, head): W, U/V', S_c, γ
+  // split form's workspace per (chunk − seg0, head): W, U/V', S_c, γ
+  float *w, *u, *sc, *gam;
+  // fused form's records (see FragRecords): per (chunk − seg0, value head) and (…, key head)
+  uint4 *wf, *kf;
+  uint2 *qf, *pf;
+  float4* uf;
+  float* gt;
 };
 
 __device__ __forceinline__ int64_t chunks_of(int count) { return (int64_t(count) + kC - 1) / kC; }
@@ -356,6 +385,46 @@ __device__ void load_rows_async(float* dst, int ld, const float* src, int64_t ro
     const int i = e / (D / 4), x = (e % (D / 4)) * 4;
     const bool ok = i < n;  // padding rows: zero-filled (the source row is only a valid address)
     cp_async16(dst + i * ld + x, src + ((row0 + (ok ? i : 0)) * H + hh) * D + x, ok);
+  }
+}
+
+// T = (I − A)⁻¹ for the strictly lower A [64][LA] into Ts (which holds I on entry), in 16×16
+// blocks. The four diagonal blocks by forward substitution, one warp each (row i of T − I:
+// X_ij = A_ij + Σ_{j<m<i} A_im X_mj, two lanes per column); then the off-diagonal blocks by
+// distance from the diagonal: T_IJ = T_II·Σ_{J≤M<I} A_IM T_MJ. f32 SIMT: the step that the
+// carried state is most sensitive to. Ys: [3][16][16] scratch. Called by the whole block;
+// ends with a barrier (and its first barrier orders the caller's earlier shared writes).
+template <int LA>
+__device__ void invert_unit_lower(const float* As, float* Ts, float* Ys) {
+  const int tid = int(threadIdx.x), w = tid >> 5, lane = tid & 31;
+  if (w < 4) {
+    const int o = 16 * w, j = lane & 15, p = lane >> 4;
+    for (int i = 1; i < 16; ++i) {
+      float s = 0;
+      if (j < i)
+        for (int m = j + 1 + p; m < i; m += 2) s += As[(o + i) * LA + o + m] * Ts[(o + m) * LA + o + j];
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      if (j < i && p == 0) Ts[(o + i) * LA + o + j] = As[(o + i) * LA + o + j] + s;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  const int r = tid >> 4, cc = tid & 15;
+  for (int d = 1; d < 4; ++d) {
+    for (int J = 0; J + d < 4; ++J) {  // Y = Σ_{J≤M<I} A_IM T_MJ: columns 16J..16I of A's row
+      const int I = J + d;
+      float y = 0;
+      for (int x = 16 * J; x < 16 * I; ++x) y += As[(16 * I + r) * LA + x] * Ts[x * LA + 16 * J + cc];
+      Ys[J * 256 + r * 16 + cc] = y;
+    }
+    __syncthreads();
+    for (int J = 0; J + d < 4; ++J) {  // T_IJ = T_II · Y
+      const int I = J + d;
+      float s = 0;
+      for (int m = 0; m < 16; ++m) s += Ts[(16 * I + r) * LA + 16 * I + m] * Ys[J * 256 + m * 16 + cc];
+      Ts[(16 * I + r) * LA + 16 * J + cc] = s;
+    }
+    __syncthreads();
   }
 }
 
@@ -424,40 +493,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
     const int i = e / DV, x = e % DV;
     Vs[i * L::LV + x] *= bs[i];
   }
-  {  // T = (I − A)⁻¹ in 16×16 blocks. The four diagonal blocks by forward substitution, one
-     // warp each (row i of T − I: X_ij = A_ij + Σ_{j<m<i} A_im X_mj, two lanes per column);
-     // then the off-diagonal blocks by distance from the diagonal: T_IJ = T_II·Σ_{J≤M<I} A_IM T_MJ.
-    const int w = tid >> 5, lane = tid & 31;
-    if (w < 4) {
-      const int o = 16 * w, j = lane & 15, p = lane >> 4;
-      for (int i = 1; i < 16; ++i) {
-        float s = 0;
-        if (j < i)
-          for (int m = j + 1 + p; m < i; m += 2) s += As[(o + i) * L::LA + o + m] * Ts[(o + m) * L::LA + o + j];
-        s += __shfl_xor_sync(0xffffffffu, s, 16);
-        if (j < i && p == 0) Ts[(o + i) * L::LA + o + j] = As[(o + i) * L::LA + o + j] + s;
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-    const int r = tid >> 4, cc = tid & 15;
-    for (int d = 1; d < 4; ++d) {
-      for (int J = 0; J + d < 4; ++J) {  // Y = Σ_{J≤M<I} A_IM T_MJ: columns 16J..16I of A's row
-        const int I = J + d;
-        float y = 0;
-        for (int x = 16 * J; x < 16 * I; ++x) y += As[(16 * I + r) * L::LA + x] * Ts[x * L::LA + 16 * J + cc];
-        Ys[J * 256 + r * 16 + cc] = y;
-      }
-      __syncthreads();
-      for (int J = 0; J + d < 4; ++J) {  // T_IJ = T_II · Y
-        const int I = J + d;
-        float s = 0;
-        for (int m = 0; m < 16; ++m) s += Ts[(16 * I + r) * L::LA + 16 * I + m] * Ys[J * 256 + m * 16 + cc];
-        Ts[(16 * I + r) * L::LA + 16 * J + cc] = s;
-      }
-      __syncthreads();
-    }
-  }
+  invert_unit_lower<L::LA>(As, Ts, Ys);
   {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
     Acc<kC, DK, 2, DK / 32, kPrecPrepare> acc;
     acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
@@ -651,25 +687,400 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   });
 }
 
+// ---- the fused form: records in mma-fragment order, then one scan kernel that also writes O ----
+//
+// chunk_prep_frag_kernel writes, per chunk, the operands of the scan's products in the order
+// its warps read them as mma B fragments (g = lane/4, t = lane%4; "pair(a, b)": a in the low
+// half, the lower k index): one 8- or 16-byte shared load per lane and fragment, no conversions
+// in the sequential kernel. Per (chunk, value head):
+//  Wf [DK/16][8][32] uint4: −W split bf16 hi/lo, B(k = key, n = token) of V'ᵀ = Uᵀ + Sᵀ(−W)ᵀ;
+//     tile (kk, j), lane: {hi b0, hi b1, lo b0, lo b1}, b0 = pair(−W(8j+g, 16kk+2t), −W(8j+g, 16kk+2t+1)),
+//     b1 the same at keys + 8
+//  Pf [4][8][32] uint2: P = tril(q̂k̂ᵀ ⊙ e^{γ_i−γ_j}) in f16, B(k = token j, n = token i) of V'ᵀPᵀ;
+//     {b0, b1}, b0 = pair(P(8n+g, 16kk+2t), P(8n+g, 16kk+2t+1)), b1 at j + 8
+//  Uf [DV/16][8][32] float4: U in the accumulator layout of V'ᵀ (16 value columns × 8 tokens a
+//     tile): {U(8j+2t, 16cg+g), U(8j+2t+1, 16cg+g), U(8j+2t, 16cg+g+8), U(8j+2t+1, 16cg+g+8)}
+//  Gt [132] f32: e^{γ_i} (64), e^{γ_last−γ_i} (64), e^{γ_last}, 3 zeros
+// and per (chunk, key head), by the first value head of the group:
+//  Kf [4][DK/8][32] uint4: k̂ split bf16 hi/lo, B(k = token, n = key) of Sᵀ += (V'ᵀD)K̂;
+//     b0 = pair(k̂(16kk+2t, 8j+g), k̂(16kk+2t+1, 8j+g)), b1 at tokens + 8
+//  Qf [DK/16][8][32] uint2: q̂ in f16, B(k = key, n = token) of Sᵀq̂ᵀ;
+//     b0 = pair(q̂(8j+g, 16kk+2t), q̂(8j+g, 16kk+2t+1)), b1 at keys + 8
 template <int DK, int DV>
-size_t max_smem() {
-  return std::max({PrepLayout<DK, DV>::bytes, ScanLayout<DK, DV>::bytes, OutLayout<DK, DV>::bytes});
-}
+struct FragRecords {  // sizes in their own units (uint4, uint2, float4, float)
+  static constexpr int64_t W = 16 * DK, P = 4 * 8 * 32, U = 16 * DV, G = 2 * kC + 4, K = 16 * DK, Q = 16 * DK;
+  static constexpr int64_t value_bytes = W * 16 + P * 8 + U * 16 + G * 4, key_bytes = K * 16 + Q * 8;
+};
 
 template <int DK, int DV>
-bool fits_device() {
-  static const bool ok = [] {
+struct PrepFragLayout {
+  // [K̂; Q̂] (128 rows) is the Gram product's A (k-contiguous) and K̂ its Bᵀ; K̂ then B of W
+  // (k-strided, 2-way conflicts); v reuses q̂'s rows with its own pad (B of U, read transposed as A)
+  static constexpr int LK = DK + pad_kcontig(kPrecPrepare), LV = DV + pad_kstrided(kPrecPrepare),
+                       LA = kC + pad_kcontig(kPrecPrepare);
+  static_assert(LV <= LK, "v takes q̂'s rows");
+  static constexpr size_t bytes = (size_t(2 * kC) * LK + size_t(2 * kC) * LA + 2 * kC + 3 * 256) * sizeof(float);
+};
+
+// Kf and Qf of a key head from k̂, q̂ in shared memory (rows of stride ld).
+template <int DK>
+__device__ void write_key_frags(const float* Ks, const float* Qs, int ld, uint4* kf, uint2* qf) {
+  for (int e = int(threadIdx.x); e < 16 * DK; e += kThreads) {
+    const int ln = e & 31, tile = e >> 5, gg = ln >> 2, tt = ln & 3;
+    {
+      const int kk = tile / (DK / 8), x = 8 * (tile % (DK / 8)) + gg, r0 = 16 * kk + 2 * tt;
+      uint32_t h0, l0, h1, l1;
+      split_bf16x2(make_float2(Ks[r0 * ld + x], Ks[(r0 + 1) * ld + x]), h0, l0);
+      split_bf16x2(make_float2(Ks[(r0 + 8) * ld + x], Ks[(r0 + 9) * ld + x]), h1, l1);
+      kf[e] = make_uint4(h0, h1, l0, l1);
+    }
+    {
+      const int kk = tile / 8, i = 8 * (tile % 8) + gg, x0 = 16 * kk + 2 * tt;
+      const float2 q0 = *reinterpret_cast<const float2*>(Qs + i * ld + x0);
+      const float2 q1 = *reinterpret_cast<const float2*>(Qs + i * ld + x0 + 8);
+      qf[e] = make_uint2(pack_f16x2(q0.x, q0.y), pack_f16x2(q1.x, q1.y));
+    }
+  }
+}
+
+// The prepare of the fused form: the split form's prepare (same products, same precision) plus
+// P, with every result written as FragRecords.
+template <int DK, int DV>
+__global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs a) {
+  using L = PrepFragLayout<DK, DV>;
+  using R = FragRecords<DK, DV>;
+  extern __shared__ float4 smem4[];
+  float* Ks = reinterpret_cast<float*>(smem4);  // [64][LK] k̂, then β e^γ k̂
+  float* Qs = Ks + kC * L::LK;                  // [64][LK] q̂ (rows 64..127 of the Gram product's A)
+  float* Vs = Qs;                               // [64][LV] v, then β v (after the Gram product)
+  float* As = Qs + kC * L::LK;                  // [64][LA] A (strictly lower)
+  float* Ts = As + kC * L::LA;                  // [64][LA] T = (I − A)⁻¹
+  float* gs = Ts + kC * L::LA;                  // [64] γ
+  float* bs = gs + kC;                          // [64] β
+  float* Ys = bs + kC;                          // [3][16][16] blocks of the inverse in progress
+  SeqRun r;
+  int c;
+  const int64_t gcl = blockIdx.x;
+  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
+  const int h = int(blockIdx.y), ratio = a.Hv / a.Hk, kh = h / ratio, tid = int(threadIdx.x), lane = tid & 31;
+  const int n = min(kC, r.count - c * kC);
+  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h, khead = gcl * a.Hk + kh;
+
+  load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
+  load_rows_async<DK>(Qs, L::LK, a.qn, row0, n, a.Hk, kh);
+  cp_async_commit();
+  for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
+  if (tid < kC) {
+    gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
+    bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
+    float v[kC], acc = 0;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) v[i] = gs[i];
+#pragma unroll
+    for (int i = 0; i < kC; ++i) gs[i] = acc += v[i];
+  }
+  __syncthreads();
+  if (tid < kC) {  // Gt: the scan's per-token factors
+    float* G = a.gt + head * R::G;
+    G[tid] = expf(gs[tid]);
+    G[kC + tid] = expf(gs[kC - 1] - gs[tid]);
+    if (tid < 4) G[2 * kC + tid] = tid == 0 ? expf(gs[kC - 1]) : 0.0f;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (h == kh * ratio) write_key_frags<DK>(Ks, Qs, L::LK, a.kf + khead * R::K, a.qf + khead * R::Q);
+
+  {  // [K̂; Q̂]·K̂ᵀ: rows 0..63 give A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i), rows 64..127
+     // P_ij = (q̂_i·k̂_j) e^{γ_i−γ_j} (j ≤ i); warp tiles wholly above the diagonal skip the product
+    Acc<2 * kC, kC, 2, 4, kPrecPrepare> acc;
+    if (acc.n0 <= (acc.m0 & (kC - 1))) acc.mma(RowMajor{Ks, L::LK}, ColMajor{Ks, L::LK}, DK);
+    if (acc.m0 < kC) {
+      acc.each([&](int i, int j, float& s) {
+        As[i * L::LA + j] = j < i ? -(bs[i] * s) * expf(gs[i] - gs[j]) : 0.0f;
+      });
+    } else {
+      uint2* P = a.pf + head * R::P;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = acc.m0 - kC + 16 * mi + acc.g + 8 * hh;
+          auto p = [&](int j, float s) { return j <= i ? s * expf(gs[i] - gs[j]) : 0.0f; };
+#pragma unroll
+          for (int nj = 0; nj < 4; nj += 2) {  // n-tiles nj, nj + 1: columns j0.., j0 + 8..
+            const int j0 = acc.n0 + 8 * nj + 2 * acc.t;
+            const float* c0 = acc.c[mi][nj];
+            const float* c1 = acc.c[mi][nj + 1];
+            P[(((acc.n0 + 8 * nj) / 16) * 8 + i / 8) * 32 + lane] =
+                make_uint2(pack_f16x2(p(j0, c0[2 * hh]), p(j0 + 1, c0[2 * hh + 1])),
+                           pack_f16x2(p(j0 + 8, c1[2 * hh]), p(j0 + 9, c1[2 * hh + 1])));
+          }
+        }
+    }
+  }
+  __syncthreads();  // A complete; q̂ (and, for the key head's writer, k̂ unscaled) no longer read
+  load_rows_async<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
+  cp_async_commit();
+  for (int e = tid; e < kC * DK; e += kThreads) {
+    const int i = e / DK, x = e % DK;
+    Ks[i * L::LK + x] *= bs[i] * expf(gs[i]);
+  }
+  invert_unit_lower<L::LA>(As, Ts, Ys);
+  {  // W = T·(β e^γ K̂) → Wf as −W; T is lower triangular, so a warp's rows need columns < m0 + 32 only
+    constexpr int NT = DK / 32;
+    Acc<kC, DK, 2, NT, kPrecPrepare> acc;
+    acc.mma(RowMajor{Ts, L::LA}, RowMajor{Ks, L::LK}, acc.m0 + 32);
+    uint4* W = a.wf + head * R::W;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = acc.m0 + 16 * mi + acc.g + 8 * hh;
+#pragma unroll
+        for (int nj = 0; nj < NT; nj += 2) {  // keys n0 + 8nj + 2t.. (b0) and + 8 (b1)
+          uint32_t h0, l0, h1, l1;
+          split_bf16x2(make_float2(-acc.c[mi][nj][2 * hh], -acc.c[mi][nj][2 * hh + 1]), h0, l0);
+          split_bf16x2(make_float2(-acc.c[mi][nj + 1][2 * hh], -acc.c[mi][nj + 1][2 * hh + 1]), h1, l1);
+          W[(((acc.n0 + 8 * nj) / 16) * 8 + i / 8) * 32 + lane] = make_uint4(h0, h1, l0, l1);
+        }
+      }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int e = tid; e < kC * DV; e += kThreads) {
+    const int i = e / DV, x = e % DV;
+    Vs[i * L::LV + x] *= bs[i];
+  }
+  __syncthreads();
+  {  // Uᵀ = (β V)ᵀ·Tᵀ (value columns × tokens): each accumulator tile is one Uf float4 per lane;
+     // T lower triangular: a warp's tokens n0.. need columns of T below n0 + 32 only
+    constexpr int MT = DV / 64;
+    Acc<DV, kC, MT, 4, kPrecPrepare> acc;
+    acc.mma(ColMajor{Vs, L::LV}, ColMajor{Ts, L::LA}, acc.n0 + 32);
+    float4* U = a.uf + head * R::U;
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < 4; ++nj) {
+        const float* cc = acc.c[mi][nj];
+        U[(((acc.m0 + 16 * mi) / 16) * 8 + (acc.n0 + 8 * nj) / 8) * 32 + lane] =
+            make_float4(cc[0], cc[1], cc[2], cc[3]);
+      }
+  }
+}
+
+// The fused scan: grid (runs, Hv, DV/64), 4 warps; warp w owns value columns cw .. cw+15 of
+// the head's state as Sᵀ (16 × DK) in m16n8 accumulators, which are also the A fragments of
+// the next products (an accumulator pair of adjacent n8 tiles is an m16k16 A fragment), so a
+// warp never exchanges state with another; the block shares only the chunk records, loaded
+// (cp.async) STAGES − 1 chunks ahead. Per chunk, in registers:
+//   V'ᵀ = Uᵀ + Sᵀ(−W)ᵀ                    bf16 hi/lo, 3 mma per k16 (feeds the state)
+//   Oᵀ  = e^γ ⊙ (Sᵀq̂ᵀ) + V'ᵀPᵀ → out    f16 (2^-11 per operand as tf32; not carried)
+//   Sᵀ  = e^{γ_last} Sᵀ + (V'ᵀD)K̂        bf16 hi/lo, D = diag(e^{γ_last−γ})
+// f16 operands assume |S|, |V'| < 65504 (the delta rule keeps the state of the order of v).
+// Per warp and chunk (DK 128): 192 + 64 + ≤ 32 + 192 mma and ~100 KB of shared loads (B
+// fragments, shared by the warps); per block one chunk record, ~105 KB.
+constexpr int kScanWarps = 4;
+constexpr int kScanCols = 16 * kScanWarps;
+
+template <int DK, int DV>
+struct FusedLayout {  // one stage, in bytes: the records of a chunk as the block reads them
+  using R = FragRecords<DK, DV>;
+  static constexpr size_t W = R::W * 16, K = R::K * 16, Q = R::Q * 8, P = R::P * 8, U = kScanWarps * 8 * 32 * 16,
+                          G = R::G * 4;
+  static constexpr size_t oW = 0, oK = oW + W, oQ = oK + K, oP = oQ + Q, oU = oP + P, oG = oU + U, stage = oG + G;
+  static_assert(stage % 16 == 0 && oG % 16 == 0, "16-byte copies");
+};
+
+template <int DK, int DV, int STAGES>
+__global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(ChunkArgs a) {
+  using L = FusedLayout<DK, DV>;
+  using R = FragRecords<DK, DV>;
+  constexpr int KT = DK / 8;  // n8 tiles of Sᵀ (keys)
+  const SeqRun r = a.runs[blockIdx.x];
+  if (r.count < a.min_count) return;
+  int64_t base = 0;  // this run's first chunk number
+  for (int i = 0; i < int(blockIdx.x); ++i)
+    if (a.runs[i].count >= a.min_count) base += chunks_of(a.runs[i].count);
+  const int nc = int(chunks_of(r.count));
+  const int64_t lo = a.seg0 - base, hi = a.seg1 - base;  // this launch's chunks, relative to the run
+  const int c_begin = int(lo > 0 ? lo : 0), c_end = int(hi < nc ? hi : nc);
+  if (c_begin >= c_end) return;
+
+  extern __shared__ float4 smem4[];
+  unsigned char* sm = reinterpret_cast<unsigned char*>(smem4);
+  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
+  const int w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int col0 = int(blockIdx.z) * kScanCols, cw = col0 + 16 * w;
+  float* S = a.state + (int64_t(r.slot) * a.Hv + h) * DK * DV;
+
+  auto issue = [&](int c, int stage) {
+    const int64_t hd = (base + c - a.seg0) * a.Hv + h, kd = (base + c - a.seg0) * a.Hk + kh;
+    unsigned char* d = sm + size_t(stage) * L::stage;
+    copy_async(d + L::oW, a.wf + hd * R::W, L::W);
+    copy_async(d + L::oK, a.kf + kd * R::K, L::K);
+    copy_async(d + L::oQ, a.qf + kd * R::Q, L::Q);
+    copy_async(d + L::oP, a.pf + hd * R::P, L::P);
+    copy_async(d + L::oU, a.uf + hd * R::U + (col0 / 16) * (8 * 32), L::U);
+    copy_async(d + L::oG, a.gt + hd * R::G, L::G);
+  };
+
+  // Sᵀ tile j: s[j][e] = S(key 8j + 2t + e%2, column cw + g + 8(e/2))
+  float s[KT][4];
+#pragma unroll
+  for (int j = 0; j < KT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = S[int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1)];
+#pragma unroll
+  for (int i = 0; i < STAGES; ++i) {
+    if (c_begin + i < c_end) issue(c_begin + i, i);
+    cp_async_commit();
+  }
+  for (int c = c_begin; c < c_end; ++c) {
+    const int stage = (c - c_begin) % STAGES;
+    cp_async_wait<STAGES - 1>();  // chunk c's records (later chunks' may be in flight)
+    __syncthreads();
+    const unsigned char* st = sm + size_t(stage) * L::stage;
+    const uint4* Wf = reinterpret_cast<const uint4*>(st + L::oW);
+    const uint4* Kf = reinterpret_cast<const uint4*>(st + L::oK);
+    const uint2* Qf = reinterpret_cast<const uint2*>(st + L::oQ);
+    const uint2* Pf = reinterpret_cast<const uint2*>(st + L::oP);
+    const float4* Uf = reinterpret_cast<const float4*>(st + L::oU) + w * (8 * 32);
+    const float* G = reinterpret_cast<const float*>(st + L::oG);
+
+    float v[8][4], x[8][4];  // V'ᵀ and Oᵀ tiles j: (column cw + g + 8(e/2), token 8j + 2t + e%2)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 u = Uf[j * 32 + lane];
+      v[j][0] = u.x, v[j][1] = u.y, v[j][2] = u.z, v[j][3] = u.w;
+      x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {  // keys 16kk..16kk+15: A = Sᵀ tiles 2kk, 2kk + 1
+      uint32_t ah[4], al[4], af[4];
+      split_bf16x2(make_float2(s[2 * kk][0], s[2 * kk][1]), ah[0], al[0]);
+      split_bf16x2(make_float2(s[2 * kk][2], s[2 * kk][3]), ah[1], al[1]);
+      split_bf16x2(make_float2(s[2 * kk + 1][0], s[2 * kk + 1][1]), ah[2], al[2]);
+      split_bf16x2(make_float2(s[2 * kk + 1][2], s[2 * kk + 1][3]), ah[3], al[3]);
+      af[0] = pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
+      af[1] = pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
+      af[2] = pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      af[3] = pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint4 wb = Wf[(kk * 8 + j) * 32 + lane];
+        const uint32_t bh[2] = {wb.x, wb.y}, bl[2] = {wb.z, wb.w};
+        mma_bf16(v[j], al, bh);  // the small terms first
+        mma_bf16(v[j], ah, bl);
+        mma_bf16(v[j], ah, bh);
+        const uint2 qb = Qf[(kk * 8 + j) * 32 + lane];
+        const uint32_t bq[2] = {qb.x, qb.y};
+        mma_f16(x[j], af, bq);
+      }
+    }
+    // Oᵀ = e^γ ⊙ Sᵀq̂ᵀ + V'ᵀPᵀ (P lower triangular: k-step kk reaches token tiles n ≥ 2kk only)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] *= G[8 * j + 2 * t + (e & 1)];
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      const uint32_t av[4] = {pack_f16x2(v[2 * kk][0], v[2 * kk][1]), pack_f16x2(v[2 * kk][2], v[2 * kk][3]),
+                              pack_f16x2(v[2 * kk + 1][0], v[2 * kk + 1][1]),
+                              pack_f16x2(v[2 * kk + 1][2], v[2 * kk + 1][3])};
+#pragma unroll
+      for (int nn = 2 * kk; nn < 8; ++nn) {
+        const uint2 pb = Pf[(kk * 8 + nn) * 32 + lane];
+        const uint32_t bp[2] = {pb.x, pb.y};
+        mma_f16(x[nn], av, bp);
+      }
+    }
+    {
+      const int n = min(kC, r.count - c * kC);
+      float* O = a.out + ((int64_t(r.begin) + int64_t(c) * kC) * a.Hv + h) * DV + cw + g;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 8 * j + 2 * t + (e & 1);
+          if (i < n) O[int64_t(i) * a.Hv * DV + 8 * (e >> 1)] = x[j][e];
+        }
+    }
+    // Sᵀ ← e^{γ_last} Sᵀ + (V'ᵀD)·K̂
+    const float el = G[2 * kC];
+#pragma unroll
+    for (int j = 0; j < KT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= el;
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {  // tokens 16kk..16kk+15: A = (V'ᵀD) tiles 2kk, 2kk + 1
+      const float* D = G + kC + 16 * kk + 2 * t;
+      const float d0 = D[0], d1 = D[1], d8 = D[8], d9 = D[9];
+      uint32_t ah[4], al[4];
+      split_bf16x2(make_float2(v[2 * kk][0] * d0, v[2 * kk][1] * d1), ah[0], al[0]);
+      split_bf16x2(make_float2(v[2 * kk][2] * d0, v[2 * kk][3] * d1), ah[1], al[1]);
+      split_bf16x2(make_float2(v[2 * kk + 1][0] * d8, v[2 * kk + 1][1] * d9), ah[2], al[2]);
+      split_bf16x2(make_float2(v[2 * kk + 1][2] * d8, v[2 * kk + 1][3] * d9), ah[3], al[3]);
+#pragma unroll
+      for (int j = 0; j < KT; ++j) {
+        const uint4 kb = Kf[(kk * KT + j) * 32 + lane];
+        const uint32_t bh[2] = {kb.x, kb.y}, bl[2] = {kb.z, kb.w};
+        mma_bf16(s[j], al, bh);
+        mma_bf16(s[j], ah, bl);
+        mma_bf16(s[j], ah, bh);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage
+    if (c + STAGES < c_end) issue(c + STAGES, stage);
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int j = 0; j < KT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) S[int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1)] = s[j][e];
+}
+
+// Which form runs: the fused one wherever its kernels fit the device's shared memory (two
+// chunk records in flight where they fit, else one), else the split one.
+// QWEN36_DELTA_CHUNKED=split|fused (or the test hook) prefers one where it fits.
+enum class Form { Auto = 0, Split = 1, Fused = 2 };
+Form& preferred_form() {
+  static Form f = [] {
+    const char* e = std::getenv("QWEN36_DELTA_CHUNKED");
+    if (e && std::string_view(e) == "split") return Form::Split;
+    if (e && std::string_view(e) == "fused") return Form::Fused;
+    return Form::Auto;
+  }();
+  return f;
+}
+
+struct DeviceFit {
+  bool split = false, fused = false;
+  int stages = 1;  // the fused scan's chunk records in shared memory
+};
+template <int DK, int DV>
+const DeviceFit& device_fit() {
+  static const DeviceFit fit = [] {
+    DeviceFit f;
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      return false;
-    return size_t(optin) >= max_smem<DK, DV>();
+      return f;
+    const size_t lim = size_t(optin), stage = FusedLayout<DK, DV>::stage;
+    f.split = lim >= std::max({PrepLayout<DK, DV>::bytes, ScanLayout<DK, DV>::bytes, OutLayout<DK, DV>::bytes});
+    f.fused = lim >= PrepFragLayout<DK, DV>::bytes && lim >= stage;
+    f.stages = lim >= 2 * stage ? 2 : 1;
+    return f;
   }();
-  return ok;
+  return fit;
 }
 
-// Test instrumentation (delta_rule_chunked_timing): events around the three kernels of each
-// segment, read back at once (a sync per segment; never while recording).
+// Test instrumentation (delta_rule_chunked_timing): events around the kernels of each segment
+// (prepare, scan, output; the fused form's output time is in its scan), read back at once (a
+// sync per segment; never while recording).
 struct KernelTiming {
   bool on = false;
   float ms[3] = {0, 0, 0};
@@ -680,9 +1091,26 @@ KernelTiming& timing() {
   static KernelTiming t;
   return t;
 }
+struct SegmentTimer {
+  Ctx& c;
+  bool timed = timing().on && !c.capturing;
+  void mark(int i) const {
+    if (timed) CUDA_CHECK(cudaEventRecord(timing().ev[i], c.stream));
+  }
+  void collect() const {
+    if (!timed) return;
+    KernelTiming& tm = timing();
+    CUDA_CHECK(cudaEventSynchronize(tm.ev[3]));
+    for (int i = 0; i < 3; ++i) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tm.ev[i], tm.ev[i + 1]));
+      tm.ms[i] += ms;
+    }
+  }
+};
 
 template <int DK, int DV>
-void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
+void run_split(Ctx& c, ChunkArgs a, int64_t total) {
   static const bool attr_set = [] {  // once per instantiation (the limit is per function)
     CUDA_CHECK(cudaFuncSetAttribute(chunk_prepare_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(PrepLayout<DK, DV>::bytes)));
@@ -693,10 +1121,6 @@ void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
     return true;
   }();
   (void)attr_set;
-  int64_t total = 0;
-  for (const SeqRun& r : runs)
-    if (r.count >= a.min_count) total += (int64_t(r.count) + kC - 1) / kC;
-  if (total == 0) return;
   const int64_t per_chunk = int64_t(a.Hv) * (kC * DK + kC * DV + DK * DV + kC);  // floats
   const int64_t seg = std::max<int64_t>(1, int64_t(kWorkspaceBytes / sizeof(float)) / per_chunk);
   const int64_t cap = std::min(total, seg);
@@ -706,44 +1130,104 @@ void run(Ctx& c, ChunkArgs a, std::span<const SeqRun> runs) {
   a.u = u.get();
   a.sc = sc.get();
   a.gam = gam.get();
-  KernelTiming& tm = timing();
-  const bool timed = tm.on && !c.capturing;
-  auto mark = [&](int i) {
-    if (timed) CUDA_CHECK(cudaEventRecord(tm.ev[i], c.stream));
-  };
+  const SegmentTimer tm{c};
   for (int64_t s0 = 0; s0 < total; s0 += seg) {
     a.seg0 = s0;
     a.seg1 = std::min(total, s0 + seg);
     const dim3 chunks_grid(unsigned(a.seg1 - s0), unsigned(a.Hv));
-    mark(0);
+    tm.mark(0);
     chunk_prepare_kernel<DK, DV><<<chunks_grid, kThreads, PrepLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
-    mark(1);
-    chunk_state_kernel<DK, DV>
-        <<<dim3(unsigned(a.nruns), unsigned(a.Hv), unsigned(DV / kNB)), kThreads, ScanLayout<DK, DV>::bytes, c.stream>>>(a);
+    tm.mark(1);
+    const dim3 scan_grid(unsigned(a.nruns), unsigned(a.Hv), unsigned(DV / kNB));
+    chunk_state_kernel<DK, DV><<<scan_grid, kThreads, ScanLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
-    mark(2);
+    tm.mark(2);
     chunk_output_kernel<DK, DV><<<chunks_grid, kThreads, OutLayout<DK, DV>::bytes, c.stream>>>(a);
     CUDA_LAUNCH_CHECK();
-    mark(3);
-    if (timed) {
-      CUDA_CHECK(cudaEventSynchronize(tm.ev[3]));
-      for (int i = 0; i < 3; ++i) {
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, tm.ev[i], tm.ev[i + 1]));
-        tm.ms[i] += ms;
-      }
-    }
+    tm.mark(3);
+    tm.collect();
   }
-  if (timed) ++tm.calls;
+}
+
+template <int DK, int DV>
+void run_fused(Ctx& c, ChunkArgs a, int64_t total) {
+  using R = FragRecords<DK, DV>;
+  using L = FusedLayout<DK, DV>;
+  static_assert(DV % kScanCols == 0, "whole scan blocks per head");
+  const int stages = device_fit<DK, DV>().stages;
+  static const bool attr_set = [stages] {
+    CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_frag_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(PrepFragLayout<DK, DV>::bytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(chunk_scan_fused_kernel<DK, DV, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(L::stage)));
+    if (stages >= 2)
+      CUDA_CHECK(cudaFuncSetAttribute(chunk_scan_fused_kernel<DK, DV, 2>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * L::stage)));
+    return true;
+  }();
+  (void)attr_set;
+  const int64_t per_chunk = a.Hv * R::value_bytes + a.Hk * R::key_bytes;
+  const int64_t seg = std::max<int64_t>(1, int64_t(kWorkspaceBytes) / per_chunk);
+  const int64_t cap = std::min(total, seg);
+  Temp<uint4> wf(c, size_t(cap * a.Hv * R::W)), kf(c, size_t(cap * a.Hk * R::K));
+  Temp<uint2> qf(c, size_t(cap * a.Hk * R::Q)), pf(c, size_t(cap * a.Hv * R::P));
+  Temp<float4> uf(c, size_t(cap * a.Hv * R::U));
+  Temp<float> gt(c, size_t(cap * a.Hv * R::G));
+  a.wf = wf.get();
+  a.kf = kf.get();
+  a.qf = qf.get();
+  a.pf = pf.get();
+  a.uf = uf.get();
+  a.gt = gt.get();
+  const SegmentTimer tm{c};
+  for (int64_t s0 = 0; s0 < total; s0 += seg) {
+    a.seg0 = s0;
+    a.seg1 = std::min(total, s0 + seg);
+    tm.mark(0);
+    chunk_prep_frag_kernel<DK, DV>
+        <<<dim3(unsigned(a.seg1 - s0), unsigned(a.Hv)), kThreads, PrepFragLayout<DK, DV>::bytes, c.stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+    tm.mark(1);
+    const dim3 scan_grid(unsigned(a.nruns), unsigned(a.Hv), unsigned(DV / kScanCols));
+    if (stages >= 2)
+      chunk_scan_fused_kernel<DK, DV, 2><<<scan_grid, 32 * kScanWarps, 2 * L::stage, c.stream>>>(a);
+    else
+      chunk_scan_fused_kernel<DK, DV, 1><<<scan_grid, 32 * kScanWarps, L::stage, c.stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+    tm.mark(2);
+    tm.mark(3);
+    tm.collect();
+  }
+}
+
+template <int DK, int DV>
+bool supported() {
+  const DeviceFit& f = device_fit<DK, DV>();
+  return f.split || f.fused;
+}
+
+template <int DK, int DV>
+void run(Ctx& c, const ChunkArgs& a, std::span<const SeqRun> runs) {
+  int64_t total = 0;
+  for (const SeqRun& r : runs)
+    if (r.count >= a.min_count) total += (int64_t(r.count) + kC - 1) / kC;
+  if (total == 0) return;
+  const DeviceFit& f = device_fit<DK, DV>();
+  const bool fused = f.fused && !(preferred_form() == Form::Split && f.split);
+  if (fused)
+    run_fused<DK, DV>(c, a, total);
+  else
+    run_split<DK, DV>(c, a, total);
+  if (timing().on && !c.capturing) ++timing().calls;
 }
 
 }  // namespace
 
 // Declared (without a header) in cuda_deltanet.cu, the dispatcher.
 bool delta_rule_chunked_supported(int64_t dk, int64_t dv) {
-  if (dk == 128 && dv == 128) return fits_device<128, 128>();
-  if (dk == 64 && dv == 64) return fits_device<64, 64>();
+  if (dk == 128 && dv == 128) return supported<128, 128>();
+  if (dk == 64 && dv == 64) return supported<64, 64>();
   return false;
 }
 
@@ -761,18 +1245,21 @@ void delta_rule_chunked_times(float ms[3], int* calls) {
   for (int i = 0; i < 3; ++i) ms[i] = t.ms[i];
   *calls = t.calls;
 }
+// 0: the default (fused where it fits), 1: the split form, 2: the fused form (where it fits)
+void delta_rule_chunked_form(int form) { preferred_form() = Form(form); }
 
 void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
                         float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
                         int min_count, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
-  ChunkArgs a{qn, kn, v, g, beta, state, out, dev_runs, int(runs.size()), min_count, int(Hk), int(Hv),
-              0, 0, nullptr, nullptr, nullptr, nullptr};
+  ChunkArgs a{};
+  a.qn = qn, a.kn = kn, a.v = v, a.g = g, a.beta = beta, a.state = state, a.out = out;
+  a.runs = dev_runs, a.nruns = int(runs.size()), a.min_count = min_count, a.Hk = int(Hk), a.Hv = int(Hv);
   if (dk == 128 && dv == 128)
     run<128, 128>(c, a, runs);
   else if (dk == 64 && dv == 64)
     run<64, 64>(c, a, runs);
   else
-    fail("delta_rule_chunked: head dims {}/{} not supported", dk, dv);
+    fail("delta_rule_chunked: head dims {} / {} not supported", dk, dv);
 }
 
 }  // namespace qwen36::cuda
