@@ -49,6 +49,8 @@ void delta_rule_chunked_timing(bool on);
 void delta_rule_chunked_times(float ms[3], int* calls);
 // the form later calls take: 0 the default (fused where it fits), 1 split (three kernels), 2 fused
 void delta_rule_chunked_form(int form);
+// the workspace cap in bytes (0: the default 1 GB): small caps run a batch in segments of chunks
+void delta_rule_chunked_workspace(size_t bytes);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -167,6 +169,19 @@ TEST_F(CudaDeltaNet, SplitFormMatchesCpu) {
   cuda::delta_rule_chunked_form(1);
   for (const Shape* s : {&k27B, &kD64}) check_against_cpu(*gpu_, rng_, *s, DeltaRuleMode::Chunked);
   cuda::delta_rule_chunked_form(0);
+}
+
+// Segments: a 10 MB workspace holds 2 chunks of the 27B's fused records (4.4 MB each) or 1 of
+// the split form's (6.2 MB), so the default batches (14 and 9 chunks) run in many launches
+// that start and end inside runs, the state carried between them in the state tensor.
+TEST_F(CudaDeltaNet, ChunkedInSegments) {
+  cuda::delta_rule_chunked_workspace(size_t(10) << 20);
+  for (int form : {2, 1}) {
+    cuda::delta_rule_chunked_form(form);
+    check_against_cpu(*gpu_, rng_, k27B, DeltaRuleMode::Chunked);
+  }
+  cuda::delta_rule_chunked_form(0);
+  cuda::delta_rule_chunked_workspace(0);
 }
 
 // A serving batch: 40 runs, mostly one-token decode steps, with prefills among them (the

@@ -25,7 +25,7 @@
 // products, whose errors are not carried, take single f16 (fused) or tf32 (split) operands
 // (kPrec*: see there). Workspace per chunk: fused ~68 KB per token for the 27B (W, U, P per
 // value head; k̂, q̂ per key head; fragment order), split ~98 KB (W, U/V', S_c, γ); longer
-// batches run in segments of chunks that fit kWorkspaceBytes (the state carries between
+// batches run in segments of chunks that fit workspace_bytes() (the state carries between
 // segments in the state tensor). The GPU test prints each kernel's time
 // (delta_rule_chunked_timing) for both forms.
 // Expected limits of the fused form (not measured): the scan is bound by its tensor work
@@ -72,6 +72,10 @@ constexpr int pad_kstrided(Prec p) { return p == Prec::Bf16x3 ? 4 : 8; }
 // op temporaries (half the activations, ~109 KB per token); the cap only splits very long
 // batches into segments.
 constexpr size_t kWorkspaceBytes = size_t(1) << 30;
+size_t& workspace_bytes() {  // kWorkspaceBytes; the GPU test lowers it to run many segments
+  static size_t b = kWorkspaceBytes;
+  return b;
+}
 
 // ---- shared-memory views and the warp-tiled product ----
 // k pairs for the bf16 fragments: A's along its columns, B's along its rows (where those are
@@ -1134,7 +1138,7 @@ void run_split(Ctx& c, ChunkArgs a, int64_t total) {
   }();
   (void)attr_set;
   const int64_t per_chunk = int64_t(a.Hv) * (kC * DK + kC * DV + DK * DV + kC);  // floats
-  const int64_t seg = std::max<int64_t>(1, int64_t(kWorkspaceBytes / sizeof(float)) / per_chunk);
+  const int64_t seg = std::max<int64_t>(1, int64_t(workspace_bytes() / sizeof(float)) / per_chunk);
   const int64_t cap = std::min(total, seg);
   Temp<float> w(c, size_t(cap * a.Hv * kC * DK)), u(c, size_t(cap * a.Hv * kC * DV)),
       sc(c, size_t(cap * a.Hv * DK * DV)), gam(c, size_t(cap * a.Hv * kC));
@@ -1180,7 +1184,7 @@ void run_fused(Ctx& c, ChunkArgs a, int64_t total) {
   }();
   (void)attr_set;
   const int64_t per_chunk = a.Hv * R::value_bytes + a.Hk * R::key_bytes;
-  const int64_t seg = std::max<int64_t>(1, int64_t(kWorkspaceBytes) / per_chunk);
+  const int64_t seg = std::max<int64_t>(1, int64_t(workspace_bytes()) / per_chunk);
   const int64_t cap = std::min(total, seg);
   Temp<uint4> wf(c, size_t(cap * a.Hv * R::W)), kf(c, size_t(cap * a.Hk * R::K));
   Temp<uint2> qf(c, size_t(cap * a.Hk * R::Q)), pf(c, size_t(cap * a.Hv * R::P));
@@ -1259,6 +1263,8 @@ void delta_rule_chunked_times(float ms[3], int* calls) {
 }
 // 0: the default (fused where it fits), 1: the split form, 2: the fused form (where it fits)
 void delta_rule_chunked_form(int form) { preferred_form() = Form(form); }
+// the workspace cap in bytes (0: the default), so that batches run in segments of few chunks
+void delta_rule_chunked_workspace(size_t bytes) { workspace_bytes() = bytes ? bytes : kWorkspaceBytes; }
 
 void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
                         float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
