@@ -12,10 +12,10 @@
 // operands, ≲ 1e-5 relative per product, or f16/tf32 operands (2^-11) in the output
 // products, whose errors are not carried). The chunked tests run the default (fused) form;
 // SplitFormMatchesCpu the split (three-kernel) fallback; ChunkedInSegments both forms with a
-// workspace of 1-2 chunks (many launches, each starting and ending inside runs). The UT inverse of a chunk of random
-// unit keys is well conditioned (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1), and the decay (g ≤ 0) keeps
-// state errors from growing over chunks, so errors of ~1e-6..3e-5 are expected; a wrong
-// index, mask or padding row shows up as O(0.1..1).
+// workspace of 1-2 chunks (many launches, each starting and ending inside runs). The UT
+// inverse of a chunk of random unit keys is well conditioned (|A_ij| ≤ β |k̂_i·k̂_j| ~ 0.1),
+// and the decay (g ≤ 0) keeps state errors from growing over chunks, so errors of
+// ~1e-6..3e-5 are expected; a wrong index, mask or padding row shows up as O(0.1..1).
 //
 // Fused decode (Backend::deltanet_decode) vs the CPU backend's composition of the plain ops:
 // three steps carrying conv and recurrent state, batches of 1..5 one-token runs in shuffled
