@@ -9,6 +9,15 @@
 //    and written) × steps/s = GB/s, against the device-to-device copy bandwidth (CUDA) or the
 //    host memory read bandwidth (CPU);
 //  - prefill: matmul + attention FLOPs / s, against a cuBLAS 8192³ bf16 GEMM (CUDA).
+//
+// Speculative decoding (--spec mtp|ngram --spec-draft-n K,...): every tgN × batch also runs
+// spec_generate_batch greedily, first without drafts (the baseline: same loop, same sampler
+// work) and then once per K; lines report tok/s, the speed-up over that baseline and the mean
+// accepted length, and the ceiling uses the bytes of one target verify pass × passes/s.
+// --simulate-acceptance p1,p2,... replaces only the accept decision (SpecOptions::
+// accept_override, fixed seed): drafting, the verify forward and the commit of the accepted
+// prefix run as in a real round, so its figures show what a given acceptance would buy; every
+// such line says "simulated".
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -21,14 +30,15 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/spec/spec_bench.h"
 #include "format/model_loader.h"
+#include "model/memory_plan.h"
 #include "model/presets.h"
 #include "model/random_quant_weights.h"
 #include "model/random_weights.h"
 #include "quant/mix_rules.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "model/memory_plan.h"
 #endif
 
 namespace qwen36::cli {
@@ -41,6 +51,7 @@ struct BenchOptions {
   int64_t depth = 0, layers = 0;
   int repeats = 3, threads = 0;
   CacheTypes cache;
+  std::string spec = "none", spec_draft_n = "3", simulate;  // speculative decoding
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -50,6 +61,34 @@ std::vector<int64_t> parse_list(const std::string& s) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) v.push_back(std::stoll(item));
   return v;
+}
+
+// --simulate-acceptance: probabilities in [0, 1].
+std::vector<double> parse_probs(const std::string& s) {
+  std::vector<double> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double p = -1;
+    try {
+      p = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    QWEN36_CHECK(used == item.size() && p >= 0 && p <= 1, "--simulate-acceptance: \"{}\" is not a probability in [0, 1]",
+                 item);
+    v.push_back(p);
+  }
+  QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
+  return v;
+}
+
+std::string join(const std::string& list) {  // "0.9, 0.8" -> "0.9,0.8" for labels
+  std::string r;
+  for (char ch : list)
+    if (ch != ' ') r += ch;
+  return r;
 }
 
 // What one token (or one decode step) of this model touches.
@@ -125,6 +164,12 @@ Stat stat(const std::vector<double>& v) {
 
 void run_bench(const BenchOptions& o) {
   QWEN36_CHECK(o.model.empty() != o.synthetic.empty(), "bench: give exactly one of -m MODEL or --synthetic PRESET");
+  const SpecMethod spec_method = parse_spec_method(o.spec);
+  const bool simulated = !o.simulate.empty();
+  QWEN36_CHECK(!simulated || spec_method != SpecMethod::None, "--simulate-acceptance needs --spec mtp or --spec ngram");
+  const std::vector<double> sim_probs = simulated ? parse_probs(o.simulate) : std::vector<double>{};
+  const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
+  for (int64_t k : spec_ks) QWEN36_CHECK(k >= 1 && k <= 16, "--spec-draft-n {} is out of range (1..16)", k);
   const bool cuda = o.backend == "cuda";
   std::unique_ptr<Backend> backend;
   double bw_gbs = 0, peak_tflops = 0;
@@ -162,9 +207,10 @@ void run_bench(const BenchOptions& o) {
       }
     } else {
 #ifdef QWEN36_HAVE_CUDA
-      w = cuda ? make_random_weights_cuda(cfg, dt, 42) : make_random_weights(cfg, dt, 42, false);
+      w = cuda ? make_random_weights_cuda(cfg, dt, 42)
+               : make_random_weights(cfg, dt, 42, /*with_mtp=*/spec_method == SpecMethod::Mtp);
 #else
-      w = make_random_weights(cfg, dt, 42, false);
+      w = make_random_weights(cfg, dt, 42, /*with_mtp=*/spec_method == SpecMethod::Mtp);
 #endif
     }
     model_name = fmt::format("{} {} (synthetic, random)", o.synthetic, o.type);
@@ -175,22 +221,28 @@ void run_bench(const BenchOptions& o) {
   const ModelCost cost = model_cost(w);
   Model model(std::move(w), *backend);
   const ModelConfig& c = model.config();
+  QWEN36_CHECK(spec_method != SpecMethod::Mtp || simulated || model.has_mtp(),
+               "bench --spec mtp: {} has no MTP head to draft with (--simulate-acceptance times the verify path with a "
+               "stand-in drafter instead)",
+               o.synthetic.empty() ? o.model : "this synthetic model");
   const DType kv_type = resolve_cache_type(o.cache, *backend);
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
   const int64_t n_delta = c.n_layers - n_attn;
   const std::vector<int64_t> prompts = parse_list(o.prompts), gens = parse_list(o.gens), batches = parse_list(o.batches);
   // A state per test, sized for it (a 32-slot state of the longest prompt would not fit).
   std::unique_ptr<ModelState> state_ptr;
-  auto new_state = [&](int64_t slots, int64_t len) {
+  // rows: tokens of the widest decode pass per slot (k + 1 when verifying k drafts).
+  auto new_state = [&](int64_t slots, int64_t len, bool mtp = false, int64_t rows = 1) {
     state_ptr.reset();
     MemoryRequest mem;
     mem.slots = int32_t(slots);
     mem.ctx = len;
-    mem.batch_tokens = std::max<int64_t>(slots, std::min<int64_t>(len, 4096));
-    mem.output_rows = slots;
+    mem.batch_tokens = std::max<int64_t>(slots * rows, std::min<int64_t>(len, 4096));
+    mem.output_rows = slots * rows;
     mem.kv_type = kv_type;
+    mem.mtp = mtp;
     check_memory_plan(*backend, c, mem, {"-p/-n/-d", "-b/--batch", "-p", "-ctk/-ctv"});
-    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, false, kv_type);
+    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, mtp, kv_type);
   };
   int64_t max_b = 1;
   for (int64_t b : batches) max_b = std::max(max_b, b);
@@ -213,9 +265,9 @@ void run_bench(const BenchOptions& o) {
 
   nlohmann::json rows = nlohmann::json::array();
   auto report = [&](const std::string& test, int64_t B, const std::vector<double>& tok_s, double ratio_value,
-                    const std::string& ratio_unit, double ratio_pct) {
+                    const std::string& ratio_unit, double ratio_pct) -> nlohmann::json& {
     const Stat s = stat(tok_s);
-    rows.push_back({{"model", model_name},
+    return rows.emplace_back(nlohmann::json{{"model", model_name},
                     {"backend", o.backend},
                     {"device", device},
                     {"test", test},
@@ -228,6 +280,21 @@ void run_bench(const BenchOptions& o) {
                     {"ceiling_pct", ratio_pct},
                     {"hbm_copy_gbs", bw_gbs},
                     {"bf16_peak_tflops", peak_tflops}});
+  };
+  // Bytes one decode pass reads and writes: dense weights + distinct experts (expected,
+  // uniform routing over `tokens` rows) + head, KV of every sequence over its average
+  // context, DeltaNet state read and written.
+  auto step_bytes = [&](int64_t B, int64_t tokens, int64_t n) {
+    double experts = 0;
+    if (c.moe) {
+      const double E = double(c.n_experts), k = double(c.n_experts_per_tok);
+      experts = double(c.n_layers) * E * (1 - std::pow(1 - k / E, double(tokens))) * cost.expert_bytes;
+    }
+    const double ctx = double(o.depth) + double(n + 1) / 2;
+    const double kv = double(B) * double(n_attn) * ctx * double(ModelState::kv_bytes_per_position(c, kv_type));
+    const double st = double(B) * double(n_delta) * 2 *
+                      double(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim + c.conv_dim() * (c.conv_kernel - 1)) * 4;
+    return cost.layer_bytes_dense + experts + cost.head_bytes + kv + st;
   };
 
   for (int64_t p : prompts) {
@@ -277,22 +344,70 @@ void run_bench(const BenchOptions& o) {
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) v.push_back(double(n * B) / t);
       }
-      // Bytes per step: dense weights + distinct experts (expected, uniform routing) + head,
-      // KV of every sequence over its average context, DeltaNet state read and written.
-      double experts = 0;
-      if (c.moe) {
-        const double E = double(c.n_experts), k = double(c.n_experts_per_tok);
-        experts = double(c.n_layers) * E * (1 - std::pow(1 - k / E, double(B))) * cost.expert_bytes;
-      }
-      const double ctx = double(o.depth) + double(n + 1) / 2;
-      const double kv = double(B) * double(n_attn) * ctx * double(ModelState::kv_bytes_per_position(c, kv_type));
-      const double st = double(B) * double(n_delta) * 2 *
-                        double(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim + c.conv_dim() * (c.conv_kernel - 1)) * 4;
-      const double bytes = cost.layer_bytes_dense + experts + cost.head_bytes + kv + st;
+      const double bytes = step_bytes(B, B, n);
       const double steps_s = stat(v).mean / double(B);
       const double gbs = bytes * steps_s / 1e9;
       report(fmt::format("tg{}", n), B, v, gbs, "GB/s", 100 * gbs / bw_gbs);
     }
+
+  // Speculative decoding: per tgN × batch, the baseline (no drafts), then each k.
+  if (spec_method != SpecMethod::None)
+    for (int64_t n : gens)
+      for (int64_t B : batches) {
+        const int64_t P = std::max<int64_t>(1, o.depth);  // the prompt stands in for -d context
+        // One timed configuration (k = 0: the baseline); returns its row.
+        auto time_spec = [&](int64_t k) -> nlohmann::json& {
+          new_state(B, P + n + k + 4, k > 0 && spec_method == SpecMethod::Mtp && model.has_mtp(), k + 1);
+          SpecOptions so;
+          so.method = spec_method;
+          so.draft_n = int32_t(std::max<int64_t>(k, 1));
+          std::unique_ptr<Drafter> drafter;
+          if (k > 0)
+            drafter = simulated && !model.has_mtp() && spec_method == SpecMethod::Mtp
+                          ? std::make_unique<RepeatDrafter>()
+                          : make_drafter(spec_method, model, *state_ptr, so.ngram);
+          SimulatedAcceptance sim(sim_probs.empty() ? std::vector<double>{0} : sim_probs);
+          if (k > 0 && simulated) so.accept_override = sim.callback();
+          std::vector<double> v;
+          SpecMetrics metrics;
+          double passes_s = 0;
+          for (int r = 0; r <= o.repeats; ++r) {
+            std::vector<std::vector<int32_t>> texts;
+            for (int64_t b = 0; b < B; ++b) texts.push_back(random_tokens(P));
+            sync();
+            const SpecBenchRun run = spec_bench_run(model, *state_ptr, texts, int32_t(n + 1), so, drafter.get());
+            if (r == 0) continue;  // warm-up
+            v.push_back(run.tok_s());
+            metrics.merge(run.metrics);
+            passes_s += double(run.target_passes) / run.decode_seconds / o.repeats;
+          }
+          const int64_t rows_per_pass = B * (k + 1);
+          const double gbs = step_bytes(B, rows_per_pass, n) * passes_s / 1e9;
+          std::string test = fmt::format("tg{} spec {}", n, k > 0 ? fmt::format("{} k={}", o.spec, k) : "none (baseline)");
+          if (k > 0 && simulated)
+            test += fmt::format(" (simulated acceptance {}; drafts: {})", join(o.simulate),
+                                drafter->name() == std::string("mtp") ? "mtp head" : drafter->name());
+          nlohmann::json& row = report(test, B, v, gbs, "GB/s", 100 * gbs / bw_gbs);
+          row["spec_method"] = k > 0 ? o.spec : "none";
+          row["spec_k"] = k;
+          row["simulated"] = k > 0 && simulated;
+          if (k > 0) {
+            row["drafter"] = drafter->name();
+            row["mean_accepted_length"] = metrics.mean_accepted_length();
+            row["acceptance_rate"] = metrics.acceptance_rate();
+            // Conditional (P(accept i | 0..i-1 accepted)) where simulated; else per depth.
+            row["acceptance_per_position"] = simulated ? sim.rates() : metrics.acceptance_per_position();
+            if (simulated) row["simulated_acceptance"] = sim_probs;
+          }
+          return row;
+        };
+        const double base = time_spec(0)["tok_s_mean"].get<double>();
+        for (int64_t k : spec_ks) {
+          nlohmann::json& row = time_spec(k);
+          row["baseline_tok_s"] = base;
+          row["speedup"] = base > 0 ? row["tok_s_mean"].get<double>() / base : 0;
+        }
+      }
 
   if (o.output == "json") {
     std::printf("%s\n", rows.dump(2).c_str());
@@ -314,6 +429,19 @@ void run_bench(const BenchOptions& o) {
                 r["test"].get<std::string>().c_str(), (long long)r["batch"].get<int64_t>(),
                 (long long)r["depth"].get<int64_t>(), r["tok_s_mean"].get<double>(), r["tok_s_sd"].get<double>(),
                 r["ceiling_value"].get<double>(), r["ceiling_unit"].get<std::string>().c_str(), pct_str.c_str());
+  }
+  if (spec_method == SpecMethod::None) return;
+  std::printf("\nspeculative decoding (greedy; speed-up over the baseline line of the same tgN and batch)\n\n");
+  std::printf("| test | batch | k | t/s | speed-up | mean accepted length | acceptance by position |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
+  for (const auto& r : rows) {
+    if (!r.contains("speedup")) continue;
+    std::string per;
+    for (double a : r["acceptance_per_position"]) per += fmt::format("{}{:.2f}", per.empty() ? "" : " ", a);
+    std::printf("| %s | %lld | %lld | %.2f | %.2fx | %.2f | %s%s |\n", r["test"].get<std::string>().c_str(),
+                (long long)r["batch"].get<int64_t>(), (long long)r["spec_k"].get<int64_t>(),
+                r["tok_s_mean"].get<double>(), r["speedup"].get<double>(), r["mean_accepted_length"].get<double>(),
+                per.c_str(), r["simulated"].get<bool>() ? " (simulated, conditional)" : "");
   }
 }
 
@@ -339,6 +467,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0: all)");
+  cmd->add_option("--spec", o->spec, "Also time speculative decoding of every tgN: mtp, ngram or none")
+      ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass, comma-separated (1..16)")
+      ->capture_default_str();
+  cmd->add_option("--simulate-acceptance", o->simulate,
+                  "Per-position accept probabilities p1,p2,... (each conditional on the previous draft accepted; "
+                  "the last repeats): real drafting, verify and commit, simulated accept decisions (fixed seed)");
   cmd->callback([o] { run_bench(*o); });
 }
 

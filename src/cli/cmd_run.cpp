@@ -34,6 +34,7 @@ struct RunOptions {
   std::string spec = "none";  // speculative decoding: mtp, ngram or none
   int32_t spec_draft_n = 3;
   bool spec_adaptive = false;
+  std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   SamplingParams sampling;
   CacheTypes cache;
 };
@@ -75,7 +76,15 @@ GenerateOptions generate_options(const RunOptions& o, const ModelConfig& c) {
 GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::vector<int32_t>& prompt,
                               const GenerateOptions& g, const std::function<bool(int32_t)>& on_token) {
   const ModelConfig& c = lm.model->config();
-  const SpecMethod method = parse_spec_method(o.spec);
+  SpecOptions spec;
+  if (!o.speculative_config.empty()) {
+    spec = parse_speculative_config(o.speculative_config);
+  } else {
+    spec.method = parse_spec_method(o.spec);
+    spec.draft_n = o.spec_draft_n;
+  }
+  spec.adaptive = o.spec_adaptive;
+  const SpecMethod method = spec.method;
   const int64_t ctx = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   MemoryRequest mem;
   mem.ctx = ctx;
@@ -85,12 +94,8 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   check_memory_plan(*lm.backend, c, mem);
   ModelState state(*lm.backend, c, 1, ctx, /*with_mtp=*/mem.mtp, mem.kv_type);
   if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
-  SpecOptions spec;
-  spec.method = method;
-  spec.draft_n = o.spec_draft_n;
-  spec.adaptive = o.spec_adaptive;
   SpecResult r = spec_generate(*lm.model, state, prompt, g, spec, on_token);
-  std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", o.spec.c_str(), o.spec_draft_n,
+  std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
                o.spec_adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
   return r.gen;
 }
@@ -218,16 +223,23 @@ void register_run(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_option("--spec", o->spec, "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup) or none")
-      ->check(CLI::IsMember({"mtp", "ngram", "none"}))
-      ->capture_default_str();
-  cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass (1..16)")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
+  auto* spec = cmd->add_option("--spec", o->spec,
+                               "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup) or none")
+                    ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+                    ->capture_default_str();
+  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass (1..16)")
+                     ->check(CLI::Range(1, 16))
+                     ->capture_default_str();
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "Speculative decoding as vLLM JSON: {\"method\":\"mtp\",\"num_speculative_tokens\":3}; ngram also "
+                  "takes \"prompt_lookup_max\" / \"prompt_lookup_min\"")
+      ->excludes(spec)
+      ->excludes(spec_n);
   cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
   add_sampling_options(cmd, o->sampling);
   add_cache_type_options(cmd, o->cache);
   cmd->callback([o] {
+    if (!o->speculative_config.empty()) parse_speculative_config(o->speculative_config);  // fail before loading
     o->sampling.validate();
     QWEN36_CHECK(o->n_predict >= 0, "--n-predict {} must be >= 0", o->n_predict);
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/spec/spec_generate.h"
 
 #if QWEN36_HAVE_SERVER
 #include <pthread.h>
@@ -32,6 +33,7 @@ struct ServeOptions {
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
   CacheTypes cache;
+  std::string speculative_config;
 };
 
 #if QWEN36_HAVE_SERVER
@@ -155,7 +157,20 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_NO_PREFIX_CACHE");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "vLLM-style speculative decoding JSON (validated; the server does not speculate yet, so only "
+                  "{\"method\":\"none\"} is accepted)")
+      ->envname("QWEN36_SPECULATIVE_CONFIG");
   cmd->callback([o] {
+    // The scheduler has no speculative path yet: validate the config, then refuse any method
+    // other than none rather than silently serving without it.
+    if (!o->speculative_config.empty()) {
+      const SpecOptions spec = parse_speculative_config(o->speculative_config);
+      QWEN36_CHECK(spec.method == SpecMethod::None,
+                   "--speculative-config: method \"{}\": serve does not run speculative decoding yet (qwen36 run and "
+                   "qwen36 bench do)",
+                   spec_method_name(spec.method));
+    }
 #if QWEN36_HAVE_SERVER
     serve(*o);
 #else

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/rejection.h"
@@ -33,6 +35,50 @@ std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelStat
     case SpecMethod::None: break;
   }
   return nullptr;
+}
+
+SpecOptions parse_speculative_config(const std::string& text) {
+  const char* keys = "method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("--speculative-config: not valid JSON ({})", e.what());
+  }
+  QWEN36_CHECK(j.is_object(), "--speculative-config: expected a JSON object like {{\"method\":\"mtp\",\"num_speculative_tokens\":3}}");
+  auto int_of = [](const nlohmann::json& v, const std::string& key, int64_t lo, int64_t hi) {
+    QWEN36_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+                 "--speculative-config: \"{}\" must be an integer in {}..{}, not {}", key, lo, hi, v.dump());
+    return int32_t(v.get<int64_t>());
+  };
+  SpecOptions o;
+  bool has_method = false, lookup = false;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "method") {
+      QWEN36_CHECK(v.is_string(), "--speculative-config: \"method\" must be a string (mtp, ngram or none), not {}", v.dump());
+      const std::string m = v.get<std::string>();
+      QWEN36_CHECK(m == "mtp" || m == "ngram" || m == "none",
+                   "--speculative-config: \"method\" \"{}\" is not supported (mtp, ngram or none)", m);
+      o.method = parse_spec_method(m);
+      has_method = true;
+    } else if (key == "num_speculative_tokens") {
+      o.draft_n = int_of(v, key, 1, 16);
+    } else if (key == "prompt_lookup_max") {
+      o.ngram.max_n = int_of(v, key, 1, 64);
+      lookup = true;
+    } else if (key == "prompt_lookup_min") {
+      o.ngram.min_n = int_of(v, key, 1, 64);
+      lookup = true;
+    } else {
+      fail("--speculative-config: unknown key \"{}\" (known: {})", key, keys);
+    }
+  }
+  QWEN36_CHECK(has_method, "--speculative-config: \"method\" is missing (mtp, ngram or none)");
+  QWEN36_CHECK(!lookup || o.method == SpecMethod::Ngram,
+               "--speculative-config: \"prompt_lookup_max\"/\"prompt_lookup_min\" apply to method ngram only");
+  QWEN36_CHECK(o.ngram.min_n <= o.ngram.max_n, "--speculative-config: \"prompt_lookup_min\" {} exceeds \"prompt_lookup_max\" {}",
+               o.ngram.min_n, o.ngram.max_n);
+  return o;
 }
 
 namespace {
@@ -145,6 +191,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   // Decode rounds.
   const auto t_decode = clock::now();
   std::vector<float> verify_hidden;
+  int64_t passes = 0;
   for (;;) {
     std::vector<Live*> active;
     for (Live& l : live)
@@ -189,6 +236,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     logits.resize(batch.tokens.size() * V);
     verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
     model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr);
+    ++passes;
 
     // 3. Acceptance, emission, commit.
     std::vector<SpecCommit> commits;
@@ -208,7 +256,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
           break;
         }
         bool ok;
-        if (greedy) {
+        if (spec.accept_override) {
+          ok = spec.accept_override(l.in->slot, i);
+          if (!ok) next = greedy ? p.front().first : draw(p, l.rng);
+        } else if (greedy) {
           ok = drafts[size_t(i)] == p.front().first;
           next = p.front().first;
         } else {
@@ -240,6 +291,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   std::vector<SpecResult> results;
   for (Live& l : live) {
     l.res.gen.decode_seconds = decode_s;  // the rounds were shared
+    l.res.target_passes = passes;
     results.push_back(std::move(l.res));
   }
   return results;

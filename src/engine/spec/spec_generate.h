@@ -1,6 +1,7 @@
 #pragma once
 // defines: SpecMethod, SpecOptions, SpecSequence, spec_generate_batch, spec_generate
-//          (generation with speculative decoding; mirrors engine/generate.h)
+//          (generation with speculative decoding; mirrors engine/generate.h),
+//          parse_speculative_config (vLLM-style --speculative-config JSON)
 //
 // Every round, for each running sequence: the drafter proposes up to k tokens; ONE target
 // forward runs [pending token, drafts...] for every sequence together (sequences without
@@ -35,7 +36,19 @@ struct SpecOptions {
   bool adaptive = false;  // per sequence: k grows by one after a fully accepted round, else
                           // drops to (accepted + 1): fewer wasted drafts where they fail
   NgramOptions ngram;
+  // Benchmarks only (qwen36 bench --simulate-acceptance): when set, it decides whether draft
+  // i (0-based depth) of a round of `slot` is accepted, in place of checking it against the
+  // target; the first refusal ends the round and the target's own token at that row follows,
+  // as on a real rejection. Accepted drafts are emitted and committed through the same path
+  // (Model::commit_speculative), so the timing includes the same rollback; the output then no
+  // longer follows the target's distribution.
+  std::function<bool(int32_t slot, int32_t i)> accept_override;
 };
+
+// `--speculative-config` JSON, vLLM style: {"method":"mtp"|"ngram"|"none",
+// "num_speculative_tokens":K, "prompt_lookup_max":N, "prompt_lookup_min":N} (the last two
+// for ngram only). An unknown key or a bad value throws a one-line Error naming the key.
+SpecOptions parse_speculative_config(const std::string& json);
 
 // The drafter `method` needs (null for None). MTP drafting reads and writes state's MTP cache.
 std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelState& state, const NgramOptions& ngram);
@@ -51,6 +64,7 @@ struct SpecSequence {
 struct SpecResult {
   GenerateResult gen;
   SpecMetrics metrics;
+  int64_t target_passes = 0;  // target forwards of the decode rounds (shared by the whole batch)
 };
 
 // Generates every sequence to completion. drafter may be null (no drafting at all). `state`
