@@ -279,7 +279,8 @@ void run_bench(const BenchOptions& o) {
                     {"ceiling_unit", ratio_unit},
                     {"ceiling_pct", ratio_pct},
                     {"hbm_copy_gbs", bw_gbs},
-                    {"bf16_peak_tflops", peak_tflops}});
+                    {"bf16_peak_tflops", peak_tflops},
+                    {"simulated", false}});  // spec lines of --simulate-acceptance set it
   };
   // Bytes one decode pass reads and writes: dense weights + distinct experts (expected,
   // uniform routing over `tokens` rows) + head, KV of every sequence over its average
@@ -431,7 +432,10 @@ void run_bench(const BenchOptions& o) {
                 r["ceiling_value"].get<double>(), r["ceiling_unit"].get<std::string>().c_str(), pct_str.c_str());
   }
   if (spec_method == SpecMethod::None) return;
-  std::printf("\nspeculative decoding (greedy; speed-up over the baseline line of the same tgN and batch)\n\n");
+  std::printf("\nspeculative decoding (greedy; speed-up over the baseline line of the same tgN and batch)%s\n\n",
+              simulated ? "; SIMULATED acceptance: accept decisions drawn at the given conditional per-position "
+                          "rates, not the model's"
+                        : "");
   std::printf("| test | batch | k | t/s | speed-up | mean accepted length | acceptance by position |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
   for (const auto& r : rows) {
