@@ -380,7 +380,7 @@ void run_bench(const BenchOptions& o) {
             if (r == 0) continue;  // warm-up
             v.push_back(run.tok_s());
             metrics.merge(run.metrics);
-            passes_s += double(run.target_passes) / run.decode_seconds / o.repeats;
+            if (run.decode_seconds > 0) passes_s += double(run.target_passes) / run.decode_seconds / o.repeats;
           }
           const int64_t rows_per_pass = B * (k + 1);
           const double gbs = step_bytes(B, rows_per_pass, n) * passes_s / 1e9;

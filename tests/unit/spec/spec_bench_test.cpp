@@ -182,7 +182,10 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
   const auto rows = nlohmann::json::parse(out);
   int spec_rows = 0;
   for (const auto& r : rows) {
-    if (!r.contains("spec_k") || r["spec_k"].get<int64_t>() == 0) continue;
+    if (!r.contains("spec_k") || r["spec_k"].get<int64_t>() == 0) {  // plain tg and the baseline: real
+      EXPECT_FALSE(r["simulated"].get<bool>()) << r["test"];
+      continue;
+    }
     ++spec_rows;
     EXPECT_TRUE(r["simulated"].get<bool>());
     EXPECT_NE(r["test"].get<std::string>().find("(simulated acceptance 0.9,0.5; drafts: mtp head)"), std::string::npos)
