@@ -26,18 +26,6 @@ struct Dist {
   float sample(Rng& r) const { return sigma > 0 ? r.normal() * sigma : mean + (r.uniform() * 2 - 1) * spread; }
 };
 
-// Sets 6-bit scale sc and min m of sub-block j in the 12 packed bytes of Q4_K/Q5_K (the inverse
-// of unpack_k_scale_min).
-void pack_scale_min(uint8_t* q, int j, uint8_t sc, uint8_t m) {
-  if (j < 4) {
-    q[j] = uint8_t((q[j] & 0xC0) | sc);
-    q[j + 4] = uint8_t((q[j + 4] & 0xC0) | m);
-  } else {
-    q[j + 4] = uint8_t((sc & 15) | ((m & 15) << 4));
-    q[j - 4] = uint8_t((q[j - 4] & 63) | ((sc >> 4) << 6));
-    q[j] = uint8_t((q[j] & 63) | ((m >> 4) << 6));
-  }
-}
 
 // Random blocks whose values have standard deviation about sigma and mean about 0:
 // y = d * sc * (q - centre), so d is sigma over (typical sc) x (std of uniform q).
@@ -77,7 +65,7 @@ void random_blocks(DType t, Rng& r, std::byte* dst, int64_t n, float sigma) {
         const uint64_t bits = r.next();
         for (int j = 0; j < 8; ++j) {
           const uint8_t sc = uint8_t(32 + ((bits >> (5 * j)) & 31));
-          pack_scale_min(scales, j, sc, sc);
+          pack_k_scale_min(scales, j, sc, sc);
         }
       }
       break;

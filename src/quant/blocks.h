@@ -1,6 +1,6 @@
 #pragma once
 // defines: BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ4_K, BlockQ5_K,
-//          BlockQ6_K, BlockQ8_K, BlockIQ4_XS, kIQ4NLValues, unpack_k_scale_min
+//          BlockQ6_K, BlockQ8_K, BlockIQ4_XS, kIQ4NLValues, unpack_k_scale_min, pack_k_scale_min
 //
 // Byte-for-byte the block layouts of ggml (ggml-common.h), so GGUF tensor data is used in place.
 // Scales `d`/`dmin`/`m` are IEEE half stored as uint16_t (core/dtype.h converts), except Q8_K
@@ -102,6 +102,23 @@ inline void unpack_k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m)
   } else {
     sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// The inverse: sets sub-block j's scale sc and min m (6 bits each) in the 12 packed bytes, which
+// start zeroed and are filled in order j = 0..7. Used by the CPU and the device generators of
+// synthetic K-quant weights, hence callable from CUDA code too.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline void pack_k_scale_min(uint8_t* q, int j, int sc, int m) {
+  if (j < 4) {
+    q[j] = uint8_t((q[j] & 0xC0) | sc);
+    q[j + 4] = uint8_t((q[j + 4] & 0xC0) | m);
+  } else {
+    q[j + 4] = uint8_t((sc & 15) | ((m & 15) << 4));
+    q[j - 4] = uint8_t((q[j - 4] & 63) | ((sc >> 4) << 6));
+    q[j] = uint8_t((q[j] & 63) | ((m >> 4) << 6));
   }
 }
 

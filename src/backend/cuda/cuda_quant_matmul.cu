@@ -1386,17 +1386,6 @@ __device__ __forceinline__ uint64_t hash64(uint64_t z) {
 __device__ __forceinline__ void put_f16(uint8_t* p, float v) {
   *reinterpret_cast<uint16_t*>(p) = __half_as_ushort(__float2half_rn(v));
 }
-// Inverse of k_scale_min for a zeroed scales[12], sub-blocks set in order 0..7.
-__device__ __forceinline__ void k_pack_scale_min(uint8_t* q, int j, int sc, int m) {
-  if (j < 4) {
-    q[j] = uint8_t((q[j] & 0xC0) | sc);
-    q[j + 4] = uint8_t((q[j + 4] & 0xC0) | m);
-  } else {
-    q[j + 4] = uint8_t((sc & 15) | ((m & 15) << 4));
-    q[j - 4] = uint8_t((q[j - 4] & 63) | ((sc >> 4) << 6));
-    q[j] = uint8_t((q[j] & 63) | ((m >> 4) << 6));
-  }
-}
 
 // Random quants, then scales chosen so values have standard deviation ≈ sigma and mean ≈ 0
 // (the choices of model/random_quant_weights.cpp, which has no IQ4_XS or 32-block generators):
@@ -1430,7 +1419,7 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ dst, int64_t nb, floa
       for (int j = 4; j < 16; ++j) p[j] = 0;
       for (int j = 0; j < 8; ++j) {
         const int sc = 32 + int((r >> (5 * j)) & 31);
-        k_pack_scale_min(p + 4, j, sc, sc);
+        pack_k_scale_min(p + 4, j, sc, sc);
       }
     } else if constexpr (D == DType::Q6_K) {
       for (int j = 0; j < 16; ++j) p[192 + j] = uint8_t(16 + ((r >> (3 * j)) & 31) + ((r >> 50) & 15));
