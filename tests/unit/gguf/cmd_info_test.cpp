@@ -6,24 +6,16 @@
 #include <filesystem>
 #include <string>
 
+#include "common/run_command.h"
+
 namespace {
 
-std::string run(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
 
 TEST(CmdInfo, PrintsMetadataTensorsAndTotals) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string out =
-      run(std::string(QWEN36_BIN) + " info " + QWEN36_TEST_DATA + "/llamacpp-gguf/moe-a/model-q4_k_m.gguf", &status);
+      qwen36::test::run_command(std::string(QWEN36_BIN) + " info " + QWEN36_TEST_DATA + "/llamacpp-gguf/moe-a/model-q4_k_m.gguf", &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("architecture:  qwen35moe"), std::string::npos) << out;
   EXPECT_NE(out.find("qwen35moe.expert_count"), std::string::npos);
@@ -39,7 +31,7 @@ TEST(CmdInfo, CorruptFileIsOneLineError) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string out =
-      run(std::string(QWEN36_BIN) + " info " + QWEN36_TEST_DATA + "/llamacpp-gguf/dense-a/config.json 2>&1", &status);
+      qwen36::test::run_command(std::string(QWEN36_BIN) + " info " + QWEN36_TEST_DATA + "/llamacpp-gguf/dense-a/config.json 2>&1", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("error:"), std::string::npos) << out;
   EXPECT_NE(out.find("not a GGUF file"), std::string::npos) << out;

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "engine/spec/spec_bench.h"
+#include "common/run_command.h"
 #include "spec_test_util.h"
 
 namespace qwen36 {
@@ -161,23 +162,13 @@ TEST(SpeculativeConfig, BadInputNamesTheKey) {
   }
 }
 
-std::string run_cmd(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
 
 TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string base = std::string(QWEN36_BIN) +
                            " bench --synthetic tiny-dense --type f32 -t 1 -p '' -n 24 -r 1 --spec mtp --spec-draft-n 1,3";
-  const std::string out = run_cmd(base + " --simulate-acceptance 0.9,0.5 -o json 2>&1", &status);
+  const std::string out = test::run_command(base + " --simulate-acceptance 0.9,0.5 -o json 2>&1", &status);
   ASSERT_EQ(status, 0) << out;
   const auto rows = nlohmann::json::parse(out);
   int spec_rows = 0;
@@ -194,12 +185,12 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
     EXPECT_GT(r["speedup"].get<double>(), 0.0);
   }
   EXPECT_EQ(spec_rows, 2);
-  const std::string md = run_cmd(base + " --simulate-acceptance 0.9,0.5 2>&1", &status);
+  const std::string md = test::run_command(base + " --simulate-acceptance 0.9,0.5 2>&1", &status);
   ASSERT_EQ(status, 0) << md;
   EXPECT_NE(md.find("| tg24 spec mtp k=3 (simulated acceptance 0.9,0.5; drafts: mtp head) |"), std::string::npos) << md;
   EXPECT_NE(md.find("mean accepted length"), std::string::npos) << md;
   // Real drafting on the same synthetic model (it has a random MTP head).
-  const std::string real = run_cmd(base + " -o json 2>&1", &status);
+  const std::string real = test::run_command(base + " -o json 2>&1", &status);
   ASSERT_EQ(status, 0) << real;
   EXPECT_EQ(real.find("simulated acceptance"), std::string::npos);
 }
@@ -207,12 +198,12 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
 TEST(SpecBenchCli, ConfigErrorsAreOneLine) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
-  std::string out = run_cmd(std::string(QWEN36_BIN) +
+  std::string out = test::run_command(std::string(QWEN36_BIN) +
                                 " run --tokens 1,2 --speculative-config '{\"method\":\"mtp\",\"draft_model\":1}' 2>&1",
                             &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("unknown key \"draft_model\""), std::string::npos) << out;
-  out = run_cmd(std::string(QWEN36_BIN) + " serve --speculative-config '{\"method\":\"mtp\"}' 2>&1", &status);
+  out = test::run_command(std::string(QWEN36_BIN) + " serve --speculative-config '{\"method\":\"mtp\"}' 2>&1", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("serve does not run speculative decoding yet"), std::string::npos) << out;
 }
