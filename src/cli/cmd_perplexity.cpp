@@ -33,6 +33,7 @@ struct PplOptions {
   int32_t top_k = 1024;
   int threads = 0;
   bool kld = false;
+  CacheTypes cache;
 };
 
 std::vector<int32_t> read_tokens(const PplOptions& o) {
@@ -114,7 +115,7 @@ void run(const PplOptions& o) {
                 static_cast<long long>(r.plan.n_chunks), r.chunk_ppl.back(), r.ppl(), r.ppl_error(), secs);
     std::fflush(stdout);
   };
-  const PerplexityResult r = run_perplexity(model_chunk_logits(*lm.model), job);
+  const PerplexityResult r = run_perplexity(model_chunk_logits(*lm.model, resolve_cache_type(o.cache, *lm.backend)), job);
   print_summary(r);
   if (job.save) {
     saved.save(o.kld_base);
@@ -137,6 +138,7 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", o->chunks, "Evaluate at most N chunks (default: all)");
   cmd->add_option("--kl-divergence-base", o->kld_base,
                   "Without --kl-divergence: save this model's log-probabilities here; with it: compare against them");
+  add_cache_type_options(cmd, o->cache);
   cmd->add_flag("--kl-divergence", o->kld, "Compare against --kl-divergence-base (uses the tokens stored there)");
   cmd->add_option("--kl-top-k", o->top_k, "Log-probabilities kept per scored token in a saved base")
       ->check(CLI::Range(1, 1 << 24));

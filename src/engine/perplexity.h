@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace qwen36 {
 
 class Model;
@@ -144,7 +146,7 @@ using ChunkLogitsFn =
     std::function<void(std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out)>;
 
 // The forward pass of `model` (any backend), one fresh ModelState per chunk.
-ChunkLogitsFn model_chunk_logits(Model& model);
+ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type = DType::F32);  // kv_type: the attention cache
 
 struct PerplexityResult {
   ChunkPlan plan;
