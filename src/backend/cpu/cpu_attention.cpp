@@ -68,6 +68,31 @@ inline void store_row(uint16_t* dst, const float* src, int64_t n) {
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 
+// o = Σ_p softmax_p(scale · q·k_p) · v_p over positions p < n_ctx, where k_p = kb + p·stride and
+// v_p = vb + p·stride are rows of hd cache elements; scores has room for n_ctx values.
+template <typename CT>
+void attend(const float* qv, const CT* kb, const CT* vb, int64_t stride, int64_t n_ctx, int64_t hd, float scale,
+            float* scores, float* o) {
+  float mx = -INFINITY;
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    const CT* kv = kb + p * stride;
+    float s = 0;
+    for (int64_t d = 0; d < hd; ++d) s += qv[d] * load(kv, d);
+    s *= scale;
+    scores[p] = s;
+    mx = std::max(mx, s);
+  }
+  float sum = 0;
+  for (int64_t p = 0; p < n_ctx; ++p) sum += scores[p] = std::exp(scores[p] - mx);
+  const float inv = 1.0f / sum;
+  std::fill(o, o + hd, 0.0f);
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    const float wgt = scores[p] * inv;
+    const CT* vv = vb + p * stride;
+    for (int64_t d = 0; d < hd; ++d) o[d] += wgt * load(vv, d);
+  }
+}
+
 template <typename CT>
 void attention_cache(const Tensor& q, const Tensor& k, const Tensor& v, CT* kc, CT* vc, int64_t cap,
                      std::span<const SeqRun> runs, float scale, Tensor& out) {
@@ -94,25 +119,8 @@ void attention_cache(const Tensor& q, const Tensor& k, const Tensor& v, CT* kc, 
           const int64_t n_ctx = r.pos0 + j + 1;  // causal: positions 0..pos
           const float* qv = q.as<const float>() + (int64_t(r.begin + j) * H + h) * hd;
           const int64_t kvh = h / group;
-          float mx = -INFINITY;
-          for (int64_t p = 0; p < n_ctx; ++p) {
-            const CT* kv = kbase + p * row + kvh * hd;
-            float s = 0;
-            for (int64_t d = 0; d < hd; ++d) s += qv[d] * load(kv, d);
-            s *= scale;
-            scores[size_t(p)] = s;
-            mx = std::max(mx, s);
-          }
-          float sum = 0;
-          for (int64_t p = 0; p < n_ctx; ++p) sum += scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
-          const float inv = 1.0f / sum;
-          float* o = out.as<float>() + (int64_t(r.begin + j) * H + h) * hd;
-          std::fill(o, o + hd, 0.0f);
-          for (int64_t p = 0; p < n_ctx; ++p) {
-            const float wgt = scores[size_t(p)] * inv;
-            const CT* vv = vbase + p * row + kvh * hd;
-            for (int64_t d = 0; d < hd; ++d) o[d] += wgt * load(vv, d);
-          }
+          attend(qv, kbase + kvh * hd, vbase + kvh * hd, row, n_ctx, hd, scale, scores.data(),
+                 out.as<float>() + (int64_t(r.begin + j) * H + h) * hd);
         }
       }
     }
@@ -169,24 +177,7 @@ void attention_quantized(const Tensor& q, const Tensor& k, const Tensor& v, Tens
             const int64_t h = kvh * group + g, n_ctx = r.pos0 + j + 1;
             std::memcpy(qv.data(), q.as<const float>() + (int64_t(r.begin + j) * H + h) * hd, size_t(hd) * 4);
             if (rot) kv_hadamard(qv.data(), hd);
-            float mx = -INFINITY;
-            for (int64_t p = 0; p < n_ctx; ++p) {
-              const float* kv = kf.data() + p * hd;
-              float s = 0;
-              for (int64_t d = 0; d < hd; ++d) s += qv[size_t(d)] * kv[d];
-              s *= scale;
-              scores[size_t(p)] = s;
-              mx = std::max(mx, s);
-            }
-            float sum = 0;
-            for (int64_t p = 0; p < n_ctx; ++p) sum += scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
-            const float inv = 1.0f / sum;
-            std::fill(o.begin(), o.end(), 0.0f);
-            for (int64_t p = 0; p < n_ctx; ++p) {
-              const float wgt = scores[size_t(p)] * inv;
-              const float* vv = vf.data() + p * hd;
-              for (int64_t d = 0; d < hd; ++d) o[size_t(d)] += wgt * vv[d];
-            }
+            attend(qv.data(), kf.data(), vf.data(), hd, n_ctx, hd, scale, scores.data(), o.data());
             if (rot) kv_hadamard(o.data(), hd);
             std::memcpy(out.as<float>() + (int64_t(r.begin + j) * H + h) * hd, o.data(), size_t(hd) * 4);
           }
