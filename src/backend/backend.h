@@ -176,6 +176,9 @@ class Backend {
   // Runs the recording kept under `key` (its ops read the tables of the last set_batch);
   // false when there is none.
   virtual bool replay(uint64_t /*key*/) { return false; }
+  // The device stream the ops are queued on (a cudaStream_t for CUDA), for collectives that
+  // must run in the same order as the ops (backend/comm.h); nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
 
   // ---- mixture of experts ----
   // softmax over all experts → top-k → renormalise (when renorm) → weights [T, k] f32, ids [T, k] i32

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <unordered_map>
 
+#include "backend/comm.h"
 #include "core/error.h"
 
 namespace qwen36 {
@@ -251,12 +252,18 @@ void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor
     backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
   Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs)
                                                     : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
+  reduce(mixed);
   backend_.add_rms_norm(h, mixed, l.post_attention_norm, c.rms_norm_eps, x);
   if (c.moe)
-    moe_block(s, l.moe, x, r.pending);
+    moe_block(s, l.moe, x, r.pending);  // routed and shared experts' partial sums: one reduction
   else
     mlp_block(s, l.mlp, x, r.pending);
+  reduce(r.pending);
   r.has_pending = true;
+}
+
+void Model::reduce(Tensor& y) {
+  if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(backend_, y);
 }
 
 void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
@@ -321,6 +328,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   mix(uint64_t(T));
   mix(uint64_t(n));
   mix(uint64_t(batch.deltanet_mode));
+  mix(logits != nullptr);
   mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
@@ -346,7 +354,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     finish(r);
     backend_.get_rows(r.h, batch.output_rows, sel);
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
-    backend_.matmul(sel, w_.lm_head, out);
+    if (logits) backend_.matmul(sel, w_.lm_head, out);
   };
   if (!backend_.replay(key)) {
     if (seen == 1 && backend_.begin_capture()) {
@@ -362,6 +370,13 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
 }
 
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
+  if (!peers_) return forward_rank(batch, state, logits, hidden);
+  // Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
+  peers_->run(state, batch.runs, [&](Model& m, ModelState& st) { m.forward(batch, st, nullptr, nullptr); },
+              [&] { forward_rank(batch, state, logits, hidden); });
+}
+
+void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
   check_batch(batch, state);
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
@@ -396,6 +411,12 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
 }
 
 void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> commits) {
+  if (!peers_) return commit_speculative_rank(state, commits);
+  peers_->run(state, {}, [&](Model& m, ModelState& st) { m.commit_speculative(st, commits); },
+              [&] { commit_speculative_rank(state, commits); });
+}
+
+void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits) {
   const ModelConfig& c = w_.config;
   const int32_t n_max = state.spec_max_tokens();
   std::vector<SeqRun> runs;  // the kept tokens of every commit, packed
@@ -438,6 +459,17 @@ void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> co
 void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows) {
+  if (!peers_) return mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows);
+  // Every rank's hidden state is the same (the residual stream is replicated): rank 0's serves all.
+  peers_->run(
+      state, {},
+      [&](Model& m, ModelState& st) { m.mtp_forward(hidden, next_tokens, runs, st, nullptr, nullptr, output_rows); },
+      [&] { mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows); });
+}
+
+void Model::mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                             std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
+                             std::span<const int32_t> output_rows) {
   QWEN36_CHECK(w_.mtp.has_value(), "this checkpoint has no MTP head");
   QWEN36_CHECK(state.has_mtp(), "the model state was created without an MTP cache");
   const ModelConfig& c = w_.config;

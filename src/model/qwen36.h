@@ -1,6 +1,7 @@
 #pragma once
 // defines: ForwardBatch, Model (the Qwen3.5/3.6 decoder, dense and MoE, plus its MTP head)
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -10,6 +11,21 @@
 #include "model/weights.h"
 
 namespace qwen36 {
+
+class Comm;
+class Model;
+
+// Tensor parallelism (engine/tp_runner.h): the other ranks of a model whose Model is rank 0.
+// run() calls peer(m, s) on every other rank's own thread — m its shard, s its mirror of
+// `state` (made on first use) — while local() runs on the calling thread, and returns when
+// all are done, rethrowing the first failure. A run of `runs` at position 0 starts its slot
+// afresh on the mirrors (they do not see ModelState::reset_slot).
+class ModelPeers {
+ public:
+  virtual ~ModelPeers() = default;
+  virtual void run(ModelState& state, std::span<const SeqRun> runs,
+                   const std::function<void(Model&, ModelState&)>& peer, const std::function<void()>& local) = 0;
+};
 
 // Everything one forward pass needs. Prefill chunks and decode tokens of many sequences
 // can share a batch: each SeqRun names a contiguous slice of `tokens`.
@@ -46,6 +62,14 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   Backend& backend() { return backend_; }
   bool has_mtp() const { return w_.mtp.has_value(); }
+
+  // Tensor parallelism (model/tp_shard.h). With a communicator, this model is one rank's
+  // shard: the partial outputs of its row-parallel projections are summed over the ranks
+  // before each residual add. With peers (rank 0 only), forward, mtp_forward and
+  // commit_speculative run on every rank, and the results are rank 0's.
+  void set_comm(Comm* comm) { comm_ = comm; }
+  void set_peers(std::shared_ptr<ModelPeers> peers) { peers_ = std::move(peers); }
+  ModelPeers* peers() const { return peers_.get(); }
 
   // Runs the batch, updating `state`. logits: host [output_rows, vocab]. hidden (optional):
   // host [output_rows, hidden], the final-normed hidden state that feeds lm_head and MTP.
@@ -96,9 +120,19 @@ class Model {
             float* hidden);
 
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
+  // This rank's part of the public passes.
+  void forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
+  void mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                        std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
+                        std::span<const int32_t> output_rows);
+  void commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits);
+  // y ← Σ over ranks of y (a row-parallel projection's partial output); nothing without a comm.
+  void reduce(Tensor& y);
 
   ModelWeights w_;
   Backend& backend_;
+  Comm* comm_ = nullptr;
+  std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes
 };

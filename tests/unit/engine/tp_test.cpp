@@ -1,0 +1,283 @@
+// Tensor parallelism on the CPU: N ranks as threads over the host communicator must
+// reproduce the single-rank model — logits of a prefill, decode steps, a two-sequence batch,
+// the MTP head and a speculative verify + commit, and greedy generation token for token —
+// on random tiny models (dense and MoE, even and uneven splits, replicated kv heads) and the
+// golden fixtures. Also: plan errors are one line; the host all-reduce is deterministic.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "backend/comm.h"
+#include "core/error.h"
+#include "engine/generate.h"
+#include "engine/tp_runner.h"
+#include "format/model_loader.h"
+#include "model/presets.h"
+#include "model/random_weights.h"
+#include "model/tp_shard.h"
+
+namespace qwen36 {
+namespace {
+
+// Logits tolerance. A rank's row-parallel matmul sums its share of the columns and the
+// all-reduce adds the shares: the same terms as one rank's dot product in another order, so
+// only f32 rounding differs (~1e-7 relative per sum, compounded over a few layers of O(1)
+// activations). The tiny models' logits are O(1); 1e-4 is ~100x that noise and far below
+// any indexing mistake (a wrong head or column range changes logits by O(0.1-1)).
+constexpr float kTol = 1e-4f;
+
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+int32_t argmax(const float* p, int64_t n) { return int32_t(std::max_element(p, p + n) - p); }
+
+// A random tiny member: 4 layers (3 DeltaNet + 1 attention) plus MTP. kv heads 4 (dense) or
+// 2 (MoE: at 4 ranks each kv head is replicated on two).
+ModelConfig tiny_config(bool moe) {
+  ModelConfig c = model_preset(moe ? "tiny-moe" : "tiny-dense", 4);
+  c.vocab_size = 512;
+  c.hidden_size = 64;
+  c.n_heads = 8, c.n_kv_heads = moe ? 2 : 4, c.head_dim = 16, c.rotary_dim = 8;
+  c.linear_k_heads = 4, c.linear_v_heads = 8, c.linear_k_dim = 16, c.linear_v_dim = 16;
+  c.intermediate_size = 128;
+  c.moe_intermediate_size = 64, c.shared_expert_intermediate_size = 64;
+  c.validate();
+  return c;
+}
+
+struct Case {
+  std::string name;
+  std::function<ModelWeights()> weights;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({"random-dense", [] { return make_random_weights(tiny_config(false), DType::BF16, 7); }});
+  v.push_back({"random-moe", [] { return make_random_weights(tiny_config(true), DType::BF16, 8); }});
+  for (const char* g : {"moe-shared", "dense-gqa", "moe-mtp"})
+    v.push_back({g, [g] {
+                   return load_model_weights((std::filesystem::path(QWEN36_TEST_DATA) / "golden" / g).string());
+                 }});
+  return v;
+}
+
+// Everything the comparison looks at, from one model (TP or not).
+struct Trace {
+  std::vector<float> prefill, decode, batch, mtp, after_commit;
+  std::vector<int32_t> greedy;
+};
+
+Trace trace(Model& m, Backend& be) {
+  const ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  Trace t;
+  std::mt19937 rng(11);
+  std::vector<int32_t> prompt(13);
+  for (int32_t& x : prompt) x = int32_t(rng() % uint32_t(V));
+  const bool mtp = m.has_mtp();
+  ModelState st(be, c, 3, 64, mtp);
+  st.enable_speculation(4);
+
+  // Prefill (every row's logits and hidden), then 4 greedy decode steps.
+  const int32_t P = int32_t(prompt.size());
+  t.prefill.resize(size_t(P * V));
+  std::vector<float> hidden(size_t(P * H));
+  ForwardBatch pre = ForwardBatch::single(prompt, 0, 0, true);
+  m.forward(pre, st, t.prefill.data(), hidden.data());
+  int32_t tok = argmax(&t.prefill[size_t((P - 1) * V)], V);
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int32_t i = 0; i < 4; ++i) {
+    const int32_t one[1] = {tok};
+    m.forward(ForwardBatch::single(one, P + i, 0), st, logits.data());
+    t.decode.insert(t.decode.end(), logits.begin(), logits.end());
+    tok = argmax(logits.data(), V);
+  }
+  const int32_t pos = P + 4;
+
+  // One batch: a decode token of slot 0 and a 5-token prefill of slot 1.
+  ForwardBatch b;
+  b.tokens = {tok, 3, 1, 4, 1, 5};
+  b.runs = {{0, pos, 0, 1}, {1, 0, 1, 5}};
+  b.output_rows = {0, 5};
+  t.batch.resize(size_t(2 * V));
+  m.forward(b, st, t.batch.data());
+
+  // MTP head over the prompt's hidden states (its own KV cache in slot 2).
+  if (mtp) {
+    std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+    next.push_back(argmax(&t.prefill[size_t((P - 1) * V)], V));
+    const SeqRun run{2, 0, 0, P};
+    t.mtp.resize(size_t(P * V));
+    m.mtp_forward(hidden, next, std::span(&run, 1), st, t.mtp.data());
+  }
+
+  // Speculative verify of 3 tokens on slot 1, keep 2, then one decode step.
+  ForwardBatch ver = ForwardBatch::single(std::vector<int32_t>{9, 2, 6}, 5, 1, true);
+  ver.verify_runs = {0};
+  std::vector<float> vlog(size_t(3 * V));
+  m.forward(ver, st, vlog.data());
+  const SpecCommit cm{1, 2};
+  m.commit_speculative(st, std::span(&cm, 1));
+  const int32_t one[1] = {6};
+  t.after_commit.resize(size_t(V));
+  m.forward(ForwardBatch::single(one, 7, 1), st, t.after_commit.data());
+  t.after_commit.insert(t.after_commit.end(), vlog.begin(), vlog.end());
+
+  ModelState gs(be, c, 1, 64, false);
+  GenerateOptions g;
+  g.max_tokens = 12;
+  g.sampling = SamplingParams::greedy();
+  g.prefill_chunk = 5;  // several prefill passes
+  t.greedy = generate(m, gs, prompt, g).tokens;
+  return t;
+}
+
+void compare(const std::string& name, int ranks, std::span<const double> split) {
+  SCOPED_TRACE(name + " tp=" + std::to_string(ranks));
+  const Case* cs = nullptr;
+  static const std::vector<Case> all = cases();
+  for (const Case& x : all)
+    if (x.name == name) cs = &x;
+  ASSERT_NE(cs, nullptr);
+  auto be = make_cpu_backend(1);
+  Model ref(cs->weights(), *be);
+  const Trace want = trace(ref, *be);
+
+  const ModelWeights full = cs->weights();
+  TpOptions o;
+  o.ranks = ranks;
+  o.split.assign(split.begin(), split.end());
+  auto be0 = make_cpu_backend(1);
+  std::unique_ptr<Model> tp = make_tp_model(full, o, *be0, [](int r) { return make_rank_backend("cpu", r, 1); });
+  ASSERT_NE(tp->peers(), nullptr);
+  const Trace got = trace(*tp, *be0);
+
+  const float d[] = {max_diff(want.prefill, got.prefill), max_diff(want.decode, got.decode),
+                     max_diff(want.batch, got.batch), max_diff(want.mtp, got.mtp),
+                     max_diff(want.after_commit, got.after_commit)};
+  std::printf("[ %s tp=%d ] max |logit diff| prefill %.2g, decode %.2g, batch %.2g, mtp %.2g, verify/commit %.2g\n",
+              name.c_str(), ranks, d[0], d[1], d[2], d[3], d[4]);
+  for (float x : d) EXPECT_LE(x, kTol);
+  EXPECT_EQ(want.greedy, got.greedy);
+}
+
+TEST(TensorParallel, RandomDenseTwoRanks) { compare("random-dense", 2, {}); }
+TEST(TensorParallel, RandomDenseFourRanks) { compare("random-dense", 4, {}); }
+TEST(TensorParallel, RandomDenseUnevenSplit) {
+  const double split[] = {3, 1};
+  compare("random-dense", 2, split);
+}
+TEST(TensorParallel, RandomMoeTwoRanks) { compare("random-moe", 2, {}); }
+TEST(TensorParallel, RandomMoeFourRanksReplicatedKv) { compare("random-moe", 4, {}); }
+TEST(TensorParallel, GoldenMoeShared) { compare("moe-shared", 2, {}); }
+TEST(TensorParallel, GoldenDenseGqaReplicatedKv) { compare("dense-gqa", 2, {}); }
+
+TEST(TensorParallel, PlanApportionsWholeUnits) {
+  const ModelConfig c = tiny_config(false);  // 8 q / 4 kv heads, 4 key heads, intermediate 128
+  const double split[] = {3, 1};
+  const auto p = plan_tensor_parallel(c, 2, split, 32);
+  EXPECT_EQ(p[0].kv_heads, 3);
+  EXPECT_EQ(p[0].q_heads, 6);
+  EXPECT_EQ(p[1].q_head0, 6);
+  EXPECT_EQ(p[1].k_head0, 3);
+  EXPECT_EQ(p[0].ffn, 96);  // 4 blocks of 32: 3 + 1
+  EXPECT_EQ(p[1].ffn0, 96);
+  const ModelConfig s1 = shard_config(c, p[1]);
+  EXPECT_EQ(s1.n_heads, 2);
+  EXPECT_EQ(s1.linear_v_heads, 2);
+  EXPECT_EQ(s1.intermediate_size, 32);
+}
+
+// Errors are one line naming what cannot be split.
+void expect_one_line_error(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+TEST(TensorParallel, SplitErrors) {
+  // moe-mtp: 2 q heads on 1 kv head split (the kv head replicated), its 1 DeltaNet key head cannot.
+  const ModelWeights w = load_model_weights((std::filesystem::path(QWEN36_TEST_DATA) / "golden" / "moe-mtp").string());
+  auto be = make_cpu_backend(1);
+  TpOptions o;
+  o.ranks = 2;
+  expect_one_line_error([&] { make_tp_model(w, o, *be, [](int r) { return make_rank_backend("cpu", r, 1); }); },
+                        "DeltaNet key heads (1) cannot be split evenly over 2 ranks");
+
+  const ModelConfig c = tiny_config(false);
+  expect_one_line_error([&] { plan_tensor_parallel(c, 3); }, "attention kv heads (4) cannot be split evenly over 3");
+  expect_one_line_error([&] { plan_tensor_parallel(c, 8); }, "key heads (4) cannot be split evenly over 8");
+  const double bad[] = {1, 1, 1};
+  expect_one_line_error([&] { plan_tensor_parallel(c, 2, bad); }, "--tensor-split has 3 values for 2 ranks");
+  const double lopsided[] = {20, 1};
+  expect_one_line_error([&] { plan_tensor_parallel(c, 2, lopsided); }, "leaves rank 1 no");
+  expect_one_line_error([&] { plan_tensor_parallel(c, 2, {}, 256); }, "not a whole number of 256-element blocks");
+  expect_one_line_error([&] { parse_tensor_split("3,x"); }, "not a positive number");
+  EXPECT_EQ(parse_tensor_split("3,1.5"), (std::vector<double>{3, 1.5}));
+}
+
+// Every rank gets the same bits, equal to summing in rank order, every time.
+TEST(HostComm, AllReduceIsDeterministic) {
+  constexpr int N = 3;
+  constexpr int64_t n = 1001;  // not a multiple of the rank count: uneven chunks
+  auto comms = make_host_comms(N);
+  std::vector<std::vector<float>> in(N), out(N);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  for (auto& v : in) {
+    v.resize(n);
+    for (float& x : v) x = u(rng) * std::pow(10.0f, float(int(rng() % 7) - 3));
+  }
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = (in[0][size_t(i)] + in[1][size_t(i)]) + in[2][size_t(i)];
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::thread> th;
+    for (int r = 0; r < N; ++r)
+      th.emplace_back([&, r] {
+        auto be = make_cpu_backend(1);
+        out[size_t(r)] = in[size_t(r)];
+        Tensor t(out[size_t(r)].data(), DType::F32, {n});
+        comms[size_t(r)]->all_reduce_sum(*be, t);
+        comms[size_t(r)]->all_reduce_sum(*be, t);  // twice: the buffers are reusable
+      });
+    for (auto& x : th) x.join();
+    for (int r = 0; r < N; ++r) {
+      // the second reduction sums three identical copies: (x + x) + x
+      std::vector<float> twice(n);
+      for (int64_t i = 0; i < n; ++i) twice[size_t(i)] = (want[size_t(i)] + want[size_t(i)]) + want[size_t(i)];
+      EXPECT_EQ(0, std::memcmp(out[size_t(r)].data(), twice.data(), size_t(n) * sizeof(float))) << "rank " << r;
+    }
+  }
+}
+
+TEST(HostComm, AbortWakesWaitingRanks) {
+  auto comms = make_host_comms(2);
+  auto be = make_cpu_backend(1);
+  std::vector<float> x(8, 1.0f);
+  Tensor t(x.data(), DType::F32, {8});
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    comms[1]->abort();
+  });
+  EXPECT_THROW(comms[0]->all_reduce_sum(*be, t), Error);
+  other.join();
+  EXPECT_THROW(comms[0]->all_reduce_sum(*be, t), Error);  // the group stays failed
+}
+
+}  // namespace
+}  // namespace qwen36
