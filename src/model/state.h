@@ -30,6 +30,7 @@ class ModelState {
   int32_t slots() const { return slots_; }
   int64_t capacity() const { return capacity_; }
   DType kv_dtype() const { return kv_dtype_; }
+  const ModelConfig& config() const { return config_; }
   // Caches of model layer `layer` (which must be of the matching kind).
   Tensor& k_cache(int64_t layer) { return tensors_[size_t(cache_index_.at(size_t(layer)))].a; }
   Tensor& v_cache(int64_t layer) { return tensors_[size_t(cache_index_.at(size_t(layer)))].b; }
