@@ -20,7 +20,9 @@ constexpr DTypeInfo kInfo[] = {
     {"q8_0", 34, 32},   {"q4_k", 144, 256}, {"q5_k", 176, 256}, {"q6_k", 210, 256},
     {"q8_k", 292, 256}, {"iq4_xs", 136, 256},
     {"f8_e4m3", 1, 1},
+    {"q4_k_t16", 144, 256}, {"q6_k_t16", 210, 256}, {"q8_0_t16", 34, 32},
 };
+static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == size_t(DType::Q8_0_T16) + 1, "one row per DType, in enum order");
 const DTypeInfo& info(DType t) { return kInfo[static_cast<size_t>(t)]; }
 }  // namespace
 

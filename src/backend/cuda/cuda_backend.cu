@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "backend/cuda/cuda_backend.h"
@@ -212,6 +213,7 @@ class CudaBackend final : public Backend {
     cuda::get_rows(ctx_, src, rows, dst);
   }
   void prepare_weights(ModelWeights& w) override;
+  void tile_weights(ModelWeights& w);
   size_t free_memory() override {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -537,7 +539,7 @@ void CudaBackend::prepare_weights(ModelWeights& w) {
     offset[t->data] = total;
     total += (t->nbytes() + 255) / 256 * 256;
   }
-  if (total == 0) return;
+  if (total == 0) return tile_weights(w);
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   QWEN36_CHECK(total < free_b, "CUDA backend: the weights need {} GiB but only {} GiB of device memory is free",
@@ -560,6 +562,47 @@ void CudaBackend::prepare_weights(ModelWeights& w) {
   }
   // Every tensor now lives on the device: the host copies (mapped files, buffers) can go.
   if (on_device == 0) w.storage.clear();
+  tile_weights(w);
+}
+
+// The projections that only go through matmul / matmul_multi / matmul_swiglu / mlp are repacked
+// into the tiled layout of the tensor-core GEMM (cuda_quant_mma.cu) where type and shape allow.
+// Never the embedding (rows are read by token) nor MoE experts (their own kernels), nor
+// anything sharing storage with them (a tied lm_head). QWEN36_NO_TILE=1 keeps the GGUF layout.
+void CudaBackend::tile_weights(ModelWeights& w) {
+  if (const char* e = std::getenv("QWEN36_NO_TILE"); e && *e && std::string(e) != "0") return;
+  std::vector<Tensor*> cand{&w.lm_head};
+  auto mlp = [&](MlpWeights& m) { cand.insert(cand.end(), {&m.gate_proj, &m.up_proj, &m.down_proj}); };
+  auto layer = [&](LayerWeights& l) {
+    cand.insert(cand.end(), {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.deltanet.in_proj_qkv,
+                             &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
+                             &l.deltanet.out_proj, &l.moe.router, &l.moe.shared_gate});
+    mlp(l.mlp);
+    mlp(l.moe.shared);
+  };
+  for (auto& l : w.layers) layer(l);
+  if (w.mtp) {
+    cand.push_back(&w.mtp->fc);
+    layer(w.mtp->layer);
+  }
+  std::set<const Tensor*> is_cand(cand.begin(), cand.end());
+  std::set<const void*> keep;  // storage that some other tensor reads
+  for (Tensor* t : weight_tensors(w))
+    if (!is_cand.count(t)) keep.insert(t->data);
+  std::map<const void*, std::vector<Tensor*>> by_data;
+  for (Tensor* t : cand)
+    if (!t->empty() && !keep.count(t->data)) by_data[t->data].push_back(t);
+  int tiled = 0;
+  for (auto& [data, ts] : by_data) {
+    const bool same = std::all_of(ts.begin(), ts.end(), [&](const Tensor* t) {
+      return t->dtype == ts[0]->dtype && t->ndim == ts[0]->ndim && t->shape == ts[0]->shape;
+    });
+    if (!same || !cuda::quant_tile(ctx_, *ts[0])) continue;
+    for (Tensor* t : ts) t->dtype = ts[0]->dtype;
+    ++tiled;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  (void)tiled;
 }
 
 }  // namespace

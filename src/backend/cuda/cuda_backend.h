@@ -40,5 +40,10 @@ ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dt
 // per-tensor types as `qwen36 quantize` gives them) or a block type ("q4_k", "iq4_xs", ...: every
 // quantizable matrix in that type).
 ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed);
+// Repacks a Q4_K / Q6_K / Q8_0 matrix in device memory (N % 16 == 0, K % 256 == 0) into the
+// CUDA backend's tiled layout (dtype becomes Q4_K_T16 / Q6_K_T16 / Q8_0_T16), in place and
+// synchronously; false when the type or shape does not qualify. prepare_weights does this for
+// a model's projections unless QWEN36_NO_TILE=1 (backend/cuda/cuda_quant_mma.cu).
+bool cuda_tile_matrix(Tensor& w);
 
 }  // namespace qwen36

@@ -27,6 +27,8 @@
 //    multiplied by cuBLAS with the activations rounded to bf16 once (matmul's bf16 path:
 //    round_activations / gemm_half). With CudaOptions::exact_matmul, every T goes through f32
 //    slices and cublasSgemm with f32 activations instead (reference checks).
+//  - Weights in the device's tiled layout (Q4_K_T16, Q6_K_T16, Q8_0_T16; prepare_weights makes
+//    them) go to cuda_quant_mma.cu's tensor-core GEMM from every entry point here.
 //  - MoE: decode is two GEMV launches over the routed (token, expert) pairs (gate/up + SwiGLU,
 //    then down weighted by the routing); prefill dequantizes the experts that received tokens
 //    to bf16 for cuda_moe.cu's grouped GEMM (quant_dequant_experts).
@@ -1071,6 +1073,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
+  if (dtype_is_tiled(w.dtype)) {  // the tensor-core GEMM of tiled weights (cuda_quant_mma.cu)
+    const Tensor* ws[] = {&w};
+    Tensor* os[] = {&out};
+    return quant_tiled_matmul(c, x, ws, os);
+  }
   const int64_t K = w.cols(), N = w.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(quant_supported(w.dtype), "matmul: weight dtype {} is not supported by the CUDA backend",
                dtype_name(w.dtype));
@@ -1093,6 +1100,20 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
 
 bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (c.exact_matmul || ws.empty() || ws.size() != outs.size() || x.dtype != DType::F32) return false;
+  if (std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); })) {
+    // Tiled matrices share one quantization of x (cuda_quant_mma.cu, any T); the others as usual.
+    std::vector<const Tensor*> tw, rw;
+    std::vector<Tensor*> to, ro;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const bool tiled = dtype_is_tiled(ws[i]->dtype);
+      (tiled ? tw : rw).push_back(ws[i]);
+      (tiled ? to : ro).push_back(outs[i]);
+    }
+    quant_tiled_matmul(c, x, tw, to);
+    if (!rw.empty() && !quant_matmul_multi(c, x, rw, ro) && !matmul_multi(c, x, rw, ro))
+      for (size_t i = 0; i < rw.size(); ++i) matmul(c, x, *rw[i], *ro[i]);
+    return true;
+  }
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   if (T < 1 || T > 8 || x.cols() != K || !aligned16(x.data)) return false;
   bool any = false;
@@ -1151,6 +1172,17 @@ bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
 bool quant_matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
                          Tensor& up_out) {
   const int64_t K = gate.cols(), N = gate.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (dtype_is_tiled(gate.dtype) || dtype_is_tiled(up.dtype)) {  // two tiled GEMMs (T ≤ 64), then the SwiGLU
+    if (c.exact_matmul || up.dtype != gate.dtype || up.rows() != N || up.cols() != K || x.dtype != DType::F32 ||
+        x.cols() != K || T < 1 || T > 64 || gate_out.dtype != DType::F32 || up_out.dtype != DType::F32 ||
+        gate_out.numel() != T * N || up_out.numel() != T * N)
+      return false;
+    const Tensor* ws[] = {&gate, &up};
+    Tensor* os[] = {&gate_out, &up_out};
+    quant_tiled_matmul(c, x, ws, os);
+    swiglu(c, gate_out, up_out, gate_out);
+    return true;
+  }
   if (c.exact_matmul || !dtype_is_quantized(gate.dtype) || !quant_supported(gate.dtype) || up.dtype != gate.dtype ||
       up.rows() != N || up.cols() != K || x.dtype != DType::F32 || x.cols() != K || T < 1 || T > 8 ||
       gate_out.dtype != DType::F32 || up_out.dtype != DType::F32 || gate_out.numel() != T * N ||

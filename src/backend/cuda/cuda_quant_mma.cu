@@ -1,0 +1,672 @@
+// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights stored in
+// the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16), T ≤ 64; the repacking of a
+// GGUF matrix into that layout (quant_tile); the tiled → bf16 / f32 dequantization that feeds
+// cuBLAS for T > 64 and for exact_matmul.
+//
+//  - Layout: a [N, K] matrix (N % 16 == 0, K % 256 == 0) is a sequence of tiles (row-tile r of
+//    16 rows, super-block s of 256 weights), s fastest, each tile holding exactly the GGUF bytes
+//    of its 16 row-blocks, rearranged so that a warp's 16-byte loads are whole mma.sync A
+//    fragments (m16n8k32, u8 / s8; g = lane / 4, t = lane % 4: a0 = row g, k 4t..4t+3; a1 = row
+//    g + 8, same k; a2, a3 = the same at k + 16). Load i of lane L reads tile + 512 i + 16 L:
+//    every warp load is 512 contiguous bytes.
+//      Q4_K (2304 B): 4 loads of codes, words X, Y of k32 groups 2i, 2i + 1 (rows g, g + 8); X's
+//        low nibbles are a0, its high nibbles a2 (3 ops per 8 weights); then the 16 rows' GGUF
+//        headers (d, dmin, 12 scale bytes), unchanged.
+//      Q6_K (3360 B): the low 4 bits as Q4_K (2048 B); 2 loads of high-bit words H (group j =
+//        4i + word; bits 0-1 / 2-3 / 4-5 / 6-7 of byte b: the high bits of byte b of a0 / a1 /
+//        a2 / a3); the 16 rows' int8 scales (16 each); the 16 rows' f16 d.
+//      Q8_0 (4352 B): 8 loads, one k32 group each, {a0, a1, a2, a3} as int8; then the f16 d of
+//        the 16 rows' 8 blocks ([row][block]).
+//  - Activations (quantize_kernel, a pre-kernel): per 32 to int8 exactly as the decode GEMV
+//    (d = amax / 127, nearest even via 1.5 · 2^23), stored as B fragments per (k32 group, n8
+//    tile): lane L's b0, b1 are one 8-byte load. Per (group, n-tile, t) a float4 {d, d·Σq} of
+//    tokens 2t, 2t + 1 (Q4_K's min term) and an int4 {−32·Σq} of each 16-half (Q6_K's offset,
+//    used as the MMA's C input so that the int32 result is Σ (q − 32) · x exactly). T·K bytes:
+//    L2-resident.
+//  - GEMM (mma_kernel): persistent warps, each a balanced contiguous range of tiles (memory
+//    order); per tile the next tile's loads are in flight while this one computes. Q4_K's warp
+//    decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a row and 4
+//    groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K: two
+//    m16n8k16, one per 16-scale), then a float epilogue per C element. A row-tile split between
+//    warps is summed by fixup_kernel in warp order (no atomics: bitwise reproducible).
+//    Instruction count at T ≤ 8 (per lane, per 16 weights of a group): Q4_K 6 unpack + 2 LDS +
+//    2 LDG + 1 MMA + 16 epilogue ≈ 27 (+ ~45 per tile for loads and scales): ~2 per weight; Q6_K
+//    ~2.6; Q8_0 ~1.3. Each more n8 tile adds ~19 per 16 weights.
+//  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
+//    cuda_quant_matmul.cu's quant_gemm.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_quant_blocks.cuh"
+
+namespace qwen36::cuda {
+
+namespace {
+
+constexpr int kMaxT = 64;     // tokens per launch (8 n8 tiles)
+constexpr int kWarps = 8;     // warps per block of the GEMM
+constexpr int kTabStride = 10;  // float2 per row of Q4_K's (S, M) table: 8 groups + 2 pad (no bank conflicts)
+
+template <DType D>
+struct Tile;
+template <>
+struct Tile<DType::Q4_K_T16> {
+  static constexpr int kBytes = 2304;
+};
+template <>
+struct Tile<DType::Q6_K_T16> {
+  static constexpr int kBytes = 3360;
+};
+template <>
+struct Tile<DType::Q8_0_T16> {
+  static constexpr int kBytes = 4352;
+};
+static_assert(Tile<DType::Q4_K_T16>::kBytes == 16 * 144 && Tile<DType::Q6_K_T16>::kBytes == 16 * 210 &&
+              Tile<DType::Q8_0_T16>::kBytes == 16 * 8 * 34);
+
+template <typename F>
+bool with_tiled_type(DType t, F&& f) {
+  switch (t) {
+    case DType::Q4_K_T16: f(std::integral_constant<DType, DType::Q4_K_T16>{}); return true;
+    case DType::Q6_K_T16: f(std::integral_constant<DType, DType::Q6_K_T16>{}); return true;
+    case DType::Q8_0_T16: f(std::integral_constant<DType, DType::Q8_0_T16>{}); return true;
+    default: return false;
+  }
+}
+
+// ================================================================================================
+// Repacking (GGUF rows → tiles) and dequantization (tiles → rows)
+// ================================================================================================
+
+// The 4-bit code of weight k (0..255) of a Q4_K block; the 6-bit code of a Q6_K block.
+__device__ __forceinline__ int q4k_code(const uint8_t* blk, int k) {
+  return (blk[16 + 32 * (k >> 6) + (k & 31)] >> (4 * ((k >> 5) & 1))) & 15;
+}
+__device__ __forceinline__ int q6k_code(const uint8_t* blk, int k) {
+  const int n = k >> 7, m = (k >> 5) & 3, l = k & 31;
+  const int lo = (blk[64 * n + 32 * (m & 1) + l] >> (4 * (m >> 1))) & 15;
+  const int hi = (blk[128 + 32 * n + l] >> (2 * m)) & 3;
+  return lo | hi << 4;
+}
+
+// Byte `off` of tile (r, s), read from the GGUF matrix src (rows of rb bytes).
+template <DType D>
+__device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, int s, int off) {
+  // Position of a code byte: load i, lane L = 4g + t, word w (X/Y of rows g / g + 8), byte b.
+  const int i = off >> 9, L = (off >> 4) & 31, w = (off >> 2) & 3, b = off & 3, g = L >> 2, t = L & 3;
+  if constexpr (D == DType::Q4_K_T16) {
+    if (off < 2048) {
+      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1), k = 32 * j + 4 * t + b;
+      const uint8_t* blk = src + size_t(row) * rb + size_t(s) * 144;
+      return uint8_t(q4k_code(blk, k) | q4k_code(blk, k + 16) << 4);
+    }
+    const int o = off - 2048;
+    return src[size_t(16 * r + (o >> 4)) * rb + size_t(s) * 144 + (o & 15)];
+  } else if constexpr (D == DType::Q6_K_T16) {
+    if (off < 2048) {
+      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1), k = 32 * j + 4 * t + b;
+      const uint8_t* blk = src + size_t(row) * rb + size_t(s) * 210;
+      return uint8_t((q6k_code(blk, k) & 15) | (q6k_code(blk, k + 16) & 15) << 4);
+    }
+    if (off < 3072) {
+      const int j = 4 * (i - 4) + w, k = 32 * j + 4 * t + b;
+      const uint8_t* b0 = src + size_t(16 * r + g) * rb + size_t(s) * 210;
+      const uint8_t* b1 = b0 + 8 * rb;
+      return uint8_t((q6k_code(b0, k) >> 4) | (q6k_code(b1, k) >> 4) << 2 | (q6k_code(b0, k + 16) >> 4) << 4 |
+                     (q6k_code(b1, k + 16) >> 4) << 6);
+    }
+    if (off < 3328) {
+      const int o = off - 3072;
+      return src[size_t(16 * r + (o >> 4)) * rb + size_t(s) * 210 + 192 + (o & 15)];
+    }
+    const int o = off - 3328;
+    return src[size_t(16 * r + (o >> 1)) * rb + size_t(s) * 210 + 208 + (o & 1)];
+  } else {
+    if (off < 4096) {
+      const int row = 16 * r + g + 8 * (w & 1), kk = 4 * t + b + 16 * (w >> 1);
+      return src[size_t(row) * rb + size_t(8 * s + i) * 34 + 2 + kk];
+    }
+    const int o = off - 4096;
+    return src[size_t(16 * r + (o >> 4)) * rb + size_t(8 * s + ((o & 15) >> 1)) * 34 + (o & 1)];
+  }
+}
+
+// dst (tiled, S super-blocks per row) from src (GGUF rows); one thread per byte.
+template <DType D>
+__global__ void repack_kernel(const uint8_t* __restrict__ src, size_t rb, int S, size_t total, uint8_t* __restrict__ dst) {
+  constexpr int B = Tile<D>::kBytes;
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total; idx += size_t(gridDim.x) * blockDim.x) {
+    const size_t tile = idx / B;
+    const int off = int(idx - tile * B);
+    dst[idx] = tile_byte<D>(src, rb, int(tile / size_t(S)), int(tile % size_t(S)), off);
+  }
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// The 32 weights of k32 group j (of the row) of row n, rounded once as quant/dequantize.cpp.
+template <DType D>
+__device__ void tiled_group(const uint8_t* __restrict__ w, int S, int n, int j, float (&y)[32]) {
+  constexpr int B = Tile<D>::kBytes;
+  const int r = n >> 4, rho = n & 15, g = rho & 7, hi = rho >> 3, s = j >> 3, jj = j & 7;
+  const uint8_t* tile = w + (size_t(r) * S + s) * B;
+  if constexpr (D == DType::Q4_K_T16) {
+    const uint4 h = *reinterpret_cast<const uint4*>(tile + 2048 + 16 * rho);
+    int sc, m;
+    k_scale_min(h, jj, sc, m);
+    const float d0 = h2f(uint16_t(h.x & 0xFFFFu)) * float(sc), mm = h2f(uint16_t(h.x >> 16)) * float(m);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t x = ld32(tile + (jj >> 1) * 512 + (4 * g + t) * 16 + 4 * (2 * (jj & 1) + hi));
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        y[4 * t + b] = fmaf(d0, float((x >> (8 * b)) & 15u), -mm);
+        y[16 + 4 * t + b] = fmaf(d0, float((x >> (8 * b + 4)) & 15u), -mm);
+      }
+    }
+  } else if constexpr (D == DType::Q6_K_T16) {
+    const float d = h2f(ld_u16(tile + 3328 + 2 * rho));
+    const int sa = int(int8_t(tile[3072 + 16 * rho + 2 * jj])), sb = int(int8_t(tile[3072 + 16 * rho + 2 * jj + 1]));
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t x = ld32(tile + (jj >> 1) * 512 + (4 * g + t) * 16 + 4 * (2 * (jj & 1) + hi));
+      const uint32_t hb = ld32(tile + 2048 + (jj >> 2) * 512 + (4 * g + t) * 16 + 4 * (jj & 3));
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int qa = int((x >> (8 * b)) & 15u) | int((hb >> (8 * b + 2 * hi)) & 3u) << 4;
+        const int qb = int((x >> (8 * b + 4)) & 15u) | int((hb >> (8 * b + 4 + 2 * hi)) & 3u) << 4;
+        y[4 * t + b] = d * float(sa * (qa - 32));
+        y[16 + 4 * t + b] = d * float(sb * (qb - 32));
+      }
+    }
+  } else {
+    const float d = h2f(ld_u16(tile + 4096 + 16 * rho + 2 * jj));
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t xa = ld32(tile + jj * 512 + (4 * g + t) * 16 + 4 * hi);
+      const uint32_t xb = ld32(tile + jj * 512 + (4 * g + t) * 16 + 4 * (hi + 2));
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        y[4 * t + b] = d * float(int(int8_t(xa >> (8 * b))));
+        y[16 + 4 * t + b] = d * float(int(int8_t(xb >> (8 * b))));
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void store_group(float* o, const float (&y)[32]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) reinterpret_cast<float4*>(o)[k] = make_float4(y[4 * k], y[4 * k + 1], y[4 * k + 2], y[4 * k + 3]);
+}
+__device__ __forceinline__ void store_group(__nv_bfloat16* o, const float (&y)[32]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t u[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(y[8 * k + 2 * e], y[8 * k + 2 * e + 1]);
+      u[e] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    reinterpret_cast<uint4*>(o)[k] = make_uint4(u[0], u[1], u[2], u[3]);
+  }
+}
+
+// out[n − r0, :] = row n, r0 ≤ n < r0 + nrows (row-major, K per row); one thread per k32 group.
+template <DType D, typename O>
+__global__ void dequant_tiled_kernel(const uint8_t* __restrict__ w, int K, int r0, int nrows, O* __restrict__ out) {
+  const int G = K >> 5, S = K >> 8;
+  const long long n = (long long)nrows * G;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const int row = int(i / G), j = int(i - (long long)row * G);
+    float y[32];
+    tiled_group<D>(w, S, r0 + row, j, y);
+    store_group(out + size_t(row) * K + size_t(j) * 32, y);
+  }
+}
+
+// ================================================================================================
+// Activations
+// ================================================================================================
+
+// One warp per (token c < 8·NT, k32 group j), lane = weight of the group; tokens ≥ T are zeros.
+__global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int NT, uint8_t* __restrict__ xb,
+                                float* __restrict__ xf, int* __restrict__ xi) {
+  griddep_trigger();
+  const int G = K >> 5, lane = int(threadIdx.x & 31);
+  const long long wid = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+  if (wid >= (long long)NT * 8 * G) return;
+  const int c = int(wid / G), j = int(wid - (long long)c * G);
+  griddep_wait();  // x comes from the kernel before
+  const float v = c < T ? x[size_t(c) * K + size_t(j) * 32 + lane] : 0.0f;
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const int q = __float_as_int(fmaf(v, id, 12582912.0f)) - 0x4B400000;
+  int half = q;  // sum over this lane's 16-half of the group
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+  const int other = __shfl_xor_sync(0xffffffffu, half, 16);
+  const int nt = c >> 3, gg = c & 7, t = (lane & 15) >> 2, hi = lane >> 4;
+  const size_t frag = size_t(j) * NT + nt;
+  xb[(frag * 32 + 4 * gg + t) * 8 + 4 * hi + (lane & 3)] = uint8_t(int8_t(q));
+  if (lane == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
+    const size_t e = (frag * 4 + (gg >> 1)) * 4;
+    xf[e + 2 * (gg & 1)] = d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
+    xf[e + 2 * (gg & 1) + 1] = d * float(half + other);
+    xi[e + (gg & 1)] = -32 * half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
+    xi[e + 2 + (gg & 1)] = -32 * other;
+  }
+}
+
+// ================================================================================================
+// The GEMM
+// ================================================================================================
+
+__device__ __forceinline__ void mma_u8s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ __forceinline__ void mma_s8s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+// d = a · b + {c0, c1, c0, c1} (k16: rows g, g + 8 share the per-token init)
+__device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%7,%8};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1));
+}
+
+__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
+
+// A lane's registers of one tile.
+template <DType D>
+struct Raw;
+template <>
+struct Raw<DType::Q4_K_T16> {
+  uint4 q[4], h;
+};
+template <>
+struct Raw<DType::Q6_K_T16> {
+  uint4 q[4], hb[2], sc0, sc1;
+  uint32_t d;
+};
+template <>
+struct Raw<DType::Q8_0_T16> {
+  uint4 q[8], d0, d1;
+};
+
+template <DType D>
+__device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>& R) {
+  const int g = lane >> 2;
+  if constexpr (D == DType::Q4_K_T16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
+    R.h = ldcs4(tile + 2048 + 16 * (lane & 15));
+  } else if constexpr (D == DType::Q6_K_T16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) R.hb[i] = ldcs4(tile + 2048 + 512 * i + 16 * lane);
+    R.sc0 = ldcs4(tile + 3072 + 16 * g);
+    R.sc1 = ldcs4(tile + 3072 + 16 * (g + 8));
+    R.d = uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(tile + 3328) + g)) |
+          uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(tile + 3328) + g + 8)) << 16;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
+    R.d0 = ldcs4(tile + 4096 + 16 * g);
+    R.d1 = ldcs4(tile + 4096 + 16 * (g + 8));
+  }
+}
+
+struct MmaArgs {
+  const uint8_t* w;    // tiles
+  const uint2* xb;     // [K/32][NT][32] B fragments
+  const float4* xf;    // [K/32][NT][4] {d, d·Σq} of tokens 2t, 2t + 1
+  const int4* xi;      // [K/32][NT][4] −32 · Σq per 16-half (Q6_K)
+  float* out;          // [T, N]
+  float* part;         // [nwarps][2][T][16] partial sums of row-tiles split between warps
+  long long total;     // tiles = R · S
+  int S, N, T, nwarps;
+};
+
+// The warp holding tile i (ranges: warp w has [w·total/nw, (w + 1)·total/nw), nw ≤ total).
+__device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
+  return int(((i + 1) * nw - 1) / total);
+}
+__device__ __forceinline__ long long range_begin(int w, long long total, int nw) { return (long long)w * total / nw; }
+
+// Registers: ≤ 128 (16 warps per SM) up to 16 tokens; 32 and 64 tokens (32 accumulators more)
+// may take more at 8 warps per SM rather than spill (launch_mma sizes the grid by occupancy).
+template <DType D, int NT>
+__global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const MmaArgs a) {
+  constexpr int B = Tile<D>::kBytes;
+  constexpr int kTab = D == DType::Q4_K_T16 ? kWarps * 16 * kTabStride : 2;
+  __shared__ __align__(16) float2 tab_all[kTab];
+  griddep_trigger();
+  const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), w = int(blockIdx.x) * kWarps + wib;
+  if (w >= a.nwarps) return;  // no block-wide barriers below
+  const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
+  const long long b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
+  float2* tab = tab_all + (D == DType::Q4_K_T16 ? wib * 16 * kTabStride : 0);
+
+  int r = int(b0 / S), s = int(b0 - (long long)r * S);
+  const int r_first = r;
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  // One tile: every k32 group against every n8 tile of tokens.
+  auto compute = [&](const Raw<D>& R) {
+    [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+    if constexpr (D == DType::Q4_K_T16) {
+      // (S, M) = (d·sc, dmin·m) of row lane % 16, groups 4·(lane / 16) .. + 3, into the table.
+      const uint4 h = R.h;
+      const bool up = lane >= 16;
+      const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
+      const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
+      const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+      float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
+      __syncwarp();  // the previous tile's readers are done
+      dst[0] = make_float4(d * float(sc4 & 255u), dmin * float(m4 & 255u), d * float((sc4 >> 8) & 255u),
+                           dmin * float((m4 >> 8) & 255u));
+      dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
+                           dmin * float(m4 >> 24));
+      __syncwarp();
+    } else if constexpr (D == DType::Q6_K_T16) {
+      dg = h2f(uint16_t(R.d & 0xFFFFu));
+      dg8 = h2f(uint16_t(R.d >> 16));
+    }
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const size_t jg = size_t(s) * 8 + jj;
+      uint32_t a0, a1, a2, a3;
+      if constexpr (D == DType::Q8_0_T16) {
+        a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
+      } else {
+        const uint4& v = R.q[jj >> 1];
+        const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+        a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
+        if constexpr (D == DType::Q6_K_T16) {
+          const uint32_t H = pick(R.hb[jj >> 2], jj & 3);
+          a0 |= (H << 4) & 0x30303030u;
+          a1 |= (H << 2) & 0x30303030u;
+          a2 |= H & 0x30303030u;
+          a3 |= (H >> 2) & 0x30303030u;
+        }
+      }
+      if constexpr (D == DType::Q4_K_T16) {
+        const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint2 bf = __ldg(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldg(a.xf + (jg * NT + n) * 4 + t);
+          int c[4];
+          mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+          acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
+          acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
+          acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
+          acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
+        }
+      } else if constexpr (D == DType::Q6_K_T16) {
+        // int8 scales of the group's two 16-halves, rows g and g + 8
+        const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
+        const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint2 bf = __ldg(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldg(a.xf + (jg * NT + n) * 4 + t);
+          const int4 z = __ldg(a.xi + (jg * NT + n) * 4 + t);
+          int ca[4], cb[4];
+          mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
+          mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
+          acc[n][0] = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[n][0]);
+          acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
+          acc[n][2] = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[n][2]);
+          acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
+        }
+      } else {
+        const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
+        const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint2 bf = __ldg(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldg(a.xf + (jg * NT + n) * 4 + t);
+          int c[4];
+          mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+          acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
+          acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
+          acc[n][2] = fmaf(e1 * f.x, float(c[2]), acc[n][2]);
+          acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
+        }
+      }
+    }
+  };
+  // After tile i: a row-tile's piece ends at its last super-block or at the range's end. A
+  // whole row-tile is written; a piece goes to the warp's slot 0 (its first row-tile) or 1.
+  auto finish = [&](long long i) {
+    if (s == S - 1 || i == b1 - 1) {
+      const bool whole = (long long)r * S >= b0 && (long long)(r + 1) * S <= b1;
+      float* base = whole ? a.out + 16 * size_t(r) : a.part + (size_t(w) * 2 + (r == r_first ? 0 : 1)) * size_t(T) * 16;
+      const size_t stride = whole ? size_t(a.N) : 16;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * n + 2 * t + e;
+          if (c < T) {
+            base[size_t(c) * stride + g] = acc[n][e];
+            base[size_t(c) * stride + g + 8] = acc[n][2 + e];
+          }
+        }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    }
+    if (++s == S) s = 0, ++r;
+  };
+
+  // Two register sets in turn: tile i + 1 loads while tile i computes (no copies).
+  Raw<D> A, Bt;
+  load_tile<D>(a.w + size_t(b0) * B, lane, A);  // weights depend on no earlier kernel
+  griddep_wait();                               // the activations do
+  for (long long i = b0; i < b1; i += 2) {
+    if (i + 1 < b1) load_tile<D>(a.w + size_t(i + 1) * B, lane, Bt);
+    compute(A);
+    finish(i);
+    if (i + 1 >= b1) break;
+    if (i + 2 < b1) load_tile<D>(a.w + size_t(i + 2) * B, lane, A);
+    compute(Bt);
+    finish(i + 1);
+  }
+}
+
+// Row-tiles split between warps: the pieces summed in warp order. One thread per output.
+__global__ void fixup_kernel(MmaArgs a, int R) {
+  griddep_wait();
+  const long long n = (long long)R * a.T * 16;
+  const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const int r = int(idx / (a.T * 16)), rem = int(idx - (long long)r * a.T * 16), c = rem >> 4, row = rem & 15;
+  const long long i0 = (long long)r * a.S;
+  const int w0 = warp_of(i0, a.total, a.nwarps), w1 = warp_of(i0 + a.S - 1, a.total, a.nwarps);
+  if (w0 == w1) return;  // one warp's: written directly
+  float sum = 0.0f;
+  for (int w = w0; w <= w1; ++w) {
+    const int slot = range_begin(w, a.total, a.nwarps) / a.S == r ? 0 : 1;
+    sum += a.part[(size_t(w) * 2 + slot) * size_t(a.T) * 16 + size_t(c) * 16 + row];
+  }
+  a.out[size_t(c) * a.N + 16 * size_t(r) + row] = sum;
+}
+
+template <DType D, int NT>
+void launch_mma(Ctx& c, MmaArgs a, int R) {
+  static int per_sm[16] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  int& bps = per_sm[dev & 15];
+  if (bps == 0) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mma_kernel<D, NT>, kWarps * 32, 0));
+    bps = std::max(bps, 1);
+  }
+  a.nwarps = int(std::min<long long>(a.total, (long long)dev_info().sms * bps * kWarps));
+  Temp<float> part(c, size_t(a.nwarps) * 2 * size_t(a.T) * 16);
+  a.part = part.get();
+  const int grid = (a.nwarps + kWarps - 1) / kWarps;
+  launch_pdl(mma_kernel<D, NT>, dim3(unsigned(grid)), dim3(kWarps * 32), 0, c.stream, a);
+  const long long n = (long long)R * a.T * 16;
+  launch_pdl(fixup_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, c.stream, a, R);
+}
+
+// ================================================================================================
+// Host side
+// ================================================================================================
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <DType D, typename O>
+void launch_dequant_tiled(Ctx& c, const Tensor& w, int r0, int nrows, O* out) {
+  const int K = int(w.cols());
+  const int64_t n = int64_t(nrows) * (K / 32);
+  const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
+  dequant_tiled_kernel<D, O><<<blocks, 256, 0, c.stream>>>(static_cast<const uint8_t*>(w.data), K, r0, nrows, out);
+  CUDA_LAUNCH_CHECK();
+}
+
+// T > 64 or exact_matmul: row slices (multiples of 16) dequantized to bf16 (f32), one GEMM each.
+template <DType D>
+void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
+  const bool exact = c.exact_matmul;
+  const int64_t budget = exact ? (int64_t(48) << 20) : (int64_t(96) << 20);
+  const int slice = int(std::clamp<int64_t>(budget / K / 16 * 16, 16, N));
+  Temp<uint8_t> scratch(c, size_t(slice) * size_t(K) * (exact ? 4 : 2));
+  Temp<uint16_t> xh(c, exact ? 0 : size_t(T) * K);
+  if (!exact) round_activations(c, x, xh.get(), int64_t(T) * K, true);
+  const float one = 1.0f, zero = 0.0f;
+  for (int n0 = 0; n0 < N; n0 += slice) {
+    const int ns = std::min(slice, N - n0);
+    if (exact) {
+      float* ws = reinterpret_cast<float*>(scratch.get());
+      launch_dequant_tiled<D>(c, w, n0, ns, ws);
+      CUBLAS_CHECK(cublasSgemm(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ns, T, K, &one, ws, K, x, K, &zero, out + n0, N));
+    } else {
+      __nv_bfloat16* ws = reinterpret_cast<__nv_bfloat16*>(scratch.get());
+      launch_dequant_tiled<D>(c, w, n0, ns, ws);
+      gemm_half(c, ws, xh.get(), true, T, ns, K, out + n0, N);
+    }
+  }
+}
+
+template <int NT>
+void run_mma_nt(Ctx& c, const MmaArgs& base, const Tensor& w, float* out) {
+  MmaArgs a = base;
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.out = out;
+  a.S = int(w.cols() / 256);
+  a.N = int(w.rows());
+  a.total = (long long)(w.rows() / 16) * a.S;
+  with_tiled_type(w.dtype, [&](auto dt) { launch_mma<decltype(dt)::value, NT>(c, a, int(w.rows() / 16)); });
+}
+
+}  // namespace
+
+DType quant_tiled_type(DType t) {
+  switch (t) {
+    case DType::Q4_K: return DType::Q4_K_T16;
+    case DType::Q6_K: return DType::Q6_K_T16;
+    case DType::Q8_0: return DType::Q8_0_T16;
+    default: return DType::F32;
+  }
+}
+
+bool quant_tile_ok(const Tensor& w) {
+  return quant_tiled_type(w.dtype) != DType::F32 && w.ndim == 2 && w.rows() > 0 && w.rows() % 16 == 0 &&
+         w.cols() > 0 && w.cols() % 256 == 0 && w.rows() < (int64_t(1) << 30) && w.cols() < (int64_t(1) << 24) &&
+         aligned16(w.data);
+}
+
+bool quant_tile(Ctx& c, Tensor& w) {
+  if (!quant_tile_ok(w)) return false;
+  const DType tt = quant_tiled_type(w.dtype);
+  const size_t bytes = w.nbytes();
+  Temp<uint8_t> src(c, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(src.get(), w.data, bytes, cudaMemcpyDeviceToDevice, c.stream));
+  const size_t rb = w.row_bytes();
+  const int S = int(w.cols() / 256);
+  with_tiled_type(tt, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    const int blocks = int(std::min<size_t>((bytes + 255) / 256, size_t(dev_info().sms) * 64));
+    repack_kernel<D><<<blocks, 256, 0, c.stream>>>(src.get(), rb, S, bytes, static_cast<uint8_t*>(w.data));
+    CUDA_LAUNCH_CHECK();
+  });
+  w.dtype = tt;
+  return true;
+}
+
+void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
+  const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
+  QWEN36_CHECK(x.dtype == DType::F32 && x.cols() == K && aligned16(x.data), "matmul: activations must be f32 rows of {}", K);
+  QWEN36_CHECK(T * K < (int64_t(1) << 31), "matmul: {} activations are too many", T * K);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i];
+    QWEN36_CHECK(dtype_is_tiled(w.dtype) && w.cols() == K && w.rows() % 16 == 0 && K % 256 == 0 && aligned16(w.data),
+                 "matmul: tiled weight {} {} does not fit x {}", dtype_name(w.dtype), w.shape_str(), x.shape_str());
+    QWEN36_CHECK(outs[i]->dtype == DType::F32 && outs[i]->numel() == T * w.rows(), "matmul: x {} · w {} → out {}",
+                 x.shape_str(), w.shape_str(), outs[i]->shape_str());
+  }
+  if (T == 0) return;
+  const float* xp = x.as<const float>();
+  if (T > kMaxT || c.exact_matmul) {
+    for (size_t i = 0; i < ws.size(); ++i)
+      with_tiled_type(ws[i]->dtype, [&](auto dt) {
+        tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K));
+      });
+    return;
+  }
+  // The activations once for every matrix.
+  const int NT = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  const size_t G = size_t(K / 32);
+  Temp<uint2> xb(c, G * NT * 32);
+  Temp<float4> xf(c, G * NT * 4);
+  Temp<int4> xi(c, G * NT * 4);
+  const long long qwarps = (long long)NT * 8 * (long long)G;
+  launch_pdl(quantize_kernel, dim3(unsigned((qwarps + 7) / 8)), dim3(256), 0, c.stream, xp, int(T), int(K), NT,
+             reinterpret_cast<uint8_t*>(xb.get()), reinterpret_cast<float*>(xf.get()), reinterpret_cast<int*>(xi.get()));
+  MmaArgs a{};
+  a.xb = xb.get();
+  a.xf = xf.get();
+  a.xi = xi.get();
+  a.T = int(T);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    float* o = outs[i]->as<float>();
+    switch (NT) {
+      case 1: run_mma_nt<1>(c, a, *ws[i], o); break;
+      case 2: run_mma_nt<2>(c, a, *ws[i], o); break;
+      case 4: run_mma_nt<4>(c, a, *ws[i], o); break;
+      default: run_mma_nt<8>(c, a, *ws[i], o); break;
+    }
+  }
+}
+
+}  // namespace qwen36::cuda
+
+namespace qwen36 {
+
+bool cuda_tile_matrix(Tensor& w) {
+  cuda::Ctx c;  // the legacy default stream; synchronous
+  const bool ok = cuda::quant_tile(c, w);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return ok;
+}
+
+}  // namespace qwen36

@@ -1,0 +1,369 @@
+// The tensor-core GEMM of tiled quantized weights (backend/cuda/cuda_quant_mma.cu) against the
+// CPU reference. Weights: the project's quantizer on random rows (Q4_K, Q6_K, Q8_0), uploaded
+// and repacked on the device (cuda_tile_matrix); the reference is the dequantized GGUF rows
+// (cpu::weight_row_to_f32) times x in double.
+// Tolerances (rel_err: max |Δ| over max(1, max |want|)):
+//  - T ≤ 64: activations rounded to int8 per 32 exactly as the decode GEMV (d = amax/127,
+//    nearest even); the integer products are exact (int32 MMA) and each k32 group's scale is
+//    applied in f32, so against the twin int8_activations() only f32 scaling and summation
+//    differ (K/32 terms of relative error ~1e-7): 2e-5, as test_cuda_quant.cpp.
+//  - T > 64: tiles dequantized to bf16 (rounded once, as quant/dequantize.cpp) and activations
+//    rounded to bf16: 1.5e-2, as the bf16 GEMM tests. exact_matmul (f32 dequantization, f32
+//    GEMM, every T): 2e-5 — this checks the tiled dequantizer value by value.
+//  - Tiled vs the GGUF-layout decode GEMV (both int8 twins): 2e-5.
+//  - SwiGLU: g and u within 2e-5 of their scale, the product within ~4e-5: 1e-4.
+//  - Model level (tiny-dense, q4_k_m mix, tiling on / off): decode steps compare two int8 twins
+//    (differing only in f32 summation order) through 4 layers: logits within 1e-3 of the
+//    largest, same greedy tokens.
+// A failure prints the type, shape, T and the worst output (t, n, got, want).
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "gpu_test_util.h"
+#include "model/presets.h"
+#include "model/qwen36.h"
+#include "quant/quant.h"
+
+namespace qwen36::gputest {
+namespace {
+
+class CudaQuantMma : public CudaTest {};
+
+const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
+
+// N random rows quantized to t: N(0, 1) values, each 32-block scaled by a factor in [0.1, 2].
+HostT quantized(std::mt19937& rng, DType t, int64_t N, int64_t K) {
+  HostT h(t, {N, K});
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.1f, 2.0f);
+  std::vector<float> row(static_cast<size_t>(K));
+  const size_t rb = h.t.row_bytes();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t b = 0; b < K; b += 32) {
+      const float s = scale(rng);
+      for (int64_t k = b; k < b + 32; ++k) row[size_t(k)] = nd(rng) * s;
+    }
+    quantize_row(t, row.data(), h.bytes.data() + size_t(n) * rb, K);
+  }
+  return h;
+}
+
+// N rows repeated from 64 quantized random rows (large matrices stay fast to build).
+HostT repeated_rows(std::mt19937& rng, DType dt, int64_t N, int64_t K) {
+  const HostT base = quantized(rng, dt, 64, K);
+  HostT w(dt, {N, K});
+  const size_t rb = w.t.row_bytes();
+  for (int64_t n = 0; n < N; ++n) std::memcpy(w.bytes.data() + size_t(n) * rb, base.bytes.data() + size_t(n % 64) * rb, rb);
+  return w;
+}
+
+// Activations whose 32-blocks are d · k (d = 2^-e, |k| ≤ 127, one |k| = 127): their own int8
+// rounding, and exact in bf16 too. Block 1 is zero.
+HostT int8_exact_activations(std::mt19937& rng, int64_t T, int64_t K) {
+  HostT h(DType::F32, {T, K});
+  std::uniform_int_distribution<int> k(-127, 127), e(0, 8), pos(0, 31);
+  for (int64_t b = 0; b < T * K; b += 32) {
+    const float d = std::ldexp(1.0f, -e(rng));
+    for (int64_t i = 0; i < 32; ++i) h.f()[b + i] = d * float(k(rng));
+    h.f()[b + pos(rng)] = d * (k(rng) < 0 ? -127.0f : 127.0f);
+    if (b == 32) std::fill(h.f() + b, h.f() + b + 32, 0.0f);
+  }
+  return h;
+}
+
+// x rounded as the GPU rounds it: per 32, d = amax/127, q = x · (127/amax) to the nearest even
+// integer by one FMA with 1.5 · 2^23, value d · q.
+HostT int8_activations(const HostT& x) {
+  HostT y = x;
+  const float* a = x.t.as<const float>();
+  float* o = y.f();
+  for (int64_t b = 0; b < x.t.numel(); b += 32) {
+    float amax = 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(a[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) o[i] = d * (std::fma(a[i], id, 12582912.0f) - 12582912.0f);
+  }
+  return y;
+}
+
+// out[t, n] = Σ_k dequant(w)[n, k] · x[t, k] in double, rows n % row_step == 0 only (others 0).
+std::vector<float> reference(const HostT& w, const HostT& x, int64_t T, int64_t row_step = 1) {
+  const int64_t N = w.t.rows(), K = w.t.cols();
+  std::vector<float> out(size_t(T * N), 0.0f), row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; n += row_step) {
+    cpu::weight_row_to_f32(w.t, n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(row[size_t(k)]) * double(x.t.as<const float>()[t * K + k]);
+      out[size_t(t * N + n)] = float(s);
+    }
+  }
+  return out;
+}
+
+// The error over rows n % step == 0, relative to max(1, max |want|), and where it is worst.
+double checked_err(const std::vector<float>& got, const std::vector<float>& want, int64_t T, int64_t N, int64_t step,
+                   std::string* where) {
+  double worst = -1, scale = 1;
+  int64_t wt = 0, wn = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; n += step) {
+      const size_t i = size_t(t * N + n);
+      scale = std::max(scale, std::abs(double(want[i])));
+      const double d = std::isnan(got[i]) ? 1e30 : std::abs(double(got[i]) - double(want[i]));
+      if (d > worst) worst = d, wt = t, wn = n;
+    }
+  const size_t i = size_t(wt * N + wn);
+  *where = "worst at t=" + std::to_string(wt) + " n=" + std::to_string(wn) + " (row-tile " + std::to_string(wn / 16) +
+           ", row " + std::to_string(wn % 16) + "): got " + std::to_string(got[i]) + " want " + std::to_string(want[i]);
+  return worst / scale;
+}
+
+// A device copy of w in the tiled layout.
+DevT upload_tiled(Backend& gpu, const HostT& w) {
+  DevT d = upload(gpu, w);
+  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
+  EXPECT_TRUE(dtype_is_tiled(d.t.dtype));
+  return d;
+}
+
+std::vector<float> run(Backend& gpu, const DevT& w, const HostT& x) {
+  const int64_t T = x.t.rows(), N = w.t.rows();
+  DevT dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {T, N}));
+  gpu.matmul(dx.t, w.t, dout.t);
+  return download(gpu, dout.t);
+}
+
+struct Shape {
+  int64_t N, K;
+};
+
+// Shapes: one tile; 3 row-tiles of 2 super-blocks; 27 tiles each on its own warp (every
+// row-tile summed over 9 warps); 16 rows of 68 super-blocks (one row-tile over 68 warps); 2400
+// row-tiles of 4 super-blocks (more tiles than warps: ranges start and end mid row-tile).
+const Shape kShapes[] = {{16, 256}, {48, 512}, {48, 2304}, {16, 17408}, {38400, 1024}};
+const int64_t kTs[] = {1, 3, 8, 9, 17, 64};
+
+TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
+  for (DType dt : kTypes)
+    for (const Shape& s : kShapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const DevT dw = upload_tiled(*gpu_, w);
+      const int64_t step = big ? 61 : 1;
+      for (int64_t T : kTs) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        const std::vector<float> got = run(*gpu_, dw, x), want = reference(w, int8_activations(x), T, step);
+        std::string where;
+        EXPECT_LE(checked_err(got, want, T, s.N, step, &where), 2e-5)
+            << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " " << where;
+      }
+    }
+}
+
+// The 27B MLP's shape, rows spot-checked.
+TEST_F(CudaQuantMma, Large27BShapeSpotChecked) {
+  for (DType dt : kTypes) {
+    const HostT w = repeated_rows(rng_, dt, 17408, 5120);
+    const DevT dw = upload_tiled(*gpu_, w);
+    for (int64_t T : {1, 8, 64}) {
+      const HostT x = random_t(rng_, DType::F32, {T, 5120});
+      const std::vector<float> got = run(*gpu_, dw, x), want = reference(w, int8_activations(x), T, 997);
+      std::string where;
+      EXPECT_LE(checked_err(got, want, T, 17408, 997, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+    }
+  }
+}
+
+// Tiled vs the same weights in the GGUF layout through the decode GEMV: two int8 twins.
+TEST_F(CudaQuantMma, TiledEqualsGgufLayoutGemv) {
+  for (DType dt : kTypes) {
+    const HostT w = quantized(rng_, dt, 304, 2304);
+    const DevT plain = upload(*gpu_, w), tiled = upload_tiled(*gpu_, w);
+    for (int64_t T : {1, 5, 8}) {
+      const HostT x = random_t(rng_, DType::F32, {T, 2304});
+      const std::vector<float> a = run(*gpu_, plain, x), b = run(*gpu_, tiled, x);
+      std::string where;
+      EXPECT_LE(checked_err(b, a, T, 304, 1, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+    }
+  }
+}
+
+// T > 64: the tiled dequantizer to bf16 and cuBLAS; exact_matmul: to f32 (value by value).
+TEST_F(CudaQuantMma, PrefillAndExactDequantizeTiles) {
+  CudaOptions o;
+  o.exact_matmul = true;
+  auto exact = make_cuda_backend(o);
+  for (DType dt : kTypes)
+    for (const Shape& s : {Shape{48, 512}, Shape{304, 2304}}) {
+      const HostT w = quantized(rng_, dt, s.N, s.K);
+      const DevT dw = upload_tiled(*gpu_, w), de = upload_tiled(*exact, w);
+      for (int64_t T : {65, 100}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        std::string where;
+        EXPECT_LE(checked_err(run(*gpu_, dw, x), reference(w, x, T), T, s.N, 1, &where), 1.5e-2)
+            << dtype_name(dt) << " bf16 N=" << s.N << " T=" << T << " " << where;
+      }
+      for (int64_t T : {1, 9, 70}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        std::string where;
+        EXPECT_LE(checked_err(run(*exact, de, x), reference(w, x, T), T, s.N, 1, &where), 2e-5)
+            << dtype_name(dt) << " exact N=" << s.N << " T=" << T << " " << where;
+      }
+    }
+}
+
+// matmul_multi: tiled matrices of two types, a bf16 one and GGUF-layout Q4_K ones (20 rows:
+// not tileable) together; int8-exact activations, so every path is the f32 product: 2e-5.
+TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
+  const int64_t K = 512;
+  const std::vector<std::pair<DType, int64_t>> mats = {
+      {DType::Q4_K, 304}, {DType::BF16, 20}, {DType::Q6_K, 48}, {DType::Q4_K, 20}, {DType::Q8_0, 16}};
+  std::vector<HostT> hw;
+  std::vector<DevT> dw;
+  for (auto [dt, n] : mats) {
+    hw.push_back(dt == DType::BF16 ? random_t(rng_, dt, {n, K}) : quantized(rng_, dt, n, K));
+    dw.push_back(n % 16 == 0 && dt != DType::BF16 ? upload_tiled(*gpu_, hw.back()) : upload(*gpu_, hw.back()));
+  }
+  for (int64_t T : {1, 3, 8}) {
+    const HostT x = int8_exact_activations(rng_, T, K);
+    DevT dx = upload(*gpu_, x);
+    std::vector<DevT> dout;
+    std::vector<const Tensor*> ws;
+    std::vector<Tensor*> outs;
+    for (size_t i = 0; i < mats.size(); ++i) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, mats[i].second})));
+    for (size_t i = 0; i < mats.size(); ++i) ws.push_back(&dw[i].t), outs.push_back(&dout[i].t);
+    gpu_->matmul_multi(dx.t, ws, outs);
+    for (size_t i = 0; i < mats.size(); ++i) {
+      std::string where;
+      const std::vector<float> got = download(*gpu_, dout[i].t), want = reference(hw[i], x, T);
+      EXPECT_LE(checked_err(got, want, T, mats[i].second, 1, &where), 2e-5)
+          << "matrix " << i << " (" << dtype_name(dw[i].t.dtype) << ") T=" << T << " " << where;
+    }
+  }
+}
+
+// matmul_swiglu with tiled gate / up: silu(x·gate)·(x·up) against the int8 twin in double.
+TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
+  for (DType dt : kTypes) {
+    const int64_t N = 304, K = 1024;
+    const HostT g = quantized(rng_, dt, N, K), u = quantized(rng_, dt, N, K);
+    const DevT dg = upload_tiled(*gpu_, g), du = upload_tiled(*gpu_, u);
+    for (int64_t T : {1, 5, 33}) {
+      const HostT x = random_t(rng_, DType::F32, {T, K}), xq = int8_activations(x);
+      DevT dx = upload(*gpu_, x), go = upload(*gpu_, HostT(DType::F32, {T, N})), uo = upload(*gpu_, HostT(DType::F32, {T, N}));
+      gpu_->matmul_swiglu(dx.t, dg.t, du.t, go.t, uo.t);
+      const std::vector<float> rg = reference(g, xq, T), ru = reference(u, xq, T);
+      std::vector<float> want(rg.size());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = float(double(rg[i]) / (1.0 + std::exp(-double(rg[i]))) * ru[i]);
+      std::string where;
+      EXPECT_LE(checked_err(download(*gpu_, go.t), want, T, N, 1, &where), 1e-4)
+          << dtype_name(dt) << " T=" << T << " " << where;
+    }
+  }
+}
+
+// Copies of a device matrix adding up to > 256 MB (over 4× the H200's L2): rotating over them
+// measures weights streamed from HBM, as in a decode step.
+std::vector<DevT> cold_tiled_copies(Backend& gpu, const HostT& w) {
+  const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
+  std::vector<DevT> d;
+  for (int i = 0; i < copies; ++i) d.push_back(upload_tiled(gpu, w));
+  return d;
+}
+
+template <typename F>
+double time_per_call(int n, F&& f) {
+  for (int i = 0; i < n; ++i) f(i);
+  const int reps = std::max(10 * n, 50);
+  cuda_synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) f(r % n);
+  cuda_synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// Cold-L2 bandwidth of the tiled GEMM on the 27B's large matrices, T = 1 .. 64, next to the
+// device copy bandwidth; spot-checked against the int8 twin.
+TEST_F(CudaQuantMma, Bandwidth27B) {
+  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}}) {
+      const HostT w = repeated_rows(rng_, dt, N, K);
+      std::vector<DevT> dw = cold_tiled_copies(*gpu_, w);
+      for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+        const double s = time_per_call(int(dw.size()), [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
+        const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
+                                 ", T=" + std::to_string(T);
+        std::string where;
+        EXPECT_LE(checked_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
+            << what << " " << where;
+        const double gbs = double(w.t.nbytes()) / s / 1e9;
+        std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s\n", what.c_str(), s * 1e6,
+                    gbs, 100 * gbs / copy, copy);
+      }
+    }
+}
+
+// A tiny dense model in the q4_k_m mix made on the device, with and without tiling: the same
+// greedy tokens, decode logits within 1e-3 of the largest (both int8 twins), prefill (T = 12:
+// tiled int8 MMA vs bf16 GEMM) within the bf16 bound of the golden tests.
+TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
+  const ModelConfig cfg = model_preset("tiny-dense", 4);
+  auto make = [&](bool tile) {
+    if (tile)
+      unsetenv("QWEN36_NO_TILE");
+    else
+      setenv("QWEN36_NO_TILE", "1", 1);
+    auto m = std::make_unique<Model>(make_random_quant_weights_cuda(cfg, "q4_k_m", 11), *gpu_);
+    unsetenv("QWEN36_NO_TILE");
+    return m;
+  };
+  auto plain = make(false), tiled = make(true);
+  int n_tiled = 0;
+  for (const LayerWeights& l : tiled->weights().layers)
+    for (const Tensor* t : {&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj, &l.attn.o_proj, &l.deltanet.out_proj})
+      n_tiled += dtype_is_tiled(t->dtype);
+  EXPECT_GT(n_tiled, 0) << "no matrix of the tiny model was tiled";
+  EXPECT_FALSE(dtype_is_tiled(tiled->weights().embed_tokens.dtype));
+  const int64_t V = cfg.vocab_size;
+  const std::vector<int32_t> prompt{5, 901, 33, 7000, 12, 4, 150000, 77, 8, 19, 3, 250};
+  auto greedy = [&](Model& m, std::vector<float>& prefill_logits, std::vector<float>& step_logits) {
+    ModelState st(*gpu_, cfg, 1, 64, false);
+    prefill_logits.assign(prompt.size() * size_t(V), 0.0f);
+    m.forward(ForwardBatch::single(prompt, 0, 0, true), st, prefill_logits.data());
+    std::vector<int32_t> toks;
+    int32_t next = int32_t(std::max_element(prefill_logits.end() - V, prefill_logits.end()) - (prefill_logits.end() - V));
+    std::vector<float> out(static_cast<size_t>(V));
+    for (int i = 0; i < 8; ++i) {
+      toks.push_back(next);
+      m.forward(ForwardBatch::single(std::span(&toks.back(), 1), int32_t(prompt.size() + i), 0), st, out.data());
+      step_logits.insert(step_logits.end(), out.begin(), out.end());
+      next = int32_t(std::max_element(out.begin(), out.end()) - out.begin());
+    }
+    return toks;
+  };
+  std::vector<float> pa, pb, sa, sb;
+  const std::vector<int32_t> ta = greedy(*plain, pa, sa), tb = greedy(*tiled, pb, sb);
+  EXPECT_EQ(ta, tb);
+  double scale = 1, worst = 0, rms_d = 0, rms_l = 0;
+  for (size_t i = 0; i < sa.size(); ++i)
+    scale = std::max(scale, double(std::abs(sa[i]))), worst = std::max(worst, double(std::abs(sa[i] - sb[i])));
+  EXPECT_LE(worst / scale, 1e-3) << "decode logits, tiled vs GGUF layout";
+  float pworst = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    pworst = std::max(pworst, std::abs(pa[i] - pb[i]));
+    rms_d += double(pa[i] - pb[i]) * (pa[i] - pb[i]), rms_l += double(pa[i]) * pa[i];
+  }
+  std::printf("[ tiny-dense q4_k_m ] tiled vs not: decode max |Δ| %.3g (of %.3g), prefill max |Δ| %.3g, rms %.3g of rms\n",
+              worst, scale, pworst, std::sqrt(rms_d / rms_l));
+  EXPECT_LE(pworst, 1.0f);
+  EXPECT_LE(std::sqrt(rms_d / rms_l), 0.06);
+}
+
+}  // namespace
+}  // namespace qwen36::gputest
