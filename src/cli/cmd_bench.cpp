@@ -27,16 +27,12 @@
 #include <random>
 #include <sstream>
 
+#include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/spec/spec_bench.h"
-#include "format/model_loader.h"
 #include "model/memory_plan.h"
-#include "model/presets.h"
-#include "model/random_quant_weights.h"
-#include "model/random_weights.h"
-#include "quant/mix_rules.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -170,54 +166,22 @@ void run_bench(const BenchOptions& o) {
   const std::vector<double> sim_probs = simulated ? parse_probs(o.simulate) : std::vector<double>{};
   const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
   for (int64_t k : spec_ks) QWEN36_CHECK(k >= 1 && k <= 16, "--spec-draft-n {} is out of range (1..16)", k);
-  const bool cuda = o.backend == "cuda";
-  std::unique_ptr<Backend> backend;
+  BenchDevice dev = make_bench_device(o.backend, o.threads, "bench");
+  const bool cuda = dev.cuda;
+  std::unique_ptr<Backend> backend = std::move(dev.backend);
+  const std::string device = dev.name;
   double bw_gbs = 0, peak_tflops = 0;
-  std::string device;
 #ifdef QWEN36_HAVE_CUDA
   if (cuda) {
-    backend = make_cuda_backend();
-    device = cuda_device_name();
     bw_gbs = cuda_copy_bandwidth_gbs(size_t(1) << 30, 10);
     peak_tflops = cuda_bf16_gemm_tflops(8192, 10);
   }
-#else
-  QWEN36_CHECK(!cuda, "bench: this build has no CUDA backend");
 #endif
-  if (!cuda) {
-    backend = make_cpu_backend(o.threads);
-    device = fmt::format("CPU, {} threads", omp_get_max_threads());
-    bw_gbs = host_read_bandwidth_gbs();
-  }
-  ModelWeights w;
-  std::string model_name;
-  if (!o.synthetic.empty()) {
-    const DType dt = o.type == "bf16" ? DType::BF16 : o.type == "f16" ? DType::F16 : o.type == "f32" ? DType::F32
-                                                                                                     : DType::I32;
-    const ModelConfig cfg = model_preset(o.synthetic, o.layers);
-    if (dt == DType::I32) {  // block-quantized: a mix (CPU, CUDA) or one block type (CUDA)
-#ifdef QWEN36_HAVE_CUDA
-      if (cuda) w = make_random_quant_weights_cuda(cfg, o.type, 42);
-#endif
-      if (!cuda) {
-        const auto mix = parse_quant_mix(o.type);
-        QWEN36_CHECK(mix, "bench: --type {} is not bf16, f16, f32 or a quantization mix (q8_0, q6_k, q5_k_m, q4_k_m, ...)",
-                     o.type);
-        w = make_random_quant_weights(cfg, *mix, 42);
-      }
-    } else {
-#ifdef QWEN36_HAVE_CUDA
-      w = cuda ? make_random_weights_cuda(cfg, dt, 42)
-               : make_random_weights(cfg, dt, 42, /*with_mtp=*/spec_method == SpecMethod::Mtp);
-#else
-      w = make_random_weights(cfg, dt, 42, /*with_mtp=*/spec_method == SpecMethod::Mtp);
-#endif
-    }
-    model_name = fmt::format("{} {} (synthetic, random)", o.synthetic, o.type);
-  } else {
-    w = load_model_weights(o.model);
-    model_name = o.model;
-  }
+  if (!cuda) bw_gbs = host_read_bandwidth_gbs();
+  BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec_method == SpecMethod::Mtp},
+                                      cuda, "bench");
+  ModelWeights w = std::move(bw.weights);
+  const std::string model_name = bw.name;
   const ModelCost cost = model_cost(w);
   Model model(std::move(w), *backend);
   const ModelConfig& c = model.config();

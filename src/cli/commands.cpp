@@ -7,6 +7,7 @@ void register_commands(CLI::App& app) {
   register_run(app);
   register_serve(app);
   register_bench(app);
+  register_bench_serve(app);
   register_perplexity(app);
   register_logits(app);
   register_convert(app);

@@ -17,6 +17,7 @@ void register_template(CLI::App& app);  // template
 void register_info(CLI::App& app);      // info (GGUF metadata and tensors)
 void register_serve(CLI::App& app);     // serve (OpenAI-compatible HTTP server)
 void register_bench(CLI::App& app);     // bench (speed, llama-bench-like)
+void register_bench_serve(CLI::App& app); // bench-serve (serving throughput and latency, S streams)
 void register_convert(CLI::App& app);   // convert (HF checkpoint -> GGUF)
 void register_quantize(CLI::App& app);  // quantize (GGUF or HF -> Q8_0/Q6_K/Q5_K_M/Q4_K_M...)
 void register_gen_model(CLI::App& app); // gen-model (random full-size GGUF)

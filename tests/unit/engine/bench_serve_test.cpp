@@ -1,0 +1,117 @@
+// `qwen36 bench-serve` through the built binary (skipped when it is not built), on the tiny
+// synthetic model with the CPU backend: exact token totals (streams x gen per round, every
+// request runs to --gen-tokens), ordered percentiles, the documented JSON keys, the markdown
+// table (also with prompts prefilled over several steps), and one-line errors with a non-zero
+// exit for bad arguments.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/run_command.h"
+
+namespace qwen36 {
+namespace {
+
+const std::string kBase = std::string(QWEN36_BIN) + " bench-serve --synthetic tiny-dense --type f32 -t 1";
+
+// Runs the binary; stdout returned, stderr into *err.
+std::string run(const std::string& args, int* status, std::string* err) {
+  const std::string err_path =
+      (std::filesystem::temp_directory_path() / ("bench_serve_test_" + std::to_string(::getpid()) + ".err")).string();
+  const std::string out = test::run_command(kBase + " " + args + " 2>" + err_path, status);
+  std::ifstream f(err_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *err = ss.str();
+  std::filesystem::remove(err_path);
+  return out;
+}
+
+TEST(BenchServeCli, JsonTotalsAndPercentiles) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  const int64_t gen = 6, prompt = 12, rounds = 3;
+  int status = -1;
+  std::string err;
+  const std::string out = run("--streams 1,3 --prompt-tokens 12 --gen-tokens 6 --rounds 3 -o json", &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  const auto rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 2u) << out;
+  const int64_t want_streams[] = {1, 3};
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& r = rows[i];
+    for (const char* key : {"model", "backend", "device", "streams", "prompt_tokens", "gen_tokens", "context",
+                            "kv_type", "prefill_chunk", "batch_tokens", "rounds_counted", "requests", "output_tokens",
+                            "wall_s", "output_tok_s", "prompt_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+                            "itl_p50_ms", "itl_p99_ms", "peak_batch", "steps", "per_round"})
+      ASSERT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
+    const int64_t S = r["streams"].get<int64_t>();
+    EXPECT_EQ(S, want_streams[i]);
+    EXPECT_EQ(r["prompt_tokens"].get<int64_t>(), prompt);
+    EXPECT_EQ(r["gen_tokens"].get<int64_t>(), gen);
+    EXPECT_GE(r["context"].get<int64_t>(), prompt + gen);
+    EXPECT_EQ(r["rounds_counted"].get<int64_t>(), rounds - 1);  // the first is a warm-up
+    EXPECT_EQ(r["requests"].get<int64_t>(), S * (rounds - 1));
+    EXPECT_EQ(r["output_tokens"].get<int64_t>(), S * gen * (rounds - 1));
+    ASSERT_EQ(r["per_round"].size(), size_t(rounds));
+    for (size_t k = 0; k < size_t(rounds); ++k) {
+      EXPECT_EQ(r["per_round"][k]["output_tokens"].get<int64_t>(), S * gen) << "round " << k;
+      EXPECT_EQ(r["per_round"][k]["warmup"].get<bool>(), k == 0);
+    }
+    EXPECT_LE(r["ttft_p50_ms"].get<double>(), r["ttft_p99_ms"].get<double>());
+    EXPECT_LE(r["itl_p50_ms"].get<double>(), r["itl_p99_ms"].get<double>());
+    EXPECT_GT(r["ttft_p50_ms"].get<double>(), 0);
+    EXPECT_GT(r["output_tok_s"].get<double>(), 0);
+    EXPECT_GT(r["prompt_tok_s"].get<double>(), 0);
+    EXPECT_GT(r["decode_tok_s"].get<double>(), 0);
+    // Every prompt fits the first step's budget, so all streams decode together.
+    EXPECT_EQ(r["peak_batch"].get<int64_t>(), S);
+    EXPECT_GE(r["steps"].get<int64_t>(), gen * (rounds - 1));
+  }
+  EXPECT_NE(err.find("round 1/3 (warm-up)"), std::string::npos) << err;  // progress on stderr
+}
+
+TEST(BenchServeCli, MarkdownWithStaggeredPrefill) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  std::string err;
+  // A 4-token chunk and a 6-token step budget: the three prompts are read over many steps,
+  // interleaved with the decode of the streams that already started.
+  const std::string out =
+      run("--streams 3 --prompt-tokens 12 --gen-tokens 5 --rounds 1 --prefill-chunk 4 -b 6 -c 40", &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  EXPECT_NE(out.find("device: CPU"), std::string::npos) << out;
+  EXPECT_NE(out.find("context 40"), std::string::npos) << out;
+  EXPECT_NE(out.find("| model | backend | streams | requests | output tokens |"), std::string::npos) << out;
+  EXPECT_NE(out.find("| tiny-dense f32 (synthetic, random) | cpu | 3 | 3 | 15 |"), std::string::npos) << out;
+}
+
+TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--streams 0", "--streams"},
+      {"--streams 2,x", "--streams"},
+      {"--gen-tokens -3", "--gen-tokens"},
+      {"--prompt-tokens 0", "--prompt-tokens"},
+      {"--prompt-tokens 30 --gen-tokens 20 -c 40", "do not fit -c/--ctx-size 40"},
+      {"--rounds 0", "--rounds"},
+  };
+  for (const auto& [args, what] : cases) {
+    int status = -1;
+    std::string err;
+    const std::string out = run(args, &status, &err);
+    EXPECT_NE(status, 0) << args;
+    EXPECT_TRUE(out.empty()) << args << ": " << out;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << args << ": " << err;
+    EXPECT_NE(err.find("error: "), std::string::npos) << args << ": " << err;
+    EXPECT_NE(err.find(what), std::string::npos) << args << ": " << err;
+  }
+}
+
+}  // namespace
+}  // namespace qwen36
