@@ -245,6 +245,45 @@ TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
   }
 }
 
+// Matrices stored back to back (as prepare_weights lays out a layer's projections) run as one
+// stacked matrix in one launch: three of 48, 304 and 16 rows tiled together, viewed apart.
+TEST_F(CudaQuantMma, StackedMatricesOneLaunch) {
+  const int64_t K = 768;
+  const int64_t rows[] = {48, 304, 16};
+  for (DType dt : kTypes) {
+    std::vector<HostT> hw;
+    HostT all(dt, {48 + 304 + 16, K});
+    size_t at = 0;
+    for (int64_t n : rows) {
+      hw.push_back(quantized(rng_, dt, n, K));
+      std::memcpy(all.bytes.data() + at, hw.back().bytes.data(), hw.back().bytes.size());
+      at += hw.back().bytes.size();
+    }
+    const DevT dall = upload_tiled(*gpu_, all);
+    std::vector<Tensor> views;
+    size_t off = 0;
+    for (int64_t n : rows) {
+      views.emplace_back(static_cast<uint8_t*>(dall.t.data) + off, dall.t.dtype, std::initializer_list<int64_t>{n, K});
+      off += views.back().nbytes();
+    }
+    for (int64_t T : {1, 9, 40}) {
+      const HostT x = random_t(rng_, DType::F32, {T, K}), xq = int8_activations(x);
+      DevT dx = upload(*gpu_, x);
+      std::vector<DevT> dout;
+      std::vector<const Tensor*> ws;
+      std::vector<Tensor*> outs;
+      for (int64_t n : rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+      for (size_t i = 0; i < views.size(); ++i) ws.push_back(&views[i]), outs.push_back(&dout[i].t);
+      gpu_->matmul_multi(dx.t, ws, outs);
+      for (size_t i = 0; i < views.size(); ++i) {
+        std::string where;
+        EXPECT_LE(checked_err(download(*gpu_, dout[i].t), reference(hw[i], xq, T), T, rows[i], 1, &where), 2e-5)
+            << dtype_name(dt) << " matrix " << i << " T=" << T << " " << where;
+      }
+    }
+  }
+}
+
 // matmul_swiglu with tiled gate / up: silu(x·gate)·(x·up) against the int8 twin in double.
 TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
   for (DType dt : kTypes) {

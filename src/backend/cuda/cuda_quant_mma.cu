@@ -28,7 +28,9 @@
 //    decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a row and 4
 //    groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K: two
 //    m16n8k16, one per 16-scale), then a float epilogue per C element. A row-tile split between
-//    warps is summed by fixup_kernel in warp order (no atomics: bitwise reproducible).
+//    warps is summed by fixup_kernel in warp order (no atomics: bitwise reproducible). Up to 4
+//    matrices of one type stored back to back (a layer's projections) are one stacked matrix:
+//    one quantization of x, then one GEMM + fixup launch per such group.
 //    Instruction count at T ≤ 8 (per lane, per 16 weights of a group): Q4_K 6 unpack + 2 LDS +
 //    2 LDG + 1 MMA + 16 epilogue ≈ 27 (+ ~45 per tile for loads and scales): ~2 per weight; Q6_K
 //    ~2.6; Q8_0 ~1.3. Each more n8 tile adds ~19 per 16 weights.
@@ -334,11 +336,27 @@ struct MmaArgs {
   const uint2* xb;     // [K/32][NT][32] B fragments
   const float4* xf;    // [K/32][NT][4] {d, d·Σq} of tokens 2t, 2t + 1
   const int4* xi;      // [K/32][NT][4] −32 · Σq per 16-half (Q6_K)
-  float* out;          // [T, N]
+  // Up to kMaxMats matrices stored back to back (one tiled matrix of stacked rows): matrix m
+  // holds row-tiles [rt_end[m − 1], rt_end[m]) and writes out[m] ([T, n[m]]).
+  float* out[4];
+  int rt_end[4], n[4], nmat;
   float* part;         // [nwarps][2][T][16] partial sums of row-tiles split between warps
   long long total;     // tiles = R · S
-  int S, N, T, nwarps;
+  int S, T, nwarps;
 };
+constexpr int kMaxMats = 4;
+
+// Column 0 of row-tile r in its matrix's output, and that output's row stride. Matrices are
+// picked with compile-time indices (a runtime index would copy the arguments to local memory).
+__device__ __forceinline__ float* out_of(const MmaArgs& a, int r, size_t& stride) {
+  float* o = a.out[0];
+  int r0 = 0, n = a.n[0];
+#pragma unroll
+  for (int m = 1; m < kMaxMats; ++m)
+    if (m < a.nmat && r >= a.rt_end[m - 1]) o = a.out[m], r0 = a.rt_end[m - 1], n = a.n[m];
+  stride = size_t(n);
+  return o + 16 * size_t(r - r0);
+}
 
 // The warp holding tile i (ranges: warp w has [w·total/nw, (w + 1)·total/nw), nw ≤ total).
 __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
@@ -457,8 +475,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const
   auto finish = [&](long long i) {
     if (s == S - 1 || i == b1 - 1) {
       const bool whole = (long long)r * S >= b0 && (long long)(r + 1) * S <= b1;
-      float* base = whole ? a.out + 16 * size_t(r) : a.part + (size_t(w) * 2 + (r == r_first ? 0 : 1)) * size_t(T) * 16;
-      const size_t stride = whole ? size_t(a.N) : 16;
+      size_t stride = 16;
+      float* base = whole ? out_of(a, r, stride) : a.part + (size_t(w) * 2 + (r == r_first ? 0 : 1)) * size_t(T) * 16;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -505,7 +523,8 @@ __global__ void fixup_kernel(MmaArgs a, int R) {
     const int slot = range_begin(w, a.total, a.nwarps) / a.S == r ? 0 : 1;
     sum += a.part[(size_t(w) * 2 + slot) * size_t(a.T) * 16 + size_t(c) * 16 + row];
   }
-  a.out[size_t(c) * a.N + 16 * size_t(r) + row] = sum;
+  size_t stride = 0;
+  out_of(a, r, stride)[size_t(c) * stride + row] = sum;
 }
 
 template <DType D, int NT>
@@ -566,15 +585,23 @@ void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
   }
 }
 
+// One launch for ws[0 .. nmat) (back to back in memory, one type and K).
 template <int NT>
-void run_mma_nt(Ctx& c, const MmaArgs& base, const Tensor& w, float* out) {
+void run_mma_nt(Ctx& c, const MmaArgs& base, const Tensor* const* ws, Tensor* const* outs, int nmat) {
   MmaArgs a = base;
-  a.w = static_cast<const uint8_t*>(w.data);
-  a.out = out;
-  a.S = int(w.cols() / 256);
-  a.N = int(w.rows());
-  a.total = (long long)(w.rows() / 16) * a.S;
-  with_tiled_type(w.dtype, [&](auto dt) { launch_mma<decltype(dt)::value, NT>(c, a, int(w.rows() / 16)); });
+  a.w = static_cast<const uint8_t*>(ws[0]->data);
+  a.S = int(ws[0]->cols() / 256);
+  a.nmat = nmat;
+  int rt = 0;
+  for (int m = 0; m < kMaxMats; ++m) {
+    const int mm = std::min(m, nmat - 1);
+    if (m < nmat) rt += int(ws[m]->rows() / 16);
+    a.out[m] = outs[mm]->as<float>();
+    a.rt_end[m] = rt;
+    a.n[m] = int(ws[mm]->rows());
+  }
+  a.total = (long long)rt * a.S;
+  with_tiled_type(ws[0]->dtype, [&](auto dt) { launch_mma<decltype(dt)::value, NT>(c, a, rt); });
 }
 
 }  // namespace
@@ -647,14 +674,21 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   a.xf = xf.get();
   a.xi = xi.get();
   a.T = int(T);
-  for (size_t i = 0; i < ws.size(); ++i) {
-    float* o = outs[i]->as<float>();
+  // Matrices stored back to back with one type (prepare_weights and the synthetic generator
+  // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
+  for (size_t i = 0; i < ws.size();) {
+    size_t e = i + 1;
+    while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
+           static_cast<const uint8_t*>(ws[e - 1]->data) + ws[e - 1]->nbytes() == ws[e]->data)
+      ++e;
+    const int nm = int(e - i);
     switch (NT) {
-      case 1: run_mma_nt<1>(c, a, *ws[i], o); break;
-      case 2: run_mma_nt<2>(c, a, *ws[i], o); break;
-      case 4: run_mma_nt<4>(c, a, *ws[i], o); break;
-      default: run_mma_nt<8>(c, a, *ws[i], o); break;
+      case 1: run_mma_nt<1>(c, a, ws.data() + i, outs.data() + i, nm); break;
+      case 2: run_mma_nt<2>(c, a, ws.data() + i, outs.data() + i, nm); break;
+      case 4: run_mma_nt<4>(c, a, ws.data() + i, outs.data() + i, nm); break;
+      default: run_mma_nt<8>(c, a, ws.data() + i, outs.data() + i, nm); break;
     }
+    i = e;
   }
 }
 
