@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <iterator>
 
 #include "core/error.h"
 
@@ -20,9 +21,12 @@ constexpr DTypeInfo kInfo[] = {
     {"q8_0", 34, 32},   {"q4_k", 144, 256}, {"q5_k", 176, 256}, {"q6_k", 210, 256},
     {"q8_k", 292, 256}, {"iq4_xs", 136, 256},
     {"f8_e4m3", 1, 1},
+    {"u8", 1, 1},       {"i64", 8, 1},
+    {"w4_g32", 20, 32}, {"w4_g128", 68, 128}, {"f8_b128", 132, 128}, {"nvfp4_b64", 40, 64},
     {"q4_k_t16", 144, 256}, {"q6_k_t16", 210, 256}, {"q8_0_t16", 34, 32},
 };
-static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == size_t(DType::Q8_0_T16) + 1, "one row per DType, in enum order");
+// One row per DType, in enum order (a type added to dtype.h needs its row here).
+static_assert(std::size(kInfo) == size_t(DType::Q8_0_T16) + 1);
 const DTypeInfo& info(DType t) { return kInfo[static_cast<size_t>(t)]; }
 }  // namespace
 

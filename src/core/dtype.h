@@ -29,6 +29,17 @@ enum class DType : uint8_t {
   IQ4_XS,
   // OCP FP8 E4M3 ("e4m3fn"), one byte per element (the fp8 KV cache, backend/kv_cache.h)
   F8_E4M3,
+  // Raw integers of Hugging Face quantized checkpoints, seen only while loading
+  // (format/hf_quant.h): U8 = packed FP4 codes, I64 = compressed-tensors' weight_shape.
+  U8,
+  I64,
+  // Weight blocks of Hugging Face quantized checkpoints (layouts in quant/hf_blocks.h):
+  // 4-bit codes with their group's scale and integer zero (AWQ, GPTQ, compressed-tensors),
+  // FP8 E4M3 with a per-128 f32 scale (block-wise FP8), NVFP4 (E2M1, E4M3 per 16, f32 global).
+  W4_G32,
+  W4_G128,
+  F8_B128,
+  NVFP4_B64,
   // The CUDA backend's tiled layouts of Q4_K, Q6_K and Q8_0 matrices (16-row tiles of 256
   // weights for its tensor-core GEMM, backend/cuda/cuda_quant_mma.cu): the same bytes per block
   // as the GGUF type, so sizes are unchanged, but rows are not stored one after another. Only

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "format/hf_config.h"
+#include "format/hf_quant.h"
 #include "format/safetensors.h"
 #include "format/weight_convert.h"
 
@@ -19,7 +20,8 @@ namespace {
 // Name lookup over one checkpoint with the text-model prefix already resolved.
 class HfNames {
  public:
-  HfNames(const SafetensorsSet& st, std::string prefix) : st_(st), prefix_(std::move(prefix)) {}
+  HfNames(const SafetensorsSet& st, std::string prefix, ModelWeights& w, const HfQuant& quant)
+      : st_(st), prefix_(std::move(prefix)), w_(w), quant_(quant) {}
 
   const Tensor* find(const std::string& name) const { return st_.find(name); }
   const Tensor& get(const std::string& name) const {
@@ -27,8 +29,13 @@ class HfNames {
     QWEN36_CHECK(t, "missing tensor {}", name);
     return *t;
   }
-  // A matrix stays in its stored float dtype (the backend multiplies any of them).
+  // A matrix stays in its stored float dtype (the backend multiplies any of them); a Linear
+  // stored quantized (format/hf_quant.h) becomes an internal block type.
   Tensor matrix(const std::string& name) const {
+    Tensor q;
+    if (quant_.quantized() && name.ends_with(".weight") &&
+        load_hf_quant_linear(w_, st_, quant_, name.substr(0, name.size() - 7), q))
+      return q;
     const Tensor& t = get(name);
     QWEN36_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32,
                  "tensor {} has dtype {}; expected bf16, f16 or f32", name, dtype_name(t.dtype));
@@ -39,6 +46,8 @@ class HfNames {
  private:
   const SafetensorsSet& st_;
   std::string prefix_;
+  ModelWeights& w_;
+  const HfQuant& quant_;
 };
 
 void load_mlp(const HfNames& n, const std::string& p, MlpWeights& m) {
@@ -117,30 +126,20 @@ LayerWeights load_layer(ModelWeights& w, const HfNames& n, const std::string& p,
   return l;
 }
 
-void reject_quantized(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "config.json");
-  const auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_object() && j.contains("quantization_config")) {
-    const auto& q = j["quantization_config"];
-    const std::string method = q.is_object() ? q.value("quant_method", std::string("unknown")) : "unknown";
-    fail("{}: quantized checkpoints (quant_method \"{}\") are not supported yet; use a bf16/f16 checkpoint or GGUF",
-         dir, method);
-  }
-}
-
 }  // namespace
 
 ModelWeights load_hf_checkpoint(const std::string& dir) {
   ModelWeights w;
   w.config = load_hf_config(dir);
-  reject_quantized(dir);
+  const HfQuant quant = read_hf_quant(dir);  // throws for an unsupported format or option
+  if (quant.quantized()) spdlog::info("{}: {} checkpoint", dir, quant.describe());
   auto st = std::make_shared<SafetensorsSet>(dir);
   w.storage.push_back(st);
   return with_context(dir, [&] {
     // Multimodal wrappers nest the text model under model.language_model.
     const std::string prefix =
         st->find("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-    HfNames n(*st, prefix);
+    HfNames n(*st, prefix, w, quant);
     const ModelConfig& c = w.config;
     w.embed_tokens = n.matrix(prefix + "embed_tokens.weight");
     w.final_norm = norm_plus_one(w, n.get(prefix + "norm.weight"));

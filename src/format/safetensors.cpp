@@ -23,7 +23,11 @@ DType parse_dtype(const std::string& s) {
   if (s == "F16") return DType::F16;
   if (s == "BF16") return DType::BF16;
   if (s == "I32") return DType::I32;
-  fail("unsupported dtype \"{}\" (supported: F32, F16, BF16, I32)", s);
+  // The integer and FP8 tensors of quantized checkpoints (format/hf_quant.h).
+  if (s == "F8_E4M3") return DType::F8_E4M3;
+  if (s == "U8") return DType::U8;
+  if (s == "I64") return DType::I64;
+  fail("unsupported dtype \"{}\" (supported: F32, F16, BF16, I32, I64, U8, F8_E4M3)", s);
 }
 
 }  // namespace
@@ -75,9 +79,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       if (b > e || e > data_size) ctx("data_offsets [{}, {}] outside the data section ({} bytes)", b, e, data_size);
       if (numel > (std::numeric_limits<uint64_t>::max() / 8) || e - b != numel * dtype_block_bytes(dt))
         ctx("{} bytes of data for {} elements of {}", e - b, numel, dtype_name(dt));
-      if (dt == DType::F32 || dt == DType::I32) {
+      if (dt == DType::F32 || dt == DType::I32 || dt == DType::I64) {  // i64 is read with memcpy
         if ((data_start + b) % 4 != 0) ctx("data is not 4-byte aligned");
-      } else if ((data_start + b) % 2 != 0) {
+      } else if (dtype_block_bytes(dt) > 1 && (data_start + b) % 2 != 0) {
         ctx("data is not 2-byte aligned");
       }
       if (e > b) ranges.emplace_back(b, e);

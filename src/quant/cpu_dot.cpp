@@ -14,12 +14,14 @@ namespace qwen36 {
 DType dot_activation_type(DType weight) {
   switch (weight) {
     case DType::F32: case DType::F16: case DType::BF16:
+    // The HF checkpoint types keep f32 activations: they reproduce the dequantized model.
+    case DType::W4_G32: case DType::W4_G128: case DType::F8_B128: case DType::NVFP4_B64:
       return DType::F32;
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
       return DType::Q8_0;
     case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q8_K: case DType::IQ4_XS:
       return DType::Q8_K;
-    case DType::I32: case DType::F8_E4M3: break;
+    case DType::I32: case DType::F8_E4M3: case DType::U8: case DType::I64: break;
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16:
       fail("{} is the CUDA backend's tiled weight layout: the CPU cannot read it", dtype_name(weight));
   }
@@ -51,7 +53,9 @@ float dot_scalar(DType wt, const void* w, const void* a, int64_t n) {
   return sum;
 }
 
-constexpr int kTypes = int(DType::IQ4_XS) + 1;
+// Room for every DType (a table slot without a kernel uses the scalar path).
+constexpr int kTypes = 64;
+static_assert(int(DType::NVFP4_B64) < kTypes);
 
 struct Table {
   DotFn fn[kTypes] = {};
@@ -71,6 +75,7 @@ Table make_table() {
   const std::string_view cap = cap_env ? cap_env : "";
   if (cap == "scalar") return t;
   for (const auto& k : avx2_dot_kernels()) set(k.type, k.fn, "avx2");
+  for (const auto& k : hf_avx2_dot_kernels()) set(k.type, k.fn, "avx2");
 #if defined(__x86_64__)
   if (cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
@@ -86,7 +91,8 @@ const Table& table() {
 }
 
 void check_args(DType wt, int64_t n) {
-  QWEN36_CHECK(wt != DType::I32, "no dot product for weights of type i32");
+  QWEN36_CHECK(wt != DType::I32 && wt != DType::U8 && wt != DType::I64, "no dot product for weights of type {}",
+               dtype_name(wt));
   const int64_t be = std::max(dtype_block_elems(wt), dtype_block_elems(dot_activation_type(wt)));
   QWEN36_CHECK(n >= 0 && n % be == 0, "dot_row: {} elements is not a multiple of the {} block size {}", n,
                dtype_name(wt), be);

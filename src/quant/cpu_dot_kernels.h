@@ -20,5 +20,6 @@ struct DotKernel {
 
 std::span<const DotKernel> avx2_dot_kernels();
 std::span<const DotKernel> avx512_dot_kernels();  // call only when the CPU has AVX-512 VNNI
+std::span<const DotKernel> hf_avx2_dot_kernels();  // the Hugging Face checkpoint types (cpu_dot_hf.cpp)
 
 }  // namespace qwen36

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "quant/blocks.h"
+#include "quant/hf_blocks.h"
 #include "quant/quant.h"
 
 namespace qwen36 {
@@ -172,9 +173,13 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q6_K: deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); break;
     case DType::Q8_K: deq_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); break;
     case DType::IQ4_XS: deq_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb); break;
-    case DType::I32: fail("dequantize_row: i32 is not a float type");
+    case DType::I32: case DType::U8: case DType::I64:
+      fail("dequantize_row: {} is not a float type", dtype_name(t));
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16:
       fail("dequantize_row: {} is the CUDA backend's tiled weight layout: the CPU cannot read it", dtype_name(t));
+    case DType::W4_G32: case DType::W4_G128: case DType::F8_B128: case DType::NVFP4_B64:
+      dequantize_hf_row(t, src, dst, n);
+      break;
     case DType::F8_E4M3: {
       const auto* b = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = f8_e4m3_to_f32(b[i]);

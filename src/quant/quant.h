@@ -11,10 +11,11 @@
 
 namespace qwen36 {
 
-// Every DType except I32.
+// Every DType except I32, U8 and I64.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_XS.
+// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_XS, F8_E4M3
+// (the Hugging Face checkpoint types of quant/hf_blocks.h are only ever loaded).
 bool quantize_supported(DType t);
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
 

@@ -355,7 +355,10 @@ void iq4_xs(const float* x, BlockIQ4_XS* b, int64_t nb) {
 
 }  // namespace
 
-bool quantize_supported(DType t) { return t != DType::I32 && !dtype_is_tiled(t); }
+bool quantize_supported(DType t) {
+  return t != DType::I32 && t != DType::U8 && t != DType::I64 && t != DType::W4_G32 && t != DType::W4_G128 &&
+         t != DType::F8_B128 && t != DType::NVFP4_B64 && !dtype_is_tiled(t);
+}
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   const int64_t be = dtype_block_elems(t);
@@ -384,9 +387,12 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q6_K: q6_k(src, static_cast<BlockQ6_K*>(dst), nb); break;
     case DType::Q8_K: q8_k(src, static_cast<BlockQ8_K*>(dst), nb); break;
     case DType::IQ4_XS: iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb); break;
-    case DType::I32: fail("quantize_row: i32 is not a float type");
+    case DType::I32: case DType::U8: case DType::I64:
+      fail("quantize_row: {} is not a float type", dtype_name(t));
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16:
       fail("quantize_row: {} is the CUDA backend's tiled weight layout (made on the device)", dtype_name(t));
+    case DType::W4_G32: case DType::W4_G128: case DType::F8_B128: case DType::NVFP4_B64:
+      fail("quantize_row: {} only comes from Hugging Face checkpoints (format/hf_quant.h)", dtype_name(t));
     case DType::F8_E4M3: {
       auto* b = static_cast<uint8_t*>(dst);
       for (int64_t i = 0; i < n; ++i) b[i] = f32_to_f8_e4m3(src[i]);

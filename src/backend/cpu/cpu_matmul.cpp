@@ -133,7 +133,16 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                "matmul: weight dtype {} is not supported by the CPU backend", dtype_name(w.dtype));
   const float* xp = x.as<const float>();
   float* op = out.as<float>();
-  if (dtype_is_quantized(w.dtype)) {
+  if (dtype_is_quantized(w.dtype) && dot_activation_type(w.dtype) == DType::F32) {
+    // The Hugging Face checkpoint types (quant/hf_blocks.h) keep f32 activations: decode dots
+    // each row in place, prefill widens rows through the tile below (weight_row_to_f32).
+    if (T <= 2) {
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_row(w.dtype, w.row(n), xp + t * K, K);
+      return;
+    }
+  } else if (dtype_is_quantized(w.dtype)) {
     // Block-quantized weights are multiplied the way the format is meant to be used: the
     // activations are quantized once (Q8_0 / Q8_K) and every row is an integer dot product.
     const DType at = dot_activation_type(w.dtype);
