@@ -34,6 +34,8 @@ struct Scheduler::Sequence {
   int32_t n_cached = 0;
   Clock::time_point first_token, last_token;
   bool done = false;
+  bool failed = false;  // ended by an error: the slot's state is unknown
+  SpecSeqState spec;    // with speculative decoding
 
   Sequence(Pending p, int32_t slot_, int32_t reused)
       : in(std::move(p)), sampler(in.params.sampling), text(in.params.stop_strings), slot(slot_),
@@ -45,11 +47,15 @@ struct Scheduler::Sequence {
 Scheduler::Scheduler(Model& model, SchedulerOptions opts)
     : model_(model),
       opts_(std::move(opts)),
-      state_(model.backend(), model.config(), opts_.slots, opts_.context, false, opts_.kv_type),
+      state_(model.backend(), model.config(), opts_.slots, opts_.context,
+             /*with_mtp=*/opts_.spec.method == SpecMethod::Mtp && model.has_mtp(), opts_.kv_type),
       cache_(opts_.slots, opts_.prefix_cache) {
   QWEN36_CHECK(opts_.prefill_chunk > 0, "prefill chunk {} must be positive", opts_.prefill_chunk);
   QWEN36_CHECK(opts_.max_batch_tokens > 0, "batch token budget {} must be positive", opts_.max_batch_tokens);
   QWEN36_CHECK(opts_.max_queue >= 0, "queue cap {} must be >= 0", opts_.max_queue);
+  if (opts_.spec.method != SpecMethod::None)
+    spec_ = std::make_unique<SpecStepper>(model_, state_, opts_.spec,
+                                          opts_.spec_drafter ? opts_.spec_drafter(model_, state_) : nullptr);
   stats_.slots = opts_.slots;
   stats_.context = opts_.context;
 }
@@ -103,6 +109,8 @@ void Scheduler::admit_waiting() {
     if (g.reused == 0) state_.reset_slot(g.slot);
     running_.emplace_back(std::move(front), g.slot, g.reused);
     waiting_.pop_front();
+    Sequence& s = running_.back();
+    if (spec_) spec_->begin(s.spec, s.slot, s.tokens, g.reused, s.in.params.sampling.seed);
     std::lock_guard lock(mu_);
     --queued_;
     stats_.prompt_tokens += uint64_t(running_.back().n_prompt);
@@ -126,39 +134,61 @@ void Scheduler::finish(Sequence& s, const std::string& reason, const std::string
   ev.finish_reason = reason;
   ev.error = error;
   s.in.req->push(std::move(ev), &u);
-  // After an error the slot's state is unknown, so it must not be reused as a cached prefix.
-  cache_.release(s.slot, reason == "error" ? std::vector<int32_t>{}
-                                           : std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + s.n_fed));
+  s.failed = reason == "error";
   std::lock_guard lock(mu_);
   ++stats_.requests_finished;
   if (reason == "cancelled") ++stats_.requests_cancelled;
 }
 
+// The slot is released only here, after the step's speculative commits: a sequence that ends
+// mid-round must be cached under the tokens its state holds once the commit has run (n_fed).
+void Scheduler::reap() {
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!it->done) {
+      ++it;
+      continue;
+    }
+    // After an error the slot's state is unknown, so it must not be reused as a cached prefix.
+    cache_.release(it->slot, it->failed ? std::vector<int32_t>{}
+                                        : std::vector<int32_t>(it->tokens.begin(), it->tokens.begin() + it->n_fed));
+    it = running_.erase(it);
+  }
+}
+
+static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t top) {
+  const float mx = *std::max_element(raw.begin(), raw.end());
+  double z = 0;
+  for (float v : raw) z += std::exp(double(v - mx));
+  const float lse = mx + float(std::log(z));
+  TokenLogprob lp;
+  lp.token = tok;
+  lp.logprob = raw[size_t(tok)] - lse;
+  std::vector<int32_t> ids(raw.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  const size_t k = size_t(top);
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
+                    [&](int32_t a, int32_t b) { return raw[size_t(a)] > raw[size_t(b)]; });
+  for (size_t i = 0; i < k; ++i) lp.top.emplace_back(ids[i], raw[size_t(ids[i])] - lse);
+  return lp;
+}
+
 void Scheduler::on_logits(Sequence& s, std::span<float> logits) {
-  std::optional<TokenLogprob> lp;
   std::vector<float> raw;
   if (s.in.params.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());  // the sampler edits logits
-  const int32_t tok = s.sampler.sample(logits, s.tokens);
+  // With speculation every draw of a request comes from its one stream (SpecSeqState::rng).
+  const int32_t tok = spec_ ? spec_->sample(s.spec, s.sampler, logits, s.tokens, s.in.params.sampling)
+                            : s.sampler.sample(logits, s.tokens);
+  emit(s, tok, raw, s.n_fed);
+}
+
+SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const float> raw, int32_t fed) {
   const auto& stops = s.in.params.stop_ids;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
     finish(s, "stop");
-    return;
+    return SpecStepper::Emit::Refused;
   }
-  if (!raw.empty()) {
-    const float mx = *std::max_element(raw.begin(), raw.end());
-    double z = 0;
-    for (float v : raw) z += std::exp(double(v - mx));
-    const float lse = mx + float(std::log(z));
-    lp.emplace();
-    lp->token = tok;
-    lp->logprob = raw[size_t(tok)] - lse;
-    std::vector<int32_t> ids(raw.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-    const size_t k = size_t(s.in.params.top_logprobs);
-    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
-                      [&](int32_t a, int32_t b) { return raw[size_t(a)] > raw[size_t(b)]; });
-    for (size_t i = 0; i < k; ++i) lp->top.emplace_back(ids[i], raw[size_t(ids[i])] - lse);
-  }
+  std::optional<TokenLogprob> lp;
+  if (!raw.empty()) lp = logprob_of(raw, tok, s.in.params.top_logprobs);
   s.tokens.push_back(tok);
   ++s.n_generated;
   const auto now = Clock::now();
@@ -177,10 +207,27 @@ void Scheduler::on_logits(Sequence& s, std::span<float> logits) {
   if (opts_.token_text) ev.text = s.text.push(opts_.token_text(tok));
   ev.logprob = std::move(lp);
   s.in.req->push(std::move(ev));
-  if (s.text.matched())
+  if (s.text.matched()) {
     finish(s, "stop");
-  else if (s.n_generated >= s.in.params.max_tokens || s.n_fed + 1 >= opts_.context)
+  } else if (s.n_generated >= s.in.params.max_tokens || fed + 1 >= opts_.context) {
     finish(s, "length");  // the same context rule as generate(): the next token must still fit
+  } else {
+    return SpecStepper::Emit::More;
+  }
+  return SpecStepper::Emit::Last;
+}
+
+// The MTP drafter pairs each prompt row's hidden state with the token that follows it; the
+// last prompt row's follower is the first sampled token (0 when the request ended on a stop
+// id: only a prefix-cache reuse can read that row, and it re-pairs it, MtpDrafter::resume).
+void Scheduler::observe_prefill(Sequence& s, int32_t pos0, int32_t count, int32_t row) {
+  const size_t H = size_t(model_.config().hidden_size);
+  std::vector<int32_t> next(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
+    const size_t at = size_t(pos0 + 1 + i);
+    next[size_t(i)] = at < s.tokens.size() ? s.tokens[at] : 0;
+  }
+  spec_->observe(s.slot, pos0, std::span<const float>(hidden_).subspan(size_t(row) * H, size_t(count) * H), next);
 }
 
 bool Scheduler::step() {
@@ -213,24 +260,52 @@ bool Scheduler::step() {
   }
   for (Sequence& s : running_)
     if (s.in.req->cancelled()) finish(s, "cancelled");
-  worked |= std::erase_if(running_, [](const Sequence& s) { return s.done; }) > 0;
+  const size_t before = running_.size();
+  reap();
+  worked |= running_.size() != before;
   admit_waiting();
 
-  // One batch: decode tokens first, then prefill chunks in admission order within the budget.
+  // One batch: decode tokens first (with their drafts when speculating), then prefill chunks
+  // in admission order within the budget.
   ForwardBatch batch;
-  std::vector<Sequence*> run_owner, row_owner;
+  std::vector<Sequence*> run_owner, row_owner;  // plain runs; their logit rows
+  std::vector<int32_t> owner_run, owner_row;    // index in batch.runs / batch.output_rows
   auto add_run = [&](Sequence& s, int32_t count, bool wants_logits) {
     const int32_t begin = int32_t(batch.tokens.size());
     batch.tokens.insert(batch.tokens.end(), s.tokens.begin() + s.n_fed, s.tokens.begin() + s.n_fed + count);
+    owner_run.push_back(int32_t(batch.runs.size()));
     batch.runs.push_back({s.slot, s.n_fed, begin, count});
     run_owner.push_back(&s);
     if (wants_logits) {
+      owner_row.push_back(int32_t(batch.output_rows.size()));
       batch.output_rows.push_back(begin + count - 1);
       row_owner.push_back(&s);
     }
   };
-  for (Sequence& s : running_)
-    if (!s.prefilling()) add_run(s, 1, true);
+  std::vector<SpecTurn> turns;  // speculating: every decoding sequence, drafts or not
+  std::vector<Sequence*> turn_owner;
+  if (spec_) {
+    for (Sequence& s : running_) {
+      if (s.prefilling()) continue;
+      SpecTurn t;
+      t.st = &s.spec;
+      t.sampler = &s.sampler;
+      t.sampling = &s.in.params.sampling;
+      t.slot = s.slot;
+      t.pos = s.n_fed;
+      t.history = s.tokens;
+      t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
+      t.want_raw = s.in.params.top_logprobs >= 0;
+      turns.push_back(t);
+      turn_owner.push_back(&s);
+    }
+    // Drafts never push the decode rows past the step budget (the activation memory plan).
+    spec_->propose(turns, opts_.max_batch_tokens - int32_t(turns.size()));
+    for (SpecTurn& t : turns) spec_->add_run(t, batch);
+  } else {
+    for (Sequence& s : running_)
+      if (!s.prefilling()) add_run(s, 1, true);
+  }
   int32_t budget = opts_.max_batch_tokens - int32_t(batch.tokens.size());
   bool any_prefill = false;
   for (Sequence& s : running_) {
@@ -243,30 +318,56 @@ bool Scheduler::step() {
     budget -= count;
     any_prefill = true;
   }
+  const bool want_hidden = spec_ && spec_->wants_hidden();
+  if (want_hidden)  // the MTP drafter follows every committed row of every sequence
+    for (int32_t i = 0; i < int32_t(batch.tokens.size()); ++i) batch.hidden_rows.push_back(i);
 
   if (!batch.tokens.empty()) {
     worked = true;
-    const int64_t V = model_.config().vocab_size;
-    logits_.resize(batch.output_rows.size() * size_t(V));
+    const size_t V = size_t(model_.config().vocab_size);
+    logits_.resize(batch.output_rows.size() * V);
+    hidden_.resize(batch.hidden_rows.size() * size_t(model_.config().hidden_size));
+    bool ok = true;
     try {
-      model_.forward(batch, state_, logits_.data());
+      model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr);
     } catch (const std::exception& e) {
       spdlog::error("forward pass failed: {}", e.what());
       for (Sequence* s : run_owner) finish(*s, "error", e.what());
-      run_owner.clear();
-      row_owner.clear();
+      for (Sequence* s : turn_owner) finish(*s, "error", e.what());
+      ok = false;
     }
-    uint64_t prefilled = 0;
-    for (size_t i = 0; i < run_owner.size(); ++i) {
-      if (run_owner[i]->prefilling()) prefilled += uint64_t(batch.runs[i].count);
-      run_owner[i]->n_fed += batch.runs[i].count;
+    uint64_t prefilled = 0, undrafted = 0;
+    if (ok) {
+      for (size_t i = 0; i < turns.size(); ++i) {
+        Sequence& s = *turn_owner[i];
+        if (s.spec.draft.tokens.empty()) ++undrafted;
+        const int32_t keep = spec_->finish_round(
+            turns[i], logits_, hidden_,
+            [&](int32_t tok, std::span<const float> raw, int32_t fed) { return emit(s, tok, raw, fed); });
+        s.n_fed = turns[i].pos + keep;
+      }
+      if (spec_) spec_->commit();
+      for (size_t i = 0; i < run_owner.size(); ++i) {
+        const SeqRun& run = batch.runs[size_t(owner_run[i])];
+        if (run_owner[i]->prefilling()) prefilled += uint64_t(run.count);
+        run_owner[i]->n_fed += run.count;
+      }
+      for (size_t i = 0; i < row_owner.size(); ++i)
+        on_logits(*row_owner[i], std::span(logits_).subspan(size_t(owner_row[i]) * V, V));
+      if (want_hidden)  // every plain run is a prefill chunk here
+        for (size_t i = 0; i < run_owner.size(); ++i) {
+          const SeqRun& run = batch.runs[size_t(owner_run[i])];
+          observe_prefill(*run_owner[i], run.pos0, run.count, run.begin);
+        }
     }
-    for (size_t i = 0; i < row_owner.size(); ++i)
-      on_logits(*row_owner[i], std::span(logits_).subspan(i * size_t(V), size_t(V)));
-    std::erase_if(running_, [](const Sequence& s) { return s.done; });
+    reap();
     std::lock_guard lock(mu_);
     ++stats_.steps;
     stats_.prefilled_tokens += prefilled;
+    if (spec_) {
+      stats_.spec.merge(spec_->take_metrics());
+      stats_.spec_undrafted += undrafted;
+    }
   }
   std::lock_guard lock(mu_);
   stats_.running = int32_t(running_.size());

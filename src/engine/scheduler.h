@@ -11,6 +11,10 @@
 // Prefill chunks start at multiples of prefill_chunk from where a sequence's prefill began,
 // exactly as generate() chunks a prompt, so a request's numerics do not depend on what else
 // shares its batches.
+//
+// With speculative decoding (SchedulerOptions::spec), a decoding sequence's batch entry is
+// [pending token, drafts...] verified in the same forward; the round itself (drafting,
+// acceptance, commit of the accepted prefix) lives in engine/spec/spec_step.h.
 
 #include <chrono>
 #include <condition_variable>
@@ -27,6 +31,9 @@
 #include "core/error.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
+#include "engine/spec/metrics.h"
+#include "engine/spec/spec_generate.h"
+#include "engine/spec/spec_step.h"
 #include "model/qwen36.h"
 
 namespace qwen36 {
@@ -41,6 +48,11 @@ struct SchedulerOptions {
   DType kv_type = DType::F32;    // attention cache element type
   // Bytes of a token, for streamed text and stop strings (empty: no text).
   std::function<std::string(int32_t)> token_text;
+  // Speculative decoding of every decoding sequence (method None: off). MTP needs a model
+  // with an MTP head (the scheduler's state then holds the MTP cache).
+  SpecOptions spec = no_speculation();
+  // Tests: a drafter to use in place of spec.method's (spec.method must not be None).
+  std::function<std::unique_ptr<Drafter>(Model&, ModelState&)> spec_drafter;
 };
 
 // Cumulative Prometheus-style histogram (seconds).
@@ -65,6 +77,10 @@ struct SchedulerStats {
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;
   Histogram ttft, inter_token;
+  // Speculative decoding: rounds that carried drafts, drafted / accepted per position
+  // (spec.drafted_at[i]: drafts at depth i + 1), mean accepted length.
+  SpecMetrics spec;
+  uint64_t spec_undrafted = 0;  // decode tokens of sequences that had no drafts that step (spec on)
   double cache_hit_rate() const { return prompt_tokens ? double(prompt_tokens_cached) / double(prompt_tokens) : 0; }
 };
 
@@ -107,14 +123,20 @@ class Scheduler {
   bool has_work_locked() const;
   void admit_waiting();
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
+  void reap();  // releases the slots of finished sequences and drops them
   void on_logits(Sequence& s, std::span<float> logits);
+  // Emits `tok` (raw: its row's logits before sampling, for logprobs; fed: the tokens the slot
+  // holds once tok is pending) and ends the sequence on a stop or at its length.
+  SpecStepper::Emit emit(Sequence& s, int32_t tok, std::span<const float> raw, int32_t fed);
+  void observe_prefill(Sequence& s, int32_t pos0, int32_t count, int32_t row);
   void run_loop();
 
   Model& model_;
   SchedulerOptions opts_;
   ModelState state_;
   PrefixCache cache_;
-  std::vector<float> logits_;
+  std::unique_ptr<SpecStepper> spec_;  // null: no speculative decoding
+  std::vector<float> logits_, hidden_;
 
   mutable std::mutex mu_;  // guards incoming_, waiting count, stats_, stopping_
   std::condition_variable wake_;

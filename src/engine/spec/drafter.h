@@ -38,6 +38,11 @@ class Drafter {
   virtual bool wants_hidden() const { return false; }
   // A new sequence starts in `slot`.
   virtual void reset(int32_t /*slot*/) {}
+  // A new sequence continues `slot`'s state after its first `reused` tokens (a prefix-cache
+  // hit: the previous sequence's history is a prefix of the new prompt); `next_token` is the
+  // new prompt's token at position `reused`. A drafter that cannot carry its own state over
+  // forgets the slot, which costs acceptance, never correctness.
+  virtual void resume(int32_t slot, int32_t /*reused*/, int32_t /*next_token*/) { reset(slot); }
   // The target has committed positions pos0 .. pos0 + n - 1 of `slot`: hidden holds their
   // post-norm hidden states (n rows, or empty when !wants_hidden()), next_tokens the token
   // that follows each (the last one sampled but not yet run through the target).

@@ -14,6 +14,22 @@ MtpDrafter::MtpDrafter(Model& model, ModelState& state) : model_(model), state_(
 
 void MtpDrafter::reset(int32_t slot) { pending_.erase(slot); }
 
+void MtpDrafter::resume(int32_t slot, int32_t reused, int32_t next_token) {
+  auto it = pending_.find(slot);
+  if (it == pending_.end()) return;
+  Pending& p = it->second;
+  const int32_t n = reused - p.pos0;  // rows at positions pos0 .. reused - 1
+  if (n <= 0 || n > int32_t(p.next_tokens.size())) {
+    // Row reused - 1 is gone (already run with the old sequence's next token) or was never
+    // observed: start from the new prompt's rows; the MTP entry at reused - 1 stays stale.
+    pending_.erase(it);
+    return;
+  }
+  p.next_tokens.resize(size_t(n));
+  p.hidden.resize(size_t(n) * size_t(model_.config().hidden_size));
+  p.next_tokens.back() = next_token;
+}
+
 void MtpDrafter::observe(int32_t slot, int32_t pos0, std::span<const float> hidden,
                          std::span<const int32_t> next_tokens) {
   const int64_t H = model_.config().hidden_size;

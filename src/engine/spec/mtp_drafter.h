@@ -13,6 +13,11 @@
 // are always overwritten before they are read again: the MTP cache only ever holds what a
 // non-speculative MTP pass over the accepted tokens would hold.
 //
+// Prefix-cache reuse (resume): a finished sequence's last committed rows are still pending
+// (observed, not yet run through the MTP); the new sequence keeps those before its reused
+// length and re-pairs the last of them with its own next prompt token, so the MTP cache of a
+// reused slot is what a cold run would build.
+//
 // Drafts: greedy argmax under temperature 0; otherwise sampled from the MTP distribution
 // after the request's penalties and filters, with that distribution returned as q.
 
@@ -30,6 +35,7 @@ class MtpDrafter final : public Drafter {
   const char* name() const override { return "mtp"; }
   bool wants_hidden() const override { return true; }
   void reset(int32_t slot) override;
+  void resume(int32_t slot, int32_t reused, int32_t next_token) override;
   void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next_tokens) override;
   void propose(std::span<DraftRequest> requests) override;
 

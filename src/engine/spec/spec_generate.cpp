@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/rejection.h"
+#include "engine/spec/spec_step.h"
 
 namespace qwen36 {
 
@@ -204,8 +205,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     std::vector<Live*> drafting;
     for (Live* l : active) {
       l->draft = DraftRequest{};
-      const int32_t room = std::min(l->in->opts.max_tokens - int32_t(l->res.gen.tokens.size()) - 1,
-                                    int32_t(state.capacity()) - 2 - l->pos);
+      const int32_t room =
+          draft_room(l->in->opts.max_tokens - int32_t(l->res.gen.tokens.size()), state.capacity(), l->pos);
       const int32_t k = std::min(l->k, room);
       if (!drafter || !l->in->draft || k <= 0) continue;
       DraftRequest r;
@@ -243,34 +244,16 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     for (size_t si = 0; si < active.size(); ++si) {
       Live& l = *active[si];
       const SeqRun& run = batch.runs[si];
-      const std::vector<int32_t> drafts = l.draft.tokens;
+      const std::vector<int32_t>& drafts = l.draft.tokens;
       const int32_t m = int32_t(drafts.size());
-      const bool greedy = l.in->opts.sampling.temperature == 0.0f;
-      std::vector<int32_t> hist = l.history;  // + drafts accepted so far (penalties see them)
-      int32_t accepted = 0, next = -1;
-      for (int32_t i = 0; i <= m; ++i) {
-        std::span<float> row(logits.data() + size_t(run.begin + i) * V, V);
-        const Dist p = l.sampler.distribution(row, hist);
-        if (i == m) {  // every draft accepted: the bonus token
-          next = greedy ? p.front().first : draw(p, l.rng);
-          break;
-        }
-        bool ok;
-        if (spec.accept_override) {
-          ok = spec.accept_override(l.in->slot, i);
-          if (!ok) next = greedy ? p.front().first : draw(p, l.rng);
-        } else if (greedy) {
-          ok = drafts[size_t(i)] == p.front().first;
-          next = p.front().first;
-        } else {
-          ok = accept_or_recover(p, l.draft.q.empty() ? Dist{} : l.draft.q[size_t(i)], drafts[size_t(i)], l.rng, &next);
-        }
-        if (!ok) break;
-        ++accepted;
-        hist.push_back(drafts[size_t(i)]);
-      }
+      std::function<bool(int32_t)> accept;
+      if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
+      const SpecVerdict v = verify_round(std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V),
+                                         int64_t(V), l.draft, l.sampler, l.rng, l.history,
+                                         l.in->opts.sampling.temperature == 0.0f, accept);
+      const int32_t accepted = v.accepted, next = v.next;
       l.res.metrics.add_round(m, accepted);
-      if (spec.adaptive && m > 0) l.k = accepted == m ? std::min(spec.draft_n, l.k + 1) : std::max(1, accepted + 1);
+      l.k = next_draft_n(spec, l.k, m, accepted);
 
       std::vector<int32_t> out(drafts.begin(), drafts.begin() + accepted);
       out.push_back(next);

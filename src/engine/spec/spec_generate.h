@@ -45,6 +45,13 @@ struct SpecOptions {
   std::function<bool(int32_t slot, int32_t i)> accept_override;
 };
 
+// Speculation off (SpecOptions' default method is MTP, for run and bench).
+inline SpecOptions no_speculation() {
+  SpecOptions o;
+  o.method = SpecMethod::None;
+  return o;
+}
+
 // `--speculative-config` JSON, vLLM style: {"method":"mtp"|"ngram"|"none",
 // "num_speculative_tokens":K, "prompt_lookup_max":N, "prompt_lookup_min":N} (the last two
 // for ngram only). An unknown key or a bad value throws a one-line Error naming the key.

@@ -58,37 +58,6 @@ TEST(RejectionSampling, OneStepFollowsTheTargetWithAOneHotDraft) {
   EXPECT_LT(chi, test::chi_square_critical_001(dof));
 }
 
-// Exact P(t1, t2, t3) of the target sampling softmax(logits / temp), from full forwards.
-std::vector<double> exact_joint(Model& m, Backend& be, const std::vector<int32_t>& prompt, double temp) {
-  const int64_t V = m.config().vocab_size;
-  auto next_dist = [&](const std::vector<int32_t>& ctx) {
-    ModelState st(be, m.config(), 1, 32, false);
-    std::vector<float> logits(static_cast<size_t>(V));
-    m.forward(ForwardBatch::single(ctx, 0, 0), st, logits.data());
-    double mx = logits[0], sum = 0;
-    for (float l : logits) mx = std::max(mx, double(l));
-    std::vector<double> p(static_cast<size_t>(V));
-    for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((double(logits[i]) - mx) / temp);
-    for (double& x : p) x /= sum;
-    return p;
-  };
-  std::vector<double> joint(size_t(V * V * V));
-  const auto p1 = next_dist(prompt);
-  for (int32_t a = 0; a < V; ++a) {
-    auto ctx = prompt;
-    ctx.push_back(a);
-    const auto p2 = next_dist(ctx);
-    for (int32_t b = 0; b < V; ++b) {
-      auto ctx2 = ctx;
-      ctx2.push_back(b);
-      const auto p3 = next_dist(ctx2);
-      for (int32_t c = 0; c < V; ++c)
-        joint[size_t((a * V + b) * V + c)] = p1[size_t(a)] * p2[size_t(b)] * p3[size_t(c)];
-    }
-  }
-  return joint;
-}
-
 TEST(RejectionSampling, GenerationsFollowTheTargetJointDistribution) {
   auto be = make_cpu_backend(1);
   auto model = test::random_model(*be, 8, 21);
@@ -97,7 +66,7 @@ TEST(RejectionSampling, GenerationsFollowTheTargetJointDistribution) {
   const std::vector<int32_t> prompt = {1, 2, 3, 1, 2, 3, 1, 2};
   // The random model's logits span ~150; a high temperature spreads the joint over many cells.
   const float temp = 80.0f;
-  const auto joint = exact_joint(*model, *be, prompt, temp);
+  const auto joint = test::exact_joint(*model, *be, prompt, temp);
   for (SpecMethod method : {SpecMethod::Mtp, SpecMethod::Ngram}) {
     ModelState st(*be, model->config(), 1, 32, true);
     SpecOptions spec;

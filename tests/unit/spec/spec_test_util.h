@@ -1,7 +1,9 @@
 #pragma once
-// defines: helpers shared by the speculative-decoding tests: a small random model with an MTP
-//          head, and a chi-square statistic.
+// defines: helpers shared by the speculative-decoding tests (tests/unit/spec and
+//          tests/server/engine_spec_test.cpp): a small random model with an MTP head, the exact
+//          joint distribution of its first three sampled tokens, and a chi-square statistic.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -51,6 +53,37 @@ inline double chi_square_critical_001(int dof) {
   const double k = dof, z = 3.0902;  // standard normal 0.999 quantile
   const double a = 2.0 / (9.0 * k);
   return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+// Exact P(t1, t2, t3) of the target sampling softmax(logits / temp), from full forwards.
+inline std::vector<double> exact_joint(Model& m, Backend& be, const std::vector<int32_t>& prompt, double temp) {
+  const int64_t V = m.config().vocab_size;
+  auto next_dist = [&](const std::vector<int32_t>& ctx) {
+    ModelState st(be, m.config(), 1, 32, false);
+    std::vector<float> logits(static_cast<size_t>(V));
+    m.forward(ForwardBatch::single(ctx, 0, 0), st, logits.data());
+    double mx = logits[0], sum = 0;
+    for (float l : logits) mx = std::max(mx, double(l));
+    std::vector<double> p(static_cast<size_t>(V));
+    for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((double(logits[i]) - mx) / temp);
+    for (double& x : p) x /= sum;
+    return p;
+  };
+  std::vector<double> joint(size_t(V * V * V));
+  const auto p1 = next_dist(prompt);
+  for (int32_t a = 0; a < V; ++a) {
+    auto ctx = prompt;
+    ctx.push_back(a);
+    const auto p2 = next_dist(ctx);
+    for (int32_t b = 0; b < V; ++b) {
+      auto ctx2 = ctx;
+      ctx2.push_back(b);
+      const auto p3 = next_dist(ctx2);
+      for (int32_t c = 0; c < V; ++c)
+        joint[size_t((a * V + b) * V + c)] = p1[size_t(a)] * p2[size_t(b)] * p3[size_t(c)];
+    }
+  }
+  return joint;
 }
 
 }  // namespace qwen36::test

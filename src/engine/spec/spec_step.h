@@ -1,0 +1,120 @@
+#pragma once
+// defines: SpecVerdict, verify_round, next_draft_n, draft_room (one sequence's round of
+//          speculative decoding, shared by spec_generate_batch and the scheduler),
+//          SpecSeqState, SpecTurn, SpecStepper (the speculative side of a continuous-batching
+//          step, driven by engine/scheduler.cpp)
+//
+// Inside the scheduler, every step a sequence past its prefill is a "turn": the drafter
+// proposes up to k tokens for it (propose), its run in the step's ONE forward batch carries
+// [pending token, drafts...] as a verify run (add_run) next to plain decode tokens and prefill
+// chunks of other sequences, and after the forward finish_round accepts a prefix (exact match
+// or rejection sampling), emits the tokens one by one through the scheduler's callback (which
+// may end the sequence mid-round: stop id, stop string, max_tokens) and queues the DeltaNet
+// commit of exactly the tokens whose state the slot must hold; commit() applies the step's
+// commits together.
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "engine/spec/drafter.h"
+#include "engine/spec/metrics.h"
+#include "engine/spec/spec_generate.h"
+#include "model/qwen36.h"
+
+namespace qwen36 {
+
+struct SpecVerdict {
+  int32_t accepted = 0;  // leading drafts accepted
+  int32_t next = -1;     // the target's own token after them (correction, or bonus when all passed)
+};
+
+// Verifies draft.tokens (m of them) against the target's m + 1 logit rows (`rows`, [m + 1,
+// vocab]; row i is the distribution after history + drafts[0..i)), editing them in place
+// (penalties, temperature). Greedy: exact match against argmax; otherwise rejection sampling
+// with draft.q (rejection.h) drawing from `rng`. `accept` (benchmarks only, see
+// SpecOptions::accept_override) replaces the decision for draft i.
+SpecVerdict verify_round(std::span<float> rows, int64_t vocab, const DraftRequest& draft, Sampler& sampler,
+                         std::mt19937_64& rng, std::span<const int32_t> history, bool greedy,
+                         const std::function<bool(int32_t)>& accept = {});
+
+// The next round's draft count of a sequence that drafted `drafted` and got `accepted` with k
+// (SpecOptions::adaptive; unchanged when not adaptive or when it did not draft).
+int32_t next_draft_n(const SpecOptions& o, int32_t k, int32_t drafted, int32_t accepted);
+
+// Drafts a round may carry: it emits at most drafts + 1 tokens (`tokens_left` may still be
+// emitted) and writes positions pos .. pos + drafts, the last of which must leave room for
+// one more token in a context of `capacity` (generate()'s rule).
+int32_t draft_room(int32_t tokens_left, int64_t capacity, int32_t pos);
+
+// A running sequence's speculative state, kept by the scheduler.
+struct SpecSeqState {
+  int32_t k = 0;         // drafts to ask for next round (adaptive)
+  std::mt19937_64 rng;   // every draw of the request (seeded with its sampling seed)
+  DraftRequest draft;    // this step's drafts
+};
+
+// One decoding sequence in one step, as the scheduler describes it.
+struct SpecTurn {
+  SpecSeqState* st = nullptr;
+  Sampler* sampler = nullptr;           // the request's filters and penalties (distributions only)
+  const SamplingParams* sampling = nullptr;
+  int32_t slot = 0;
+  int32_t pos = 0;                      // position of the pending token = tokens the slot holds
+  std::span<const int32_t> history;     // tokens so far, back() pending; valid until emission
+  int32_t room = 0;                     // draft_room() of the sequence
+  bool want_raw = false;                // the emit callback wants each row's raw logits (logprobs)
+  int32_t begin = -1, out_row = -1;     // set by add_run: its first batch row, its first output row
+};
+
+class SpecStepper {
+ public:
+  // `custom` replaces the drafter of opts.method (tests). Throws a clear Error when the method
+  // cannot run (MTP without an MTP head or without an MTP cache in `state`).
+  SpecStepper(Model& model, ModelState& state, const SpecOptions& opts, std::unique_ptr<Drafter> custom = nullptr);
+  const SpecOptions& options() const { return opts_; }
+  // Whether forward() must return every row's hidden state for observe()/finish_round.
+  bool wants_hidden() const { return drafter_->wants_hidden(); }
+
+  // A sequence starts in `slot`, whose state already holds `reused` tokens of `prompt`.
+  void begin(SpecSeqState& st, int32_t slot, std::span<const int32_t> prompt, int32_t reused, uint64_t seed);
+  // A token from `logits` (the prefill's last row), drawn with the sequence's own stream.
+  int32_t sample(SpecSeqState& st, Sampler& sampler, std::span<float> logits, std::span<const int32_t> history,
+                 const SamplingParams& sampling);
+  // The target has committed positions pos0.. of `slot` outside a round (prefill chunks).
+  void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next_tokens);
+
+  // Drafts for every turn into turn.st->draft: at most min(k, room) each, and no more than
+  // `draft_budget` in all (the step's token budget left after one row per turn).
+  void propose(std::span<SpecTurn> turns, int32_t draft_budget);
+  // Appends the turn's run [pending, drafts...] to `batch` (a verify run when it drafted),
+  // every row an output row.
+  void add_run(SpecTurn& t, ForwardBatch& batch) const;
+
+  // How the scheduler took a token: emitted and the sequence goes on; emitted and it ended;
+  // not emitted (a stop id) and it ended.
+  enum class Emit { More, Last, Refused };
+  using EmitFn = std::function<Emit(int32_t token, std::span<const float> raw_logits, int32_t fed)>;
+  // After the forward: accepts, emits each token through `emit` (fed: the tokens the slot holds
+  // once this token is the pending one), queues the commit and returns how many of the turn's
+  // tokens the slot holds after commit(): the pending token and every accepted draft that was
+  // emitted, so the slot's state is always that of the sequence's first pos + kept tokens.
+  // logits: the step's output rows; hidden: every batch row (or empty).
+  int32_t finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden, const EmitFn& emit);
+  // Model::commit_speculative for every round finished since the last call.
+  void commit();
+  // Counters since the last call.
+  SpecMetrics take_metrics();
+
+ private:
+  Model& model_;
+  ModelState& state_;
+  SpecOptions opts_;
+  std::unique_ptr<Drafter> drafter_;
+  std::vector<SpecCommit> commits_;
+  SpecMetrics metrics_;
+};
+
+}  // namespace qwen36
