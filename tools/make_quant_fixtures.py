@@ -328,6 +328,11 @@ def fmt_fp8(name, n, k, w, opts, out):
 def fmt_nvfp4(name, n, k, w, opts, out):
     amax = max(abs(v) for v in w)
     g = f32(amax / (6 * 448))
+    if opts.get("compressed"):
+        # compressed-tensors stores gs with effective scale = e4m3 / gs; readers (vLLM, and
+        # qwen36) take g = 1 / gs once in f32 and multiply: the twin uses that same g.
+        gs = f32(1.0 / g)
+        g = f32(1.0 / gs)
     scales, codes, twin = [], [], []
     for r in range(n):
         row_codes = []
@@ -341,10 +346,16 @@ def fmt_nvfp4(name, n, k, w, opts, out):
                 row_codes.append(q)
                 twin.append(f32(e2m1_val(q) * e4m3_val(sc) * g))  # e2m1 * e4m3 is exact
         codes += [row_codes[2 * i] | (row_codes[2 * i + 1] << 4) for i in range(k // 2)]
-    out[name + ".weight"] = ("U8", [n, k // 2], codes)
-    out[name + ".weight_scale"] = ("F8_E4M3", [n, k // 16], scales)
-    out[name + ".weight_scale_2"] = ("F32", [], [g])
-    out[name + ".input_scale"] = ("F32", [], [1.0])
+    if opts.get("compressed"):  # compressed-tensors: names differ, the global scale is divided
+        out[name + ".weight_packed"] = ("U8", [n, k // 2], codes)
+        out[name + ".weight_scale"] = ("F8_E4M3", [n, k // 16], scales)
+        out[name + ".weight_global_scale"] = ("F32", [1], [gs])
+        out[name + ".input_global_scale"] = ("F32", [1], [1.0])
+    else:
+        out[name + ".weight"] = ("U8", [n, k // 2], codes)
+        out[name + ".weight_scale"] = ("F8_E4M3", [n, k // 16], scales)
+        out[name + ".weight_scale_2"] = ("F32", [], [g])
+        out[name + ".input_scale"] = ("F32", [], [1.0])
     return twin
 
 
@@ -369,6 +380,12 @@ FORMATS = {
     "fp8": (128, 128, "fp8", {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                               "weight_block_size": [128, 128]}),
     "nvfp4": (64, 64, "nvfp4", None),  # modelopt: hf_quant_config.json
+    "ct-nvfp4": (64, 64, "nvfp4", {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                                   "config_groups": {"group_0": {"targets": ["Linear"],
+                                                                 "input_activations": None,
+                                                                 "weights": {"num_bits": 4, "type": "float",
+                                                                             "strategy": "tensor_group",
+                                                                             "group_size": 16}}}}),
 }
 
 
@@ -390,6 +407,8 @@ def main():
             opts = dict(qcfg or {})
             if writer == "ct":
                 opts = dict(qcfg["config_groups"]["group_0"]["weights"])
+            if writer == "nvfp4" and qcfg is not None:
+                opts = {"compressed": True}
             if writer == "awq":
                 tw = fmt_awq(name, n, k, w, opts, quant)
             elif writer == "gptq":
@@ -411,7 +430,7 @@ def main():
                                             "exclude_modules": ignore}}, f, indent=1)
         else:
             q = dict(qcfg)
-            q["ignore" if writer == "ct" else "modules_to_not_convert"] = ignore
+            q["ignore" if q["quant_method"] == "compressed-tensors" else "modules_to_not_convert"] = ignore
             qc["quantization_config"] = q
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(qc, f, indent=1)

@@ -62,6 +62,7 @@ const Case kCases[] = {
     {"ct-int4-sym-g128", {DType::W4_G128}},            // symmetric, group 128
     {"fp8", {DType::F8_B128}},                         // 128x128 blocks
     {"nvfp4", {DType::NVFP4_B64}},                     // modelopt, hf_quant_config.json
+    {"ct-nvfp4", {DType::NVFP4_B64}},                  // compressed-tensors, reciprocal global scale
 };
 
 class HfQuantFixture : public ::testing::TestWithParam<Case> {};
