@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "cli/bench_model.h"
+#include "cli/tp_cli.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -48,6 +49,7 @@ struct BenchOptions {
   int repeats = 3, threads = 0;
   CacheTypes cache;
   std::string spec = "none", spec_draft_n = "3", simulate;  // speculative decoding
+  TpCliOptions tp;
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -178,12 +180,19 @@ void run_bench(const BenchOptions& o) {
   }
 #endif
   if (!cuda) bw_gbs = host_read_bandwidth_gbs();
-  BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec_method == SpecMethod::Mtp},
-                                      cuda, "bench");
-  ModelWeights w = std::move(bw.weights);
-  const std::string model_name = bw.name;
-  const ModelCost cost = model_cost(w);
-  Model model(std::move(w), *backend);
+  std::string model_name;
+  std::unique_ptr<Model> model_ptr;
+  if (o.tp.ranks > 1) {  // each rank loads (or generates) its own shard: cli/tp_cli.h
+    TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
+    model_ptr = load_tp_model(o.tp, src, *backend, o.backend, o.threads, &model_name);
+  } else {
+    BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec_method == SpecMethod::Mtp},
+                                        cuda, "bench");
+    model_name = bw.name;
+    model_ptr = std::make_unique<Model>(std::move(bw.weights), *backend);
+  }
+  Model& model = *model_ptr;
+  const ModelCost cost = model_cost(model.weights());  // with -tp: rank 0's shard, what one GPU reads
   const ModelConfig& c = model.config();
   QWEN36_CHECK(spec_method != SpecMethod::Mtp || simulated || model.has_mtp(),
                "bench --spec mtp: {} has no MTP head to draft with (--simulate-acceptance times the verify path with a "
@@ -443,6 +452,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--simulate-acceptance", o->simulate,
                   "Per-position accept probabilities p1,p2,... (each conditional on the previous draft accepted; "
                   "the last repeats): real drafting, verify and commit, simulated accept decisions (fixed seed)");
+  add_tp_options(cmd, o->tp);
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -6,9 +6,11 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/tp_cli.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/spec/spec_generate.h"
+#include "engine/tp_runner.h"
 
 #ifdef QWEN36_HAVE_PCRE2
 #include <nlohmann/json.hpp>
@@ -37,6 +39,7 @@ struct RunOptions {
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   SamplingParams sampling;
   CacheTypes cache;
+  TpCliOptions tp;
 };
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
@@ -238,6 +241,7 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
   add_sampling_options(cmd, o->sampling);
   add_cache_type_options(cmd, o->cache);
+  add_tp_options(cmd, o->tp);
   cmd->callback([o] {
     if (!o->speculative_config.empty()) parse_speculative_config(o->speculative_config);  // fail before loading
     o->sampling.validate();
@@ -245,8 +249,16 @@ void register_run(CLI::App& app) {
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);
     QWEN36_CHECK(!o->prompt.empty() || !o->prompt_file.empty() || !o->tokens.empty(),
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
-    LoadedModel lm = o->model.empty() ? load_default_model(o->backend, o->threads)
-                                      : load_model(o->model, o->backend, o->threads);
+    LoadedModel lm;
+    if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
+      TpWeightsSource src;
+      src.model = o->model.empty() ? default_model_path() : o->model;
+      if (src.model.empty()) src.synthetic = "tiny-dense", src.seed = 36;  // load_default_model's random model
+      lm.backend = make_rank_backend(o->backend, 0, o->threads);
+      lm.model = load_tp_model(o->tp, src, *lm.backend, o->backend, o->threads);
+    } else {
+      lm = o->model.empty() ? load_default_model(o->backend, o->threads) : load_model(o->model, o->backend, o->threads);
+    }
     if (!o->tokens.empty()) return run_tokens(*o, lm);
 #ifdef QWEN36_HAVE_PCRE2
     run_text(*o, lm);

@@ -14,11 +14,12 @@ namespace {
 // llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare (a single dash takes
 // one letter), spelled as their long forms before parsing.
 std::vector<char*> with_long_aliases(int argc, char** argv) {
-  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v";
+  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", tp[] = "--tensor-parallel";
   std::vector<char*> out(argv, argv + argc);
   for (char*& a : out) {
     if (std::string_view(a) == "-ctk") a = ctk;
     if (std::string_view(a) == "-ctv") a = ctv;
+    if (std::string_view(a) == "-tp") a = tp;
   }
   return out;
 }

@@ -244,6 +244,7 @@ class CudaBackend final : public Backend {
     graphs_[key] = exec;
     return true;
   }
+  void* native_stream() override { return ctx_.stream; }  // tensor-parallel collectives (comm_nccl)
   bool replay(uint64_t key) override {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) return false;

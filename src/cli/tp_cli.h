@@ -1,0 +1,38 @@
+#pragma once
+// defines: TpCliOptions, add_tp_options (-tp/--tensor-parallel, --tensor-split),
+//          load_tp_model (a tensor-parallel model for `qwen36 run` and `qwen36 bench`)
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "model/qwen36.h"
+
+namespace qwen36::cli {
+
+struct TpCliOptions {
+  int ranks = 1;
+  std::string split;  // "3,1": --tensor-split ratios
+};
+void add_tp_options(CLI::App* cmd, TpCliOptions& o);
+
+// Where a tensor-parallel model's weights come from: a checkpoint (loaded on the host and
+// sharded), or a synthetic preset. A synthetic model is generated shard by shard on each
+// rank's device (`per_rank_random`: bench, where only speed counts and a full-size model must
+// not pass through one GPU), or generated whole on the host with `seed` and sharded (the same
+// values as without -tp, so outputs can be compared).
+struct TpWeightsSource {
+  std::string model, synthetic, type = "bf16";
+  int64_t layers = 0;
+  bool per_rank_random = false;
+  uint64_t seed = 42;
+};
+
+// Rank 0 on backend0 (made by the caller on device 0); the other ranks get backends named
+// `backend` ("cpu": `threads` threads each; "cuda": device = rank). *name gets a description.
+std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSource& src, Backend& backend0,
+                                     const std::string& backend, int threads, std::string* name = nullptr);
+
+}  // namespace qwen36::cli
