@@ -14,11 +14,12 @@
 //  - SwiGLU: g and u within 2e-5 of their scale, the product within ~4e-5: 1e-4.
 //  - Model level (tiny-dense, q4_k_m mix, tiling on / off): decode steps compare two int8 twins
 //    (differing only in f32 summation order) through 4 layers: logits within 1e-3 of the
-//    largest, same greedy tokens.
+//    largest, same greedy choices (except near-ties); prefill as the golden tests' bf16 bound.
 // A failure prints the type, shape, T and the worst output (t, n, got, want).
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
@@ -348,9 +349,9 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
     }
 }
 
-// A tiny dense model in the q4_k_m mix made on the device, with and without tiling: the same
-// greedy tokens, decode logits within 1e-3 of the largest (both int8 twins), prefill (T = 12:
-// tiled int8 MMA vs bf16 GEMM) within the bf16 bound of the golden tests.
+// A tiny dense model in the q4_k_m mix made on the device, with and without tiling: decode
+// logits within 1e-3 of the largest (both int8 twins) and the same greedy choices, prefill
+// (T = 12: tiled int8 MMA vs bf16 GEMM) within the bf16 bound of the golden tests.
 TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
   const ModelConfig cfg = model_preset("tiny-dense", 4);
   auto make = [&](bool tile) {
@@ -371,28 +372,40 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
   EXPECT_FALSE(dtype_is_tiled(tiled->weights().embed_tokens.dtype));
   const int64_t V = cfg.vocab_size;
   const std::vector<int32_t> prompt{5, 901, 33, 7000, 12, 4, 150000, 77, 8, 19, 3, 250};
-  auto greedy = [&](Model& m, std::vector<float>& prefill_logits, std::vector<float>& step_logits) {
+  // Prefill, then 8 decode steps: the plain model picks greedy tokens, the tiled one is fed the
+  // same ones (so a near-tie in the prefill, where the two paths round differently, cannot make
+  // the sequences diverge).
+  std::vector<int32_t> toks;
+  auto run_model = [&](Model& m, bool choose, std::vector<float>& prefill_logits, std::vector<float>& step_logits) {
     ModelState st(*gpu_, cfg, 1, 64, false);
     prefill_logits.assign(prompt.size() * size_t(V), 0.0f);
     m.forward(ForwardBatch::single(prompt, 0, 0, true), st, prefill_logits.data());
-    std::vector<int32_t> toks;
-    int32_t next = int32_t(std::max_element(prefill_logits.end() - V, prefill_logits.end()) - (prefill_logits.end() - V));
     std::vector<float> out(static_cast<size_t>(V));
     for (int i = 0; i < 8; ++i) {
-      toks.push_back(next);
-      m.forward(ForwardBatch::single(std::span(&toks.back(), 1), int32_t(prompt.size() + i), 0), st, out.data());
+      if (choose) {
+        const float* last = i == 0 ? prefill_logits.data() + (prompt.size() - 1) * size_t(V) : out.data();
+        toks.push_back(int32_t(std::max_element(last, last + V) - last));
+      }
+      m.forward(ForwardBatch::single(std::span(&toks[size_t(i)], 1), int32_t(prompt.size() + i), 0), st, out.data());
       step_logits.insert(step_logits.end(), out.begin(), out.end());
-      next = int32_t(std::max_element(out.begin(), out.end()) - out.begin());
     }
-    return toks;
   };
   std::vector<float> pa, pb, sa, sb;
-  const std::vector<int32_t> ta = greedy(*plain, pa, sa), tb = greedy(*tiled, pb, sb);
-  EXPECT_EQ(ta, tb);
+  run_model(*plain, true, pa, sa);
+  run_model(*tiled, false, pb, sb);
   double scale = 1, worst = 0, rms_d = 0, rms_l = 0;
   for (size_t i = 0; i < sa.size(); ++i)
     scale = std::max(scale, double(std::abs(sa[i]))), worst = std::max(worst, double(std::abs(sa[i] - sb[i])));
   EXPECT_LE(worst / scale, 1e-3) << "decode logits, tiled vs GGUF layout";
+  for (size_t i = 0; i < 8; ++i) {  // the same greedy choice wherever it is not a near-tie
+    const float* a = sa.data() + i * size_t(V);
+    const float* b = sb.data() + i * size_t(V);
+    std::vector<float> top(a, a + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] > 1e-3 * scale) {
+      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "decode step " << i;
+    }
+  }
   float pworst = 0;
   for (size_t i = 0; i < pa.size(); ++i) {
     pworst = std::max(pworst, std::abs(pa[i] - pb[i]));
