@@ -124,12 +124,13 @@ class TpGroup final : public ModelPeers {
     }
   }
 
-  void run(ModelState& state, std::span<const SeqRun> runs, const std::function<void(Model&, ModelState&)>& peer,
-           const std::function<void()>& local) override {
+  void run(ModelState& state, const PeerPass& pass, const std::function<void()>& local) override {
     QWEN36_CHECK(!failed_, "tensor parallel: a rank failed in an earlier pass; the model cannot be used any more");
     const StateShape shape{state.slots(), state.capacity(), state.has_mtp(), state.kv_dtype()};
     const int32_t spec = state.spec_max_tokens();
-    all([&](Worker& w) { peer(*w.model, w.mirror(state, shape, spec, runs)); }, local);
+    const std::span<const SeqRun> runs = pass.kind == PeerPass::Kind::Forward ? std::span<const SeqRun>(pass.batch->runs)
+                                                                               : std::span<const SeqRun>();
+    all([&](Worker& w) { w.model->run_pass(pass, w.mirror(state, shape, spec, runs)); }, local);
   }
 
  private:
@@ -172,7 +173,7 @@ class TpGroup final : public ModelPeers {
 // Mirrors live as long as the group: the peers cannot see rank 0's state die, so the least
 // recently used ones beyond kMaxMirrors are dropped (a dropped state that comes back fails
 // loudly below rather than running on stale caches).
-constexpr size_t kMaxMirrors = 3;
+constexpr size_t kMaxMirrors = 2;
 
 ModelState& TpGroup::Worker::mirror(const ModelState& lead, const StateShape& shape, int32_t spec_tokens,
                                     std::span<const SeqRun> runs) {

@@ -372,8 +372,21 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
   if (!peers_) return forward_rank(batch, state, logits, hidden);
   // Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
-  peers_->run(state, batch.runs, [&](Model& m, ModelState& st) { m.forward(batch, st, nullptr, nullptr); },
-              [&] { forward_rank(batch, state, logits, hidden); });
+  PeerPass p;
+  p.kind = PeerPass::Kind::Forward;
+  p.batch = &batch;
+  peers_->run(state, p, [&] { forward_rank(batch, state, logits, hidden); });
+}
+
+void Model::run_pass(const PeerPass& p, ModelState& state) {
+  switch (p.kind) {
+    case PeerPass::Kind::Forward:
+      return forward(*p.batch, state, nullptr, nullptr);
+    case PeerPass::Kind::Mtp:
+      return mtp_forward(p.hidden, p.next_tokens, p.runs, state, nullptr, nullptr, p.output_rows);
+    case PeerPass::Kind::Commit:
+      return commit_speculative(state, p.commits);
+  }
 }
 
 void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
@@ -412,8 +425,10 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
 
 void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> commits) {
   if (!peers_) return commit_speculative_rank(state, commits);
-  peers_->run(state, {}, [&](Model& m, ModelState& st) { m.commit_speculative(st, commits); },
-              [&] { commit_speculative_rank(state, commits); });
+  PeerPass p;
+  p.kind = PeerPass::Kind::Commit;
+  p.commits = commits;
+  peers_->run(state, p, [&] { commit_speculative_rank(state, commits); });
 }
 
 void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits) {
@@ -461,10 +476,10 @@ void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> 
                         std::span<const int32_t> output_rows) {
   if (!peers_) return mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows);
   // Every rank's hidden state is the same (the residual stream is replicated): rank 0's serves all.
-  peers_->run(
-      state, {},
-      [&](Model& m, ModelState& st) { m.mtp_forward(hidden, next_tokens, runs, st, nullptr, nullptr, output_rows); },
-      [&] { mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows); });
+  PeerPass p;
+  p.kind = PeerPass::Kind::Mtp;
+  p.hidden = hidden, p.next_tokens = next_tokens, p.runs = runs, p.output_rows = output_rows;
+  peers_->run(state, p, [&] { mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows); });
 }
 
 void Model::mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,

@@ -1,6 +1,7 @@
 #pragma once
 // defines: ForwardBatch, Model (the Qwen3.5/3.6 decoder, dense and MoE, plus its MTP head)
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -13,18 +14,30 @@
 namespace qwen36 {
 
 class Comm;
-class Model;
+struct ForwardBatch;
+struct SpecCommit;
+
+// One public pass of a tensor-parallel model, as its other ranks replay it (Model::run_pass):
+// plain data, so that it can also be sent to ranks in other processes.
+struct PeerPass {
+  enum class Kind : uint8_t { Forward, Mtp, Commit };
+  Kind kind = Kind::Forward;
+  const ForwardBatch* batch = nullptr;  // Forward
+  std::span<const float> hidden;        // Mtp: hidden, next_tokens, runs, output_rows
+  std::span<const int32_t> next_tokens, output_rows;
+  std::span<const SeqRun> runs;
+  std::span<const SpecCommit> commits;  // Commit
+};
 
 // Tensor parallelism (engine/tp_runner.h): the other ranks of a model whose Model is rank 0.
-// run() calls peer(m, s) on every other rank's own thread — m its shard, s its mirror of
-// `state` (made on first use) — while local() runs on the calling thread, and returns when
-// all are done, rethrowing the first failure. A run of `runs` at position 0 starts its slot
-// afresh on the mirrors (they do not see ModelState::reset_slot).
+// run() replays `pass` on every other rank (each on its own thread, with its shard and its
+// mirror of `state`, made on first use) while local() runs on the calling thread, and
+// returns when all are done, rethrowing the first failure. A forward run at position 0
+// starts its slot afresh on the mirrors (they do not see ModelState::reset_slot).
 class ModelPeers {
  public:
   virtual ~ModelPeers() = default;
-  virtual void run(ModelState& state, std::span<const SeqRun> runs,
-                   const std::function<void(Model&, ModelState&)>& peer, const std::function<void()>& local) = 0;
+  virtual void run(ModelState& state, const PeerPass& pass, const std::function<void()>& local) = 0;
 };
 
 // Everything one forward pass needs. Prefill chunks and decode tokens of many sequences
@@ -70,6 +83,8 @@ class Model {
   void set_comm(Comm* comm) { comm_ = comm; }
   void set_peers(std::shared_ptr<ModelPeers> peers) { peers_ = std::move(peers); }
   ModelPeers* peers() const { return peers_.get(); }
+  // A peer rank's part of rank 0's pass: the same call without logits or hidden outputs.
+  void run_pass(const PeerPass& pass, ModelState& state);
 
   // Runs the batch, updating `state`. logits: host [output_rows, vocab]. hidden (optional):
   // host [output_rows, hidden], the final-normed hidden state that feeds lm_head and MTP.

@@ -45,8 +45,15 @@ class Slicer {
  public:
   explicit Slicer(ModelWeights& out) : out_(out) {}
 
+  // A device-tiled matrix (made by the CUDA backend's prepare_weights) has no separable rows.
+  static void check_layout(const Tensor& t) {
+    QWEN36_CHECK(!dtype_is_tiled(t.dtype), "tensor parallel: a {} matrix cannot be sharded (shard before the "
+                 "backend prepares the weights)", dtype_name(t.dtype));
+  }
+
   // Rows [r0, r0 + n) of dimension 0: a view.
   Tensor rows(const Tensor& t, int64_t r0, int64_t n) const {
+    check_layout(t);
     QWEN36_CHECK(r0 >= 0 && n > 0 && r0 + n <= t.dim(0), "tensor parallel: rows [{}, {}) of {}", r0, r0 + n,
                  t.shape_str());
     const size_t per = t.nbytes() / size_t(t.dim(0));
@@ -74,6 +81,7 @@ class Slicer {
   // each merged range must be whole blocks of the matrix's dtype.
   Tensor cols(const std::string& name, const Tensor& t, std::vector<Range> ranges) {
     QWEN36_CHECK(t.ndim == 2, "tensor parallel: {} {} is not a matrix", name, t.shape_str());
+    check_layout(t);
     std::vector<Range> merged;
     for (const Range& r : ranges) {
       if (!merged.empty() && merged.back().first + merged.back().second == r.first)
