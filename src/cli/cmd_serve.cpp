@@ -33,8 +33,24 @@ struct ServeOptions {
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
   CacheTypes cache;
-  std::string speculative_config;
+  std::string spec = "none";  // speculative decoding: mtp, ngram or none
+  int32_t spec_draft_n = 3;
+  bool spec_adaptive = false;
+  std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
 };
+
+// --speculative-config wins over --spec / --spec-draft-n (the parser excludes mixing them).
+SpecOptions spec_options(const ServeOptions& o) {
+  SpecOptions spec = no_speculation();
+  if (!o.speculative_config.empty()) {
+    spec = parse_speculative_config(o.speculative_config);
+  } else if (o.spec != "none") {
+    spec.method = parse_spec_method(o.spec);
+    spec.draft_n = o.spec_draft_n;
+  }
+  spec.adaptive = o.spec_adaptive;
+  return spec;
+}
 
 #if QWEN36_HAVE_SERVER
 void serve(const ServeOptions& o) {
@@ -63,6 +79,10 @@ void serve(const ServeOptions& o) {
 
   LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads) : load_model(o.model, o.backend, o.threads);
   const ModelConfig& c = lm.model->config();
+  const SpecOptions spec = spec_options(o);
+  QWEN36_CHECK(spec.method != SpecMethod::Mtp || lm.model->has_mtp(),
+               "--spec mtp: this checkpoint has no MTP head (no mtp.* tensors / GGUF nextn block); use --spec ngram or "
+               "--spec none");
   const std::string tok_path = resolve_tokenizer(o.tokenizer, o.model);
   QWEN36_CHECK(!tok_path.empty(), "no tokenizer found for this model: pass --tokenizer PATH{}",
                o.model.empty() ? " (or run scripts/fetch-tokenizer.sh for the default model)" : "");
@@ -78,6 +98,7 @@ void serve(const ServeOptions& o) {
     spdlog::warn("{} has no tokenizer_config.json: /v1/chat/completions is unavailable", dir.string());
 
   SchedulerOptions so;
+  so.spec = spec;
   so.slots = o.parallel;
   so.context = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   so.prefill_chunk = o.prefill_chunk;
@@ -94,6 +115,11 @@ void serve(const ServeOptions& o) {
   mem.ctx = so.context;
   mem.batch_tokens = so.max_batch_tokens;
   mem.output_rows = so.slots;
+  if (so.spec.method != SpecMethod::None) {
+    // Every decode row is an output row when verifying; drafts stay within the step budget.
+    mem.output_rows = std::min<int64_t>(int64_t(so.slots) * (so.spec.draft_n + 1), int64_t(so.slots) + so.max_batch_tokens);
+    mem.mtp = so.spec.method == SpecMethod::Mtp;
+  }
   mem.kv_type = so.kv_type;
   check_memory_plan(*lm.backend, c, mem);
   Scheduler engine(*lm.model, so);
@@ -110,6 +136,9 @@ void serve(const ServeOptions& o) {
   http.attach(ctx);
   spdlog::info("ready: model \"{}\", {} slots x {} tokens, http://{}:{}/", ctx.model_name, so.slots, so.context,
                o.host, port);
+  if (so.spec.method != SpecMethod::None)
+    spdlog::info("speculative decoding: {}, up to {} drafts per sequence and step{}", spec_method_name(so.spec.method),
+                 so.spec.draft_n, so.spec.adaptive ? " (adaptive)" : "");
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -157,20 +186,30 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_NO_PREFIX_CACHE");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
+  auto* spec = cmd->add_option("--spec", o->spec,
+                               "Speculative decoding of every sequence: mtp (the checkpoint's MTP head drafts), ngram "
+                               "(prompt lookup) or none. Each step verifies every sequence's drafts in the one batch "
+                               "it shares with other sequences' decode tokens and prompt chunks; the output is "
+                               "unchanged (greedy: token for token; sampling: the same distribution)")
+                    ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+                    ->envname("QWEN36_SPEC")
+                    ->capture_default_str();
+  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per sequence and step, at most (1..16)")
+                     ->check(CLI::Range(1, 16))
+                     ->envname("QWEN36_SPEC_DRAFT_N")
+                     ->capture_default_str();
+  cmd->add_flag("--spec-adaptive", o->spec_adaptive,
+                "Per sequence, draft one more after a fully accepted round, else (accepted + 1)")
+      ->envname("QWEN36_SPEC_ADAPTIVE");
   cmd->add_option("--speculative-config", o->speculative_config,
-                  "vLLM-style speculative decoding JSON (validated; the server does not speculate yet, so only "
-                  "{\"method\":\"none\"} is accepted)")
-      ->envname("QWEN36_SPECULATIVE_CONFIG");
+                  "Speculative decoding as vLLM JSON, in place of --spec/--spec-draft-n: "
+                  "{\"method\":\"mtp\",\"num_speculative_tokens\":3}; ngram also takes \"prompt_lookup_max\" / "
+                  "\"prompt_lookup_min\"")
+      ->envname("QWEN36_SPECULATIVE_CONFIG")
+      ->excludes(spec)
+      ->excludes(spec_n);
   cmd->callback([o] {
-    // The scheduler has no speculative path yet: validate the config, then refuse any method
-    // other than none rather than silently serving without it.
-    if (!o->speculative_config.empty()) {
-      const SpecOptions spec = parse_speculative_config(o->speculative_config);
-      QWEN36_CHECK(spec.method == SpecMethod::None,
-                   "--speculative-config: method \"{}\": serve does not run speculative decoding yet (qwen36 run and "
-                   "qwen36 bench do)",
-                   spec_method_name(spec.method));
-    }
+    spec_options(*o);  // a bad --speculative-config fails before the model loads
 #if QWEN36_HAVE_SERVER
     serve(*o);
 #else

@@ -1,5 +1,6 @@
 // /metrics in the Prometheus text exposition format, written by hand (no client library).
 #include <sstream>
+#include <vector>
 
 #include "server/api.h"
 
@@ -22,6 +23,11 @@ class Writer {
     }
     out_ << name << "_bucket{le=\"+Inf\"} " << h.total << '\n';
     out_ << name << "_sum " << h.sum << '\n' << name << "_count " << h.total << '\n';
+  }
+  // One sample per position 1..n: name{position="i"}.
+  void per_position(const char* name, const char* type, const char* help, const std::vector<uint64_t>& values) {
+    head(name, type, help);
+    for (size_t i = 0; i < values.size(); ++i) out_ << name << "{position=\"" << i + 1 << "\"} " << values[i] << '\n';
   }
   std::string str() const { return out_.str(); }
 
@@ -64,6 +70,18 @@ std::string render_metrics(const HttpServer::Api& api) {
   w.metric("qwen36_engine_steps_total", "counter", "Forward passes (batches) run.", double(s.steps));
   w.histogram("qwen36_time_to_first_token_seconds", "Submit to first generated token.", s.ttft);
   w.histogram("qwen36_inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token);
+  if (api.ctx.engine->options().spec.method != SpecMethod::None) {  // speculative decoding
+    w.metric("qwen36_spec_rounds_total", "counter", "Verify rounds that carried drafts.", double(s.spec.rounds));
+    w.per_position("qwen36_spec_draft_tokens_total", "counter", "Draft tokens proposed, by depth in the round.",
+                   s.spec.drafted_at);
+    w.per_position("qwen36_spec_accepted_tokens_total", "counter", "Draft tokens accepted, by depth in the round.",
+                   s.spec.accepted_at);
+    w.metric("qwen36_spec_mean_accepted_length", "gauge",
+             "Tokens per verify round (accepted drafts + the target's own), since start.",
+             s.spec.mean_accepted_length());
+    w.metric("qwen36_spec_undrafted_tokens_total", "counter",
+             "Decode tokens of sequences that had no drafts in their step.", double(s.spec_undrafted));
+  }
   return w.str();
 }
 
