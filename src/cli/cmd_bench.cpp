@@ -33,6 +33,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/spec/spec_bench.h"
+#include "engine/tp_runner.h"
 #include "model/memory_plan.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -183,6 +184,7 @@ void run_bench(const BenchOptions& o) {
   std::string model_name;
   std::unique_ptr<Model> model_ptr;
   if (o.tp.ranks > 1) {  // each rank loads (or generates) its own shard: cli/tp_cli.h
+    if (const int d = tp_first_local_device(o.tp.ranks); d != 0) backend = make_rank_backend(o.backend, d, o.threads);
     TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
     model_ptr = load_tp_model(o.tp, src, *backend, o.backend, o.threads, &model_name);
   } else {

@@ -254,7 +254,7 @@ void register_run(CLI::App& app) {
       TpWeightsSource src;
       src.model = o->model.empty() ? default_model_path() : o->model;
       if (src.model.empty()) src.synthetic = "tiny-dense", src.seed = 36;  // load_default_model's random model
-      lm.backend = make_rank_backend(o->backend, 0, o->threads);
+      lm.backend = make_rank_backend(o->backend, tp_first_local_device(o->tp.ranks), o->threads);
       lm.model = load_tp_model(o->tp, src, *lm.backend, o->backend, o->threads);
     } else {
       lm = o->model.empty() ? load_default_model(o->backend, o->threads) : load_model(o->model, o->backend, o->threads);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+
 #include "core/error.h"
 #include "engine/tp_runner.h"
 #include "format/model_loader.h"
@@ -79,6 +81,10 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
     spdlog::info("model: {}", full.config.summary());
     m = make_tp_model(full, opts, backend0, make_backend);
     if (name) *name = src.synthetic.empty() ? src.model : fmt::format("{} {} (synthetic, random)", src.synthetic, src.type);
+  }
+  if (!m) {  // a follower process of a multi-process launch: process 0 has finished
+    spdlog::info("tensor parallel: process 0 shut the group down");
+    std::exit(0);
   }
   if (name) *name += fmt::format(" [tensor parallel {}{}{}]", tp.ranks, tp.split.empty() ? "" : ", split ", tp.split);
   return m;

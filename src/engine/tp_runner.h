@@ -28,16 +28,23 @@ struct TpOptions {
 // "3,1" → {3, 1}. Throws on anything but positive numbers.
 std::vector<double> parse_tensor_split(const std::string& s);
 
-// A backend for rank `rank`: "cpu" (`threads` threads; 0 = all cores) or "cuda" (device
-// `rank`). Called on the rank's own thread (a CUDA backend binds that thread's device).
-std::unique_ptr<Backend> make_rank_backend(const std::string& name, int rank, int threads = 0);
+// A backend on local device `device`: "cpu" (`threads` threads; 0 = all cores) or "cuda".
+// Called on the rank's own thread (a CUDA backend binds that thread's device).
+std::unique_ptr<Backend> make_rank_backend(const std::string& name, int device, int threads = 0);
 
-using BackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
+// The device of this process's first rank for `ranks` ranks in all: 0, or with several
+// processes (engine/tp_remote.h) LOCAL_RANK × ranks per process. The caller makes backend0 there.
+int tp_first_local_device(int ranks);
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(int device)>;
 // One rank's weights; called on that rank's thread after its backend exists.
 using ShardFactory = std::function<ModelWeights(const TpShard& shard, const ModelConfig& shard_config)>;
 
 // Rank 0's model on backend0 (this thread), ranks 1..n-1 on backends from make_backend. With
 // one rank: the ordinary model. col_block: see plan_tensor_parallel.
+// Several processes (RANK / WORLD_SIZE / MASTER_ADDR in the environment, tp_remote.h): each
+// drives ranks/world ranks; process 0 gets rank 0's model as above, while in every other
+// process this serves process 0's passes until it shuts the group down and returns nullptr.
 std::unique_ptr<Model> make_tp_model(const ModelConfig& config, const TpOptions& opts, int64_t col_block,
                                      Backend& backend0, const BackendFactory& make_backend,
                                      const ShardFactory& shard_weights);

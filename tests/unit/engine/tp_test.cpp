@@ -2,7 +2,8 @@
 // reproduce the single-rank model — logits of a prefill, decode steps, a two-sequence batch,
 // the MTP head and a speculative verify + commit, and greedy generation token for token —
 // on random tiny models (dense and MoE, even and uneven splits, replicated kv heads) and the
-// golden fixtures. Also: plan errors are one line; the host all-reduce is deterministic.
+// golden fixtures. Also: plan errors are one line; the host all-reduce is deterministic; the
+// multi-process link and message format work (the multi-process collectives need GPUs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,9 +14,12 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "backend/comm.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "engine/tp_remote.h"
 #include "engine/tp_runner.h"
 #include "format/model_loader.h"
 #include "model/presets.h"
@@ -277,6 +281,118 @@ TEST(HostComm, AbortWakesWaitingRanks) {
   EXPECT_THROW(comms[0]->all_reduce_sum(*be, t), Error);
   other.join();
   EXPECT_THROW(comms[0]->all_reduce_sum(*be, t), Error);  // the group stays failed
+}
+
+// The multi-process pieces that need no GPU: a pass survives its byte form; process 0 and
+// two "processes" (threads here) exchange messages over the TCP link; the launcher's
+// environment is read.
+TEST(TpRemote, PassRoundTrip) {
+  auto be = make_cpu_backend(1);
+  ModelState st(*be, tiny_config(false), 3, 64, true);
+  st.enable_speculation(4);
+  ForwardBatch b;
+  b.tokens = {5, 6, 7};
+  b.runs = {{1, 9, 0, 2}, {2, 0, 2, 1}};
+  b.output_rows = {1, 2};
+  b.verify_runs = {0};
+  b.hidden_rows = {0};
+  b.deltanet_mode = DeltaRuleMode::Recurrent;
+  PeerPass p;
+  p.batch = &b;
+  TpMessage m = decode_message(encode_pass(p, st));
+  EXPECT_EQ(m.kind, TpMessage::Kind::Pass);
+  EXPECT_EQ(m.state_key, uint64_t(reinterpret_cast<uintptr_t>(&st)));
+  EXPECT_EQ(m.slots, 3);
+  EXPECT_EQ(m.capacity, 64);
+  EXPECT_TRUE(m.mtp);
+  EXPECT_EQ(m.spec_tokens, 4);
+  ASSERT_TRUE(m.batch);
+  EXPECT_EQ(m.batch->tokens, b.tokens);
+  ASSERT_EQ(m.batch->runs.size(), 2u);
+  EXPECT_EQ(m.batch->runs[1].slot, 2);
+  EXPECT_EQ(m.batch->runs[0].pos0, 9);
+  EXPECT_EQ(m.batch->output_rows, b.output_rows);
+  EXPECT_EQ(m.batch->verify_runs, b.verify_runs);
+  EXPECT_EQ(m.batch->hidden_rows, b.hidden_rows);
+  EXPECT_EQ(m.batch->deltanet_mode, DeltaRuleMode::Recurrent);
+
+  const std::vector<float> hidden = {1.5f, -2.0f};
+  const std::vector<int32_t> next = {4}, rows = {0};
+  const SeqRun run{2, 0, 0, 1};
+  PeerPass q;
+  q.kind = PeerPass::Kind::Mtp;
+  q.hidden = hidden, q.next_tokens = next, q.output_rows = rows, q.runs = std::span(&run, 1);
+  m = decode_message(encode_pass(q, st));
+  EXPECT_EQ(m.hidden, hidden);
+  EXPECT_EQ(m.next_tokens, next);
+  EXPECT_EQ(m.view().runs.size(), 1u);
+
+  const SpecCommit cm[2] = {{1, 3}, {2, 0}};
+  PeerPass c;
+  c.kind = PeerPass::Kind::Commit;
+  c.commits = cm;
+  m = decode_message(encode_pass(c, st));
+  ASSERT_EQ(m.commits.size(), 2u);
+  EXPECT_EQ(m.commits[0].keep, 3);
+  EXPECT_EQ(decode_message(encode_shutdown()).kind, TpMessage::Kind::Shutdown);
+  std::string bad = encode_pass(c, st);
+  bad.pop_back();
+  EXPECT_THROW(decode_message(bad), Error);
+}
+
+TEST(TpRemote, LinkCarriesMessagesInOrder) {
+  TpProcessEnv env;
+  env.world = 3;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 20000 + int(::getpid() % 20000);
+  std::vector<std::string> got[3];
+  std::string err;
+  std::vector<std::thread> followers;
+  for (int r = 1; r < 3; ++r)
+    followers.emplace_back([&, r] {
+      TpProcessEnv e = env;
+      e.rank = r;
+      try {
+        auto link = TpLink::open(e, std::chrono::seconds(20));
+        for (int i = 0; i < 3; ++i) got[r].push_back(link->recv());
+        link->recv();  // process 0 closed: an Error
+      } catch (const Error& x) {
+        got[r].push_back(std::string("closed: ") + x.what());
+      }
+    });
+  {
+    auto link = TpLink::open(env, std::chrono::seconds(20));
+    link->send_all("one");
+    link->send_all(std::string(100000, 'x'));
+    link->send_all("");
+  }
+  for (auto& t : followers) t.join();
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_EQ(got[r].size(), 4u) << "process " << r;
+    EXPECT_EQ(got[r][0], "one");
+    EXPECT_EQ(got[r][1].size(), 100000u);
+    EXPECT_EQ(got[r][2], "");
+    EXPECT_NE(got[r][3].find("closed the link"), std::string::npos) << got[r][3];
+  }
+}
+
+TEST(TpRemote, EnvironmentOfTorchrun) {
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("RANK", "3", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29511", 1);
+  const TpProcessEnv e = tp_process_env();
+  EXPECT_EQ(e.world, 4);
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29511);
+  EXPECT_EQ(tp_first_local_device(8), 2);  // 2 ranks per process, LOCAL_RANK 1
+  ::unsetenv("MASTER_ADDR");
+  EXPECT_THROW(tp_process_env(), Error);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT"}) ::unsetenv(v);
+  EXPECT_EQ(tp_process_env().world, 1);
 }
 
 }  // namespace
