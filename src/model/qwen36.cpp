@@ -372,6 +372,9 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
   if (!peers_) return forward_rank(batch, state, logits, hidden);
   // Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
+  // A bad batch is refused here, before the other ranks see it: a failure during a pass
+  // leaves the group unusable.
+  check_batch(batch, state);
   PeerPass p;
   p.kind = PeerPass::Kind::Forward;
   p.batch = &batch;

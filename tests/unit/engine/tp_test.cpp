@@ -186,6 +186,21 @@ TEST(TensorParallel, RandomMoeFourRanksReplicatedKv) { compare("random-moe", 4, 
 TEST(TensorParallel, GoldenMoeShared) { compare("moe-shared", 2, {}); }
 TEST(TensorParallel, GoldenDenseGqaReplicatedKv) { compare("dense-gqa", 2, {}); }
 
+// A batch the model refuses fails on rank 0 before the other ranks see it; the model stays usable.
+TEST(TensorParallel, BadBatchLeavesTheGroupUsable) {
+  const ModelWeights full = make_random_weights(tiny_config(false), DType::BF16, 7);
+  auto be0 = make_cpu_backend(1);
+  TpOptions o;
+  o.ranks = 2;
+  auto tp = make_tp_model(full, o, *be0, [](int d) { return make_rank_backend("cpu", d, 1); });
+  ModelState st(*be0, tp->config(), 1, 16, false);
+  std::vector<float> logits(static_cast<size_t>(tp->config().vocab_size));
+  const int32_t toks[2] = {1, 2};
+  EXPECT_THROW(tp->forward(ForwardBatch::single(toks, 0, /*slot=*/3), st, logits.data()), Error);
+  EXPECT_THROW(tp->forward(ForwardBatch::single(toks, 15, 0), st, logits.data()), Error);  // past the context
+  EXPECT_NO_THROW(tp->forward(ForwardBatch::single(toks, 0, 0), st, logits.data()));
+}
+
 TEST(TensorParallel, PlanApportionsWholeUnits) {
   const ModelConfig c = tiny_config(false);  // 8 q / 4 kv heads, 4 key heads, intermediate 128
   const double split[] = {3, 1};
