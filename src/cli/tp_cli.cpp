@@ -65,8 +65,10 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
     // (the K-quant / IQ4 block; a multiple of the 32 of Q8_0 / Q4_0).
     const int64_t col_block = plain_dtype(src.type) == DType::I32 ? 256 : 1;
     const bool cuda = backend == "cuda";
-    m = make_tp_model(cfg, opts, col_block, backend0, make_backend, [&](const TpShard& s, const ModelConfig& sc) {
-      return random_shard(src, sc, src.seed + uint64_t(s.rank), cuda);
+    // Every rank draws with the same seed (the replicated tensors generated first, like the
+    // embedding, come out alike); the values are not those of the unsplit model, the work is.
+    m = make_tp_model(cfg, opts, col_block, backend0, make_backend, [&](const TpShard&, const ModelConfig& sc) {
+      return random_shard(src, sc, src.seed, cuda);
     });
     if (name) *name = fmt::format("{} {} (synthetic, random per rank)", src.synthetic, src.type);
   } else {
