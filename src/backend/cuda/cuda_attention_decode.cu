@@ -430,6 +430,11 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
     p.per_sm = std::max(p.per_sm, 1);
     return p;
   }();
+  // The plan is the first device's (alike GPUs); the limit must be raised on every device.
+  static std::atomic<uint64_t> attr_set{0};
+  once_per_device(attr_set, [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
+  });
   const int G = H / KVH;
   const int nsplit = tc_splits(n_tok * KVH, cap, plan.per_sm);
   Temp<float> part(c, nsplit > 1 ? size_t(n_tok * KVH * nsplit) * size_t(G) * size_t(D + 2) : 0);

@@ -1127,16 +1127,15 @@ struct SegmentTimer {
 
 template <int DK, int DV>
 void run_split(Ctx& c, ChunkArgs a, int64_t total) {
-  static const bool attr_set = [] {  // once per instantiation (the limit is per function)
+  static std::atomic<uint64_t> attr_set{0};  // per instantiation and device (the limit is per function)
+  once_per_device(attr_set, [] {
     CUDA_CHECK(cudaFuncSetAttribute(chunk_prepare_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(PrepLayout<DK, DV>::bytes)));
     CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(ScanLayout<DK, DV>::bytes)));
     CUDA_CHECK(cudaFuncSetAttribute(chunk_output_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(OutLayout<DK, DV>::bytes)));
-    return true;
-  }();
-  (void)attr_set;
+  });
   const int64_t per_chunk = int64_t(a.Hv) * (kC * DK + kC * DV + DK * DV + kC);  // floats
   const int64_t seg = std::max<int64_t>(1, int64_t(workspace_bytes() / sizeof(float)) / per_chunk);
   const int64_t cap = std::min(total, seg);
@@ -1172,7 +1171,8 @@ void run_fused(Ctx& c, ChunkArgs a, int64_t total) {
   using L = FusedLayout<DK, DV>;
   static_assert(DV % kScanCols == 0, "whole scan blocks per head");
   const int stages = device_fit<DK, DV>().stages;
-  static const bool attr_set = [stages] {
+  static std::atomic<uint64_t> attr_set{0};  // per device
+  once_per_device(attr_set, [stages] {
     CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_frag_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(PrepFragLayout<DK, DV>::bytes)));
     CUDA_CHECK(cudaFuncSetAttribute(chunk_scan_fused_kernel<DK, DV, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1180,9 +1180,7 @@ void run_fused(Ctx& c, ChunkArgs a, int64_t total) {
     if (stages >= 2)
       CUDA_CHECK(cudaFuncSetAttribute(chunk_scan_fused_kernel<DK, DV, 2>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * L::stage)));
-    return true;
-  }();
-  (void)attr_set;
+  });
   const int64_t per_chunk = a.Hv * R::value_bytes + a.Hk * R::key_bytes;
   const int64_t seg = std::max<int64_t>(1, int64_t(workspace_bytes()) / per_chunk);
   const int64_t cap = std::min(total, seg);

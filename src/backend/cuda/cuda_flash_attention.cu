@@ -326,11 +326,10 @@ struct Args {
 template <int D, KvKind K>
 void launch(Ctx& c, const Args& a) {
   auto kernel = flash_attention_kernel<D, K>;
-  static const bool attr_set = [&] {  // once per instantiation (the limit is per function)
+  static std::atomic<uint64_t> attr_set{0};  // per instantiation and device (the limit is per function)
+  once_per_device(attr_set, [&] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<D>())));
-    return true;
-  }();
-  (void)attr_set;
+  });
   const unsigned grid = static_cast<unsigned>(int64_t(a.n_tiles) * a.KVH);
   kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(a.q, static_cast<const uint8_t*>(a.kc),
                                                         static_cast<const uint8_t*>(a.vc), a.ksc, a.vsc, a.tiles, a.out,

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <sstream>
 #include <span>
 #include <string>
@@ -151,6 +152,19 @@ const float* dev_const_f32(Ctx& c, std::span<const float> host);
 bool host_work_allowed(Ctx& c);
 
 inline int blocks_for(int64_t n, int threads) { return int((n + threads - 1) / threads); }
+
+// Runs set() once per device (`done`: a static mask of the devices done). For raising kernels'
+// dynamic shared memory limits: a limit belongs to the kernel's instance on one device, so a
+// process driving several GPUs (tensor parallelism, one thread per GPU) must raise it on each.
+template <typename F>
+void once_per_device(std::atomic<uint64_t>& done, F&& set) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev % 64);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  set();
+  done.fetch_or(bit, std::memory_order_release);
+}
 
 // ---- device helpers ----
 __device__ __forceinline__ float to_f32(float v) { return v; }

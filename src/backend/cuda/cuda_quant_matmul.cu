@@ -869,12 +869,11 @@ bool plan_gemv(GemvArgs& a, GemvPlan& pl) {
 
 template <DType D, int TM, bool kRegs>
 void launch_gemv(Ctx& c, const GemvArgs& a, const GemvPlan& pl) {
-  static const bool attr_set = [] {
+  static std::atomic<uint64_t> attr_set{0};  // per device
+  once_per_device(attr_set, [] {
     CUDA_CHECK(cudaFuncSetAttribute(qgemv_kernel<D, TM, kRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     dev_info().smem_optin));
-    return true;
-  }();
-  (void)attr_set;
+  });
   launch_pdl(qgemv_kernel<D, TM, kRegs>, dim3(unsigned(pl.grid)), dim3(unsigned(pl.warps * 32)), pl.smem, c.stream,
              a);
 }
