@@ -349,9 +349,14 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
     }
 }
 
-// A tiny dense model in the q4_k_m mix made on the device, with and without tiling: decode
-// logits within 1e-3 of the largest (both int8 twins) and the same greedy choices, prefill
-// (T = 12: tiled int8 MMA vs bf16 GEMM) within the bf16 bound of the golden tests.
+// A tiny dense model in the q4_k_m mix made on the device, with and without tiling. First every
+// matrix in place (and the fused forms) on general activations: both layouts quantize them to
+// int8 identically, so outputs agree to 2e-5; every untiled tensor is byte-identical. Then the
+// two models decode the same 20 tokens one per forward (int8 GEMV vs int8 MMA everywhere):
+// logits within 1e-3 of the largest, same greedy picks. Prefill is not compared here: a 12-token
+// prefill takes the chunked delta rule (tf32 tensor cores) and, untiled, bf16 activations, whose
+// roundings this random model amplifies to ~2% of its logits (measured) — the golden and
+// CudaQuantGguf tests bound prefill against the references.
 TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
   const ModelConfig cfg = model_preset("tiny-dense", 4);
   auto make = [&](bool tile) {
@@ -370,51 +375,130 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
       n_tiled += dtype_is_tiled(t->dtype);
   EXPECT_GT(n_tiled, 0) << "no matrix of the tiny model was tiled";
   EXPECT_FALSE(dtype_is_tiled(tiled->weights().embed_tokens.dtype));
-  const int64_t V = cfg.vocab_size;
-  const std::vector<int32_t> prompt{5, 901, 33, 7000, 12, 4, 150000, 77, 8, 19, 3, 250};
-  // Prefill, then 8 decode steps: the plain model picks greedy tokens, the tiled one is fed the
-  // same ones (so a near-tie in the prefill, where the two paths round differently, cannot make
-  // the sequences diverge).
-  std::vector<int32_t> toks;
-  auto run_model = [&](Model& m, bool choose, std::vector<float>& prefill_logits, std::vector<float>& step_logits) {
-    ModelState st(*gpu_, cfg, 1, 64, false);
-    prefill_logits.assign(prompt.size() * size_t(V), 0.0f);
-    m.forward(ForwardBatch::single(prompt, 0, 0, true), st, prefill_logits.data());
-    std::vector<float> out(static_cast<size_t>(V));
-    for (int i = 0; i < 8; ++i) {
-      if (choose) {
-        const float* last = i == 0 ? prefill_logits.data() + (prompt.size() - 1) * size_t(V) : out.data();
-        toks.push_back(int32_t(std::max_element(last, last + V) - last));
+  // Every matrix in place: the tiled model's matmul (and its fused forms) equal the GGUF-layout
+  // model's on the same int8-exact activations.
+  {
+    auto check = [&](const char* what, int64_t layer, const std::vector<const Tensor*>& a,
+                     const std::vector<const Tensor*>& b, int mode) {  // 0: each, 1: multi, 2: swiglu
+      const int64_t K = a[0]->cols();
+      const HostT x = random_t(rng_, DType::F32, {1, K});
+      DevT dx = upload(*gpu_, x);
+      std::vector<DevT> oa, ob;
+      std::vector<Tensor*> pa, pb;
+      for (const Tensor* t : a) {
+        oa.push_back(upload(*gpu_, HostT(DType::F32, {1, t->rows()})));
+        ob.push_back(upload(*gpu_, HostT(DType::F32, {1, t->rows()})));
       }
-      m.forward(ForwardBatch::single(std::span(&toks[size_t(i)], 1), int32_t(prompt.size() + i), 0), st, out.data());
-      step_logits.insert(step_logits.end(), out.begin(), out.end());
+      for (size_t i = 0; i < a.size(); ++i) pa.push_back(&oa[i].t), pb.push_back(&ob[i].t);
+      if (mode == 1) {
+        gpu_->matmul_multi(dx.t, a, pa);
+        gpu_->matmul_multi(dx.t, b, pb);
+      } else if (mode == 2) {
+        gpu_->matmul_swiglu(dx.t, *a[0], *a[1], *pa[0], *pa[1]);
+        gpu_->matmul_swiglu(dx.t, *b[0], *b[1], *pb[0], *pb[1]);
+      } else {
+        for (size_t i = 0; i < a.size(); ++i) gpu_->matmul(dx.t, *a[i], *pa[i]), gpu_->matmul(dx.t, *b[i], *pb[i]);
+      }
+      for (size_t i = 0; i < (mode == 2 ? 1 : a.size()); ++i) {
+        const std::vector<float> ga = download(*gpu_, oa[i].t), gb = download(*gpu_, ob[i].t);
+        EXPECT_LE(rel_err(gb, ga), 2e-5) << what << " layer " << layer << " matrix " << i << " (" << dtype_name(a[i]->dtype)
+                                         << " vs " << dtype_name(b[i]->dtype) << " " << a[i]->shape_str() << ")";
+      }
+    };
+    const ModelWeights& wa = plain->weights();
+    const ModelWeights& wb = tiled->weights();
+    for (size_t l = 0; l < wa.layers.size(); ++l) {
+      const LayerWeights& A = wa.layers[l];
+      const LayerWeights& B = wb.layers[l];
+      check("mlp each", int64_t(l), {&A.mlp.gate_proj, &A.mlp.up_proj}, {&B.mlp.gate_proj, &B.mlp.up_proj}, 0);
+      check("mlp down", int64_t(l), {&A.mlp.down_proj}, {&B.mlp.down_proj}, 0);
+      check("mlp swiglu", int64_t(l), {&A.mlp.gate_proj, &A.mlp.up_proj}, {&B.mlp.gate_proj, &B.mlp.up_proj}, 2);
+      if (A.kind == LayerKind::FullAttention) {
+        check("attn each", int64_t(l), {&A.attn.q_proj, &A.attn.k_proj, &A.attn.v_proj, &A.attn.o_proj},
+              {&B.attn.q_proj, &B.attn.k_proj, &B.attn.v_proj, &B.attn.o_proj}, 0);
+        check("attn multi", int64_t(l), {&A.attn.q_proj, &A.attn.k_proj, &A.attn.v_proj},
+              {&B.attn.q_proj, &B.attn.k_proj, &B.attn.v_proj}, 1);
+      } else {
+        const DeltaNetWeights& a = A.deltanet;
+        const DeltaNetWeights& b = B.deltanet;
+        check("deltanet each", int64_t(l), {&a.in_proj_qkv, &a.in_proj_z, &a.in_proj_b, &a.in_proj_a, &a.out_proj},
+              {&b.in_proj_qkv, &b.in_proj_z, &b.in_proj_b, &b.in_proj_a, &b.out_proj}, 0);
+        check("deltanet multi", int64_t(l), {&a.in_proj_qkv, &a.in_proj_z, &a.in_proj_b, &a.in_proj_a},
+              {&b.in_proj_qkv, &b.in_proj_z, &b.in_proj_b, &b.in_proj_a}, 1);
+      }
     }
-  };
-  std::vector<float> pa, pb, sa, sb;
-  run_model(*plain, true, pa, sa);
-  run_model(*tiled, false, pb, sb);
-  double scale = 1, worst = 0, rms_d = 0, rms_l = 0;
-  for (size_t i = 0; i < sa.size(); ++i)
-    scale = std::max(scale, double(std::abs(sa[i]))), worst = std::max(worst, double(std::abs(sa[i] - sb[i])));
-  EXPECT_LE(worst / scale, 1e-3) << "decode logits, tiled vs GGUF layout";
-  for (size_t i = 0; i < 8; ++i) {  // the same greedy choice wherever it is not a near-tie
-    const float* a = sa.data() + i * size_t(V);
-    const float* b = sb.data() + i * size_t(V);
+    check("lm_head", -1, {&wa.lm_head}, {&wb.lm_head}, 0);
+    // Tiling rewrites matrices in place: every other tensor must be byte-identical.
+    auto same_bytes = [&](const char* what, int64_t layer, const Tensor& a, const Tensor& b) {
+      if (dtype_is_tiled(b.dtype) || a.empty()) return;
+      std::vector<std::byte> ha(a.nbytes()), hb(b.nbytes());
+      gpu_->copy_to_host(a, ha.data());
+      gpu_->copy_to_host(b, hb.data());
+      EXPECT_EQ(0, std::memcmp(ha.data(), hb.data(), ha.size())) << what << " layer " << layer << " changed by tiling";
+    };
+    for (size_t l = 0; l < wa.layers.size(); ++l) {
+      const LayerWeights& A = wa.layers[l];
+      const LayerWeights& B = wb.layers[l];
+      const int64_t li = int64_t(l);
+      same_bytes("input_norm", li, A.input_norm, B.input_norm);
+      same_bytes("post_attention_norm", li, A.post_attention_norm, B.post_attention_norm);
+      same_bytes("q_norm", li, A.attn.q_norm, B.attn.q_norm);
+      same_bytes("k_norm", li, A.attn.k_norm, B.attn.k_norm);
+      same_bytes("conv1d", li, A.deltanet.conv1d, B.deltanet.conv1d);
+      same_bytes("dt_bias", li, A.deltanet.dt_bias, B.deltanet.dt_bias);
+      same_bytes("a_neg_exp", li, A.deltanet.a_neg_exp, B.deltanet.a_neg_exp);
+      same_bytes("deltanet norm", li, A.deltanet.norm, B.deltanet.norm);
+      same_bytes("gate (when untiled)", li, A.mlp.gate_proj, B.mlp.gate_proj);
+    }
+    same_bytes("final_norm", -1, wa.final_norm, wb.final_norm);
+    same_bytes("embed_tokens", -1, wa.embed_tokens, wb.embed_tokens);
+  }
+  const int64_t V = cfg.vocab_size;
+  std::vector<int32_t> toks{5, 901, 33, 7000, 12, 4, 150000, 77, 8, 19, 3, 250};
+  const size_t n_prompt = toks.size();
+  // Reference: one token per forward; the greedy continuation is appended as it goes.
+  std::vector<float> want, got, row(static_cast<size_t>(V));
+  {
+    ModelState st(*gpu_, cfg, 1, 64, false);
+    for (size_t i = 0; i < n_prompt + 8; ++i) {
+      plain->forward(ForwardBatch::single(std::span(&toks[i], 1), int32_t(i), 0), st, row.data());
+      want.insert(want.end(), row.begin(), row.end());
+      if (i + 1 >= n_prompt && toks.size() < n_prompt + 8) toks.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+    }
+  }
+  {
+    ModelState st(*gpu_, cfg, 1, 64, false);
+    for (size_t i = 0; i < n_prompt + 8; ++i) {
+      tiled->forward(ForwardBatch::single(std::span(&toks[i], 1), int32_t(i), 0), st, row.data());
+      got.insert(got.end(), row.begin(), row.end());
+    }
+  }
+  ASSERT_EQ(got.size(), want.size());
+  double scale = 1, worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, double(std::abs(want[i])));
+    if (std::abs(double(want[i]) - got[i]) > worst) worst = std::abs(double(want[i]) - got[i]), at = i;
+  }
+  std::printf("[ tiny-dense q4_k_m ] tiled vs GGUF layout (T=1 steps): max |dlogit| %.3g of %.3g at row %zu\n",
+              worst, scale, at / size_t(V));
+  for (size_t r = 0; r < n_prompt + 8; ++r) {  // per-row picture, for a failure
+    double d = 0, m = 0;
+    for (size_t i = r * size_t(V); i < (r + 1) * size_t(V); ++i)
+      d = std::max(d, std::abs(double(want[i]) - got[i])), m = std::max(m, double(std::abs(want[i])));
+    std::printf("[ tiny-dense q4_k_m ] row %2zu (%s): max |dlogit| %.3g, max |logit| %.3g\n", r,
+                r < n_prompt ? "prompt" : "generated", d, m);
+  }
+  EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
+  for (size_t r = 0; r < n_prompt + 8; ++r) {  // greedy picks away from near-ties
+    const float* a = want.data() + r * size_t(V);
+    const float* b = got.data() + r * size_t(V);
     std::vector<float> top(a, a + V);
     std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
     if (top[0] - top[1] > 1e-3 * scale) {
-      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "decode step " << i;
+      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
     }
   }
-  float pworst = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    pworst = std::max(pworst, std::abs(pa[i] - pb[i]));
-    rms_d += double(pa[i] - pb[i]) * (pa[i] - pb[i]), rms_l += double(pa[i]) * pa[i];
-  }
-  std::printf("[ tiny-dense q4_k_m ] tiled vs not: decode max |Δ| %.3g (of %.3g), prefill max |Δ| %.3g, rms %.3g of rms\n",
-              worst, scale, pworst, std::sqrt(rms_d / rms_l));
-  EXPECT_LE(pworst, 1.0f);
-  EXPECT_LE(std::sqrt(rms_d / rms_l), 0.06);
 }
 
 }  // namespace
