@@ -42,10 +42,24 @@ if [ "$QUICK" = "--quick" ]; then
 else
   bench --synthetic qwen3.6-27b --type bf16 -p 512,4096 -n 128 -b 1,8,32 -r 3
   bench --synthetic qwen3.6-35b-a3b --type bf16 -p 4096 -n 128 -b 1,8 -r 3
-  bench --synthetic qwen3.6-27b --type q4_k_m -p 512,4096 -n 128 -b 1 -r 3
-  bench --synthetic qwen3.6-35b-a3b --type q4_k_m -p 4096 -n 128 -b 1 -r 3
+  bench --synthetic qwen3.6-27b --type q4_k_m -p 512,4096 -n 128 -b 1,8,16,32 -r 3
+  bench --synthetic qwen3.6-35b-a3b --type q4_k_m -p 4096 -n 128 -b 1,8 -r 3
+  # speculative decoding (issue 8): real MTP draft / verify / commit kernels, SIMULATED accept
+  # decisions (per-position probabilities; the last one repeats), labelled so in every line
+  bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 128 -b 1,8 -r 2 --spec mtp --spec-draft-n 1,2,3,4,5 \
+    --simulate-acceptance 0.92,0.84,0.65,0.5,0.4
   for kv in bf16 ${QWEN36_KV_TYPES:-}; do
     bench --synthetic qwen3.6-27b --type bf16 -p "" -n 32 -d 32768 -b 1 -r 2 -ctk $kv -ctv $kv
+  done
+fi
+# Serving (issue 7): S concurrent streams through the continuous-batching engine, 512-token
+# prompts, 128 generated; the serve defaults (chunked prefill mixed with decode).
+if [ "$QUICK" != "--quick" ]; then
+  : > "$OUT/serve.md"
+  for m in qwen3.6-27b qwen3.6-35b-a3b; do
+    echo "## qwen36 bench-serve $m q4_k_m" >> "$OUT/serve.md"
+    timeout 400 "$Q" bench-serve --backend cuda --synthetic $m --type q4_k_m --streams 1,4,16,64 \
+      --prompt-tokens 512 --gen-tokens 128 --rounds 2 >> "$OUT/serve.md" 2>&1
   done
 fi
 # Per-op GPU time of one decode step and of one 4096-token prefill (eager launches, events
@@ -59,4 +73,9 @@ for m in qwen3.6-27b qwen3.6-35b-a3b; do
     eval QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type bf16 $shape -b 1 \
       >> "$OUT/profiles.md" 2>&1
   done
+done
+for m in qwen3.6-27b qwen3.6-35b-a3b; do
+  echo "## $m q4_k_m -p \"\" -n 16 -r 1" >> "$OUT/profiles.md"
+  QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 16 -r 1 -b 1 \
+    >> "$OUT/profiles.md" 2>&1
 done
