@@ -230,6 +230,28 @@ void Scheduler::observe_prefill(Sequence& s, int32_t pos0, int32_t count, int32_
   spec_->observe(s.slot, pos0, std::span<const float>(hidden_).subspan(size_t(row) * H, size_t(count) * H), next);
 }
 
+// Every decoding sequence drafts (within its room and the step budget) and joins the batch
+// as [pending, drafts...].
+void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns, std::vector<Sequence*>& owners) {
+  for (Sequence& s : running_) {
+    if (s.prefilling()) continue;
+    SpecTurn t;
+    t.st = &s.spec;
+    t.sampler = &s.sampler;
+    t.sampling = &s.in.params.sampling;
+    t.slot = s.slot;
+    t.pos = s.n_fed;
+    t.history = s.tokens;
+    t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
+    t.want_raw = s.in.params.top_logprobs >= 0;
+    turns.push_back(t);
+    owners.push_back(&s);
+  }
+  // Drafts never push the decode rows past the step budget (the activation memory plan).
+  spec_->propose(turns, opts_.max_batch_tokens - int32_t(turns.size()));
+  for (SpecTurn& t : turns) spec_->add_run(t, batch);
+}
+
 bool Scheduler::step() {
   bool worked = false;
   {
@@ -285,23 +307,7 @@ bool Scheduler::step() {
   std::vector<SpecTurn> turns;  // speculating: every decoding sequence, drafts or not
   std::vector<Sequence*> turn_owner;
   if (spec_) {
-    for (Sequence& s : running_) {
-      if (s.prefilling()) continue;
-      SpecTurn t;
-      t.st = &s.spec;
-      t.sampler = &s.sampler;
-      t.sampling = &s.in.params.sampling;
-      t.slot = s.slot;
-      t.pos = s.n_fed;
-      t.history = s.tokens;
-      t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
-      t.want_raw = s.in.params.top_logprobs >= 0;
-      turns.push_back(t);
-      turn_owner.push_back(&s);
-    }
-    // Drafts never push the decode rows past the step budget (the activation memory plan).
-    spec_->propose(turns, opts_.max_batch_tokens - int32_t(turns.size()));
-    for (SpecTurn& t : turns) spec_->add_run(t, batch);
+    add_spec_turns(batch, turns, turn_owner);
   } else {
     for (Sequence& s : running_)
       if (!s.prefilling()) add_run(s, 1, true);

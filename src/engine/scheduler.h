@@ -129,6 +129,7 @@ class Scheduler {
   // holds once tok is pending) and ends the sequence on a stop or at its length.
   SpecStepper::Emit emit(Sequence& s, int32_t tok, std::span<const float> raw, int32_t fed);
   void observe_prefill(Sequence& s, int32_t pos0, int32_t count, int32_t row);
+  void add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns, std::vector<Sequence*>& owners);
   void run_loop();
 
   Model& model_;
