@@ -32,6 +32,9 @@ struct ServeOptions {
   int32_t prefill_chunk = 256, batch_tokens = 512;
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
+  int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
+  int64_t snapshot_mem_mib = 2048;  // their budget in device memory
+  int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
   CacheTypes cache;
   std::string spec = "none";  // speculative decoding: mtp, ngram or none
   int32_t spec_draft_n = 3;
@@ -105,6 +108,9 @@ void serve(const ServeOptions& o) {
   so.max_batch_tokens = o.batch_tokens;
   so.max_queue = o.max_queue;
   so.prefix_cache = !o.no_prefix_cache;
+  so.snapshots = {.interval = o.snapshot_interval,
+                  .device_bytes = size_t(o.snapshot_mem_mib) << 20,
+                  .host_bytes = size_t(o.cache_ram_mib) << 20};
   so.kv_type = resolve_cache_type(o.cache, *lm.backend);
   so.token_text = [&tok](int32_t id) {
     // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
@@ -184,6 +190,16 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_HTTP_THREADS")->capture_default_str();
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not keep finished sequences for prefix reuse")
       ->envname("QWEN36_NO_PREFIX_CACHE");
+  cmd->add_option("--snapshot-interval", o->snapshot_interval,
+                  "Prefix cache: save a prompt's state every N positions while it is read, so prompts sharing a "
+                  "beginning (system prompt, tools) resume from the longest saved one (0 = off; off with --spec mtp)")
+      ->envname("QWEN36_SNAPSHOT_INTERVAL")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--snapshot-mem", o->snapshot_mem_mib,
+                  "Prefix cache: MiB of device memory for saved states (least recently used evicted first)")
+      ->envname("QWEN36_SNAPSHOT_MEM")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--cache-ram", o->cache_ram_mib,
+                  "Prefix cache: MiB of host RAM for saved states that do not fit --snapshot-mem (0 = none)")
+      ->envname("QWEN36_CACHE_RAM")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
   auto* spec = cmd->add_option("--spec", o->spec,

@@ -7,7 +7,7 @@
 // is reusable only by a prompt that starts with that WHOLE history (a multi-turn chat: the
 // next turn's prompt extends the previous prompt + answer). The new request then keeps the
 // slot's conv + recurrent state and KV entries and prefills only its new tokens.
-// Snapshots at chunk boundaries (reuse of a shorter shared prefix) are the next step.
+// A shorter shared beginning is served by SnapshotCache (states saved at prefill checkpoints).
 
 #include <cstdint>
 #include <span>

@@ -44,12 +44,21 @@ struct Scheduler::Sequence {
   bool prefilling() const { return n_fed < n_prompt; }
 };
 
+// The checkpoint options in force: none without the prefix cache, with MTP drafting or with
+// tensor-parallel peers (see SchedulerOptions::snapshots).
+static SnapshotCacheOptions snapshot_options(const SchedulerOptions& o, const Model& model) {
+  SnapshotCacheOptions s = o.snapshots;
+  if (!o.prefix_cache || o.spec.method == SpecMethod::Mtp || model.peers()) s.interval = 0;
+  return s;
+}
+
 Scheduler::Scheduler(Model& model, SchedulerOptions opts)
     : model_(model),
       opts_(std::move(opts)),
       state_(model.backend(), model.config(), opts_.slots, opts_.context,
              /*with_mtp=*/opts_.spec.method == SpecMethod::Mtp && model.has_mtp(), opts_.kv_type),
-      cache_(opts_.slots, opts_.prefix_cache) {
+      cache_(opts_.slots, opts_.prefix_cache),
+      snaps_(snapshot_options(opts_, model)) {
   QWEN36_CHECK(opts_.prefill_chunk > 0, "prefill chunk {} must be positive", opts_.prefill_chunk);
   QWEN36_CHECK(opts_.max_batch_tokens > 0, "batch token budget {} must be positive", opts_.max_batch_tokens);
   QWEN36_CHECK(opts_.max_queue >= 0, "queue cap {} must be >= 0", opts_.max_queue);
@@ -106,15 +115,21 @@ void Scheduler::admit_waiting() {
     }
     const PrefixCache::Grant g = cache_.acquire(front.params.prompt);
     if (g.slot < 0) return;  // every slot is busy
-    if (g.reused == 0) state_.reset_slot(g.slot);
-    running_.emplace_back(std::move(front), g.slot, g.reused);
+    int32_t reused = g.reused;
+    // A checkpoint longer than what the slot holds: resume from it instead.
+    if (const StateSnapshot* snap = snaps_.find(front.params.prompt, reused)) {
+      restore_snapshot(model_.backend(), *snap, state_, g.slot);
+      reused = int32_t(snap->positions);
+    }
+    if (reused == 0) state_.reset_slot(g.slot);
+    running_.emplace_back(std::move(front), g.slot, reused);
     waiting_.pop_front();
     Sequence& s = running_.back();
-    if (spec_) spec_->begin(s.spec, s.slot, s.tokens, g.reused, s.in.params.sampling.seed);
+    if (spec_) spec_->begin(s.spec, s.slot, s.tokens, reused, s.in.params.sampling.seed);
     std::lock_guard lock(mu_);
     --queued_;
     stats_.prompt_tokens += uint64_t(running_.back().n_prompt);
-    stats_.prompt_tokens_cached += uint64_t(g.reused);
+    stats_.prompt_tokens_cached += uint64_t(reused);
   }
 }
 
@@ -138,6 +153,21 @@ void Scheduler::finish(Sequence& s, const std::string& reason, const std::string
   std::lock_guard lock(mu_);
   ++stats_.requests_finished;
   if (reason == "cancelled") ++stats_.requests_cancelled;
+}
+
+// After a prefill chunk: save the slot's state if it now stands at a checkpoint position of its
+// prompt that the cache does not hold. A failed save (out of memory) costs only the checkpoint.
+void Scheduler::checkpoint(Sequence& s) {
+  const std::span<const int32_t> prefix(s.tokens.data(), size_t(s.n_fed));
+  if (s.done || s.n_fed > s.n_prompt || !snaps_.wants(prefix)) return;
+  const auto where = snaps_.placement(snapshot_bytes(state_, s.n_fed));
+  if (!where) return;
+  try {
+    snaps_.insert(std::vector<int32_t>(prefix.begin(), prefix.end()),
+                  save_snapshot(model_.backend(), state_, s.slot, s.n_fed, *where));
+  } catch (const std::exception& e) {
+    spdlog::warn("prefix-cache checkpoint at {} tokens not saved: {}", s.n_fed, e.what());
+  }
 }
 
 // The slot is released only here, after the step's speculative commits: a sequence that ends
@@ -317,7 +347,11 @@ bool Scheduler::step() {
   for (Sequence& s : running_) {
     if (!s.prefilling()) continue;
     const int32_t done_chunks = (s.n_fed - s.prefill_start) / opts_.prefill_chunk;
-    const int32_t end = std::min(s.n_prompt, s.prefill_start + (done_chunks + 1) * opts_.prefill_chunk);
+    int32_t end = std::min(s.n_prompt, s.prefill_start + (done_chunks + 1) * opts_.prefill_chunk);
+    if (snaps_.enabled()) {  // a chunk also ends at each checkpoint position
+      const int64_t iv = snaps_.interval();
+      end = int32_t(std::min<int64_t>(end, (s.n_fed / iv + 1) * iv));
+    }
     const int32_t count = end - s.n_fed;
     if (any_prefill && count > budget) break;  // keep FIFO order: later prompts wait their turn
     add_run(s, count, end == s.n_prompt);
@@ -357,6 +391,7 @@ bool Scheduler::step() {
         const SeqRun& run = batch.runs[size_t(owner_run[i])];
         if (run_owner[i]->prefilling()) prefilled += uint64_t(run.count);
         run_owner[i]->n_fed += run.count;
+        checkpoint(*run_owner[i]);
       }
       for (size_t i = 0; i < row_owner.size(); ++i)
         on_logits(*row_owner[i], std::span(logits_).subspan(size_t(owner_row[i]) * V, V));
@@ -380,6 +415,7 @@ bool Scheduler::step() {
   stats_.waiting = queued_;
   stats_.slots_busy = cache_.busy();
   stats_.slots_cached = cache_.cached();
+  stats_.snapshots = snaps_.stats();
   stats_.kv_positions_used = 0;
   for (const Sequence& s : running_) stats_.kv_positions_used += s.n_fed;
   return worked;

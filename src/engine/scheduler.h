@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "engine/prefix_cache.h"
+#include "engine/snapshot_cache.h"
 #include "engine/request.h"
 #include "engine/spec/metrics.h"
 #include "engine/spec/spec_generate.h"
@@ -53,6 +54,11 @@ struct SchedulerOptions {
   SpecOptions spec = no_speculation();
   // Tests: a drafter to use in place of spec.method's (spec.method must not be None).
   std::function<std::unique_ptr<Drafter>(Model&, ModelState&)> spec_drafter;
+  // Prefix-cache checkpoints (engine/snapshot_cache.h): while a prompt is read, its slot's state
+  // is saved every `interval` positions, so later prompts sharing a beginning resume from there.
+  // Off unless a budget is given; off with MTP drafting (its drafter's host rows are not part of a
+  // snapshot) and with tensor parallelism (a snapshot holds rank 0's state only).
+  SnapshotCacheOptions snapshots;
 };
 
 // Cumulative Prometheus-style histogram (seconds).
@@ -81,6 +87,7 @@ struct SchedulerStats {
   // (spec.drafted_at[i]: drafts at depth i + 1), mean accepted length.
   SpecMetrics spec;
   uint64_t spec_undrafted = 0;  // decode tokens of sequences that had no drafts that step (spec on)
+  SnapshotCacheStats snapshots;  // prefix-cache checkpoints
   double cache_hit_rate() const { return prompt_tokens ? double(prompt_tokens_cached) / double(prompt_tokens) : 0; }
 };
 
@@ -124,6 +131,7 @@ class Scheduler {
   void admit_waiting();
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void reap();  // releases the slots of finished sequences and drops them
+  void checkpoint(Sequence& s);  // saves a prefix-cache checkpoint when s stands at one
   void on_logits(Sequence& s, std::span<float> logits);
   // Emits `tok` (raw: its row's logits before sampling, for logprobs; fed: the tokens the slot
   // holds once tok is pending) and ends the sequence on a stop or at its length.
@@ -136,6 +144,7 @@ class Scheduler {
   SchedulerOptions opts_;
   ModelState state_;
   PrefixCache cache_;
+  SnapshotCache snaps_;
   std::unique_ptr<SpecStepper> spec_;  // null: no speculative decoding
   std::vector<float> logits_, hidden_;
 

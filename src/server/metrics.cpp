@@ -61,6 +61,17 @@ std::string render_metrics(const HttpServer::Api& api) {
   w.metric("qwen36_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
   w.metric("qwen36_prefix_cache_hit_rate", "gauge", "Prompt tokens reused / prompt tokens, since start.",
            s.cache_hit_rate());
+  w.metric("qwen36_prefix_checkpoints", "gauge", "Saved prompt states (prefix-cache checkpoints) held.",
+           double(s.snapshots.entries));
+  w.metric("qwen36_prefix_checkpoint_device_bytes", "gauge", "Device memory held by checkpoints.",
+           double(s.snapshots.device_bytes));
+  w.metric("qwen36_prefix_checkpoint_host_bytes", "gauge", "Host RAM held by checkpoints.",
+           double(s.snapshots.host_bytes));
+  w.metric("qwen36_prefix_checkpoint_hits_total", "counter", "Requests that resumed from a checkpoint.",
+           double(s.snapshots.hits));
+  w.metric("qwen36_prefix_checkpoint_saved_total", "counter", "Checkpoints saved.", double(s.snapshots.saved));
+  w.metric("qwen36_prefix_checkpoint_evicted_total", "counter", "Checkpoints evicted to fit their budget.",
+           double(s.snapshots.evicted));
   w.metric("qwen36_state_slots", "gauge", "Sequence state slots (GDN state + KV).", s.slots);
   w.metric("qwen36_state_slots_busy", "gauge", "Slots running a request.", s.slots_busy);
   w.metric("qwen36_state_slots_cached", "gauge", "Slots holding a finished sequence for prefix reuse.",

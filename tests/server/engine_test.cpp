@@ -294,6 +294,41 @@ TEST_F(EngineTest, SecondTurnPrefillsOnlyNewTokensAndMatchesColdRun) {
   EXPECT_EQ(c.tokens, alone(t3, 16));
 }
 
+// Prefix-cache checkpoints: two users share a 40-token system prompt. The first request saves
+// the state at 16, 32 and 48 tokens while it reads its prompt; the second resumes from 32 (its
+// slot holds nothing of it: different history), prefills only the rest, and answers exactly as
+// a cold run. Device and host tiers both serve.
+TEST_F(EngineTest, SharedPrefixResumesFromACheckpoint) {
+  for (bool host : {false, true}) {
+    SchedulerOptions o = small_options();
+    o.slots = 2;
+    o.snapshots = {.interval = 16, .device_bytes = host ? 0 : size_t(64) << 20, .host_bytes = size_t(64) << 20};
+    Scheduler s(*model_, o);
+    const std::vector<int32_t> system = prompt(40, 3);
+    RequestParams a, b;
+    a.prompt = system;
+    b.prompt = system;
+    const std::vector<int32_t> qa = prompt(9, 4), qb = prompt(13, 5);
+    a.prompt.insert(a.prompt.end(), qa.begin(), qa.end());
+    b.prompt.insert(b.prompt.end(), qb.begin(), qb.end());
+    a.max_tokens = b.max_tokens = 8;
+    auto ra = s.submit(a);
+    run_until_done(s, {ra});
+    EXPECT_EQ(s.stats().snapshots.saved, 3u);  // at 16, 32 and 48 (the last holds a's own question)
+    const uint64_t before = s.stats().prefilled_tokens;
+    auto rb = s.submit(b);
+    run_until_done(s, {rb});
+    const RequestResult res = wait_for_result(*rb, 100ms);
+    EXPECT_EQ(res.usage.cached_tokens, 32) << (host ? "host" : "device");
+    EXPECT_EQ(s.stats().prefilled_tokens - before, b.prompt.size() - 32);
+    EXPECT_EQ(res.tokens, alone(b, 16));
+    const SchedulerStats st = s.stats();
+    EXPECT_EQ(st.snapshots.hits, 1u);
+    EXPECT_GT(host ? st.snapshots.host_bytes : st.snapshots.device_bytes, 0u);
+    EXPECT_EQ(host ? st.snapshots.device_bytes : st.snapshots.host_bytes, 0u);
+  }
+}
+
 TEST_F(EngineTest, EngineThreadServesConcurrentSubmittersAndStopCancels) {
   Scheduler s(*model_, small_options());
   s.start();
