@@ -2,7 +2,11 @@
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
+# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles — e.g. two calls of a
+# time-limited runner: "tests bench" then "serve profiles".
 set -uo pipefail
+PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
 mkdir -p "$OUT"
@@ -29,15 +33,17 @@ fi
 
 # Each test suite in its own process: a kernel fault in one leaves the others' results intact.
 : > "$OUT/tests.log"
-for suite in $("$TESTS" --gtest_list_tests | grep -v '^ ' | grep '\.$' | tr -d '.'); do
+part tests && for suite in $("$TESTS" --gtest_list_tests | grep -v '^ ' | grep '\.$' | tr -d '.'); do
   echo "=== $suite" >> "$OUT/tests.log"
   timeout 240 "$TESTS" --gtest_filter="$suite.*" >> "$OUT/tests.log" 2>&1
   echo "=== $suite rc=$?" | tee -a "$OUT/tests.log"
 done
-grep -E "^\[  (PASSED|FAILED) |Failure|^\[ [a-z0-9-]+ \]" "$OUT/tests.log"
+part tests && grep -E "^\[  (PASSED|FAILED) |Failure|^\[ [a-z0-9-]+ \]" "$OUT/tests.log"
 
 bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 300 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
-if [ "$QUICK" = "--quick" ]; then
+if ! part bench; then
+  :
+elif [ "$QUICK" = "--quick" ]; then
   bench --synthetic qwen3.6-27b --type bf16 -p 512 -n 32 -b 1 -r 2
 else
   bench --synthetic qwen3.6-27b --type bf16 -p 512,4096 -n 128 -b 1,8,32 -r 3
@@ -54,7 +60,7 @@ else
 fi
 # Serving (issue 7): S concurrent streams through the continuous-batching engine, 512-token
 # prompts, 128 generated; the serve defaults (chunked prefill mixed with decode).
-if [ "$QUICK" != "--quick" ]; then
+if [ "$QUICK" != "--quick" ] && part serve; then
   : > "$OUT/serve.md"
   for m in qwen3.6-27b qwen3.6-35b-a3b; do
     echo "## qwen36 bench-serve $m q4_k_m" >> "$OUT/serve.md"
@@ -65,7 +71,7 @@ fi
 # Per-op GPU time of one decode step and of one 4096-token prefill (eager launches, events
 # around every op; no graphs), all in one file.
 : > "$OUT/profiles.md"
-for m in qwen3.6-27b qwen3.6-35b-a3b; do
+part profiles && for m in qwen3.6-27b qwen3.6-35b-a3b; do
   # prefill: 3 timed passes after the warm-up, so first-use costs (module loading, pool
   # growth) weigh a quarter in the averages
   for shape in '-p "" -n 16 -r 1' '-p 4096 -n "" -r 3'; do
@@ -74,7 +80,7 @@ for m in qwen3.6-27b qwen3.6-35b-a3b; do
       >> "$OUT/profiles.md" 2>&1
   done
 done
-for m in qwen3.6-27b qwen3.6-35b-a3b; do
+part profiles && for m in qwen3.6-27b qwen3.6-35b-a3b; do
   echo "## $m q4_k_m -p \"\" -n 16 -r 1" >> "$OUT/profiles.md"
   QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 16 -r 1 -b 1 \
     >> "$OUT/profiles.md" 2>&1
