@@ -305,6 +305,57 @@ TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
   }
 }
 
+// Row-tiles split between warps are finished inside the GEMM by the last warp to arrive (an
+// arrival counter per split row-tile, reset by that warp): the same call three times eagerly,
+// then recorded into a CUDA graph and replayed twice, must give bitwise the same outputs (the
+// pieces are summed in warp order, never by float atomics), each within 2e-5 of the int8 twin.
+// Shapes: one row-tile over 68 warps; 2048 × 4096 (the 35B's, one tile per warp, 16 warps per
+// row-tile); 2048 × 512 (the smallest blocks); 5120 × 6144 (ranges start and end mid row-tile).
+TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
+  const Shape shapes[] = {{16, 17408}, {2048, 4096}, {2048, 512}, {5120, 6144}};
+  uint64_t key = 0x5157'0000;
+  for (DType dt : kTypes)
+    for (const Shape& s : shapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const DevT dw = upload_tiled(*gpu_, w);
+      const int64_t step = s.N >= 2048 ? 61 : 1;
+      for (int64_t T : {1, 5, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        const HostT zeros(DType::F32, {T, s.N});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, zeros);
+        const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K) + " T=" + std::to_string(T);
+        std::vector<std::vector<float>> runs;
+        for (int r = 0; r < 3; ++r) {
+          gpu_->copy_from_host(zeros.t.data, dout.t);  // nothing left over from the run before
+          gpu_->matmul(dx.t, dw.t, dout.t);
+          runs.push_back(download(*gpu_, dout.t));
+        }
+        ++key;
+        ASSERT_TRUE(gpu_->begin_capture());
+        gpu_->matmul(dx.t, dw.t, dout.t);
+        ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the tiled GEMM could not be recorded";
+        for (int r = 0; r < 2; ++r) {
+          gpu_->copy_from_host(zeros.t.data, dout.t);
+          ASSERT_TRUE(gpu_->replay(key));
+          runs.push_back(download(*gpu_, dout.t));
+        }
+        for (size_t r = 1; r < runs.size(); ++r) {
+          size_t diff = 0, first = runs[0].size();
+          for (size_t i = 0; i < runs[0].size(); ++i)
+            if (std::memcmp(&runs[r][i], &runs[0][i], sizeof(float)) != 0) ++diff, first = std::min(first, i);
+          EXPECT_EQ(diff, 0u) << what << (r < 3 ? " eager run " : " graph replay ") << (r < 3 ? r : r - 3) << ": " << diff
+                              << " outputs differ from run 0, first at t=" << (first / size_t(s.N)) << " n="
+                              << (first % size_t(s.N)) << " (row-tile " << (first % size_t(s.N)) / 16 << ")";
+        }
+        std::string where;
+        EXPECT_LE(checked_err(runs.back(), reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
+            << what << " " << where;
+      }
+    }
+}
+
 // Copies of a device matrix adding up to > 256 MB (over 4× the H200's L2): rotating over them
 // measures weights streamed from HBM, as in a decode step.
 std::vector<DevT> cold_tiled_copies(Backend& gpu, const HostT& w) {

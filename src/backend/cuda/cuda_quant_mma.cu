@@ -17,26 +17,45 @@
 //        a2 / a3); the 16 rows' int8 scales (16 each); the 16 rows' f16 d.
 //      Q8_0 (4352 B): 8 loads, one k32 group each, {a0, a1, a2, a3} as int8; then the f16 d of
 //        the 16 rows' 8 blocks ([row][block]).
-//  - Activations (quantize_kernel, a pre-kernel): per 32 to int8 exactly as the decode GEMV
-//    (d = amax / 127, nearest even via 1.5 · 2^23), stored as B fragments per (k32 group, n8
-//    tile): lane L's b0, b1 are one 8-byte load. Per (group, n-tile, t) a float4 {d, d·Σq} of
-//    tokens 2t, 2t + 1 (Q4_K's min term) and an int4 {−32·Σq} of each 16-half (Q6_K's offset,
-//    used as the MMA's C input so that the int32 result is Σ (q − 32) · x exactly). T·K bytes:
-//    L2-resident.
-//  - GEMM (mma_kernel): persistent warps, each a balanced contiguous range of tiles (memory
-//    order); per tile the next tile's loads are in flight while this one computes. Q4_K's warp
-//    decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a row and 4
-//    groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K: two
-//    m16n8k16, one per 16-scale), then a float epilogue per C element. A row-tile split between
-//    warps is summed by fixup_kernel in warp order (no atomics: bitwise reproducible). Up to 4
-//    matrices of one type stored back to back (a layer's projections) are one stacked matrix:
-//    one quantization of x, then one GEMM + fixup launch per such group.
+//  - Activations (quantize_kernel, a pre-kernel; a thread per 4 weights, a warp per 4 groups of
+//    one token): per 32 to int8 exactly as the decode GEMV (d = amax / 127, nearest even via
+//    1.5 · 2^23), stored as B fragments per (k32 group, n8 tile): lane L's b0, b1 are one 8-byte
+//    load. Per (group, n-tile, t) a float4 {d, d·Σq} of tokens 2t, 2t + 1 (Q4_K's min term) and
+//    an int4 {−32·Σq} of each 16-half (Q6_K's offset, used as the MMA's C input so that the
+//    int32 result is Σ (q − 32) · x exactly). T·K bytes: L2-resident. It also zeroes the GEMM's
+//    arrival counters (the call's workspace is fresh stream-ordered memory).
+//  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
+//    tiles (memory order). Each warp streams its tiles through a private shared-memory ring of
+//    kStages = 3 with cp.async (no registers held by loads in flight): 2 tiles load while one
+//    computes, and the first 2 are requested before griddep_wait (weights depend on no earlier
+//    kernel; only x does), so a small matrix's warps have all their bytes in flight during the
+//    previous kernel's tail. In flight per SM: 16–24 warps × 2 tiles ≈ 74–110 KB (Q4_K), well
+//    over the ~25–30 KB that HBM's latency × bandwidth asks per SM. Q4_K's warp decodes the
+//    tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a row and 4 groups). Per
+//    k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K: two m16n8k16, one per
+//    16-scale), then a float epilogue per C element; at T = 1 (instantiation ONE) the odd token
+//    columns are dead for the whole warp and their epilogue is skipped (Q4_K T = 1: 80
+//    registers, 3 blocks of 8 warps per SM).
+//  - A row-tile split between warps: each writes its piece to a workspace slot, __threadfence,
+//    then lane 0 counts its arrival (atomicAdd on an int counter, one per split row-tile, indexed
+//    by the warp holding the row-tile's first tile); the last to arrive sums the pieces in warp
+//    order and writes out (no float atomics: bitwise reproducible, eager or graph replay) and
+//    resets the counter, so the next launch of the call (read only after its griddep_wait) finds
+//    it zero. Two launches per call in all: quantize, then one GEMM per group of matrices.
+//  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
+//    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
+//    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
+//    the smallest unit of work; such a matrix is one DRAM round trip plus two launches.
+//    Up to 4 matrices of one type stored back to back (a layer's projections) are one stacked
+//    matrix: one quantization of x, then one GEMM launch per such group.
 //    Instruction count at T ≤ 8 (per lane, per 16 weights of a group): Q4_K 6 unpack + 2 LDS +
-//    2 LDG + 1 MMA + 16 epilogue ≈ 27 (+ ~45 per tile for loads and scales): ~2 per weight; Q6_K
-//    ~2.6; Q8_0 ~1.3. Each more n8 tile adds ~19 per 16 weights.
+//    2 LDG + 1 MMA + 16 epilogue ≈ 27 (8 fewer at T = 1; + ~50 per tile for the copy, the
+//    shared-memory reads and scales): ~2 per weight; Q6_K ~2.6; Q8_0 ~1.3. Each more n8 tile
+//    adds ~19 per 16 weights.
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
 //    cuda_quant_matmul.cu's quant_gemm.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -50,7 +69,8 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr int kMaxT = 64;     // tokens per launch (8 n8 tiles)
-constexpr int kWarps = 8;     // warps per block of the GEMM
+constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
+constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
 constexpr int kTabStride = 10;  // float2 per row of Q4_K's (S, M) table: 8 groups + 2 pad (no bank conflicts)
 
 template <DType D>
@@ -234,32 +254,47 @@ __global__ void dequant_tiled_kernel(const uint8_t* __restrict__ w, int K, int r
 // Activations
 // ================================================================================================
 
-// One warp per (token c < 8·NT, k32 group j), lane = weight of the group; tokens ≥ T are zeros.
+// One thread per (token c < 8·NT, k32 group j, quarter u of 4 weights); a warp holds 4 groups of
+// one token (G % 8 == 0), so c is warp-uniform: padded tokens (c ≥ T) store zeros without
+// loading. The bytes and scales are those of the earlier one-warp-per-group form exactly.
+// Also zeroes the GEMM's arrival counters (fresh stream-ordered memory each call).
 __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int NT, uint8_t* __restrict__ xb,
-                                float* __restrict__ xf, int* __restrict__ xi) {
+                                float* __restrict__ xf, int* __restrict__ xi, int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
-  const int G = K >> 5, lane = int(threadIdx.x & 31);
-  const long long wid = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
-  if (wid >= (long long)NT * 8 * G) return;
-  const int c = int(wid / G), j = int(wid - (long long)c * G);
-  griddep_wait();  // x comes from the kernel before
-  const float v = c < T ? x[size_t(c) * K + size_t(j) * 32 + lane] : 0.0f;
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const int q = __float_as_int(fmaf(v, id, 12582912.0f)) - 0x4B400000;
-  int half = q;  // sum over this lane's 16-half of the group
+  griddep_wait();  // x comes from the kernel before; this call's workspace may be the last one's
+  const int G = K >> 5, u = int(threadIdx.x & 7);
+  const long long stride = (long long)gridDim.x * blockDim.x, id0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  for (long long i = id0; i < ncnt; i += stride) cnt[i] = 0;
+  const long long n = (long long)NT * 8 * G * 8;  // a multiple of 512: every warp is whole in every round
+  for (long long id = id0; id < n; id += stride) {
+    const long long jq = id >> 3;
+    const int c = int(jq / G), j = int(jq - (long long)c * G);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c < T) v = reinterpret_cast<const float4*>(x + size_t(c) * K + size_t(j) * 32)[u];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-  for (int o = 1; o < 16; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
-  const int other = __shfl_xor_sync(0xffffffffu, half, 16);
-  const int nt = c >> 3, gg = c & 7, t = (lane & 15) >> 2, hi = lane >> 4;
-  const size_t frag = size_t(j) * NT + nt;
-  xb[(frag * 32 + 4 * gg + t) * 8 + 4 * hi + (lane & 3)] = uint8_t(int8_t(q));
-  if (lane == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
-    const size_t e = (frag * 4 + (gg >> 1)) * 4;
-    xf[e + 2 * (gg & 1)] = d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
-    xf[e + 2 * (gg & 1) + 1] = d * float(half + other);
-    xi[e + (gg & 1)] = -32 * half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
-    xi[e + 2 + (gg & 1)] = -32 * other;
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
+    const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
+    const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
+    const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
+    int half = q0 + q1 + q2 + q3;  // then the sum over this thread's 16-half of the group
+    half += __shfl_xor_sync(0xffffffffu, half, 1);
+    half += __shfl_xor_sync(0xffffffffu, half, 2);
+    const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+    const int nt = c >> 3, gg = c & 7;
+    const size_t frag = size_t(j) * NT + nt;
+    // weights 4u .. 4u + 3: t = u % 4, 16-half u / 4; one 32-bit store
+    *reinterpret_cast<uint32_t*>(xb + (frag * 32 + 4 * gg + (u & 3)) * 8 + 4 * (u >> 2)) =
+        (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24;
+    if (u == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
+      const size_t e = (frag * 4 + (gg >> 1)) * 4;
+      xf[e + 2 * (gg & 1)] = d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
+      xf[e + 2 * (gg & 1) + 1] = d * float(half + other);
+      xi[e + (gg & 1)] = -32 * half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
+      xi[e + 2 + (gg & 1)] = -32 * other;
+    }
   }
 }
 
@@ -286,9 +321,28 @@ __device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1));
 }
 
-__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
+
+// 16 bytes global → shared without registers (sm_80+), L2 only: the weights are read once.
+__device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
+// own fragments come from), the tail (headers) by the first lanes.
+template <int B>
+__device__ __forceinline__ void issue_tile(uint8_t* stage, const uint8_t* __restrict__ tile, int lane) {
+#pragma unroll
+  for (int i = 0; i < B / 512; ++i) cp_async16(stage + 512 * i + 16 * lane, tile + 512 * i + 16 * lane);
+  if (16 * lane < B % 512) cp_async16(stage + (B / 512) * 512 + 16 * lane, tile + (B / 512) * 512 + 16 * lane);
+}
 
 // A lane's registers of one tile.
 template <DType D>
@@ -307,27 +361,29 @@ struct Raw<DType::Q8_0_T16> {
   uint4 q[8], d0, d1;
 };
 
+__device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// From the tile's shared-memory stage.
 template <DType D>
 __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>& R) {
   const int g = lane >> 2;
   if constexpr (D == DType::Q4_K_T16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
-    R.h = ldcs4(tile + 2048 + 16 * (lane & 15));
+    for (int i = 0; i < 4; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
+    R.h = lds4(tile + 2048 + 16 * (lane & 15));
   } else if constexpr (D == DType::Q6_K_T16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
+    for (int i = 0; i < 4; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) R.hb[i] = ldcs4(tile + 2048 + 512 * i + 16 * lane);
-    R.sc0 = ldcs4(tile + 3072 + 16 * g);
-    R.sc1 = ldcs4(tile + 3072 + 16 * (g + 8));
-    R.d = uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(tile + 3328) + g)) |
-          uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(tile + 3328) + g + 8)) << 16;
+    for (int i = 0; i < 2; ++i) R.hb[i] = lds4(tile + 2048 + 512 * i + 16 * lane);
+    R.sc0 = lds4(tile + 3072 + 16 * g);
+    R.sc1 = lds4(tile + 3072 + 16 * (g + 8));
+    R.d = uint32_t(ld_u16(tile + 3328 + 2 * g)) | uint32_t(ld_u16(tile + 3328 + 2 * (g + 8))) << 16;
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) R.q[i] = ldcs4(tile + 512 * i + 16 * lane);
-    R.d0 = ldcs4(tile + 4096 + 16 * g);
-    R.d1 = ldcs4(tile + 4096 + 16 * (g + 8));
+    for (int i = 0; i < 8; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
+    R.d0 = lds4(tile + 4096 + 16 * g);
+    R.d1 = lds4(tile + 4096 + 16 * (g + 8));
   }
 }
 
@@ -341,6 +397,7 @@ struct MmaArgs {
   float* out[4];
   int rt_end[4], n[4], nmat;
   float* part;         // [nwarps][2][T][16] partial sums of row-tiles split between warps
+  int* cnt;            // [nwarps] arrivals at the split row-tile whose first tile warp w holds
   long long total;     // tiles = R · S
   int S, T, nwarps;
 };
@@ -364,19 +421,39 @@ __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
 }
 __device__ __forceinline__ long long range_begin(int w, long long total, int nw) { return (long long)w * total / nw; }
 
-// Registers: ≤ 128 (16 warps per SM) up to 16 tokens; 32 and 64 tokens (32 accumulators more)
-// may take more at 8 warps per SM rather than spill (launch_mma sizes the grid by occupancy).
-template <DType D, int NT>
-__global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const MmaArgs a) {
+// Shared memory per warp: the tile ring, then (Q4_K) the (S, M) table.
+template <DType D>
+constexpr int warp_smem() {
+  return kStages * Tile<D>::kBytes + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+}
+
+// ONE: T == 1 (NT == 1): only token column 0 is real, so the epilogue skips the C elements of
+// odd columns (warp-uniformly dead). Registers: Q4_K at T = 1 ≤ 80 (24 warps per SM; registers
+// are granted per warp in units of 256, so 84 would allow only 23), else ≤ 128 (16 warps per
+// SM) up to 16 tokens; 32 and
+// 64 tokens may take more at 8 warps per SM rather than spill (plan_mma sizes the grid by
+// occupancy). Blocks have 1 .. kWarps warps (small matrices spread over every SM).
+template <DType D, int NT, bool ONE>
+__global__ void __launch_bounds__(kWarps * 32, ONE && D == DType::Q4_K_T16 ? 3 : NT <= 2 ? 2 : 1)
+    mma_kernel(const MmaArgs a) {
   constexpr int B = Tile<D>::kBytes;
-  constexpr int kTab = D == DType::Q4_K_T16 ? kWarps * 16 * kTabStride : 2;
-  __shared__ __align__(16) float2 tab_all[kTab];
+  extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
-  const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), w = int(blockIdx.x) * kWarps + wib;
+  const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
+  const int w = int(blockIdx.x) * wpb + wib;
   if (w >= a.nwarps) return;  // no block-wide barriers below
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
   const long long b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
-  float2* tab = tab_all + (D == DType::Q4_K_T16 ? wib * 16 * kTabStride : 0);
+  uint8_t* ring = smem + size_t(wib) * kStages * B;
+  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * kStages * B) + wib * 16 * kTabStride;
+
+  // The first kStages − 1 tiles are requested before waiting for the kernel before: the weights
+  // depend on no earlier kernel (a small matrix's warps have all their tiles in flight here).
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
+    cp_async_commit();
+  }
 
   int r = int(b0 / S), s = int(b0 - (long long)r * S);
   const int r_first = r;
@@ -432,9 +509,11 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const
           int c[4];
           mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
           acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
-          acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
           acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
-          acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
+          if constexpr (!ONE) {
+            acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
+            acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
+          }
         }
       } else if constexpr (D == DType::Q6_K_T16) {
         // int8 scales of the group's two 16-halves, rows g and g + 8
@@ -449,9 +528,11 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const
           mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
           mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
           acc[n][0] = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[n][0]);
-          acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
           acc[n][2] = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[n][2]);
-          acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
+          if constexpr (!ONE) {
+            acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
+            acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
+          }
         }
       } else {
         const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
@@ -463,18 +544,25 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const
           int c[4];
           mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
           acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
-          acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
           acc[n][2] = fmaf(e1 * f.x, float(c[2]), acc[n][2]);
-          acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
+          if constexpr (!ONE) {
+            acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
+            acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
+          }
         }
       }
     }
   };
   // After tile i: a row-tile's piece ends at its last super-block or at the range's end. A
-  // whole row-tile is written; a piece goes to the warp's slot 0 (its first row-tile) or 1.
+  // whole row-tile is written out. A piece goes to the warp's slot 0 (its first row-tile) or 1;
+  // the last warp of the row-tile's warps to arrive (counter cnt[w0], w0 the warp holding its
+  // first tile) sums every piece in warp order and writes out: no float atomics, so the result
+  // is bitwise the same on every run and in every replay; it resets the counter for the next
+  // launch (which reads it only after its griddep_wait, i.e. after this grid completed).
   auto finish = [&](long long i) {
     if (s == S - 1 || i == b1 - 1) {
-      const bool whole = (long long)r * S >= b0 && (long long)(r + 1) * S <= b1;
+      const long long rs = (long long)r * S;
+      const bool whole = rs >= b0 && rs + S <= b1;
       size_t stride = 16;
       float* base = whole ? out_of(a, r, stride) : a.part + (size_t(w) * 2 + (r == r_first ? 0 : 1)) * size_t(T) * 16;
 #pragma unroll
@@ -489,63 +577,106 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) mma_kernel(const
         }
 #pragma unroll
       for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+      if (!whole) {
+        const int w0 = warp_of(rs, a.total, a.nwarps), w1 = warp_of(rs + S - 1, a.total, a.nwarps);
+        __threadfence();  // this piece is visible device-wide before the arrival is counted
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) last = atomicAdd(a.cnt + w0, 1) == w1 - w0;
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (last) {
+          __threadfence();
+          float* o = out_of(a, r, stride);
+          for (int e = lane; e < T * 16; e += 32) {
+            float sum = 0.0f;
+            for (int v = w0; v <= w1; ++v) {
+              const int slot = range_begin(v, a.total, a.nwarps) / S == r ? 0 : 1;
+              sum += __ldcg(a.part + (size_t(v) * 2 + slot) * size_t(T) * 16 + e);
+            }
+            o[size_t(e >> 4) * stride + (e & 15)] = sum;
+          }
+          if (lane == 0) a.cnt[w0] = 0;
+        }
+      }
     }
     if (++s == S) s = 0, ++r;
   };
 
-  // Two register sets in turn: tile i + 1 loads while tile i computes (no copies).
-  Raw<D> A, Bt;
-  load_tile<D>(a.w + size_t(b0) * B, lane, A);  // weights depend on no earlier kernel
-  griddep_wait();                               // the activations do
-  for (long long i = b0; i < b1; i += 2) {
-    if (i + 1 < b1) load_tile<D>(a.w + size_t(i + 1) * B, lane, Bt);
-    compute(A);
+  griddep_wait();  // the activations (and this call's workspace) come after the kernel before
+  // Ring of kStages tiles per warp: tile i computes while tiles i + 1 .. i + kStages − 1 load.
+  int stage = 0;
+  for (long long i = b0; i < b1; ++i) {
+    __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
+    const int refill = stage == 0 ? kStages - 1 : stage - 1;
+    if (i + kStages - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + kStages - 1) * B, lane);
+    cp_async_commit();  // possibly empty: group k always holds tile b0 + k
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the headers copied by other lanes are visible
+    Raw<D> R;
+    load_tile<D>(ring + stage * B, lane, R);
+    compute(R);
     finish(i);
-    if (i + 1 >= b1) break;
-    if (i + 2 < b1) load_tile<D>(a.w + size_t(i + 2) * B, lane, A);
-    compute(Bt);
-    finish(i + 1);
+    if (++stage == kStages) stage = 0;
   }
 }
 
-// Row-tiles split between warps: the pieces summed in warp order. One thread per output.
-__global__ void fixup_kernel(MmaArgs a, int R) {
-  griddep_wait();
-  const long long n = (long long)R * a.T * 16;
-  const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (idx >= n) return;
-  const int r = int(idx / (a.T * 16)), rem = int(idx - (long long)r * a.T * 16), c = rem >> 4, row = rem & 15;
-  const long long i0 = (long long)r * a.S;
-  const int w0 = warp_of(i0, a.total, a.nwarps), w1 = warp_of(i0 + a.S - 1, a.total, a.nwarps);
-  if (w0 == w1) return;  // one warp's: written directly
-  float sum = 0.0f;
-  for (int w = w0; w <= w1; ++w) {
-    const int slot = range_begin(w, a.total, a.nwarps) / a.S == r ? 0 : 1;
-    sum += a.part[(size_t(w) * 2 + slot) * size_t(a.T) * 16 + size_t(c) * 16 + row];
-  }
-  size_t stride = 0;
-  out_of(a, r, stride)[size_t(c) * stride + row] = sum;
-}
+// The launch shape of one GEMM over `total` tiles.
+struct MmaPlan {
+  int nwarps = 0, wpb = 0, grid = 0;
+  size_t smem = 0;
+};
 
-template <DType D, int NT>
-void launch_mma(Ctx& c, MmaArgs a, int R) {
-  static int per_sm[16] = {};
+template <DType D, int NT, bool ONE>
+MmaPlan plan_mma(long long total) {
+  struct PerDev {
+    int wpb = 0, bps = 0;
+  };
+  static PerDev per_dev[64];
+  static std::atomic<uint64_t> done{0};
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  int& bps = per_sm[dev & 15];
-  if (bps == 0) {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mma_kernel<D, NT>, kWarps * 32, 0));
-    bps = std::max(bps, 1);
-  }
-  a.nwarps = int(std::min<long long>(a.total, (long long)dev_info().sms * bps * kWarps));
-  Temp<float> part(c, size_t(a.nwarps) * 2 * size_t(a.T) * 16);
-  a.part = part.get();
-  const int grid = (a.nwarps + kWarps - 1) / kWarps;
-  launch_pdl(mma_kernel<D, NT>, dim3(unsigned(grid)), dim3(kWarps * 32), 0, c.stream, a);
-  const long long n = (long long)R * a.T * 16;
-  launch_pdl(fixup_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, c.stream, a, R);
+  PerDev& pd = per_dev[dev % 64];
+  const DevInfo info = dev_info();
+  once_per_device(done, [&] {
+    // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
+    pd.wpb = std::clamp(info.smem_optin / warp_smem<D>(), 1, kWarps);
+    const int smem = pd.wpb * warp_smem<D>();
+    CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<D, NT, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int bps = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mma_kernel<D, NT, ONE>, pd.wpb * 32, size_t(smem)));
+    pd.bps = std::max(bps, 1);
+  });
+  MmaPlan p;
+  // Persistent warps, every one resident; never more warps than tiles (a tile is the unit).
+  p.nwarps = int(std::min<long long>(total, (long long)info.sms * pd.bps * pd.wpb));
+  // A matrix with fewer tiles than one full block per SM: smaller blocks, one per SM, so that
+  // every SM's load path carries a share of the bytes (a 2048 × 512 Q4_K: 256 tiles, 2 warps on
+  // each of 128 SMs rather than 8 on 32).
+  p.wpb = std::clamp((p.nwarps + info.sms - 1) / info.sms, 1, pd.wpb);
+  p.grid = (p.nwarps + p.wpb - 1) / p.wpb;
+  p.smem = size_t(p.wpb) * warp_smem<D>();
+  return p;
 }
 
+// Calls f(type, NT, ONE) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8} and
+// ONE (T == 1, only with NT = 1).
+template <typename F>
+void with_mma(DType t, int NT, bool one, F&& f) {
+  with_tiled_type(t, [&](auto dt) {
+    using B0 = std::false_type;
+    switch (NT) {
+      case 1:
+        if (one)
+          f(dt, std::integral_constant<int, 1>{}, std::true_type{});
+        else
+          f(dt, std::integral_constant<int, 1>{}, B0{});
+        break;
+      case 2: f(dt, std::integral_constant<int, 2>{}, B0{}); break;
+      case 4: f(dt, std::integral_constant<int, 4>{}, B0{}); break;
+      default: f(dt, std::integral_constant<int, 8>{}, B0{}); break;
+    }
+  });
+}
 // ================================================================================================
 // Host side
 // ================================================================================================
@@ -583,25 +714,6 @@ void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
       gemm_half(c, ws, xh.get(), true, T, ns, K, out + n0, N);
     }
   }
-}
-
-// One launch for ws[0 .. nmat) (back to back in memory, one type and K).
-template <int NT>
-void run_mma_nt(Ctx& c, const MmaArgs& base, const Tensor* const* ws, Tensor* const* outs, int nmat) {
-  MmaArgs a = base;
-  a.w = static_cast<const uint8_t*>(ws[0]->data);
-  a.S = int(ws[0]->cols() / 256);
-  a.nmat = nmat;
-  int rt = 0;
-  for (int m = 0; m < kMaxMats; ++m) {
-    const int mm = std::min(m, nmat - 1);
-    if (m < nmat) rt += int(ws[m]->rows() / 16);
-    a.out[m] = outs[mm]->as<float>();
-    a.rt_end[m] = rt;
-    a.n[m] = int(ws[mm]->rows());
-  }
-  a.total = (long long)rt * a.S;
-  with_tiled_type(ws[0]->dtype, [&](auto dt) { launch_mma<decltype(dt)::value, NT>(c, a, rt); });
 }
 
 }  // namespace
@@ -660,35 +772,70 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
       });
     return;
   }
-  // The activations once for every matrix.
   const int NT = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
-  const size_t G = size_t(K / 32);
-  Temp<uint2> xb(c, G * NT * 32);
-  Temp<float4> xf(c, G * NT * 4);
-  Temp<int4> xi(c, G * NT * 4);
-  const long long qwarps = (long long)NT * 8 * (long long)G;
-  launch_pdl(quantize_kernel, dim3(unsigned((qwarps + 7) / 8)), dim3(256), 0, c.stream, xp, int(T), int(K), NT,
-             reinterpret_cast<uint8_t*>(xb.get()), reinterpret_cast<float*>(xf.get()), reinterpret_cast<int*>(xi.get()));
-  MmaArgs a{};
-  a.xb = xb.get();
-  a.xf = xf.get();
-  a.xi = xi.get();
-  a.T = int(T);
+  const bool one = T == 1;
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
+  struct Group {
+    MmaArgs a{};
+    MmaPlan p;
+    DType t = DType::F32;
+  };
+  std::vector<Group> groups;
+  int max_warps = 1;
   for (size_t i = 0; i < ws.size();) {
     size_t e = i + 1;
     while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
            static_cast<const uint8_t*>(ws[e - 1]->data) + ws[e - 1]->nbytes() == ws[e]->data)
       ++e;
-    const int nm = int(e - i);
-    switch (NT) {
-      case 1: run_mma_nt<1>(c, a, ws.data() + i, outs.data() + i, nm); break;
-      case 2: run_mma_nt<2>(c, a, ws.data() + i, outs.data() + i, nm); break;
-      case 4: run_mma_nt<4>(c, a, ws.data() + i, outs.data() + i, nm); break;
-      default: run_mma_nt<8>(c, a, ws.data() + i, outs.data() + i, nm); break;
+    Group gr;
+    MmaArgs& a = gr.a;
+    a.w = static_cast<const uint8_t*>(ws[i]->data);
+    a.S = int(K / 256);
+    a.T = int(T);
+    a.nmat = int(e - i);
+    int rt = 0;
+    for (int m = 0; m < kMaxMats; ++m) {
+      const size_t mm = i + size_t(std::min(m, a.nmat - 1));
+      if (m < a.nmat) rt += int(ws[mm]->rows() / 16);
+      a.out[m] = outs[mm]->as<float>();
+      a.rt_end[m] = rt;
+      a.n[m] = int(ws[mm]->rows());
     }
+    a.total = (long long)rt * a.S;
+    gr.t = ws[i]->dtype;
+    with_mma(gr.t, NT, one, [&](auto dt, auto nt, auto o) {
+      gr.p = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value>(a.total);
+    });
+    a.nwarps = gr.p.nwarps;
+    max_warps = std::max(max_warps, a.nwarps);
+    groups.push_back(gr);
     i = e;
+  }
+  // One stream-ordered workspace: the activations once for every matrix, the split row-tiles'
+  // pieces and arrival counters (shared by the groups: each launch runs after the one before).
+  const size_t G = size_t(K / 32);
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t o_xb = 0, o_xf = o_xb + up(G * NT * 32 * sizeof(uint2)), o_xi = o_xf + up(G * NT * 4 * sizeof(float4));
+  const size_t o_part = o_xi + up(G * NT * 4 * sizeof(int4));
+  const size_t o_cnt = o_part + up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float));
+  Temp<uint8_t> ws_mem(c, o_cnt + up(size_t(max_warps) * sizeof(int)));
+  uint8_t* base = ws_mem.get();
+  const long long qthreads = (long long)NT * 8 * (long long)G * 8;
+  const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
+  launch_pdl(quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, xp, int(T), int(K), NT, base + o_xb,
+             reinterpret_cast<float*>(base + o_xf), reinterpret_cast<int*>(base + o_xi),
+             reinterpret_cast<int*>(base + o_cnt), max_warps);
+  for (Group& gr : groups) {
+    gr.a.xb = reinterpret_cast<const uint2*>(base + o_xb);
+    gr.a.xf = reinterpret_cast<const float4*>(base + o_xf);
+    gr.a.xi = reinterpret_cast<const int4*>(base + o_xi);
+    gr.a.part = reinterpret_cast<float*>(base + o_part);
+    gr.a.cnt = reinterpret_cast<int*>(base + o_cnt);
+    with_mma(gr.t, NT, one, [&](auto dt, auto nt, auto o) {
+      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value>, dim3(unsigned(gr.p.grid)),
+                 dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
+    });
   }
 }
 
