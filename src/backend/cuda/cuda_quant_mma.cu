@@ -642,6 +642,9 @@ MmaPlan plan_mma(long long total) {
     pd.wpb = std::clamp(info.smem_optin / warp_smem<D>(), 1, kWarps);
     const int smem = pd.wpb * warp_smem<D>();
     CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<D, NT, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // The rings want shared memory over L1 (x's fragments are L2-resident either way).
+    CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<D, NT, ONE>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    int(cudaSharedmemCarveoutMaxShared)));
     int bps = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mma_kernel<D, NT, ONE>, pd.wpb * 32, size_t(smem)));
     pd.bps = std::max(bps, 1);
