@@ -33,8 +33,11 @@ struct RunOptions {
   int64_t ctx = 4096;
   int threads = 0;
   bool ignore_eos = false, chat = false, no_think = false;
-  std::string spec = "none";  // speculative decoding: mtp, ngram or none
+  std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
+  std::string draft_model;    // dflash: the drafter checkpoint
+  int32_t block_size = 0;     // dflash: 0 = the drafter's
+  bool dflash_sliding_causal = false;
   bool spec_adaptive = false;
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   SamplingParams sampling;
@@ -87,6 +90,9 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
     spec.draft_n = o.spec_draft_n;
   }
   spec.adaptive = o.spec_adaptive;
+  if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
+  if (o.block_size) spec.dflash.block_size = o.block_size;
+  spec.dflash.sliding_causal = o.dflash_sliding_causal;
   const SpecMethod method = spec.method;
   const int64_t ctx = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   MemoryRequest mem;
@@ -98,8 +104,13 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   ModelState state(*lm.backend, c, 1, ctx, /*with_mtp=*/mem.mtp, mem.kv_type);
   if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
   SpecResult r = spec_generate(*lm.model, state, prompt, g, spec, on_token);
-  std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
-               o.spec_adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
+  if (method == SpecMethod::Dflash)
+    std::fprintf(stderr, "\nspeculative dflash, block %s: %s\n",
+                 spec.dflash.block_size ? std::to_string(spec.dflash.block_size).c_str() : "of the drafter",
+                 r.metrics.summary().c_str());
+  else
+    std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
+                 o.spec_adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
   return r.gen;
 }
 
@@ -227,8 +238,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
   auto* spec = cmd->add_option("--spec", o->spec,
-                               "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup) or none")
-                    ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+                               "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup), dflash "
+                               "(block drafter, --draft-model) or none")
+                    ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
                     ->capture_default_str();
   auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass (1..16)")
                      ->check(CLI::Range(1, 16))
@@ -239,6 +251,12 @@ void register_run(CLI::App& app) {
       ->excludes(spec)
       ->excludes(spec_n);
   cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
+  cmd->add_option("--draft-model", o->draft_model, "DFlash drafter checkpoint (Hugging Face directory) for --spec dflash");
+  cmd->add_option("--block-size", o->block_size, "DFlash block size: the pending token + B-1 drafts (2..17; default: the "
+                  "drafter's)")->check(CLI::Range(2, 17));
+  cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
+                "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as the "
+                "reference");
   add_sampling_options(cmd, o->sampling);
   add_cache_type_options(cmd, o->cache);
   add_tp_options(cmd, o->tp);

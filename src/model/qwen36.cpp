@@ -296,6 +296,8 @@ static void check_batch(const ForwardBatch& b, const ModelState& state) {
     QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "output row {} out of range", r);
   for (int32_t r : b.hidden_rows)
     QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "hidden row {} out of range", r);
+  for (int32_t l : b.capture_layers)
+    QWEN36_CHECK(l >= 0 && l < state.config().n_layers, "capture layer {} out of range", l);
 }
 
 // The batch's runs split into plain ones and verify ones (ForwardBatch::verify_runs).
@@ -369,8 +371,8 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   return true;
 }
 
-void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
-  if (!peers_) return forward_rank(batch, state, logits, hidden);
+void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured) {
+  if (!peers_) return forward_rank(batch, state, logits, hidden, captured);
   // Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
   // A bad batch is refused here, before the other ranks see it: a failure during a pass
   // leaves the group unusable.
@@ -378,7 +380,7 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   PeerPass p;
   p.kind = PeerPass::Kind::Forward;
   p.batch = &batch;
-  peers_->run(state, p, [&] { forward_rank(batch, state, logits, hidden); });
+  peers_->run(state, p, [&] { forward_rank(batch, state, logits, hidden, captured); });
 }
 
 void Model::run_pass(const PeerPass& p, ModelState& state) {
@@ -392,7 +394,7 @@ void Model::run_pass(const PeerPass& p, ModelState& state) {
   }
 }
 
-void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
+void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured) {
   check_batch(batch, state);
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
@@ -401,9 +403,16 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   split_verify_runs(batch, state, plain_runs, verify_runs);
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
-  if (verify_runs.empty() && batch.hidden_rows.empty() && decode_step(batch, state, logits, hidden)) return;
+  if (verify_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
+      decode_step(batch, state, logits, hidden))
+    return;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
+  // Captured layer outputs [rows, layers · H]: a layer's output is h plus its FFN output, which
+  // is still pending (added with the next layer's norm), so the two rows are summed here.
+  const std::vector<int32_t>& cap_rows = batch.hidden_rows.empty() ? batch.output_rows : batch.hidden_rows;
+  const int64_t n_cap = captured ? int64_t(batch.capture_layers.size()) : 0, H = c.hidden_size;
+  Tensor cap = n_cap ? s.f32({int64_t(cap_rows.size()), n_cap * H}) : Tensor();
   backend_.embed(w_.embed_tokens, batch.tokens, r.h);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
@@ -415,7 +424,16 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
     decoder_layer(layer_scratch, w_.layers[size_t(i)], r, ca, cb, batch.runs, batch.deltanet_mode,
                   save.conv_input ? &save : nullptr);
+    for (int64_t j = 0; j < n_cap && !cap_rows.empty(); ++j) {
+      if (batch.capture_layers[size_t(j)] != i) continue;
+      Tensor out = layer_scratch.f32({int64_t(cap_rows.size()), H}), ffn = layer_scratch.f32({int64_t(cap_rows.size()), H});
+      backend_.get_rows(r.h, cap_rows, out);
+      backend_.get_rows(r.pending, cap_rows, ffn);
+      backend_.add(out, ffn);
+      backend_.copy_cols(out, 0, cap, j * H, H);
+    }
   }
+  if (n_cap && !cap_rows.empty()) backend_.copy_to_host(cap, captured);
   finish(r);
   const Tensor& h = r.h;
   if (batch.hidden_rows.empty()) {

@@ -55,6 +55,10 @@ struct ForwardBatch {
   // Rows whose post-norm hidden state forward() returns; empty: output_rows. (MTP drafting
   // wants every prompt row's hidden state but only the last row's logits.)
   std::vector<int32_t> hidden_rows;
+  // Target layers (0-based) whose outputs (the residual stream after the layer, before the
+  // final norm) forward() returns for the hidden rows (or output_rows), concatenated in this
+  // order per row: the context features of a DFlash drafter (model/dflash.h).
+  std::vector<int32_t> capture_layers;
 
   // A single sequence's tokens at positions pos0.. in `slot`, returning the last row's logits
   // (or every row's when all_logits).
@@ -88,7 +92,9 @@ class Model {
 
   // Runs the batch, updating `state`. logits: host [output_rows, vocab]. hidden (optional):
   // host [output_rows, hidden], the final-normed hidden state that feeds lm_head and MTP.
-  void forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden = nullptr);
+  // captured (with batch.capture_layers): host [hidden_rows or output_rows, layers · hidden].
+  void forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden = nullptr,
+               float* captured = nullptr);
 
   // After a forward with verify_runs: replays the saved conv inputs and gates of each commit's
   // first `keep` verify tokens through the plain DeltaNet ops (token by token, as decode),
@@ -136,7 +142,8 @@ class Model {
 
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
   // This rank's part of the public passes.
-  void forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
+  void forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
+                    float* captured = nullptr);
   void mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows);

@@ -36,6 +36,9 @@ class Drafter {
   virtual const char* name() const = 0;
   // Whether observe() needs the target's post-norm hidden states (the MTP head does).
   virtual bool wants_hidden() const { return false; }
+  // Target layers whose outputs observe() needs in place of the post-norm hidden state (a
+  // DFlash drafter's context features); empty: none.
+  virtual std::vector<int32_t> capture_layers() const { return {}; }
   // A new sequence starts in `slot`.
   virtual void reset(int32_t /*slot*/) {}
   // A new sequence continues `slot`'s state after its first `reused` tokens (a prefix-cache
@@ -45,7 +48,9 @@ class Drafter {
   virtual void resume(int32_t slot, int32_t /*reused*/, int32_t /*next_token*/) { reset(slot); }
   // The target has committed positions pos0 .. pos0 + n - 1 of `slot`: hidden holds their
   // post-norm hidden states (n rows, or empty when !wants_hidden()), next_tokens the token
-  // that follows each (the last one sampled but not yet run through the target).
+  // that follows each (the last one sampled but not yet run through the target). A drafter
+  // with capture_layers() gets those layers' outputs instead ([n, layers · hidden]); it may
+  // be called once per prefill chunk, and its next_tokens may be empty.
   virtual void observe(int32_t /*slot*/, int32_t /*pos0*/, std::span<const float> /*hidden*/,
                        std::span<const int32_t> /*next_tokens*/) {}
   // Fills tokens (and q) of every request; requests of one call may be batched.

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/spec/dflash_drafter.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/rejection.h"
 #include "engine/spec/spec_step.h"
@@ -16,14 +17,16 @@ namespace qwen36 {
 SpecMethod parse_spec_method(const std::string& s) {
   if (s == "mtp") return SpecMethod::Mtp;
   if (s == "ngram") return SpecMethod::Ngram;
+  if (s == "dflash") return SpecMethod::Dflash;
   if (s == "none") return SpecMethod::None;
-  fail("unknown speculative method \"{}\" (mtp, ngram or none)", s);
+  fail("unknown speculative method \"{}\" (mtp, ngram, dflash or none)", s);
 }
 
 const char* spec_method_name(SpecMethod m) {
   switch (m) {
     case SpecMethod::Mtp: return "mtp";
     case SpecMethod::Ngram: return "ngram";
+    case SpecMethod::Dflash: return "dflash";
     case SpecMethod::None: break;
   }
   return "none";
@@ -33,13 +36,20 @@ std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelStat
   switch (method) {
     case SpecMethod::Mtp: return std::make_unique<MtpDrafter>(model, state);
     case SpecMethod::Ngram: return std::make_unique<NgramDrafter>(ngram);
+    case SpecMethod::Dflash: fail("speculative method dflash is not available here yet (it needs --draft-model; qwen36 run has it)");
     case SpecMethod::None: break;
   }
   return nullptr;
 }
 
+std::unique_ptr<Drafter> make_drafter(const SpecOptions& spec, Model& model, ModelState& state) {
+  if (spec.method != SpecMethod::Dflash) return make_drafter(spec.method, model, state, spec.ngram);
+  QWEN36_CHECK(!spec.draft_model.empty(), "--spec dflash needs a drafter checkpoint (--draft-model PATH)");
+  return load_dflash_drafter(spec.draft_model, model, model.backend(), state.slots(), state.capacity(), spec.dflash);
+}
+
 SpecOptions parse_speculative_config(const std::string& text) {
-  const char* keys = "method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min";
+  const char* keys = "method, model, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min";
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -56,14 +66,18 @@ SpecOptions parse_speculative_config(const std::string& text) {
   bool has_method = false, lookup = false;
   for (const auto& [key, v] : j.items()) {
     if (key == "method") {
-      QWEN36_CHECK(v.is_string(), "--speculative-config: \"method\" must be a string (mtp, ngram or none), not {}", v.dump());
+      QWEN36_CHECK(v.is_string(), "--speculative-config: \"method\" must be a string (mtp, ngram, dflash or none), not {}", v.dump());
       const std::string m = v.get<std::string>();
-      QWEN36_CHECK(m == "mtp" || m == "ngram" || m == "none",
-                   "--speculative-config: \"method\" \"{}\" is not supported (mtp, ngram or none)", m);
+      QWEN36_CHECK(m == "mtp" || m == "ngram" || m == "dflash" || m == "none",
+                   "--speculative-config: \"method\" \"{}\" is not supported (mtp, ngram, dflash or none)", m);
       o.method = parse_spec_method(m);
       has_method = true;
     } else if (key == "num_speculative_tokens") {
       o.draft_n = int_of(v, key, 1, 16);
+      o.dflash.block_size = o.draft_n + 1;
+    } else if (key == "model") {
+      QWEN36_CHECK(v.is_string() && !v.get<std::string>().empty(), "--speculative-config: \"model\" must be a path, not {}", v.dump());
+      o.draft_model = v.get<std::string>();
     } else if (key == "prompt_lookup_max") {
       o.ngram.max_n = int_of(v, key, 1, 64);
       lookup = true;
@@ -75,6 +89,8 @@ SpecOptions parse_speculative_config(const std::string& text) {
     }
   }
   QWEN36_CHECK(has_method, "--speculative-config: \"method\" is missing (mtp, ngram or none)");
+  QWEN36_CHECK(o.draft_model.empty() || o.method == SpecMethod::Dflash,
+               "--speculative-config: \"model\" (a drafter checkpoint) applies to method dflash only");
   QWEN36_CHECK(!lookup || o.method == SpecMethod::Ngram,
                "--speculative-config: \"prompt_lookup_max\"/\"prompt_lookup_min\" apply to method ngram only");
   QWEN36_CHECK(o.ngram.min_n <= o.ngram.max_n, "--speculative-config: \"prompt_lookup_min\" {} exceeds \"prompt_lookup_max\" {}",
@@ -130,9 +146,10 @@ void check_sequence(const SpecSequence& s, const Model& model, const ModelState&
 }
 
 // Prefill in generate()'s chunks; returns the last row's logits. With `hidden`, every
-// prompt row's post-norm hidden state too (the MTP's first inputs).
+// prompt row's post-norm hidden state too (the MTP's first inputs). With `capture_to`, every
+// chunk's captured layer outputs go to that drafter's observe() as the chunk finishes.
 void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector<float>& logits,
-             std::vector<float>* hidden) {
+             std::vector<float>* hidden, Drafter* capture_to = nullptr) {
   const std::vector<int32_t>& prompt = s.prompt;
   const size_t H = size_t(model.config().hidden_size);
   if (hidden) hidden->resize(prompt.size() * H);
@@ -141,9 +158,16 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
     const bool last = b + n == prompt.size();
     ForwardBatch batch = ForwardBatch::single(std::span(prompt).subspan(b, n), int32_t(b), s.slot, false);
     if (!last) batch.output_rows.clear();
-    if (hidden)
+    if (hidden || capture_to)
       for (int32_t i = 0; i < int32_t(n); ++i) batch.hidden_rows.push_back(i);
-    model.forward(batch, state, last ? logits.data() : nullptr, hidden ? hidden->data() + b * H : nullptr);
+    std::vector<float> captured;
+    if (capture_to) {
+      batch.capture_layers = capture_to->capture_layers();
+      captured.resize(n * batch.capture_layers.size() * H);
+    }
+    model.forward(batch, state, last ? logits.data() : nullptr, hidden ? hidden->data() + b * H : nullptr,
+                  capture_to ? captured.data() : nullptr);
+    if (capture_to) capture_to->observe(s.slot, int32_t(b), captured, {});
   }
 }
 
@@ -156,6 +180,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   QWEN36_CHECK(spec.draft_n >= 1 && spec.draft_n <= 16, "--spec-draft-n {} is out of range (1..16)", spec.draft_n);
   if (drafter) state.enable_speculation(spec.draft_n + 1);
   const bool want_hidden = drafter && drafter->wants_hidden();
+  const std::vector<int32_t> capture = drafter ? drafter->capture_layers() : std::vector<int32_t>{};
+  const size_t F = capture.size() * H;  // captured values per row
   std::vector<Live> live;
   live.reserve(seqs.size());
   for (SpecSequence& s : seqs) {
@@ -173,7 +199,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     if (drafter) drafter->reset(s.slot);
     l.res.gen.n_prompt = int32_t(s.prompt.size());
     l.res.gen.stop_reason = "length";
-    prefill(model, state, s, logits, want_hidden && s.draft ? &hidden : nullptr);
+    prefill(model, state, s, logits, want_hidden && s.draft ? &hidden : nullptr,
+            F && s.draft ? drafter : nullptr);
     l.res.gen.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     l.pos = int32_t(s.prompt.size());
     if (s.opts.max_tokens == 0) {
@@ -191,7 +218,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
 
   // Decode rounds.
   const auto t_decode = clock::now();
-  std::vector<float> verify_hidden;
+  std::vector<float> verify_hidden, captured;
   int64_t passes = 0;
   for (;;) {
     std::vector<Live*> active;
@@ -236,7 +263,9 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     for (int32_t i = 0; i < int32_t(batch.tokens.size()); ++i) batch.output_rows.push_back(i);
     logits.resize(batch.tokens.size() * V);
     verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
-    model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr);
+    batch.capture_layers = capture;
+    captured.resize(batch.tokens.size() * F);
+    model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr, F ? captured.data() : nullptr);
     ++passes;
 
     // 3. Acceptance, emission, commit.
@@ -265,6 +294,9 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       if (want_hidden && l.in->draft)
         drafter->observe(l.in->slot, l.pos, std::span(verify_hidden).subspan(size_t(run.begin) * H, size_t(accepted + 1) * H),
                          out);
+      if (F && l.in->draft)  // the committed rows' layer outputs: the drafter's new context
+        drafter->observe(l.in->slot, l.pos, std::span(captured).subspan(size_t(run.begin) * F, size_t(accepted + 1) * F),
+                         out);
       l.pos += accepted + 1;
       if (l.pos + 1 >= state.capacity()) l.finish("context");
     }
@@ -283,9 +315,11 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
 SpecResult spec_generate(Model& model, ModelState& state, const std::vector<int32_t>& prompt,
                          const GenerateOptions& opts, const SpecOptions& spec,
                          const std::function<bool(int32_t)>& on_token, int32_t slot) {
-  std::unique_ptr<Drafter> drafter = make_drafter(spec.method, model, state, spec.ngram);
+  std::unique_ptr<Drafter> drafter = make_drafter(spec, model, state);
+  SpecOptions o = spec;
+  if (auto* d = dynamic_cast<DFlashDrafter*>(drafter.get())) o.draft_n = d->block_size() - 1;
   SpecSequence s{prompt, opts, slot, true, on_token};
-  return std::move(spec_generate_batch(model, state, std::span(&s, 1), spec, drafter.get()).front());
+  return std::move(spec_generate_batch(model, state, std::span(&s, 1), o, drafter.get()).front());
 }
 
 }  // namespace qwen36

@@ -23,11 +23,12 @@
 #include "engine/spec/drafter.h"
 #include "engine/spec/metrics.h"
 #include "engine/spec/ngram_drafter.h"
+#include "model/dflash.h"
 
 namespace qwen36 {
 
-enum class SpecMethod : uint8_t { None, Mtp, Ngram };
-SpecMethod parse_spec_method(const std::string& s);  // "mtp", "ngram", "none"; throws Error otherwise
+enum class SpecMethod : uint8_t { None, Mtp, Ngram, Dflash };
+SpecMethod parse_spec_method(const std::string& s);  // "mtp", "ngram", "dflash", "none"; throws Error otherwise
 const char* spec_method_name(SpecMethod m);
 
 struct SpecOptions {
@@ -36,6 +37,10 @@ struct SpecOptions {
   bool adaptive = false;  // per sequence: k grows by one after a fully accepted round, else
                           // drops to (accepted + 1): fewer wasted drafts where they fail
   NgramOptions ngram;
+  // DFlash (engine/spec/dflash_drafter.h): the drafter checkpoint, its block size and block
+  // causality. It drafts block_size − 1 tokens a round: spec_generate sets draft_n to that.
+  std::string draft_model;
+  DFlashOptions dflash;
   // Benchmarks only (qwen36 bench --simulate-acceptance): when set, it decides whether draft
   // i (0-based depth) of a round of `slot` is accepted, in place of checking it against the
   // target; the first refusal ends the round and the target's own token at that row follows,
@@ -52,13 +57,16 @@ inline SpecOptions no_speculation() {
   return o;
 }
 
-// `--speculative-config` JSON, vLLM style: {"method":"mtp"|"ngram"|"none",
+// `--speculative-config` JSON, vLLM style: {"method":"mtp"|"ngram"|"dflash"|"none",
 // "num_speculative_tokens":K, "prompt_lookup_max":N, "prompt_lookup_min":N} (the last two
-// for ngram only). An unknown key or a bad value throws a one-line Error naming the key.
+// for ngram only; dflash takes "model": the drafter path, and K + 1 as its block size). An
+// unknown key or a bad value throws a one-line Error naming the key.
 SpecOptions parse_speculative_config(const std::string& json);
 
 // The drafter `method` needs (null for None). MTP drafting reads and writes state's MTP cache.
+// DFlash needs the SpecOptions form (its drafter checkpoint); here it throws.
 std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelState& state, const NgramOptions& ngram);
+std::unique_ptr<Drafter> make_drafter(const SpecOptions& spec, Model& model, ModelState& state);
 
 struct SpecSequence {
   std::vector<int32_t> prompt;

@@ -1,0 +1,87 @@
+#include "engine/spec/dflash_drafter.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "format/dflash_loader.h"
+#include "model/qwen36.h"
+
+namespace qwen36 {
+
+DFlashDrafter::DFlashDrafter(const Model& target, DFlashWeights weights, Backend& backend, int32_t slots,
+                             int64_t capacity, DFlashOptions opts, int32_t top_k)
+    // a block is written past the last committed position: room for the largest block (17)
+    : m_(std::move(weights), target, backend, slots, capacity + 17, opts),
+      top_k_(top_k),
+      ctx_len_(size_t(slots), 0),
+      topk_(size_t(slots)) {
+  QWEN36_CHECK(top_k >= 0, "DFlash: top-k {} must be >= 0", top_k);
+}
+
+void DFlashDrafter::reset(int32_t slot) {
+  ctx_len_.at(size_t(slot)) = 0;
+  topk_.at(size_t(slot)).clear();
+}
+
+void DFlashDrafter::observe(int32_t slot, int32_t pos0, std::span<const float> features, std::span<const int32_t>) {
+  int32_t& len = ctx_len_.at(size_t(slot));
+  // Positions must arrive in order; after a gap (a sequence resumed without its features)
+  // this slot drafts nothing until it is reset: acceptance is lost, never correctness.
+  if (pos0 > len) return;
+  const int32_t n = int32_t(int64_t(features.size()) / m_.feature_width());
+  m_.add_context(slot, pos0, features);
+  len = pos0 + n;
+}
+
+void DFlashDrafter::propose(std::span<DraftRequest> requests) {
+  std::vector<DFlashBlock> blocks;
+  std::vector<DraftRequest*> drafting;
+  for (DraftRequest& r : requests) {
+    r.tokens.clear();
+    r.q.clear();
+    const int32_t pos = int32_t(r.history.size()) - 1;  // the pending token's position
+    if (r.k <= 0 || r.history.empty() || ctx_len_.at(size_t(r.slot)) != pos) continue;
+    blocks.push_back({r.slot, pos, r.history.back()});
+    drafting.push_back(&r);
+  }
+  if (blocks.empty()) return;
+  const int64_t B = m_.block_size(), Vt = m_.vocab_size();
+  std::vector<float> logits(blocks.size() * size_t(B - 1) * size_t(Vt));
+  m_.draft(blocks, logits.data());
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    DraftRequest& r = *drafting[i];
+    std::vector<Dist>& topk = topk_.at(size_t(r.slot));
+    topk.clear();
+    for (int64_t j = 0; j < B - 1; ++j) {
+      const float* row = logits.data() + (i * size_t(B - 1) + size_t(j)) * size_t(Vt);
+      const int32_t best = int32_t(std::max_element(row, row + Vt) - row);
+      if (j < r.k) r.tokens.push_back(best);
+      if (top_k_ == 0) continue;
+      // softmax, then the K most likely (ties to the lower id, as argmax)
+      double sum = 0;
+      for (int64_t t = 0; t < Vt; ++t) sum += std::exp(double(row[t] - row[best]));
+      std::vector<int32_t> ids(static_cast<size_t>(Vt));
+      std::iota(ids.begin(), ids.end(), 0);
+      const size_t K = std::min<size_t>(size_t(top_k_), ids.size());
+      std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(K), ids.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      Dist d;
+      for (size_t t = 0; t < K; ++t)
+        d.emplace_back(ids[t], float(std::exp(double(row[ids[t]] - row[best])) / sum));
+      topk.push_back(std::move(d));
+    }
+  }
+}
+
+std::unique_ptr<DFlashDrafter> load_dflash_drafter(const std::string& path, const Model& target, Backend& backend,
+                                                   int32_t slots, int64_t capacity, DFlashOptions opts) {
+  DFlashWeights w = load_dflash_checkpoint(path);
+  spdlog::info("{}", w.config.summary());
+  return std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts);
+}
+
+}  // namespace qwen36
