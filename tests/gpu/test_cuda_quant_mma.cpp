@@ -27,6 +27,12 @@
 #include "model/qwen36.h"
 #include "quant/quant.h"
 
+namespace qwen36::cuda {
+// cuda_quant_mma.cu's test hook: the GEMM variant as QWEN36_MMA_LOADS / QWEN36_MMA_T1 select it
+// ("regs" | "smem" | "auto", "capped" | "plain" | "auto"); nullptr reads the environment again.
+void mma_select_variant(const char* loads, const char* t1);
+}  // namespace qwen36::cuda
+
 namespace qwen36::gputest {
 namespace {
 
@@ -311,8 +317,13 @@ TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
 // pieces are summed in warp order, never by float atomics), each within 2e-5 of the int8 twin.
 // Shapes: one row-tile over 68 warps; 2048 × 4096 (the 35B's, one tile per warp, 16 warps per
 // row-tile); 2048 × 512 (the smallest blocks); 5120 × 6144 (ranges start and end mid row-tile).
+// Every variant: both load paths (registers, shared-memory ring) and both T = 1 kernels.
 TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
   const Shape shapes[] = {{16, 17408}, {2048, 4096}, {2048, 512}, {5120, 6144}};
+  const char* const variants[][2] = {{"regs", "plain"}, {"regs", "capped"}, {"smem", "plain"}, {"smem", "capped"}};
+  struct Restore {
+    ~Restore() { cuda::mma_select_variant(nullptr, nullptr); }
+  } restore;
   uint64_t key = 0x5157'0000;
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
@@ -320,38 +331,42 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
       const DevT dw = upload_tiled(*gpu_, w);
       const int64_t step = s.N >= 2048 ? 61 : 1;
-      for (int64_t T : {1, 5, 64}) {
-        const HostT x = random_t(rng_, DType::F32, {T, s.K});
-        const HostT zeros(DType::F32, {T, s.N});
-        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, zeros);
-        const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
-                                 " K=" + std::to_string(s.K) + " T=" + std::to_string(T);
-        std::vector<std::vector<float>> runs;
-        for (int r = 0; r < 3; ++r) {
-          gpu_->copy_from_host(zeros.t.data, dout.t);  // nothing left over from the run before
+      for (const auto& v : variants) {
+        for (int64_t T : {1, 5, 64}) {
+          if (T != 1 && std::strcmp(v[1], "capped") == 0) continue;  // the T = 1 switch changes nothing else
+          cuda::mma_select_variant(v[0], v[1]);
+          const HostT x = random_t(rng_, DType::F32, {T, s.K});
+          const HostT zeros(DType::F32, {T, s.N});
+          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, zeros);
+          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
+                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + v[0] + " t1=" + v[1];
+          std::vector<std::vector<float>> runs;
+          for (int r = 0; r < 3; ++r) {
+            gpu_->copy_from_host(zeros.t.data, dout.t);  // nothing left over from the run before
+            gpu_->matmul(dx.t, dw.t, dout.t);
+            runs.push_back(download(*gpu_, dout.t));
+          }
+          ++key;
+          ASSERT_TRUE(gpu_->begin_capture());
           gpu_->matmul(dx.t, dw.t, dout.t);
-          runs.push_back(download(*gpu_, dout.t));
+          ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the tiled GEMM could not be recorded";
+          for (int r = 0; r < 2; ++r) {
+            gpu_->copy_from_host(zeros.t.data, dout.t);
+            ASSERT_TRUE(gpu_->replay(key));
+            runs.push_back(download(*gpu_, dout.t));
+          }
+          for (size_t r = 1; r < runs.size(); ++r) {
+            size_t diff = 0, first = runs[0].size();
+            for (size_t i = 0; i < runs[0].size(); ++i)
+              if (std::memcmp(&runs[r][i], &runs[0][i], sizeof(float)) != 0) ++diff, first = std::min(first, i);
+            EXPECT_EQ(diff, 0u) << what << (r < 3 ? " eager run " : " graph replay ") << (r < 3 ? r : r - 3) << ": " << diff
+                                << " outputs differ from run 0, first at t=" << (first / size_t(s.N)) << " n="
+                                << (first % size_t(s.N)) << " (row-tile " << (first % size_t(s.N)) / 16 << ")";
+          }
+          std::string where;
+          EXPECT_LE(checked_err(runs.back(), reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
+              << what << " " << where;
         }
-        ++key;
-        ASSERT_TRUE(gpu_->begin_capture());
-        gpu_->matmul(dx.t, dw.t, dout.t);
-        ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the tiled GEMM could not be recorded";
-        for (int r = 0; r < 2; ++r) {
-          gpu_->copy_from_host(zeros.t.data, dout.t);
-          ASSERT_TRUE(gpu_->replay(key));
-          runs.push_back(download(*gpu_, dout.t));
-        }
-        for (size_t r = 1; r < runs.size(); ++r) {
-          size_t diff = 0, first = runs[0].size();
-          for (size_t i = 0; i < runs[0].size(); ++i)
-            if (std::memcmp(&runs[r][i], &runs[0][i], sizeof(float)) != 0) ++diff, first = std::min(first, i);
-          EXPECT_EQ(diff, 0u) << what << (r < 3 ? " eager run " : " graph replay ") << (r < 3 ? r : r - 3) << ": " << diff
-                              << " outputs differ from run 0, first at t=" << (first / size_t(s.N)) << " n="
-                              << (first % size_t(s.N)) << " (row-tile " << (first % size_t(s.N)) / 16 << ")";
-        }
-        std::string where;
-        EXPECT_LE(checked_err(runs.back(), reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
-            << what << " " << where;
       }
     }
 }
@@ -376,8 +391,14 @@ double time_per_call(int n, F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? v : fallback;
+}
+
 // Cold-L2 bandwidth of the tiled GEMM on the 27B's large matrices, T = 1 .. 64, next to the
-// device copy bandwidth; spot-checked against the int8 twin.
+// device copy bandwidth; spot-checked against the int8 twin. The variant is the environment's
+// (QWEN36_MMA_LOADS, QWEN36_MMA_T1): run once per setting to compare.
 TEST_F(CudaQuantMma, Bandwidth27B) {
   const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
   for (DType dt : {DType::Q4_K, DType::Q6_K})
@@ -394,8 +415,9 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
         EXPECT_LE(checked_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
             << what << " " << where;
         const double gbs = double(w.t.nbytes()) / s / 1e9;
-        std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s\n", what.c_str(), s * 1e6,
-                    gbs, 100 * gbs / copy, copy);
+        std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s (loads=%s t1=%s)\n",
+                    what.c_str(), s * 1e6, gbs, 100 * gbs / copy, copy, env_or("QWEN36_MMA_LOADS", "auto"),
+                    env_or("QWEN36_MMA_T1", "auto"));
       }
     }
 }

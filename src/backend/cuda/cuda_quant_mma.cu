@@ -25,17 +25,22 @@
 //    int32 result is Σ (q − 32) · x exactly). T·K bytes: L2-resident. It also zeroes the GEMM's
 //    arrival counters (the call's workspace is fresh stream-ordered memory).
 //  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
-//    tiles (memory order). Each warp streams its tiles through a private shared-memory ring of
-//    kStages = 3 with cp.async (no registers held by loads in flight): 2 tiles load while one
-//    computes, and the first 2 are requested before griddep_wait (weights depend on no earlier
-//    kernel; only x does), so a small matrix's warps have all their bytes in flight during the
-//    previous kernel's tail. In flight per SM: 16–24 warps × 2 tiles ≈ 74–110 KB (Q4_K), well
-//    over the ~25–30 KB that HBM's latency × bandwidth asks per SM. Q4_K's warp decodes the
-//    tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a row and 4 groups). Per
-//    k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K: two m16n8k16, one per
-//    16-scale), then a float epilogue per C element; at T = 1 (instantiation ONE) the odd token
-//    columns are dead for the whole warp and their epilogue is skipped (Q4_K T = 1: 80
-//    registers, 3 blocks of 8 warps per SM).
+//    tiles (memory order). Two load paths, chosen per call (QWEN36_MMA_LOADS = regs | smem; unset:
+//    regs for Q4_K and Q8_0, smem for Q6_K, as measured on the H200 in rounds 1 and 2):
+//    regs: each lane holds the next tile's 16-byte loads (evict-first) in registers while the
+//      current one computes (two register sets in turn); blocks of 8 warps, 2 per SM up to 16
+//      tokens (≤ 128 registers), the default carveout so that L1 keeps x's fragments, which every
+//      warp of an SM re-reads; the first tile is requested before griddep_wait.
+//    smem: each warp streams its tiles through a private shared-memory ring of kStages = 3 with
+//      cp.async (no registers held by loads in flight): 2 tiles load while one computes, the first
+//      2 requested before griddep_wait; the maximum shared-memory carveout.
+//    Q4_K's warp decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a
+//    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
+//    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T = 1
+//    (instantiation ONE) the odd token columns are dead for the whole warp and their epilogue is
+//    skipped. QWEN36_MMA_T1 = capped | plain: Q4_K at T = 1 with ≤ 80 registers (3 blocks, 24
+//    warps per SM) or ≤ 128 (16 warps; the default). QWEN36_MMA_VERBOSE=1 prints each launch
+//    shape once (stderr).
 //  - A row-tile split between warps: each writes its piece to a workspace slot, __threadfence,
 //    then lane 0 counts its arrival (atomicAdd on an int counter, one per split row-tile, indexed
 //    by the warp holding the row-tile's first tile); the last to arrive sums the pieces in warp
@@ -57,7 +62,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -362,28 +371,37 @@ struct Raw<DType::Q8_0_T16> {
 };
 
 __device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+// Global, evict-first (the weights are read once per call; x's fragments stay in cache).
+__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 
-// From the tile's shared-memory stage.
-template <DType D>
+// A lane's registers of one tile, from the warp's shared-memory stage (GLOBAL = false) or
+// straight from the tiled matrix (GLOBAL = true: the register-prefetch path).
+template <DType D, bool GLOBAL>
 __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>& R) {
   const int g = lane >> 2;
+  auto ld4 = [](const uint8_t* p) { return GLOBAL ? ldcs4(p) : lds4(p); };
   if constexpr (D == DType::Q4_K_T16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
-    R.h = lds4(tile + 2048 + 16 * (lane & 15));
+    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
+    R.h = ld4(tile + 2048 + 16 * (lane & 15));
   } else if constexpr (D == DType::Q6_K_T16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
+    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) R.hb[i] = lds4(tile + 2048 + 512 * i + 16 * lane);
-    R.sc0 = lds4(tile + 3072 + 16 * g);
-    R.sc1 = lds4(tile + 3072 + 16 * (g + 8));
-    R.d = uint32_t(ld_u16(tile + 3328 + 2 * g)) | uint32_t(ld_u16(tile + 3328 + 2 * (g + 8))) << 16;
+    for (int i = 0; i < 2; ++i) R.hb[i] = ld4(tile + 2048 + 512 * i + 16 * lane);
+    R.sc0 = ld4(tile + 3072 + 16 * g);
+    R.sc1 = ld4(tile + 3072 + 16 * (g + 8));
+    if constexpr (GLOBAL) {
+      const unsigned short* dp = reinterpret_cast<const unsigned short*>(tile + 3328);
+      R.d = uint32_t(__ldcs(dp + g)) | uint32_t(__ldcs(dp + g + 8)) << 16;
+    } else {
+      R.d = uint32_t(ld_u16(tile + 3328 + 2 * g)) | uint32_t(ld_u16(tile + 3328 + 2 * (g + 8))) << 16;
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) R.q[i] = lds4(tile + 512 * i + 16 * lane);
-    R.d0 = lds4(tile + 4096 + 16 * g);
-    R.d1 = lds4(tile + 4096 + 16 * (g + 8));
+    for (int i = 0; i < 8; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
+    R.d0 = ld4(tile + 4096 + 16 * g);
+    R.d1 = ld4(tile + 4096 + 16 * (g + 8));
   }
 }
 
@@ -421,21 +439,29 @@ __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
 }
 __device__ __forceinline__ long long range_begin(int w, long long total, int nw) { return (long long)w * total / nw; }
 
-// Shared memory per warp: the tile ring, then (Q4_K) the (S, M) table.
-template <DType D>
+// Shared memory per warp: the tile ring (smem path only), then (Q4_K) the (S, M) table.
+template <DType D, bool REGS>
 constexpr int warp_smem() {
-  return kStages * Tile<D>::kBytes + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  return (REGS ? 0 : kStages * Tile<D>::kBytes) + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+}
+
+// Minimum blocks per SM asked of the compiler (__launch_bounds__), i.e. the register cap:
+// T = 1 "capped" Q4_K 3 (≤ 80 registers: 24 warps per SM; registers are granted per warp in
+// units of 256, so 84 would allow only 23); otherwise 2 (≤ 128: 16 warps per SM) up to 16
+// tokens; 32 and 64 tokens (32 accumulators more) 1, taking more registers at 8 warps per SM
+// rather than spilling (plan_mma sizes the grid by occupancy). "Capped" of Q6_K / Q8_0 is the
+// plain kernel (their T = 1 register needs are over 80 anyway).
+constexpr int min_blocks(DType D, int NT, bool ONE, bool capped) {
+  return ONE && capped && D == DType::Q4_K_T16 ? 3 : NT <= 2 ? 2 : 1;
 }
 
 // ONE: T == 1 (NT == 1): only token column 0 is real, so the epilogue skips the C elements of
-// odd columns (warp-uniformly dead). Registers: Q4_K at T = 1 ≤ 80 (24 warps per SM; registers
-// are granted per warp in units of 256, so 84 would allow only 23), else ≤ 128 (16 warps per
-// SM) up to 16 tokens; 32 and
-// 64 tokens may take more at 8 warps per SM rather than spill (plan_mma sizes the grid by
-// occupancy). Blocks have 1 .. kWarps warps (small matrices spread over every SM).
-template <DType D, int NT, bool ONE>
-__global__ void __launch_bounds__(kWarps * 32, ONE && D == DType::Q4_K_T16 ? 3 : NT <= 2 ? 2 : 1)
-    mma_kernel(const MmaArgs a) {
+// odd columns (warp-uniformly dead). REGS: the load path (file header): true, each lane holds
+// the next tile's 16-byte loads in registers while the current one computes (two register sets
+// in turn, global loads evict-first); false, the per-warp cp.async shared-memory ring. Blocks
+// have 1 .. kWarps warps (small matrices spread over every SM).
+template <DType D, int NT, bool ONE, int MINB, bool REGS>
+__global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a) {
   constexpr int B = Tile<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
@@ -444,15 +470,17 @@ __global__ void __launch_bounds__(kWarps * 32, ONE && D == DType::Q4_K_T16 ? 3 :
   if (w >= a.nwarps) return;  // no block-wide barriers below
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
   const long long b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
-  uint8_t* ring = smem + size_t(wib) * kStages * B;
-  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * kStages * B) + wib * 16 * kTabStride;
+  [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * (REGS ? 0 : kStages * B);
+  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * (REGS ? 0 : kStages * B)) + wib * 16 * kTabStride;
 
-  // The first kStages − 1 tiles are requested before waiting for the kernel before: the weights
+  // Either way the first tiles are requested before waiting for the kernel before: the weights
   // depend on no earlier kernel (a small matrix's warps have all their tiles in flight here).
+  if constexpr (!REGS) {
 #pragma unroll
-  for (int p = 0; p < kStages - 1; ++p) {
-    if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
-    cp_async_commit();
+    for (int p = 0; p < kStages - 1; ++p) {
+      if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
+      cp_async_commit();
+    }
   }
 
   int r = int(b0 / S), s = int(b0 - (long long)r * S);
@@ -602,34 +630,52 @@ __global__ void __launch_bounds__(kWarps * 32, ONE && D == DType::Q4_K_T16 ? 3 :
     if (++s == S) s = 0, ++r;
   };
 
-  griddep_wait();  // the activations (and this call's workspace) come after the kernel before
-  // Ring of kStages tiles per warp: tile i computes while tiles i + 1 .. i + kStages − 1 load.
-  int stage = 0;
-  for (long long i = b0; i < b1; ++i) {
-    __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
-    const int refill = stage == 0 ? kStages - 1 : stage - 1;
-    if (i + kStages - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + kStages - 1) * B, lane);
-    cp_async_commit();  // possibly empty: group k always holds tile b0 + k
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // the headers copied by other lanes are visible
-    Raw<D> R;
-    load_tile<D>(ring + stage * B, lane, R);
-    compute(R);
-    finish(i);
-    if (++stage == kStages) stage = 0;
+  if constexpr (REGS) {
+    // Two register sets in turn: tile i + 1 loads while tile i computes (no copies). b0 < b1:
+    // never more warps than tiles.
+    Raw<D> A, Bt;
+    load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
+    griddep_wait();  // the activations (and this call's workspace) come after the kernel before
+    for (long long i = b0; i < b1; i += 2) {
+      if (i + 1 < b1) load_tile<D, true>(a.w + size_t(i + 1) * B, lane, Bt);
+      compute(A);
+      finish(i);
+      if (i + 1 >= b1) break;
+      if (i + 2 < b1) load_tile<D, true>(a.w + size_t(i + 2) * B, lane, A);
+      compute(Bt);
+      finish(i + 1);
+    }
+  } else {
+    griddep_wait();  // the activations (and this call's workspace) come after the kernel before
+    // Ring of kStages tiles per warp: tile i computes while tiles i + 1 .. i + kStages − 1 load.
+    int stage = 0;
+    for (long long i = b0; i < b1; ++i) {
+      __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
+      const int refill = stage == 0 ? kStages - 1 : stage - 1;
+      if (i + kStages - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + kStages - 1) * B, lane);
+      cp_async_commit();  // possibly empty: group k always holds tile b0 + k
+      cp_async_wait<kStages - 1>();
+      __syncwarp();  // the headers copied by other lanes are visible
+      Raw<D> R;
+      load_tile<D, false>(ring + stage * B, lane, R);
+      compute(R);
+      finish(i);
+      if (++stage == kStages) stage = 0;
+    }
   }
 }
 
-// The launch shape of one GEMM over `total` tiles.
+// The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
+// resources.
 struct MmaPlan {
-  int nwarps = 0, wpb = 0, grid = 0;
+  int nwarps = 0, wpb = 0, grid = 0, bps = 0, regs = 0, local = 0;
   size_t smem = 0;
 };
 
-template <DType D, int NT, bool ONE>
+template <DType D, int NT, bool ONE, int MINB, bool REGS>
 MmaPlan plan_mma(long long total) {
   struct PerDev {
-    int wpb = 0, bps = 0;
+    int wpb = 0, bps = 0, regs = 0, local = 0;
   };
   static PerDev per_dev[64];
   static std::atomic<uint64_t> done{0};
@@ -637,17 +683,29 @@ MmaPlan plan_mma(long long total) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
+  auto* kern = mma_kernel<D, NT, ONE, MINB, REGS>;
   once_per_device(done, [&] {
-    // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
-    pd.wpb = std::clamp(info.smem_optin / warp_smem<D>(), 1, kWarps);
-    const int smem = pd.wpb * warp_smem<D>();
-    CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<D, NT, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // The rings want shared memory over L1 (x's fragments are L2-resident either way).
-    CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<D, NT, ONE>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    int(cudaSharedmemCarveoutMaxShared)));
+    if constexpr (REGS) {
+      // Round 1's launch: blocks of kWarps, the (S, M) table the only shared memory, the
+      // default carveout (the rest of the SM's memory stays L1, which holds x's fragments that
+      // every warp of the SM re-reads).
+      pd.wpb = kWarps;
+    } else {
+      // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
+      pd.wpb = std::clamp(info.smem_optin / warp_smem<D, REGS>(), 1, kWarps);
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, pd.wpb * warp_smem<D, REGS>()));
+      // The rings want shared memory over L1.
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      int(cudaSharedmemCarveoutMaxShared)));
+    }
     int bps = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mma_kernel<D, NT, ONE>, pd.wpb * 32, size_t(smem)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
+                                                             size_t(pd.wpb) * warp_smem<D, REGS>()));
     pd.bps = std::max(bps, 1);
+    cudaFuncAttributes fa{};
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+    pd.regs = fa.numRegs;
+    pd.local = int(fa.localSizeBytes);
   });
   MmaPlan p;
   // Persistent warps, every one resident; never more warps than tiles (a tile is the unit).
@@ -657,29 +715,94 @@ MmaPlan plan_mma(long long total) {
   // each of 128 SMs rather than 8 on 32).
   p.wpb = std::clamp((p.nwarps + info.sms - 1) / info.sms, 1, pd.wpb);
   p.grid = (p.nwarps + p.wpb - 1) / p.wpb;
-  p.smem = size_t(p.wpb) * warp_smem<D>();
+  p.smem = size_t(p.wpb) * warp_smem<D, REGS>();
+  p.bps = pd.bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
 
-// Calls f(type, NT, ONE) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8} and
-// ONE (T == 1, only with NT = 1).
+// The variant switches, read from the environment once (a test may override them):
+// QWEN36_MMA_LOADS = regs | smem (unset: per type, kLoadsAuto) and QWEN36_MMA_T1 = capped | plain
+// (unset: plain) — T = 1 Q4_K at ≤ 80 registers (24 warps per SM) or at ≤ 128 (16).
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kCapped = 1, kPlain = 2 };
+int parse_variant(const char* v, const char* a, const char* b) {
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAuto;
+  if (std::strcmp(v, a) == 0) return 1;
+  if (std::strcmp(v, b) == 0) return 2;
+  return kAuto;
+}
+std::atomic<int> g_loads{-1}, g_t1{-1};  // −1: not read yet
+int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) {
+  int x = v.load(std::memory_order_relaxed);
+  if (x < 0) {
+    x = parse_variant(std::getenv(env), a, b);
+    v.store(x, std::memory_order_relaxed);
+  }
+  return x;
+}
+// Defaults from the H200 measurements of both rounds: Q4_K and Q8_0 were faster with register
+// prefetch (round 1), Q6_K with the shared-memory ring (round 2).
+bool use_regs(DType t) {
+  const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
+  return v == kAuto ? t != DType::Q6_K_T16 : v == kRegs;
+}
+bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == kCapped; }
+
+// Calls f(type, NT, ONE, MINB, REGS) as compile-time constants for a tiled type, NT ∈ {1, 2, 4,
+// 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
 template <typename F>
-void with_mma(DType t, int NT, bool one, F&& f) {
+void with_mma(DType t, int NT, bool one, bool capped, bool regs, F&& f) {
   with_tiled_type(t, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    auto go = [&](auto nt, auto o, auto cap) {
+      constexpr int N = decltype(nt)::value;
+      constexpr bool ONE = decltype(o)::value;
+      using M = std::integral_constant<int, min_blocks(D, N, ONE, decltype(cap)::value)>;
+      if (regs)
+        f(dt, nt, o, M{}, std::true_type{});
+      else
+        f(dt, nt, o, M{}, std::false_type{});
+    };
     using B0 = std::false_type;
+    using B1 = std::true_type;
     switch (NT) {
       case 1:
-        if (one)
-          f(dt, std::integral_constant<int, 1>{}, std::true_type{});
+        if (!one)
+          go(std::integral_constant<int, 1>{}, B0{}, B0{});
+        else if (capped)
+          go(std::integral_constant<int, 1>{}, B1{}, B1{});
         else
-          f(dt, std::integral_constant<int, 1>{}, B0{});
+          go(std::integral_constant<int, 1>{}, B1{}, B0{});
         break;
-      case 2: f(dt, std::integral_constant<int, 2>{}, B0{}); break;
-      case 4: f(dt, std::integral_constant<int, 4>{}, B0{}); break;
-      default: f(dt, std::integral_constant<int, 8>{}, B0{}); break;
+      case 2: go(std::integral_constant<int, 2>{}, B0{}, B0{}); break;
+      case 4: go(std::integral_constant<int, 4>{}, B0{}, B0{}); break;
+      default: go(std::integral_constant<int, 8>{}, B0{}, B0{}); break;
     }
   });
 }
+
+// QWEN36_MMA_VERBOSE=1: each (type, rows, K, T, variant) launched, once per process, to stderr.
+void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool capped,
+              const MmaPlan& p, long long total) {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_MMA_VERBOSE");
+    return v != nullptr && *v != 0 && std::strcmp(v, "0") != 0;
+  }();
+  if (!on) return;
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  char key[160];
+  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d %d", int(t), nmat, rows, K, T, int(regs), int(capped));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert(key).second) return;
+  const std::string name(dtype_name(t));
+  std::fprintf(stderr,
+               "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s t1=%s | %d regs, %d B local, "
+               "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld tiles, %.2f "
+               "tiles/warp\n",
+               name.c_str(), rows, nmat, K, T, NT, regs ? "regs" : "smem", T != 1 ? "-" : capped ? "capped" : "plain",
+               p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
+}
+
 // ================================================================================================
 // Host side
 // ================================================================================================
@@ -776,13 +899,14 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     return;
   }
   const int NT = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
-  const bool one = T == 1;
+  const bool one = T == 1, capped = use_capped();
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
   struct Group {
     MmaArgs a{};
     MmaPlan p;
     DType t = DType::F32;
+    bool regs = true;
   };
   std::vector<Group> groups;
   int max_warps = 1;
@@ -807,9 +931,12 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     }
     a.total = (long long)rt * a.S;
     gr.t = ws[i]->dtype;
-    with_mma(gr.t, NT, one, [&](auto dt, auto nt, auto o) {
-      gr.p = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value>(a.total);
+    gr.regs = use_regs(gr.t);
+    with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
+      gr.p = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
+                      decltype(rg)::value>(a.total);
     });
+    log_plan(gr.t, a.nmat, (long long)rt * 16, K, T, NT, gr.regs, capped, gr.p, a.total);
     a.nwarps = gr.p.nwarps;
     max_warps = std::max(max_warps, a.nwarps);
     groups.push_back(gr);
@@ -835,11 +962,20 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     gr.a.xi = reinterpret_cast<const int4*>(base + o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = reinterpret_cast<int*>(base + o_cnt);
-    with_mma(gr.t, NT, one, [&](auto dt, auto nt, auto o) {
-      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value>, dim3(unsigned(gr.p.grid)),
-                 dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
+    with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
+      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
+                            decltype(rg)::value>,
+                 dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
   }
+}
+
+// Test hook (declared by the tests, not in cuda_ops.cuh): the variant as QWEN36_MMA_LOADS /
+// QWEN36_MMA_T1 would select it ("regs" | "smem" | "auto", "capped" | "plain" | "auto");
+// nullptr reads the environment again.
+void mma_select_variant(const char* loads, const char* t1) {
+  g_loads.store(loads ? parse_variant(loads, "regs", "smem") : -1);
+  g_t1.store(t1 ? parse_variant(t1, "capped", "plain") : -1);
 }
 
 }  // namespace qwen36::cuda
