@@ -241,7 +241,7 @@ void DFlashModel::attend(int64_t layer, const Tensor& q, const Tensor& k, const 
     return runs;
   };
   auto window_lo = [&](const DFlashBlock& bl) {
-    return sliding ? int32_t(std::max<int64_t>(0, bl.pos + B - c.sliding_window)) : 0;
+    return sliding ? int32_t(std::clamp<int64_t>(bl.pos + B - c.sliding_window, 0, bl.pos)) : 0;
   };
   const bool windowed = std::any_of(blocks.begin(), blocks.end(), [&](const DFlashBlock& bl) { return window_lo(bl) > 0; });
   if (!windowed) {

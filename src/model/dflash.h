@@ -19,7 +19,8 @@
 // instead treats sliding-window layers as causal; DFlashOptions::sliding_causal selects that.
 // Sliding-window layers see keys at positions ≥ s + B − W (the window of the block's last
 // row, shared by the whole block: rows before it see up to B − 1 extra old keys, a
-// difference only past W tokens of context, and one that affects acceptance, never output).
+// difference only past W tokens of context, and one that affects acceptance, never output);
+// the window never cuts into the block itself (only matters for W < B, as in test fixtures).
 
 #include <cstdint>
 #include <memory>

@@ -1,0 +1,394 @@
+// DFlash drafting: config schemas and their errors, the checkpoint fixture
+// (tests/data/dflash, made by tools/make_dflash_fixture.py for the dense-mtp target), the
+// drafter's forward pass against a naive host transcription of the z-lab reference (both
+// block causalities, context past the sliding window), and lossless greedy generation with
+// --spec dflash (block 4 and 16, batch 1 and 3 sequences; garbage and near-oracle drafts
+// through the real capture/observe path). The drafter is random: acceptance says nothing.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+#include "engine/generate.h"
+#include "engine/spec/dflash_drafter.h"
+#include "engine/spec/spec_generate.h"
+#include "format/dflash_loader.h"
+#include "format/model_loader.h"
+#include "format/weight_convert.h"
+#include "model/qwen36.h"
+
+namespace qwen36 {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kTarget = (fs::path(QWEN36_TEST_DATA) / "golden" / "dense-mtp").string();
+const std::string kDrafter = (fs::path(QWEN36_TEST_DATA) / "dflash" / "dense-mtp-b16").string();
+
+json new_schema() {
+  return json::parse(R"({"architectures":["DFlashDraftModel"],"model_type":"qwen3","hidden_size":5120,
+    "num_hidden_layers":5,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"intermediate_size":17408,
+    "vocab_size":248320,"rms_norm_eps":1e-6,"rope_parameters":{"rope_theta":10000000.0,"rope_type":"default"},
+    "layer_types":["sliding_attention","sliding_attention","sliding_attention","sliding_attention","full_attention"],
+    "sliding_window":2048,"num_target_layers":64,
+    "dflash_config":{"block_size":16,"mask_token_id":248070,"target_layer_ids":[1,16,31,46,61]}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_dflash_config(j);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DFlashConfig, BothSchemasParse) {
+  const DFlashConfig a = parse_dflash_config(new_schema());
+  EXPECT_EQ(a.block_size, 16);
+  EXPECT_EQ(a.mask_token_id, 248070);
+  EXPECT_EQ(a.target_layer_ids, (std::vector<int32_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(a.sliding, (std::vector<bool>{true, true, true, true, false}));
+  EXPECT_EQ(a.sliding_window, 2048);
+  EXPECT_FLOAT_EQ(a.rope_theta, 1e7f);
+  // Older schema: block_size and rope_theta at the top level; no target_layer_ids, so the
+  // reference default (5 ids over 1 .. 61 of 64 layers) — the published 27B ids.
+  json old = new_schema();
+  old.erase("rope_parameters");
+  old["rope_theta"] = 1e7;
+  old["block_size"] = 16;
+  old["dflash_config"] = {{"mask_token_id", 248070}};
+  const DFlashConfig b = parse_dflash_config(old);
+  EXPECT_EQ(b.block_size, 16);
+  EXPECT_EQ(b.target_layer_ids, a.target_layer_ids);
+  EXPECT_FLOAT_EQ(b.rope_theta, 1e7f);
+  std::printf("%s\n", a.summary().c_str());
+}
+
+TEST(DFlashConfig, BadConfigsGiveOneLineErrors) {
+  struct Bad {
+    std::function<void(json&)> edit;
+    const char* names;
+  };
+  const std::vector<Bad> bad = {
+      {[](json& j) { j["dflash_config"].erase("mask_token_id"); }, "mask_token_id"},
+      {[](json& j) { j["dflash_config"].erase("block_size"); }, "block_size"},
+      {[](json& j) { j["block_size"] = 8; }, "block_size"},  // the two schemas disagree
+      {[](json& j) { j["dflash_config"]["block_size"] = 32; }, "block_size"},
+      {[](json& j) { j["architectures"] = {"DFlash2DraftModel"}; }, "DFlash2DraftModel"},
+      {[](json& j) { j["architectures"] = {"Qwen3ForCausalLM"}; }, "architectures"},
+      {[](json& j) { j["layer_types"][0] = "linear_attention"; }, "layer type"},
+      {[](json& j) { j["layer_types"].erase(0); }, "layer_types"},
+      {[](json& j) { j.erase("sliding_window"); }, "sliding_window"},
+      {[](json& j) { j["dflash_config"]["target_layer_ids"] = {16, 1}; }, "target_layer_ids"},
+      {[](json& j) {
+         j["dflash_config"].erase("target_layer_ids");
+         j.erase("num_target_layers");
+       },
+       "num_target_layers"},
+      {[](json& j) { j["num_attention_heads"] = 30; }, "num_key_value_heads"},
+      {[](json& j) { j.erase("hidden_size"); }, "hidden_size"},
+      {[](json& j) { j["attention_bias"] = true; }, "attention_bias"},
+  };
+  for (const Bad& b : bad) {
+    json j = new_schema();
+    b.edit(j);
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find(b.names), std::string::npos) << "error \"" << e << "\" should name " << b.names;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+TEST(DFlashConfig, LoaderRefusesGgufAndStrangers) {
+  try {
+    load_dflash_checkpoint("/tmp/drafter.gguf");
+    FAIL() << "a GGUF drafter loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_dflash_checkpoint(kTarget), Error);  // a target checkpoint is no drafter
+  const DFlashWeights w = load_dflash_checkpoint(kDrafter);
+  EXPECT_EQ(w.config.n_layers, 2);
+  EXPECT_EQ(w.config.sliding, (std::vector<bool>{true, false}));
+}
+
+// ---- the forward pass against a naive transcription of dflash/model.py ----
+
+using Mat = std::vector<float>;  // row-major
+
+Mat f32(const Tensor& t) {
+  Mat m(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) m[size_t(i)] = tensor_get_f32(t, i);
+  return m;
+}
+// y[n, out] = x[n, in] · W[out, in]ᵀ
+Mat linear(const Mat& x, const Mat& w, int64_t in) {
+  const int64_t n = int64_t(x.size()) / in, out = int64_t(w.size()) / in;
+  Mat y(size_t(n * out));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < in; ++i) s += double(x[size_t(r * in + i)]) * w[size_t(o * in + i)];
+      y[size_t(r * out + o)] = float(s);
+    }
+  return y;
+}
+void rmsnorm(Mat& x, const Mat& w, float eps) {  // rows of w.size()
+  const size_t D = w.size();
+  for (size_t r = 0; r < x.size() / D; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < D; ++i) ss += double(x[r * D + i]) * x[r * D + i];
+    const float inv = float(1.0 / std::sqrt(ss / double(D) + eps));
+    for (size_t i = 0; i < D; ++i) x[r * D + i] = x[r * D + i] * inv * w[i];
+  }
+}
+void rope_rows(Mat& x, int64_t heads, int64_t hd, const std::vector<int64_t>& pos, float theta) {
+  for (size_t r = 0; r < pos.size(); ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double f = double(pos[r]) / std::pow(double(theta), double(2 * i) / double(hd));
+        float* v = x.data() + (int64_t(r) * heads + h) * hd;
+        const float a = v[i], b = v[i + hd / 2];
+        v[i] = float(a * std::cos(f) - b * std::sin(f));
+        v[i + hd / 2] = float(b * std::cos(f) + a * std::sin(f));
+      }
+}
+
+// Logits [B − 1, V] of one block [anchor, MASK…] at position n after context rows feats [n, F].
+Mat reference_draft(const DFlashWeights& w, const Model& target, const Mat& feats, int32_t anchor, int32_t B,
+                    bool sliding_causal) {
+  const DFlashConfig& c = w.config;
+  const int64_t H = c.hidden_size, nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim, F = H * int64_t(c.target_layer_ids.size());
+  const int64_t n = int64_t(feats.size()) / F, V = target.config().vocab_size;
+  Mat th = linear(feats, f32(w.fc), F);
+  rmsnorm(th, f32(w.hidden_norm), c.rms_norm_eps);
+  const Mat emb = f32(target.weights().embed_tokens);
+  Mat x(size_t(B * H));
+  for (int32_t j = 0; j < B; ++j) {
+    const int32_t tok = j == 0 ? anchor : c.mask_token_id;
+    std::copy(emb.begin() + tok * H, emb.begin() + (tok + 1) * H, x.begin() + j * H);
+  }
+  std::vector<int64_t> pos_ctx, pos_blk;
+  for (int64_t p = 0; p < n; ++p) pos_ctx.push_back(p);
+  for (int32_t j = 0; j < B; ++j) pos_blk.push_back(n + j);
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    const DFlashLayer& l = w.layers[li];
+    Mat xn = x;
+    rmsnorm(xn, f32(l.input_norm), c.rms_norm_eps);
+    Mat q = linear(xn, f32(l.q_proj), H), kb = linear(xn, f32(l.k_proj), H), vb = linear(xn, f32(l.v_proj), H);
+    Mat kc = linear(th, f32(l.k_proj), H), vc = linear(th, f32(l.v_proj), H);
+    rmsnorm(q, f32(l.q_norm), c.rms_norm_eps);
+    rmsnorm(kb, f32(l.k_norm), c.rms_norm_eps);
+    rmsnorm(kc, f32(l.k_norm), c.rms_norm_eps);
+    rope_rows(q, nh, hd, pos_blk, c.rope_theta);
+    rope_rows(kb, nkv, hd, pos_blk, c.rope_theta);
+    rope_rows(kc, nkv, hd, pos_ctx, c.rope_theta);
+    Mat k = kc, v = vc;  // positions 0 .. n + B − 1
+    k.insert(k.end(), kb.begin(), kb.end());
+    v.insert(v.end(), vb.begin(), vb.end());
+    const bool sliding = c.sliding[li];
+    const int64_t lo = sliding ? std::clamp<int64_t>(n + B - c.sliding_window, 0, n) : 0;
+    Mat o(size_t(B * nh * hd), 0.0f);
+    for (int32_t j = 0; j < B; ++j)
+      for (int64_t h = 0; h < nh; ++h) {
+        const int64_t hi = sliding && sliding_causal ? n + j : n + B - 1, kh = h / (nh / nkv);
+        std::vector<double> s;
+        double mx = -1e300;
+        for (int64_t p = lo; p <= hi; ++p) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += double(q[size_t((j * nh + h) * hd + i)]) * k[size_t((p * nkv + kh) * hd + i)];
+          s.push_back(d / std::sqrt(double(hd)));
+          mx = std::max(mx, s.back());
+        }
+        double sum = 0;
+        for (double& e : s) sum += e = std::exp(e - mx);
+        for (int64_t p = lo; p <= hi; ++p)
+          for (int64_t i = 0; i < hd; ++i)
+            o[size_t((j * nh + h) * hd + i)] += float(s[size_t(p - lo)] / sum * v[size_t((p * nkv + kh) * hd + i)]);
+      }
+    const Mat y = linear(o, f32(l.o_proj), nh * hd);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    xn = x;
+    rmsnorm(xn, f32(l.post_attention_norm), c.rms_norm_eps);
+    Mat g = linear(xn, f32(l.mlp.gate_proj), H), u = linear(xn, f32(l.mlp.up_proj), H);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    const Mat d = linear(g, f32(l.mlp.down_proj), c.intermediate_size);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+  }
+  Mat out(x.begin() + H, x.end());
+  rmsnorm(out, f32(w.norm), c.rms_norm_eps);
+  Mat logits = linear(out, f32(target.weights().lm_head), H);
+  EXPECT_EQ(int64_t(logits.size()), (B - 1) * V);
+  return logits;
+}
+
+class DFlashTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = make_cpu_backend(1);
+    model_ = std::make_unique<Model>(load_model_weights(kTarget), *backend_);
+  }
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+};
+
+// Context lengths inside and past the 12-token window of the fixture's sliding layer, added
+// in uneven pieces (as prefill chunks and verify commits add them), two slots at once.
+TEST_F(DFlashTest, ForwardMatchesReference) {
+  const DFlashWeights w = load_dflash_checkpoint(kDrafter);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (bool causal : {false, true}) {
+    for (int32_t B : {4, 16}) {
+      DFlashOptions o;
+      o.block_size = B;
+      o.sliding_causal = causal;
+      DFlashModel m(load_dflash_checkpoint(kDrafter), *model_, *backend_, 2, 64, o);
+      const int64_t F = m.feature_width(), V = model_->config().vocab_size;
+      const int32_t lens[2] = {5, 23};
+      std::vector<Mat> feats(2);
+      for (int32_t s = 0; s < 2; ++s) {
+        feats[size_t(s)].resize(size_t(lens[s] * F));
+        for (float& x : feats[size_t(s)]) x = nd(rng);
+        for (int32_t p0 = 0; p0 < lens[s];) {  // pieces of 1, 2, 3 ... rows
+          const int32_t n = std::min(lens[s] - p0, 1 + p0 % 4);
+          m.add_context(s, p0, std::span(feats[size_t(s)]).subspan(size_t(p0 * F), size_t(n * F)));
+          p0 += n;
+        }
+      }
+      const DFlashBlock blocks[2] = {{0, lens[0], 11}, {1, lens[1], 42}};
+      Mat got(size_t(2 * (B - 1) * V));
+      m.draft(blocks, got.data());
+      for (int32_t s = 0; s < 2; ++s) {
+        const Mat want = reference_draft(w, *model_, feats[size_t(s)], blocks[s].anchor, B, causal);
+        double max_err = 0, max_ref = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          max_err = std::max(max_err, double(std::abs(want[i] - got[size_t(s) * want.size() + i])));
+          max_ref = std::max(max_ref, double(std::abs(want[i])));
+        }
+        // f32 backend vs double reference over a 2-layer model: rounding only (~1e-6 relative)
+        EXPECT_LT(max_err, 1e-4 * std::max(1.0, max_ref)) << "slot " << s << " B " << B << " causal " << causal;
+      }
+    }
+  }
+}
+
+GenerateOptions greedy(int32_t max_tokens) {
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.sampling = SamplingParams::greedy();
+  return g;
+}
+
+std::vector<std::vector<int32_t>> prompts(int64_t vocab) {
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> p;
+  for (int n : {4, 17, 30}) {  // inside and past the drafter's sliding window
+    std::vector<int32_t> t;
+    for (int j = 0; j < n; ++j) t.push_back(int32_t(rng() % uint32_t(vocab)));
+    p.push_back(t);
+  }
+  return p;
+}
+
+// Runs the real DFlash drafter (capture, observe, propose), then replaces its drafts: with
+// garbage, or with the known greedy continuation corrupted at a varying depth (so long
+// accepted runs commit many captured rows at once).
+class Rewrite final : public Drafter {
+ public:
+  enum class Mode { Keep, Garbage, NearOracle };
+  Rewrite(DFlashDrafter& d, Mode mode, const std::vector<std::vector<int32_t>>* refs = nullptr,
+          const std::vector<std::vector<int32_t>>* ps = nullptr)
+      : d_(d), mode_(mode), refs_(refs), ps_(ps) {}
+  const char* name() const override { return "dflash-rewrite"; }
+  std::vector<int32_t> capture_layers() const override { return d_.capture_layers(); }
+  void reset(int32_t slot) override { d_.reset(slot); }
+  void observe(int32_t slot, int32_t pos0, std::span<const float> f, std::span<const int32_t> n) override {
+    d_.observe(slot, pos0, f, n);
+  }
+  void propose(std::span<DraftRequest> reqs) override {
+    d_.propose(reqs);
+    for (DraftRequest& r : reqs) {
+      drafted_blocks += !r.tokens.empty();
+      EXPECT_EQ(d_.context_len(r.slot), int32_t(r.history.size()) - 1) << "the drafter's context lags";
+      if (mode_ == Mode::Garbage)
+        for (int32_t& t : r.tokens) t = (t * 7 + 3) % 128;
+      if (mode_ == Mode::NearOracle) {
+        const auto& ref = (*refs_)[size_t(r.slot)];
+        const size_t done = r.history.size() - (*ps_)[size_t(r.slot)].size();
+        for (size_t i = 0; i < r.tokens.size(); ++i)
+          r.tokens[i] = done + i < ref.size() ? ref[done + i] : 0;
+        if (!r.tokens.empty()) {
+          const size_t at = ++round_ % (r.tokens.size() + 2);
+          if (at < r.tokens.size()) r.tokens[at] = (r.tokens[at] + 1) % 128;
+        }
+      }
+    }
+  }
+  int drafted_blocks = 0;
+
+ private:
+  DFlashDrafter& d_;
+  Mode mode_;
+  const std::vector<std::vector<int32_t>>* refs_;
+  const std::vector<std::vector<int32_t>>* ps_;
+  size_t round_ = 0;
+};
+
+TEST_F(DFlashTest, GreedyOutputEqualsPlainGeneration) {
+  constexpr int64_t kCtx = 96;
+  constexpr int32_t kMax = 40;
+  const auto ps = prompts(model_->config().vocab_size);
+  std::vector<std::vector<int32_t>> refs;
+  for (const auto& p : ps) {
+    ModelState st(*backend_, model_->config(), 1, kCtx, false);
+    refs.push_back(generate(*model_, st, p, greedy(kMax)).tokens);
+  }
+  for (int32_t B : {4, 16}) {
+    // Batch 1 through spec_generate (the drafter loaded from its checkpoint, as run does).
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ModelState st(*backend_, model_->config(), 1, kCtx, false);
+      SpecOptions spec;
+      spec.method = SpecMethod::Dflash;
+      spec.draft_model = kDrafter;
+      spec.dflash.block_size = B;
+      spec.dflash.sliding_causal = i == 1;
+      const SpecResult r = spec_generate(*model_, st, ps[i], greedy(kMax), spec);
+      EXPECT_EQ(r.gen.tokens, refs[i]) << "B " << B << " prompt " << i;
+      EXPECT_GT(r.metrics.drafted, 0u);
+      std::printf("[ dflash B=%d batch 1 prompt %zu ] %s\n", B, i, r.metrics.summary().c_str());
+    }
+    // Three sequences of different prompt lengths in one batch; the drafter's own drafts,
+    // garbage, and near-oracle drafts.
+    for (auto mode : {Rewrite::Mode::Keep, Rewrite::Mode::Garbage, Rewrite::Mode::NearOracle}) {
+      ModelState st(*backend_, model_->config(), 3, kCtx, false);
+      DFlashOptions o;
+      o.block_size = B;
+      DFlashDrafter d(*model_, load_dflash_checkpoint(kDrafter), *backend_, 3, kCtx, o);
+      Rewrite drafter(d, mode, &refs, &ps);
+      std::vector<SpecSequence> seqs;
+      for (int32_t i = 0; i < 3; ++i) seqs.push_back({ps[size_t(i)], greedy(kMax), i, true, {}});
+      SpecOptions spec;
+      spec.method = SpecMethod::Dflash;
+      spec.draft_n = B - 1;
+      const auto res = spec_generate_batch(*model_, st, seqs, spec, &drafter);
+      SpecMetrics total;
+      for (size_t i = 0; i < res.size(); ++i) {
+        EXPECT_EQ(res[i].gen.tokens, refs[i]) << "B " << B << " mode " << int(mode) << " sequence " << i;
+        total.merge(res[i].metrics);
+      }
+      EXPECT_GT(drafter.drafted_blocks, 0);
+      if (mode == Rewrite::Mode::NearOracle) {
+        EXPECT_GT(total.accepted, total.drafted / 3);
+      }
+      std::printf("[ dflash B=%d batch 3 mode %d ] %s\n", B, int(mode), total.summary().c_str());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qwen36
