@@ -103,6 +103,15 @@ TEST(DFlashConfig, BadConfigsGiveOneLineErrors) {
   }
 }
 
+TEST(DFlashConfig, SpeculativeConfigJson) {
+  const SpecOptions o = parse_speculative_config(R"({"method":"dflash","model":"/x/drafter","num_speculative_tokens":15})");
+  EXPECT_EQ(o.method, SpecMethod::Dflash);
+  EXPECT_EQ(o.draft_model, "/x/drafter");
+  EXPECT_EQ(o.dflash.block_size, 16);
+  EXPECT_THROW(parse_speculative_config(R"({"method":"mtp","model":"/x/drafter"})"), Error);
+  EXPECT_EQ(parse_spec_method("dflash"), SpecMethod::Dflash);
+}
+
 TEST(DFlashConfig, LoaderRefusesGgufAndStrangers) {
   try {
     load_dflash_checkpoint("/tmp/drafter.gguf");
