@@ -82,7 +82,8 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
     }
     spdlog::info("model: {}", full.config.summary());
     m = make_tp_model(full, opts, backend0, make_backend);
-    if (name) *name = src.synthetic.empty() ? src.model : fmt::format("{} {} (synthetic, random)", src.synthetic, src.type);
+    if (name)
+      *name = src.synthetic.empty() ? src.model : fmt::format("{} {} (synthetic, random)", src.synthetic, src.type);
   }
   if (!m) {  // a follower process of a multi-process launch: process 0 has finished
     spdlog::info("tensor parallel: process 0 shut the group down");

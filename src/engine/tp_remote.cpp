@@ -69,7 +69,9 @@ class Reader {
     at_ += size_t(n) * sizeof(T);
     return v;
   }
-  void end() const { QWEN36_CHECK(at_ == s_.size(), "tensor parallel: corrupt message ({} trailing bytes)", s_.size() - at_); }
+  void end() const {
+    QWEN36_CHECK(at_ == s_.size(), "tensor parallel: corrupt message ({} trailing bytes)", s_.size() - at_);
+  }
 
  private:
   void need(size_t n) const { QWEN36_CHECK(at_ + n <= s_.size(), "tensor parallel: truncated message"); }
@@ -115,7 +117,8 @@ TpProcessEnv tp_process_env() {
     e.world = env_int("OMPI_COMM_WORLD_SIZE", 1), e.rank = env_int("OMPI_COMM_WORLD_RANK", 0),
     e.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
   } else if (std::getenv("SLURM_NTASKS") && std::getenv("SLURM_PROCID")) {
-    e.world = env_int("SLURM_NTASKS", 1), e.rank = env_int("SLURM_PROCID", 0), e.local_rank = env_int("SLURM_LOCALID", 0);
+    e.world = env_int("SLURM_NTASKS", 1), e.rank = env_int("SLURM_PROCID", 0);
+    e.local_rank = env_int("SLURM_LOCALID", 0);
   }
   QWEN36_CHECK(e.world >= 1 && e.rank < e.world, "environment: rank {} of a world of {}", e.rank, e.world);
   if (e.world > 1) {

@@ -388,7 +388,10 @@ std::unique_ptr<Model> make_tp_model(const ModelConfig& config, const TpOptions&
         const TpShard& s = plan[size_t(r.rank)];
         r.model = std::make_unique<Model>(shard_weights(s, shard_config(config, s)), *r.backend);
       },
-      [&] { model0 = std::make_unique<Model>(shard_weights(plan[size_t(first)], shard_config(config, plan[size_t(first)])), backend0); });
+      [&] {
+        const TpShard& s = plan[size_t(first)];
+        model0 = std::make_unique<Model>(shard_weights(s, shard_config(config, s)), backend0);
+      });
   // Phase 2: the communicators, every rank joining at once.
   if (!cuda) {
     group->comms = make_host_comms(n);

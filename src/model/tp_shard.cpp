@@ -181,7 +181,8 @@ LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpSh
     o.moe.router = l.moe.router;
     o.moe.shared_gate = l.moe.shared_gate;
     for (size_t e = 0; e < l.moe.experts.size(); ++e)
-      o.moe.experts.push_back(shard_mlp(l.moe.experts[e], s.moe0, s.moe, sl, p + "mlp.experts." + std::to_string(e) + "."));
+      o.moe.experts.push_back(
+          shard_mlp(l.moe.experts[e], s.moe0, s.moe, sl, p + "mlp.experts." + std::to_string(e) + "."));
     if (!l.moe.shared.gate_proj.empty())
       o.moe.shared = shard_mlp(l.moe.shared, s.shared0, s.shared, sl, p + "mlp.shared_expert.");
   } else {
@@ -213,7 +214,8 @@ std::vector<TpShard> plan_tensor_parallel(const ModelConfig& c, int ranks, std::
     const int64_t nh = c.n_heads, nkv = c.n_kv_heads, g = nh / nkv;
     if (even && ranks > nkv) {  // more ranks than kv heads: each kv head serves ranks/nkv ranks
       QWEN36_CHECK(ranks % nkv == 0 && nh % ranks == 0,
-                   "tensor parallel: {} attention heads with {} kv heads cannot be split over {} ranks", nh, nkv, ranks);
+                   "tensor parallel: {} attention heads with {} kv heads cannot be split over {} ranks", nh, nkv,
+                   ranks);
       const int64_t per = nh / ranks, rep = ranks / nkv;
       for (int r = 0; r < ranks; ++r) {
         TpShard& s = out[size_t(r)];
