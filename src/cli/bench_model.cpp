@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 
 #include "core/error.h"
 #include "format/model_loader.h"
 #include "model/presets.h"
+#include "model/qwen36.h"
 #include "model/random_quant_weights.h"
 #include "model/random_weights.h"
 #include "quant/mix_rules.h"
@@ -65,6 +69,34 @@ BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const s
     r.name = o.model;
   }
   r.bytes = w.total_bytes();
+  return r;
+}
+
+BenchDFlash load_bench_dflash(const std::string& path, const Model& target, Backend& backend, int32_t slots,
+                              int64_t capacity, int32_t block_size) {
+  BenchDFlash r;
+  DFlashOptions opts;
+  opts.block_size = block_size;
+  if (!path.empty()) {
+    r.drafter = load_dflash_drafter(path, target, backend, slots, capacity, opts);
+    r.label = "dflash " + path;
+    return r;
+  }
+  const DFlashConfig cfg = synthetic_dflash_config(target.config(), block_size > 0 ? block_size : 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  DFlashWeights w = make_random_dflash_weights(cfg, DType::BF16, 4242);
+  size_t bytes = w.fc.nbytes();
+  for (const DFlashLayer& l : w.layers)
+    for (const Tensor* x : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
+      bytes += x->nbytes();
+  const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.drafter = std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts, 0);
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("{} (random, {:.2f} GiB bf16: generated on the host in {:.1f} s, ready on the {} backend after {:.1f} s; "
+               "drafter K/V caches {:.1f} MiB)",
+               cfg.summary(), double(bytes) / double(1 << 30), gen_s, backend.name(), total_s,
+               double(r.drafter->model().cache_bytes()) / double(1 << 20));
+  r.label = fmt::format("dflash random {}-layer drafter", cfg.n_layers);
   return r;
 }
 

@@ -3,7 +3,8 @@
 //          name for report headers) and BenchWeights / load_bench_weights (-m MODEL, or
 //          --synthetic PRESET --type T: random weights generated where they will run, so a
 //          full-size synthetic model on --backend cuda never passes through host memory),
-//          shared by `qwen36 bench` and `qwen36 bench-serve`.
+//          shared by `qwen36 bench` and `qwen36 bench-serve`; load_bench_dflash (a DFlash
+//          drafter checkpoint, or a random drafter of the published shape for the target).
 //
 // Two steps rather than one because `bench` measures its ceilings (copy bandwidth, GEMM peak)
 // on the bare device before the weights take its memory.
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "engine/spec/dflash_drafter.h"
 #include "model/weights.h"
 
 namespace qwen36::cli {
@@ -38,5 +40,16 @@ struct BenchWeights {
   size_t bytes = 0;   // weights.total_bytes() before they move into a Model
 };
 BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const std::string& command);
+
+// `path` empty: random bf16 weights of synthetic_dflash_config(target, block) generated on the
+// host (OpenMP; the 27B drafter's 3.46 GB take seconds) and uploaded by the drafter to the
+// target's backend; else the checkpoint. Caches for `slots` sequences of `capacity` positions.
+// `label` says which, for report lines.
+struct BenchDFlash {
+  std::unique_ptr<DFlashDrafter> drafter;
+  std::string label;
+};
+BenchDFlash load_bench_dflash(const std::string& path, const Model& target, Backend& backend, int32_t slots,
+                              int64_t capacity, int32_t block_size);
 
 }  // namespace qwen36::cli

@@ -18,6 +18,16 @@
 // accept_override, fixed seed): drafting, the verify forward and the commit of the accepted
 // prefix run as in a real round, so its figures show what a given acceptance would buy; every
 // such line says "simulated".
+//
+// --spec dflash: a DFlash block drafter (--draft-model DIR, or by default a random drafter of
+// the published shape for the target, model/dflash.h synthetic_dflash_config: 5 layers,
+// 1.73 B parameters for qwen3.6-27b) drafts min(k, B − 1) tokens a round from one block pass
+// (--block-size B, default 16), conditioned on the target's captured layer outputs as in a
+// real run. --simulate-accept-length L picks, for each k, the one per-position probability p
+// with 1 + p + p² + … + p^k = L (the mean accepted length: tokens per verify pass), e.g.
+//   qwen36 bench --synthetic qwen3.6-27b --type q4_k_m --backend cuda -p '' -n 128 -b 1
+//     --spec dflash --spec-draft-n 15 --simulate-accept-length 6
+// (at k = 15, p = 0.8445; `--simulate-acceptance 1,1,1,1,1,0` gives exactly 6 every round).
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -50,6 +60,9 @@ struct BenchOptions {
   int repeats = 3, threads = 0;
   CacheTypes cache;
   std::string spec = "none", spec_draft_n = "3", simulate;  // speculative decoding
+  double simulate_len = 0;                                   // --simulate-accept-length
+  std::string draft_model;                                   // dflash: a checkpoint (empty: random)
+  int32_t block_size = 16;                                   // dflash
   TpCliOptions tp;
 };
 
@@ -81,6 +94,21 @@ std::vector<double> parse_probs(const std::string& s) {
   }
   QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
   return v;
+}
+
+// The conditional per-position probability p, the same at every position, for which a round
+// of k drafts has mean accepted length 1 + p + … + p^k = len (bisection: increasing in p).
+double prob_for_accept_length(double len, int64_t k) {
+  QWEN36_CHECK(len >= 1 && len <= double(k) + 1,
+               "--simulate-accept-length {} is outside 1 .. k + 1 = {} (k = {} drafts per round)", len, k + 1, k);
+  auto f = [&](double p) {
+    double sum = 1, pw = 1;
+    for (int64_t i = 0; i < k; ++i) sum += (pw *= p);
+    return sum;
+  };
+  double lo = 0, hi = 1;
+  for (int it = 0; it < 60; ++it) (f(0.5 * (lo + hi)) < len ? lo : hi) = 0.5 * (lo + hi);
+  return 0.5 * (lo + hi);
 }
 
 std::string join(const std::string& list) {  // "0.9, 0.8" -> "0.9,0.8" for labels
@@ -164,11 +192,21 @@ Stat stat(const std::vector<double>& v) {
 void run_bench(const BenchOptions& o) {
   QWEN36_CHECK(o.model.empty() != o.synthetic.empty(), "bench: give exactly one of -m MODEL or --synthetic PRESET");
   const SpecMethod spec_method = parse_spec_method(o.spec);
-  const bool simulated = !o.simulate.empty();
-  QWEN36_CHECK(!simulated || spec_method != SpecMethod::None, "--simulate-acceptance needs --spec mtp or --spec ngram");
-  const std::vector<double> sim_probs = simulated ? parse_probs(o.simulate) : std::vector<double>{};
+  const bool sim_len = o.simulate_len > 0;
+  const bool simulated = !o.simulate.empty() || sim_len;
+  QWEN36_CHECK(!simulated || spec_method != SpecMethod::None,
+               "--simulate-acceptance / --simulate-accept-length need --spec mtp, ngram or dflash");
+  const std::vector<double> sim_probs = !o.simulate.empty() ? parse_probs(o.simulate) : std::vector<double>{};
   const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
   for (int64_t k : spec_ks) QWEN36_CHECK(k >= 1 && k <= 16, "--spec-draft-n {} is out of range (1..16)", k);
+  const bool dflash_spec = spec_method == SpecMethod::Dflash;
+  QWEN36_CHECK(!dflash_spec || (o.block_size >= 2 && o.block_size <= 17), "--block-size {} is outside 2..17",
+               o.block_size);
+  for (int64_t k : spec_ks)
+    QWEN36_CHECK(!dflash_spec || k < o.block_size, "--spec-draft-n {}: a DFlash block of {} drafts at most {}", k,
+                 o.block_size, o.block_size - 1);
+  for (int64_t k : spec_ks)
+    if (sim_len) prob_for_accept_length(o.simulate_len, k);  // an impossible length fails before the model loads
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench");
   const bool cuda = dev.cuda;
   std::unique_ptr<Backend> backend = std::move(dev.backend);
@@ -196,6 +234,7 @@ void run_bench(const BenchOptions& o) {
   Model& model = *model_ptr;
   const ModelCost cost = model_cost(model.weights());  // with -tp: rank 0's shard, what one GPU reads
   const ModelConfig& c = model.config();
+  QWEN36_CHECK(!dflash_spec || o.tp.ranks <= 1, "bench --spec dflash does not run with tensor parallelism yet");
   QWEN36_CHECK(spec_method != SpecMethod::Mtp || simulated || model.has_mtp(),
                "bench --spec mtp: {} has no MTP head to draft with (--simulate-acceptance times the verify path with a "
                "stand-in drafter instead)",
@@ -219,8 +258,15 @@ void run_bench(const BenchOptions& o) {
     check_memory_plan(*backend, c, mem, {"-p/-n/-d", "-b/--batch", "-p", "-ctk/-ctv"});
     state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, mtp, kv_type);
   };
-  int64_t max_b = 1;
+  int64_t max_b = 1, max_n = 0;
   for (int64_t b : batches) max_b = std::max(max_b, b);
+  for (int64_t n : gens) max_n = std::max(max_n, n);
+  // One DFlash drafter for every spec test (its weights are made or loaded once): caches for
+  // the widest batch and the longest test (prompt + decode + a round's drafts).
+  BenchDFlash dflash;
+  if (dflash_spec && !gens.empty())
+    dflash = load_bench_dflash(o.draft_model, model, *backend, int32_t(max_b),
+                               std::max<int64_t>(1, o.depth) + max_n + 24, o.block_size);
   std::mt19937 rng(7);
   auto random_tokens = [&](int64_t n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -337,12 +383,20 @@ void run_bench(const BenchOptions& o) {
           SpecOptions so;
           so.method = spec_method;
           so.draft_n = int32_t(std::max<int64_t>(k, 1));
-          std::unique_ptr<Drafter> drafter;
-          if (k > 0)
-            drafter = simulated && !model.has_mtp() && spec_method == SpecMethod::Mtp
-                          ? std::make_unique<RepeatDrafter>()
-                          : make_drafter(spec_method, model, *state_ptr, so.ngram);
-          SimulatedAcceptance sim(sim_probs.empty() ? std::vector<double>{0} : sim_probs);
+          std::unique_ptr<Drafter> owned;
+          Drafter* drafter = nullptr;
+          if (k > 0 && dflash_spec) {
+            drafter = dflash.drafter.get();
+          } else if (k > 0) {
+            owned = simulated && !model.has_mtp() && spec_method == SpecMethod::Mtp
+                        ? std::make_unique<RepeatDrafter>()
+                        : make_drafter(spec_method, model, *state_ptr, so.ngram);
+            drafter = owned.get();
+          }
+          // --simulate-accept-length: one probability per position, solved for this k.
+          const std::vector<double> probs = sim_len && k > 0 ? std::vector<double>{prob_for_accept_length(o.simulate_len, k)}
+                                                             : sim_probs;
+          SimulatedAcceptance sim(probs.empty() ? std::vector<double>{0} : probs);
           if (k > 0 && simulated) so.accept_override = sim.callback();
           std::vector<double> v;
           SpecMetrics metrics;
@@ -351,7 +405,7 @@ void run_bench(const BenchOptions& o) {
             std::vector<std::vector<int32_t>> texts;
             for (int64_t b = 0; b < B; ++b) texts.push_back(random_tokens(P));
             sync();
-            const SpecBenchRun run = spec_bench_run(model, *state_ptr, texts, int32_t(n + 1), so, drafter.get());
+            const SpecBenchRun run = spec_bench_run(model, *state_ptr, texts, int32_t(n + 1), so, drafter);
             if (r == 0) continue;  // warm-up
             v.push_back(run.tok_s());
             metrics.merge(run.metrics);
@@ -360,9 +414,17 @@ void run_bench(const BenchOptions& o) {
           const int64_t rows_per_pass = B * (k + 1);
           const double gbs = step_bytes(B, rows_per_pass, n) * passes_s / 1e9;
           std::string test = fmt::format("tg{} spec {}", n, k > 0 ? fmt::format("{} k={}", o.spec, k) : "none (baseline)");
-          if (k > 0 && simulated)
-            test += fmt::format(" (simulated acceptance {}; drafts: {})", join(o.simulate),
-                                drafter->name() == std::string("mtp") ? "mtp head" : drafter->name());
+          const std::string drafts = dflash_spec ? fmt::format("{}, block {}", dflash.label, o.block_size)
+                                     : drafter && drafter->name() == std::string("mtp") ? "mtp head"
+                                     : drafter                                          ? drafter->name()
+                                                                                        : "";
+          if (k > 0 && simulated && sim_len)
+            test += fmt::format(" (simulated accept length {} = acceptance {:.4f} per position; drafts: {})",
+                                o.simulate_len, probs.front(), drafts);
+          else if (k > 0 && simulated)
+            test += fmt::format(" (simulated acceptance {}; drafts: {})", join(o.simulate), drafts);
+          else if (k > 0 && dflash_spec)
+            test += fmt::format(" (drafts: {})", drafts);
           nlohmann::json& row = report(test, B, v, gbs, "GB/s", 100 * gbs / bw_gbs);
           row["spec_method"] = k > 0 ? o.spec : "none";
           row["spec_k"] = k;
@@ -373,7 +435,8 @@ void run_bench(const BenchOptions& o) {
             row["acceptance_rate"] = metrics.acceptance_rate();
             // Conditional (P(accept i | 0..i-1 accepted)) where simulated; else per depth.
             row["acceptance_per_position"] = simulated ? sim.rates() : metrics.acceptance_per_position();
-            if (simulated) row["simulated_acceptance"] = sim_probs;
+            if (simulated) row["simulated_acceptance"] = probs;
+            if (sim_len) row["simulated_accept_length"] = o.simulate_len;
           }
           return row;
         };
@@ -446,14 +509,23 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0: all)");
-  cmd->add_option("--spec", o->spec, "Also time speculative decoding of every tgN: mtp, ngram or none")
-      ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+  cmd->add_option("--spec", o->spec, "Also time speculative decoding of every tgN: mtp, ngram, dflash or none")
+      ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
       ->capture_default_str();
   cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass, comma-separated (1..16)")
       ->capture_default_str();
-  cmd->add_option("--simulate-acceptance", o->simulate,
+  auto* sim = cmd->add_option("--simulate-acceptance", o->simulate,
                   "Per-position accept probabilities p1,p2,... (each conditional on the previous draft accepted; "
                   "the last repeats): real drafting, verify and commit, simulated accept decisions (fixed seed)");
+  cmd->add_option("--simulate-accept-length", o->simulate_len,
+                  "Simulated acceptance with mean accepted length L (tokens per verify pass): for each k the one "
+                  "per-position probability p with 1 + p + ... + p^k = L")
+      ->excludes(sim);
+  cmd->add_option("--draft-model", o->draft_model,
+                  "--spec dflash: a DFlash drafter checkpoint (default: random weights of the published drafter shape "
+                  "for the target)");
+  cmd->add_option("--block-size", o->block_size, "--spec dflash: block size B (the pending token + B-1 drafts)")
+      ->capture_default_str();
   add_tp_options(cmd, o->tp);
   cmd->callback([o] { run_bench(*o); });
 }

@@ -36,8 +36,11 @@ struct ServeOptions {
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
   CacheTypes cache;
-  std::string spec = "none";  // speculative decoding: mtp, ngram or none
+  std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
+  std::string draft_model;    // dflash: the drafter checkpoint
+  int32_t block_size = 0;     // dflash: 0 = the drafter's
+  bool dflash_sliding_causal = false;
   bool spec_adaptive = false;
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
 };
@@ -52,6 +55,17 @@ SpecOptions spec_options(const ServeOptions& o) {
     spec.draft_n = o.spec_draft_n;
   }
   spec.adaptive = o.spec_adaptive;
+  if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
+  if (o.block_size) spec.dflash.block_size = o.block_size;
+  spec.dflash.sliding_causal = o.dflash_sliding_causal;
+  if (spec.method == SpecMethod::Dflash) {
+    QWEN36_CHECK(!spec.draft_model.empty(), "--spec dflash needs a drafter checkpoint (--draft-model DIR)");
+    // A round drafts the whole block (SpecStepper sets draft_n = B − 1 once the drafter is
+    // loaded); the memory plan takes the largest block when the drafter's is not known yet.
+    spec.draft_n = spec.dflash.block_size ? spec.dflash.block_size - 1 : 16;
+  } else {
+    QWEN36_CHECK(o.draft_model.empty() && !o.block_size, "--draft-model and --block-size apply to --spec dflash only");
+  }
   return spec;
 }
 
@@ -144,7 +158,9 @@ void serve(const ServeOptions& o) {
                o.host, port);
   if (so.spec.method != SpecMethod::None)
     spdlog::info("speculative decoding: {}, up to {} drafts per sequence and step{}", spec_method_name(so.spec.method),
-                 so.spec.draft_n, so.spec.adaptive ? " (adaptive)" : "");
+                 so.spec.method == SpecMethod::Dflash && !so.spec.dflash.block_size ? std::string("block - 1 of the drafter")
+                                                                                    : std::to_string(so.spec.draft_n),
+                 so.spec.adaptive ? " (adaptive)" : "");
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -192,7 +208,7 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_NO_PREFIX_CACHE");
   cmd->add_option("--snapshot-interval", o->snapshot_interval,
                   "Prefix cache: save a prompt's state every N positions while it is read, so prompts sharing a "
-                  "beginning (system prompt, tools) resume from the longest saved one (0 = off; off with --spec mtp)")
+                  "beginning (system prompt, tools) resume from the longest saved one (0 = off; off with --spec mtp/dflash)")
       ->envname("QWEN36_SNAPSHOT_INTERVAL")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--snapshot-mem", o->snapshot_mem_mib,
                   "Prefix cache: MiB of device memory for saved states (least recently used evicted first)")
@@ -204,10 +220,10 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
   auto* spec = cmd->add_option("--spec", o->spec,
                                "Speculative decoding of every sequence: mtp (the checkpoint's MTP head drafts), ngram "
-                               "(prompt lookup) or none. Each step verifies every sequence's drafts in the one batch "
+                               "(prompt lookup), dflash (block drafter, --draft-model) or none. Each step verifies every sequence's drafts in the one batch "
                                "it shares with other sequences' decode tokens and prompt chunks; the output is "
                                "unchanged (greedy: token for token; sampling: the same distribution)")
-                    ->check(CLI::IsMember({"mtp", "ngram", "none"}))
+                    ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
                     ->envname("QWEN36_SPEC")
                     ->capture_default_str();
   auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per sequence and step, at most (1..16)")
@@ -217,6 +233,17 @@ void register_serve(CLI::App& app) {
   cmd->add_flag("--spec-adaptive", o->spec_adaptive,
                 "Per sequence, draft one more after a fully accepted round, else (accepted + 1)")
       ->envname("QWEN36_SPEC_ADAPTIVE");
+  cmd->add_option("--draft-model", o->draft_model,
+                  "DFlash drafter checkpoint (z-lab DFlashDraftModel directory) for --spec dflash; each slot keeps its "
+                  "own drafter context, prefix-cache checkpoints are off (same-slot prefix reuse stays)")
+      ->envname("QWEN36_DRAFT_MODEL");
+  cmd->add_option("--block-size", o->block_size,
+                  "DFlash block size: the pending token + B-1 drafts per step (2..17; default: the drafter's)")
+      ->envname("QWEN36_BLOCK_SIZE")
+      ->check(CLI::Range(2, 17));
+  cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
+                "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as "
+                "the reference");
   cmd->add_option("--speculative-config", o->speculative_config,
                   "Speculative decoding as vLLM JSON, in place of --spec/--spec-draft-n: "
                   "{\"method\":\"mtp\",\"num_speculative_tokens\":3}; ngram also takes \"prompt_lookup_max\" / "

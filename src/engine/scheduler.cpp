@@ -44,11 +44,14 @@ struct Scheduler::Sequence {
   bool prefilling() const { return n_fed < n_prompt; }
 };
 
-// The checkpoint options in force: none without the prefix cache, with MTP drafting or with
-// tensor-parallel peers (see SchedulerOptions::snapshots).
+// The checkpoint options in force: none without the prefix cache, with MTP or DFlash drafting
+// (a checkpoint restores the target's state, not the drafter's per-slot context; a plain
+// same-slot prefix reuse keeps both, DFlashDrafter::resume) or with tensor-parallel peers
+// (see SchedulerOptions::snapshots).
 static SnapshotCacheOptions snapshot_options(const SchedulerOptions& o, const Model& model) {
   SnapshotCacheOptions s = o.snapshots;
-  if (!o.prefix_cache || o.spec.method == SpecMethod::Mtp || model.peers()) s.interval = 0;
+  if (!o.prefix_cache || o.spec.method == SpecMethod::Mtp || o.spec.method == SpecMethod::Dflash || model.peers())
+    s.interval = 0;
   return s;
 }
 
@@ -359,17 +362,22 @@ bool Scheduler::step() {
     any_prefill = true;
   }
   const bool want_hidden = spec_ && spec_->wants_hidden();
-  if (want_hidden)  // the MTP drafter follows every committed row of every sequence
+  // A DFlash drafter's context: the captured target layer outputs of every row.
+  const size_t F = spec_ ? spec_->capture_layers().size() * size_t(model_.config().hidden_size) : 0;
+  if (want_hidden || F)  // the MTP / DFlash drafter follows every committed row of every sequence
     for (int32_t i = 0; i < int32_t(batch.tokens.size()); ++i) batch.hidden_rows.push_back(i);
+  if (F) batch.capture_layers = spec_->capture_layers();
+  std::vector<float> captured(F * batch.hidden_rows.size());
 
   if (!batch.tokens.empty()) {
     worked = true;
     const size_t V = size_t(model_.config().vocab_size);
     logits_.resize(batch.output_rows.size() * V);
-    hidden_.resize(batch.hidden_rows.size() * size_t(model_.config().hidden_size));
+    hidden_.resize(want_hidden ? batch.hidden_rows.size() * size_t(model_.config().hidden_size) : 0);
     bool ok = true;
     try {
-      model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr);
+      model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr,
+                     F ? captured.data() : nullptr);
     } catch (const std::exception& e) {
       spdlog::error("forward pass failed: {}", e.what());
       for (Sequence* s : run_owner) finish(*s, "error", e.what());
@@ -383,7 +391,7 @@ bool Scheduler::step() {
         if (s.spec.draft.tokens.empty()) ++undrafted;
         const int32_t keep = spec_->finish_round(
             turns[i], logits_, hidden_,
-            [&](int32_t tok, std::span<const float> raw, int32_t fed) { return emit(s, tok, raw, fed); });
+            [&](int32_t tok, std::span<const float> raw, int32_t fed) { return emit(s, tok, raw, fed); }, captured);
         s.n_fed = turns[i].pos + keep;
       }
       if (spec_) spec_->commit();
@@ -399,6 +407,12 @@ bool Scheduler::step() {
         for (size_t i = 0; i < run_owner.size(); ++i) {
           const SeqRun& run = batch.runs[size_t(owner_run[i])];
           observe_prefill(*run_owner[i], run.pos0, run.count, run.begin);
+        }
+      if (F)  // every plain run is a prefill chunk here
+        for (size_t i = 0; i < run_owner.size(); ++i) {
+          const SeqRun& run = batch.runs[size_t(owner_run[i])];
+          spec_->observe_captured(run_owner[i]->slot, run.pos0,
+                                  std::span<const float>(captured).subspan(size_t(run.begin) * F, size_t(run.count) * F));
         }
     }
     reap();

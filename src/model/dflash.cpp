@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/qwen36.h"
 
 namespace qwen36 {
@@ -318,6 +320,95 @@ void DFlashModel::draft(std::span<const DFlashBlock> blocks, float* logits) {
   b_.rms_norm(sel, w_.norm, c.rms_norm_eps, sel);
   b_.matmul(sel, tw.lm_head, out);
   b_.copy_to_host(out, logits);
+}
+
+DFlashConfig synthetic_dflash_config(const ModelConfig& t, int32_t block_size) {
+  DFlashConfig c;
+  c.hidden_size = t.hidden_size;
+  c.vocab_size = t.vocab_size;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 1e7f;
+  c.block_size = block_size;
+  c.mask_token_id = int32_t(std::min<int64_t>(248070, t.vocab_size - 1));
+  int64_t n_ids = 5;
+  if (t.hidden_size == 5120 && t.n_layers == 64) {  // Qwen3.6-27B-DFlash
+    c.n_layers = 5, c.n_heads = 32, c.n_kv_heads = 8, c.head_dim = 128, c.intermediate_size = 17408;
+  } else if (t.hidden_size == 2048 && t.n_layers == 40) {  // Qwen3.6-35B-A3B-DFlash, April revision
+    c.n_layers = 8, c.n_heads = 32, c.n_kv_heads = 4, c.head_dim = 128, c.intermediate_size = 6144;
+  } else {
+    c.n_layers = 5, c.n_heads = t.n_heads, c.n_kv_heads = t.n_kv_heads, c.head_dim = t.head_dim;
+    c.intermediate_size = t.intermediate_size > 0 ? t.intermediate_size : 3 * t.hidden_size;
+  }
+  c.sliding.assign(size_t(c.n_layers), false);
+  if (c.n_layers == 5) {
+    for (int i = 0; i < 4; ++i) c.sliding[size_t(i)] = true;
+    c.sliding_window = 2048;
+  }
+  if (t.n_layers >= 8) {  // 1 .. L − 3 evenly: [1, 16, 31, 46, 61] of 64, [1, 10, 19, 28, 37] of 40
+    for (int64_t i = 0; i < n_ids; ++i) c.target_layer_ids.push_back(int32_t(1 + i * (t.n_layers - 4) / (n_ids - 1)));
+  } else {
+    n_ids = std::min<int64_t>(n_ids, t.n_layers);
+    for (int64_t i = 0; i < n_ids; ++i) c.target_layer_ids.push_back(int32_t(i));
+  }
+  c.validate();
+  return c;
+}
+
+DFlashWeights make_random_dflash_weights(const DFlashConfig& c, DType matrix_dtype, uint64_t seed) {
+  QWEN36_CHECK(matrix_dtype == DType::BF16 || matrix_dtype == DType::F16 || matrix_dtype == DType::F32,
+               "random DFlash drafter: matrices must be bf16, f16 or f32");
+  c.validate();
+  DFlashWeights w;
+  w.config = c;
+  uint64_t counter = 0;
+  // One tensor: values from gen(rng) in blocks of 64 K, each block its own stream.
+  auto make = [&](DType dt, std::initializer_list<int64_t> shape, auto gen) {
+    Tensor x(nullptr, dt, shape);
+    auto buf = std::make_shared<HostBuffer>(x.nbytes());
+    x.data = buf->data();
+    w.storage.push_back(buf);
+    const int64_t n = x.numel();
+    const uint64_t stream = seed * 1000003ull + counter++;
+    constexpr int64_t kBlock = 1 << 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+      SplitMix64 r{stream * 0x100000001b3ull + uint64_t(b)};
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        const float v = gen(r);
+        if (dt == DType::F32) x.as<float>()[i] = v;
+        else if (dt == DType::BF16) x.as<uint16_t>()[i] = f32_to_bf16(v);
+        else x.as<uint16_t>()[i] = f32_to_f16(v);
+      }
+    }
+    return x;
+  };
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    const float sd = 1.0f / std::sqrt(float(cols));
+    return make(matrix_dtype, {rows, cols}, [sd](SplitMix64& r) { return r.normal() * sd; });
+  };
+  auto norm = [&](int64_t n) {
+    return make(DType::F32, {n}, [](SplitMix64& r) { return 1.0f + (r.uniform() * 2 - 1) * 0.1f; });
+  };
+  const int64_t H = c.hidden_size, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  w.fc = matrix(H, int64_t(c.target_layer_ids.size()) * H);
+  w.hidden_norm = norm(H);
+  w.norm = norm(H);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    DFlashLayer l;
+    l.input_norm = norm(H);
+    l.post_attention_norm = norm(H);
+    l.q_proj = matrix(q, H);
+    l.k_proj = matrix(kv, H);
+    l.v_proj = matrix(kv, H);
+    l.o_proj = matrix(H, q);
+    l.q_norm = norm(c.head_dim);
+    l.k_norm = norm(c.head_dim);
+    l.mlp.gate_proj = matrix(c.intermediate_size, H);
+    l.mlp.up_proj = matrix(c.intermediate_size, H);
+    l.mlp.down_proj = matrix(H, c.intermediate_size);
+    w.layers.push_back(l);
+  }
+  return w;
 }
 
 }  // namespace qwen36

@@ -1,6 +1,8 @@
 #pragma once
 // defines: DFlashConfig, DFlashLayer, DFlashWeights (a z-lab DFlash block-diffusion drafter),
-//          DFlashOptions, DFlashModel (its caches and forward pass on any Backend)
+//          DFlashOptions, DFlashModel (its caches and forward pass on any Backend),
+//          synthetic_dflash_config / make_random_dflash_weights (a random drafter of the
+//          published shape, for benchmarks)
 //
 // The drafter (z-lab `DFlashDraftModel`, model_type qwen3) is N Qwen3 decoder layers (q/k/v/o
 // without the output gate, per-head q/k RMSNorm, SwiGLU MLP, pre-norm residuals) and a final
@@ -122,5 +124,19 @@ class DFlashModel {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;  // caches and uploaded weights
   std::vector<Tensor> k_cache_, v_cache_;               // per layer [slots, capacity, kv heads, head_dim] f32
 };
+
+// The drafter shape z-lab publishes for a target like `target` (shared/docs/spec-and-quant.md
+// A1): Qwen3.6-27B (hidden 5120, 64 layers) → 5 layers (4 sliding, window 2048, + 1 full),
+// 32 heads / 8 kv × 128, ffn 17408, target layers [1,16,31,46,61], mask 248070 (1.73 B
+// parameters); Qwen3.6-35B-A3B (hidden 2048, 40 layers) → the April revision: 8 full layers,
+// 32 / 4 × 128, ffn 6144, [1,10,19,28,37]. Any other target gets the 27B layout (4 sliding +
+// 1 full) at its own attention geometry and ffn, 5 target layers spread over 1 .. L−3 as the
+// reference's default (fewer for targets under 8 layers). mask_token_id: 248070 when the
+// vocabulary has it, else the last id.
+DFlashConfig synthetic_dflash_config(const ModelConfig& target, int32_t block_size = 16);
+// Random weights for `c` in host memory: matrices ~ N(0, 1/fan_in) in matrix_dtype (bf16 as
+// the published checkpoints), norms near 1 in f32. Generated in parallel (OpenMP), one stream
+// per 64 K values, reproducible for a seed; the 27B drafter is 3.46 GB of bf16.
+DFlashWeights make_random_dflash_weights(const DFlashConfig& c, DType matrix_dtype, uint64_t seed);
 
 }  // namespace qwen36

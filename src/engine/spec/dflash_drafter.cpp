@@ -27,6 +27,12 @@ void DFlashDrafter::reset(int32_t slot) {
   topk_.at(size_t(slot)).clear();
 }
 
+void DFlashDrafter::resume(int32_t slot, int32_t reused, int32_t) {
+  int32_t& len = ctx_len_.at(size_t(slot));
+  len = std::min(len, reused);
+  topk_.at(size_t(slot)).clear();
+}
+
 void DFlashDrafter::observe(int32_t slot, int32_t pos0, std::span<const float> features, std::span<const int32_t>) {
   int32_t& len = ctx_len_.at(size_t(slot));
   // Positions must arrive in order; after a gap (a sequence resumed without its features)
@@ -78,10 +84,11 @@ void DFlashDrafter::propose(std::span<DraftRequest> requests) {
 }
 
 std::unique_ptr<DFlashDrafter> load_dflash_drafter(const std::string& path, const Model& target, Backend& backend,
-                                                   int32_t slots, int64_t capacity, DFlashOptions opts) {
+                                                   int32_t slots, int64_t capacity, DFlashOptions opts,
+                                                   int32_t top_k) {
   DFlashWeights w = load_dflash_checkpoint(path);
   spdlog::info("{}", w.config.summary());
-  return std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts);
+  return std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts, top_k);
 }
 
 }  // namespace qwen36

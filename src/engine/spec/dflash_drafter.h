@@ -30,6 +30,13 @@ class DFlashDrafter final : public Drafter {
   const char* name() const override { return "dflash"; }
   std::vector<int32_t> capture_layers() const override { return m_.config().target_layer_ids; }
   void reset(int32_t slot) override;
+  // A prefix-cache hit in the same slot: the drafter's K/V rows 0 .. reused − 1 of `slot` are
+  // still the projections of the previous sequence's committed positions, the same tokens
+  // (blocks are only ever written past the committed context), so the context is cut back to
+  // `reused` and kept. This is valid only while the target's state of the slot is that
+  // slot's own history: the scheduler turns off checkpoints (snapshots restored into another
+  // slot) for dflash.
+  void resume(int32_t slot, int32_t reused, int32_t next_token) override;
   void observe(int32_t slot, int32_t pos0, std::span<const float> features, std::span<const int32_t> next) override;
   void propose(std::span<DraftRequest> requests) override;
 
@@ -47,8 +54,11 @@ class DFlashDrafter final : public Drafter {
   std::vector<std::vector<Dist>> topk_;
 };
 
-// Loads the drafter checkpoint at `path` (format/dflash_loader.h) for `target`.
+// Loads the drafter checkpoint at `path` (format/dflash_loader.h) for `target`. top_k: per
+// block position, the distribution kept for tree drafting (0: none; chain drafting needs
+// only the argmax, and a top-K over a 248 K vocabulary costs host time every round).
 std::unique_ptr<DFlashDrafter> load_dflash_drafter(const std::string& path, const Model& target, Backend& backend,
-                                                   int32_t slots, int64_t capacity, DFlashOptions opts = {});
+                                                   int32_t slots, int64_t capacity, DFlashOptions opts = {},
+                                                   int32_t top_k = 0);
 
 }  // namespace qwen36

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/spec/dflash_drafter.h"
 #include "engine/spec/rejection.h"
 
 namespace qwen36 {
@@ -52,10 +53,12 @@ SpecStepper::SpecStepper(Model& model, ModelState& state, const SpecOptions& opt
   QWEN36_CHECK(opts.draft_n >= 1 && opts.draft_n <= 16, "speculative draft count {} is out of range (1..16)",
                opts.draft_n);
   if (!drafter_) {
-    QWEN36_CHECK(opts.method != SpecMethod::None, "speculative decoding needs a method (mtp or ngram)");
-    drafter_ = make_drafter(opts.method, model, state, opts.ngram);  // MTP checks for its head and cache
+    QWEN36_CHECK(opts.method != SpecMethod::None, "speculative decoding needs a method (mtp, ngram or dflash)");
+    drafter_ = make_drafter(opts, model, state);  // MTP checks for its head and cache; dflash loads its drafter
   }
-  state.enable_speculation(opts.draft_n + 1);
+  if (const auto* d = dynamic_cast<const DFlashDrafter*>(drafter_.get())) opts_.draft_n = d->block_size() - 1;
+  capture_ = drafter_->capture_layers();
+  state.enable_speculation(opts_.draft_n + 1);
 }
 
 void SpecStepper::begin(SpecSeqState& st, int32_t slot, std::span<const int32_t> prompt, int32_t reused,
@@ -79,6 +82,10 @@ int32_t SpecStepper::sample(SpecSeqState& st, Sampler& sampler, std::span<float>
 void SpecStepper::observe(int32_t slot, int32_t pos0, std::span<const float> hidden,
                           std::span<const int32_t> next_tokens) {
   if (drafter_->wants_hidden()) drafter_->observe(slot, pos0, hidden, next_tokens);
+}
+
+void SpecStepper::observe_captured(int32_t slot, int32_t pos0, std::span<const float> features) {
+  if (!capture_.empty()) drafter_->observe(slot, pos0, features, {});
 }
 
 void SpecStepper::propose(std::span<SpecTurn> turns, int32_t draft_budget) {
@@ -119,7 +126,7 @@ void SpecStepper::add_run(SpecTurn& t, ForwardBatch& batch) const {
 }
 
 int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden,
-                                  const EmitFn& emit) {
+                                  const EmitFn& emit, std::span<const float> captured) {
   const size_t V = size_t(model_.config().vocab_size), H = size_t(model_.config().hidden_size);
   const DraftRequest& d = t.st->draft;
   const int32_t m = int32_t(d.tokens.size());
@@ -150,6 +157,11 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   if (!hidden.empty() && drafter_->wants_hidden())
     drafter_->observe(t.slot, t.pos, hidden.subspan(size_t(t.begin) * H, size_t(keep) * H),
                       std::span<const int32_t>(out).first(size_t(keep)));
+  if (!captured.empty() && !capture_.empty()) {  // the kept rows: the drafter's new context
+    const size_t F = capture_.size() * H;
+    drafter_->observe(t.slot, t.pos, captured.subspan(size_t(t.begin) * F, size_t(keep) * F),
+                      std::span<const int32_t>(out).first(size_t(keep)));
+  }
   return keep;
 }
 

@@ -12,6 +12,12 @@
 // may end the sequence mid-round: stop id, stop string, max_tokens) and queues the DeltaNet
 // commit of exactly the tokens whose state the slot must hold; commit() applies the step's
 // commits together.
+//
+// DFlash (a drafter with capture_layers()): the scheduler asks the step's forward for those
+// target layers' outputs at every row; prefill chunks go to observe_captured, and the kept
+// rows of each verify run to the drafter from finish_round, so each slot's drafter context
+// (its K/V rows) always covers exactly the positions the slot holds. A round drafts the whole
+// block: draft_n is the block size − 1.
 
 #include <functional>
 #include <memory>
@@ -77,6 +83,9 @@ class SpecStepper {
   const SpecOptions& options() const { return opts_; }
   // Whether forward() must return every row's hidden state for observe()/finish_round.
   bool wants_hidden() const { return drafter_->wants_hidden(); }
+  // Target layers whose outputs forward() must return for every row (ForwardBatch::
+  // capture_layers; empty: none), for observe_captured() and finish_round's `captured`.
+  const std::vector<int32_t>& capture_layers() const { return capture_; }
 
   // A sequence starts in `slot`, whose state already holds `reused` tokens of `prompt`.
   void begin(SpecSeqState& st, int32_t slot, std::span<const int32_t> prompt, int32_t reused, uint64_t seed);
@@ -85,6 +94,8 @@ class SpecStepper {
                  const SamplingParams& sampling);
   // The target has committed positions pos0.. of `slot` outside a round (prefill chunks).
   void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next_tokens);
+  // The same for a drafter with capture_layers(): rows of captured layer outputs.
+  void observe_captured(int32_t slot, int32_t pos0, std::span<const float> features);
 
   // Drafts for every turn into turn.st->draft: at most min(k, room) each, and no more than
   // `draft_budget` in all (the step's token budget left after one row per turn).
@@ -101,8 +112,10 @@ class SpecStepper {
   // once this token is the pending one), queues the commit and returns how many of the turn's
   // tokens the slot holds after commit(): the pending token and every accepted draft that was
   // emitted, so the slot's state is always that of the sequence's first pos + kept tokens.
-  // logits: the step's output rows; hidden: every batch row (or empty).
-  int32_t finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden, const EmitFn& emit);
+  // logits: the step's output rows; hidden: every batch row (or empty); captured: every batch
+  // row's captured layer outputs (with capture_layers(), else empty).
+  int32_t finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden, const EmitFn& emit,
+                       std::span<const float> captured = {});
   // Model::commit_speculative for every round finished since the last call.
   void commit();
   // Counters since the last call.
@@ -113,6 +126,7 @@ class SpecStepper {
   ModelState& state_;
   SpecOptions opts_;
   std::unique_ptr<Drafter> drafter_;
+  std::vector<int32_t> capture_;
   std::vector<SpecCommit> commits_;
   SpecMetrics metrics_;
 };
