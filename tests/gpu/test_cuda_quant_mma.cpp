@@ -332,7 +332,7 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       const DevT dw = upload_tiled(*gpu_, w);
       const int64_t step = s.N >= 2048 ? 61 : 1;
       for (const auto& v : variants) {
-        for (int64_t T : {1, 5, 64}) {
+        for (int64_t T : {1, 5, 17, 64}) {  // NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
           if (T != 1 && std::strcmp(v[1], "capped") == 0) continue;  // the T = 1 switch changes nothing else
           cuda::mma_select_variant(v[0], v[1]);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});

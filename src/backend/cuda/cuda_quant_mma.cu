@@ -41,12 +41,17 @@
 //    skipped. QWEN36_MMA_T1 = capped | plain: Q4_K at T = 1 with ≤ 80 registers (3 blocks, 24
 //    warps per SM) or ≤ 128 (16 warps; the default). QWEN36_MMA_VERBOSE=1 prints each launch
 //    shape once (stderr).
-//  - A row-tile split between warps: each writes its piece to a workspace slot, __threadfence,
-//    then lane 0 counts its arrival (atomicAdd on an int counter, one per split row-tile, indexed
-//    by the warp holding the row-tile's first tile); the last to arrive sums the pieces in warp
-//    order and writes out (no float atomics: bitwise reproducible, eager or graph replay) and
-//    resets the counter, so the next launch of the call (read only after its griddep_wait) finds
-//    it zero. Two launches per call in all: quantize, then one GEMM per group of matrices.
+//  - A row-tile split between warps: each writes its piece to a workspace slot; after its last
+//    tile the warp fences once and lane 0 counts its arrivals (atomicAdd on an int counter, one
+//    per split row-tile, indexed by the warp holding the row-tile's first tile; never mid-stream,
+//    where the fence and the atomic's round trip stalled the loads in flight); the last to arrive
+//    sums the pieces in warp order and writes out (no float atomics: bitwise reproducible, eager
+//    or graph replay) and resets the counter, so the next launch of the call (read only after its
+//    griddep_wait) finds it zero. That sum is on the kernel's critical path (every warp's range
+//    ends in a split row-tile), so it requests several warps' pieces, all their entries, before
+//    adding: a few L2 round trips. (Round 3 summed entry by entry: T / 2 · warps-per-row-tile
+//    dependent L2 reads, 2 integer divisions each — ~70 at T = 32 on 5120 × 17408, the cause of
+//    its 30–60 % loss at T ≥ 2.) Two launches per call in all: quantize, then one GEMM per group.
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -582,11 +587,8 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     }
   };
   // After tile i: a row-tile's piece ends at its last super-block or at the range's end. A
-  // whole row-tile is written out. A piece goes to the warp's slot 0 (its first row-tile) or 1;
-  // the last warp of the row-tile's warps to arrive (counter cnt[w0], w0 the warp holding its
-  // first tile) sums every piece in warp order and writes out: no float atomics, so the result
-  // is bitwise the same on every run and in every replay; it resets the counter for the next
-  // launch (which reads it only after its griddep_wait, i.e. after this grid completed).
+  // whole row-tile is written out; a piece of a split one goes to the warp's slot 0 (its first
+  // row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile (arrive).
   auto finish = [&](long long i) {
     if (s == S - 1 || i == b1 - 1) {
       const long long rs = (long long)r * S;
@@ -605,29 +607,70 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
         }
 #pragma unroll
       for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-      if (!whole) {
-        const int w0 = warp_of(rs, a.total, a.nwarps), w1 = warp_of(rs + S - 1, a.total, a.nwarps);
-        __threadfence();  // this piece is visible device-wide before the arrival is counted
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) last = atomicAdd(a.cnt + w0, 1) == w1 - w0;
-        last = __shfl_sync(0xffffffffu, last, 0);
-        if (last) {
-          __threadfence();
-          float* o = out_of(a, r, stride);
-          for (int e = lane; e < T * 16; e += 32) {
-            float sum = 0.0f;
-            for (int v = w0; v <= w1; ++v) {
-              const int slot = range_begin(v, a.total, a.nwarps) / S == r ? 0 : 1;
-              sum += __ldcg(a.part + (size_t(v) * 2 + slot) * size_t(T) * 16 + e);
-            }
-            o[size_t(e >> 4) * stride + (e & 15)] = sum;
-          }
-          if (lane == 0) a.cnt[w0] = 0;
-        }
-      }
     }
     if (++s == S) s = 0, ++r;
+  };
+  // The warp's arrival at split row-tile rr (its pieces written and fenced): the last of the
+  // row-tile's warps to arrive (counter cnt[w0], w0 the warp holding its first tile) sums every
+  // piece in warp order and writes out: no float atomics, so the result is bitwise the same on
+  // every run and in every replay; it resets the counter for the next launch (which reads it
+  // only after its griddep_wait, i.e. after this grid completed). This runs at the kernel's
+  // tail (every warp's range ends in a split row-tile), so it is latency, not bandwidth: each
+  // lane holds entries lane + 32 k (k < 4·NT) of the T × 16 sums, and the pieces of kV warps
+  // are requested together before any is added (one L2 round trip per kV warps, not one per
+  // warp per 32 entries: rounds 2-3 summed entry by entry, T / 2 · warps dependent L2 reads).
+  auto arrive = [&](int rr) {
+    const long long rs = (long long)rr * S;
+    const int w0 = warp_of(rs, a.total, a.nwarps), w1 = warp_of(rs + S - 1, a.total, a.nwarps);
+    int last = 0;
+    if (lane == 0) last = atomicAdd(a.cnt + w0, 1) == w1 - w0;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    constexpr int kE = 4 * NT;                  // entries per lane (8·NT tokens × 16 rows / 32)
+    constexpr int kV = NT <= 2 ? 4 : 8 / NT;    // warps' pieces in flight at once (≤ 32 registers)
+    const int ne = T * 16;
+    float sum[kE];
+#pragma unroll
+    for (int k = 0; k < kE; ++k) sum[k] = 0.0f;
+    for (int v0 = w0; v0 <= w1; v0 += kV) {
+      float q[kV][kE];
+#pragma unroll
+      for (int dv = 0; dv < kV; ++dv) {
+        const int v = v0 + dv;
+        const int slot = v <= w1 && range_begin(v, a.total, a.nwarps) / S != rr ? 1 : 0;
+        const float* p = a.part + (size_t(v) * 2 + slot) * size_t(T) * 16 + lane;
+#pragma unroll
+        for (int k = 0; k < kE; ++k) q[dv][k] = v <= w1 && lane + 32 * k < ne ? __ldcg(p + 32 * k) : 0.0f;
+      }
+#pragma unroll
+      for (int dv = 0; dv < kV; ++dv)
+        if (v0 + dv <= w1) {  // warp order, as a serial sum from 0
+#pragma unroll
+          for (int k = 0; k < kE; ++k) sum[k] += q[dv][k];
+        }
+    }
+    size_t stride = 0;
+    float* o = out_of(a, rr, stride);
+#pragma unroll
+    for (int k = 0; k < kE; ++k) {
+      const int e = lane + 32 * k;
+      if (e < ne) o[size_t(e >> 4) * stride + (e & 15)] = sum[k];
+    }
+    if (lane == 0) a.cnt[w0] = 0;
+  };
+  // After the last tile: the split row-tiles among the warp's first and last. Counting the
+  // first one's arrival here rather than when its piece is done keeps the fence and the atomic's
+  // round trip out of the middle of the stream (they drained the warp's loads in flight).
+  auto arrive_all = [&]() {
+    const int r_last = int((b1 - 1) / S);
+    const bool split_first = (long long)r_first * S < b0 || (long long)r_first * S + S > b1;
+    const bool split_last = r_last != r_first && (long long)r_last * S + S > b1;
+    if (!split_first && !split_last) return;
+    __threadfence();  // this warp's pieces are visible device-wide before its arrivals count
+    __syncwarp();
+    if (split_first) arrive(r_first);
+    if (split_last) arrive(r_last);
   };
 
   if constexpr (REGS) {
@@ -663,6 +706,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
       if (++stage == kStages) stage = 0;
     }
   }
+  arrive_all();
 }
 
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
