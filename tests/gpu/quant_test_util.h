@@ -1,0 +1,102 @@
+#pragma once
+// defines: helpers shared by the quantized-weight GPU tests (test_cuda_quant.cpp,
+//          test_cuda_quant_mma.cpp): random quantized rows, int8-exact and int8-rounded
+//          activations (the decode kernels' CPU twin), the double-precision reference product,
+//          and a per-call timer.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "gpu_test_util.h"
+#include "quant/quant.h"
+
+namespace qwen36::gputest {
+
+// N random rows quantized to t: N(0, 1) values, each 32-block scaled by a factor in [0.1, 2].
+inline HostT quantized(std::mt19937& rng, DType t, int64_t N, int64_t K) {
+  HostT h(t, {N, K});
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.1f, 2.0f);
+  std::vector<float> row(static_cast<size_t>(K));
+  const size_t rb = h.t.row_bytes();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t b = 0; b < K; b += 32) {
+      const float s = scale(rng);
+      for (int64_t k = b; k < b + 32; ++k) row[size_t(k)] = nd(rng) * s;
+    }
+    quantize_row(t, row.data(), h.bytes.data() + size_t(n) * rb, K);
+  }
+  return h;
+}
+
+// Activations [T, K] whose 32-blocks are d · k with d = 2^-e (e ∈ 0..8), k ∈ [−127, 127] and one
+// |k| = 127: int8 quantization per 32 is exact. Block 1 is zero (amax = 0).
+inline HostT int8_exact_activations(std::mt19937& rng, int64_t T, int64_t K) {
+  HostT h(DType::F32, {T, K});
+  std::uniform_int_distribution<int> k(-127, 127), e(0, 8), pos(0, 31);
+  for (int64_t b = 0; b < T * K; b += 32) {
+    const float d = std::ldexp(1.0f, -e(rng));
+    for (int64_t i = 0; i < 32; ++i) h.f()[b + i] = d * float(k(rng));
+    h.f()[b + pos(rng)] = d * (k(rng) < 0 ? -127.0f : 127.0f);
+    if (b == 32) std::fill(h.f() + b, h.f() + b + 32, 0.0f);
+  }
+  return h;
+}
+
+// x rounded as the decode GEMV rounds it: per 32, d = amax/127, q = x · (127/amax) to the
+// nearest even integer by one FMA with 1.5 · 2^23 (as the kernel), value d · q.
+inline HostT int8_activations(const HostT& x) {
+  HostT y = x;
+  const float* a = x.t.as<const float>();
+  float* o = y.f();
+  for (int64_t b = 0; b < x.t.numel(); b += 32) {
+    float amax = 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(a[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) o[i] = d * (std::fma(a[i], id, 12582912.0f) - 12582912.0f);
+  }
+  return y;
+}
+
+// out[t, n] = Σ_k dequant(w)[n, k] · x[t, k] in double (rows: only those with n % row_step == 0).
+inline std::vector<float> reference(const HostT& w, const HostT& x, int64_t T, int64_t row_step = 1) {
+  const int64_t N = w.t.rows(), K = w.t.cols();
+  std::vector<float> out(size_t(T * N), 0.0f), row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; n += row_step) {
+    cpu::weight_row_to_f32(w.t, n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(row[size_t(k)]) * double(x.t.as<const float>()[t * K + k]);
+      out[size_t(t * N + n)] = float(s);
+    }
+  }
+  return out;
+}
+
+// N rows repeated from 64 quantized random rows (building 90 M weights stays fast).
+inline HostT repeated_rows(std::mt19937& rng, DType dt, int64_t N, int64_t K) {
+  const HostT base = quantized(rng, dt, 64, K);
+  HostT w(dt, {N, K});
+  const size_t rb = w.t.row_bytes();
+  for (int64_t n = 0; n < N; ++n) std::memcpy(w.bytes.data() + size_t(n) * rb, base.bytes.data() + size_t(n % 64) * rb, rb);
+  return w;
+}
+
+// Seconds per call of f(i), i cycling over n (after one warm round).
+template <typename F>
+inline double time_per_call(int n, F&& f) {
+  for (int i = 0; i < n; ++i) f(i);
+  const int reps = std::max(10 * n, 50);
+  cuda_synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) f(r % n);
+  cuda_synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+}  // namespace qwen36::gputest
