@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,14 @@ class Backend {
   virtual void get_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& dst) = 0;
   // Makes the weights usable by this backend (uploads them for a device backend).
   virtual void prepare_weights(ModelWeights& w) = 0;
+  // The same, but the tensors in `keep` (addresses of tensors of w: routed experts that a host
+  // backend computes, model/expert_placement.h) are left exactly as they are: not uploaded,
+  // not repacked, their host storage kept alive. The default suits a host backend, which
+  // reads every weight in place anyway.
+  virtual void prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) {
+    (void)keep;
+    prepare_weights(w);
+  }
   // Bytes of backend memory still free for caches and activations; 0: not tracked (host
   // memory), so memory plans are not checked against it.
   virtual size_t free_memory() { return 0; }

@@ -64,6 +64,7 @@ struct BenchOptions {
   std::string draft_model;                                   // dflash: a checkpoint (empty: random)
   int32_t block_size = 16;                                   // dflash
   TpCliOptions tp;
+  OffloadOptions offload;                                    // expert offload
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -226,10 +227,19 @@ void run_bench(const BenchOptions& o) {
     TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
     model_ptr = load_tp_model(o.tp, src, *backend, o.backend, o.threads, &model_name);
   } else {
+    // Expert offload needs host weights to leave on the host: synthetic ones are then made on
+    // the host (slower to generate) and uploaded, rather than generated on the device.
+    const bool offload = !o.offload.placement.empty() || o.offload.fit || !o.offload.gpu_mem.empty();
     BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec_method == SpecMethod::Mtp},
-                                        cuda, "bench");
+                                        cuda && !offload, "bench");
     model_name = bw.name;
-    model_ptr = std::make_unique<Model>(std::move(bw.weights), *backend);
+    OffloadOptions off = o.offload;  // --fit leaves room for the largest test's caches
+    for (int64_t p : parse_list(o.prompts)) off.plan.ctx = std::max(off.plan.ctx, o.depth + p);
+    for (int64_t n : parse_list(o.gens)) off.plan.ctx = std::max(off.plan.ctx, o.depth + n);
+    for (int64_t b : parse_list(o.batches)) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(b));
+    off.plan.batch_tokens = std::max<int64_t>(off.plan.slots, std::min<int64_t>(off.plan.ctx, 4096));
+    off.plan.kv_type = resolve_cache_type(o.cache, *backend);
+    model_ptr = make_model(std::move(bw.weights), *backend, off, o.threads);
   }
   Model& model = *model_ptr;
   const ModelCost cost = model_cost(model.weights());  // with -tp: rank 0's shard, what one GPU reads
@@ -500,6 +510,7 @@ void register_bench(CLI::App& app) {
                   "matrix (q4_k, q5_k, iq4_xs, ...)")
       ->capture_default_str();
   add_cache_type_options(cmd, o->cache);
+  add_offload_options(cmd, o->offload);
   cmd->add_option("--layers", o->layers, "Override the synthetic preset's layer count");
   cmd->add_option("-p,--n-prompt", o->prompts, "Prompt lengths, comma-separated (empty: none)")->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gens, "Decode lengths, comma-separated (empty: none)")->capture_default_str();

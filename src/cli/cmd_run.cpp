@@ -43,6 +43,7 @@ struct RunOptions {
   SamplingParams sampling;
   CacheTypes cache;
   TpCliOptions tp;
+  OffloadOptions offload;
 };
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
@@ -260,6 +261,7 @@ void register_run(CLI::App& app) {
   add_sampling_options(cmd, o->sampling);
   add_cache_type_options(cmd, o->cache);
   add_tp_options(cmd, o->tp);
+  add_offload_options(cmd, o->offload);
   cmd->callback([o] {
     if (!o->speculative_config.empty()) parse_speculative_config(o->speculative_config);  // fail before loading
     o->sampling.validate();
@@ -275,7 +277,11 @@ void register_run(CLI::App& app) {
       lm.backend = make_rank_backend(o->backend, tp_first_local_device(o->tp.ranks), o->threads);
       lm.model = load_tp_model(o->tp, src, *lm.backend, o->backend, o->threads);
     } else {
-      lm = o->model.empty() ? load_default_model(o->backend, o->threads) : load_model(o->model, o->backend, o->threads);
+      QWEN36_CHECK(o->offload.placement.empty() || o->tp.ranks <= 1, "expert offload does not run with -tp yet");
+      o->offload.plan.ctx = o->ctx;  // what run_generation's memory plan will ask (--fit leaves room for it)
+      o->offload.plan.kv_type = o->backend == "cuda" ? DType::BF16 : DType::F32;
+      lm = o->model.empty() ? load_default_model(o->backend, o->threads, o->offload)
+                            : load_model(o->model, o->backend, o->threads, o->offload);
     }
     if (!o->tokens.empty()) return run_tokens(*o, lm);
 #ifdef QWEN36_HAVE_PCRE2

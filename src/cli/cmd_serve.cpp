@@ -36,6 +36,7 @@ struct ServeOptions {
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
   CacheTypes cache;
+  OffloadOptions offload;
   std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
   std::string draft_model;    // dflash: the drafter checkpoint
@@ -94,7 +95,14 @@ void serve(const ServeOptions& o) {
   http.start();  // /health answers 503 "loading" while the model loads
   spdlog::info("listening on http://{}:{} (loading the model)", o.host, port);
 
-  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads) : load_model(o.model, o.backend, o.threads);
+  OffloadOptions offload = o.offload;  // --fit leaves room for the caches this server will ask for
+  offload.plan.slots = o.parallel;
+  offload.plan.ctx = o.ctx;
+  offload.plan.batch_tokens = o.batch_tokens;
+  offload.plan.output_rows = o.parallel;
+  offload.plan.kv_type = o.backend == "cuda" ? DType::BF16 : DType::F32;
+  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads, offload)
+                                   : load_model(o.model, o.backend, o.threads, offload);
   const ModelConfig& c = lm.model->config();
   const SpecOptions spec = spec_options(o);
   QWEN36_CHECK(spec.method != SpecMethod::Mtp || lm.model->has_mtp(),
@@ -194,6 +202,7 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->envname("QWEN36_BACKEND")->capture_default_str();
   add_cache_type_options(cmd, o->cache);
+  add_offload_options(cmd, o->offload);
   cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
   cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")

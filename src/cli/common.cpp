@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "format/hf_quant.h"
 #include "format/model_loader.h"
+#include "model/expert_placement.h"
 #include "model/presets.h"
 #include "model/random_weights.h"
 #ifdef QWEN36_HAVE_CUDA
@@ -36,22 +37,83 @@ std::string default_model_path() {
   return fs::exists(shipped) ? shipped.string() : "";
 }
 
-LoadedModel load_default_model(const std::string& backend, int threads) {
+LoadedModel load_default_model(const std::string& backend, int threads, const OffloadOptions& offload) {
   if (const std::string path = default_model_path(); !path.empty()) {
     spdlog::info("no -m given: using the built-in small model {} (a 50M-parameter toy trained on Python code)",
                  path);
-    return load_model(path, backend, threads);
+    return load_model(path, backend, threads, offload);
   }
   spdlog::warn("no -m given and no shipped model found: using a small RANDOM model (output is gibberish)");
   LoadedModel lm;
   lm.backend = make_backend(backend, threads);
   ModelWeights w = make_random_weights(model_preset("tiny-dense"), DType::BF16, /*seed=*/36);
   spdlog::info("model: {}", w.config.summary());
-  lm.model = std::make_unique<Model>(std::move(w), *lm.backend);
+  lm.model = make_model(std::move(w), *lm.backend, offload, threads);
   return lm;
 }
 
-LoadedModel load_model(const std::string& path, const std::string& backend, int threads) {
+void add_offload_options(CLI::App* cmd, OffloadOptions& o) {
+  cmd->add_option("--n-cpu-moe", o.placement.n_cpu_moe,
+                  "keep the routed experts of the first N MoE layers in host memory and run them on the CPU "
+                  "(alias -ncmoe); frees device memory for batch and context");
+  cmd->add_flag("--cpu-moe", o.placement.cpu_moe, "routed experts of every MoE layer on the CPU (alias -cmoe)");
+  cmd->add_option("--override-tensor", o.placement.override_tensor,
+                  "REGEX=DEVICE (alias -ot; DEVICE cpu or cuda; repeatable, or joined with ','): routed-expert "
+                  "tensors whose GGUF (blk.N.ffn_gate_exps.weight) or HF (model.layers.N.mlp.experts.gate_proj.weight) "
+                  "name matches go there, a layer's experts together; e.g. -ot exps=cpu, -ot 'blk\\.[0-9]\\.=cpu'. "
+                  "Rules beat --n-cpu-moe; other tensors always stay on the main backend")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--gpu-mem", o.gpu_mem,
+                  "device memory budget, e.g. 24GiB or 16G: weights, caches and activations must fit in it "
+                  "(emulates a smaller card)");
+  cmd->add_flag("--fit", o.fit,
+                "choose the smallest --n-cpu-moe whose device weights, caches and activations fit the device "
+                "(or --gpu-mem)");
+}
+
+std::unique_ptr<Model> make_model(ModelWeights w, Backend& backend, const OffloadOptions& o, int host_threads) {
+  const ModelConfig& c = w.config;
+  PlacementOptions po = o.placement;
+  const size_t cap = o.gpu_mem.empty() ? 0 : parse_byte_size(o.gpu_mem, "--gpu-mem");
+  const size_t free_b = backend.free_memory();
+  const size_t budget = cap && free_b ? std::min(cap, free_b) : cap ? cap : free_b;
+  QWEN36_CHECK(!o.fit || budget > 0, "--fit: the {} backend reports no device memory; give --gpu-mem", backend.name());
+  if (budget > 0 && c.moe) {
+    const size_t total = w.total_bytes(), plan = plan_memory(c, o.plan).total();
+    const std::vector<size_t> experts = expert_bytes_per_layer(w);
+    const ExpertPlacement asked = resolve_expert_placement(c, po);
+    const WeightSplit split = split_weights(total, experts, asked.host);
+    const auto gib = [](size_t b) { return double(b) / double(size_t(1) << 30); };
+    if (o.fit || split.device + plan > budget) {
+      const int32_t n = fit_n_cpu_moe(budget, total, experts, plan);
+      QWEN36_CHECK(n >= 0,
+                   "the model does not fit {:.2f} GiB of device memory even with every routed expert on the host: "
+                   "{:.2f} GiB of other weights + {:.2f} GiB of caches and activations ({})",
+                   gib(budget), gib(total - split_weights(total, experts, std::vector<bool>(experts.size(), true)).host),
+                   gib(plan), plan_memory(c, o.plan).describe());
+      QWEN36_CHECK(o.fit, "the model needs {:.2f} GiB of device memory ({:.2f} GiB of weights on the device + {:.2f} GiB "
+                   "of caches and activations) but {:.2f} GiB is available: --n-cpu-moe {} fits (or use --fit)",
+                   gib(split.device + plan), gib(split.device), gib(plan), gib(budget), n);
+      spdlog::info("--fit: --n-cpu-moe {} (routed experts of the first {} of {} layers on the host) fits {:.2f} GiB",
+                   n, n, c.n_layers, gib(budget));
+      po = PlacementOptions{};
+      po.n_cpu_moe = n;
+    }
+    const WeightSplit s = split_weights(total, experts, resolve_expert_placement(c, po).host);
+    if (cap) set_device_budget(cap - std::min(cap, s.device));
+  } else if (cap) {
+    const size_t total = w.total_bytes();
+    QWEN36_CHECK(total <= cap, "the weights need {:.2f} GiB but --gpu-mem is {:.2f} GiB", double(total) / (1 << 30),
+                 double(cap) / (1 << 30));
+    set_device_budget(cap - total);
+  }
+  const ExpertPlacement p = resolve_expert_placement(c, po);
+  if (p.any()) spdlog::info("expert offload: {}", p.describe());
+  return std::make_unique<Model>(std::move(w), backend, p, host_threads);
+}
+
+LoadedModel load_model(const std::string& path, const std::string& backend, int threads, const OffloadOptions& offload) {
   LoadedModel lm;
   lm.backend = make_backend(backend, threads);
   ModelWeights w = load_model_weights(path);
@@ -61,7 +123,7 @@ LoadedModel load_model(const std::string& path, const std::string& backend, int 
     QWEN36_CHECK(t.empty(), "{}: {} weights (from a quantized Hugging Face checkpoint) are not supported on CUDA yet; "
                  "use --backend cpu", path, t);
   }
-  lm.model = std::make_unique<Model>(std::move(w), *lm.backend);
+  lm.model = make_model(std::move(w), *lm.backend, offload, threads);
   return lm;
 }
 

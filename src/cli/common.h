@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "engine/sampler.h"
+#include "model/memory_plan.h"
 #include "model/qwen36.h"
 
 namespace qwen36::cli {
@@ -18,14 +19,34 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
 };
 
+// Expert offload (model/expert_placement.h): --n-cpu-moe/-ncmoe, --cpu-moe/-cmoe,
+// --override-tensor/-ot, --gpu-mem, --fit.
+struct OffloadOptions {
+  PlacementOptions placement;
+  std::string gpu_mem;  // "" or a size: the device budget (emulates a smaller card)
+  bool fit = false;     // choose the smallest --n-cpu-moe that fits
+  // What the command will ask of the memory plan, so that --fit leaves room for it.
+  MemoryRequest plan;
+};
+void add_offload_options(CLI::App* cmd, OffloadOptions& o);
+
+// The Model over `w` on `backend` with the routed-expert placement `o` asks for. With a
+// device budget (--gpu-mem, or the backend's free memory), the weights left on the device
+// plus o.plan must fit: --fit chooses the smallest --n-cpu-moe that does (and says which);
+// without --fit a model that does not fit is refused, naming that N. --gpu-mem also caps
+// what check_memory_plan allows the caches (set_device_budget). host_threads: the CPU
+// backend that runs host-placed experts (0: all cores).
+std::unique_ptr<Model> make_model(ModelWeights w, Backend& backend, const OffloadOptions& o, int host_threads = 0);
+
 // backend: "cpu" or "cuda" (an Error when this build has no CUDA backend).
-LoadedModel load_model(const std::string& path, const std::string& backend, int threads = 0);
+LoadedModel load_model(const std::string& path, const std::string& backend, int threads = 0,
+                       const OffloadOptions& offload = {});
 
 // The built-in default model: models/qwen36-small-code-q8_0.gguf of this checkout (trained by
 // tools/train, see models/README.md; $QWEN36_DEFAULT_MODEL overrides), or, where that file
 // is absent, a small RANDOM model generated in memory (it says so when loaded).
 std::string default_model_path();  // "" when there is none
-LoadedModel load_default_model(const std::string& backend, int threads = 0);
+LoadedModel load_default_model(const std::string& backend, int threads = 0, const OffloadOptions& offload = {});
 
 std::vector<int32_t> read_i32_file(const std::string& path);
 

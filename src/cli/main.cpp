@@ -14,12 +14,16 @@ namespace {
 // llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare (a single dash takes
 // one letter), spelled as their long forms before parsing.
 std::vector<char*> with_long_aliases(int argc, char** argv) {
-  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", tp[] = "--tensor-parallel";
+  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", tp[] = "--tensor-parallel",
+              ot[] = "--override-tensor", ncmoe[] = "--n-cpu-moe", cmoe[] = "--cpu-moe";
   std::vector<char*> out(argv, argv + argc);
   for (char*& a : out) {
     if (std::string_view(a) == "-ctk") a = ctk;
     if (std::string_view(a) == "-ctv") a = ctv;
     if (std::string_view(a) == "-tp") a = tp;
+    if (std::string_view(a) == "-ot") a = ot;
+    if (std::string_view(a) == "-ncmoe") a = ncmoe;
+    if (std::string_view(a) == "-cmoe") a = cmoe;
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -48,9 +49,64 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   return p;
 }
 
+namespace {
+size_t g_device_budget = 0;
+}  // namespace
+
+void set_device_budget(size_t bytes_after_weights) { g_device_budget = bytes_after_weights; }
+size_t device_budget() { return g_device_budget; }
+
 void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryRequest& r, const MemoryFlags& flags) {
-  const size_t free_b = backend.free_memory();
-  if (free_b > 0) check_memory_plan(free_b, backend.name(), c, r, flags);
+  size_t free_b = backend.free_memory();
+  std::string where = backend.name();
+  if (g_device_budget > 0 && (free_b == 0 || g_device_budget < free_b)) {
+    free_b = g_device_budget;
+    where += " (--gpu-mem)";
+  }
+  if (free_b > 0) check_memory_plan(free_b, where, c, r, flags);
+}
+
+WeightSplit split_weights(size_t total, const std::vector<size_t>& expert_bytes, const std::vector<bool>& host) {
+  WeightSplit s;
+  for (size_t i = 0; i < expert_bytes.size() && i < host.size(); ++i)
+    if (host[i]) s.host += expert_bytes[i];
+  s.device = total - std::min(total, s.host);
+  return s;
+}
+
+int32_t fit_n_cpu_moe(size_t budget, size_t total, const std::vector<size_t>& expert_bytes, size_t plan_bytes) {
+  size_t device = total;
+  for (size_t n = 0;; ++n) {
+    if (device + plan_bytes <= budget) return int32_t(n);
+    if (n == expert_bytes.size()) return -1;
+    device -= std::min(device, expert_bytes[n]);
+  }
+}
+
+std::vector<size_t> estimate_expert_bytes(const ModelConfig& c, double bits_per_weight) {
+  if (!c.moe) return std::vector<size_t>(size_t(c.n_layers), 0);
+  const double params = 3.0 * double(c.n_experts) * double(c.moe_intermediate_size) * double(c.hidden_size);
+  return std::vector<size_t>(size_t(c.n_layers), size_t(params * bits_per_weight / 8.0));
+}
+
+size_t parse_byte_size(const std::string& s, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  double mul = 0;
+  if (unit.empty() || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") mul = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib" || unit == "tb") mul = 1024.0 * 1024 * 1024 * 1024;
+  QWEN36_CHECK(used > 0 && mul > 0 && v > 0, "{} \"{}\": expected a size such as 24GiB, 16G or 512MiB", flag, s);
+  return size_t(v * mul);
 }
 
 void check_memory_plan(size_t free_b, const std::string& where, const ModelConfig& c, const MemoryRequest& r,

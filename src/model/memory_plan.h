@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "model/config.h"
@@ -48,5 +49,28 @@ void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryReque
 // The same against a given number of free bytes of memory called `where` (tests).
 void check_memory_plan(size_t free_bytes, const std::string& where, const ModelConfig& c, const MemoryRequest& r,
                        const MemoryFlags& flags = {});
+
+// ---- expert offload (model/expert_placement.h) ----
+// Routed experts placed on the host count in host memory: the device holds the rest.
+struct WeightSplit {
+  size_t device = 0, host = 0;
+};
+// total: every weight byte; expert_bytes[i]: layer i's routed experts; host[i]: placed on the host.
+WeightSplit split_weights(size_t total, const std::vector<size_t>& expert_bytes, const std::vector<bool>& host);
+// The smallest N such that, with the routed experts of the first N layers on the host, the
+// device weights plus `plan_bytes` (caches and activations) fit in `budget`; -1 when even all
+// layers on the host do not fit. (First layers, as llama.cpp's --n-cpu-moe: all MoE layers of
+// Qwen3.6 have the same size, so which ones matters for nothing but naming them.)
+int32_t fit_n_cpu_moe(size_t budget, size_t total, const std::vector<size_t>& expert_bytes, size_t plan_bytes);
+// Per-layer routed-expert bytes of `c` at `bits_per_weight` (planning without the weights).
+std::vector<size_t> estimate_expert_bytes(const ModelConfig& c, double bits_per_weight);
+// "--gpu-mem 24GiB", "16G", "512MiB", "1e9": bytes; an Error names a bad value.
+size_t parse_byte_size(const std::string& s, const std::string& flag);
+// --gpu-mem: device memory left for caches and activations once the weights are resident;
+// check_memory_plan(Backend&, ...) uses it when it is smaller than what the backend reports
+// (or the backend reports nothing), so a smaller card can be emulated. 0: no cap. Set once
+// at load by the command line (process-wide, like the log level).
+void set_device_budget(size_t bytes_after_weights);
+size_t device_budget();
 
 }  // namespace qwen36

@@ -82,10 +82,20 @@ ForwardBatch ForwardBatch::single(std::span<const int32_t> tokens, int32_t pos0,
   return b;
 }
 
-Model::Model(ModelWeights weights, Backend& backend)
-    : w_(std::move(weights)), backend_(backend), ws_(std::make_shared<Workspace>()) {
+Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& placement, int host_threads)
+    : w_(std::move(weights)), backend_(backend), placement_(placement), ws_(std::make_shared<Workspace>()) {
   validate_weights(w_);
-  backend_.prepare_weights(w_);
+  if (!placement_.any()) {
+    placement_.host.clear();
+    backend_.prepare_weights(w_);
+    return;
+  }
+  QWEN36_CHECK(int64_t(placement_.host.size()) == w_.config.n_layers && w_.config.moe,
+               "expert placement for {} layers on a {}-layer {} model", placement_.host.size(), w_.config.n_layers,
+               w_.config.moe ? "MoE" : "dense");
+  backend_.prepare_weights_except(w_, host_expert_tensors(w_, placement_));
+  host_ = make_cpu_backend(host_threads);
+  staging_ = std::make_shared<HostStaging>();
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
@@ -205,7 +215,7 @@ void Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& 
   backend_.mlp(x, m, gate, up, y);
 }
 
-void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y) {
+void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts) {
   const ModelConfig& c = w_.config;
   const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
   Tensor logits = s.f32({T, E});
@@ -222,13 +232,51 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   }
   Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
-  backend_.moe_experts(x, weights, ids, m.experts, y);
+  // Host-placed experts: y gets the same sum as moe_experts on the main backend, computed by
+  // the host (on two CPU backends the very same code, so the logits are bitwise equal).
+  // Overlap (not done yet): on a GPU the shared expert below and the next layer's mixer do not
+  // depend on the routed sum until the add_rms_norm of the next layer, so they could be queued
+  // on the device before waiting for the host, with the copy back on a second stream and the
+  // staging buffers pinned; today copy_to_host waits for the device and the device idles while
+  // the host computes.
+  if (host_experts)
+    host_moe_experts(x, weights, ids, m.experts, y);
+  else
+    backend_.moe_experts(x, weights, ids, m.experts, y);
   if (shared) {
     backend_.swiglu(sh_gate, sh_up, sh_gate);
     Tensor out = s.f32({T, c.hidden_size});
     backend_.matmul(sh_gate, m.shared.down_proj, out);
     backend_.add_sigmoid_scaled(y, out, sg);
   }
+}
+
+void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                             std::span<const MlpWeights> experts, Tensor& y) {
+  // TODO(issue 11, prefill): for a large batch, streaming the layer's experts to the device and
+  // running moe_experts there can beat the host. Per layer and pass, with B = bytes of the
+  // layer's routed experts, T tokens, k experts per token, E experts, PCIe bandwidth P (~25
+  // GB/s pinned), host expert throughput F_h (flop/s) and device F_d:
+  //   host   ≈ 2·T·k·3·I·H / F_h  (+ the [T, H] copies both ways, tiny)
+  //   stream ≈ B_touched / P + 2·T·k·3·I·H / F_d,  B_touched = B · (1 − (1 − k/E)^T)
+  // stream when it is smaller (for 35B-A3B Q4_K_M a layer is ~0.45 GB, ~18 ms over PCIe, so
+  // from roughly a few hundred tokens a pass), with a double-buffered device slot so layer
+  // i+1's experts upload while layer i computes. Needs a device staging buffer in the memory
+  // plan (one or two layers' experts) and an upload op in the backend; decode never streams.
+  const int64_t T = x.rows(), D = x.cols(), K = ids.cols();
+  HostStaging& h = *staging_;
+  h.x.resize(size_t(T * D));
+  h.y.resize(size_t(T * D));
+  h.weights.resize(size_t(T * K));
+  h.ids.resize(size_t(T * K));
+  backend_.copy_to_host(x, h.x.data());
+  backend_.copy_to_host(weights, h.weights.data());
+  backend_.copy_to_host(ids, h.ids.data());
+  const Tensor hx(h.x.data(), DType::F32, {T, D}), hw(h.weights.data(), DType::F32, {T, K}),
+      hi(h.ids.data(), DType::I32, {T, K});
+  Tensor hy(h.y.data(), DType::F32, {T, D});
+  host_->moe_experts(hx, hw, hi, experts, hy);
+  backend_.copy_from_host(h.y.data(), y);
 }
 
 Model::Residual Model::residual(Scratch& s, int64_t T) {
@@ -254,8 +302,11 @@ void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor
                                                     : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
   reduce(mixed);
   backend_.add_rms_norm(h, mixed, l.post_attention_norm, c.rms_norm_eps, x);
+  // A layer of w_.layers (not the MTP head's) may have its routed experts on the host.
+  const bool host_experts = host_ && &l >= w_.layers.data() && &l < w_.layers.data() + w_.layers.size() &&
+                            placement_.host[size_t(&l - w_.layers.data())];
   if (c.moe)
-    moe_block(s, l.moe, x, r.pending);  // routed and shared experts' partial sums: one reduction
+    moe_block(s, l.moe, x, r.pending, host_experts);  // routed and shared experts' partial sums: one reduction
   else
     mlp_block(s, l.mlp, x, r.pending);
   reduce(r.pending);
@@ -323,7 +374,8 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
 bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
-  if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || int64_t(batch.runs.size()) != T)
+  // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
+  if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || int64_t(batch.runs.size()) != T || host_)
     return false;
   uint64_t key = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };

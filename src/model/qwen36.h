@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/expert_placement.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -73,12 +74,15 @@ struct SpecCommit {
 
 class Model {
  public:
-  Model(ModelWeights weights, Backend& backend);
+  // `placement`: layers whose routed experts stay in host memory and run on a CPU backend the
+  // model owns (`host_threads`, 0: all cores) — expert offload, model/expert_placement.h.
+  Model(ModelWeights weights, Backend& backend, const ExpertPlacement& placement = {}, int host_threads = 0);
 
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   Backend& backend() { return backend_; }
   bool has_mtp() const { return w_.mtp.has_value(); }
+  const ExpertPlacement& expert_placement() const { return placement_; }
 
   // Tensor parallelism (model/tp_shard.h). With a communicator, this model is one rank's
   // shard: the partial outputs of its row-parallel projections are summed over the ranks
@@ -125,7 +129,10 @@ class Model {
                         std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   // The FFN blocks write their output into y [T, hidden].
   void mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y);
-  void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y);
+  void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts = false);
+  // moe_experts of a host-placed layer: inputs to the host, the CPU backend, the sum back.
+  void host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
+                        Tensor& y);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
   // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
   struct Residual {
@@ -154,6 +161,13 @@ class Model {
   ModelWeights w_;
   Backend& backend_;
   Comm* comm_ = nullptr;
+  ExpertPlacement placement_;
+  std::unique_ptr<Backend> host_;  // runs the host-placed routed experts (null: none)
+  struct HostStaging {
+    std::vector<float> x, weights, y;
+    std::vector<int32_t> ids;
+  };
+  std::shared_ptr<HostStaging> staging_;
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

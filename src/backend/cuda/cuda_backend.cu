@@ -212,7 +212,8 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "get_rows");
     cuda::get_rows(ctx_, src, rows, dst);
   }
-  void prepare_weights(ModelWeights& w) override;
+  void prepare_weights(ModelWeights& w) override { prepare_weights_except(w, {}); }
+  void prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) override;
   void tile_weights(ModelWeights& w);
   size_t free_memory() override {
     size_t free_b = 0, total_b = 0;
@@ -524,9 +525,12 @@ std::vector<Tensor*> weight_tensors(ModelWeights& w) {
   return out;
 }
 
-void CudaBackend::prepare_weights(ModelWeights& w) {
+void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) {
   QWEN36_CHECK(weights_ == nullptr, "CUDA backend: prepare_weights called twice (one model per backend)");
   std::vector<Tensor*> all = weight_tensors(w);
+  // Kept tensors stay host pointers (routed experts a host backend computes); tile_weights
+  // never repacks experts, so they are never tiled either.
+  all.erase(std::remove_if(all.begin(), all.end(), [&](const Tensor* t) { return keep.count(t) > 0; }), all.end());
   // Host pointer → offset in the device block; tensors already on the device stay put.
   std::map<const void*, size_t> offset;
   size_t total = 0;
@@ -562,7 +566,7 @@ void CudaBackend::prepare_weights(ModelWeights& w) {
     if (it != offset.end()) t->data = base + it->second;
   }
   // Every tensor now lives on the device: the host copies (mapped files, buffers) can go.
-  if (on_device == 0) w.storage.clear();
+  if (on_device == 0 && keep.empty()) w.storage.clear();
   tile_weights(w);
 }
 

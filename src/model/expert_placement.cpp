@@ -1,0 +1,122 @@
+#include "model/expert_placement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace qwen36 {
+
+bool ExpertPlacement::any() const { return std::find(host.begin(), host.end(), true) != host.end(); }
+
+int32_t ExpertPlacement::count() const { return int32_t(std::count(host.begin(), host.end(), true)); }
+
+std::string ExpertPlacement::describe() const {
+  std::string ranges;
+  for (size_t i = 0; i < host.size();) {
+    if (!host[i]) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j + 1 < host.size() && host[j + 1]) ++j;
+    ranges += fmt::format("{}{}", ranges.empty() ? "" : ",", i == j ? fmt::format("{}", i) : fmt::format("{}-{}", i, j));
+    i = j + 1;
+  }
+  return fmt::format("routed experts of {} of {} layers on the host{}", count(), host.size(),
+                     ranges.empty() ? "" : " (layers " + ranges + ")");
+}
+
+std::vector<TensorOverride> parse_override_tensor(const std::string& spec) {
+  std::vector<TensorOverride> rules;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.rfind('=');
+    QWEN36_CHECK(eq != std::string::npos && eq > 0,
+                 "--override-tensor \"{}\": expected REGEX=DEVICE (e.g. exps=cpu)", item);
+    std::string dev = item.substr(eq + 1);
+    std::transform(dev.begin(), dev.end(), dev.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+    TensorOverride r;
+    r.pattern = item.substr(0, eq);
+    if (dev == "cpu")
+      r.host = true;
+    else if (dev == "cuda" || dev == "cuda0" || dev == "gpu")
+      r.host = false;
+    else
+      fail("--override-tensor \"{}\": unknown device \"{}\" (known: cpu, cuda)", item, item.substr(eq + 1));
+    try {
+      std::regex check(r.pattern);
+    } catch (const std::regex_error& e) {
+      fail("--override-tensor \"{}\": bad regular expression \"{}\": {}", item, r.pattern, e.what());
+    }
+    rules.push_back(std::move(r));
+  }
+  QWEN36_CHECK(!rules.empty(), "--override-tensor \"{}\": no rule given", spec);
+  return rules;
+}
+
+std::vector<std::string> expert_tensor_names(int32_t layer) {
+  std::vector<std::string> names;
+  for (const char* p : {"gate", "up", "down"}) names.push_back(fmt::format("blk.{}.ffn_{}_exps.weight", layer, p));
+  for (const char* p : {"gate", "up", "down"})
+    names.push_back(fmt::format("model.layers.{}.mlp.experts.{}_proj.weight", layer, p));
+  return names;
+}
+
+ExpertPlacement resolve_expert_placement(const ModelConfig& c, const PlacementOptions& o) {
+  ExpertPlacement p;
+  if (!c.moe) {
+    QWEN36_CHECK(o.empty(), "--n-cpu-moe / --cpu-moe / --override-tensor: this model has no routed experts (dense)");
+    return p;
+  }
+  QWEN36_CHECK(o.n_cpu_moe >= 0, "--n-cpu-moe {}: must be 0 or more", o.n_cpu_moe);
+  std::vector<TensorOverride> rules;
+  for (const std::string& s : o.override_tensor)
+    for (TensorOverride& r : parse_override_tensor(s)) rules.push_back(std::move(r));
+  std::vector<std::regex> res;
+  for (const TensorOverride& r : rules) res.emplace_back(r.pattern);
+  p.host.assign(size_t(c.n_layers), false);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    bool host = o.cpu_moe || i < o.n_cpu_moe;
+    const std::vector<std::string> names = expert_tensor_names(i);
+    for (size_t r = 0; r < rules.size(); ++r) {
+      if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return std::regex_search(n, res[r]); })) {
+        host = rules[r].host;
+        break;
+      }
+    }
+    p.host[size_t(i)] = host;
+  }
+  return p;
+}
+
+std::set<const Tensor*> host_expert_tensors(const ModelWeights& w, const ExpertPlacement& p) {
+  std::set<const Tensor*> s;
+  for (size_t i = 0; i < w.layers.size() && i < p.host.size(); ++i) {
+    if (!p.host[i]) continue;
+    for (const MlpWeights& e : w.layers[i].moe.experts)
+      for (const Tensor* t : {&e.gate_proj, &e.up_proj, &e.down_proj})
+        if (!t->empty()) s.insert(t);
+  }
+  return s;
+}
+
+std::vector<size_t> expert_bytes_per_layer(const ModelWeights& w) {
+  std::vector<size_t> v;
+  for (const LayerWeights& l : w.layers) {
+    std::set<const void*> seen;
+    size_t b = 0;
+    for (const MlpWeights& e : l.moe.experts)
+      for (const Tensor* t : {&e.gate_proj, &e.up_proj, &e.down_proj})
+        if (!t->empty() && seen.insert(t->data).second) b += t->nbytes();
+    v.push_back(b);
+  }
+  return v;
+}
+
+}  // namespace qwen36
