@@ -232,27 +232,29 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   }
   Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
-  // Host-placed experts: y gets the same sum as moe_experts on the main backend, computed by
-  // the host (on two CPU backends the very same code, so the logits are bitwise equal).
-  // Overlap (not done yet): on a GPU the shared expert below and the next layer's mixer do not
-  // depend on the routed sum until the add_rms_norm of the next layer, so they could be queued
-  // on the device before waiting for the host, with the copy back on a second stream and the
-  // staging buffers pinned; today copy_to_host waits for the device and the device idles while
-  // the host computes.
-  if (host_experts)
-    host_moe_experts(x, weights, ids, m.experts, y);
-  else
-    backend_.moe_experts(x, weights, ids, m.experts, y);
-  if (shared) {
+  Tensor out;  // the shared expert's output, before its gate
+  auto shared_expert = [&] {
+    if (!shared) return;
     backend_.swiglu(sh_gate, sh_up, sh_gate);
-    Tensor out = s.f32({T, c.hidden_size});
+    out = s.f32({T, c.hidden_size});
     backend_.matmul(sh_gate, m.shared.down_proj, out);
-    backend_.add_sigmoid_scaled(y, out, sg);
+  };
+  // Host-placed experts: y gets the same sum as moe_experts on the main backend, computed by
+  // the host (on two CPU backends the very same code, so the logits are bitwise equal). The
+  // shared expert is queued on the device between the copies out and the host's work, so a
+  // GPU computes it while the CPU computes the routed experts; the add stays after both.
+  if (host_experts) {
+    host_moe_experts(x, weights, ids, m.experts, y, shared_expert);
+  } else {
+    backend_.moe_experts(x, weights, ids, m.experts, y);
+    shared_expert();
   }
+  if (shared) backend_.add_sigmoid_scaled(y, out, sg);
 }
 
 void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
-                             std::span<const MlpWeights> experts, Tensor& y) {
+                             std::span<const MlpWeights> experts, Tensor& y,
+                             const std::function<void()>& device_work) {
   // TODO(issue 11, prefill): for a large batch, streaming the layer's experts to the device and
   // running moe_experts there can beat the host. Per layer and pass, with B = bytes of the
   // layer's routed experts, T tokens, k experts per token, E experts, PCIe bandwidth P (~25
@@ -272,6 +274,11 @@ void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tenso
   backend_.copy_to_host(x, h.x.data());
   backend_.copy_to_host(weights, h.weights.data());
   backend_.copy_to_host(ids, h.ids.data());
+  // Device work queued now runs while the host computes. More overlap (not done): the next
+  // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
+  // here too, with the copy back on a second stream and pinned staging buffers (copy_to_host
+  // and copy_from_host each wait for the whole stream today; the three copies out could be one).
+  device_work();
   const Tensor hx(h.x.data(), DType::F32, {T, D}), hw(h.weights.data(), DType::F32, {T, K}),
       hi(h.ids.data(), DType::I32, {T, K});
   Tensor hy(h.y.data(), DType::F32, {T, D});

@@ -130,9 +130,10 @@ class Model {
   // The FFN blocks write their output into y [T, hidden].
   void mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y);
   void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts = false);
-  // moe_experts of a host-placed layer: inputs to the host, the CPU backend, the sum back.
+  // moe_experts of a host-placed layer: inputs to the host, `device_work` queued on the main
+  // backend, the experts on the CPU backend, the sum back into y.
   void host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
-                        Tensor& y);
+                        Tensor& y, const std::function<void()>& device_work);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
   // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
   struct Residual {
