@@ -39,6 +39,7 @@ struct ServeBenchOptions {
   int threads = 0;
   uint64_t seed = 42;
   CacheTypes cache;
+  OffloadOptions offload;  // expert offload
 };
 
 constexpr const char* kColumns = R"(Columns (one row per stream count S; figures over the counted rounds, the warm-up excluded):
@@ -182,8 +183,18 @@ void run_bench_serve(const ServeBenchOptions& o) {
   const int64_t ctx = o.ctx > 0 ? o.ctx : (need + 127) / 128 * 128;
 
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench-serve");
-  BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda, "bench-serve");
-  Model model(std::move(bw.weights), *dev.backend);
+  // Expert offload needs host weights: synthetic ones are then made on the host and uploaded.
+  const bool offload = !o.offload.placement.empty() || o.offload.fit || !o.offload.gpu_mem.empty();
+  BenchWeights bw =
+      load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda && !offload, "bench-serve");
+  OffloadOptions off = o.offload;  // --fit leaves room for the most streams' caches
+  for (int64_t S : streams) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(S));
+  off.plan.ctx = ctx;
+  off.plan.batch_tokens = std::max<int64_t>(o.batch_tokens, off.plan.slots + o.prefill_chunk);
+  off.plan.output_rows = off.plan.slots;
+  off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
+  std::unique_ptr<Model> model_ptr = make_model(std::move(bw.weights), *dev.backend, off, o.threads);
+  Model& model = *model_ptr;
   const ModelConfig& c = model.config();
   QWEN36_CHECK(c.max_position_embeddings <= 0 || ctx <= c.max_position_embeddings,
                "bench-serve: a context of {} positions is more than the model's {}", ctx, c.max_position_embeddings);
@@ -327,6 +338,7 @@ void register_bench_serve(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->ctx, "Positions per slot (0: prompt + generated, rounded up to 128)")
       ->capture_default_str();
   add_cache_type_options(cmd, o->cache);
+  add_offload_options(cmd, o->offload);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step (as serve)")
       ->capture_default_str();
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step, decode + prefill (as serve's -b)")
