@@ -233,12 +233,20 @@ void run_bench(const BenchOptions& o) {
     BenchWeights bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec_method == SpecMethod::Mtp},
                                         cuda && !offload, "bench");
     model_name = bw.name;
-    OffloadOptions off = o.offload;  // --fit leaves room for the largest test's caches
-    for (int64_t p : parse_list(o.prompts)) off.plan.ctx = std::max(off.plan.ctx, o.depth + p);
-    for (int64_t n : parse_list(o.gens)) off.plan.ctx = std::max(off.plan.ctx, o.depth + n);
-    for (int64_t b : parse_list(o.batches)) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(b));
-    off.plan.batch_tokens = std::max<int64_t>(off.plan.slots, std::min<int64_t>(off.plan.ctx, 4096));
-    off.plan.kv_type = resolve_cache_type(o.cache, *backend);
+    // --fit leaves room for the largest test's state, as new_state below sizes it: a prompt
+    // test is one sequence of depth + p, a decode test b sequences of depth + n (+ drafts).
+    OffloadOptions off = o.offload;
+    MemoryRequest pre, dec;
+    for (int64_t p : parse_list(o.prompts)) pre.ctx = std::max(pre.ctx, std::max<int64_t>(1, o.depth) + p);
+    pre.batch_tokens = std::min<int64_t>(std::max<int64_t>(pre.ctx, 1), 4096);
+    for (int64_t n : parse_list(o.gens)) dec.ctx = std::max(dec.ctx, std::max<int64_t>(1, o.depth) + n + 24);
+    for (int64_t b : parse_list(o.batches)) dec.slots = std::max<int32_t>(dec.slots, int32_t(b));
+    const int64_t rows = spec_method == SpecMethod::None ? 1 : 17;  // a verify pass: up to 16 drafts + 1
+    dec.batch_tokens = std::max<int64_t>(dec.slots * rows, std::min<int64_t>(dec.ctx, 4096));
+    dec.output_rows = dec.slots * rows;
+    pre.kv_type = dec.kv_type = resolve_cache_type(o.cache, *backend);
+    pre.mtp = dec.mtp = spec_method == SpecMethod::Mtp;
+    off.plan = plan_memory(bw.weights.config, pre).total() >= plan_memory(bw.weights.config, dec).total() ? pre : dec;
     model_ptr = make_model(std::move(bw.weights), *backend, off, o.threads);
   }
   Model& model = *model_ptr;
