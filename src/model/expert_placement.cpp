@@ -2,14 +2,44 @@
 
 #include <fmt/format.h>
 
+#include <regex.h>
+
 #include <algorithm>
 #include <cctype>
-#include <regex>
+#include <memory>
 #include <sstream>
 
 #include "core/error.h"
 
 namespace qwen36 {
+
+namespace {
+
+// A POSIX extended regular expression, searched anywhere in a name (as std::regex_search).
+// Not std::regex: GCC 12's libstdc++ <regex> trips -Wmaybe-uninitialized (an error here) in the
+// sanitizer build, and the override patterns need nothing beyond ERE.
+class Pattern {
+ public:
+  explicit Pattern(const std::string& p) : err_(regcomp(&re_, p.c_str(), REG_EXTENDED | REG_NOSUB)) {}
+  ~Pattern() {
+    if (err_ == 0) regfree(&re_);
+  }
+  Pattern(const Pattern&) = delete;
+  Pattern& operator=(const Pattern&) = delete;
+  bool ok() const { return err_ == 0; }
+  std::string error() const {
+    char buf[256];
+    regerror(err_, &re_, buf, sizeof(buf));
+    return buf;
+  }
+  bool search(const std::string& s) const { return regexec(&re_, s.c_str(), 0, nullptr, 0) == 0; }
+
+ private:
+  regex_t re_{};
+  int err_;
+};
+
+}  // namespace
 
 bool ExpertPlacement::any() const { return std::find(host.begin(), host.end(), true) != host.end(); }
 
@@ -49,11 +79,8 @@ std::vector<TensorOverride> parse_override_tensor(const std::string& spec) {
       r.host = false;
     else
       fail("--override-tensor \"{}\": unknown device \"{}\" (known: cpu, cuda)", item, item.substr(eq + 1));
-    try {
-      std::regex check(r.pattern);
-    } catch (const std::regex_error& e) {
-      fail("--override-tensor \"{}\": bad regular expression \"{}\": {}", item, r.pattern, e.what());
-    }
+    if (const Pattern check(r.pattern); !check.ok())
+      fail("--override-tensor \"{}\": bad regular expression \"{}\": {}", item, r.pattern, check.error());
     rules.push_back(std::move(r));
   }
   QWEN36_CHECK(!rules.empty(), "--override-tensor \"{}\": no rule given", spec);
@@ -78,14 +105,14 @@ ExpertPlacement resolve_expert_placement(const ModelConfig& c, const PlacementOp
   std::vector<TensorOverride> rules;
   for (const std::string& s : o.override_tensor)
     for (TensorOverride& r : parse_override_tensor(s)) rules.push_back(std::move(r));
-  std::vector<std::regex> res;
-  for (const TensorOverride& r : rules) res.emplace_back(r.pattern);
+  std::vector<std::unique_ptr<Pattern>> res;
+  for (const TensorOverride& r : rules) res.push_back(std::make_unique<Pattern>(r.pattern));
   p.host.assign(size_t(c.n_layers), false);
   for (int32_t i = 0; i < c.n_layers; ++i) {
     bool host = o.cpu_moe || i < o.n_cpu_moe;
     const std::vector<std::string> names = expert_tensor_names(i);
     for (size_t r = 0; r < rules.size(); ++r) {
-      if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return std::regex_search(n, res[r]); })) {
+      if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return res[r]->search(n); })) {
         host = rules[r].host;
         break;
       }

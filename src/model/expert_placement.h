@@ -27,8 +27,8 @@ struct ExpertPlacement {
   std::string describe() const;  // "routed experts of 20 of 40 layers on the host (layers 0-19)"
 };
 
-// One --override-tensor rule: tensors whose name std::regex_search-matches `pattern` go to
-// `host` (cpu) or the main backend (cuda/gpu).
+// One --override-tensor rule: tensors whose name contains a match of `pattern` (a POSIX
+// extended regular expression) go to `host` (cpu) or the main backend (cuda/gpu).
 struct TensorOverride {
   std::string pattern;
   bool host = true;
