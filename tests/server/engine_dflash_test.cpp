@@ -17,6 +17,7 @@
 
 #include "engine/generate.h"
 #include "engine/scheduler.h"
+#include "engine_test_util.h"
 #include "engine/spec/dflash_drafter.h"
 #include "format/model_loader.h"
 
@@ -84,14 +85,7 @@ class EngineDFlashTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) p.push_back((seed * 37 + i * 11 + i * i) % 127);
     return p;
   }
-  static std::vector<int32_t> alone(const RequestParams& p) {
-    ModelState st(*backend_, model_->config(), 1, 256, false);
-    GenerateOptions g;
-    g.max_tokens = p.max_tokens;
-    g.sampling = p.sampling;
-    g.prefill_chunk = 16;
-    return generate(*model_, st, p.prompt, g).tokens;
-  }
+  static std::vector<int32_t> alone(const RequestParams& p) { return test::generate_alone(*model_, *backend_, p, 16); }
   static SchedulerOptions options() {
     SchedulerOptions o;
     o.slots = 4;
@@ -109,12 +103,7 @@ class EngineDFlashTest : public ::testing::Test {
   static std::vector<RequestResult> run_all(Scheduler& s, const std::vector<RequestParams>& ps) {
     std::vector<std::shared_ptr<Request>> reqs;
     for (const RequestParams& p : ps) reqs.push_back(s.submit(p));
-    for (int i = 0; i < 10000; ++i) {
-      bool all = true;
-      for (auto& r : reqs) all = all && r->finished();
-      if (all) break;
-      s.step();
-    }
+    test::run_until_done(s, reqs);
     std::vector<RequestResult> out;
     for (auto& r : reqs) out.push_back(wait_for_result(*r, 1000ms));
     return out;

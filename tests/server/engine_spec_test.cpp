@@ -18,11 +18,14 @@
 #include "../unit/spec/spec_test_util.h"
 #include "engine/generate.h"
 #include "engine/scheduler.h"
+#include "engine_test_util.h"
 #include "format/model_loader.h"
 #include "text/tokenizer.h"
 
 namespace qwen36 {
 namespace {
+
+using test::run_until_done;
 
 using namespace std::chrono_literals;
 
@@ -78,13 +81,7 @@ class EngineSpecTest : public ::testing::Test {
     return p;
   }
   static std::vector<int32_t> alone(const RequestParams& p, int64_t ctx = 256) {
-    ModelState st(*backend_, model_->config(), 1, ctx, false);
-    GenerateOptions g;
-    g.max_tokens = p.max_tokens;
-    g.sampling = p.sampling;
-    g.stop_ids = p.stop_ids;
-    g.prefill_chunk = 16;
-    return generate(*model_, st, p.prompt, g).tokens;
+    return test::generate_alone(*model_, *backend_, p, 16, ctx);
   }
   static SchedulerOptions options(SpecMethod m, int32_t k = 3, bool adaptive = false) {
     SchedulerOptions o;
@@ -105,15 +102,6 @@ class EngineSpecTest : public ::testing::Test {
     o.spec_drafter = [refs = std::move(refs), corrupt](Model&, ModelState&) {
       return std::make_unique<OracleDrafter>(refs, corrupt);
     };
-  }
-  static void run_until_done(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
-    for (int i = 0; i < 10000; ++i) {
-      bool all = true;
-      for (auto& r : reqs) all = all && r->finished();
-      if (all) return;
-      s.step();
-    }
-    FAIL() << "requests did not finish";
   }
   static RequestResult run_one(Scheduler& s, const RequestParams& p) {
     auto r = s.submit(p);

@@ -8,10 +8,13 @@
 
 #include "engine/generate.h"
 #include "engine/scheduler.h"
+#include "engine_test_util.h"
 #include "format/model_loader.h"
 
 namespace qwen36 {
 namespace {
+
+using test::run_until_done;
 
 using namespace std::chrono_literals;
 
@@ -34,23 +37,7 @@ class EngineTest : public ::testing::Test {
   }
   // What generate() gives for this request on a fresh state (the single-request reference).
   static std::vector<int32_t> alone(const RequestParams& p, int32_t chunk, int64_t ctx = 256) {
-    ModelState st(*backend_, model_->config(), 1, ctx, false);
-    GenerateOptions g;
-    g.max_tokens = p.max_tokens;
-    g.sampling = p.sampling;
-    g.stop_ids = p.stop_ids;
-    g.prefill_chunk = chunk;
-    return generate(*model_, st, p.prompt, g).tokens;
-  }
-  // Steps until every request finished (bounded).
-  static void run_until_done(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
-    for (int i = 0; i < 10000; ++i) {
-      bool all = true;
-      for (auto& r : reqs) all = all && r->finished();
-      if (all) return;
-      s.step();
-    }
-    FAIL() << "requests did not finish";
+    return test::generate_alone(*model_, *backend_, p, chunk, ctx);
   }
 
   static Backend* backend_;
