@@ -6,12 +6,15 @@
 
 namespace qwen36 {
 
+namespace {
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+// One FNV-1a step: find() extends a running hash token by token with it.
+uint64_t fnv_step(uint64_t h, int32_t t) { return (h ^ uint64_t(uint32_t(t))) * 1099511628211ull; }
+}  // namespace
+
 uint64_t token_prefix_hash(std::span<const int32_t> tokens) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : tokens) {
-    h ^= uint64_t(uint32_t(t));
-    h *= 1099511628211ull;
-  }
+  uint64_t h = kFnvOffset;
+  for (int32_t t : tokens) h = fnv_step(h, t);
   return h;
 }
 
@@ -32,10 +35,9 @@ const StateSnapshot* SnapshotCache::find(std::span<const int32_t> prompt, int64_
   // Candidates are multiples of the interval: hash the prompt once, reading the running hash
   // at each multiple (proper prefixes only: one token must remain to produce logits).
   std::vector<std::pair<int64_t, uint64_t>> marks;
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnvOffset;
   for (size_t i = 0; i + 1 < prompt.size(); ++i) {
-    h ^= uint64_t(uint32_t(prompt[i]));
-    h *= 1099511628211ull;
+    h = fnv_step(h, prompt[i]);
     if (int64_t(i + 1) % opts_.interval == 0) marks.emplace_back(int64_t(i + 1), h);
   }
   Entry* best = nullptr;
