@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/qwen36.h"
+#include "model/random_weights.h"
 
 namespace qwen36 {
 
@@ -361,26 +362,8 @@ DFlashWeights make_random_dflash_weights(const DFlashConfig& c, DType matrix_dty
   DFlashWeights w;
   w.config = c;
   uint64_t counter = 0;
-  // One tensor: values from gen(rng) in blocks of 64 K, each block its own stream.
   auto make = [&](DType dt, std::initializer_list<int64_t> shape, auto gen) {
-    Tensor x(nullptr, dt, shape);
-    auto buf = std::make_shared<HostBuffer>(x.nbytes());
-    x.data = buf->data();
-    w.storage.push_back(buf);
-    const int64_t n = x.numel();
-    const uint64_t stream = seed * 1000003ull + counter++;
-    constexpr int64_t kBlock = 1 << 16;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-      SplitMix64 r{stream * 0x100000001b3ull + uint64_t(b)};
-      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
-        const float v = gen(r);
-        if (dt == DType::F32) x.as<float>()[i] = v;
-        else if (dt == DType::BF16) x.as<uint16_t>()[i] = f32_to_bf16(v);
-        else x.as<uint16_t>()[i] = f32_to_f16(v);
-      }
-    }
-    return x;
+    return random_host_tensor(w.storage, dt, shape, seed * 1000003ull + counter++, gen);
   };
   auto matrix = [&](int64_t rows, int64_t cols) {
     const float sd = 1.0f / std::sqrt(float(cols));

@@ -23,27 +23,7 @@ class Builder {
  private:
   template <typename F>
   Tensor make(DType t, std::initializer_list<int64_t> shape, F gen) {
-    Tensor x(nullptr, t, shape);
-    auto buf = std::make_shared<HostBuffer>(x.nbytes());
-    x.data = buf->data();
-    w_.storage.push_back(buf);
-    const int64_t n = x.numel();
-    const uint64_t stream = seed_ * 1000003ull + counter_++;
-    constexpr int64_t kBlock = 1 << 16;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-      Rng r{stream * 0x100000001b3ull + uint64_t(b)};
-      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
-        const float v = gen(r);
-        switch (t) {
-          case DType::F32: x.as<float>()[i] = v; break;
-          case DType::BF16: x.as<uint16_t>()[i] = f32_to_bf16(v); break;
-          case DType::F16: x.as<uint16_t>()[i] = f32_to_f16(v); break;
-          default: break;
-        }
-      }
-    }
-    return x;
+    return random_host_tensor(w_.storage, t, shape, seed_ * 1000003ull + counter_++, gen);
   }
 
   ModelWeights& w_;
