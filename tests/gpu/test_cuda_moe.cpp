@@ -416,7 +416,7 @@ std::string types_name(const ExpertTypes& m) {
   return std::string(dtype_name(m.gu)) + "/" + std::string(dtype_name(m.dn));
 }
 
-// T·k ≤ 64: the two int8 GEMV launches over the routed pairs, against the int8 twin. D = 512,
+// T·k ≤ 256: the two int8 GEMV launches over the routed pairs, against the int8 twin. D = 512,
 // I = 256: the down rows are one super-block (8 rows per task); the 35B's 2048 / 512 too.
 TEST_F(CudaMoe, QuantDecodeMatchesInt8Twin) {
   for (const ExpertTypes& mx : {ExpertTypes{DType::Q4_K, DType::Q6_K}, ExpertTypes{DType::Q4_K, DType::Q4_K},
@@ -431,10 +431,11 @@ TEST_F(CudaMoe, QuantDecodeMatchesInt8Twin) {
       EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << types_name(mx) << " T=" << T << ": " << worst_at(got, want, D);
     }
   }
-  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, 16, 2048, 512);
-  for (int64_t T : {1, 2}) {
+  // T = 16 and 32 (128 and 256 pairs): token chunks of ≤ 128 pairs, one GEMV pair per chunk.
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, 64, 2048, 512);
+  for (int64_t T : {1, 2, 16, 32}) {
     HostT x = random_t(rng_, DType::F32, {T, 2048}), w, ids;
-    route(rng_, T, 16, 8, w, ids, 16);
+    route(rng_, T, 64, 8, w, ids, 64);
     const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
     EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "q4_k/q6_k D=2048 I=512 T=" << T << ": " << worst_at(got, want, 2048);
   }

@@ -44,6 +44,13 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kMaxPairs = 64;     // T·k up to this: the decode kernels
 constexpr int64_t kMaxPrefillPairs = 32768;  // pairs per prefill pass (bounds the temporaries)
+// Block-quantized experts: the per-pair GEMVs read one expert matrix per pair, so their cost is
+// linear in pairs, while a dequantizing prefill pass writes and re-reads every used expert in
+// bf16 (35B-A3B, batch 16 = 128 pairs: 1.09 ms per layer on the H200, ~4x the GEMVs' bytes).
+// Up to kMaxQuantDecodePairs pairs take the GEMVs, in token chunks of ≤ kQuantDecodeChunk pairs
+// (the down GEMV keeps all its pairs' activations in shared memory).
+constexpr int64_t kMaxQuantDecodePairs = 256;
+constexpr int64_t kQuantDecodeChunk = 128;
 
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   __shared__ float p[kMaxExperts];
@@ -762,8 +769,28 @@ void run_prefill_matmul(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor
   combine(c, s, y.get(), grp, weights, out);
 }
 
+// The per-pair quantized GEMVs over token chunks of ≤ kQuantDecodeChunk pairs; false (nothing
+// launched) when a chunk's shape does not fit them.
+bool quant_moe_decode_chunked(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                              const ExpertPtrs* table, DType gu, DType dn, Tensor& out) {
+  const int64_t chunk = std::max<int64_t>(1, kQuantDecodeChunk / s.k);
+  const auto table_ptrs = reinterpret_cast<const void* const*>(table);
+  for (int64_t t0 = 0; t0 < s.T; t0 += chunk) {
+    const int64_t n = std::min(chunk, s.T - t0);
+    const Tensor xc(x.as<float>() + t0 * s.D, DType::F32, {n, s.D}),
+        wc(weights.as<float>() + t0 * s.k, DType::F32, {n, s.k}), ic(ids.as<int32_t>() + t0 * s.k, DType::I32, {n, s.k});
+    Tensor oc(out.as<float>() + t0 * s.D, DType::F32, {n, s.D});
+    // Every chunk has the first one's shape or fewer tokens: if the first fits, all do.
+    if (!quant_moe_decode(c, xc, wc, ic, table_ptrs, gu, dn, s.E, s.I, oc)) {
+      QWEN36_CHECK(t0 == 0, "moe_experts: decode chunk at token {} did not fit after the first did", t0);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Block-quantized experts (gate and up of one type, down of one type, e.g. Q4_K and Q6_K):
-// decode (T·k ≤ 64) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu), else
+// decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu), else
 // the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot
 // tile take the per-expert matmul.
 void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
@@ -789,9 +816,7 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
   if (c.exact_matmul) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
   const ExpertPtrs* table = expert_table(c, experts);
   if (!table) return;  // recording, and the table is new: the recording is dropped anyway
-  if (s.P <= kMaxPairs && quant_moe_decode(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn,
-                                           E, I, out))
-    return;
+  if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, gu, dn, out)) return;
   if (D % 8 != 0 || I % 8 != 0) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
   const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
