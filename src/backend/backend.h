@@ -185,6 +185,10 @@ class Backend {
   // Runs the recording kept under `key` (its ops read the tables of the last set_batch);
   // false when there is none.
   virtual bool replay(uint64_t /*key*/) { return false; }
+  // Frees every kept recording. A recording that holds a collective keeps its communicator
+  // alive: NCCL's ncclCommDestroy waits until every graph that captured one of its operations is
+  // destroyed, so the recordings go before the communicator (tensor-parallel teardown).
+  virtual void drop_recordings() {}
   // The device stream the ops are queued on (a cudaStream_t for CUDA), for collectives that
   // must run in the same order as the ops (backend/comm.h); nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }

@@ -146,6 +146,10 @@ class TpGroup final : public ModelPeers {
     }
     ranks_[0]->mirrors.clear();  // the calling thread's rank
     ranks_[0]->model.reset();
+    // The worker ranks' backends are gone (and their recordings with them); the calling thread's
+    // backend outlives the group, and its recorded decode steps hold the communicators, whose
+    // destruction (next) would otherwise wait for them forever.
+    if (ranks_[0]->backend) ranks_[0]->backend->drop_recordings();
   }
 
   Rank& self() { return *ranks_[0]; }

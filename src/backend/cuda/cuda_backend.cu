@@ -446,6 +446,7 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     free_events_.clear();
   }
+  void drop_recordings() override { drop_graphs(); }
   void drop_graphs() {
     for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
     graphs_.clear();
