@@ -4,7 +4,10 @@
 // shapes not multiple of 8). Prints the time of one 35B-A3B layer's experts (not asserted).
 //
 // Block-quantized experts (Q4_K / Q6_K ...) are checked against the CPU twin on their
-// dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill.
+// dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill; experts
+// in the device's tiled layout (cuda_tile_matrix, as tile_weights repacks a model's) through
+// the int8 tensor-core pair kernels (same int8 twin, same tolerance as the GEMVs), their graph
+// replay (bitwise), the tiled dequantizing prefill, and a tiny MoE model tiled vs untiled.
 //
 // Tolerances (rel_err: max |Δ| / max(1, max |want|)):
 //  - decode: f32 activations and f32 accumulation, only the summation order differs: 1e-4.
@@ -16,14 +19,21 @@
 //    (relative 2^-9 / 2^-12 per element) before f32-accumulated products: 1.5e-2, as the
 //    prefill matmul test.
 //  - f32 weights / exact_matmul fallback: f32 throughout: 1e-4.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
+#include "model/presets.h"
+#include "model/qwen36.h"
+#include "model/random_quant_weights.h"
 #include "quant/quant.h"
 
 namespace qwen36::gputest {
@@ -559,6 +569,268 @@ TEST_F(CudaMoe, Time35BLayerQuant) {
     const double flop = 2.0 * double(T * k) * 3 * double(I * D);
     std::printf("[ moe ] 35B q4_k_m prefill T=%lld: %.3f ms per layer (routed experts, dequantized per pass), %.0f TFLOP/s\n",
                 (long long)T, s * 1e3, flop / s / 1e12);
+  }
+}
+
+// ---- tiled experts: the int8 tensor-core pair kernels (cuda_quant_mma.cu, quant_tiled_moe) ----
+
+// Device copies of ex's experts repacked into the tiled layout by cuda_tile_matrix (quant_tile:
+// the repacking tile_weights applies to a model's device-resident experts).
+struct TiledExperts {
+  std::vector<DevT> dev;
+  std::vector<MlpWeights> d;
+};
+TiledExperts tile_experts(Backend& gpu, const QuantExperts& ex) {
+  TiledExperts te;
+  const size_t E = ex.d.size(), distinct = ex.q.size() / 3;
+  for (size_t e = 0; e < E; ++e)
+    for (size_t m = 0; m < 3; ++m) {
+      DevT d = upload(gpu, ex.q[3 * (e % distinct) + m]);
+      EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(d.t.dtype) << " " << d.t.shape_str() << " did not tile";
+      te.dev.push_back(std::move(d));
+    }
+  for (size_t e = 0; e < E; ++e) te.d.push_back({te.dev[3 * e].t, te.dev[3 * e + 1].t, te.dev[3 * e + 2].t});
+  return te;
+}
+
+std::string shape_name(const ExpertTypes& mx, int64_t D, int64_t I, int64_t T) {
+  return types_name(mx) + " D=" + std::to_string(D) + " I=" + std::to_string(I) + " T=" + std::to_string(T);
+}
+
+// T·k ≤ 256 on tiled experts: against the same int8 twin as the GEMVs (the pair kernels quantize
+// x and each pair's SwiGLU row exactly as they do), kQuantDecodeTol. The shapes cover every
+// split of a row-tile's super-blocks between warps: K = 2048 (8 warps, one super-block each),
+// 2304 (8 warps, warp 0 takes two), 1024 (4), 768 (2 warps taking 2 and 1), 512 (2), 256 (1
+// warp, 8 row-tiles per block); T = 32 with 16 experts: most experts serve several pairs.
+TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
+  struct Case {
+    ExpertTypes mx;
+    int64_t E, D, I;
+  };
+  const int64_t k = 8;
+  for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q4_K}, 16, 2048, 512},
+                         Case{{DType::Q8_0, DType::Q8_0}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q6_K}, 32, 512, 256},
+                         Case{{DType::Q4_K, DType::Q4_K}, 32, 512, 256}, Case{{DType::Q8_0, DType::Q8_0}, 32, 512, 256},
+                         Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768}, Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512}}) {
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
+    const TiledExperts te = tile_experts(*gpu_, ex);
+    ASSERT_TRUE(dtype_is_tiled(te.d[0].gate_proj.dtype) && dtype_is_tiled(te.d[0].down_proj.dtype));
+    for (int64_t T : {1, 2, 8, 16, 32}) {
+      HostT x = random_t(rng_, DType::F32, {T, cs.D}), w, ids;
+      route(rng_, T, cs.E, k, w, ids, cs.E);
+      const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+      EXPECT_LE(rel_err(got, want), kQuantDecodeTol)
+          << "tiled " << shape_name(cs.mx, cs.D, cs.I, T) << ": " << worst_at(got, want, cs.D);
+    }
+  }
+}
+
+// Ids outside [0, E) contribute nothing (the twin skips them too); a token whose every id is
+// invalid gets zeros.
+TEST_F(CudaMoe, TiledInvalidIdsContributeNothing) {
+  const int64_t E = 16, D = 512, I = 256, k = 4;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
+  const TiledExperts te = tile_experts(*gpu_, ex);
+  for (int64_t T : {3, 16}) {
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+    route(rng_, T, E, k, w, ids, E);
+    int32_t* id = ids.t.as<int32_t>();
+    id[1] = -1;
+    id[k + 2] = int32_t(E + 3);
+    for (int64_t j = 0; j < k; ++j) id[(T - 1) * k + j] = j % 2 ? int32_t(E) : -7;  // the last token: none valid
+    const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+    EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "T=" << T << ": " << worst_at(got, want, D);
+    for (int64_t d = 0; d < D; ++d) ASSERT_EQ(got[size_t((T - 1) * D + d)], 0.0f) << "column " << d;
+  }
+}
+
+// One call recorded as a graph and replayed twice reproduces the eager result bit for bit (no
+// atomics, no host work); the output is reset to NaN before each replay.
+TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
+  const int64_t E = 16, D = 2048, I = 512, k = 8, T = 8;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
+  const TiledExperts te = tile_experts(*gpu_, ex);
+  HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, nan(DType::F32, {T, D});
+  route(rng_, T, E, k, w, ids, E);
+  std::fill(nan.f(), nan.f() + T * D, std::numeric_limits<float>::quiet_NaN());
+  DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), di = upload(*gpu_, ids), o = upload(*gpu_, nan);
+  gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
+  const std::vector<float> eager = download(*gpu_, o.t), want = moe_int8_reference(ex, x, w, ids);
+  EXPECT_LE(rel_err(eager, want), kQuantDecodeTol) << worst_at(eager, want, D);
+  ASSERT_TRUE(gpu_->begin_capture());
+  gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
+  ASSERT_TRUE(gpu_->end_capture(0x6d6f6510, true)) << "the tiled decode could not be recorded";
+  for (int rep = 0; rep < 2; ++rep) {
+    gpu_->copy_from_host(nan.t.data, o.t);
+    ASSERT_TRUE(gpu_->replay(0x6d6f6510));
+    EXPECT_EQ(download(*gpu_, o.t), eager) << "replay " << rep << " differs from the eager call";
+  }
+}
+
+// Above the pair bound, tiled experts take the dequantizing prefill (quant_dequant_tiled_experts
+// → bf16 grouped GEMM): against the f32 twin at the bf16 prefill tolerance, in one pass and in
+// passes of 5 experts (QWEN36_MOE_DEQUANT_MB=4), idle experts skipped. exact_matmul (any T):
+// per-expert matmul on the tiled matrices (f32 dequantization, f32 GEMM): kF32Tol.
+TEST_F(CudaMoe, TiledPrefillMatchesCpu) {
+  const int64_t E = 64, D = 512, I = 256, k = 8;
+  for (const ExpertTypes& mx : {ExpertTypes{DType::Q4_K, DType::Q6_K}, ExpertTypes{DType::Q8_0, DType::Q4_K}}) {
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, mx.gu, mx.dn, E, D, I);
+    const TiledExperts te = tile_experts(*gpu_, ex);
+    for (const char* budget : {"", "4"}) {
+      if (*budget) setenv("QWEN36_MOE_DEQUANT_MB", budget, 1);
+      for (auto [T, live] : {std::pair<int64_t, int64_t>{40, 48}, {300, 64}}) {  // 320 and 2400 pairs
+        HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, want(DType::F32, {T, D});
+        route(rng_, T, E, k, w, ids, live);
+        cpu::moe_experts(x.t, w.t, ids.t, ex.h, want.t);
+        const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), ref = want.floats();
+        EXPECT_LE(rel_err(got, ref), kPrefillTol)
+            << "tiled " << types_name(mx) << " T=" << T << " budget '" << budget << "': " << worst_at(got, ref, D);
+      }
+      unsetenv("QWEN36_MOE_DEQUANT_MB");
+    }
+  }
+  CudaOptions o;
+  o.exact_matmul = true;
+  auto exact = make_cuda_backend(o);
+  const QuantExperts ex = make_quant_experts(*exact, rng_, DType::Q4_K, DType::Q6_K, 16, D, I);
+  const TiledExperts te = tile_experts(*exact, ex);
+  for (int64_t T : {2, 100}) {
+    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, want(DType::F32, {T, D});
+    route(rng_, T, 16, 4, w, ids, 16);
+    cpu::moe_experts(x.t, w.t, ids.t, ex.h, want.t);
+    const std::vector<float> got = run_experts(*exact, te.d, x, w, ids), ref = want.floats();
+    EXPECT_LE(rel_err(got, ref), kF32Tol) << "tiled exact_matmul T=" << T << ": " << worst_at(got, ref, D);
+  }
+}
+
+// One 35B-A3B Q4_K_M layer's routed experts (256 × gate/up [512 × 2048] Q4_K, down Q6_K, top-8)
+// at T = 1, 8, 16, 32 tokens per call: the tiled pair kernels next to the GGUF-layout GEMVs on
+// the same routings, µs per layer (printed, not asserted). 16 calls of fresh random routings
+// recorded as one graph and replayed: the 16 calls read 130 (T = 1) to ~2600 MB of experts, far
+// over the 60 MB L2, and consecutive calls share few experts, so the weights stream from HBM
+// (cold L2, as a decode step finds them). GB/s counts each call's distinct experts once.
+TEST_F(CudaMoe, Time35BLayerTiled) {
+  const int64_t E = 256, D = 2048, I = 512, k = 8, calls = 16;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I, /*distinct=*/4);
+  const TiledExperts te = tile_experts(*gpu_, ex);
+  const double expert_bytes =
+      double(2 * I * int64_t(dtype_row_bytes(DType::Q4_K, D)) + D * int64_t(dtype_row_bytes(DType::Q6_K, I)));
+  for (int64_t T : {1, 8, 16, 32}) {
+    const int64_t n = calls * T;
+    HostT x = random_t(rng_, DType::F32, {n, D}), logits = random_t(rng_, DType::F32, {n, E}, -2, 2);
+    DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {n, k})),
+         di = upload(*gpu_, HostT(DType::I32, {n, k})), o = upload(*gpu_, HostT(DType::F32, {n, D}));
+    gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+    HostT w(DType::F32, {n, k}), ids(DType::I32, {n, k});
+    gpu_->copy_to_host(dw.t, w.f());
+    gpu_->copy_to_host(di.t, ids.t.data);
+    double distinct = 0;  // experts per call, averaged
+    for (int64_t c = 0; c < calls; ++c) {
+      std::set<int32_t> s(ids.t.as<const int32_t>() + c * T * k, ids.t.as<const int32_t>() + (c + 1) * T * k);
+      distinct += double(s.size()) / double(calls);
+    }
+    auto run_calls = [&](const std::vector<MlpWeights>& experts) {
+      for (int64_t c = 0; c < calls; ++c) {
+        Tensor oc = rows_of(o.t, c * T, T);
+        gpu_->moe_experts(rows_of(dx.t, c * T, T), rows_of(dw.t, c * T, T), rows_of(di.t, c * T, T), experts, oc);
+      }
+    };
+    auto time = [&](const std::vector<MlpWeights>& experts, uint64_t key) {
+      run_calls(experts);  // eager first: the expert tables are made outside the recording
+      const bool kept = gpu_->begin_capture() && (run_calls(experts), gpu_->end_capture(key, true));
+      EXPECT_TRUE(kept) << "T=" << T << ": the calls could not be recorded";
+      const int reps = 5;
+      cuda_synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r)
+        if (!kept || !gpu_->replay(key)) run_calls(experts);
+      cuda_synchronize();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(reps * calls);
+    };
+    const double s_gguf = time(ex.d, 0x6d6f6520 + uint64_t(T)), s_tiled = time(te.d, 0x6d6f6540 + uint64_t(T));
+    // The last replay was the tiled one: its first call's tokens against the twin.
+    const int64_t nc = std::min<int64_t>(T, 4);
+    HostT xs(DType::F32, {nc, D}), ws(DType::F32, {nc, k}), is(DType::I32, {nc, k});
+    std::copy(x.t.as<const float>(), x.t.as<const float>() + nc * D, xs.f());
+    std::copy(w.f(), w.f() + nc * k, ws.f());
+    std::copy(ids.t.as<const int32_t>(), ids.t.as<const int32_t>() + nc * k, is.t.as<int32_t>());
+    const std::vector<float> all = download(*gpu_, o.t), part(all.begin(), all.begin() + nc * D),
+                             want = moe_int8_reference(ex, xs, ws, is);
+    EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B tiled T=" << T << ": " << worst_at(part, want, D);
+    const double bytes = distinct * expert_bytes;
+    std::printf("[ moe ] 35B q4_k/q6_k T=%2lld (%3lld pairs, %5.1f distinct experts, %5.1f MB): tiled %7.1f us "
+                "(%4.0f GB/s), GGUF GEMV %7.1f us (%4.0f GB/s) per layer\n",
+                (long long)T, (long long)(T * k), distinct, bytes / 1e6, s_tiled * 1e6, bytes / s_tiled / 1e9,
+                s_gguf * 1e6, bytes / s_gguf / 1e9);
+  }
+}
+
+// A tiny MoE model (4 layers, Q8_0 everywhere, so its 256 × 256 experts tile) with layer 0's
+// experts placed on the host (expert offload): tile_weights tiles the device layers' experts and
+// leaves the host layer's alone; decoding 16 tokens one per forward matches the same model
+// built untiled (QWEN36_NO_TILE=1: the GGUF GEMVs; both int8 twins, so only f32 summation order
+// and rare int8 rounding-boundary flips differ): logits within 1e-3 of the largest, as
+// CudaQuantMma.ModelSameWithAndWithoutTiling, and the same greedy picks away from near-ties.
+TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
+  ModelConfig cfg = model_preset("tiny-moe", 4);
+  cfg.vocab_size = 4096;
+  cfg.validate();
+  ExpertPlacement place;
+  place.host = {true, false, false, false};
+  auto make = [&](bool tile) {
+    if (tile)
+      unsetenv("QWEN36_NO_TILE");
+    else
+      setenv("QWEN36_NO_TILE", "1", 1);
+    auto m = std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, 17), *gpu_, place);
+    unsetenv("QWEN36_NO_TILE");
+    return m;
+  };
+  auto plain = make(false), tiled = make(true);
+  const auto& L = tiled->weights().layers;
+  ASSERT_EQ(L.size(), size_t(4));
+  for (const MlpWeights& e : L[0].moe.experts)
+    EXPECT_EQ(e.gate_proj.dtype, DType::Q8_0) << "host-placed experts must keep the GGUF layout";
+  for (size_t l = 1; l < L.size(); ++l)
+    for (const MlpWeights& e : L[l].moe.experts)
+      for (const Tensor* t : {&e.gate_proj, &e.up_proj, &e.down_proj})
+        ASSERT_TRUE(dtype_is_tiled(t->dtype)) << "layer " << l << ": device experts were not tiled ("
+                                              << dtype_name(t->dtype) << " " << t->shape_str() << ")";
+  for (const MlpWeights& e : plain->weights().layers[1].moe.experts) EXPECT_EQ(e.gate_proj.dtype, DType::Q8_0);
+  const int64_t V = cfg.vocab_size, steps = 16;
+  std::vector<int32_t> toks{5, 901, 33, 4000, 12, 4, 1500, 77};
+  const size_t n_prompt = toks.size();
+  std::vector<float> want, got, row(static_cast<size_t>(V));
+  auto decode = [&](Model& m, std::vector<float>& out, bool extend) {
+    ModelState st(*gpu_, cfg, 1, 64, false);
+    for (size_t i = 0; i < size_t(steps); ++i) {
+      m.forward(ForwardBatch::single(std::span(&toks[i], 1), int32_t(i), 0), st, row.data());
+      out.insert(out.end(), row.begin(), row.end());
+      if (extend && i + 1 >= n_prompt && toks.size() < size_t(steps))
+        toks.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+    }
+  };
+  decode(*plain, want, true);
+  decode(*tiled, got, false);
+  ASSERT_EQ(got.size(), want.size());
+  double scale = 1, worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, double(std::abs(want[i])));
+    if (std::abs(double(want[i]) - got[i]) > worst) worst = std::abs(double(want[i]) - got[i]), at = i;
+  }
+  std::printf("[ tiny-moe q8_0 ] tiled vs GGUF-layout experts (T=1 steps, layer 0 on the host): max |dlogit| %.3g "
+              "of %.3g at row %zu\n",
+              worst, scale, at / size_t(V));
+  EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
+  for (size_t r = 0; r < size_t(steps); ++r) {
+    const float* a = want.data() + r * size_t(V);
+    const float* b = got.data() + r * size_t(V);
+    std::vector<float> top(a, a + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] > 1e-3 * scale) {
+      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
+    }
   }
 }
 

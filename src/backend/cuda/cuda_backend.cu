@@ -572,19 +572,35 @@ void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const T
 }
 
 // The projections that only go through matmul / matmul_multi / matmul_swiglu / mlp are repacked
-// into the tiled layout of the tensor-core GEMM (cuda_quant_mma.cu) where type and shape allow.
-// Never the embedding (rows are read by token) nor MoE experts (their own kernels), nor
-// anything sharing storage with them (a tied lm_head). QWEN36_NO_TILE=1 keeps the GGUF layout.
+// into the tiled layout of the tensor-core GEMM (cuda_quant_mma.cu) where type and shape allow,
+// and so are routed experts (per-expert views; each expert's bytes are contiguous, so a view
+// tiles in place) for moe_experts' tensor-core path: a layer's experts all or none (the op
+// takes one layout per layer), and only those in device memory (expert offload leaves a layer's
+// experts on the host for the CPU backend). Never the embedding (rows are read by token) nor
+// anything sharing storage with a tensor not tiled (a tied lm_head). QWEN36_NO_TILE=1 keeps
+// the GGUF layout.
 void CudaBackend::tile_weights(ModelWeights& w) {
   if (const char* e = std::getenv("QWEN36_NO_TILE"); e && *e && std::string(e) != "0") return;
   std::vector<Tensor*> cand{&w.lm_head};
   auto mlp = [&](MlpWeights& m) { cand.insert(cand.end(), {&m.gate_proj, &m.up_proj, &m.down_proj}); };
+  std::vector<std::vector<Tensor*>> expert_sets;  // per layer whose experts are candidates
+  auto experts = [&](MoeWeights& m) {
+    std::vector<Tensor*> v;
+    for (MlpWeights& e : m.experts) v.insert(v.end(), {&e.gate_proj, &e.up_proj, &e.down_proj});
+    if (v.empty() || !std::all_of(v.begin(), v.end(), [](const Tensor* t) {
+          return cuda::quant_tile_ok(*t) && is_device_pointer(t->data);
+        }))
+      return;
+    cand.insert(cand.end(), v.begin(), v.end());
+    expert_sets.push_back(std::move(v));
+  };
   auto layer = [&](LayerWeights& l) {
     cand.insert(cand.end(), {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.deltanet.in_proj_qkv,
                              &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
                              &l.deltanet.out_proj, &l.moe.router, &l.moe.shared_gate});
     mlp(l.mlp);
     mlp(l.moe.shared);
+    experts(l.moe);
   };
   for (auto& l : w.layers) layer(l);
   if (w.mtp) {
@@ -595,6 +611,10 @@ void CudaBackend::tile_weights(ModelWeights& w) {
   std::set<const void*> keep;  // storage that some other tensor reads
   for (Tensor* t : weight_tensors(w))
     if (!is_cand.count(t)) keep.insert(t->data);
+  // A layer's experts are tiled all or none: one kept (shared) storage keeps the whole set.
+  for (const std::vector<Tensor*>& v : expert_sets)
+    if (std::any_of(v.begin(), v.end(), [&](const Tensor* t) { return keep.count(t->data) > 0; }))
+      for (const Tensor* t : v) keep.insert(t->data);
   std::map<const void*, std::vector<Tensor*>> by_data;
   for (Tensor* t : cand)
     if (!t->empty() && !keep.count(t->data)) by_data[t->data].push_back(t);

@@ -27,6 +27,9 @@
 //    cuda_quant_matmul.cu over the routed pairs (quant_moe_decode: gate+up+SwiGLU, then down
 //    weighted, two launches); prefill by the grouped GEMM above on bf16 weights, the experts
 //    that received pairs dequantized per pass into a bounded scratch (run_prefill_quant).
+//    Experts in the device's tiled layout (CudaBackend::tile_weights; a layer's experts all or
+//    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_mma.cu)
+//    and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
 //  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
 #include <atomic>
@@ -50,6 +53,9 @@ constexpr int64_t kMaxPrefillPairs = 32768;  // pairs per prefill pass (bounds t
 // Up to kMaxQuantDecodePairs pairs take the GEMVs, in token chunks of ≤ kQuantDecodeChunk pairs
 // (the down GEMV keeps all its pairs' activations in shared memory).
 constexpr int64_t kMaxQuantDecodePairs = 256;
+// Tiled experts: the tensor-core pair kernels (cost also linear in pairs) up to this many pairs
+// (35B-A3B: batch 32 at top-8); the lead's measurements may move it.
+constexpr int64_t kMaxTiledMoePairs = 256;
 constexpr int64_t kQuantDecodeChunk = 128;
 
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
@@ -710,10 +716,11 @@ void run_prefill_quant(Ctx& c, const MoeShape& s, const Tensor& x, const Tensor&
   allow_gemm_smem<T, true>();
   allow_gemm_smem<T, false>();
   const void* const* qt = reinterpret_cast<const void* const*>(table);
+  auto dequant = [&](DType t) { return dtype_is_tiled(t) ? quant_dequant_tiled_experts : quant_dequant_experts; };
   for (int64_t e0 = 0; e0 < s.E; e0 += per_pass) {
     const int ne = int(std::min(per_pass, s.E - e0));
-    quant_dequant_experts(c, gate_up, qt, 0, 2, grp.off, int(e0), ne, s.I, s.D, scratch.get());
-    quant_dequant_experts(c, down, qt, 2, 1, grp.off, int(e0), ne, s.D, s.I, scratch.get());
+    dequant(gate_up)(c, gate_up, qt, 0, 2, grp.off, int(e0), ne, s.I, s.D, scratch.get());
+    dequant(down)(c, down, qt, 2, 1, grp.off, int(e0), ne, s.D, s.I, scratch.get());
     GemmArgs g{xb.get(), grp.row_pair, grp.off, grp.tile_off, table, act.get(),
                int(s.E), int(s.D), int(s.I), int(s.k), gu_tiles, scratch.get(), mat, int(e0), int(e0) + ne};
     grouped_gemm_kernel<T, true><<<unsigned(mtiles * g.n_tiles), kGemmThreads, kGemmSmem, c.stream>>>(g);
@@ -790,16 +797,18 @@ bool quant_moe_decode_chunked(Ctx& c, const MoeShape& s, const Tensor& x, const 
 }
 
 // Block-quantized experts (gate and up of one type, down of one type, e.g. Q4_K and Q6_K):
-// decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu), else
-// the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot
-// tile take the per-expert matmul.
+// decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu) or,
+// tiled, the tensor-core pair kernels (cuda_quant_mma.cu), else the grouped GEMM on experts
+// dequantized per pass; exact_matmul and shapes the GEMM cannot tile take the per-expert matmul
+// (matmul takes tiled weights too).
 void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
                        std::span<const MlpWeights> experts, Tensor& out) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols(), E = int64_t(experts.size()),
                 I = experts[0].gate_proj.rows();
   const DType gu = experts[0].gate_proj.dtype, dn = experts[0].down_proj.dtype;
-  QWEN36_CHECK(quant_supported(gu) && quant_supported(dn), "moe_experts: weight dtypes {} / {} are not supported",
-               dtype_name(gu), dtype_name(dn));
+  const bool tiled = dtype_is_tiled(gu) && dtype_is_tiled(dn);
+  QWEN36_CHECK(tiled || (quant_supported(gu) && quant_supported(dn)),
+               "moe_experts: weight dtypes {} / {} are not supported", dtype_name(gu), dtype_name(dn));
   QWEN36_CHECK(x.dtype == DType::F32 && aligned16(x.data), "moe_experts: x must be f32, 16-byte aligned");
   for (const MlpWeights& m : experts) {
     QWEN36_CHECK(m.gate_proj.dtype == gu && m.up_proj.dtype == gu && m.down_proj.dtype == dn &&
@@ -816,7 +825,13 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
   if (c.exact_matmul) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
   const ExpertPtrs* table = expert_table(c, experts);
   if (!table) return;  // recording, and the table is new: the recording is dropped anyway
-  if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, gu, dn, out)) return;
+  if (tiled) {
+    if (s.P <= kMaxTiledMoePairs &&
+        quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn, E, I, out))
+      return;
+  } else if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, gu, dn, out)) {
+    return;
+  }
   if (D % 8 != 0 || I % 8 != 0) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
   const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {

@@ -290,6 +290,13 @@ DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
 void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+// Tiled MoE experts (gate/up of tiled type gate_up, down of tiled type down): quant_tiled_moe is
+// quant_moe_decode on the tensor cores, per (token, expert) pair (false when not taken: types,
+// shapes, exact_matmul, > 65535 pairs); quant_dequant_tiled_experts is quant_dequant_experts.
+bool quant_tiled_moe(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out);
+void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
+                                 int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);
 
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);

@@ -1,7 +1,8 @@
 // out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights stored in
 // the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16), T ≤ 64; the repacking of a
 // GGUF matrix into that layout (quant_tile); the tiled → bf16 / f32 dequantization that feeds
-// cuBLAS for T > 64 and for exact_matmul.
+// cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' decode on the same tiles
+// (quant_tiled_moe) and their dequantization for the MoE prefill (quant_dequant_tiled_experts).
 //
 //  - Layout: a [N, K] matrix (N % 16 == 0, K % 256 == 0) is a sequence of tiles (row-tile r of
 //    16 rows, super-block s of 256 weights), s fastest, each tile holding exactly the GGUF bytes
@@ -64,6 +65,21 @@
 //    adds ~19 per 16 weights.
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
 //    cuda_quant_matmul.cu's quant_gemm.
+//  - Routed experts (quant_tiled_moe; cuda_moe.cu takes it up to its pair bound): per (token,
+//    expert) pair p, as the GGUF path's GEMVs (the same int8 twin), three launches: gate+up
+//    (SwiGLU in the epilogue; act [P, I] f32), down (y [P, D]), and each token's weighted sum
+//    over its k pairs in j order. A block (8 warps) takes one pair and 16 · (8 / wr) rows: its
+//    warps split each row-tile's super-blocks wr ways (35B, gate/up K = 2048: 8 warps on one
+//    row-tile, each one gate and one up tile, all in flight together; down K = 512: 2 warps per
+//    row-tile, 4 row-tiles), and the wr pieces meet in shared memory in warp order (no atomics,
+//    no cross-block arrivals: bitwise reproducible, eager or graph replay). The block quantizes
+//    its pair's row itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from L2
+//    while its first tiles load) and puts it in all 8 MMA columns: 7/8 of each MMA is wasted,
+//    which is free next to the tile loads, and no quantization launch or token-column
+//    bookkeeping is needed. Why per pair rather than per expert with its tokens as columns: that
+//    needs a device-side grouping by expert (a sort, an extra launch) and pays only where a
+//    step's tokens share experts; per pair the cost is linear in pairs, as the GEMVs'. Tiles
+//    load with default eviction (pairs sharing an expert may find them in L2).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -264,6 +280,28 @@ __global__ void dequant_tiled_kernel(const uint8_t* __restrict__ w, int K, int r
   }
 }
 
+// MoE prefill: matrices kind0 .. kind0 + nkind − 1 (0 gate, 1 up, 2 down; rows × K each, tiled)
+// of experts e0 + es, es < ne, to bf16 slot es of scratch ([ne][3][rows·K], kind κ at κ·rows·K),
+// as cuda_quant_matmul.cu's dequant_experts_kernel for GGUF rows (the same values: both round
+// once as quant/dequantize.cpp); experts without pairs (off[e + 1] == off[e]) are skipped.
+template <DType D>
+__global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ table, int kind0, int nkind,
+                                             const int32_t* __restrict__ off, int e0, int ne, int rows, int K,
+                                             __nv_bfloat16* __restrict__ scratch) {
+  const int G = K >> 5, S = K >> 8;
+  const long long per_mat = (long long)rows * G, n = per_mat * nkind * ne;
+  const size_t mat_elems = size_t(rows) * K;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long m = i / per_mat, rg = i - m * per_mat;
+    const int es = int(m / nkind), kind = kind0 + int(m - (long long)es * nkind), e = e0 + es;
+    if (off[e + 1] == off[e]) continue;
+    const int row = int(rg / G), j = int(rg - (long long)row * G);
+    float y[32];
+    tiled_group<D>(static_cast<const uint8_t*>(table[3 * e + kind]), S, row, j, y);
+    store_group(scratch + (size_t(es) * 3 + size_t(kind)) * mat_elems + size_t(row) * K + size_t(j) * 32, y);
+  }
+}
+
 // ================================================================================================
 // Activations
 // ================================================================================================
@@ -379,12 +417,17 @@ __device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_ca
 // Global, evict-first (the weights are read once per call; x's fragments stay in cache).
 __device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 
+// Global through the read-only path, default eviction (MoE experts: pairs sharing an expert
+// read the same tiles, possibly from L2).
+__device__ __forceinline__ uint4 ldg4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
 // A lane's registers of one tile, from the warp's shared-memory stage (GLOBAL = false) or
-// straight from the tiled matrix (GLOBAL = true: the register-prefetch path).
-template <DType D, bool GLOBAL>
+// straight from the tiled matrix (GLOBAL = true: the register-prefetch path; STREAM: the loads
+// evict first).
+template <DType D, bool GLOBAL, bool STREAM = true>
 __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>& R) {
   const int g = lane >> 2;
-  auto ld4 = [](const uint8_t* p) { return GLOBAL ? ldcs4(p) : lds4(p); };
+  auto ld4 = [](const uint8_t* p) { return GLOBAL ? (STREAM ? ldcs4(p) : ldg4(p)) : lds4(p); };
   if constexpr (D == DType::Q4_K_T16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
@@ -398,7 +441,10 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
     R.sc1 = ld4(tile + 3072 + 16 * (g + 8));
     if constexpr (GLOBAL) {
       const unsigned short* dp = reinterpret_cast<const unsigned short*>(tile + 3328);
-      R.d = uint32_t(__ldcs(dp + g)) | uint32_t(__ldcs(dp + g + 8)) << 16;
+      if constexpr (STREAM)
+        R.d = uint32_t(__ldcs(dp + g)) | uint32_t(__ldcs(dp + g + 8)) << 16;
+      else
+        R.d = uint32_t(__ldg(dp + g)) | uint32_t(__ldg(dp + g + 8)) << 16;
     } else {
       R.d = uint32_t(ld_u16(tile + 3328 + 2 * g)) | uint32_t(ld_u16(tile + 3328 + 2 * (g + 8))) << 16;
     }
@@ -407,6 +453,43 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
     for (int i = 0; i < 8; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     R.d0 = ld4(tile + 4096 + 16 * g);
     R.d1 = ld4(tile + 4096 + 16 * (g + 8));
+  }
+}
+
+// Q4_K: the tile's (S, M) = (d·sc, dmin·m) of row lane % 16, groups 4·(lane / 16) .. + 3, into
+// the warp's table (16 rows × kTabStride), which every lane then reads by row and group.
+__device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
+  const bool up = lane >= 16;
+  const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
+  const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
+  const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
+  __syncwarp();  // the previous tile's readers are done
+  dst[0] = make_float4(d * float(sc4 & 255u), dmin * float(m4 & 255u), d * float((sc4 >> 8) & 255u),
+                       dmin * float((m4 >> 8) & 255u));
+  dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
+                       dmin * float(m4 >> 24));
+  __syncwarp();
+}
+
+// The A fragments of k32 group jj (0..7, a compile-time index once unrolled) of a lane's tile
+// registers: Q4_K / Q6_K codes as u8 (Q6_K with its high bits, 0..63), Q8_0 as s8.
+template <DType D>
+__device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
+                                        uint32_t& a3) {
+  if constexpr (D == DType::Q8_0_T16) {
+    a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
+  } else {
+    const uint4& v = R.q[jj >> 1];
+    const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+    a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
+    if constexpr (D == DType::Q6_K_T16) {
+      const uint32_t H = pick(R.hb[jj >> 2], jj & 3);
+      a0 |= (H << 4) & 0x30303030u;
+      a1 |= (H << 2) & 0x30303030u;
+      a2 |= H & 0x30303030u;
+      a3 |= (H >> 2) & 0x30303030u;
+    }
   }
 }
 
@@ -498,19 +581,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   auto compute = [&](const Raw<D>& R) {
     [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
     if constexpr (D == DType::Q4_K_T16) {
-      // (S, M) = (d·sc, dmin·m) of row lane % 16, groups 4·(lane / 16) .. + 3, into the table.
-      const uint4 h = R.h;
-      const bool up = lane >= 16;
-      const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
-      const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
-      const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
-      float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
-      __syncwarp();  // the previous tile's readers are done
-      dst[0] = make_float4(d * float(sc4 & 255u), dmin * float(m4 & 255u), d * float((sc4 >> 8) & 255u),
-                           dmin * float((m4 >> 8) & 255u));
-      dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
-                           dmin * float(m4 >> 24));
-      __syncwarp();
+      q4k_table(R.h, lane, tab);
     } else if constexpr (D == DType::Q6_K_T16) {
       dg = h2f(uint16_t(R.d & 0xFFFFu));
       dg8 = h2f(uint16_t(R.d >> 16));
@@ -519,20 +590,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     for (int jj = 0; jj < 8; ++jj) {
       const size_t jg = size_t(s) * 8 + jj;
       uint32_t a0, a1, a2, a3;
-      if constexpr (D == DType::Q8_0_T16) {
-        a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
-      } else {
-        const uint4& v = R.q[jj >> 1];
-        const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
-        a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
-        if constexpr (D == DType::Q6_K_T16) {
-          const uint32_t H = pick(R.hb[jj >> 2], jj & 3);
-          a0 |= (H << 4) & 0x30303030u;
-          a1 |= (H << 2) & 0x30303030u;
-          a2 |= H & 0x30303030u;
-          a3 |= (H >> 2) & 0x30303030u;
-        }
-      }
+      a_frags(R, jj, a0, a1, a2, a3);
       if constexpr (D == DType::Q4_K_T16) {
         const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
@@ -707,6 +765,204 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     }
   }
   arrive_all();
+}
+
+// ================================================================================================
+// Routed experts: one (token, expert) pair per activation row
+// ================================================================================================
+
+constexpr int kMoeWarps = 8;           // warps per block of the pair kernels
+constexpr int kMaxMoeWidth = 16384;    // D and I bound: one row's fragments in shared memory
+constexpr int64_t kMaxMoePairs = 65535;  // pairs per call: the grid's y dimension
+
+// One k32 group of one activation row as quantize_kernel quantizes it (bitwise the same codes
+// and scales): b[t] is the B fragment of every lane with t = lane % 4 (codes 4t .. 4t + 3 and
+// 16 + 4t .. 16 + 4t + 3), whatever its g, so all 8 MMA columns hold this row; s = {d, d·Σq,
+// −32·ΣqA, −32·ΣqB} (the last two bit-cast ints: Q6_K's offsets per 16-half).
+struct __align__(16) ColGroup {
+  uint2 b[4];
+  float4 s;
+};
+static_assert(sizeof(ColGroup) == 48);
+
+// x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
+// quantize_kernel); G % 4 == 0, so every warp is whole in every round of the loop.
+__device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
+  for (int id = int(threadIdx.x); id < G * 8; id += int(blockDim.x)) {
+    const int j = id >> 3, u = id & 7;
+    const float4 v = reinterpret_cast<const float4*>(x + size_t(j) * 32)[u];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
+    const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
+    const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
+    const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
+    int half = q0 + q1 + q2 + q3;  // then the sum over this thread's 16-half of the group
+    half += __shfl_xor_sync(0xffffffffu, half, 1);
+    half += __shfl_xor_sync(0xffffffffu, half, 2);
+    const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+    // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
+    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] =
+        (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24;
+    if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
+  }
+}
+
+// One tile (row-tile r, super-block s) against one quantized row (its 8 groups at xg): acc0 +=
+// rows g, acc1 += rows g + 8 of the tile. Every MMA column holds the row, so the 4 lanes of a g
+// hold the same values. The integer products and the float epilogue are mma_kernel's for a
+// token column (the same roundings: the int8 twin is the same).
+template <DType D>
+__device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
+                                         [[maybe_unused]] float2* tab, float& acc0, float& acc1) {
+  const int t = lane & 3;
+  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+  if constexpr (D == DType::Q4_K_T16) {
+    q4k_table(R.h, lane, tab);
+  } else if constexpr (D == DType::Q6_K_T16) {
+    dg = h2f(uint16_t(R.d & 0xFFFFu));
+    dg8 = h2f(uint16_t(R.d >> 16));
+  }
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t a0, a1, a2, a3;
+    a_frags(R, jj, a0, a1, a2, a3);
+    const uint2 bf = xg[jj].b[t];
+    const float4 f = xg[jj].s;
+    if constexpr (D == DType::Q4_K_T16) {
+      const int g = lane >> 2;
+      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+      int c[4];
+      mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+      acc0 = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc0));
+      acc1 = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc1));
+    } else if constexpr (D == DType::Q6_K_T16) {
+      const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
+      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+      const int za = __float_as_int(f.z), zb = __float_as_int(f.w);
+      int ca[4], cb[4];
+      mma_u8s8_k16(ca, a0, a1, bf.x, za, za);  // Σ (q − 32) · x over the first 16
+      mma_u8s8_k16(cb, a2, a3, bf.y, zb, zb);  // and the second
+      acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
+      acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
+    } else {
+      const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
+      const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+      int c[4];
+      mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+      acc0 = fmaf(e0 * f.x, float(c[0]), acc0);
+      acc1 = fmaf(e1 * f.x, float(c[2]), acc1);
+    }
+  }
+}
+
+struct MoeArgs {
+  const float* x;            // gate+up: x [T, K] (pair p reads row p / k); down: act [P, K] (row p)
+  const int32_t* ids;        // [P]: the expert of pair p = t·k + j
+  const void* const* table;  // [E][3]: tiled gate, up, down
+  float* out;                // gate+up: act [P, N] = silu(gate · x) ⊙ (up · x); down: y [P, N] = down · act
+  int K, N, k, E, wr;        // N rows of K per matrix; wr warps per row-tile (8 / wr row-tiles per block)
+};
+
+// Shared memory of a pair block: the row's groups, the warps' partial sums, (Q4_K) their tables.
+template <DType D, bool GATE_UP>
+size_t moe_smem(int K) {
+  return size_t(K / 32) * sizeof(ColGroup) + size_t(kMoeWarps) * (GATE_UP ? 2 : 1) * 16 * sizeof(float) +
+         (D == DType::Q4_K_T16 ? size_t(kMoeWarps) * 16 * kTabStride * sizeof(float2) : 0);
+}
+
+// grid (row-tile groups, P), kMoeWarps warps: block (b, p) computes rows 16·r .. 16·r + 15, r =
+// b · rpb + warp / wr, of pair p's expert (gate and up together for GATE_UP), warp w taking
+// super-blocks w % wr, + wr, ... of its row-tile; the wr partial sums meet in shared memory in
+// warp order (no atomics: bitwise reproducible). The block quantizes the pair's row itself
+// (its first tiles already loading), so one launch per matrix kind and no quantization pass.
+// A pair whose id is outside [0, E) writes nothing (nothing reads its row).
+template <DType D, bool GATE_UP>
+__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_pair_kernel(const MoeArgs a) {
+  constexpr int B = Tile<D>::kBytes, NM = GATE_UP ? 2 : 1;
+  extern __shared__ __align__(16) uint8_t smem[];
+  griddep_trigger();
+  griddep_wait();  // the ids and the activation rows come from the kernels before
+  const int p = int(blockIdx.y), e = a.ids[p];
+  if (e < 0 || e >= a.E) return;  // the whole block, before any barrier
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2;
+  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
+  const int r = int(blockIdx.x) * rpb + warp / wr;
+  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
+  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [warp][NM][16]
+  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * NM * 16) + warp * 16 * kTabStride;
+
+  const bool live = r < R;
+  const uint8_t* w[NM];
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+    w[m] = static_cast<const uint8_t*>(a.table[3 * size_t(e) + (GATE_UP ? m : 2)]) + size_t(live ? r : 0) * S * B;
+  int s = warp % wr;  // < S: wr ≤ S
+  Raw<D> Rw[NM];
+  if (live) {
+#pragma unroll
+    for (int m = 0; m < NM; ++m) load_tile<D, true, false>(w[m] + size_t(s) * B, lane, Rw[m]);
+  }
+  quantize_row(a.x + size_t(GATE_UP ? p / a.k : p) * a.K, G, xg);
+  __syncthreads();
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.0f;
+  if (live) {
+    for (;;) {
+#pragma unroll
+      for (int m = 0; m < NM; ++m) tile_row<D>(Rw[m], xg + s * 8, lane, tab, acc[m][0], acc[m][1]);
+      s += wr;
+      if (s >= S) break;
+#pragma unroll
+      for (int m = 0; m < NM; ++m) load_tile<D, true, false>(w[m] + size_t(s) * B, lane, Rw[m]);
+    }
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      red[(warp * NM + m) * 16 + g] = acc[m][0];
+      red[(warp * NM + m) * 16 + g + 8] = acc[m][1];
+    }
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < rpb * 16) {
+    const int rl = int(threadIdx.x) >> 4, row = int(threadIdx.x) & 15, r2 = int(blockIdx.x) * rpb + rl;
+    if (r2 < R) {
+      float sum[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) sum[m] = 0.0f;
+      for (int q = 0; q < wr; ++q)  // warp order
+#pragma unroll
+        for (int m = 0; m < NM; ++m) sum[m] += red[((rl * wr + q) * NM + m) * 16 + row];
+      float v;
+      if constexpr (GATE_UP)
+        v = silu_f(sum[0]) * sum[1];
+      else
+        v = sum[0];
+      a.out[size_t(p) * a.N + 16 * size_t(r2) + row] = v;
+    }
+  }
+}
+
+// out[t] = Σ_j w[t, j] · y[t·k + j] in j order, pairs with an id outside [0, E) skipped.
+__global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+                                   const float* __restrict__ w, float* __restrict__ out, int D, int k, int E,
+                                   long long n) {
+  griddep_trigger();
+  griddep_wait();  // y comes from the down launch
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long t = i / D, d = i - t * D;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const long long p = t * k + j;
+      const int e = ids[p];
+      if (e >= 0 && e < E) acc += w[p] * y[p * D + d];
+    }
+    out[i] = acc;
+  }
 }
 
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
@@ -886,6 +1142,25 @@ void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
   }
 }
 
+
+// Warps per row-tile of a K-wide matrix in the pair kernels: each warp one super-block where
+// K allows (the 35B's gate/up, K = 2048: 8 warps on one row-tile, every tile of the block in
+// flight at once; its down, K = 512: 2 warps per row-tile, 4 row-tiles per block).
+int moe_warps_per_row_tile(int K) {
+  const int S = K / 256;
+  return S >= 8 ? 8 : S >= 4 ? 4 : S >= 2 ? 2 : 1;
+}
+
+template <bool GATE_UP>
+void launch_moe_pairs(Ctx& c, DType t, const MoeArgs& a, int P) {
+  with_tiled_type(t, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    const int rpb = kMoeWarps / a.wr, R = a.N / 16;
+    launch_pdl(moe_pair_kernel<D, GATE_UP>, dim3(unsigned((R + rpb - 1) / rpb), unsigned(P)), dim3(kMoeWarps * 32),
+               moe_smem<D, GATE_UP>(a.K), c.stream, a);
+  });
+}
+
 }  // namespace
 
 DType quant_tiled_type(DType t) {
@@ -1012,6 +1287,44 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
   }
+}
+
+bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out) {
+  const int64_t T = x.rows(), D = x.cols(), k = ids.cols(), P = T * k;
+  if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || P < 1 || P > kMaxMoePairs ||
+      k < 1 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 ||
+      E >= (int64_t(1) << 30) || x.dtype != DType::F32 || !aligned16(x.data) || ids.dtype != DType::I32 ||
+      ids.rows() != T || weights.numel() != P || out.numel() != T * D)
+    return false;
+  // act and y rows of the pairs (stream-ordered; 35B at 256 pairs: 0.5 + 2 MB).
+  Temp<float> act(c, size_t(P * I)), y(c, size_t(P * D));
+  const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), table, act.get(), int(D), int(I), int(k), int(E),
+                   moe_warps_per_row_tile(int(D))};
+  const MoeArgs dn{act.get(), ids.as<const int32_t>(), table, y.get(), int(I), int(D), int(k), int(E),
+                   moe_warps_per_row_tile(int(I))};
+  launch_moe_pairs<true>(c, gate_up, gu, int(P));
+  launch_moe_pairs<false>(c, down, dn, int(P));
+  const long long n = (long long)T * D;
+  const int blocks = int(std::min<long long>((n + 255) / 256, (long long)dev_info().sms * 8));
+  launch_pdl(moe_combine_kernel, dim3(unsigned(blocks)), dim3(256), 0, c.stream, const_cast<const float*>(y.get()),
+             ids.as<const int32_t>(), weights.as<const float>(), out.as<float>(), int(D), int(k), int(E), n);
+  return true;
+}
+
+void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
+                                 int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
+  QWEN36_CHECK(rows % 16 == 0 && K % 256 == 0, "moe_experts: tiled experts of {} × {}", rows, K);
+  const bool ok = with_tiled_type(t, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    const int64_t n = int64_t(ne) * nkind * rows * (K / 32);
+    if (n == 0) return;
+    const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
+    dequant_tiled_experts_kernel<D><<<blocks, 256, 0, c.stream>>>(table, kind0, nkind, off, e0, ne, int(rows), int(K),
+                                                                  scratch);
+    CUDA_LAUNCH_CHECK();
+  });
+  QWEN36_CHECK(ok, "moe_experts: {} is not a tiled weight type", dtype_name(t));
 }
 
 // Test hook (declared by the tests, not in cuda_ops.cuh): the variant as QWEN36_MMA_LOADS /
