@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_quant_blocks.cuh"
+#include "backend/cuda/cuda_quant_hf.cuh"
 
 namespace qwen36::cuda {
 
@@ -1064,7 +1065,7 @@ void quant_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
 
 
 bool quant_supported(DType t) {
-  return with_quant_type(t, [](auto) {});
+  return with_quant_type(t, [](auto) {}) || hf_quant_supported(t);  // HF types: cuda_quant_hf.cu
 }
 
 namespace {
@@ -1077,6 +1078,7 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
     Tensor* os[] = {&out};
     return quant_tiled_matmul(c, x, ws, os);
   }
+  if (hf_quant_supported(w.dtype)) return hf_quant_matmul(c, x, w, out);  // cuda_quant_hf.cu
   const int64_t K = w.cols(), N = w.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(quant_supported(w.dtype), "matmul: weight dtype {} is not supported by the CUDA backend",
                dtype_name(w.dtype));
@@ -1251,6 +1253,7 @@ bool quant_moe_decode(Ctx& c, const Tensor& x, const Tensor& weights, const Tens
 
 void quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                            int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
+  if (hf_quant_supported(t)) return hf_quant_dequant_experts(c, t, table, kind0, nkind, off, e0, ne, rows, K, scratch);
   const bool ok = with_quant_type(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     const int64_t n = int64_t(ne) * nkind * rows * (K / unit_elems<D>());
@@ -1264,6 +1267,7 @@ void quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0,
 }
 
 void quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  if (hf_quant_supported(table.dtype)) return hf_quant_embed(c, table, ids, out);  // cuda_quant_hf.cu
   const int64_t D = table.cols(), V = table.rows();
   QWEN36_CHECK(quant_supported(table.dtype), "embed: table dtype {} is not supported by the CUDA backend",
                dtype_name(table.dtype));
