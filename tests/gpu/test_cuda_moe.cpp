@@ -706,9 +706,11 @@ TEST_F(CudaMoe, TiledPrefillMatchesCpu) {
 // One 35B-A3B Q4_K_M layer's routed experts (256 × gate/up [512 × 2048] Q4_K, down Q6_K, top-8)
 // at T = 1, 8, 16, 32 tokens per call: the tiled pair kernels next to the GGUF-layout GEMVs on
 // the same routings, µs per layer (printed, not asserted). 16 calls of fresh random routings
-// recorded as one graph and replayed: the 16 calls read 130 (T = 1) to ~2600 MB of experts, far
-// over the 60 MB L2, and consecutive calls share few experts, so the weights stream from HBM
-// (cold L2, as a decode step finds them). GB/s counts each call's distinct experts once.
+// recorded as one graph and replayed: the 16 calls read ~260 MB (T = 1: 8 experts of 2 MB each)
+// to ~5 GB (T = 32: ~160 distinct experts each) of experts, far over the 60 MB L2, and
+// consecutive calls share few experts, so the weights stream from HBM (cold L2, as a decode step
+// finds them; the rotation plays the part of Bandwidth27B's copies). GB/s counts each call's
+// distinct experts once.
 TEST_F(CudaMoe, Time35BLayerTiled) {
   const int64_t E = 256, D = 2048, I = 512, k = 8, calls = 16;
   const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I, /*distinct=*/4);
