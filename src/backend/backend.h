@@ -10,6 +10,7 @@
 // memory; weights are ModelWeights tensors in any stored dtype. T = tokens in the batch.
 // Per-sequence state (KV cache, conv and recurrent state) is indexed by SeqRun::slot.
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -30,6 +31,38 @@ struct SeqRun {
   int32_t pos0 = 0;
   int32_t begin = 0;
   int32_t count = 0;
+};
+
+// ---- sampling on the backend (Backend::sample_candidates, engine/sampler.h) ----
+// One output row's sampling parameters.
+struct SampleRowParams {
+  float temperature = 0;  // stats are of logits / temperature (of the logits when 0: greedy)
+  float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+  int32_t penalty_begin = 0, penalty_count = 0;  // this row's entries of the penalty list
+};
+// A token the row's history holds and how often (unique per row; tokens outside the vocabulary
+// are ignored).
+struct PenaltyEntry {
+  int32_t token = 0, count = 0;
+};
+constexpr int32_t kSampleCandidates = 64;      // candidates per row the engine asks for
+constexpr int32_t kMaxSampleCandidates = 256;  // the op's limit
+// The penalty formula of Sampler and every backend, bit for bit: repetition (divides a positive
+// logit, multiplies a negative one), then presence + frequency · count subtracted. The fma
+// leaves no room for a compiler's contraction choice (host -ffp-contract, nvcc), which would
+// round differently on the two sides.
+inline float penalised_logit(float l, const SampleRowParams& p, int32_t count) {
+  if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+  return l - std::fma(p.frequency_penalty, float(count), p.presence_penalty);
+}
+// One row's candidates on the host (views into the op's outputs).
+struct SampleCandidates {
+  std::span<const int32_t> ids;   // k token ids, logit descending, ties to the lower id
+  std::span<const float> logits;  // their logits after the penalties (copies)
+  float max = 0;      // max over the whole row of x = logit / T (T: the row's temperature, 1 when 0)
+  float sum_exp = 0;  // Σ exp(x − max) over the whole row (≤ 1e-5 relative error)
+  float next = 0;     // the largest logit not among the candidates (−inf: the candidates are the row)
+  int64_t vocab = 0;
 };
 
 class DeviceBuffer {
@@ -199,6 +232,22 @@ class Backend {
   // out[t] = Σ_j weights[t, j] · down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]     x, out [T, D]
   virtual void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                            std::span<const MlpWeights> experts, Tensor& out) = 0;
+
+  // ---- sampling ----
+  // logits [R, V] f32, R = rows.size(). Per row r, with its parameters rows[r]:
+  //   1. each of its penalty entries (t, c): logits[r, t] = penalised_logit(logits[r, t], rows[r], c)
+  //      (in place; a row without entries is left as it is)
+  //   2. ids[r, 0..k), vals[r, 0..k): the k largest logits, logit descending, ties to the lower
+  //      id; vals are copies of the (penalised) logits
+  //   3. stats[r, 0..3) = {max, sum_exp, next}: with x = logits[r, :] / T (IEEE division; T the
+  //      row's temperature, 1 when 0), max = max x, sum_exp = Σ exp(x − max) over all V (f32
+  //      accumulation allowed: ≤ 1e-5 relative), next = the (k+1)-th largest logit (−inf when k = V)
+  // ids, vals, stats are host memory; 1 ≤ k ≤ min(V, kMaxSampleCandidates). A device backend
+  // moves only these few values to the host. Not recordable (its tables change every call).
+  // The default copies the logits to the host, runs the CPU reference and copies them back.
+  virtual void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows,
+                                 std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals,
+                                 float* stats);
 };
 
 inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const Tensor&, std::span<const SeqRun>) {

@@ -370,15 +370,23 @@ void run_bench(const BenchOptions& o) {
           fb.runs.push_back({s, int32_t(o.depth), s, 1});
           fb.output_rows.push_back(s);
         }
+        // Greedy on the backend (Model::forward_sample, temperature 0): each row's argmax comes
+        // to the host, not its logits.
+        std::vector<int32_t> next(static_cast<size_t>(B));
+        SampleRequest greedy;
+        greedy.rows.assign(size_t(B), SampleRowParams{});
+        greedy.k = 1;
+        greedy.take = [&](int32_t row, const SampleCandidates& cand) {
+          next[size_t(row)] = cand.ids[0];
+          return true;
+        };
+        greedy.full_logits = logits.data();
         sync();
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n; ++i) {
           for (auto& run : fb.runs) run.pos0 = int32_t(o.depth + i);
-          model.forward(fb, *state_ptr, logits.data());
-          for (int32_t s = 0; s < int32_t(B); ++s)  // greedy, on the host
-            fb.tokens[size_t(s)] = int32_t(std::max_element(logits.begin() + s * c.vocab_size,
-                                                            logits.begin() + (s + 1) * c.vocab_size) -
-                                           (logits.begin() + s * c.vocab_size));
+          model.forward_sample(fb, *state_ptr, greedy);
+          fb.tokens = next;
         }
         sync();
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 
@@ -23,17 +24,36 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
   res.n_prompt = int32_t(prompt.size());
   state.reset_slot(slot);
   Sampler sampler(opts.sampling);
-  std::vector<float> logits(size_t(c.vocab_size));
+  std::vector<float> logits(size_t(c.vocab_size));  // the row, when its candidates do not decide
   std::vector<int32_t> history = prompt;
+  // A forward pass whose one output row is sampled on the backend (Model::forward_sample):
+  // the same token as sampling the full row, which comes to the host only when needed.
+  auto forward_sample = [&](const ForwardBatch& batch) {
+    SampleRequest req;
+    sampler.add_candidate_row(history, c.vocab_size, req.rows, req.penalties);
+    std::optional<int32_t> tok;
+    req.take = [&](int32_t, const SampleCandidates& cand) {
+      tok = sampler.sample_from_candidates(cand);
+      return tok.has_value();
+    };
+    req.full_logits = logits.data();
+    model.forward_sample(batch, state, req);
+    return tok ? *tok : sampler.sample_penalised(logits);
+  };
 
   auto t0 = clock::now();
+  int32_t tok = -1;
   for (size_t b = 0; b < prompt.size(); b += size_t(opts.prefill_chunk)) {
     const size_t n = std::min(prompt.size() - b, size_t(opts.prefill_chunk));
     const bool last = b + n == prompt.size();
     ForwardBatch batch =
         ForwardBatch::single(std::span(prompt).subspan(b, n), int32_t(b), slot, /*all_logits=*/false);
-    if (!last) batch.output_rows.clear();
-    model.forward(batch, state, last ? logits.data() : nullptr);
+    if (!last) {
+      batch.output_rows.clear();
+      model.forward(batch, state, nullptr);
+    } else {
+      tok = forward_sample(batch);
+    }
   }
   auto t1 = clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -41,7 +61,6 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
   int32_t pos = int32_t(prompt.size());
   res.stop_reason = "length";
   while (int32_t(res.tokens.size()) < opts.max_tokens) {
-    const int32_t tok = sampler.sample(logits, history);
     if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), tok) != opts.stop_ids.end()) {
       res.stop_reason = "eos";
       break;
@@ -58,7 +77,7 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
       break;
     }
     const int32_t one[1] = {tok};
-    model.forward(ForwardBatch::single(one, pos++, slot), state, logits.data());
+    tok = forward_sample(ForwardBatch::single(one, pos++, slot));
   }
   res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   return res;

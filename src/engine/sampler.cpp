@@ -25,71 +25,215 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());  // first maximum
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
+namespace {
 
-void Sampler::apply_penalties(std::span<float> logits, std::span<const int32_t> history) const {
-  if (p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f) return;
-  const size_t n = p_.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p_.penalty_last_n));
-  std::unordered_map<int32_t, int> counts;
-  for (int32_t t : history.last(n))
-    if (t >= 0 && size_t(t) < logits.size()) ++counts[t];
-  for (const auto& [t, c] : counts) {
-    float& l = logits[size_t(t)];
-    if (p_.repetition_penalty != 1.0f) l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
-    l -= p_.presence_penalty + p_.frequency_penalty * float(c);
+using Cand = std::pair<int32_t, float>;
+
+// The order of the draw's candidates: x = logit / T descending, ties to the lower id.
+bool by_logit(const Cand& a, const Cand& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); }
+
+// How many of the softmax set's first tokens top-p and min-p keep. e: the set's exp(x − max)
+// in by_logit order, sum their Σ (double, in that order).
+size_t kept_count(const std::vector<float>& e, double sum, const SamplingParams& p) {
+  size_t keep = e.size();
+  if (p.top_p < 1.0f) {
+    double acc = 0;
+    size_t n = 0;
+    while (n < e.size() && acc < p.top_p) acc += float(e[n++] / sum);
+    keep = std::max<size_t>(n, 1);
   }
+  if (p.min_p > 0.0f) {
+    const float floor = p.min_p * float(e[0] / sum);
+    size_t n = 1;
+    while (n < keep && float(e[n] / sum) >= floor) ++n;
+    keep = n;
+  }
+  return keep;
 }
 
-std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<float> logits,
-                                                             std::span<const int32_t> history) {
-  apply_penalties(logits, history);
-  std::vector<std::pair<int32_t, float>> cand;
+// The kept tokens' distribution, renormalised from their own exponentials: it depends on the
+// kept tokens only, not on the rest of the softmax set (which the candidate path may not have).
+std::vector<Cand> normalise(const std::vector<Cand>& cand, const std::vector<float>& e, size_t keep) {
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += e[i];
+  std::vector<Cand> out(keep);
+  for (size_t i = 0; i < keep; ++i) out[i] = {cand[i].first, float(e[i] / total)};
+  return out;
+}
+
+// Softmax over the set (sorted by by_logit), top-p, min-p, renormalisation.
+std::vector<Cand> filter_sorted(const std::vector<Cand>& cand, const SamplingParams& p) {
+  const float mx = cand.front().second;
+  std::vector<float> e(cand.size());
+  double sum = 0;
+  for (size_t i = 0; i < cand.size(); ++i) sum += e[i] = std::exp(cand[i].second - mx);
+  return normalise(cand, e, kept_count(e, sum, p));
+}
+
+SampleRowParams row_params(const SamplingParams& p) {
+  SampleRowParams r;
+  r.temperature = p.temperature;
+  r.repetition_penalty = p.repetition_penalty;
+  r.presence_penalty = p.presence_penalty;
+  r.frequency_penalty = p.frequency_penalty;
+  return r;
+}
+
+// The seen tokens (< vocab) of the last penalty_last_n of history, with their counts.
+std::unordered_map<int32_t, int> seen_counts(const SamplingParams& p, std::span<const int32_t> history, size_t vocab) {
+  const size_t n = p.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.penalty_last_n));
+  std::unordered_map<int32_t, int> counts;
+  for (int32_t t : history.last(n))
+    if (t >= 0 && size_t(t) < vocab) ++counts[t];
+  return counts;
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
+
+bool Sampler::has_penalties() const {
+  return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+}
+
+void Sampler::apply_penalties(std::span<float> logits, std::span<const int32_t> history) const {
+  if (!has_penalties()) return;
+  const SampleRowParams rp = row_params(p_);
+  for (const auto& [t, c] : seen_counts(p_, history, logits.size()))
+    logits[size_t(t)] = penalised_logit(logits[size_t(t)], rp, c);
+}
+
+std::vector<Cand> Sampler::filtered(std::span<float> logits) {
+  std::vector<Cand> cand;
   if (p_.temperature == 0.0f) {
     cand.emplace_back(argmax(logits), 1.0f);
     return cand;
   }
   cand.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) cand.emplace_back(int32_t(i), logits[i] / p_.temperature);
-  auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
   if (p_.top_k > 0 && size_t(p_.top_k) < cand.size()) {
     std::partial_sort(cand.begin(), cand.begin() + p_.top_k, cand.end(), by_logit);
     cand.resize(size_t(p_.top_k));
   } else {
     std::sort(cand.begin(), cand.end(), by_logit);
   }
-  // Softmax over the survivors (sorted, highest first).
-  const float mx = cand.front().second;
-  double sum = 0;
-  for (auto& c : cand) sum += c.second = std::exp(c.second - mx);
-  for (auto& c : cand) c.second = float(c.second / sum);
-  if (p_.top_p < 1.0f) {
-    double acc = 0;
-    size_t keep = 0;
-    while (keep < cand.size() && acc < p_.top_p) acc += cand[keep++].second;
-    cand.resize(std::max<size_t>(keep, 1));
-  }
-  if (p_.min_p > 0.0f) {
-    const float floor = p_.min_p * cand.front().second;
-    size_t keep = 1;
-    while (keep < cand.size() && cand[keep].second >= floor) ++keep;
-    cand.resize(keep);
-  }
-  double total = 0;
-  for (const auto& c : cand) total += c.second;
-  for (auto& c : cand) c.second = float(c.second / total);
-  return cand;
+  return filter_sorted(cand, p_);
 }
 
-int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
-  const auto cand = distribution(logits, history);
-  if (cand.size() == 1) return cand.front().first;
+std::vector<Cand> Sampler::distribution(std::span<float> logits, std::span<const int32_t> history) {
+  apply_penalties(logits, history);
+  return filtered(logits);
+}
+
+int32_t Sampler::draw(const std::vector<Cand>& dist) {
+  if (dist.size() == 1) return dist.front().first;
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   double acc = 0;
-  for (const auto& c : cand) {
+  for (const auto& c : dist) {
     acc += c.second;
     if (u < acc) return c.first;
   }
-  return cand.back().first;
+  return dist.back().first;
+}
+
+int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+  apply_penalties(logits, history);
+  return draw(filtered(logits));
+}
+
+int32_t Sampler::sample_penalised(std::span<float> logits) { return draw(filtered(logits)); }
+
+void Sampler::add_candidate_row(std::span<const int32_t> history, int64_t vocab, std::vector<SampleRowParams>& rows,
+                                std::vector<PenaltyEntry>& entries, bool penalties) const {
+  SampleRowParams r;
+  r.temperature = p_.temperature;
+  if (penalties && has_penalties()) {
+    r = row_params(p_);
+    r.penalty_begin = int32_t(entries.size());
+    for (const auto& [t, c] : seen_counts(p_, history, size_t(vocab))) entries.push_back({t, c});
+    r.penalty_count = int32_t(entries.size()) - r.penalty_begin;
+  }
+  rows.push_back(r);
+}
+
+// Why the candidates give sample()'s very token.
+//
+// sample() sorts the row's (id, x = logit / T) by by_logit ("host order"); its softmax set is
+// the first kk of that order (kk = top_k when 0 < top_k < V, else V). The backend ordered the
+// candidates by the raw logit, and every other token's logit is ≤ c.next, so its x ≤ next / T
+// (division by T > 0 is monotonic under rounding, though it may merge neighbours). The
+// candidates whose x is strictly above next / T are therefore exactly the first M tokens of
+// the row's host order, with the very same x values (the logits are copies, the division the
+// same IEEE operation). All of the row's candidates are when they are the whole row.
+//
+// (1) kk ≤ M: the softmax set is known; filter_sorted computes what sample() computes from it,
+//     float for float (same values, same order, same code).
+// (2) kk > M (top_k 0 or beyond the known prefix): sample()'s probabilities are p_i = e_i / S
+//     with S the Σ e over a set we do not hold. S is bounded: S ≥ the prefix's own Σ (the full
+//     path's running sum passes through it in the same order, and adding positive terms never
+//     lowers a rounded sum); S ≤ the row's Σ (the backend's sum_exp, within its error). Top-p
+//     stops at i when Σ_{j<i} p_j ≥ top_p and min-p at i when p_i < min_p · p_0 (e_0 = 1);
+//     each is decided with margins for S and for the rounding of p_i, and where one stop is
+//     certain inside the prefix (with no earlier one uncertain) the kept set is the prefix's
+//     first `keep` tokens. normalise() renormalises them from their own e_i, which do not
+//     depend on S: the same floats as sample(). Anything undecided: nullopt.
+// The draw is the same call on the same distribution, so the generator advances identically;
+// nullopt returns before touching it.
+std::optional<int32_t> Sampler::sample_from_candidates(const SampleCandidates& c) {
+  const size_t n = c.ids.size();
+  QWEN36_CHECK(n > 0 && c.logits.size() == n && int64_t(n) <= c.vocab, "sample_from_candidates: {} candidates of {}",
+               n, c.vocab);
+  if (p_.temperature == 0.0f) return c.ids[0];  // argmax, ties to the lower id: candidate 0
+  const float T = p_.temperature;
+  std::vector<Cand> cand(n);
+  for (size_t i = 0; i < n; ++i) cand[i] = {c.ids[i], c.logits[i] / T};
+  std::sort(cand.begin(), cand.end(), by_logit);
+  size_t M = n;
+  if (int64_t(n) < c.vocab) {
+    const float bound = c.next / T;
+    M = 0;
+    while (M < n && cand[M].second > bound) ++M;
+  }
+  const int64_t kk = p_.top_k > 0 && p_.top_k < c.vocab ? p_.top_k : c.vocab;
+  if (kk <= int64_t(M)) {  // (1)
+    cand.resize(size_t(kk));
+    return draw(filter_sorted(cand, p_));
+  }
+  // (2)
+  if (M == 0 || (p_.top_p >= 1.0f && p_.min_p <= 0.0f)) return std::nullopt;
+  const float mx = cand[0].second;
+  std::vector<float> e(M);
+  double pre = 0;
+  for (size_t i = 0; i < M; ++i) pre += e[i] = std::exp(cand[i].second - mx);
+  constexpr double kSumTol = 1e-4;    // the backend's Σ (f32, ≤ 1e-5 relative), with room
+  constexpr double kRoundTol = 1e-6;  // p_i = float(e_i / S) and their double sums (a few 2^-24)
+  const double row = double(c.sum_exp) * std::exp(double(c.max) - double(mx));
+  const double s_hi = row * (1 + kSumTol), s_lo = kk == c.vocab ? std::max(pre, row * (1 - kSumTol)) : pre;
+  if (!(s_lo > 0 && s_lo <= s_hi)) return std::nullopt;  // stats that contradict the candidates
+  // min-p's floor must stay a normal float for the relative margins to hold
+  if (p_.min_p > 0.0f && double(p_.min_p) / s_hi < 1e-30) return std::nullopt;
+  enum class Stop { No, Yes, Unknown };
+  double E = 0;  // Σ e over the first i tokens
+  size_t keep = 0;
+  for (size_t i = 1; i <= M && keep == 0; ++i) {
+    E += e[i - 1];
+    Stop by_p = Stop::No, by_m = Stop::No;
+    if (p_.top_p < 1.0f)
+      by_p = E / s_hi * (1 - kRoundTol) >= p_.top_p ? Stop::Yes
+             : E / s_lo * (1 + kRoundTol) < p_.top_p ? Stop::No
+                                                      : Stop::Unknown;
+    if (p_.min_p > 0.0f)
+      by_m = i == M                                      ? Stop::Unknown  // token M is not known
+             : double(e[i]) < p_.min_p * (1 - kRoundTol)  ? Stop::Yes
+             : double(e[i]) >= p_.min_p * (1 + kRoundTol) ? Stop::No
+                                                          : Stop::Unknown;
+    if (by_p == Stop::Yes || by_m == Stop::Yes)
+      keep = i;
+    else if (by_p == Stop::Unknown || by_m == Stop::Unknown)
+      return std::nullopt;
+  }
+  if (keep == 0) return std::nullopt;  // the kept set runs past the known prefix
+  return draw(normalise(cand, e, keep));
 }
 
 }  // namespace qwen36

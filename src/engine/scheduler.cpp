@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace qwen36 {
 
@@ -374,10 +375,30 @@ bool Scheduler::step() {
     const size_t V = size_t(model_.config().vocab_size);
     logits_.resize(batch.output_rows.size() * V);
     hidden_.resize(want_hidden ? batch.hidden_rows.size() * size_t(model_.config().hidden_size) : 0);
+    // Without speculation (and tensor-parallel peers), rows are sampled on the backend: only
+    // their candidates come to the host, and a row's logits only when the candidates do not
+    // decide its token or its request wants logprobs (which read the raw row: no penalties
+    // are applied to it there). owner_row[i] == i: rows are added with their owners.
+    const bool device_sampling = !spec_ && !model_.peers();
+    std::vector<std::optional<int32_t>> drawn(row_owner.size());
     bool ok = true;
     try {
-      model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr,
-                     F ? captured.data() : nullptr);
+      if (device_sampling) {
+        SampleRequest req;
+        for (Sequence* s : row_owner)
+          s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, s->in.params.top_logprobs < 0);
+        req.take = [&](int32_t row, const SampleCandidates& c) {
+          Sequence& s = *row_owner[size_t(row)];
+          if (s.in.params.top_logprobs >= 0) return false;
+          drawn[size_t(row)] = s.sampler.sample_from_candidates(c);
+          return drawn[size_t(row)].has_value();
+        };
+        req.full_logits = logits_.data();
+        model_.forward_sample(batch, state_, req);
+      } else {
+        model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr,
+                       F ? captured.data() : nullptr);
+      }
     } catch (const std::exception& e) {
       spdlog::error("forward pass failed: {}", e.what());
       for (Sequence* s : run_owner) finish(*s, "error", e.what());
@@ -401,8 +422,16 @@ bool Scheduler::step() {
         run_owner[i]->n_fed += run.count;
         checkpoint(*run_owner[i]);
       }
-      for (size_t i = 0; i < row_owner.size(); ++i)
-        on_logits(*row_owner[i], std::span(logits_).subspan(size_t(owner_row[i]) * V, V));
+      for (size_t i = 0; i < row_owner.size(); ++i) {
+        Sequence& s = *row_owner[i];
+        const std::span<float> row = std::span(logits_).subspan(size_t(owner_row[i]) * V, V);
+        if (drawn[i])
+          emit(s, *drawn[i], {}, s.n_fed);
+        else if (device_sampling && s.in.params.top_logprobs < 0)  // penalties already applied
+          emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
+        else
+          on_logits(s, row);
+      }
       if (want_hidden)  // every plain run is a prefill chunk here
         for (size_t i = 0; i < run_owner.size(); ++i) {
           const SeqRun& run = batch.runs[size_t(owner_run[i])];

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "backend/comm.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 
 namespace qwen36 {
@@ -325,7 +326,7 @@ void Model::reduce(Tensor& y) {
 }
 
 void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
-                 float* hidden) {
+                 float* hidden, SampleRequest* sample) {
   const ModelConfig& c = w_.config;
   const int64_t n = int64_t(rows.size());
   if (n == 0) return;
@@ -333,10 +334,38 @@ void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<cons
   backend_.get_rows(h, rows, sel);
   backend_.rms_norm(sel, norm, c.rms_norm_eps, sel);
   if (hidden) backend_.copy_to_host(sel, hidden);
-  if (logits) {
+  if (logits || sample) {
     Tensor out = s.f32({n, c.vocab_size});
     backend_.matmul(sel, w_.lm_head, out);
-    backend_.copy_to_host(out, logits);
+    if (sample)
+      sample_rows(out, *sample, /*on_host=*/false);
+    else
+      backend_.copy_to_host(out, logits);
+  }
+}
+
+void Model::sample_rows(Tensor& logits, SampleRequest& req, bool on_host) {
+  const int64_t n = logits.rows(), V = logits.cols();
+  QWEN36_CHECK(int64_t(req.rows.size()) == n && req.take, "forward_sample: {} row parameters for {} output rows",
+               req.rows.size(), n);
+  const int32_t k = int32_t(std::min<int64_t>({int64_t(req.k), V, int64_t(kMaxSampleCandidates)}));
+  QWEN36_CHECK(k >= 1, "forward_sample: {} candidates per row", req.k);
+  std::vector<int32_t> ids(size_t(n * k));
+  std::vector<float> vals(size_t(n * k)), stats(size_t(n * 3));
+  if (on_host)
+    cpu::sample_candidates(logits, req.rows, req.penalties, k, ids.data(), vals.data(), stats.data());
+  else
+    backend_.sample_candidates(logits, req.rows, req.penalties, k, ids.data(), vals.data(), stats.data());
+  for (int64_t i = 0; i < n; ++i) {
+    SampleCandidates c;
+    c.ids = std::span<const int32_t>(ids).subspan(size_t(i * k), size_t(k));
+    c.logits = std::span<const float>(vals).subspan(size_t(i * k), size_t(k));
+    c.max = stats[size_t(i * 3)], c.sum_exp = stats[size_t(i * 3 + 1)], c.next = stats[size_t(i * 3 + 2)];
+    c.vocab = V;
+    if (req.take(int32_t(i), c) || on_host) continue;  // on the host the row is already there
+    QWEN36_CHECK(req.full_logits, "forward_sample: a row needs its logits and there is no buffer for them");
+    const Tensor row(logits.as<float>() + i * V, DType::F32, {1, V});
+    backend_.copy_to_host(row, req.full_logits + i * V);
   }
 }
 
@@ -378,7 +407,8 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
 // the copies to the host. The key names everything the recorded ops bake in: batch shape,
 // workspace and state addresses; slots, positions and token ids are read on the device from
 // the set_batch tables. Returns false when the step must run the ordinary way.
-bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden) {
+bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
+                        SampleRequest* sample) {
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
   // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
@@ -389,7 +419,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   mix(uint64_t(T));
   mix(uint64_t(n));
   mix(uint64_t(batch.deltanet_mode));
-  mix(logits != nullptr);
+  mix(logits != nullptr || sample != nullptr);  // the same recording serves both
   mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
@@ -415,7 +445,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     finish(r);
     backend_.get_rows(r.h, batch.output_rows, sel);
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
-    if (logits) backend_.matmul(sel, w_.lm_head, out);
+    if (logits || sample) backend_.matmul(sel, w_.lm_head, out);
   };
   if (!backend_.replay(key)) {
     if (seen == 1 && backend_.begin_capture()) {
@@ -426,7 +456,11 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     }
   }
   if (hidden) backend_.copy_to_host(sel, hidden);
-  if (logits) backend_.copy_to_host(out, logits);
+  // Sampling runs after the replay, not inside it: its penalty tables change every step.
+  if (sample)
+    sample_rows(out, *sample, /*on_host=*/false);
+  else if (logits)
+    backend_.copy_to_host(out, logits);
   return true;
 }
 
@@ -442,6 +476,17 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   peers_->run(state, p, [&] { forward_rank(batch, state, logits, hidden, captured); });
 }
 
+void Model::forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden) {
+  QWEN36_CHECK(batch.verify_runs.empty() && batch.capture_layers.empty(),
+               "forward_sample: verify runs and captured layers need forward()");
+  if (!peers_) return forward_rank(batch, state, nullptr, hidden, nullptr, &req);
+  // Tensor parallel: the ranks' pass is the plain forward; rank 0 samples on the host.
+  QWEN36_CHECK(req.full_logits, "forward_sample: tensor parallelism needs full_logits");
+  forward(batch, state, req.full_logits, hidden);
+  Tensor all(req.full_logits, DType::F32, {int64_t(batch.output_rows.size()), w_.config.vocab_size});
+  if (all.rows() > 0) sample_rows(all, req, /*on_host=*/true);
+}
+
 void Model::run_pass(const PeerPass& p, ModelState& state) {
   switch (p.kind) {
     case PeerPass::Kind::Forward:
@@ -453,7 +498,8 @@ void Model::run_pass(const PeerPass& p, ModelState& state) {
   }
 }
 
-void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured) {
+void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured,
+                         SampleRequest* sample) {
   check_batch(batch, state);
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
@@ -463,7 +509,7 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
   if (verify_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
-      decode_step(batch, state, logits, hidden))
+      decode_step(batch, state, logits, hidden, sample))
     return;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
@@ -496,9 +542,9 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   finish(r);
   const Tensor& h = r.h;
   if (batch.hidden_rows.empty()) {
-    head(s, h, w_.final_norm, batch.output_rows, logits, hidden);
+    head(s, h, w_.final_norm, batch.output_rows, logits, hidden, sample);
   } else {
-    head(s, h, w_.final_norm, batch.output_rows, logits, nullptr);
+    head(s, h, w_.final_norm, batch.output_rows, logits, nullptr, sample);
     head(s, h, w_.final_norm, batch.hidden_rows, nullptr, hidden);
   }
 }

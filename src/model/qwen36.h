@@ -66,6 +66,20 @@ struct ForwardBatch {
   static ForwardBatch single(std::span<const int32_t> tokens, int32_t pos0, int32_t slot = 0, bool all_logits = false);
 };
 
+// Output rows sampled on the backend (Model::forward_sample): their candidates come to the
+// host instead of their logits (engine/sampler.h: Sampler::add_candidate_row and
+// sample_from_candidates fill and read it).
+struct SampleRequest {
+  std::vector<SampleRowParams> rows;  // one per output row
+  std::vector<PenaltyEntry> penalties;
+  int32_t k = kSampleCandidates;  // candidates per row (at most the vocabulary)
+  // Called for each output row, in order, once its candidates are on the host; false: they do
+  // not suffice, and that row's full logits (penalties applied) are copied to
+  // full_logits + row · vocab.
+  std::function<bool(int32_t row, const SampleCandidates&)> take;
+  float* full_logits = nullptr;  // host [output rows, vocab]: only refused rows are written
+};
+
 // Advance `slot`'s DeltaNet state by the first `keep` tokens of its last verify run.
 struct SpecCommit {
   int32_t slot = 0;
@@ -99,6 +113,11 @@ class Model {
   // captured (with batch.capture_layers): host [hidden_rows or output_rows, layers · hidden].
   void forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden = nullptr,
                float* captured = nullptr);
+  // forward() with the output rows sampled on the backend (Backend::sample_candidates): a
+  // decode step moves a few hundred bytes per row to the host instead of the vocabulary's
+  // logits. With tensor-parallel peers the logits come to the host and the candidates are
+  // made there (the same values). Batches with verify runs or captured layers use forward().
+  void forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden = nullptr);
 
   // After a forward with verify_runs: replays the saved conv inputs and gates of each commit's
   // first `keep` verify tokens through the plain DeltaNet ops (token by token, as decode),
@@ -146,12 +165,16 @@ class Model {
   void decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor& cache_a, Tensor& cache_b,
                      std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   void head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
-            float* hidden);
+            float* hidden, SampleRequest* sample = nullptr);
+  // The candidates of logits [rows, vocab] (backend memory, or host memory when on_host) for
+  // req; refused rows' logits to req.full_logits.
+  void sample_rows(Tensor& logits, SampleRequest& req, bool on_host);
 
-  bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden);
+  bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
+                   SampleRequest* sample = nullptr);
   // This rank's part of the public passes.
   void forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                    float* captured = nullptr);
+                    float* captured = nullptr, SampleRequest* sample = nullptr);
   void mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows);

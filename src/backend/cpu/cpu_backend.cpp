@@ -89,6 +89,10 @@ class CpuBackend final : public Backend {
                    Tensor& out) override {
     cpu::moe_experts(x, weights, ids, experts, out);
   }
+  void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
+                         int32_t k, int32_t* ids, float* vals, float* stats) override {
+    cpu::sample_candidates(logits, rows, penalties, k, ids, vals, stats);
+  }
 };
 
 }  // namespace

@@ -42,6 +42,9 @@ void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Te
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
 
+void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
+                       int32_t k, int32_t* ids, float* vals, float* stats);
+
 // Scalar helpers shared by the CPU ops, matching torch's float32 definitions.
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }

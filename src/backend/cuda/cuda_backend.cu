@@ -375,6 +375,11 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "moe_experts");
     cuda::moe_experts(ctx_, x, weights, ids, experts, out);
   }
+  void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
+                         int32_t k, int32_t* ids, float* vals, float* stats) override {
+    Prof p_(*this, "sample_candidates");
+    cuda::sample_candidates(ctx_, logits, rows, penalties, k, ids, vals, stats);
+  }
 
  private:
   // QWEN36_PROFILE=1: every op between two cudaEvents; per-op totals printed at exit.

@@ -319,6 +319,9 @@ void gated_delta_rule_readonly(Ctx&, const Tensor& q, const Tensor& k, const Ten
 bool deltanet_decode(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
                      float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs, Tensor& out);
 
+void sample_candidates(Ctx&, Tensor& logits, std::span<const SampleRowParams> rows,
+                       std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals, float* stats);
+
 void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
 void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
