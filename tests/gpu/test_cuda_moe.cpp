@@ -597,11 +597,12 @@ std::string shape_name(const ExpertTypes& mx, int64_t D, int64_t I, int64_t T) {
   return types_name(mx) + " D=" + std::to_string(D) + " I=" + std::to_string(I) + " T=" + std::to_string(T);
 }
 
-// T·k ≤ 256 on tiled experts: against the same int8 twin as the GEMVs (the pair kernels quantize
-// x and each pair's SwiGLU row exactly as they do), kQuantDecodeTol. The shapes cover every
-// split of a row-tile's super-blocks between warps: K = 2048 (8 warps, one super-block each),
-// 2304 (8 warps, warp 0 takes two), 1024 (4), 768 (2 warps taking 2 and 1), 512 (2), 256 (1
-// warp, 8 row-tiles per block); T = 32 with 16 experts: most experts serve several pairs.
+// T·k ≤ 256 on tiled experts: against the same int8 twin as the GEMVs (the kernels quantize x
+// and each pair's SwiGLU row exactly as they do), kQuantDecodeTol. The shapes cover the splits
+// of a row-tile's units between warps: gate/up super-blocks K = 2048 (8 warps, one each), 2304
+// (8 warps, warp 0 takes two), 1024 (4), 512 (2); down (pair, super-block) units, k = 8: I =
+// 768 (24 units, 3 per warp), 512 (16, 2 per warp), 256 (8, 1 each); T = 32 with 16 experts:
+// most experts serve several pairs.
 TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
   struct Case {
     ExpertTypes mx;
@@ -626,21 +627,25 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
 }
 
 // Ids outside [0, E) contribute nothing (the twin skips them too); a token whose every id is
-// invalid gets zeros.
+// invalid gets zeros. D = 512, k = 4: the down kernel's warps hold one unit each (an invalid
+// pair's warp has none); D = 2048, k = 8: two each, an invalid pair's unit skipped in the
+// middle of a warp's sequence.
 TEST_F(CudaMoe, TiledInvalidIdsContributeNothing) {
-  const int64_t E = 16, D = 512, I = 256, k = 4;
-  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
-  const TiledExperts te = tile_experts(*gpu_, ex);
-  for (int64_t T : {3, 16}) {
-    HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
-    route(rng_, T, E, k, w, ids, E);
-    int32_t* id = ids.t.as<int32_t>();
-    id[1] = -1;
-    id[k + 2] = int32_t(E + 3);
-    for (int64_t j = 0; j < k; ++j) id[(T - 1) * k + j] = j % 2 ? int32_t(E) : -7;  // the last token: none valid
-    const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
-    EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "T=" << T << ": " << worst_at(got, want, D);
-    for (int64_t d = 0; d < D; ++d) ASSERT_EQ(got[size_t((T - 1) * D + d)], 0.0f) << "column " << d;
+  for (auto [D, I, k] : {std::tuple<int64_t, int64_t, int64_t>{512, 256, 4}, {2048, 512, 8}}) {
+    const int64_t E = 16;
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
+    const TiledExperts te = tile_experts(*gpu_, ex);
+    for (int64_t T : {3, 16}) {
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      int32_t* id = ids.t.as<int32_t>();
+      id[1] = -1;
+      id[k + 2] = int32_t(E + 3);
+      for (int64_t j = 0; j < k; ++j) id[(T - 1) * k + j] = j % 2 ? int32_t(E) : -7;  // the last token: none valid
+      const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
+      EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "D=" << D << " T=" << T << ": " << worst_at(got, want, D);
+      for (int64_t d = 0; d < D; ++d) ASSERT_EQ(got[size_t((T - 1) * D + d)], 0.0f) << "D=" << D << " column " << d;
+    }
   }
 }
 

@@ -53,10 +53,10 @@ constexpr int64_t kMaxPrefillPairs = 32768;  // pairs per prefill pass (bounds t
 // Up to kMaxQuantDecodePairs pairs take the GEMVs, in token chunks of ≤ kQuantDecodeChunk pairs
 // (the down GEMV keeps all its pairs' activations in shared memory).
 constexpr int64_t kMaxQuantDecodePairs = 256;
-// Tiled experts: the tensor-core pair kernels (cost also linear in pairs) up to this many pairs
-// (35B-A3B: batch 32 at top-8); the lead's measurements may move it.
-constexpr int64_t kMaxTiledMoePairs = 256;
 constexpr int64_t kQuantDecodeChunk = 128;
+// Tiled experts: the tensor-core kernels, also per pair (cost linear in pairs), up to this many
+// pairs (35B-A3B: batch 32 at top-8), as the GEMVs; not yet measured against the prefill path.
+constexpr int64_t kMaxTiledMoePairs = 256;
 
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   __shared__ float p[kMaxExperts];

@@ -65,18 +65,19 @@
 //    adds ~19 per 16 weights.
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
 //    cuda_quant_matmul.cu's quant_gemm.
-//  - Routed experts (quant_tiled_moe; cuda_moe.cu takes it up to its pair bound): per (token,
-//    expert) pair p, as the GGUF path's GEMVs (the same int8 twin), three launches: gate+up
-//    (SwiGLU in the epilogue; act [P, I] f32), down (y [P, D]), and each token's weighted sum
-//    over its k pairs in j order. A block (8 warps) takes one pair and 16 · (8 / wr) rows: its
-//    warps split each row-tile's super-blocks wr ways (35B, gate/up K = 2048: 8 warps on one
-//    row-tile, each one gate and one up tile, all in flight together; down K = 512: 2 warps per
-//    row-tile, 4 row-tiles), and the wr pieces meet in shared memory in warp order (no atomics,
-//    no cross-block arrivals: bitwise reproducible, eager or graph replay). The block quantizes
-//    its pair's row itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from L2
-//    while its first tiles load) and puts it in all 8 MMA columns: 7/8 of each MMA is wasted,
-//    which is free next to the tile loads, and no quantization launch or token-column
-//    bookkeeping is needed. Why per pair rather than per expert with its tokens as columns: that
+//  - Routed experts (quant_tiled_moe; cuda_moe.cu takes it up to its pair bound): as the GGUF
+//    path's GEMVs (the same int8 twin), two launches. gate+up: a block (8 warps) per (token,
+//    expert) pair p and 16 · (8 / wr) rows, SwiGLU in the epilogue, act [P, I] f32. down: a
+//    block per token and 16 · (8 / wr) rows, its k pairs' products weighted and summed in the
+//    block (no y rows, no combine launch). A row-tile's units (gate+up: super-blocks; down:
+//    (pair, super-block)) are split wr ways between warps (35B: gate/up K = 2048, 8 warps each
+//    one gate and one up tile; down 8 pairs × 2 super-blocks, 8 warps of 2 units, the second
+//    loading while the first computes), and the pieces meet in shared memory in warp order: no
+//    atomics, no cross-block arrivals, bitwise reproducible (eager or graph replay). A block
+//    quantizes its rows itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from
+//    L2, while its first tiles load) and puts a row in all 8 MMA columns: 7/8 of each MMA is
+//    wasted, free next to the tile loads, and there is no quantization launch or token-column
+//    bookkeeping. Why per pair rather than per expert with its tokens as MMA columns: that
 //    needs a device-side grouping by expert (a sort, an extra launch) and pays only where a
 //    step's tokens share experts; per pair the cost is linear in pairs, as the GEMVs'. Tiles
 //    load with default eviction (pairs sharing an expert may find them in L2).
@@ -859,110 +860,166 @@ __device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __rest
 }
 
 struct MoeArgs {
-  const float* x;            // gate+up: x [T, K] (pair p reads row p / k); down: act [P, K] (row p)
+  const float* x;            // gate+up: x [T, K] (pair p reads row p / k); down: act [P, K]
   const int32_t* ids;        // [P]: the expert of pair p = t·k + j
+  const float* w;            // [P]: its routing weight (down)
   const void* const* table;  // [E][3]: tiled gate, up, down
-  float* out;                // gate+up: act [P, N] = silu(gate · x) ⊙ (up · x); down: y [P, N] = down · act
+  float* out;                // gate+up: act [P, N] = silu(gate · x) ⊙ (up · x); down: out [T, N]
   int K, N, k, E, wr;        // N rows of K per matrix; wr warps per row-tile (8 / wr row-tiles per block)
 };
 
-// Shared memory of a pair block: the row's groups, the warps' partial sums, (Q4_K) their tables.
-template <DType D, bool GATE_UP>
-size_t moe_smem(int K) {
-  return size_t(K / 32) * sizeof(ColGroup) + size_t(kMoeWarps) * (GATE_UP ? 2 : 1) * 16 * sizeof(float) +
+// Shared memory of a block: `rows` quantized rows, the warps' partial sums (nm per row),
+// (Q4_K) the warps' scale tables.
+template <DType D>
+size_t moe_smem(int K, int rows, int nm) {
+  return size_t(rows) * (K / 32) * sizeof(ColGroup) + size_t(kMoeWarps) * nm * 16 * sizeof(float) +
          (D == DType::Q4_K_T16 ? size_t(kMoeWarps) * 16 * kTabStride * sizeof(float2) : 0);
 }
 
-// grid (row-tile groups, P), kMoeWarps warps: block (b, p) computes rows 16·r .. 16·r + 15, r =
-// b · rpb + warp / wr, of pair p's expert (gate and up together for GATE_UP), warp w taking
-// super-blocks w % wr, + wr, ... of its row-tile; the wr partial sums meet in shared memory in
-// warp order (no atomics: bitwise reproducible). The block quantizes the pair's row itself
-// (its first tiles already loading), so one launch per matrix kind and no quantization pass.
-// A pair whose id is outside [0, E) writes nothing (nothing reads its row).
-template <DType D, bool GATE_UP>
-__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_pair_kernel(const MoeArgs a) {
-  constexpr int B = Tile<D>::kBytes, NM = GATE_UP ? 2 : 1;
-  extern __shared__ __align__(16) uint8_t smem[];
-  griddep_trigger();
-  griddep_wait();  // the ids and the activation rows come from the kernels before
-  const int p = int(blockIdx.y), e = a.ids[p];
-  if (e < 0 || e >= a.E) return;  // the whole block, before any barrier
+// The warps' partial sums of the block's row-tiles meet in warp order (no atomics: bitwise
+// reproducible); part[m][0 / 1] are this warp's rows g / g + 8 of its row-tile. Returns, for
+// thread i < rpb · 16, the sums of row i % 16 of row-tile i / 16 of the block (nm values).
+template <int NM>
+__device__ __forceinline__ void block_row_sums(float* red, const float (&part)[NM][2], int wr, float (&sum)[NM]) {
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2;
-  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
-  const int r = int(blockIdx.x) * rpb + warp / wr;
-  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
-  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [warp][NM][16]
-  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * NM * 16) + warp * 16 * kTabStride;
-
-  const bool live = r < R;
-  const uint8_t* w[NM];
-#pragma unroll
-  for (int m = 0; m < NM; ++m)
-    w[m] = static_cast<const uint8_t*>(a.table[3 * size_t(e) + (GATE_UP ? m : 2)]) + size_t(live ? r : 0) * S * B;
-  int s = warp % wr;  // < S: wr ≤ S
-  Raw<D> Rw[NM];
-  if (live) {
-#pragma unroll
-    for (int m = 0; m < NM; ++m) load_tile<D, true, false>(w[m] + size_t(s) * B, lane, Rw[m]);
-  }
-  quantize_row(a.x + size_t(GATE_UP ? p / a.k : p) * a.K, G, xg);
-  __syncthreads();
-  float acc[NM][2];
-#pragma unroll
-  for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.0f;
-  if (live) {
-    for (;;) {
-#pragma unroll
-      for (int m = 0; m < NM; ++m) tile_row<D>(Rw[m], xg + s * 8, lane, tab, acc[m][0], acc[m][1]);
-      s += wr;
-      if (s >= S) break;
-#pragma unroll
-      for (int m = 0; m < NM; ++m) load_tile<D, true, false>(w[m] + size_t(s) * B, lane, Rw[m]);
-    }
-  }
-  if ((lane & 3) == 0) {
+  if ((lane & 3) == 0) {  // the 4 lanes of a g hold the same values
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
-      red[(warp * NM + m) * 16 + g] = acc[m][0];
-      red[(warp * NM + m) * 16 + g + 8] = acc[m][1];
+      red[(warp * NM + m) * 16 + g] = part[m][0];
+      red[(warp * NM + m) * 16 + g + 8] = part[m][1];
     }
   }
   __syncthreads();
-  if (int(threadIdx.x) < rpb * 16) {
-    const int rl = int(threadIdx.x) >> 4, row = int(threadIdx.x) & 15, r2 = int(blockIdx.x) * rpb + rl;
-    if (r2 < R) {
-      float sum[NM];
 #pragma unroll
-      for (int m = 0; m < NM; ++m) sum[m] = 0.0f;
-      for (int q = 0; q < wr; ++q)  // warp order
+  for (int m = 0; m < NM; ++m) sum[m] = 0.0f;
+  if (int(threadIdx.x) < (kMoeWarps / wr) * 16) {
+    const int rl = int(threadIdx.x) >> 4, row = int(threadIdx.x) & 15;
+    for (int q = 0; q < wr; ++q)  // warp order
 #pragma unroll
-        for (int m = 0; m < NM; ++m) sum[m] += red[((rl * wr + q) * NM + m) * 16 + row];
-      float v;
-      if constexpr (GATE_UP)
-        v = silu_f(sum[0]) * sum[1];
-      else
-        v = sum[0];
-      a.out[size_t(p) * a.N + 16 * size_t(r2) + row] = v;
-    }
+      for (int m = 0; m < NM; ++m) sum[m] += red[((rl * wr + q) * NM + m) * 16 + row];
   }
 }
 
-// out[t] = Σ_j w[t, j] · y[t·k + j] in j order, pairs with an id outside [0, E) skipped.
-__global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
-                                   const float* __restrict__ w, float* __restrict__ out, int D, int k, int E,
-                                   long long n) {
+// gate+up. grid (row-tile groups, P), kMoeWarps warps: block (b, p) computes rows 16·r ..
+// 16·r + 15 of gate and up, r = b · rpb + warp / wr, for pair p's expert, warp w taking
+// super-blocks w % wr, + wr, ... of its row-tile; act = silu(gate) ⊙ up. The block quantizes
+// x's row itself (its first tiles already loading): no quantization launch. An id outside
+// [0, E) gives an act row of zeros.
+template <DType D>
+__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gate_up_kernel(const MoeArgs a) {
+  constexpr int B = Tile<D>::kBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
-  griddep_wait();  // y comes from the down launch
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const long long t = i / D, d = i - t * D;
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const long long p = t * k + j;
-      const int e = ids[p];
-      if (e >= 0 && e < E) acc += w[p] * y[p * D + d];
-    }
-    out[i] = acc;
+  griddep_wait();  // the ids and x come from the kernels before
+  const int p = int(blockIdx.y), e = a.ids[p];
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
+  const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
+  float* act = a.out + size_t(p) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15);
+  if (e < 0 || e >= a.E) {  // the whole block, before any barrier
+    if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = 0.0f;
+    return;
   }
+  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
+  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [warp][2][16]
+  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * 2 * 16) + warp * 16 * kTabStride;
+
+  const bool live = r < R;
+  const size_t off = size_t(live ? r : 0) * S * B;
+  const uint8_t* wg = static_cast<const uint8_t*>(a.table[3 * size_t(e)]) + off;
+  const uint8_t* wu = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 1]) + off;
+  int s = warp % wr;  // < S: wr ≤ S
+  Raw<D> RG, RU;
+  if (live) {
+    load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
+    load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
+  }
+  quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
+  __syncthreads();
+  float part[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+  if (live) {
+    for (;;) {
+      tile_row<D>(RG, xg + s * 8, lane, tab, part[0][0], part[0][1]);
+      tile_row<D>(RU, xg + s * 8, lane, tab, part[1][0], part[1][1]);
+      s += wr;
+      if (s >= S) break;
+      load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
+      load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
+    }
+  }
+  float sum[2];
+  block_row_sums<2>(red, part, wr, sum);
+  if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = silu_f(sum[0]) * sum[1];
+}
+
+// down and the weighted sum over a token's k pairs. grid (row-tile groups, T), kMoeWarps warps:
+// block (b, t) computes out[t] rows 16·r .. 16·r + 15, r = b · rpb + warp / wr, as Σ_j w[t, j] ·
+// down_e(j) · act[t·k + j]: a row-tile's k·S units (pair j, super-block s; u = j·S + s) are
+// split between its wr warps (u = w % wr, + wr, ...), each unit's product weighted in f32 as it
+// is added, and the warps' sums meet in warp order (no atomics, no y round trip or combine
+// launch). The block quantizes the token's k act rows (contiguous: pairs t·k .. t·k + k − 1).
+// Lane j < k of every warp holds pair j's down matrix (null: id outside [0, E), its units are
+// skipped) and weight; a warp's next unit loads while the current one computes. k ≤ 32.
+template <DType D>
+__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_down_kernel(const MoeArgs a) {
+  constexpr int B = Tile<D>::kBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
+  griddep_trigger();
+  griddep_wait();  // act comes from the gate+up launch
+  const int t = int(blockIdx.y), k = a.k;
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  const int S = a.K >> 8, G = a.K >> 5, U = k * S, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
+  const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
+  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);  // [k][G]
+  float* red = reinterpret_cast<float*>(smem + size_t(k) * G * sizeof(ColGroup));  // [warp][16]
+  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * 16) + warp * 16 * kTabStride;
+
+  const uint8_t* mine = nullptr;  // lane j < k: pair j's down matrix, and its weight
+  float wmine = 0.0f;
+  if (lane < k) {
+    const int e = a.ids[size_t(t) * k + lane];
+    if (e >= 0 && e < a.E) {
+      mine = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 2]);
+      wmine = a.w[size_t(t) * k + lane];
+    }
+  }
+  const unsigned valid = __ballot_sync(0xffffffffu, mine != nullptr);
+  const bool live = r < R;
+  // The first unit ≥ u of this warp (u ≡ warp % wr) whose pair is valid; U when none is left.
+  auto next = [&](int u) {
+    while (u < U && !((valid >> (u / S)) & 1u)) u += wr;
+    return u;
+  };
+  // Unit u's tile (warp-uniform u: every lane takes part in the shuffle).
+  auto tile_of = [&](int u) {
+    const int j = u / S;
+    const auto base = reinterpret_cast<const uint8_t*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
+    return base + (size_t(r) * S + size_t(u - j * S)) * B;
+  };
+  int u = next(warp % wr);
+  Raw<D> cur{}, nxt{};
+  if (live && u < U) load_tile<D, true, false>(tile_of(u), lane, cur);
+  quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
+  __syncthreads();
+  float part[1][2] = {{0.0f, 0.0f}};
+  if (live) {
+    while (u < U) {
+      const int un = next(u + wr);
+      if (un < U) load_tile<D, true, false>(tile_of(un), lane, nxt);
+      const int j = u / S;
+      float p0 = 0.0f, p1 = 0.0f;
+      tile_row<D>(cur, xg + size_t(j) * G + size_t(u - j * S) * 8, lane, tab, p0, p1);
+      const float wj = __shfl_sync(0xffffffffu, wmine, j);
+      part[0][0] = fmaf(wj, p0, part[0][0]);
+      part[0][1] = fmaf(wj, p1, part[0][1]);
+      cur = nxt;
+      u = un;
+    }
+  }
+  float sum[1];
+  block_row_sums<1>(red, part, wr, sum);
+  if (int(threadIdx.x) < rpb * 16 && r_out < R) a.out[size_t(t) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15)] = sum[0];
 }
 
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
@@ -1143,22 +1200,16 @@ void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
 }
 
 
-// Warps per row-tile of a K-wide matrix in the pair kernels: each warp one super-block where
-// K allows (the 35B's gate/up, K = 2048: 8 warps on one row-tile, every tile of the block in
-// flight at once; its down, K = 512: 2 warps per row-tile, 4 row-tiles per block).
-int moe_warps_per_row_tile(int K) {
-  const int S = K / 256;
-  return S >= 8 ? 8 : S >= 4 ? 4 : S >= 2 ? 2 : 1;
-}
+// Warps per row-tile for `units` tiles per row-tile: one unit each where there are enough (the
+// 35B's gate/up: K = 2048, 8 super-blocks, 8 warps on one row-tile, all its tiles in flight at
+// once; its down: 8 pairs × 2 super-blocks, 8 warps of 2 units), else fewer warps per row-tile
+// and more row-tiles per block.
+int moe_warps_per_row_tile(int units) { return units >= 8 ? 8 : units >= 4 ? 4 : units >= 2 ? 2 : 1; }
 
-template <bool GATE_UP>
-void launch_moe_pairs(Ctx& c, DType t, const MoeArgs& a, int P) {
-  with_tiled_type(t, [&](auto dt) {
-    constexpr DType D = decltype(dt)::value;
-    const int rpb = kMoeWarps / a.wr, R = a.N / 16;
-    launch_pdl(moe_pair_kernel<D, GATE_UP>, dim3(unsigned((R + rpb - 1) / rpb), unsigned(P)), dim3(kMoeWarps * 32),
-               moe_smem<D, GATE_UP>(a.K), c.stream, a);
-  });
+template <typename Kernel>
+void launch_moe(Ctx& c, Kernel kernel, const MoeArgs& a, unsigned grid_y, size_t smem) {
+  const int rpb = kMoeWarps / a.wr, R = a.N / 16;
+  launch_pdl(kernel, dim3(unsigned((R + rpb - 1) / rpb), grid_y), dim3(kMoeWarps * 32), smem, c.stream, a);
 }
 
 }  // namespace
@@ -1295,20 +1346,25 @@ bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tenso
   if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || P < 1 || P > kMaxMoePairs ||
       k < 1 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 ||
       E >= (int64_t(1) << 30) || x.dtype != DType::F32 || !aligned16(x.data) || ids.dtype != DType::I32 ||
-      ids.rows() != T || weights.numel() != P || out.numel() != T * D)
+      ids.rows() != T || weights.dtype != DType::F32 || weights.numel() != P || out.dtype != DType::F32 ||
+      out.numel() != T * D)
     return false;
-  // act and y rows of the pairs (stream-ordered; 35B at 256 pairs: 0.5 + 2 MB).
-  Temp<float> act(c, size_t(P * I)), y(c, size_t(P * D));
-  const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), table, act.get(), int(D), int(I), int(k), int(E),
-                   moe_warps_per_row_tile(int(D))};
-  const MoeArgs dn{act.get(), ids.as<const int32_t>(), table, y.get(), int(I), int(D), int(k), int(E),
-                   moe_warps_per_row_tile(int(I))};
-  launch_moe_pairs<true>(c, gate_up, gu, int(P));
-  launch_moe_pairs<false>(c, down, dn, int(P));
-  const long long n = (long long)T * D;
-  const int blocks = int(std::min<long long>((n + 255) / 256, (long long)dev_info().sms * 8));
-  launch_pdl(moe_combine_kernel, dim3(unsigned(blocks)), dim3(256), 0, c.stream, const_cast<const float*>(y.get()),
-             ids.as<const int32_t>(), weights.as<const float>(), out.as<float>(), int(D), int(k), int(E), n);
+  // The down block holds its token's k quantized act rows in shared memory (35B: 6 KB), its
+  // lanes the k pairs' matrices; no opt-in above the default 48 KB.
+  if (k > 32 || moe_smem<DType::Q4_K_T16>(int(I), int(k), 1) > (size_t(48) << 10)) return false;
+  Temp<float> act(c, size_t(P * I));  // the pairs' SwiGLU rows (35B at 256 pairs: 0.5 MB)
+  const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), weights.as<const float>(), table, act.get(),
+                   int(D), int(I), int(k), int(E), moe_warps_per_row_tile(int(D / 256))};
+  const MoeArgs dn{act.get(), ids.as<const int32_t>(), weights.as<const float>(), table, out.as<float>(),
+                   int(I), int(D), int(k), int(E), moe_warps_per_row_tile(int(k * (I / 256)))};
+  with_tiled_type(gate_up, [&](auto dt) {
+    constexpr DType DT = decltype(dt)::value;
+    launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, 2));
+  });
+  with_tiled_type(down, [&](auto dt) {
+    constexpr DType DT = decltype(dt)::value;
+    launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(k), 1));
+  });
   return true;
 }
 
