@@ -24,13 +24,15 @@
 //
 // Chunk count S ≈ sqrt(V / q) makes a chunk (V / S logits) and the merge (S·q winners) about
 // the same work, so one row (b1) spreads over ~60 blocks and the merge block is no longer
-// than a chunk block; bounds: a chunk fits a block (≤ 16384), holds ≥ q logits, and the merge
-// input fits a block. Expected cost (reasoned, not measured): each block is latency-bound,
-// ~50 barriers (4 radix passes, a ≤ 512-entry bitonic sort) over ≤ 32 register-resident items
-// per thread, so a few µs per launch; V = 248320 logits are read once from memory (1 MB per
-// row, ~0.3 µs per row at HBM speed), so b1..b64 should all stay in the tens of µs, against a
-// 1 MB-per-row copy and a host argmax today. Not recordable (the penalty tables change every
-// step): Model::decode_step calls it after replaying the recorded step.
+// than a chunk block; S is lowered to keep R·S near 4 blocks per SM (many rows, or greedy's
+// q = 2), and bounded so that a chunk fits a block (≤ 16384: S ≥ 16 at V = 248320), holds
+// ≥ q logits, and the merge input fits a block. Expected cost (reasoned, not measured): each
+// block is latency-bound, ~50 barriers (4 radix passes, a ≤ 512-entry bitonic sort) over ≤ 32
+// register-resident items per thread, a few µs; V = 248320 logits are read once (1 MB per row,
+// ~0.3 µs at HBM speed). So b1 ≈ two launches of one wave plus the copy (~20-30 µs), b16 ~4
+// waves, b64 (16 chunks a row, ~8 waves of full chunks) perhaps 50-100 µs, against copying
+// 1 MB per row to the host and a host argmax today. Not recordable (the penalty tables change
+// every step): Model::decode_step calls it after replaying the recorded step.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -302,7 +304,14 @@ void sample_candidates(Ctx& c, Tensor& logits, std::span<const SampleRowParams> 
   const int q = int(std::min<int64_t>(int64_t(k) + 1, V));
   const int64_t s_min = (V + kChunkMax - 1) / kChunkMax, s_max = std::min<int64_t>(V / q, kChunkMax / q);
   QWEN36_CHECK(s_min <= s_max, "sample_candidates: a vocabulary of {} is too large for k = {}", V, k);
-  const int S = int(std::clamp<int64_t>(std::llround(std::sqrt(double(V) / q)), s_min, s_max));
+  // Balance chunk and merge (S ≈ sqrt(V / q)), but keep the grid to ~4 waves: a block holds
+  // an SM (~100 registers × 512 threads), and many rows (R = 64) or a tiny q (greedy, k = 1:
+  // sqrt(V / 2) ≈ 350 chunks a row) would otherwise launch thousands of near-empty blocks.
+  int dev = 0, sms = 132;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t s_fill = (4 * int64_t(sms) + R - 1) / R;
+  const int S = int(std::clamp<int64_t>(std::min<int64_t>(std::llround(std::sqrt(double(V) / q)), s_fill), s_min, s_max));
 
   Temp<SampleRowParams> d_rows(c, rows);
   float* l = logits.as<float>();
