@@ -121,7 +121,7 @@ TEST_F(CudaSample, Timing) {
   const int64_t V = 248320;
   for (int64_t R : {1, 16, 64}) {
     Inputs in = make_inputs(rng_, {R, V, kSampleCandidates, Values::Normal});
-    for (SampleRowParams& p : in.rows) p.penalty_count = 0;  // greedy-like decode rows: no penalty pass
+    for (SampleRowParams& p : in.rows) p.penalty_begin = p.penalty_count = 0;  // no penalty pass
     HostT h(DType::F32, {R, V});
     std::memcpy(h.f(), in.logits.data(), in.logits.size() * sizeof(float));
     DevT d = upload(*gpu_, h);
