@@ -46,13 +46,15 @@ BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const s
     const DType dt = o.type == "bf16" ? DType::BF16 : o.type == "f16" ? DType::F16 : o.type == "f32" ? DType::F32
                                                                                                      : DType::I32;
     const ModelConfig cfg = model_preset(o.synthetic, o.layers);
-    if (dt == DType::I32) {  // block-quantized: a mix (CPU, CUDA) or one block type (CUDA)
+    if (dt == DType::I32) {  // block-quantized: a mix (CPU, CUDA), one block type or an HF type (CUDA)
 #ifdef QWEN36_HAVE_CUDA
       if (cuda) w = make_random_quant_weights_cuda(cfg, o.type, 42);
 #endif
       if (!cuda) {
         const auto mix = parse_quant_mix(o.type);
-        QWEN36_CHECK(mix, "{}: --type {} is not bf16, f16, f32 or a quantization mix (q8_0, q6_k, q5_k_m, q4_k_m, ...)",
+        QWEN36_CHECK(mix,
+                     "{}: --type {} is not bf16, f16, f32 or a quantization mix (q8_0, q6_k, q5_k_m, q4_k_m, ...); "
+                     "block types and the Hugging Face types (awq, w4g32, nvfp4, fp8) need --backend cuda",
                      command, o.type);
         w = make_random_quant_weights(cfg, *mix, 42);
       }

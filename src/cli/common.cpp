@@ -7,7 +7,6 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "format/hf_quant.h"
 #include "format/model_loader.h"
 #include "model/expert_placement.h"
 #include "model/presets.h"
@@ -118,11 +117,6 @@ LoadedModel load_model(const std::string& path, const std::string& backend, int 
   lm.backend = make_backend(backend, threads);
   ModelWeights w = load_model_weights(path);
   spdlog::info("model: {}", w.config.summary());
-  if (backend == "cuda") {
-    const std::string t = hf_block_dtype_in(w);
-    QWEN36_CHECK(t.empty(), "{}: {} weights (from a quantized Hugging Face checkpoint) are not supported on CUDA yet; "
-                 "use --backend cpu", path, t);
-  }
   lm.model = make_model(std::move(w), *lm.backend, offload, threads);
   return lm;
 }

@@ -54,7 +54,7 @@ bool load_hf_quant_linear(ModelWeights& w, const SafetensorsSet& st, const HfQua
                           Tensor& out);
 
 // The name of the first internal HF block type (quant/hf_blocks.h) among w's matrices, or ""
-// when there is none. The CUDA backend has no kernels for these types yet; the CLI checks this.
+// when there is none.
 std::string hf_block_dtype_in(const ModelWeights& w);
 
 }  // namespace qwen36

@@ -37,8 +37,9 @@ double cuda_bf16_gemm_tflops(int n, int reps);
 // make_random_weights; values differ). prepare_weights of the CUDA backend keeps them in place.
 ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dtype, uint64_t seed);
 // The same with block-quantized matrices: `type` is a quantization mix ("q4_k_m", "q8_0", ...;
-// per-tensor types as `qwen36 quantize` gives them) or a block type ("q4_k", "iq4_xs", ...: every
-// quantizable matrix in that type).
+// per-tensor types as `qwen36 quantize` gives them), a block type ("q4_k", "iq4_xs", ...: every
+// quantizable matrix in that type), or a Hugging Face checkpoint type ("awq" = "w4g128", "w4g32",
+// "nvfp4", "fp8": the Linear layers such checkpoints quantize, the rest bf16).
 ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed);
 // Repacks a Q4_K / Q6_K / Q8_0 matrix in device memory (N % 16 == 0, K % 256 == 0) into the
 // CUDA backend's tiled layout (dtype becomes Q4_K_T16 / Q6_K_T16 / Q8_0_T16), in place and

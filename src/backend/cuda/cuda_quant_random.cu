@@ -1,9 +1,14 @@
 // Random GGUF blocks on the device, for synthetic quantized models (qwen36 bench --synthetic
 // --type q4_k_m): cuda_random.cu asks for each quantized matrix through quant_random_fill.
+// Also random blocks of the Hugging Face checkpoint types (--type awq, nvfp4, fp8;
+// quant/hf_blocks.h) through hf_random_fill.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_quant_blocks.cuh"
+#include "backend/cuda/cuda_quant_hf.cuh"
+#include "quant/hf_blocks.h"
 
 namespace qwen36::cuda {
 
@@ -72,9 +77,65 @@ __global__ void random_blocks_kernel(uint8_t* __restrict__ dst, int64_t nb, floa
   }
 }
 
+// Random HF blocks with values of standard deviation ≈ sigma and mean ≈ 0, as a checkpoint
+// would hold them: uniform codes, scales near sigma / (std of the codes).
+//  - W4 (AWQ-like): codes 0..15 (std 4.61), zero 8, f16 scale sigma/4.61 · [0.75, 1.25).
+//  - NVFP4: uniform E2M1 codes (std 2.93), group scales e4m3 in [0.5, 1.875] (mean 1.08),
+//    global scale sigma / (2.93 · 1.08).
+//  - F8_B128: e4m3 codes with exponents 5..8 (|values| in [0.25, 3.75], std ≈ 1.69, no NaN),
+//    block scale sigma / 1.69.
+template <typename B>
+__global__ void random_hf_blocks_kernel(B* __restrict__ dst, int64_t nb, float sigma, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nb; i += int64_t(gridDim.x) * blockDim.x) {
+    B& b = dst[i];
+    const uint64_t key = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    const uint64_t r = hash64(key ^ 0x5851f42d4c957f2dull);
+    if constexpr (std::is_same_v<B, BlockW4G32> || std::is_same_v<B, BlockW4G128>) {
+      for (int j = 0; j < int(sizeof(b.qs)); j += 8) {
+        const uint64_t q = hash64(key + uint64_t(j));
+        for (int k = 0; k < 8; ++k) b.qs[j + k] = uint8_t(q >> (8 * k));
+      }
+      b.s = __half_as_ushort(__float2half_rn(sigma / 4.61f * (0.75f + 0.5f * float(r & 255) / 256.0f)));
+      b.z = 8;
+      b.kind = 0;
+    } else if constexpr (std::is_same_v<B, BlockNvfp4B64>) {
+      for (int j = 0; j < 32; j += 8) {
+        const uint64_t q = hash64(key + uint64_t(j));
+        for (int k = 0; k < 8; ++k) b.qs[j + k] = uint8_t(q >> (8 * k));
+      }
+      for (int k = 0; k < 4; ++k) b.s[k] = uint8_t(0x30 + ((r >> (4 * k)) & 15));  // exponents 6, 7
+      b.g = sigma / (2.93f * 1.08f);
+    } else {
+      for (int j = 0; j < 128; j += 8) {
+        const uint64_t q = hash64(key + uint64_t(j));
+        for (int k = 0; k < 8; ++k) {
+          const uint32_t v = uint32_t(q >> (8 * k));
+          b.q[j + k] = uint8_t((v & 0x80u) | ((5u + ((v >> 3) & 3u)) << 3) | (v & 7u));
+        }
+      }
+      b.d = sigma / 1.69f;
+    }
+  }
+}
+
 }  // namespace
 
+void hf_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed) {
+  const int64_t nb = n / dtype_block_elems(t);
+  if (nb == 0) return;
+  const int blocks = int(std::min<int64_t>(blocks_for(nb, 256), int64_t(dev_info().sms) * 16));
+  switch (t) {
+    case DType::W4_G32: random_hf_blocks_kernel<<<blocks, 256>>>(static_cast<BlockW4G32*>(dst), nb, sigma, seed); break;
+    case DType::W4_G128: random_hf_blocks_kernel<<<blocks, 256>>>(static_cast<BlockW4G128*>(dst), nb, sigma, seed); break;
+    case DType::F8_B128: random_hf_blocks_kernel<<<blocks, 256>>>(static_cast<BlockF8B128*>(dst), nb, sigma, seed); break;
+    case DType::NVFP4_B64: random_hf_blocks_kernel<<<blocks, 256>>>(static_cast<BlockNvfp4B64*>(dst), nb, sigma, seed); break;
+    default: fail("random weights: {} is not a Hugging Face block type", dtype_name(t));
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
 void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed) {
+  if (hf_quant_supported(t)) return hf_random_fill(t, dst, n, sigma, seed);
   const bool ok = with_quant_type(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     const int64_t nb = n / QType<D>::kElems;

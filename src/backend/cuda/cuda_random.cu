@@ -211,7 +211,30 @@ ModelWeights make_random_weights_cuda(const ModelConfig& c, DType matrix_dtype, 
   return build(c, matrix_dtype, seed, nullptr);
 }
 
+// A Hugging Face checkpoint type by its bench name (awq / w4g128, w4g32, nvfp4, fp8); F32 when none.
+DType hf_synthetic_type(const std::string& name) {
+  if (name == "awq" || name == "w4g128") return DType::W4_G128;
+  if (name == "w4g32") return DType::W4_G32;
+  if (name == "nvfp4") return DType::NVFP4_B64;
+  if (name == "fp8") return DType::F8_B128;
+  return DType::F32;
+}
+
 ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::string& type, uint64_t seed) {
+  if (const DType hf = hf_synthetic_type(type); hf != DType::F32) {
+    // The Linear layers such checkpoints quantize (attention, GDN qkv / z / out, MLPs and
+    // experts; rows of whole blocks); embeddings, lm_head, routers, the shared-expert gate and
+    // the tiny GDN a/b projections stay bf16, as their modules_to_not_convert / ignore lists.
+    const ModelPlan plan = random_model_plan(c, seed, "qwen36-random");
+    std::unordered_map<std::string, DType> by_name;
+    for (const TensorSource& t : plan.tensors) {
+      const std::string& n = t.name;
+      const bool skip = n.starts_with("token_embd") || n.starts_with("output.") || n.find("ffn_gate_inp") != n.npos ||
+                        n.find("ssm_alpha") != n.npos || n.find("ssm_beta") != n.npos;
+      by_name[n] = !skip && t.shape.size() >= 2 && t.shape.back() % dtype_block_elems(hf) == 0 ? hf : DType::BF16;
+    }
+    return build(c, DType::BF16, seed, &by_name);
+  }
   // The per-tensor types `qwen36 quantize` would give the CPU synthetic model of the same
   // preset (model/random_quant_weights.cpp): a mix's rules, or for a block type every matrix
   // the Q8_0 mix quantizes in that type (Q8_0 where a row cannot hold its blocks).
