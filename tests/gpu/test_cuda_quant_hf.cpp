@@ -1,0 +1,235 @@
+// The Hugging Face checkpoint block types on CUDA (backend/cuda/cuda_quant_hf.cu) against the
+// CPU's exact dequantization (quant/hf_blocks.h) and a double-precision product:
+//  - decode GEMV (T = 1, 3, 5, 8: one and two passes; one K chunk and several), prefill
+//    (T = 40: bf16 slices + cuBLAS) and exact_matmul (f32 slices), per type, random blocks;
+//  - embedding rows;
+//  - the fixtures of tests/data/quant through the CUDA backend vs the CPU backend's logits;
+//  - a cold-L2 bandwidth print for the 27B's 17408 x 5120 matrix in W4_G128 and NVFP4 at T = 1.
+#include <cstring>
+#include <filesystem>
+
+#include "format/model_loader.h"
+#include "model/qwen36.h"
+#include "quant/hf_blocks.h"
+#include "quant_test_util.h"
+
+namespace qwen36::gputest {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr DType kTypes[] = {DType::W4_G32, DType::W4_G128, DType::F8_B128, DType::NVFP4_B64};
+
+// N x K random blocks of an HF type with every field in its valid range: W4 codes and zeros
+// 0..15 with f16 or bf16 scales in [0.01, 0.1]; e4m3 codes without NaN and block scales in
+// [0.005, 0.05]; NVFP4 codes, e4m3 group scales in [2^-3, 2^2] and a global scale in [0.005, 0.05].
+HostT random_hf(std::mt19937& rng, DType t, int64_t N, int64_t K) {
+  HostT h(t, {N, K});
+  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15), bit(0, 1);
+  std::uniform_real_distribution<float> small(0.01f, 0.1f);
+  const int64_t nb = N * K / dtype_block_elems(t);
+  auto e4m3 = [&](int lo, int hi) {  // a byte with exponent field in [lo, hi]
+    return uint8_t((std::uniform_int_distribution<int>(lo, hi)(rng) << 3) | (byte(rng) & 7));
+  };
+  auto w4 = [&](auto* b) {
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
+      b[i].z = uint8_t(nib(rng));
+      b[i].kind = uint8_t(bit(rng));
+      b[i].s = b[i].kind ? f32_to_bf16(small(rng)) : f32_to_f16(small(rng));
+    }
+  };
+  if (t == DType::W4_G32) w4(reinterpret_cast<BlockW4G32*>(h.bytes.data()));
+  if (t == DType::W4_G128) w4(reinterpret_cast<BlockW4G128*>(h.bytes.data()));
+  if (t == DType::F8_B128) {
+    auto* b = reinterpret_cast<BlockF8B128*>(h.bytes.data());
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].q) q = uint8_t(byte(rng) & 0x80) | e4m3(0, 14);  // subnormals included, no NaN
+      b[i].d = small(rng) * 0.5f;
+    }
+  }
+  if (t == DType::NVFP4_B64) {
+    auto* b = reinterpret_cast<BlockNvfp4B64*>(h.bytes.data());
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
+      for (uint8_t& s : b[i].s) s = e4m3(4, 9);
+      b[i].g = small(rng) * 0.5f;
+    }
+  }
+  return h;
+}
+
+// max |got − want| / max(1, max |want|) over the rows n % step == 0, and where.
+double worst_err(const std::vector<float>& got, const std::vector<float>& want, int64_t T, int64_t N, int64_t step,
+                 std::string* where) {
+  double worst = -1, scale = 1;
+  int64_t wt = 0, wn = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; n += step) {
+      const size_t i = size_t(t * N + n);
+      scale = std::max(scale, std::abs(double(want[i])));
+      const double d = std::isnan(got[i]) ? 1e30 : std::abs(double(got[i]) - double(want[i]));
+      if (d > worst) worst = d, wt = t, wn = n;
+    }
+  const size_t i = size_t(wt * N + wn);
+  *where = "worst at t=" + std::to_string(wt) + " n=" + std::to_string(wn) + ": got " + std::to_string(got[i]) +
+           " want " + std::to_string(want[i]) + " (max |want| " + std::to_string(scale) + ")";
+  return worst / scale;
+}
+
+class CudaQuantHf : public CudaTest {};
+
+// Tolerances (relative to max(1, max |result|)):
+//  - GEMV and exact_matmul: the exact weights times f32 activations, summed in f32 in another
+//    order than the double reference: ≤ K·2^-24 relative in the worst case, ~1e-6 in practice;
+//    1e-4 leaves a wide margin and still catches one wrong code (a code step moves a result by
+//    scale·|x| ≈ 1e-2 of these results' magnitude).
+//  - prefill (T > 8): weights and activations rounded to bf16 (2^-9 relative each), products
+//    summed in f32 by cuBLAS: random errors of ~2^-8·|term|·sqrt(K), ~1e-3 of the largest
+//    result; 1e-2.
+TEST_F(CudaQuantHf, MatmulMatchesCpuDequant) {
+  struct Shape {
+    int64_t N, K;
+  };
+  // 9216: 288 units of 32 per row, two K chunks (summed by the second kernel); 67 rows: tails.
+  const Shape shapes[] = {{256, 512}, {640, 1536}, {67, 9216}};
+  CudaOptions eo;
+  eo.exact_matmul = true;
+  auto exact = make_cuda_backend(eo);
+  for (DType dt : kTypes)
+    for (const Shape& s : shapes) {
+      const HostT w = random_hf(rng_, dt, s.N, s.K);
+      DevT dw = upload(*gpu_, w), dwe = upload(*exact, w);
+      for (int64_t T : {1, 3, 5, 8, 40}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        const std::vector<float> want = reference(w, x, T);
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+        gpu_->matmul(dx.t, dw.t, dout.t);
+        std::string where;
+        const double tol = T <= 8 ? 1e-4 : 1e-2;
+        EXPECT_LE(worst_err(download(*gpu_, dout.t), want, T, s.N, 1, &where), tol)
+            << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << (T <= 8 ? " (gemv) " : " (prefill) ")
+            << where;
+        if (T == 3 || T == 40) {
+          DevT ex = upload(*exact, x), eout = upload(*exact, HostT(DType::F32, {T, s.N}));
+          exact->matmul(ex.t, dwe.t, eout.t);
+          EXPECT_LE(worst_err(download(*exact, eout.t), want, T, s.N, 1, &where), 1e-4)
+              << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " (exact_matmul) " << where;
+        }
+      }
+    }
+}
+
+// The GEMV is deterministic (fixed partition, reductions in a fixed order): repeated calls agree
+// bit for bit.
+TEST_F(CudaQuantHf, GemvIsDeterministic) {
+  for (DType dt : kTypes) {
+    const HostT w = random_hf(rng_, dt, 640, 9216);
+    const HostT x = random_t(rng_, DType::F32, {3, 9216});
+    DevT dw = upload(*gpu_, w), dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {3, 640}));
+    gpu_->matmul(dx.t, dw.t, dout.t);
+    const std::vector<float> first = download(*gpu_, dout.t);
+    for (int r = 0; r < 3; ++r) {
+      gpu_->matmul(dx.t, dw.t, dout.t);
+      const std::vector<float> again = download(*gpu_, dout.t);
+      EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0) << dtype_name(dt) << " run " << r;
+    }
+  }
+}
+
+// Embedding rows are the exact dequantized rows.
+TEST_F(CudaQuantHf, EmbedRowsAreExact) {
+  for (DType dt : kTypes) {
+    const HostT w = random_hf(rng_, dt, 50, 512);
+    DevT dw = upload(*gpu_, w);
+    const std::vector<int32_t> ids = {3, 0, 49, 17, 3};
+    DevT dout = upload(*gpu_, HostT(DType::F32, {int64_t(ids.size()), 512}));
+    gpu_->embed(dw.t, ids, dout.t);
+    const std::vector<float> got = download(*gpu_, dout.t);
+    std::vector<float> row(512);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dequantize_row(dt, w.t.row(ids[i]), row.data(), 512);
+      EXPECT_EQ(std::memcmp(row.data(), got.data() + i * 512, 512 * sizeof(float)), 0) << dtype_name(dt) << " id " << ids[i];
+    }
+  }
+}
+
+// The fixtures of tests/data/quant (tiny models whose quantized Linears are every HF format):
+// the CUDA backend's logits against the CPU backend's, for a 37-token prefill with
+// exact_matmul (f32 everywhere: 2e-3, the golden tests' exact bound) and for token-by-token
+// decode (the GEMV: 1e-3, as CudaGolden.IncrementalDecodeMatchesCpu).
+TEST_F(CudaQuantHf, FixturesMatchCpu) {
+  const char* formats[] = {"awq", "gptq-sym", "ct-int4", "ct-int4-sym-g128", "fp8", "nvfp4", "ct-nvfp4", "gptq-actorder"};
+  auto cpu = make_cpu_backend(1);
+  CudaOptions eo;
+  eo.exact_matmul = true;
+  for (const char* f : formats) {
+    const std::string dir = (fs::path(QWEN36_TEST_DATA) / "quant" / f).string();
+    Model mc(load_model_weights(dir), *cpu);
+    const int64_t V = mc.config().vocab_size;
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 37; ++i) tokens.push_back(int32_t((i * 53 + 7) % V));
+    {
+      auto be = make_cuda_backend(eo);
+      Model mg(load_model_weights(dir), *be);
+      const int64_t n = int64_t(tokens.size());
+      ModelState sc(*cpu, mc.config(), 1, n, false), sg(*be, mg.config(), 1, n, false);
+      std::vector<float> lc(size_t(n * V)), lg(size_t(n * V));
+      mc.forward(ForwardBatch::single(tokens, 0, 0, true), sc, lc.data());
+      mg.forward(ForwardBatch::single(tokens, 0, 0, true), sg, lg.data());
+      float worst = 0;
+      for (size_t i = 0; i < lc.size(); ++i) worst = std::max(worst, std::abs(lc[i] - lg[i]));
+      std::printf("[ %s ] cuda exact prefill vs cpu: max |dlogit| = %.3g\n", f, double(worst));
+      EXPECT_LE(worst, 2e-3f) << f << " prefill (exact_matmul)";
+    }
+    {
+      auto be = make_cuda_backend();
+      Model mg(load_model_weights(dir), *be);
+      const int64_t n = 12;
+      ModelState sc(*cpu, mc.config(), 1, n, false), sg(*be, mg.config(), 1, n, false);
+      std::vector<float> lc(static_cast<size_t>(V)), lg(static_cast<size_t>(V));
+      float worst = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto tok = std::span<const int32_t>(tokens).subspan(size_t(i), 1);
+        mc.forward(ForwardBatch::single(tok, int32_t(i), 0), sc, lc.data());
+        mg.forward(ForwardBatch::single(tok, int32_t(i), 0), sg, lg.data());
+        for (size_t k = 0; k < lc.size(); ++k) worst = std::max(worst, std::abs(lc[k] - lg[k]));
+      }
+      std::printf("[ %s ] cuda decode vs cpu, %lld steps: max |dlogit| = %.3g\n", f, (long long)n, double(worst));
+      EXPECT_LE(worst, 1e-3f) << f << " decode";
+    }
+  }
+}
+
+// Cold-L2 GEMV bandwidth on the 27B's 17408 x 5120 MLP matrix (T = 1), next to the device copy
+// bandwidth; spot-checked against the reference. Copies adding up to > 256 MB (over 4x the
+// H200's L2) are rotated so every call streams its weights from HBM.
+TEST_F(CudaQuantHf, Bandwidth27B) {
+  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
+  for (DType dt : {DType::W4_G128, DType::NVFP4_B64, DType::F8_B128})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}}) {
+      const HostT base = random_hf(rng_, dt, 64, K);
+      HostT w(dt, {N, K});
+      const size_t rb = w.t.row_bytes();
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(w.bytes.data() + size_t(n) * rb, base.bytes.data() + size_t(n % 64) * rb, rb);
+      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
+      std::vector<DevT> dw;
+      for (int i = 0; i < copies; ++i) dw.push_back(upload(*gpu_, w));
+      for (int64_t T : {1, 4, 8}) {
+        const HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+        const double s = time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
+        std::string where;
+        EXPECT_LE(worst_err(download(*gpu_, dout.t), reference(w, x, T, 997), T, N, 997, &where), 1e-4)
+            << dtype_name(dt) << " " << where;
+        const double gbs = double(w.t.nbytes()) / s / 1e9;
+        std::printf("[ hf-gemv-cold ] %s %lld x %lld, T=%lld: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s\n",
+                    std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, (long long)T, s * 1e6, gbs,
+                    100 * gbs / copy, copy);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace qwen36::gputest
