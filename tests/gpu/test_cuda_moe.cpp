@@ -784,16 +784,18 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
   cfg.validate();
   ExpertPlacement place;
   place.host = {true, false, false, false};
-  auto make = [&](bool tile) {
+  // One backend per model: a CUDA backend holds the weights of one model.
+  std::unique_ptr<Backend> be_plain = make_cuda_backend({}), be_tiled = make_cuda_backend({});
+  auto make = [&](bool tile, Backend& be) {
     if (tile)
       unsetenv("QWEN36_NO_TILE");
     else
       setenv("QWEN36_NO_TILE", "1", 1);
-    auto m = std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, 17), *gpu_, place);
+    auto m = std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, 17), be, place);
     unsetenv("QWEN36_NO_TILE");
     return m;
   };
-  auto plain = make(false), tiled = make(true);
+  auto plain = make(false, *be_plain), tiled = make(true, *be_tiled);
   const auto& L = tiled->weights().layers;
   ASSERT_EQ(L.size(), size_t(4));
   for (const MlpWeights& e : L[0].moe.experts)
@@ -808,8 +810,8 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
   std::vector<int32_t> toks{5, 901, 33, 4000, 12, 4, 1500, 77};
   const size_t n_prompt = toks.size();
   std::vector<float> want, got, row(static_cast<size_t>(V));
-  auto decode = [&](Model& m, std::vector<float>& out, bool extend) {
-    ModelState st(*gpu_, cfg, 1, 64, false);
+  auto decode = [&](Model& m, Backend& be, std::vector<float>& out, bool extend) {
+    ModelState st(be, cfg, 1, 64, false);
     for (size_t i = 0; i < size_t(steps); ++i) {
       m.forward(ForwardBatch::single(std::span(&toks[i], 1), int32_t(i), 0), st, row.data());
       out.insert(out.end(), row.begin(), row.end());
@@ -817,8 +819,8 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
         toks.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
     }
   };
-  decode(*plain, want, true);
-  decode(*tiled, got, false);
+  decode(*plain, *be_plain, want, true);
+  decode(*tiled, *be_tiled, got, false);
   ASSERT_EQ(got.size(), want.size());
   double scale = 1, worst = 0;
   size_t at = 0;

@@ -535,7 +535,8 @@ void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const T
   QWEN36_CHECK(weights_ == nullptr, "CUDA backend: prepare_weights called twice (one model per backend)");
   std::vector<Tensor*> all = weight_tensors(w);
   // Kept tensors stay host pointers (routed experts a host backend computes); tile_weights
-  // never repacks experts, so they are never tiled either.
+  // tiles a layer's experts only when all of them are in device memory, so these keep the
+  // GGUF layout the host backend reads.
   all.erase(std::remove_if(all.begin(), all.end(), [&](const Tensor* t) { return keep.count(t) > 0; }), all.end());
   // Host pointer → offset in the device block; tensors already on the device stay put.
   std::map<const void*, size_t> offset;
