@@ -1261,6 +1261,7 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   }
   if (T == 0) return;
   const float* xp = x.as<const float>();
+  if (T > kMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return;  // cuda_quant_gemm.cu
   if (T > kMaxT || c.exact_matmul) {
     for (size_t i = 0; i < ws.size(); ++i)
       with_tiled_type(ws[i]->dtype, [&](auto dt) {
