@@ -230,9 +230,44 @@ __device__ __forceinline__ void issue_x(uint8_t* st, const QgArgs& a, int tok0, 
   }
 }
 
+// One stage (super-block) of a warp: its two row-tiles against the CTA's n8 tiles of tokens.
+// FULL: all 8 n8 tiles hold tokens — no branch in the stage, so the scheduler can interleave one
+// group's dequantization with the previous group's loads and MMAs (a branch per n8 tile would
+// cut the stage into 64 basic blocks). Otherwise n8 tiles from nlive on are skipped.
+template <DType D, bool FULL>
+__device__ __forceinline__ void stage_compute(const uint8_t* st, int my0, int my1, int nlive, float2* tab,
+                                              float (&acc)[2][kNT][4]) {
+  constexpr int B = TileLayout<D>::kBytes;
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  const uint8_t* xs = st + kCtaRowTiles * B;
+  const uint8_t* tile[2] = {st + my0 * B, st + my1 * B};
+  TileScales<D> ts[2];
+  if constexpr (D == DType::Q4_K_T16) __syncwarp();  // the last stage's table readers are done
+#pragma unroll
+  for (int r = 0; r < 2; ++r) tile_scales<D>(tile[r], lane, tab + r * 16 * kTabStride, ts[r]);
+  if constexpr (D == DType::Q4_K_T16) __syncwarp();
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t af[2][2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) dequant_group<D>(tile[r], tab + r * 16 * kTabStride, ts[r], jj, lane, af[r]);
+    const uint8_t* xb = xs + 16 * ((4 * jj + t) ^ ((g & 1) << 2));
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      if (FULL || n < nlive) {
+        const uint4 b = lds4(xb + (8 * n + g) * kXRow);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mma_bf16(acc[r][n], af[r][0], b.x, b.y);
+          mma_bf16(acc[r][n], af[r][1], b.z, b.w);
+        }
+      }
+    }
+  }
+}
+
 template <DType D>
 __global__ void __launch_bounds__(kWarps * 32, 1) qgemm_kernel(const QgArgs a) {
-  constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(128) uint8_t smem[];
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
@@ -266,31 +301,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) qgemm_kernel(const QgArgs a) {
     __syncthreads();  // every thread's copies of stage `it` are visible
     if (busy) {
       const uint8_t* st = smem + (it & 1) * stage_bytes<D>();
-      const uint8_t* xs = st + kCtaRowTiles * B;
-      const uint8_t* tile[2] = {st + my0 * B, st + my1 * B};
-      TileScales<D> ts[2];
-      if constexpr (D == DType::Q4_K_T16) __syncwarp();  // the last stage's table readers are done
-#pragma unroll
-      for (int r = 0; r < 2; ++r) tile_scales<D>(tile[r], lane, tab + r * 16 * kTabStride, ts[r]);
-      if constexpr (D == DType::Q4_K_T16) __syncwarp();
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        uint32_t af[2][2][4];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) dequant_group<D>(tile[r], tab + r * 16 * kTabStride, ts[r], jj, lane, af[r]);
-        const uint8_t* xb = xs + 16 * ((4 * jj + t) ^ ((g & 1) << 2));
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          if (n < nlive) {
-            const uint4 b = lds4(xb + (8 * n + g) * kXRow);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              mma_bf16(acc[r][n], af[r][0], b.x, b.y);
-              mma_bf16(acc[r][n], af[r][1], b.z, b.w);
-            }
-          }
-        }
-      }
+      if (nlive == kNT)
+        stage_compute<D, true>(st, my0, my1, nlive, tab, acc);
+      else
+        stage_compute<D, false>(st, my0, my1, nlive, tab, acc);
     }
     __syncthreads();  // stage `it` is refilled at iteration it + 1
   }
@@ -428,8 +442,11 @@ struct Plan {
 };
 
 // The split count minimizing waves × super-blocks per CTA (the CTAs of a wave run side by side,
-// one per SM), charged ~(splits + 1) / 2 super-block steps for writing and summing the slots;
-// the smaller count on a tie.
+// one per SM) plus the slots' cost: each split CTA writes 64 KB and the last of a tile reads
+// them all back — charged one super-block step per wave and half a step per split (a CTA's
+// step reads ~70 KB: the slots are traffic of the same order, without the compute to hide it).
+// Slots are capped at 128 MB. The smaller count on a tie. Measured nowhere yet: the first thing
+// to tune (QWEN36_QGEMM_SPLITS forces a count).
 Plan plan_gemm(int N, int Tp, int S, int slots) {
   Plan p;
   p.rb = (N / 16 + kCtaRowTiles - 1) / kCtaRowTiles;
@@ -439,17 +456,19 @@ Plan plan_gemm(int N, int Tp, int S, int slots) {
     s_per = (S + want - 1) / want;
     splits = (S + s_per - 1) / s_per;  // every split non-empty
   };
+  p.s_per = S;
   if (const int f = forced_splits(); f > 0) {
     shape(std::min(f, S), p.splits, p.s_per);
     return p;
   }
+  constexpr long long kSlotCap = (128ll << 20) / (kAccPerThread * kWarps * 32 * 4);  // slots in 128 MB
   double best = 1e300;
   for (int want = 1; want <= std::min(S, 32); ++want) {
     int sp = 0, per = 0;
     shape(want, sp, per);
-    if (sp != want) continue;
+    if (sp != want || (sp > 1 && tiles * sp > kSlotCap)) continue;
     const long long waves = (tiles * sp + slots - 1) / slots;
-    const double cost = double(waves) * per + (sp > 1 ? 0.5 * (sp + 1) : 0.0);
+    const double cost = double(waves) * per + (sp > 1 ? double(waves) + 0.5 * sp : 0.0);
     if (cost < best) best = cost, p.splits = sp, p.s_per = per;
   }
   return p;
