@@ -107,6 +107,35 @@ class Backend {
   // memory), so memory plans are not checked against it.
   virtual size_t free_memory() { return 0; }
 
+  // ---- streaming host memory in (expert offload: Model::host_moe_experts streams a host
+  // layer's routed experts to the backend for a large batch) ----
+  // Makes host memory [p, p + bytes) fast to copy from, once, ahead of many uploads: a device
+  // backend page-locks it so that upload() reads it by DMA, without a bounce buffer and without
+  // holding the calling thread. The memory is only ever read through this (a read-only file
+  // mapping qualifies); ranges may overlap earlier ones. false: it could not, and uploads from
+  // it still work, slower. The default (a host backend reads host memory directly): true.
+  virtual bool pin_host_memory(const void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return true;
+  }
+  // Undoes pin_host_memory for every pinned range overlapping [p, p + bytes); the owner of the
+  // memory calls it before the memory is unmapped or freed.
+  virtual void unpin_host_memory(const void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+  }
+  // dst[0, bytes) = src[0, bytes): host bytes into backend memory (from alloc), queued on the
+  // stream the ops run on, so that it lands after the ops queued before it have read dst and
+  // before the ops queued after it read it, with no wait for the host. src must stay unchanged
+  // until those later ops have run (weights do). From pinned memory the call returns at once;
+  // otherwise it may return only once src has been read. The default is copy_from_host (a
+  // synchronous copy); the CPU backend's is a plain memcpy.
+  virtual void upload(const void* src, void* dst, size_t bytes) {
+    Tensor t(dst, DType::U8, {int64_t(bytes)});
+    copy_from_host(src, t);
+  }
+
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]
   virtual void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;

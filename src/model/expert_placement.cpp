@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 
@@ -144,6 +146,53 @@ std::vector<size_t> expert_bytes_per_layer(const ModelWeights& w) {
     v.push_back(b);
   }
   return v;
+}
+
+ExpertStreamMode expert_stream_mode() {
+  const char* e = std::getenv("QWEN36_MOE_STREAM");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "auto") return ExpertStreamMode::Auto;
+  if (v == "always") return ExpertStreamMode::Always;
+  if (v == "never") return ExpertStreamMode::Never;
+  fail("QWEN36_MOE_STREAM=\"{}\": expected auto, always or never", v);
+}
+
+ExpertStreamCost expert_stream_cost() {
+  ExpertStreamCost c;
+  auto positive = [](const char* name, double* out, double unit) {
+    const char* e = std::getenv(name);
+    if (!e || !*e) return;
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    QWEN36_CHECK(end && *end == '\0' && v > 0, "{}=\"{}\": expected a positive number", name, e);
+    *out = v * unit;
+  };
+  positive("QWEN36_MOE_HOST_GFLOPS", &c.host_flops, 1e9);
+  positive("QWEN36_MOE_PCIE_GBS", &c.pinned_bytes_per_s, 1e9);
+  return c;
+}
+
+namespace {
+double expert_flops(const ExpertPassWork& w) {
+  return 2.0 * double(w.tokens) * double(w.k) * 3.0 * double(w.intermediate) * double(w.hidden);
+}
+}  // namespace
+
+double expert_host_seconds(const ExpertPassWork& w, const ExpertStreamCost& c) { return expert_flops(w) / c.host_flops; }
+
+double expert_stream_seconds(const ExpertPassWork& w, const ExpertStreamCost& c) {
+  const double bw = w.pinned ? c.pinned_bytes_per_s : c.pageable_bytes_per_s;
+  return double(w.upload_bytes) / bw + expert_flops(w) / c.device_flops;
+}
+
+bool stream_experts_faster(const ExpertPassWork& w, const ExpertStreamCost& c) {
+  return w.tokens >= c.min_tokens && expert_stream_seconds(w, c) < expert_host_seconds(w, c);
+}
+
+size_t expected_touched_bytes(size_t layer_bytes, int64_t tokens, int64_t k, int64_t n_experts) {
+  if (n_experts <= 0 || tokens <= 0) return 0;
+  const double miss = std::pow(1.0 - double(std::min(k, n_experts)) / double(n_experts), double(tokens));
+  return size_t(double(layer_bytes) * (1.0 - miss));
 }
 
 }  // namespace qwen36

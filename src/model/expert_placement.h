@@ -1,7 +1,9 @@
 #pragma once
 // defines: ExpertPlacement (per MoE layer: routed experts on the main backend or on the host),
 //          PlacementOptions / resolve_expert_placement (--n-cpu-moe, --cpu-moe, -ot REGEX=DEV),
-//          parse_override_tensor, expert_tensor_names, host_expert_tensors
+//          parse_override_tensor, expert_tensor_names, host_expert_tensors; the choice
+//          between computing a host layer's experts on the host and streaming them to the
+//          device (ExpertStreamMode, ExpertStreamCost, stream_experts_faster)
 //
 // Expert offload (issue 11): a 35B-A3B's routed experts are ~90% of its weights but only 8 of
 // 256 run per token, so keeping some layers' experts in host RAM and computing them there
@@ -61,5 +63,56 @@ std::set<const Tensor*> host_expert_tensors(const ModelWeights& w, const ExpertP
 
 // Bytes of layer i's routed experts (views into shared storage counted once each).
 std::vector<size_t> expert_bytes_per_layer(const ModelWeights& w);
+
+// ---- streaming a host layer's experts to the device (Model::host_moe_experts) ----
+// For a large batch, uploading the experts some token routed to and running moe_experts on the
+// main backend beats computing on the host: the host's cost grows with the tokens, the upload's
+// is bounded by the layer's size. The choice is made per layer and pass.
+enum class ExpertStreamMode : uint8_t {
+  Auto,    // by stream_experts_faster (a device main backend only; never below min_tokens)
+  Always,  // every pass, decode steps too (tests, benchmarks)
+  Never,   // host compute only; no staging area is reserved
+};
+// QWEN36_MOE_STREAM = auto (unset) | always | never; an Error names a bad value.
+ExpertStreamMode expert_stream_mode();
+
+// The rates the auto choice compares. Estimates, not measurements: each can be overridden for
+// tuning (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS; expert_stream_cost() reads them).
+struct ExpertStreamCost {
+  // Host routed-expert math (cpu::moe_experts, quantized dot products on all cores): ~16 cores
+  // at ~30 GFLOP/s each. Generous to the host, so that the device is chosen only when it
+  // clearly wins.
+  double host_flops = 0.5e12;
+  // The device's moe_experts prefill path (dequantize to bf16 + grouped tensor-core GEMM): a
+  // fraction of an H100/H200's ~990 TFLOP/s dense bf16, for the dequantization and grouping.
+  double device_flops = 100e12;
+  // Host → device copy rate: PCIe Gen4/Gen5 x16 from page-locked memory measures 25-50 GB/s;
+  // from pageable memory the driver bounces through a staging buffer at roughly a third.
+  double pinned_bytes_per_s = 25e9;
+  double pageable_bytes_per_s = 8e9;
+  // Fewer tokens than this never stream: decode steps and small verify batches touch a few
+  // experts, which the host computes sooner than PCIe delivers them.
+  int64_t min_tokens = 32;
+};
+ExpertStreamCost expert_stream_cost();
+
+// One host layer's pass: T tokens with k experts each, experts of intermediate size I on hidden
+// size H; upload_bytes = the routed experts' bytes (B_touched); pinned: the host copy is pinned.
+struct ExpertPassWork {
+  int64_t tokens = 0, k = 0, intermediate = 0, hidden = 0;
+  size_t upload_bytes = 0;
+  bool pinned = true;
+};
+// Seconds on each path:   host   = 2·T·k·3·I·H / host_flops
+//                         stream = upload_bytes / bandwidth + 2·T·k·3·I·H / device_flops
+// (the [T, H] copies both ways and the routing ids are common to both or tiny).
+double expert_host_seconds(const ExpertPassWork& w, const ExpertStreamCost& c);
+double expert_stream_seconds(const ExpertPassWork& w, const ExpertStreamCost& c);
+// stream < host, and tokens ≥ min_tokens.
+bool stream_experts_faster(const ExpertPassWork& w, const ExpertStreamCost& c);
+// The bytes of a layer's experts (layer_bytes over E experts) that T tokens with k distinct
+// experts each touch when routing is uniform: B · (1 − (1 − k/E)^T). For planning and tests;
+// the model counts the experts a pass really routed to.
+size_t expected_touched_bytes(size_t layer_bytes, int64_t tokens, int64_t k, int64_t n_experts);
 
 }  // namespace qwen36

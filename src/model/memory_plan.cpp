@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "model/expert_placement.h"
 #include "model/state.h"
 
 namespace qwen36 {
@@ -66,20 +67,30 @@ void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryReque
   if (free_b > 0) check_memory_plan(free_b, where, c, r, flags);
 }
 
+size_t expert_staging_bytes(const std::vector<size_t>& expert_bytes, const std::vector<bool>& host) {
+  if (expert_stream_mode() == ExpertStreamMode::Never) return 0;
+  size_t largest = 0;
+  bool any = false;
+  for (size_t i = 0; i < expert_bytes.size() && i < host.size(); ++i)
+    if (host[i]) any = true, largest = std::max(largest, expert_bytes[i]);
+  return any ? largest + kExpertStagingSlack : 0;
+}
+
 WeightSplit split_weights(size_t total, const std::vector<size_t>& expert_bytes, const std::vector<bool>& host) {
   WeightSplit s;
   for (size_t i = 0; i < expert_bytes.size() && i < host.size(); ++i)
     if (host[i]) s.host += expert_bytes[i];
-  s.device = total - std::min(total, s.host);
+  s.staging = expert_staging_bytes(expert_bytes, host);
+  s.device = total - std::min(total, s.host) + s.staging;
   return s;
 }
 
 int32_t fit_n_cpu_moe(size_t budget, size_t total, const std::vector<size_t>& expert_bytes, size_t plan_bytes) {
-  size_t device = total;
+  std::vector<bool> host(expert_bytes.size(), false);
   for (size_t n = 0;; ++n) {
-    if (device + plan_bytes <= budget) return int32_t(n);
+    if (split_weights(total, expert_bytes, host).device + plan_bytes <= budget) return int32_t(n);
     if (n == expert_bytes.size()) return -1;
-    device -= std::min(device, expert_bytes[n]);
+    host[n] = true;
   }
 }
 

@@ -51,16 +51,25 @@ void check_memory_plan(size_t free_bytes, const std::string& where, const ModelC
                        const MemoryFlags& flags = {});
 
 // ---- expert offload (model/expert_placement.h) ----
-// Routed experts placed on the host count in host memory: the device holds the rest.
+// Routed experts placed on the host count in host memory: the device holds the rest, plus,
+// when any layer is on the host, the staging area that a large batch streams one host layer's
+// experts through (expert_staging_bytes; Model::host_moe_experts).
 struct WeightSplit {
-  size_t device = 0, host = 0;
+  size_t device = 0, host = 0;  // device includes staging
+  size_t staging = 0;
 };
 // total: every weight byte; expert_bytes[i]: layer i's routed experts; host[i]: placed on the host.
 WeightSplit split_weights(size_t total, const std::vector<size_t>& expert_bytes, const std::vector<bool>& host);
+// The device staging area for streaming host-placed experts: the largest host layer's routed
+// experts plus alignment padding (kExpertStagingSlack); 0 when no layer is on the host or
+// QWEN36_MOE_STREAM=never (model/expert_placement.h).
+constexpr size_t kExpertStagingSlack = size_t(1) << 20;  // ≥ 256 B per expert tensor: 3 × 256 experts = 192 KiB
+size_t expert_staging_bytes(const std::vector<size_t>& expert_bytes, const std::vector<bool>& host);
 // The smallest N such that, with the routed experts of the first N layers on the host, the
-// device weights plus `plan_bytes` (caches and activations) fit in `budget`; -1 when even all
-// layers on the host do not fit. (First layers, as llama.cpp's --n-cpu-moe: all MoE layers of
-// Qwen3.6 have the same size, so which ones matters for nothing but naming them.)
+// device weights (with the staging area when N > 0) plus `plan_bytes` (caches and activations)
+// fit in `budget`; -1 when even all layers on the host do not fit. (First layers, as llama.cpp's
+// --n-cpu-moe: all MoE layers of Qwen3.6 have the same size, so which ones matters for nothing
+// but naming them.)
 int32_t fit_n_cpu_moe(size_t budget, size_t total, const std::vector<size_t>& expert_bytes, size_t plan_bytes);
 // Per-layer routed-expert bytes of `c` at `bits_per_weight` (planning without the weights).
 std::vector<size_t> estimate_expert_bytes(const ModelConfig& c, double bits_per_weight);

@@ -4,6 +4,7 @@
 #include "model/qwen36.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <unordered_map>
@@ -97,6 +98,7 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   backend_.prepare_weights_except(w_, host_expert_tensors(w_, placement_));
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
+  init_expert_stream();
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
@@ -256,25 +258,18 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
 void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                              std::span<const MlpWeights> experts, Tensor& y,
                              const std::function<void()>& device_work) {
-  // TODO(issue 11, prefill): for a large batch, streaming the layer's experts to the device and
-  // running moe_experts there can beat the host. Per layer and pass, with B = bytes of the
-  // layer's routed experts, T tokens, k experts per token, E experts, PCIe bandwidth P (~25
-  // GB/s pinned), host expert throughput F_h (flop/s) and device F_d:
-  //   host   ≈ 2·T·k·3·I·H / F_h  (+ the [T, H] copies both ways, tiny)
-  //   stream ≈ B_touched / P + 2·T·k·3·I·H / F_d,  B_touched = B · (1 − (1 − k/E)^T)
-  // stream when it is smaller (for 35B-A3B Q4_K_M a layer is ~0.45 GB, ~18 ms over PCIe, so
-  // from roughly a few hundred tokens a pass), with a double-buffered device slot so layer
-  // i+1's experts upload while layer i computes. Needs a device staging buffer in the memory
-  // plan (one or two layers' experts) and an upload op in the backend; decode never streams.
+  // The ids come first: which experts the pass routes to decides between the host and
+  // streaming (stream_moe_experts), which needs only them on the host.
   const int64_t T = x.rows(), D = x.cols(), K = ids.cols();
   HostStaging& h = *staging_;
+  h.ids.resize(size_t(T * K));
+  backend_.copy_to_host(ids, h.ids.data());
+  if (stream_ && stream_moe_experts(x, weights, ids, h.ids, experts, y, device_work)) return;
   h.x.resize(size_t(T * D));
   h.y.resize(size_t(T * D));
   h.weights.resize(size_t(T * K));
-  h.ids.resize(size_t(T * K));
   backend_.copy_to_host(x, h.x.data());
   backend_.copy_to_host(weights, h.weights.data());
-  backend_.copy_to_host(ids, h.ids.data());
   // Device work queued now runs while the host computes. More overlap (not done): the next
   // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
   // here too, with the copy back on a second stream and pinned staging buffers (copy_to_host
@@ -285,6 +280,174 @@ void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tenso
   Tensor hy(h.y.data(), DType::F32, {T, D});
   host_->moe_experts(hx, hw, hi, experts, hy);
   backend_.copy_from_host(h.y.data(), y);
+}
+
+// ---- streaming host-placed experts to the main backend (issue 11) ----
+// A large prefill pass routes to nearly every expert of a layer, and its expert math grows with
+// the tokens while the layer's bytes do not: for a 4096-token pass of 35B-A3B the host would
+// need ~8 TFLOP for 40 layers, while uploading a layer (~0.45 GB at Q4_K_M) takes ~10-20 ms
+// over PCIe. So per layer and pass, when stream_experts_faster says so, the experts some token
+// routed to are uploaded into one staging area and the main backend's moe_experts runs on
+// views of them (GGUF layout, never tiled: the CUDA op dequantizes untiled experts for its
+// grouped GEMM). One staging area on the main stream: each upload is queued after the previous
+// layer's moe_experts (which read the area) and before this one's, so the stream orders them
+// and nothing waits on the host; the upload does not overlap the previous layer's compute (a
+// second area, a copy stream and events would; not done). The staging layout mirrors the host
+// storage: tensors contiguous on the host (a GGUF layer's gate, up and down blocks, expert
+// after expert) stay contiguous, so a run of routed experts is one copy; anything else starts
+// 256-byte aligned (the CUDA expert kernels need 16). Experts no token routed to keep whatever
+// bytes the area held (another layer's): moe_experts reads only routed experts.
+struct Model::ExpertStream {
+  struct Piece {  // one tensor's bytes (tensors of one storage: one piece)
+    const std::byte* src = nullptr;
+    size_t dst = 0, bytes = 0;  // dst: offset in the staging area
+    std::vector<int32_t> experts;  // the experts that read it
+  };
+  struct Layer {
+    std::vector<Piece> pieces;                    // in host (and staging) address order
+    std::vector<std::array<size_t, 3>> offsets;   // per expert: gate, up, down offsets
+    std::vector<MlpWeights> views;                // the experts in the staging area: same dtypes, shapes
+    size_t bytes = 0;                             // staging bytes the layer spans
+    bool pin_tried = false, pinned = false;
+  };
+  Backend& backend;
+  ExpertStreamMode mode;
+  ExpertStreamCost cost;
+  std::unique_ptr<DeviceBuffer> buf;
+  std::unordered_map<const MlpWeights*, Layer> layers;  // by the layer's host experts (span data)
+  std::vector<std::pair<const void*, size_t>> pinned;   // host ranges pinned, to unpin
+
+  ExpertStream(Backend& b, ExpertStreamMode m) : backend(b), mode(m), cost(expert_stream_cost()) {}
+  ~ExpertStream() {
+    for (const auto& [p, n] : pinned) backend.unpin_host_memory(p, n);
+  }
+  ExpertStream(const ExpertStream&) = delete;
+  ExpertStream& operator=(const ExpertStream&) = delete;
+
+  static const Tensor& part(const MlpWeights& m, int kind) {
+    return kind == 0 ? m.gate_proj : kind == 1 ? m.up_proj : m.down_proj;
+  }
+  static Tensor& part(MlpWeights& m, int kind) {
+    return kind == 0 ? m.gate_proj : kind == 1 ? m.up_proj : m.down_proj;
+  }
+  // Lays out a host layer's experts in the staging area in host address order, so that bytes
+  // contiguous on the host are contiguous here too, whatever the tensors' order in the file.
+  void add_layer(std::span<const MlpWeights> experts) {
+    Layer& l = layers[experts.data()];
+    l.views.assign(experts.begin(), experts.end());
+    l.offsets.assign(experts.size(), {0, 0, 0});
+    struct Ref {
+      const std::byte* src;
+      size_t bytes;
+      int32_t expert;
+      int kind;
+    };
+    std::vector<Ref> refs;
+    for (size_t e = 0; e < experts.size(); ++e)
+      for (int kind = 0; kind < 3; ++kind)
+        if (const Tensor& t = part(experts[e], kind); !t.empty())
+          refs.push_back({static_cast<const std::byte*>(t.data), t.nbytes(), int32_t(e), kind});
+    std::stable_sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.src < b.src; });
+    const std::byte* prev_end = nullptr;
+    size_t cur = 0;
+    for (const Ref& r : refs) {
+      if (!l.pieces.empty() && l.pieces.back().src == r.src && l.pieces.back().bytes == r.bytes) {  // shared storage
+        l.pieces.back().experts.push_back(r.expert);
+        l.offsets[size_t(r.expert)][size_t(r.kind)] = l.pieces.back().dst;
+        continue;
+      }
+      const size_t dst = r.src == prev_end && cur % 16 == 0 ? cur : (cur + 255) / 256 * 256;
+      l.pieces.push_back({r.src, dst, r.bytes, {r.expert}});
+      l.offsets[size_t(r.expert)][size_t(r.kind)] = dst;
+      cur = dst + r.bytes;
+      prev_end = r.src + r.bytes;
+    }
+    l.bytes = cur;
+  }
+  // Page-locks the host ranges of a layer's pieces (merged where they touch), once.
+  void pin(Layer& l) {
+    l.pin_tried = true;
+    std::vector<std::pair<const std::byte*, const std::byte*>> r;
+    for (const Piece& p : l.pieces) r.emplace_back(p.src, p.src + p.bytes);
+    std::sort(r.begin(), r.end());
+    l.pinned = true;
+    for (size_t i = 0; i < r.size();) {
+      const std::byte* b = r[i].first;
+      const std::byte* e = r[i].second;
+      for (++i; i < r.size() && r[i].first <= e; ++i) e = std::max(e, r[i].second);
+      l.pinned = backend.pin_host_memory(b, size_t(e - b)) && l.pinned;
+      pinned.emplace_back(b, size_t(e - b));
+    }
+  }
+};
+
+void Model::init_expert_stream() {
+  const ExpertStreamMode mode = expert_stream_mode();
+  // auto on a host main backend (free_memory 0: untracked host memory) would copy host memory
+  // to host memory for nothing.
+  if (mode == ExpertStreamMode::Never || (mode == ExpertStreamMode::Auto && backend_.free_memory() == 0)) return;
+  auto st = std::make_shared<ExpertStream>(backend_, mode);
+  size_t need = 0;
+  for (size_t i = 0; i < w_.layers.size() && i < placement_.host.size(); ++i) {
+    if (!placement_.host[i] || w_.layers[i].moe.experts.empty()) continue;
+    st->add_layer(w_.layers[i].moe.experts);
+    need = std::max(need, st->layers[w_.layers[i].moe.experts.data()].bytes);
+  }
+  if (need == 0) return;
+  st->buf = backend_.alloc(need);  // now, so that the memory plan's check sees it taken (memory_plan.h)
+  auto* base = static_cast<std::byte*>(st->buf->data());
+  for (auto& [key, l] : st->layers)
+    for (size_t e = 0; e < l.views.size(); ++e)
+      for (int kind = 0; kind < 3; ++kind) {
+        Tensor& t = ExpertStream::part(l.views[e], kind);
+        if (!t.empty()) t.data = base + l.offsets[e][size_t(kind)];
+      }
+  stream_ = std::move(st);
+}
+
+bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                               std::span<const int32_t> host_ids, std::span<const MlpWeights> experts, Tensor& y,
+                               const std::function<void()>& device_work) {
+  ExpertStream& st = *stream_;
+  auto it = st.layers.find(experts.data());
+  if (it == st.layers.end()) return false;
+  ExpertStream::Layer& l = it->second;
+  const int64_t E = int64_t(experts.size());
+  std::vector<uint8_t> used(size_t(E), 0);
+  for (const int32_t id : host_ids)
+    if (id >= 0 && id < E) used[size_t(id)] = 1;
+  // The pieces a routed expert reads (B_touched), runs contiguous in both memories as one copy.
+  struct Copy {
+    const std::byte* src;
+    size_t dst, bytes;
+  };
+  std::vector<Copy> copies;
+  size_t touched = 0;
+  for (const ExpertStream::Piece& p : l.pieces) {
+    if (std::none_of(p.experts.begin(), p.experts.end(), [&](int32_t e) { return used[size_t(e)] != 0; })) continue;
+    touched += p.bytes;
+    if (!copies.empty() && copies.back().src + copies.back().bytes == p.src &&
+        copies.back().dst + copies.back().bytes == p.dst)
+      copies.back().bytes += p.bytes;
+    else
+      copies.push_back({p.src, p.dst, p.bytes});
+  }
+  if (st.mode == ExpertStreamMode::Auto) {
+    ExpertPassWork w;
+    w.tokens = x.rows();
+    w.k = ids.cols();
+    w.intermediate = experts[0].gate_proj.rows();
+    w.hidden = x.cols();
+    w.upload_bytes = touched;
+    w.pinned = !l.pin_tried || l.pinned;  // not tried yet: it will be, below
+    if (!stream_experts_faster(w, st.cost)) return false;
+  }
+  if (!l.pin_tried) st.pin(l);
+  auto* base = static_cast<std::byte*>(st.buf->data());
+  for (const Copy& c : copies) backend_.upload(c.src, base + c.dst, c.bytes);
+  backend_.moe_experts(x, weights, ids, l.views, y);
+  device_work();
+  return true;
 }
 
 Model::Residual Model::residual(Scratch& s, int64_t T) {

@@ -150,9 +150,17 @@ class Model {
   void mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y);
   void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts = false);
   // moe_experts of a host-placed layer: inputs to the host, `device_work` queued on the main
-  // backend, the experts on the CPU backend, the sum back into y.
+  // backend, the experts on the CPU backend, the sum back into y — or, for a large batch, the
+  // routed experts streamed to the main backend and computed there (stream_moe_experts).
   void host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                         Tensor& y, const std::function<void()>& device_work);
+  // The staging area of streamed experts (stream_), when QWEN36_MOE_STREAM and the backend allow.
+  void init_expert_stream();
+  // Uploads the experts that host_ids (ids, on the host) route to into the staging area, runs
+  // moe_experts on the main backend into y, then device_work; false (nothing done): the host
+  // computes this pass (ExpertStreamMode, stream_experts_faster in model/expert_placement.h).
+  bool stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const int32_t> host_ids,
+                          std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
   // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
   struct Residual {
@@ -192,6 +200,11 @@ class Model {
     std::vector<int32_t> ids;
   };
   std::shared_ptr<HostStaging> staging_;
+  // Streaming host experts: backend staging memory for one host layer's routed experts, each
+  // host layer's expert views into it, the host ranges pinned for the uploads (unpinned when
+  // this goes, before w_'s storage does). Null: the host always computes them.
+  struct ExpertStream;
+  std::shared_ptr<ExpertStream> stream_;
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> alloc(size_t bytes) override { return std::make_unique<HostDeviceBuffer>(bytes); }
   void copy_to_host(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }
   void copy_from_host(const void* src, Tensor& dst) override { std::memcpy(dst.data, src, dst.nbytes()); }
+  // Backend memory is host memory: an upload is a copy done at once (pin_host_memory: the default).
+  void upload(const void* src, void* dst, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
   void fill_zero(Tensor& t) override { std::memset(t.data, 0, t.nbytes()); }
   void copy(const Tensor& src, Tensor& dst) override {
     QWEN36_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(), "copy: {} → {}", src.shape_str(),

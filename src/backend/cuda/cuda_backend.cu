@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <set>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
@@ -146,6 +149,88 @@ bool is_device_pointer(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+// Host ranges page-locked for upload() (cudaHostRegister), for streaming host-placed routed
+// experts (Backend::pin_host_memory). Kept as whole pages, disjoint: a new range registers only
+// its pages not yet registered, since CUDA refuses to register a page twice and neighbouring
+// tensors (a layer's expert blocks in one GGUF mapping) share boundary pages. Registration is
+// read-only where the device supports it (the weights of a read-only file mapping can be
+// pinned only so); a failure is reported once and leaves the range pageable (uploads then
+// bounce through the driver's staging buffer: slower, still correct).
+class PinnedHostRanges {
+ public:
+  PinnedHostRanges() = default;
+  PinnedHostRanges(const PinnedHostRanges&) = delete;
+  PinnedHostRanges& operator=(const PinnedHostRanges&) = delete;
+  ~PinnedHostRanges() {
+    for (const auto& r : ranges_) cudaHostUnregister(reinterpret_cast<void*>(r.first));
+    cudaGetLastError();  // a range whose memory is gone already: nothing left to do
+  }
+  bool pin(const void* p, size_t bytes, int device) {
+    if (bytes == 0) return true;
+    uintptr_t cur = 0, end = 0;
+    page_range(p, bytes, &cur, &end);
+    if (read_only_ < 0) {
+      int ro = 0;
+      read_only_ = cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, device) == cudaSuccess && ro;
+      cudaGetLastError();
+    }
+    bool ok = true;
+    auto it = ranges_.upper_bound(cur);  // the first range beginning after cur, or the one holding cur
+    if (it != ranges_.begin() && std::prev(it)->second > cur) it = std::prev(it);
+    while (cur < end) {
+      if (it != ranges_.end() && it->first <= cur) {  // already pinned: skip it
+        cur = std::max(cur, it->second);
+        ++it;
+        continue;
+      }
+      const uintptr_t stop = it == ranges_.end() ? end : std::min(end, it->first);
+      void* q = reinterpret_cast<void*>(cur);
+      cudaError_t e = cudaHostRegister(q, stop - cur, read_only_ ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+      if (e != cudaSuccess && read_only_) {  // a driver refusing the flag for this memory: try without
+        cudaGetLastError();
+        e = cudaHostRegister(q, stop - cur, cudaHostRegisterDefault);
+      }
+      if (e == cudaSuccess) {
+        ranges_.emplace(cur, stop);  // before `it`, which stays valid
+      } else if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        cudaGetLastError();  // pinned by another owner (another backend on the same weights): fast already, not ours
+      } else {
+        cudaGetLastError();
+        ok = false;
+        if (!warned_) {
+          std::fprintf(stderr, "qwen36: cudaHostRegister of %.1f MiB of host weights failed (%s); streamed experts are "
+                       "copied from pageable memory (slower)\n", double(stop - cur) / (1 << 20), cudaGetErrorString(e));
+          warned_ = true;
+        }
+      }
+      cur = stop;
+    }
+    return ok;
+  }
+  void unpin(const void* p, size_t bytes) {
+    if (bytes == 0) return;
+    uintptr_t b = 0, e = 0;
+    page_range(p, bytes, &b, &e);
+    auto it = ranges_.upper_bound(b);
+    if (it != ranges_.begin() && std::prev(it)->second > b) it = std::prev(it);
+    while (it != ranges_.end() && it->first < e) {
+      cudaHostUnregister(reinterpret_cast<void*>(it->first));
+      cudaGetLastError();
+      it = ranges_.erase(it);
+    }
+  }
+
+ private:
+  static void page_range(const void* p, size_t bytes, uintptr_t* b, uintptr_t* e) {
+    static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));  // the unit CUDA pins (a page at most once)
+    *b = reinterpret_cast<uintptr_t>(p) / page * page;
+    *e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  }
+  std::map<uintptr_t, uintptr_t> ranges_;  // begin → end of each registered range, disjoint
+  int read_only_ = -1;                     // the device supports cudaHostRegisterReadOnly (-1: not asked yet)
+  bool warned_ = false;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaOptions& o) {
@@ -219,6 +304,17 @@ class CudaBackend final : public Backend {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     return free_b;
+  }
+  // Streaming host memory in (expert offload): page-locked ranges, and uploads queued on the
+  // op stream (async from pinned memory; a pageable source is staged by the driver).
+  bool pin_host_memory(const void* p, size_t bytes) override {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    return pinned_.pin(p, bytes, device);
+  }
+  void unpin_host_memory(const void* p, size_t bytes) override { pinned_.unpin(p, bytes); }
+  void upload(const void* src, void* dst, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
   }
 
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
@@ -467,6 +563,7 @@ class CudaBackend final : public Backend {
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;
   std::map<std::string, OpTime> op_times_;
+  PinnedHostRanges pinned_;  // host ranges page-locked for upload()
 };
 
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,

@@ -3,7 +3,9 @@
 // BITWISE — prefill logits of every row, decode steps, a two-sequence batch, greedy
 // generation — on a random tiny MoE and the golden MoE fixtures, for N = 0, 1 and all. Bitwise
 // because the host path runs the same cpu::moe_experts on the same f32 inputs (copied, not
-// recomputed) and adds its output at the same point. Also: the placement flags (--n-cpu-moe,
+// recomputed) and adds its output at the same point. The same with the experts streamed to the
+// main backend (QWEN36_MOE_STREAM=always; on the CPU an upload is a memcpy), and the cost model
+// that chooses streaming. Also: the placement flags (--n-cpu-moe,
 // --cpu-moe, -ot forms and their one-line errors), --gpu-mem sizes, and the planner's
 // choice of N for a synthetic 35B-A3B (arithmetic only), and the CLI end to end.
 #include <gtest/gtest.h>
@@ -11,8 +13,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -49,14 +53,14 @@ struct Trace {
 
 int32_t argmax(const float* p, int64_t n) { return int32_t(std::max_element(p, p + n) - p); }
 
-Trace trace(Model& m, Backend& be) {
+Trace trace(Model& m, Backend& be, int32_t prompt_len = 11) {
   const ModelConfig& c = m.config();
   const int64_t V = c.vocab_size;
   Trace t;
   std::mt19937 rng(3);
-  std::vector<int32_t> prompt(11);
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int32_t& x : prompt) x = int32_t(rng() % uint32_t(V));
-  ModelState st(be, c, 2, 48, false);
+  ModelState st(be, c, 2, std::max(48, prompt_len + 16), false);
   const int32_t P = int32_t(prompt.size());
   t.prefill.resize(size_t(P * V));
   m.forward(ForwardBatch::single(prompt, 0, 0, true), st, t.prefill.data());
@@ -103,6 +107,233 @@ TEST(ExpertOffload, HostExpertsMatchTheSingleBackendBitwise) {
       EXPECT_TRUE(got.batch == want.batch);
       EXPECT_EQ(got.greedy, want.greedy);
     }
+  }
+}
+
+void expect_one_line_error(const std::function<void()>& f, const std::string& has);
+
+// Sets an environment variable for a scope (QWEN36_MOE_STREAM), restoring what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// The CPU backend with its uploads counted: every op forwarded, so that results are the CPU
+// backend's bit for bit. (An op added to Backend with a default that the CPU backend overrides
+// must be forwarded here too.)
+class CountingBackend final : public Backend {
+ public:
+  CountingBackend() : b_(make_cpu_backend(1)) {}
+  int64_t uploads = 0, pins = 0;
+  size_t upload_bytes = 0, largest_upload = 0;
+
+  std::string name() const override { return b_->name(); }
+  std::unique_ptr<DeviceBuffer> alloc(size_t n) override { return b_->alloc(n); }
+  void copy_to_host(const Tensor& s, void* d) override { b_->copy_to_host(s, d); }
+  void copy_from_host(const void* s, Tensor& d) override { b_->copy_from_host(s, d); }
+  void fill_zero(Tensor& t) override { b_->fill_zero(t); }
+  void copy(const Tensor& s, Tensor& d) override { b_->copy(s, d); }
+  void copy_cols(const Tensor& s, int64_t s0, Tensor& d, int64_t d0, int64_t w) override {
+    b_->copy_cols(s, s0, d, d0, w);
+  }
+  void get_rows(const Tensor& s, std::span<const int32_t> r, Tensor& d) override { b_->get_rows(s, r, d); }
+  void prepare_weights(ModelWeights& w) override { b_->prepare_weights(w); }
+  void prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& k) override {
+    b_->prepare_weights_except(w, k);
+  }
+  size_t free_memory() override { return b_->free_memory(); }
+  bool pin_host_memory(const void* p, size_t n) override {
+    ++pins;
+    return b_->pin_host_memory(p, n);
+  }
+  void unpin_host_memory(const void* p, size_t n) override { b_->unpin_host_memory(p, n); }
+  void upload(const void* s, void* d, size_t n) override {
+    ++uploads;
+    upload_bytes += n;
+    largest_upload = std::max(largest_upload, n);
+    b_->upload(s, d, n);
+  }
+  void embed(const Tensor& t, std::span<const int32_t> ids, Tensor& o) override { b_->embed(t, ids, o); }
+  void rms_norm(const Tensor& x, const Tensor& w, float e, Tensor& o) override { b_->rms_norm(x, w, e, o); }
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, float e, Tensor& o) override {
+    b_->gated_rms_norm(x, z, w, e, o);
+  }
+  void add(Tensor& y, const Tensor& x) override { b_->add(y, x); }
+  void swiglu(const Tensor& g, const Tensor& u, Tensor& o) override { b_->swiglu(g, u, o); }
+  void sigmoid_mul(Tensor& x, const Tensor& g) override { b_->sigmoid_mul(x, g); }
+  void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) override { b_->add_sigmoid_scaled(y, x, s); }
+  void matmul(const Tensor& x, const Tensor& w, Tensor& o) override { b_->matmul(x, w, o); }
+  void matmul_multi(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> os) override {
+    b_->matmul_multi(x, ws, os);
+  }
+  void matmul_swiglu(const Tensor& x, const Tensor& g, const Tensor& u, Tensor& go, Tensor& uo) override {
+    b_->matmul_swiglu(x, g, u, go, uo);
+  }
+  void mlp(const Tensor& x, const MlpWeights& m, Tensor& g, Tensor& u, Tensor& o) override { b_->mlp(x, m, g, u, o); }
+  void add_rms_norm(Tensor& y, const Tensor& d, const Tensor& w, float e, Tensor& o) override {
+    b_->add_rms_norm(y, d, w, e, o);
+  }
+  void split_q_gate(const Tensor& qg, Tensor& q, Tensor& g) override { b_->split_q_gate(qg, q, g); }
+  void rope(Tensor& x, std::span<const SeqRun> r, int64_t d, float th) override { b_->rope(x, r, d, th); }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kc, Tensor& vc, std::span<const SeqRun> r,
+                 float sc, Tensor& o) override {
+    b_->attention(q, k, v, kc, vc, r, sc, o);
+  }
+  void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& cs, std::span<const SeqRun> r) override {
+    b_->causal_conv1d_silu(x, w, cs, r);
+  }
+  void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& an, const Tensor& dt, Tensor& g,
+                      Tensor& beta) override {
+    b_->deltanet_gates(a, b, an, dt, g, beta);
+  }
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        Tensor& st, std::span<const SeqRun> r, Tensor& o, DeltaRuleMode m) override {
+    b_->gated_delta_rule(q, k, v, g, beta, st, r, o, m);
+  }
+  void deltanet_decode(Tensor& mx, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w, float e,
+                       Tensor& cs, Tensor& ss, std::span<const SeqRun> r, Tensor& o) override {
+    b_->deltanet_decode(mx, z, a, b, w, e, cs, ss, r, o);
+  }
+  void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& cs, std::span<const SeqRun> r) override {
+    b_->causal_conv1d_silu_readonly(x, w, cs, r);
+  }
+  void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                 const Tensor& st, std::span<const SeqRun> r, Tensor& o) override {
+    b_->gated_delta_rule_readonly(q, k, v, g, beta, st, r, o);
+  }
+  void set_batch(std::span<const int32_t> t, std::span<const SeqRun> r, std::span<const int32_t> o) override {
+    b_->set_batch(t, r, o);
+  }
+  void moe_route(const Tensor& l, int64_t k, bool rn, Tensor& w, Tensor& ids) override { b_->moe_route(l, k, rn, w, ids); }
+  void moe_experts(const Tensor& x, const Tensor& w, const Tensor& ids, std::span<const MlpWeights> e,
+                   Tensor& o) override {
+    b_->moe_experts(x, w, ids, e, o);
+  }
+  void sample_candidates(Tensor& l, std::span<const SampleRowParams> r, std::span<const PenaltyEntry> p, int32_t k,
+                         int32_t* ids, float* vals, float* stats) override {
+    b_->sample_candidates(l, r, p, k, ids, vals, stats);
+  }
+
+ private:
+  std::unique_ptr<Backend> b_;
+};
+
+// Streaming forced on (QWEN36_MOE_STREAM=always): every pass of a host layer, decode steps
+// too, uploads the routed experts into the main backend's staging area and runs moe_experts
+// there. With a CPU main backend the upload is a memcpy and moe_experts the same cpu:: op on
+// the same bytes, so the logits must equal the single-backend model's BITWISE: prefill of 44
+// rows, decode, the mixed batch and greedy generation; and something must have been uploaded,
+// each copy no larger than a layer's experts (contiguous experts merge into one copy).
+TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
+  ScopedEnv env("QWEN36_MOE_STREAM", "always");
+  for (const std::string name : {"random-moe", "moe-shared", "moe-mtp", "moe-top4-tied"}) {
+    std::unique_ptr<Backend> be = make_cpu_backend(1);
+    Model ref(weights_of(name), *be);
+    const Trace want = trace(ref, *be, 44);
+    const int32_t L = ref.config().n_layers;
+    const std::vector<size_t> layer_bytes = expert_bytes_per_layer(ref.weights());
+    for (const int32_t n : {1, L}) {
+      SCOPED_TRACE(name + " streamed, --n-cpu-moe " + std::to_string(n));
+      PlacementOptions o;
+      o.n_cpu_moe = n;
+      CountingBackend be2;
+      Model m(weights_of(name), be2, resolve_expert_placement(ref.config(), o), /*host_threads=*/1);
+      const Trace got = trace(m, be2, 44);
+      EXPECT_TRUE(got.prefill == want.prefill);
+      EXPECT_TRUE(got.decode == want.decode);
+      EXPECT_TRUE(got.batch == want.batch);
+      EXPECT_EQ(got.greedy, want.greedy);
+      EXPECT_GT(be2.uploads, 0);
+      EXPECT_GT(be2.pins, 0);
+      EXPECT_LE(be2.largest_upload, *std::max_element(layer_bytes.begin(), layer_bytes.end()));
+    }
+  }
+}
+
+// QWEN36_MOE_STREAM unset (auto) with a host main backend: nothing streams (an upload would
+// copy host memory to host memory), and the logits are the single backend's as before.
+TEST(ExpertOffload, AutoNeverStreamsToAHostBackend) {
+  ScopedEnv env("QWEN36_MOE_STREAM", "auto");
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  Model ref(weights_of("random-moe"), *be);
+  const Trace want = trace(ref, *be, 44);
+  PlacementOptions o;
+  o.cpu_moe = true;
+  CountingBackend be2;
+  Model m(weights_of("random-moe"), be2, resolve_expert_placement(ref.config(), o), 1);
+  const Trace got = trace(m, be2, 44);
+  EXPECT_TRUE(got.prefill == want.prefill);
+  EXPECT_EQ(got.greedy, want.greedy);
+  EXPECT_EQ(be2.uploads, 0);
+}
+
+// The auto choice for 35B-A3B Q4_K_M (~0.45 GiB of experts a layer, top-8 of 256, I = 512,
+// H = 2048) with the default rates: decode and small batches stay on the host, a prefill chunk
+// of 512 or 4096 tokens streams; pageable copies move the break-even up; min_tokens is a floor.
+TEST(ExpertOffload, StreamCostPicksHostForDecodeAndStreamForPrefill) {
+  const ModelConfig c = model_preset("qwen3.6-35b-a3b");
+  const size_t layer = estimate_expert_bytes(c, 4.85)[0];
+  const ExpertStreamCost cost;
+  auto work = [&](int64_t T, bool pinned = true) {
+    ExpertPassWork w;
+    w.tokens = T;
+    w.k = c.n_experts_per_tok;
+    w.intermediate = c.moe_intermediate_size;
+    w.hidden = c.hidden_size;
+    w.upload_bytes = expected_touched_bytes(layer, T, c.n_experts_per_tok, c.n_experts);
+    w.pinned = pinned;
+    return w;
+  };
+  EXPECT_EQ(expected_touched_bytes(layer, 1, 8, 256), layer / 32);
+  EXPECT_GT(expected_touched_bytes(layer, 4096, 8, 256), layer - layer / 1000);
+  for (const int64_t T : {1, 2, 8, 16, 31}) EXPECT_FALSE(stream_experts_faster(work(T), cost)) << T;
+  for (const int64_t T : {512, 1024, 4096}) EXPECT_TRUE(stream_experts_faster(work(T), cost)) << T;
+  // The break-even: the first T that streams, pinned and pageable.
+  auto first = [&](bool pinned) {
+    int64_t T = 1;
+    while (T < 100000 && !stream_experts_faster(work(T, pinned), cost)) ++T;
+    return T;
+  };
+  const int64_t pinned = first(true), pageable = first(false);
+  EXPECT_GE(pinned, cost.min_tokens);
+  EXPECT_LT(pinned, 512);
+  EXPECT_GT(pageable, pinned);
+  // Below min_tokens nothing streams, however slow the host.
+  ExpertStreamCost slow_host = cost;
+  slow_host.host_flops = 1e6;
+  EXPECT_FALSE(stream_experts_faster(work(cost.min_tokens - 1), slow_host));
+  EXPECT_TRUE(stream_experts_faster(work(cost.min_tokens), slow_host));
+  // The environment's mode and rate overrides.
+  {
+    ScopedEnv env("QWEN36_MOE_STREAM", "never");
+    EXPECT_EQ(expert_stream_mode(), ExpertStreamMode::Never);
+  }
+  {
+    ScopedEnv env("QWEN36_MOE_STREAM", "always");
+    EXPECT_EQ(expert_stream_mode(), ExpertStreamMode::Always);
+  }
+  {
+    ScopedEnv env("QWEN36_MOE_STREAM", "sometimes");
+    expect_one_line_error([] { expert_stream_mode(); }, "QWEN36_MOE_STREAM");
+  }
+  {
+    ScopedEnv env("QWEN36_MOE_HOST_GFLOPS", "2000");
+    EXPECT_EQ(expert_stream_cost().host_flops, 2e12);
   }
 }
 
@@ -187,10 +418,13 @@ TEST(ExpertOffload, PlannerChoosesTheSmallestN) {
   r.ctx = 32768;
   r.kv_type = DType::BF16;
   const size_t plan = plan_memory(c, r).total();
-  auto expected = [&](size_t budget) {  // independent closed form: layers are equal-sized
+  // Independent closed form: layers are equal-sized, and any host layer adds the staging area
+  // that streaming uploads one layer's experts into (a layer plus the alignment slack).
+  const size_t staging = experts[0] + kExpertStagingSlack;
+  auto expected = [&](size_t budget) {
     if (total + plan <= budget) return int32_t(0);
     const size_t over = total + plan - budget;
-    const size_t n = (over + experts[0] - 1) / experts[0];
+    const size_t n = (over + staging + experts[0] - 1) / experts[0];
     return n <= experts.size() ? int32_t(n) : int32_t(-1);
   };
   for (const size_t budget : {80 * kGiB, 24 * kGiB, 16 * kGiB, 12 * kGiB, 8 * kGiB, 3 * kGiB}) {
@@ -209,6 +443,13 @@ TEST(ExpertOffload, PlannerChoosesTheSmallestN) {
   EXPECT_GT(n16, 5);
   EXPECT_LT(n16, 20);
   EXPECT_EQ(fit_n_cpu_moe(2 * kGiB, total, experts, plan), -1);  // the other weights alone do not fit
+  std::vector<bool> host(40, false);
+  EXPECT_EQ(split_weights(total, experts, host).staging, 0u);
+  host[3] = true;
+  EXPECT_EQ(split_weights(total, experts, host).staging, staging);
+  EXPECT_EQ(split_weights(total, experts, host).device, total - experts[3] + staging);
+  ScopedEnv never("QWEN36_MOE_STREAM", "never");  // no streaming: no staging area
+  EXPECT_EQ(split_weights(total, experts, host).staging, 0u);
 }
 
 // The CLI: `run` prints the same tokens with --cpu-moe and with -ot as without; --fit under a
