@@ -292,7 +292,8 @@ bool quant_tile(Ctx&, Tensor& w);
 void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16
 // tensor cores, tiles dequantized in registers (the values of the dequantize → bf16 → cuBLAS
-// path); false when not taken (QWEN36_QGEMM=dequant, too little shared memory per block).
+// path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;
+// QWEN36_QGEMM=fused | dequant forces either) and with too little shared memory per block.
 bool quant_tiled_gemm(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 // Tiled MoE experts (gate/up of tiled type gate_up, down of tiled type down): quant_tiled_moe is
 // quant_moe_decode on the tensor cores, per (token, expert) pair (false when not taken: types,
