@@ -207,6 +207,29 @@ class PinnedHostRanges {
     }
     return ok;
   }
+  // Calls f(ptr, n) for the pieces of [p, p + bytes) cut at the registered ranges' ends: a
+  // cudaMemcpyAsync whose host side spans two registrations, or a registered and an unregistered
+  // page, is refused (cudaErrorInvalidValue: CudaOffload.PinAndUpload's copy across two pin calls'
+  // ranges failed so on the H200; not re-run since), so every piece lies in one registration or
+  // in none.
+  template <typename F>
+  void for_each_piece(const void* p, size_t bytes, F&& f) const {
+    uintptr_t cur = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t end = cur + bytes;
+    auto it = ranges_.upper_bound(cur);
+    if (it != ranges_.begin() && std::prev(it)->second > cur) it = std::prev(it);
+    while (cur < end) {
+      uintptr_t stop = end;
+      if (it != ranges_.end() && it->first <= cur) {
+        stop = std::min(end, it->second);  // inside a registration
+        ++it;
+      } else if (it != ranges_.end()) {
+        stop = std::min(end, it->first);  // pageable up to the next one
+      }
+      f(reinterpret_cast<const void*>(cur), size_t(stop - cur));
+      cur = stop;
+    }
+  }
   void unpin(const void* p, size_t bytes) {
     if (bytes == 0) return;
     uintptr_t b = 0, e = 0;
@@ -314,7 +337,12 @@ class CudaBackend final : public Backend {
   }
   void unpin_host_memory(const void* p, size_t bytes) override { pinned_.unpin(p, bytes); }
   void upload(const void* src, void* dst, size_t bytes) override {
-    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s0 = static_cast<const uint8_t*>(src);
+    pinned_.for_each_piece(src, bytes, [&](const void* piece, size_t n) {
+      CUDA_CHECK(cudaMemcpyAsync(d + (static_cast<const uint8_t*>(piece) - s0), piece, n, cudaMemcpyHostToDevice,
+                                 ctx_.stream));
+    });
   }
 
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
