@@ -606,13 +606,15 @@ std::string shape_name(const ExpertTypes& mx, int64_t D, int64_t I, int64_t T) {
 TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
   struct Case {
     ExpertTypes mx;
-    int64_t E, D, I;
+    int64_t E, D, I, k = 8;
   };
-  const int64_t k = 8;
+  // The last case is tiny-moe's shape (one super-block per row both ways, top-2 of 8).
   for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q4_K}, 16, 2048, 512},
                          Case{{DType::Q8_0, DType::Q8_0}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q6_K}, 32, 512, 256},
                          Case{{DType::Q4_K, DType::Q4_K}, 32, 512, 256}, Case{{DType::Q8_0, DType::Q8_0}, 32, 512, 256},
-                         Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768}, Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512}}) {
+                         Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768}, Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512},
+                         Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}}) {
+    const int64_t k = cs.k;
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);
     ASSERT_TRUE(dtype_is_tiled(te.d[0].gate_proj.dtype) && dtype_is_tiled(te.d[0].down_proj.dtype));
@@ -620,8 +622,9 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
       HostT x = random_t(rng_, DType::F32, {T, cs.D}), w, ids;
       route(rng_, T, cs.E, k, w, ids, cs.E);
       const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
-      EXPECT_LE(rel_err(got, want), kQuantDecodeTol)
-          << "tiled " << shape_name(cs.mx, cs.D, cs.I, T) << ": " << worst_at(got, want, cs.D);
+      const double e = rel_err(got, want);
+      std::printf("[ moe ] tiled %s k=%lld: rel err %.3g\n", shape_name(cs.mx, cs.D, cs.I, T).c_str(), (long long)k, e);
+      EXPECT_LE(e, kQuantDecodeTol) << "tiled " << shape_name(cs.mx, cs.D, cs.I, T) << ": " << worst_at(got, want, cs.D);
     }
   }
 }
