@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <unordered_map>
+
+#include <spdlog/spdlog.h>
 
 #include "backend/comm.h"
 #include "backend/cpu/cpu_ops.h"
@@ -367,6 +370,7 @@ struct Model::ExpertStream {
   // Page-locks the host ranges of a layer's pieces (merged where they touch), once.
   void pin(Layer& l) {
     l.pin_tried = true;
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::pair<const std::byte*, const std::byte*>> r;
     for (const Piece& p : l.pieces) r.emplace_back(p.src, p.src + p.bytes);
     std::sort(r.begin(), r.end());
@@ -378,6 +382,11 @@ struct Model::ExpertStream {
       l.pinned = backend.pin_host_memory(b, size_t(e - b)) && l.pinned;
       pinned.emplace_back(b, size_t(e - b));
     }
+    // Page-locking forces every page of the range in; on some hosts (sandboxed runtimes) it is
+    // slow, so its cost is visible (debug level per layer).
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::debug("expert stream: page-locked {:.1f} MiB of a layer's host experts in {:.0f} ms{}",
+                  double(l.bytes) / double(1 << 20), ms, l.pinned ? "" : " (partly refused: pageable copies)");
   }
 };
 
