@@ -11,6 +11,7 @@
 //    f32 weights use cublasSgemm. With CudaOptions::exact_matmul, a plain SIMT GEMM with f32
 //    activations is used instead (reference checks).
 #include <algorithm>
+#include <functional>
 #include <cstdlib>
 #include <type_traits>
 
@@ -665,6 +666,27 @@ void gemm_half(Ctx& c, const void* w, const void* xh, bool bf16, int T, int N, i
   const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, dt, K, xh, dt, K, &zero, out,
                             CUDA_R_32F, ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align,
+                         const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant) {
+  const bool exact = c.exact_matmul;
+  const int64_t budget = exact ? (int64_t(48) << 20) : (int64_t(96) << 20);  // weights per slice
+  const int slice = int(std::clamp<int64_t>(budget / K / row_align * row_align, row_align, N));
+  Temp<uint8_t> scratch(c, size_t(slice) * size_t(K) * (exact ? 4 : 2));
+  Temp<uint16_t> xh(c, exact ? 0 : size_t(T) * K);
+  if (!exact) round_activations(c, x, xh.get(), int64_t(T) * K, true);
+  const float one = 1.0f, zero = 0.0f;
+  for (int n0 = 0; n0 < N; n0 += slice) {
+    const int ns = std::min(slice, N - n0);
+    dequant(n0, ns, scratch.get(), exact);
+    if (exact) {
+      const float* ws = reinterpret_cast<const float*>(scratch.get());
+      CUBLAS_CHECK(cublasSgemm(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ns, T, K, &one, ws, K, x, K, &zero, out + n0, N));
+    } else {
+      gemm_half(c, scratch.get(), xh.get(), true, T, ns, K, out + n0, N);
+    }
+  }
 }
 
 void matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <functional>
 #include <sstream>
 #include <span>
 #include <string>
@@ -251,6 +252,12 @@ void matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
 // stride ldo) [T, N] = xh[T, K] · w[N, K]ᵀ, both bf16 or both f16, f32 accumulation.
 void round_activations(Ctx&, const float* x, void* xh, int64_t n, bool to_bf16);
 void gemm_half(Ctx&, const void* w, const void* xh, bool bf16, int T, int N, int K, float* out, int ldo);
+// out[T, N] = x[T, K] · w[N, K]ᵀ for weights a kernel can only dequantize: slices of rows (a
+// multiple of row_align, ≤ 96 M weights; 48 M with exact_matmul) go through dequant(n0, ns, dst,
+// f32), which writes rows n0 .. n0 + ns − 1 to dst as bf16 (f32 when exact_matmul), and each
+// slice is one cuBLAS GEMM into out's columns (bf16 with x rounded to bf16, or f32).
+void sliced_dequant_gemm(Ctx&, const float* x, float* out, int T, int N, int K, int row_align,
+                         const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant);
 // Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
 bool quant_supported(DType t);
 void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);

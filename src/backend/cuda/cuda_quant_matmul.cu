@@ -1039,25 +1039,12 @@ void launch_dequant(Ctx& c, const Tensor& w, const int32_t* rows, int r0, int nr
 // Prefill: bf16 (or f32 with exact_matmul) slices of rows, one GEMM each into out's columns.
 template <DType D>
 void quant_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
-  const bool exact = c.exact_matmul;
-  const int64_t budget = exact ? (int64_t(48) << 20) : (int64_t(96) << 20);  // weights per slice
-  const int slice = int(std::clamp<int64_t>(budget / K, 1, N));
-  Temp<uint8_t> scratch(c, size_t(slice) * size_t(K) * (exact ? 4 : 2));
-  Temp<uint16_t> xh(c, exact ? 0 : size_t(T) * K);
-  if (!exact) round_activations(c, x, xh.get(), int64_t(T) * K, true);
-  const float one = 1.0f, zero = 0.0f;
-  for (int n0 = 0; n0 < N; n0 += slice) {
-    const int ns = std::min(slice, N - n0);
-    if (exact) {
-      float* ws = reinterpret_cast<float*>(scratch.get());
-      launch_dequant<D>(c, w, nullptr, n0, ns, ws);
-      CUBLAS_CHECK(cublasSgemm(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ns, T, K, &one, ws, K, x, K, &zero, out + n0, N));
-    } else {
-      __nv_bfloat16* ws = reinterpret_cast<__nv_bfloat16*>(scratch.get());
-      launch_dequant<D>(c, w, nullptr, n0, ns, ws);
-      gemm_half(c, ws, xh.get(), true, T, ns, K, out + n0, N);
-    }
-  }
+  sliced_dequant_gemm(c, x, out, T, N, K, 1, [&](int n0, int ns, void* dst, bool f32) {
+    if (f32)
+      launch_dequant<D>(c, w, nullptr, n0, ns, static_cast<float*>(dst));
+    else
+      launch_dequant<D>(c, w, nullptr, n0, ns, static_cast<__nv_bfloat16*>(dst));
+  });
 }
 
 }  // namespace
