@@ -311,6 +311,32 @@ __global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ tab
 // one token (G % 8 == 0), so c is warp-uniform: padded tokens (c ≥ T) store zeros without
 // loading. The bytes and scales are those of the earlier one-warp-per-group form exactly.
 // Also zeroes the GEMM's arrival counters (fresh stream-ordered memory each call).
+// A thread's 4 weights of a 32-weight group held by 8 consecutive lanes (every lane of the warp
+// takes part): the group's scale d = amax / 127, the 4 codes rounded to nearest even (the
+// 1.5 · 2^23 trick) packed little-endian into a word, and the code sums of the thread's 16-half
+// of the group (half) and of the other 16-half (other).
+struct QuantQuad {
+  float d;
+  uint32_t packed;
+  int half, other;
+};
+__device__ __forceinline__ QuantQuad quantize_quad(float4 v) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
+  const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
+  const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
+  const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
+  int half = q0 + q1 + q2 + q3;
+  half += __shfl_xor_sync(0xffffffffu, half, 1);
+  half += __shfl_xor_sync(0xffffffffu, half, 2);
+  const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+  return {d, (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24,
+          half, other};
+}
+
 __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int NT, uint8_t* __restrict__ xb,
                                 float* __restrict__ xf, int* __restrict__ xi, int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
@@ -324,23 +350,13 @@ __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int N
     const int c = int(jq / G), j = int(jq - (long long)c * G);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (c < T) v = reinterpret_cast<const float4*>(x + size_t(c) * K + size_t(j) * 32)[u];
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
-    const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
-    const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
-    const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
-    int half = q0 + q1 + q2 + q3;  // then the sum over this thread's 16-half of the group
-    half += __shfl_xor_sync(0xffffffffu, half, 1);
-    half += __shfl_xor_sync(0xffffffffu, half, 2);
-    const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+    const QuantQuad qq = quantize_quad(v);
+    const float d = qq.d;
+    const int half = qq.half, other = qq.other;
     const int nt = c >> 3, gg = c & 7;
     const size_t frag = size_t(j) * NT + nt;
     // weights 4u .. 4u + 3: t = u % 4, 16-half u / 4; one 32-bit store
-    *reinterpret_cast<uint32_t*>(xb + (frag * 32 + 4 * gg + (u & 3)) * 8 + 4 * (u >> 2)) =
-        (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24;
+    *reinterpret_cast<uint32_t*>(xb + (frag * 32 + 4 * gg + (u & 3)) * 8 + 4 * (u >> 2)) = qq.packed;
     if (u == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
       const size_t e = (frag * 4 + (gg >> 1)) * 4;
       xf[e + 2 * (gg & 1)] = d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
@@ -792,21 +808,11 @@ __device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G,
   for (int id = int(threadIdx.x); id < G * 8; id += int(blockDim.x)) {
     const int j = id >> 3, u = id & 7;
     const float4 v = reinterpret_cast<const float4*>(x + size_t(j) * 32)[u];
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
-    const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
-    const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
-    const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
-    int half = q0 + q1 + q2 + q3;  // then the sum over this thread's 16-half of the group
-    half += __shfl_xor_sync(0xffffffffu, half, 1);
-    half += __shfl_xor_sync(0xffffffffu, half, 2);
-    const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+    const QuantQuad qq = quantize_quad(v);
+    const float d = qq.d;
+    const int half = qq.half, other = qq.other;
     // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
-    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] =
-        (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24;
+    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
     if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
   }
 }
