@@ -618,7 +618,10 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);
     ASSERT_TRUE(dtype_is_tiled(te.d[0].gate_proj.dtype) && dtype_is_tiled(te.d[0].down_proj.dtype));
-    for (int64_t T : {1, 2, 8, 16, 32}) {
+    // 35B shape also at T = 64 and 128 (512 and 1,024 pairs: the dispatch bound).
+    std::vector<int64_t> Ts{1, 2, 8, 16, 32};
+    if (cs.D == 2048 && cs.mx.gu == DType::Q4_K && cs.mx.dn == DType::Q6_K) Ts.insert(Ts.end(), {64, 128});
+    for (int64_t T : Ts) {
       HostT x = random_t(rng_, DType::F32, {T, cs.D}), w, ids;
       route(rng_, T, cs.E, k, w, ids, cs.E);
       const std::vector<float> got = run_experts(*gpu_, te.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
@@ -725,7 +728,9 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
   const TiledExperts te = tile_experts(*gpu_, ex);
   const double expert_bytes =
       double(2 * I * int64_t(dtype_row_bytes(DType::Q4_K, D)) + D * int64_t(dtype_row_bytes(DType::Q6_K, I)));
-  for (int64_t T : {1, 8, 16, 32}) {
+  // T = 64 and 128 (512 and 1,024 pairs): past the GGUF GEMVs' 256 pairs, that column is the
+  // dequantizing prefill path.
+  for (int64_t T : {1, 8, 16, 32, 64, 128}) {
     const int64_t n = calls * T;
     HostT x = random_t(rng_, DType::F32, {n, D}), logits = random_t(rng_, DType::F32, {n, E}, -2, 2);
     DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {n, k})),
@@ -769,7 +774,7 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
     EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B tiled T=" << T << ": " << worst_at(part, want, D);
     const double bytes = distinct * expert_bytes;
     std::printf("[ moe ] 35B q4_k/q6_k T=%2lld (%3lld pairs, %5.1f distinct experts, %5.1f MB): tiled %7.1f us "
-                "(%4.0f GB/s), GGUF GEMV %7.1f us (%4.0f GB/s) per layer\n",
+                "(%4.0f GB/s), GGUF layout %7.1f us (%4.0f GB/s) per layer\n",
                 (long long)T, (long long)(T * k), distinct, bytes / 1e6, s_tiled * 1e6, bytes / s_tiled / 1e9,
                 s_gguf * 1e6, bytes / s_gguf / 1e9);
   }
