@@ -511,21 +511,8 @@ void hf_quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   });
 }
 
-void hf_quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
-  const int64_t D = table.cols(), V = table.rows();
-  QWEN36_CHECK(hf_quant_supported(table.dtype), "embed: table dtype {} is not a Hugging Face block type",
-               dtype_name(table.dtype));
-  QWEN36_CHECK(out.dtype == DType::F32 && out.numel() == int64_t(ids.size()) * D, "embed: out {} for {} ids of width {}",
-               out.shape_str(), ids.size(), D);
-  QWEN36_CHECK(aligned16(table.data), "embed: quantized tables must be 16-byte aligned");
-  for (int32_t id : ids) QWEN36_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary (0..{})", id, V - 1);
-  if (ids.empty()) return;
-  Temp<int32_t> tmp(c, 0);
-  const int32_t* dids = dev_i32(c, ids, tmp);
-  if (!dids) return;  // recording a graph that needed an upload: the recording is dropped
-  with_hf_type(table.dtype, [&](auto dt) {
-    launch_dequant<decltype(dt)::value>(c, table, dids, 0, int(ids.size()), out.as<float>());
-  });
+void hf_quant_embed_rows(Ctx& c, const Tensor& table, const int32_t* rows, int n, float* out) {
+  with_hf_type(table.dtype, [&](auto dt) { launch_dequant<decltype(dt)::value>(c, table, rows, 0, n, out); });
 }
 
 void hf_quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,

@@ -16,8 +16,9 @@ bool hf_quant_supported(DType t);
 // cuda_quant_hf.cu (f32 activations); otherwise dequantized slices and cuBLAS (bf16, or f32
 // with exact_matmul), as quant_matmul does for GGUF types.
 void hf_quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out);
-// Rows `ids` of an HF-quantized table as f32 (embed semantics).
-void hf_quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+// Rows rows[0 .. n) (device ids, checked by the caller: quant_embed) of an HF-quantized table as
+// f32 rows of out.
+void hf_quant_embed_rows(Ctx& c, const Tensor& table, const int32_t* rows, int n, float* out);
 // quant_dequant_experts for the HF types (same arguments and scratch layout).
 void hf_quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                               int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);

@@ -1254,7 +1254,6 @@ void quant_dequant_experts(Ctx& c, DType t, const void* const* table, int kind0,
 }
 
 void quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
-  if (hf_quant_supported(table.dtype)) return hf_quant_embed(c, table, ids, out);  // cuda_quant_hf.cu
   const int64_t D = table.cols(), V = table.rows();
   QWEN36_CHECK(quant_supported(table.dtype), "embed: table dtype {} is not supported by the CUDA backend",
                dtype_name(table.dtype));
@@ -1266,6 +1265,8 @@ void quant_embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tens
   Temp<int32_t> tmp(c, 0);
   const int32_t* dids = dev_i32(c, ids, tmp);
   if (!dids) return;  // recording a graph that needed an upload: the recording is dropped
+  if (hf_quant_supported(table.dtype))  // cuda_quant_hf.cu
+    return hf_quant_embed_rows(c, table, dids, int(ids.size()), out.as<float>());
   with_quant_type(table.dtype, [&](auto dt) {
     launch_dequant<decltype(dt)::value>(c, table, dids, 0, int(ids.size()), out.as<float>());
   });
