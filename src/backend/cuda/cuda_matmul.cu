@@ -668,8 +668,8 @@ void gemm_half(Ctx& c, const void* w, const void* xh, bool bf16, int T, int N, i
                             CUDA_R_32F, ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align,
-                         const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant) {
+void sliced_dequant_gemm_erased(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align,
+                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant) {
   const bool exact = c.exact_matmul;
   const int64_t budget = exact ? (int64_t(48) << 20) : (int64_t(96) << 20);  // weights per slice
   const int slice = int(std::clamp<int64_t>(budget / K / row_align * row_align, row_align, N));

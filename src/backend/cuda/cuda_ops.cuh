@@ -256,8 +256,18 @@ void gemm_half(Ctx&, const void* w, const void* xh, bool bf16, int T, int N, int
 // multiple of row_align, ≤ 96 M weights; 48 M with exact_matmul) go through dequant(n0, ns, dst,
 // f32), which writes rows n0 .. n0 + ns − 1 to dst as bf16 (f32 when exact_matmul), and each
 // slice is one cuBLAS GEMM into out's columns (bf16 with x rounded to bf16, or f32).
-void sliced_dequant_gemm(Ctx&, const float* x, float* out, int T, int N, int K, int row_align,
-                         const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant);
+void sliced_dequant_gemm_erased(Ctx&, const float* x, float* out, int T, int N, int K, int row_align,
+                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant);
+// The same with a dequantizer callable as launch(n0, ns, float*) and launch(n0, ns, bf16*).
+template <typename Launch>
+void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align, Launch&& launch) {
+  sliced_dequant_gemm_erased(c, x, out, T, N, K, row_align, [&](int n0, int ns, void* dst, bool f32) {
+    if (f32)
+      launch(n0, ns, static_cast<float*>(dst));
+    else
+      launch(n0, ns, static_cast<__nv_bfloat16*>(dst));
+  });
+}
 // Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
 bool quant_supported(DType t);
 void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);

@@ -1039,12 +1039,8 @@ void launch_dequant(Ctx& c, const Tensor& w, const int32_t* rows, int r0, int nr
 // Prefill: bf16 (or f32 with exact_matmul) slices of rows, one GEMM each into out's columns.
 template <DType D>
 void quant_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
-  sliced_dequant_gemm(c, x, out, T, N, K, 1, [&](int n0, int ns, void* dst, bool f32) {
-    if (f32)
-      launch_dequant<D>(c, w, nullptr, n0, ns, static_cast<float*>(dst));
-    else
-      launch_dequant<D>(c, w, nullptr, n0, ns, static_cast<__nv_bfloat16*>(dst));
-  });
+  sliced_dequant_gemm(c, x, out, T, N, K, 1,
+                      [&](int n0, int ns, auto* dst) { launch_dequant<D>(c, w, nullptr, n0, ns, dst); });
 }
 
 }  // namespace

@@ -1184,12 +1184,8 @@ void launch_dequant_tiled(Ctx& c, const Tensor& w, int r0, int nrows, O* out) {
 // T > 64 or exact_matmul: row slices (multiples of 16) dequantized to bf16 (f32), one GEMM each.
 template <DType D>
 void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
-  sliced_dequant_gemm(c, x, out, T, N, K, 16, [&](int n0, int ns, void* dst, bool f32) {
-    if (f32)
-      launch_dequant_tiled<D>(c, w, n0, ns, static_cast<float*>(dst));
-    else
-      launch_dequant_tiled<D>(c, w, n0, ns, static_cast<__nv_bfloat16*>(dst));
-  });
+  sliced_dequant_gemm(c, x, out, T, N, K, 16,
+                      [&](int n0, int ns, auto* dst) { launch_dequant_tiled<D>(c, w, n0, ns, dst); });
 }
 
 
