@@ -30,6 +30,7 @@
 #include <sstream>
 
 #include "backend/cpu/cpu_ops.h"
+#include "common/scoped_env.h"
 #include "gpu_test_util.h"
 #include "model/presets.h"
 #include "model/qwen36.h"
@@ -795,12 +796,8 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
   // One backend per model: a CUDA backend holds the weights of one model.
   std::unique_ptr<Backend> be_plain = make_cuda_backend({}), be_tiled = make_cuda_backend({});
   auto make = [&](bool tile, Backend& be) {
-    if (tile)
-      unsetenv("QWEN36_NO_TILE");
-    else
-      setenv("QWEN36_NO_TILE", "1", 1);
+    const ScopedEnv no_tile("QWEN36_NO_TILE", tile ? nullptr : "1");
     auto m = std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, 17), be, place);
-    unsetenv("QWEN36_NO_TILE");
     return m;
   };
   auto plain = make(false, *be_plain), tiled = make(true, *be_tiled);

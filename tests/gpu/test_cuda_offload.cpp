@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scoped_env.h"
 #include "format/model_loader.h"
 #include "gpu_test_util.h"
 #include "model/expert_placement.h"
@@ -21,27 +22,6 @@ namespace qwen36::gputest {
 namespace {
 
 class CudaOffload : public CudaTest {};
-
-// Sets an environment variable for a scope, restoring it afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 std::vector<uint8_t> to_host(Backend& b, void* dev, size_t n) {
   std::vector<uint8_t> v(n);

@@ -22,6 +22,7 @@
 #include <functional>
 
 #include "backend/cpu/cpu_ops.h"
+#include "common/scoped_env.h"
 #include "gpu_test_util.h"
 #include "quant_test_util.h"
 #include "model/presets.h"
@@ -354,12 +355,8 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
 TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
   const ModelConfig cfg = model_preset("tiny-dense", 4);
   auto make = [&](bool tile) {
-    if (tile)
-      unsetenv("QWEN36_NO_TILE");
-    else
-      setenv("QWEN36_NO_TILE", "1", 1);
+    const ScopedEnv no_tile("QWEN36_NO_TILE", tile ? nullptr : "1");
     auto m = std::make_unique<Model>(make_random_quant_weights_cuda(cfg, "q4_k_m", 11), *gpu_);
-    unsetenv("QWEN36_NO_TILE");
     return m;
   };
   auto plain = make(false), tiled = make(true);

@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 
+#include "common/scoped_env.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "format/model_loader.h"
@@ -111,27 +112,6 @@ TEST(ExpertOffload, HostExpertsMatchTheSingleBackendBitwise) {
 }
 
 void expect_one_line_error(const std::function<void()>& f, const std::string& has);
-
-// Sets an environment variable for a scope (QWEN36_MOE_STREAM), restoring what it was.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // The CPU backend with its uploads counted: every op forwarded, so that results are the CPU
 // backend's bit for bit. (An op added to Backend with a default that the CPU backend overrides
