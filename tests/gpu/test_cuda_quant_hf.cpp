@@ -92,12 +92,15 @@ TEST_F(CudaQuantHf, MatmulMatchesCpuDequant) {
     int64_t N, K;
   };
   // 9216: 288 units of 32 per row, two K chunks (summed by the second kernel); 67 rows: tails.
-  const Shape shapes[] = {{256, 512}, {640, 1536}, {67, 9216}};
+  // 128 and 64: rows of a few units, as in the tiny fixtures (hidden 64 / 128), where
+  // FixturesMatchCpu failed once on the H200 for one fixture (its message was lost).
+  const Shape shapes[] = {{256, 512}, {640, 1536}, {67, 9216}, {48, 128}, {40, 64}};
   CudaOptions eo;
   eo.exact_matmul = true;
   auto exact = make_cuda_backend(eo);
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
+      if (s.K % dtype_block_elems(dt) != 0) continue;  // K = 64 holds no 128-element block
       const HostT w = random_hf(rng_, dt, s.N, s.K);
       DevT dw = upload(*gpu_, w), dwe = upload(*exact, w);
       for (int64_t T : {1, 3, 5, 8, 40}) {
