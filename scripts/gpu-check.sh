@@ -2,10 +2,10 @@
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
-# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles — e.g. two calls of a
-# time-limited runner: "tests bench" then "serve profiles".
+# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles offload — e.g. calls
+# of a time-limited runner: "tests bench", then "serve profiles", then "offload".
 set -uo pipefail
-PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles} "
+PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles offload} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
@@ -49,7 +49,14 @@ else
   bench --synthetic qwen3.6-27b --type bf16 -p 512,4096 -n 128 -b 1,8,32 -r 3
   bench --synthetic qwen3.6-35b-a3b --type bf16 -p 4096 -n 128 -b 1,8 -r 3
   bench --synthetic qwen3.6-27b --type q4_k_m -p 512,4096 -n 128 -b 1,8,16,32 -r 3
-  bench --synthetic qwen3.6-35b-a3b --type q4_k_m -p 4096 -n 128 -b 1,8 -r 3
+  bench --synthetic qwen3.6-35b-a3b --type q4_k_m -p 4096 -n 128 -b 1,8,16,32,64 -r 3
+  # Hugging Face formats (issue 6): AWQ-like W4 g128 and NVFP4 decode, FP8 prefill
+  bench --synthetic qwen3.6-27b --type awq -p 512 -n 64 -b 1 -r 2
+  bench --synthetic qwen3.6-27b --type nvfp4 -p 512 -n 64 -b 1 -r 2
+  bench --synthetic qwen3.6-27b --type fp8 -p 4096 -n 32 -b 1 -r 2
+  # DFlash chain (issue 9), random drafter of the published shape, SIMULATED accept length
+  bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
+    --simulate-accept-length 6
   # speculative decoding (issue 8): real MTP draft / verify / commit kernels, SIMULATED accept
   # decisions (per-position probabilities; the last one repeats), labelled so in every line
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 128 -b 1,8 -r 2 --spec mtp --spec-draft-n 1,2,3,4,5 \
@@ -85,3 +92,20 @@ part profiles && for m in qwen3.6-27b qwen3.6-35b-a3b; do
   QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 16 -r 1 -b 1 \
     >> "$OUT/profiles.md" 2>&1
 done
+# Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or
+# /tmp), all on the GPU, then N layers' routed experts on the host, decode on the host and prefill
+# streamed (QWEN36_MOE_STREAM auto) or computed on the host (never). QWEN36_LOG=debug: the per-layer page-lock
+# times; every run bounded, so a slow one cannot eat the rest.
+if [ "$QUICK" != "--quick" ] && part offload; then
+  M35=${QWEN36_OFFLOAD_DIR:-/tmp}/qwen36-35b-a3b-q4_k_m.gguf
+  [ -f "$M35" ] || timeout 300 "$Q" gen-model --preset qwen3.6-35b-a3b --type Q4_K_M --out "$M35" > "$OUT/offload.md" 2>&1
+  for a in "" "--n-cpu-moe 20" "--n-cpu-moe 40" "--gpu-mem 24GiB --fit" "--gpu-mem 16GiB --fit"; do
+    for stream in auto never; do
+      [ -z "$a" ] && [ "$stream" = never ] && continue
+      echo "## bench -m 35B-A3B Q4_K_M $a (QWEN36_MOE_STREAM=$stream)" >> "$OUT/offload.md"
+      QWEN36_LOG=debug QWEN36_MOE_STREAM=$stream timeout 240 "$Q" bench --backend cuda -m "$M35" $a -p 512,4096 -n 32 -r 1 \
+        >> "$OUT/offload.md" 2>&1
+      echo "rc=$?" >> "$OUT/offload.md"
+    done
+  done
+fi
