@@ -94,8 +94,8 @@ part profiles && for m in qwen3.6-27b qwen3.6-35b-a3b; do
 done
 # Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or
 # /tmp), all on the GPU, then N layers' routed experts on the host, decode on the host and prefill
-# streamed (QWEN36_MOE_STREAM auto) or computed on the host (never). QWEN36_LOG=debug: the per-layer page-lock
-# times; every run bounded, so a slow one cannot eat the rest.
+# streamed (QWEN36_MOE_STREAM auto) or computed on the host (never). QWEN36_LOG=debug shows the
+# per-layer page-lock times; every run is bounded, so a slow one cannot eat the rest.
 if [ "$QUICK" != "--quick" ] && part offload; then
   M35=${QWEN36_OFFLOAD_DIR:-/tmp}/qwen36-35b-a3b-q4_k_m.gguf
   [ -f "$M35" ] || timeout 300 "$Q" gen-model --preset qwen3.6-35b-a3b --type Q4_K_M --out "$M35" > "$OUT/offload.md" 2>&1
