@@ -834,8 +834,16 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
     if (std::abs(double(want[i]) - got[i]) > worst) worst = std::abs(double(want[i]) - got[i]), at = i;
   }
   std::printf("[ tiny-moe q8_0 ] tiled vs GGUF-layout experts (T=1 steps, layer 0 on the host): max |dlogit| %.3g "
-              "of %.3g at row %zu\n",
+              "of %.3g at row %zu; by step:",
               worst, scale, at / size_t(V));
+  // How the difference grows step by step tells a slow drift through the recurrent state from a
+  // jump (a router near-tie picking another expert, or a wrong kernel result at one step).
+  for (size_t r = 0; r < size_t(steps); ++r) {
+    double w = 0;
+    for (size_t i = r * size_t(V); i < (r + 1) * size_t(V); ++i) w = std::max(w, std::abs(double(want[i]) - got[i]));
+    std::printf(" %.2g", w);
+  }
+  std::printf("\n");
   EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
   for (size_t r = 0; r < size_t(steps); ++r) {
     const float* a = want.data() + r * size_t(V);
