@@ -100,10 +100,10 @@ if [ "$QUICK" != "--quick" ] && part offload; then
   M35=${QWEN36_OFFLOAD_DIR:-/tmp}/qwen36-35b-a3b-q4_k_m.gguf
   [ -f "$M35" ] || timeout 300 "$Q" gen-model --preset qwen3.6-35b-a3b --type Q4_K_M --out "$M35" > "$OUT/offload.md" 2>&1
   for a in "" "--n-cpu-moe 20" "--n-cpu-moe 40" "--gpu-mem 24GiB --fit" "--gpu-mem 16GiB --fit"; do
-    for stream in auto never; do
-      [ -z "$a" ] && [ "$stream" = never ] && continue
-      echo "## bench -m 35B-A3B Q4_K_M $a (QWEN36_MOE_STREAM=$stream)" >> "$OUT/offload.md"
-      QWEN36_LOG=debug QWEN36_MOE_STREAM=$stream timeout 240 "$Q" bench --backend cuda -m "$M35" $a -p 512,4096 -n 32 -r 1 \
+    for env in "QWEN36_MOE_STREAM=auto" "QWEN36_MOE_STREAM=auto QWEN36_MOE_PIN=0" "QWEN36_MOE_STREAM=never"; do
+      [ -z "$a" ] && [ "$env" != QWEN36_MOE_STREAM=auto ] && continue
+      echo "## bench -m 35B-A3B Q4_K_M $a ($env)" >> "$OUT/offload.md"
+      env QWEN36_LOG=debug $env timeout 240 "$Q" bench --backend cuda -m "$M35" $a -p 512,4096 -n 32 -r 1 \
         >> "$OUT/offload.md" 2>&1
       echo "rc=$?" >> "$OUT/offload.md"
     done

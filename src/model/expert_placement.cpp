@@ -169,6 +169,11 @@ ExpertStreamCost expert_stream_cost() {
   };
   positive("QWEN36_MOE_HOST_GFLOPS", &c.host_flops, 1e9);
   positive("QWEN36_MOE_PCIE_GBS", &c.pinned_bytes_per_s, 1e9);
+  if (const char* e = std::getenv("QWEN36_MOE_PIN"); e && *e) {
+    const std::string v = e;
+    QWEN36_CHECK(v == "0" || v == "1", "QWEN36_MOE_PIN=\"{}\": expected 0 or 1", v);
+    c.pin = v == "1";
+  }
   return c;
 }
 

@@ -77,7 +77,8 @@ enum class ExpertStreamMode : uint8_t {
 ExpertStreamMode expert_stream_mode();
 
 // The rates the auto choice compares. Estimates, not measurements: each can be overridden for
-// tuning (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS; expert_stream_cost() reads them).
+// tuning (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS, QWEN36_MOE_PIN; expert_stream_cost() reads
+// them).
 struct ExpertStreamCost {
   // Host routed-expert math (cpu::moe_experts, quantized dot products on all cores): ~16 cores
   // at ~30 GFLOP/s each. Generous to the host, so that the device is chosen only when it
@@ -93,6 +94,9 @@ struct ExpertStreamCost {
   // Fewer tokens than this never stream: decode steps and small verify batches touch a few
   // experts, which the host computes sooner than PCIe delivers them.
   int64_t min_tokens = 32;
+  // Page-lock the host experts before streaming them (QWEN36_MOE_PIN=0: copy from pageable
+  // memory; page-locking a mapped file forces every page in, which some hosts do slowly).
+  bool pin = true;
 };
 ExpertStreamCost expert_stream_cost();
 

@@ -370,6 +370,10 @@ struct Model::ExpertStream {
   // Page-locks the host ranges of a layer's pieces (merged where they touch), once.
   void pin(Layer& l) {
     l.pin_tried = true;
+    if (!cost.pin) {  // QWEN36_MOE_PIN=0
+      l.pinned = false;
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::pair<const std::byte*, const std::byte*>> r;
     for (const Piece& p : l.pieces) r.emplace_back(p.src, p.src + p.bytes);
@@ -448,7 +452,7 @@ bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Ten
     w.intermediate = experts[0].gate_proj.rows();
     w.hidden = x.cols();
     w.upload_bytes = touched;
-    w.pinned = !l.pin_tried || l.pinned;  // not tried yet: it will be, below
+    w.pinned = st.cost.pin && (!l.pin_tried || l.pinned);  // not tried yet: it will be, below
     if (!stream_experts_faster(w, st.cost)) return false;
   }
   if (!l.pin_tried) st.pin(l);

@@ -219,8 +219,10 @@ class CountingBackend final : public Backend {
 // the same bytes, so the logits must equal the single-backend model's BITWISE: prefill of 44
 // rows, decode, the mixed batch and greedy generation; and something must have been uploaded,
 // each copy no larger than a layer's experts (contiguous experts merge into one copy).
+// Then once more without page-locking (QWEN36_MOE_PIN=0): the same logits, nothing pinned.
 TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
   ScopedEnv env("QWEN36_MOE_STREAM", "always");
+  ScopedEnv pin_default("QWEN36_MOE_PIN", nullptr);
   for (const std::string name : {"random-moe", "moe-shared", "moe-mtp", "moe-top4-tied"}) {
     std::unique_ptr<Backend> be = make_cpu_backend(1);
     Model ref(weights_of(name), *be);
@@ -243,6 +245,19 @@ TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
       EXPECT_LE(be2.largest_upload, *std::max_element(layer_bytes.begin(), layer_bytes.end()));
     }
   }
+  ScopedEnv no_pin("QWEN36_MOE_PIN", "0");
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  Model ref(weights_of("random-moe"), *be);
+  const Trace want = trace(ref, *be, 44);
+  PlacementOptions o;
+  o.n_cpu_moe = ref.config().n_layers;
+  CountingBackend be2;
+  Model m(weights_of("random-moe"), be2, resolve_expert_placement(ref.config(), o), /*host_threads=*/1);
+  const Trace got = trace(m, be2, 44);
+  EXPECT_TRUE(got.prefill == want.prefill && got.decode == want.decode && got.batch == want.batch);
+  EXPECT_EQ(got.greedy, want.greedy);
+  EXPECT_GT(be2.uploads, 0);
+  EXPECT_EQ(be2.pins, 0) << "QWEN36_MOE_PIN=0 pinned host memory";
 }
 
 // QWEN36_MOE_STREAM unset (auto) with a host main backend: nothing streams (an upload would
