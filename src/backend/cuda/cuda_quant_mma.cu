@@ -94,6 +94,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
+#include "backend/cuda/cuda_quant_tiles.cuh"
 
 namespace qwen36::cuda {
 
@@ -103,33 +104,6 @@ constexpr int kMaxT = 64;     // tokens per launch (8 n8 tiles)
 constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
 constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
 constexpr int kTabStride = 10;  // float2 per row of Q4_K's (S, M) table: 8 groups + 2 pad (no bank conflicts)
-
-template <DType D>
-struct Tile;
-template <>
-struct Tile<DType::Q4_K_T16> {
-  static constexpr int kBytes = 2304;
-};
-template <>
-struct Tile<DType::Q6_K_T16> {
-  static constexpr int kBytes = 3360;
-};
-template <>
-struct Tile<DType::Q8_0_T16> {
-  static constexpr int kBytes = 4352;
-};
-static_assert(Tile<DType::Q4_K_T16>::kBytes == 16 * 144 && Tile<DType::Q6_K_T16>::kBytes == 16 * 210 &&
-              Tile<DType::Q8_0_T16>::kBytes == 16 * 8 * 34);
-
-template <typename F>
-bool with_tiled_type(DType t, F&& f) {
-  switch (t) {
-    case DType::Q4_K_T16: f(std::integral_constant<DType, DType::Q4_K_T16>{}); return true;
-    case DType::Q6_K_T16: f(std::integral_constant<DType, DType::Q6_K_T16>{}); return true;
-    case DType::Q8_0_T16: f(std::integral_constant<DType, DType::Q8_0_T16>{}); return true;
-    default: return false;
-  }
-}
 
 // ================================================================================================
 // Repacking (GGUF rows → tiles) and dequantization (tiles → rows)
@@ -191,7 +165,7 @@ __device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, 
 // dst (tiled, S super-blocks per row) from src (GGUF rows); one thread per byte.
 template <DType D>
 __global__ void repack_kernel(const uint8_t* __restrict__ src, size_t rb, int S, size_t total, uint8_t* __restrict__ dst) {
-  constexpr int B = Tile<D>::kBytes;
+  constexpr int B = TileLayout<D>::kBytes;
   for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total; idx += size_t(gridDim.x) * blockDim.x) {
     const size_t tile = idx / B;
     const int off = int(idx - tile * B);
@@ -204,7 +178,7 @@ __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret
 // The 32 weights of k32 group j (of the row) of row n, rounded once as quant/dequantize.cpp.
 template <DType D>
 __device__ void tiled_group(const uint8_t* __restrict__ w, int S, int n, int j, float (&y)[32]) {
-  constexpr int B = Tile<D>::kBytes;
+  constexpr int B = TileLayout<D>::kBytes;
   const int r = n >> 4, rho = n & 15, g = rho & 7, hi = rho >> 3, s = j >> 3, jj = j & 7;
   const uint8_t* tile = w + (size_t(r) * S + s) * B;
   if constexpr (D == DType::Q4_K_T16) {
@@ -393,24 +367,14 @@ __device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
 __device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
 
-// 16 bytes global → shared without registers (sm_80+), L2 only: the weights are read once.
-__device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
 // own fragments come from), the tail (headers) by the first lanes.
 template <int B>
 __device__ __forceinline__ void issue_tile(uint8_t* stage, const uint8_t* __restrict__ tile, int lane) {
 #pragma unroll
-  for (int i = 0; i < B / 512; ++i) cp_async16(stage + 512 * i + 16 * lane, tile + 512 * i + 16 * lane);
-  if (16 * lane < B % 512) cp_async16(stage + (B / 512) * 512 + 16 * lane, tile + (B / 512) * 512 + 16 * lane);
+  for (int i = 0; i < B / 512; ++i) cpa_16(stage + 512 * i + 16 * lane, tile + 512 * i + 16 * lane);
+  if (16 * lane < B % 512) cpa_16(stage + (B / 512) * 512 + 16 * lane, tile + (B / 512) * 512 + 16 * lane);
 }
 
 // A lane's registers of one tile.
@@ -547,7 +511,7 @@ __device__ __forceinline__ long long range_begin(int w, long long total, int nw)
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K) the (S, M) table.
 template <DType D, bool REGS>
 constexpr int warp_smem() {
-  return (REGS ? 0 : kStages * Tile<D>::kBytes) + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  return (REGS ? 0 : kStages * TileLayout<D>::kBytes) + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
 // Minimum blocks per SM asked of the compiler (__launch_bounds__), i.e. the register cap:
@@ -567,7 +531,7 @@ constexpr int min_blocks(DType D, int NT, bool ONE, bool capped) {
 // have 1 .. kWarps warps (small matrices spread over every SM).
 template <DType D, int NT, bool ONE, int MINB, bool REGS>
 __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a) {
-  constexpr int B = Tile<D>::kBytes;
+  constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
@@ -584,7 +548,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
 #pragma unroll
     for (int p = 0; p < kStages - 1; ++p) {
       if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
-      cp_async_commit();
+      cpa_commit();
     }
   }
 
@@ -771,8 +735,8 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
       __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
       const int refill = stage == 0 ? kStages - 1 : stage - 1;
       if (i + kStages - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + kStages - 1) * B, lane);
-      cp_async_commit();  // possibly empty: group k always holds tile b0 + k
-      cp_async_wait<kStages - 1>();
+      cpa_commit();  // possibly empty: group k always holds tile b0 + k
+      cpa_wait<kStages - 1>();
       __syncwarp();  // the headers copied by other lanes are visible
       Raw<D> R;
       load_tile<D, false>(ring + stage * B, lane, R);
@@ -913,7 +877,7 @@ __device__ __forceinline__ void block_row_sums(float* red, const float (&part)[N
 // [0, E) gives an act row of zeros.
 template <DType D>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gate_up_kernel(const MoeArgs a) {
-  constexpr int B = Tile<D>::kBytes;
+  constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   griddep_wait();  // the ids and x come from the kernels before
@@ -968,7 +932,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gate_up_kernel(const Mo
 // skipped) and weight; a warp's next unit loads while the current one computes. k ≤ 32.
 template <DType D>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_down_kernel(const MoeArgs a) {
-  constexpr int B = Tile<D>::kBytes;
+  constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   griddep_wait();  // act comes from the gate+up launch
@@ -1114,7 +1078,7 @@ bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == 
 // 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
 template <typename F>
 void with_mma(DType t, int NT, bool one, bool capped, bool regs, F&& f) {
-  with_tiled_type(t, [&](auto dt) {
+  with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     auto go = [&](auto nt, auto o, auto cap) {
       constexpr int N = decltype(nt)::value;
@@ -1226,7 +1190,7 @@ bool quant_tile(Ctx& c, Tensor& w) {
   CUDA_CHECK(cudaMemcpyAsync(src.get(), w.data, bytes, cudaMemcpyDeviceToDevice, c.stream));
   const size_t rb = w.row_bytes();
   const int S = int(w.cols() / 256);
-  with_tiled_type(tt, [&](auto dt) {
+  with_tiled_dtype(tt, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     const int blocks = int(std::min<size_t>((bytes + 255) / 256, size_t(dev_info().sms) * 64));
     repack_kernel<D><<<blocks, 256, 0, c.stream>>>(src.get(), rb, S, bytes, static_cast<uint8_t*>(w.data));
@@ -1253,7 +1217,7 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   if (T > kMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return;  // cuda_quant_gemm.cu
   if (T > kMaxT || c.exact_matmul) {
     for (size_t i = 0; i < ws.size(); ++i)
-      with_tiled_type(ws[i]->dtype, [&](auto dt) {
+      with_tiled_dtype(ws[i]->dtype, [&](auto dt) {
         tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K));
       });
     return;
@@ -1347,11 +1311,11 @@ bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tenso
                    int(D), int(I), int(k), int(E), moe_warps_per_row_tile(int(D / 256))};
   const MoeArgs dn{act.get(), ids.as<const int32_t>(), weights.as<const float>(), table, out.as<float>(),
                    int(I), int(D), int(k), int(E), moe_warps_per_row_tile(int(k * (I / 256)))};
-  with_tiled_type(gate_up, [&](auto dt) {
+  with_tiled_dtype(gate_up, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
     launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, 2));
   });
-  with_tiled_type(down, [&](auto dt) {
+  with_tiled_dtype(down, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
     launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(k), 1));
   });
@@ -1361,7 +1325,7 @@ bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tenso
 void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
   QWEN36_CHECK(rows % 16 == 0 && K % 256 == 0, "moe_experts: tiled experts of {} × {}", rows, K);
-  const bool ok = with_tiled_type(t, [&](auto dt) {
+  const bool ok = with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     const int64_t n = int64_t(ne) * nkind * rows * (K / 32);
     if (n == 0) return;

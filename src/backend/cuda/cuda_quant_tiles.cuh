@@ -2,15 +2,12 @@
 // defines (file-local to each .cu that includes it): the byte layout of the device-tiled
 // quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16; the layout is described in the header
 // of cuda_quant_mma.cu) as named offsets, the runtime tiled dtype → compile-time dispatch, and
-// the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only.
+// the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only
+// (cuda_quant_mma.cu, cuda_quant_gemm.cu).
 //
-// Mirrors (cuda_quant_mma.cu still keeps its own copies in its anonymous namespace; the two must
-// stay equal, and that file can include this header instead later):
-//   TileLayout<D>::kBytes            ↔ Tile<D>::kBytes
-//   TileLayout<D>::k* offsets        ↔ the literals of tile_byte / tiled_group / load_tile
-//   with_tiled_dtype                 ↔ with_tiled_type
-//   cpa_16 / cpa_commit / cpa_wait   ↔ cp_async16 / cp_async_commit / cp_async_wait
-//   q4k_scales                       ↔ q4k_table and tiled_group's (d·sc, dmin·m) (same floats)
+// q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table and tiled_group compute
+// for a tile's (d·sc, dmin·m); the tile byte offsets name the literals of its tile_byte,
+// tiled_group and load_tile.
 
 #include <cstdint>
 #include <type_traits>
