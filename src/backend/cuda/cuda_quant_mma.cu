@@ -1,8 +1,10 @@
 // out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights stored in
 // the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16), T ≤ 64; the repacking of a
 // GGUF matrix into that layout (quant_tile); the tiled → bf16 / f32 dequantization that feeds
-// cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' decode on the same tiles
-// (quant_tiled_moe) and their dequantization for the MoE prefill (quant_dequant_tiled_experts).
+// cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' dequantization for the MoE
+// prefill (quant_dequant_tiled_experts; their decode on the same tiles: cuda_quant_moe_mma.cu).
+// The register side shared with that file (mma wrappers, tile registers, A fragments, the int8
+// activation quantizer) is cuda_quant_mma_frags.cuh.
 //
 //  - Layout: a [N, K] matrix (N % 16 == 0, K % 256 == 0) is a sequence of tiles (row-tile r of
 //    16 rows, super-block s of 256 weights), s fastest, each tile holding exactly the GGUF bytes
@@ -65,22 +67,6 @@
 //    adds ~19 per 16 weights.
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
 //    cuda_quant_matmul.cu's quant_gemm.
-//  - Routed experts (quant_tiled_moe; cuda_moe.cu takes it up to its pair bound): as the GGUF
-//    path's GEMVs (the same int8 twin), two launches. gate+up: a block (8 warps) per (token,
-//    expert) pair p and 16 · (8 / wr) rows, SwiGLU in the epilogue, act [P, I] f32. down: a
-//    block per token and 16 · (8 / wr) rows, its k pairs' products weighted and summed in the
-//    block (no y rows, no combine launch). A row-tile's units (gate+up: super-blocks; down:
-//    (pair, super-block)) are split wr ways between warps (35B: gate/up K = 2048, 8 warps each
-//    one gate and one up tile; down 8 pairs × 2 super-blocks, 8 warps of 2 units, the second
-//    loading while the first computes), and the pieces meet in shared memory in warp order: no
-//    atomics, no cross-block arrivals, bitwise reproducible (eager or graph replay). A block
-//    quantizes its rows itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from
-//    L2, while its first tiles load) and puts a row in all 8 MMA columns: 7/8 of each MMA is
-//    wasted, free next to the tile loads, and there is no quantization launch or token-column
-//    bookkeeping. Why per pair rather than per expert with its tokens as MMA columns: that
-//    needs a device-side grouping by expert (a sort, an extra launch) and pays only where a
-//    step's tokens share experts; per pair the cost is linear in pairs, as the GEMVs'. Tiles
-//    load with default eviction (pairs sharing an expert may find them in L2).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -94,7 +80,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
-#include "backend/cuda/cuda_quant_tiles.cuh"
+#include "backend/cuda/cuda_quant_mma_frags.cuh"
 
 namespace qwen36::cuda {
 
@@ -103,7 +89,6 @@ namespace {
 constexpr int kMaxT = 64;     // tokens per launch (8 n8 tiles)
 constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
 constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
-constexpr int kTabStride = 10;  // float2 per row of Q4_K's (S, M) table: 8 groups + 2 pad (no bank conflicts)
 
 // ================================================================================================
 // Repacking (GGUF rows → tiles) and dequantization (tiles → rows)
@@ -285,32 +270,6 @@ __global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ tab
 // one token (G % 8 == 0), so c is warp-uniform: padded tokens (c ≥ T) store zeros without
 // loading. The bytes and scales are those of the earlier one-warp-per-group form exactly.
 // Also zeroes the GEMM's arrival counters (fresh stream-ordered memory each call).
-// A thread's 4 weights of a 32-weight group held by 8 consecutive lanes (every lane of the warp
-// takes part): the group's scale d = amax / 127, the 4 codes rounded to nearest even (the
-// 1.5 · 2^23 trick) packed little-endian into a word, and the code sums of the thread's 16-half
-// of the group (half) and of the other 16-half (other).
-struct QuantQuad {
-  float d;
-  uint32_t packed;
-  int half, other;
-};
-__device__ __forceinline__ QuantQuad quantize_quad(float4 v) {
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
-  const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
-  const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
-  const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
-  int half = q0 + q1 + q2 + q3;
-  half += __shfl_xor_sync(0xffffffffu, half, 1);
-  half += __shfl_xor_sync(0xffffffffu, half, 2);
-  const int other = __shfl_xor_sync(0xffffffffu, half, 4);
-  return {d, (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24,
-          half, other};
-}
-
 __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int NT, uint8_t* __restrict__ xb,
                                 float* __restrict__ xf, int* __restrict__ xi, int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
@@ -344,135 +303,6 @@ __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int N
 // ================================================================================================
 // The GEMM
 // ================================================================================================
-
-__device__ __forceinline__ void mma_u8s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-__device__ __forceinline__ void mma_s8s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-// d = a · b + {c0, c1, c0, c1} (k16: rows g, g + 8 share the per-token init)
-__device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%7,%8};\n"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1));
-}
-
-__device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-__device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
-
-
-// A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
-// own fragments come from), the tail (headers) by the first lanes.
-template <int B>
-__device__ __forceinline__ void issue_tile(uint8_t* stage, const uint8_t* __restrict__ tile, int lane) {
-#pragma unroll
-  for (int i = 0; i < B / 512; ++i) cpa_16(stage + 512 * i + 16 * lane, tile + 512 * i + 16 * lane);
-  if (16 * lane < B % 512) cpa_16(stage + (B / 512) * 512 + 16 * lane, tile + (B / 512) * 512 + 16 * lane);
-}
-
-// A lane's registers of one tile.
-template <DType D>
-struct Raw;
-template <>
-struct Raw<DType::Q4_K_T16> {
-  uint4 q[4], h;
-};
-template <>
-struct Raw<DType::Q6_K_T16> {
-  uint4 q[4], hb[2], sc0, sc1;
-  uint32_t d;
-};
-template <>
-struct Raw<DType::Q8_0_T16> {
-  uint4 q[8], d0, d1;
-};
-
-__device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
-// Global, evict-first (the weights are read once per call; x's fragments stay in cache).
-__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
-
-// Global through the read-only path, default eviction (MoE experts: pairs sharing an expert
-// read the same tiles, possibly from L2).
-__device__ __forceinline__ uint4 ldg4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
-// A lane's registers of one tile, from the warp's shared-memory stage (GLOBAL = false) or
-// straight from the tiled matrix (GLOBAL = true: the register-prefetch path; STREAM: the loads
-// evict first).
-template <DType D, bool GLOBAL, bool STREAM = true>
-__device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>& R) {
-  const int g = lane >> 2;
-  auto ld4 = [](const uint8_t* p) { return GLOBAL ? (STREAM ? ldcs4(p) : ldg4(p)) : lds4(p); };
-  if constexpr (D == DType::Q4_K_T16) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
-    R.h = ld4(tile + 2048 + 16 * (lane & 15));
-  } else if constexpr (D == DType::Q6_K_T16) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) R.hb[i] = ld4(tile + 2048 + 512 * i + 16 * lane);
-    R.sc0 = ld4(tile + 3072 + 16 * g);
-    R.sc1 = ld4(tile + 3072 + 16 * (g + 8));
-    if constexpr (GLOBAL) {
-      const unsigned short* dp = reinterpret_cast<const unsigned short*>(tile + 3328);
-      if constexpr (STREAM)
-        R.d = uint32_t(__ldcs(dp + g)) | uint32_t(__ldcs(dp + g + 8)) << 16;
-      else
-        R.d = uint32_t(__ldg(dp + g)) | uint32_t(__ldg(dp + g + 8)) << 16;
-    } else {
-      R.d = uint32_t(ld_u16(tile + 3328 + 2 * g)) | uint32_t(ld_u16(tile + 3328 + 2 * (g + 8))) << 16;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
-    R.d0 = ld4(tile + 4096 + 16 * g);
-    R.d1 = ld4(tile + 4096 + 16 * (g + 8));
-  }
-}
-
-// Q4_K: the tile's (S, M) = (d·sc, dmin·m) of row lane % 16, groups 4·(lane / 16) .. + 3, into
-// the warp's table (16 rows × kTabStride), which every lane then reads by row and group.
-__device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
-  const bool up = lane >= 16;
-  const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
-  const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
-  const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
-  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
-  __syncwarp();  // the previous tile's readers are done
-  dst[0] = make_float4(d * float(sc4 & 255u), dmin * float(m4 & 255u), d * float((sc4 >> 8) & 255u),
-                       dmin * float((m4 >> 8) & 255u));
-  dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
-                       dmin * float(m4 >> 24));
-  __syncwarp();
-}
-
-// The A fragments of k32 group jj (0..7, a compile-time index once unrolled) of a lane's tile
-// registers: Q4_K / Q6_K codes as u8 (Q6_K with its high bits, 0..63), Q8_0 as s8.
-template <DType D>
-__device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
-                                        uint32_t& a3) {
-  if constexpr (D == DType::Q8_0_T16) {
-    a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
-  } else {
-    const uint4& v = R.q[jj >> 1];
-    const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
-    a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
-    if constexpr (D == DType::Q6_K_T16) {
-      const uint32_t H = pick(R.hb[jj >> 2], jj & 3);
-      a0 |= (H << 4) & 0x30303030u;
-      a1 |= (H << 2) & 0x30303030u;
-      a2 |= H & 0x30303030u;
-      a3 |= (H >> 2) & 0x30303030u;
-    }
-  }
-}
 
 struct MmaArgs {
   const uint8_t* w;    // tiles
@@ -748,250 +578,6 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   arrive_all();
 }
 
-// ================================================================================================
-// Routed experts: one (token, expert) pair per activation row
-// ================================================================================================
-
-constexpr int kMoeWarps = 8;           // warps per block of the pair kernels
-constexpr int kMaxMoeWidth = 16384;    // D and I bound: one row's fragments in shared memory
-constexpr int64_t kMaxMoePairs = 65535;  // pairs per call: the grid's y dimension
-
-// One k32 group of one activation row as quantize_kernel quantizes it (bitwise the same codes
-// and scales): b[t] is the B fragment of every lane with t = lane % 4 (codes 4t .. 4t + 3 and
-// 16 + 4t .. 16 + 4t + 3), whatever its g, so all 8 MMA columns hold this row; s = {d, d·Σq,
-// −32·ΣqA, −32·ΣqB} (the last two bit-cast ints: Q6_K's offsets per 16-half).
-struct __align__(16) ColGroup {
-  uint2 b[4];
-  float4 s;
-};
-static_assert(sizeof(ColGroup) == 48);
-
-// x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
-// quantize_kernel); G % 4 == 0, so every warp is whole in every round of the loop.
-__device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
-  for (int id = int(threadIdx.x); id < G * 8; id += int(blockDim.x)) {
-    const int j = id >> 3, u = id & 7;
-    const float4 v = reinterpret_cast<const float4*>(x + size_t(j) * 32)[u];
-    const QuantQuad qq = quantize_quad(v);
-    const float d = qq.d;
-    const int half = qq.half, other = qq.other;
-    // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
-    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
-    if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
-  }
-}
-
-// One tile (row-tile r, super-block s) against one quantized row (its 8 groups at xg): acc0 +=
-// rows g, acc1 += rows g + 8 of the tile. Every MMA column holds the row, so the 4 lanes of a g
-// hold the same values. The integer products and the float epilogue are mma_kernel's for a
-// token column (the same roundings: the int8 twin is the same).
-template <DType D>
-__device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
-                                         [[maybe_unused]] float2* tab, float& acc0, float& acc1) {
-  const int t = lane & 3;
-  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
-  if constexpr (D == DType::Q4_K_T16) {
-    q4k_table(R.h, lane, tab);
-  } else if constexpr (D == DType::Q6_K_T16) {
-    dg = h2f(uint16_t(R.d & 0xFFFFu));
-    dg8 = h2f(uint16_t(R.d >> 16));
-  }
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    uint32_t a0, a1, a2, a3;
-    a_frags(R, jj, a0, a1, a2, a3);
-    const uint2 bf = xg[jj].b[t];
-    const float4 f = xg[jj].s;
-    if constexpr (D == DType::Q4_K_T16) {
-      const int g = lane >> 2;
-      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
-      int c[4];
-      mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc0 = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc0));
-      acc1 = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc1));
-    } else if constexpr (D == DType::Q6_K_T16) {
-      const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
-      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
-      const int za = __float_as_int(f.z), zb = __float_as_int(f.w);
-      int ca[4], cb[4];
-      mma_u8s8_k16(ca, a0, a1, bf.x, za, za);  // Σ (q − 32) · x over the first 16
-      mma_u8s8_k16(cb, a2, a3, bf.y, zb, zb);  // and the second
-      acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
-      acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
-    } else {
-      const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
-      const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
-      int c[4];
-      mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc0 = fmaf(e0 * f.x, float(c[0]), acc0);
-      acc1 = fmaf(e1 * f.x, float(c[2]), acc1);
-    }
-  }
-}
-
-struct MoeArgs {
-  const float* x;            // gate+up: x [T, K] (pair p reads row p / k); down: act [P, K]
-  const int32_t* ids;        // [P]: the expert of pair p = t·k + j
-  const float* w;            // [P]: its routing weight (down)
-  const void* const* table;  // [E][3]: tiled gate, up, down
-  float* out;                // gate+up: act [P, N] = silu(gate · x) ⊙ (up · x); down: out [T, N]
-  int K, N, k, E, wr;        // N rows of K per matrix; wr warps per row-tile (8 / wr row-tiles per block)
-};
-
-// Shared memory of a block: `rows` quantized rows, the warps' partial sums (nm per row),
-// (Q4_K) the warps' scale tables.
-template <DType D>
-size_t moe_smem(int K, int rows, int nm) {
-  return size_t(rows) * (K / 32) * sizeof(ColGroup) + size_t(kMoeWarps) * nm * 16 * sizeof(float) +
-         (D == DType::Q4_K_T16 ? size_t(kMoeWarps) * 16 * kTabStride * sizeof(float2) : 0);
-}
-
-// The warps' partial sums of the block's row-tiles meet in warp order (no atomics: bitwise
-// reproducible); part[m][0 / 1] are this warp's rows g / g + 8 of its row-tile. Returns, for
-// thread i < rpb · 16, the sums of row i % 16 of row-tile i / 16 of the block (nm values).
-template <int NM>
-__device__ __forceinline__ void block_row_sums(float* red, const float (&part)[NM][2], int wr, float (&sum)[NM]) {
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2;
-  if ((lane & 3) == 0) {  // the 4 lanes of a g hold the same values
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      red[(warp * NM + m) * 16 + g] = part[m][0];
-      red[(warp * NM + m) * 16 + g + 8] = part[m][1];
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int m = 0; m < NM; ++m) sum[m] = 0.0f;
-  if (int(threadIdx.x) < (kMoeWarps / wr) * 16) {
-    const int rl = int(threadIdx.x) >> 4, row = int(threadIdx.x) & 15;
-    for (int q = 0; q < wr; ++q)  // warp order
-#pragma unroll
-      for (int m = 0; m < NM; ++m) sum[m] += red[((rl * wr + q) * NM + m) * 16 + row];
-  }
-}
-
-// gate+up. grid (row-tile groups, P), kMoeWarps warps: block (b, p) computes rows 16·r ..
-// 16·r + 15 of gate and up, r = b · rpb + warp / wr, for pair p's expert, warp w taking
-// super-blocks w % wr, + wr, ... of its row-tile; act = silu(gate) ⊙ up. The block quantizes
-// x's row itself (its first tiles already loading): no quantization launch. An id outside
-// [0, E) gives an act row of zeros.
-template <DType D>
-__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gate_up_kernel(const MoeArgs a) {
-  constexpr int B = TileLayout<D>::kBytes;
-  extern __shared__ __align__(16) uint8_t smem[];
-  griddep_trigger();
-  griddep_wait();  // the ids and x come from the kernels before
-  const int p = int(blockIdx.y), e = a.ids[p];
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
-  const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
-  float* act = a.out + size_t(p) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15);
-  if (e < 0 || e >= a.E) {  // the whole block, before any barrier
-    if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = 0.0f;
-    return;
-  }
-  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
-  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [warp][2][16]
-  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * 2 * 16) + warp * 16 * kTabStride;
-
-  const bool live = r < R;
-  const size_t off = size_t(live ? r : 0) * S * B;
-  const uint8_t* wg = static_cast<const uint8_t*>(a.table[3 * size_t(e)]) + off;
-  const uint8_t* wu = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 1]) + off;
-  int s = warp % wr;  // < S: wr ≤ S
-  Raw<D> RG, RU;
-  if (live) {
-    load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
-    load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
-  }
-  quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
-  __syncthreads();
-  float part[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-  if (live) {
-    for (;;) {
-      tile_row<D>(RG, xg + s * 8, lane, tab, part[0][0], part[0][1]);
-      tile_row<D>(RU, xg + s * 8, lane, tab, part[1][0], part[1][1]);
-      s += wr;
-      if (s >= S) break;
-      load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
-      load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
-    }
-  }
-  float sum[2];
-  block_row_sums<2>(red, part, wr, sum);
-  if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = silu_f(sum[0]) * sum[1];
-}
-
-// down and the weighted sum over a token's k pairs. grid (row-tile groups, T), kMoeWarps warps:
-// block (b, t) computes out[t] rows 16·r .. 16·r + 15, r = b · rpb + warp / wr, as Σ_j w[t, j] ·
-// down_e(j) · act[t·k + j]: a row-tile's k·S units (pair j, super-block s; u = j·S + s) are
-// split between its wr warps (u = w % wr, + wr, ...), each unit's product weighted in f32 as it
-// is added, and the warps' sums meet in warp order (no atomics, no y round trip or combine
-// launch). The block quantizes the token's k act rows (contiguous: pairs t·k .. t·k + k − 1).
-// Lane j < k of every warp holds pair j's down matrix (null: id outside [0, E), its units are
-// skipped) and weight; a warp's next unit loads while the current one computes. k ≤ 32.
-template <DType D>
-__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_down_kernel(const MoeArgs a) {
-  constexpr int B = TileLayout<D>::kBytes;
-  extern __shared__ __align__(16) uint8_t smem[];
-  griddep_trigger();
-  griddep_wait();  // act comes from the gate+up launch
-  const int t = int(blockIdx.y), k = a.k;
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int S = a.K >> 8, G = a.K >> 5, U = k * S, wr = a.wr, rpb = kMoeWarps / wr, R = a.N >> 4;
-  const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
-  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);  // [k][G]
-  float* red = reinterpret_cast<float*>(smem + size_t(k) * G * sizeof(ColGroup));  // [warp][16]
-  float2* tab = reinterpret_cast<float2*>(red + kMoeWarps * 16) + warp * 16 * kTabStride;
-
-  const uint8_t* mine = nullptr;  // lane j < k: pair j's down matrix, and its weight
-  float wmine = 0.0f;
-  if (lane < k) {
-    const int e = a.ids[size_t(t) * k + lane];
-    if (e >= 0 && e < a.E) {
-      mine = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 2]);
-      wmine = a.w[size_t(t) * k + lane];
-    }
-  }
-  const unsigned valid = __ballot_sync(0xffffffffu, mine != nullptr);
-  const bool live = r < R;
-  // The first unit ≥ u of this warp (u ≡ warp % wr) whose pair is valid; U when none is left.
-  auto next = [&](int u) {
-    while (u < U && !((valid >> (u / S)) & 1u)) u += wr;
-    return u;
-  };
-  // Unit u's tile (warp-uniform u: every lane takes part in the shuffle).
-  auto tile_of = [&](int u) {
-    const int j = u / S;
-    const auto base = reinterpret_cast<const uint8_t*>(
-        __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-    return base + (size_t(r) * S + size_t(u - j * S)) * B;
-  };
-  int u = next(warp % wr);
-  Raw<D> cur{}, nxt{};
-  if (live && u < U) load_tile<D, true, false>(tile_of(u), lane, cur);
-  quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
-  __syncthreads();
-  float part[1][2] = {{0.0f, 0.0f}};
-  if (live) {
-    while (u < U) {
-      const int un = next(u + wr);
-      if (un < U) load_tile<D, true, false>(tile_of(un), lane, nxt);
-      const int j = u / S;
-      float p0 = 0.0f, p1 = 0.0f;
-      tile_row<D>(cur, xg + size_t(j) * G + size_t(u - j * S) * 8, lane, tab, p0, p1);
-      const float wj = __shfl_sync(0xffffffffu, wmine, j);
-      part[0][0] = fmaf(wj, p0, part[0][0]);
-      part[0][1] = fmaf(wj, p1, part[0][1]);
-      cur = nxt;
-      u = un;
-    }
-  }
-  float sum[1];
-  block_row_sums<1>(red, part, wr, sum);
-  if (int(threadIdx.x) < rpb * 16 && r_out < R) a.out[size_t(t) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15)] = sum[0];
-}
-
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
 // resources.
 struct MmaPlan {
@@ -1153,18 +739,6 @@ void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int 
 }
 
 
-// Warps per row-tile for `units` tiles per row-tile: one unit each where there are enough (the
-// 35B's gate/up: K = 2048, 8 super-blocks, 8 warps on one row-tile, all its tiles in flight at
-// once; its down: 8 pairs × 2 super-blocks, 8 warps of 2 units), else fewer warps per row-tile
-// and more row-tiles per block.
-int moe_warps_per_row_tile(int units) { return units >= 8 ? 8 : units >= 4 ? 4 : units >= 2 ? 2 : 1; }
-
-template <typename Kernel>
-void launch_moe(Ctx& c, Kernel kernel, const MoeArgs& a, unsigned grid_y, size_t smem) {
-  const int rpb = kMoeWarps / a.wr, R = a.N / 16;
-  launch_pdl(kernel, dim3(unsigned((R + rpb - 1) / rpb), grid_y), dim3(kMoeWarps * 32), smem, c.stream, a);
-}
-
 }  // namespace
 
 DType quant_tiled_type(DType t) {
@@ -1294,33 +868,6 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   }
 }
 
-bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
-                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out) {
-  const int64_t T = x.rows(), D = x.cols(), k = ids.cols(), P = T * k;
-  if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || P < 1 || P > kMaxMoePairs ||
-      k < 1 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 ||
-      E >= (int64_t(1) << 30) || x.dtype != DType::F32 || !aligned16(x.data) || ids.dtype != DType::I32 ||
-      ids.rows() != T || weights.dtype != DType::F32 || weights.numel() != P || out.dtype != DType::F32 ||
-      out.numel() != T * D)
-    return false;
-  // The down block holds its token's k quantized act rows in shared memory (35B: 6 KB), its
-  // lanes the k pairs' matrices; no opt-in above the default 48 KB.
-  if (k > 32 || moe_smem<DType::Q4_K_T16>(int(I), int(k), 1) > (size_t(48) << 10)) return false;
-  Temp<float> act(c, size_t(P * I));  // the pairs' SwiGLU rows (35B at 256 pairs: 0.5 MB)
-  const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), weights.as<const float>(), table, act.get(),
-                   int(D), int(I), int(k), int(E), moe_warps_per_row_tile(int(D / 256))};
-  const MoeArgs dn{act.get(), ids.as<const int32_t>(), weights.as<const float>(), table, out.as<float>(),
-                   int(I), int(D), int(k), int(E), moe_warps_per_row_tile(int(k * (I / 256)))};
-  with_tiled_dtype(gate_up, [&](auto dt) {
-    constexpr DType DT = decltype(dt)::value;
-    launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, 2));
-  });
-  with_tiled_dtype(down, [&](auto dt) {
-    constexpr DType DT = decltype(dt)::value;
-    launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(k), 1));
-  });
-  return true;
-}
 
 void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
