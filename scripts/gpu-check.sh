@@ -92,6 +92,12 @@ part profiles && for m in qwen3.6-27b qwen3.6-35b-a3b; do
   QWEN36_PROFILE=1 timeout 150 "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 16 -r 1 -b 1 \
     >> "$OUT/profiles.md" 2>&1
 done
+# Kernel by kernel (ncu: each alone, cold L2; needs a runtime that lets ncu read the counters)
+part profiles && command -v ncu > /dev/null && for m in qwen3.6-27b qwen3.6-35b-a3b; do
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 2 -r 1 -b 1 > "$OUT/ncu-$m.csv" 2> /dev/null &&
+    { echo "## $m q4_k_m decode step, per kernel (ncu)"; scripts/ncu-step.py "$OUT/ncu-$m.csv"; } >> "$OUT/profiles.md"
+done
 # Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or
 # /tmp), all on the GPU, then N layers' routed experts on the host, decode on the host and prefill
 # streamed (QWEN36_MOE_STREAM auto) or computed on the host (never). QWEN36_LOG=debug shows the
