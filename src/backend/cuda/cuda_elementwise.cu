@@ -41,6 +41,7 @@ __device__ float block_sum(float v) {
 template <bool Gated>
 __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D) {
   griddep_trigger();  // the GEMV after a norm may start streaming its weights
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
   const float* xr = x + int64_t(blockIdx.x) * D;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
@@ -63,6 +64,7 @@ template <bool Gated>
 __global__ void rms_norm_rows_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D,
                                      int64_t R) {
   griddep_trigger();
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= R) return;
@@ -85,6 +87,7 @@ __global__ void rms_norm_rows_kernel(const float* x, const float* z, const float
 __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w, float eps, float* out,
                                     int64_t D) {
   griddep_trigger();
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
   float* yr = y + int64_t(blockIdx.x) * D;
   const float* dr = delta + int64_t(blockIdx.x) * D;
   float ss = 0;
@@ -106,6 +109,7 @@ constexpr int kVec = 4;
 __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const float4* w, float eps, float4* out,
                                         int64_t D4) {
   griddep_trigger();
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
   float4* yr = y + int64_t(blockIdx.x) * D4;
   const float4* dr = delta + int64_t(blockIdx.x) * D4;
   float4 v[kVec];
@@ -137,10 +141,13 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
   QWEN36_GRID_STRIDE(i, n) y[i] += x[i];
 }
 __global__ void swiglu_kernel(const float* g, const float* u, float* o, int64_t n) {
+  griddep_trigger();
+  griddep_wait();
   QWEN36_GRID_STRIDE(i, n) o[i] = silu_f(g[i]) * u[i];
 }
 __global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n) {
   griddep_trigger();
+  griddep_wait();
   QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
 }
 // Row-wise kernels index (row, column) from a 2-D grid, not from a flat index: a 64-bit
@@ -154,6 +161,8 @@ dim3 row_grid(int64_t rows, int64_t cols) {
          c += int64_t(gridDim.x) * blockDim.x)
 
 __global__ void add_sigmoid_scaled_kernel(float* y, const float* x, const float* s, int64_t D, int64_t rows) {
+  griddep_trigger();
+  griddep_wait();
   QWEN36_ROWS_COLS(r, c, rows, D) y[r * D + c] += sigmoid_f(s[r]) * x[r * D + c];
 }
 __global__ void copy_cols_kernel(const float* src, int64_t sc, int64_t s0, float* dst, int64_t dc, int64_t d0,
@@ -170,6 +179,8 @@ __global__ void get_rows_kernel(const float* src, int64_t D, const int32_t* rows
   QWEN36_ROWS_COLS(r, c, n, D) dst[r * D + c] = src[int64_t(rows[r]) * D + c];
 }
 __global__ void split_q_gate_kernel(const float* qg, float* q, float* gate, int64_t hd, int64_t rows) {
+  griddep_trigger();
+  griddep_wait();
   QWEN36_ROWS_COLS(r, c, rows, hd) {
     q[r * hd + c] = qg[r * 2 * hd + c];
     gate[r * hd + c] = qg[r * 2 * hd + hd + c];
@@ -178,6 +189,8 @@ __global__ void split_q_gate_kernel(const float* qg, float* q, float* gate, int6
 // One thread per (token, head, pair i < half).
 __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq, int64_t heads, int64_t hd,
                             int64_t half, int64_t n) {
+  griddep_trigger();
+  griddep_wait();
   QWEN36_GRID_STRIDE(idx, n) {
     const int64_t i = idx % half, th = idx / half, t = th / heads;
     const int32_t p = pos[t];
@@ -220,11 +233,11 @@ void rms_norm(Ctx& c, const Tensor& x, const Tensor& w, float eps, Tensor& out) 
   QWEN36_CHECK(x.numel() % D == 0, "rms_norm: {} is not rows of {}", x.shape_str(), D);
   if (R == 0) return;
   if (D <= 512 && R > 1)
-    rms_norm_rows_kernel<false><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, c.stream>>>(
-        x.as<const float>(), nullptr, w.as<const float>(), eps, out.as<float>(), D, R);
+    launch_pdl(rms_norm_rows_kernel<false>, dim3(unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0,
+               c.stream, x.as<const float>(), nullptr, w.as<const float>(), eps, out.as<float>(), D, R);
   else
-    rms_norm_kernel<false><<<unsigned(R), norm_threads(D), 0, c.stream>>>(x.as<const float>(), nullptr,
-                                                                           w.as<const float>(), eps, out.as<float>(), D);
+    launch_pdl(rms_norm_kernel<false>, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, x.as<const float>(),
+               nullptr, w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -235,11 +248,11 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
   check_same(x, out, "gated_rms_norm");
   if (R == 0) return;
   if (D <= 512 && R > 1)
-    rms_norm_rows_kernel<true><<<unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, c.stream>>>(
-        x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D, R);
+    launch_pdl(rms_norm_rows_kernel<true>, dim3(unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0,
+               c.stream, x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D, R);
   else
-    rms_norm_kernel<true><<<unsigned(R), norm_threads(D), 0, c.stream>>>(
-        x.as<const float>(), z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+    launch_pdl(rms_norm_kernel<true>, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, x.as<const float>(),
+               z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -257,11 +270,11 @@ void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float
   const int64_t D4 = D / 4;
   const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
   if (D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec)
-    add_rms_norm_vec_kernel<<<unsigned(R), threads, 0, c.stream>>>(y.as<float4>(), delta.as<const float4>(),
-                                                                   w.as<const float4>(), eps, out.as<float4>(), D4);
+    launch_pdl(add_rms_norm_vec_kernel, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
+               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4);
   else
-    add_rms_norm_kernel<<<unsigned(R), norm_threads(D), 0, c.stream>>>(y.as<float>(), delta.as<const float>(),
-                                                                       w.as<const float>(), eps, out.as<float>(), D);
+    launch_pdl(add_rms_norm_kernel, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, y.as<float>(),
+               delta.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -278,7 +291,8 @@ void swiglu(Ctx& c, const Tensor& gate, const Tensor& up, Tensor& out) {
   check_same(gate, out, "swiglu");
   const int64_t n = out.numel();
   if (!n) return;
-  swiglu_kernel<<<grid_for(n), 256, 0, c.stream>>>(gate.as<const float>(), up.as<const float>(), out.as<float>(), n);
+  launch_pdl(swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, gate.as<const float>(), up.as<const float>(),
+             out.as<float>(), n);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -286,7 +300,7 @@ void sigmoid_mul(Ctx& c, Tensor& x, const Tensor& gate) {
   check_same(x, gate, "sigmoid_mul");
   const int64_t n = x.numel();
   if (!n) return;
-  sigmoid_mul_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), gate.as<const float>(), n);
+  launch_pdl(sigmoid_mul_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), gate.as<const float>(), n);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -296,8 +310,8 @@ void add_sigmoid_scaled(Ctx& c, Tensor& y, const Tensor& x, const Tensor& s) {
   QWEN36_CHECK(D * T == y.numel(), "add_sigmoid_scaled: {} rows vs {}", T, y.shape_str());
   const int64_t n = y.numel();
   if (!n) return;
-  add_sigmoid_scaled_kernel<<<row_grid(n / D, D), 256, 0, c.stream>>>(y.as<float>(), x.as<const float>(),
-                                                                       s.as<const float>(), D, n / D);
+  launch_pdl(add_sigmoid_scaled_kernel, row_grid(n / D, D), dim3(256), 0, c.stream, y.as<float>(), x.as<const float>(),
+             s.as<const float>(), D, n / D);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -344,8 +358,8 @@ void split_q_gate(Ctx& c, const Tensor& qg, Tensor& q, Tensor& gate) {
                qg.shape_str(), q.shape_str(), gate.shape_str());
   const int64_t n = q.numel();
   if (!n) return;
-  split_q_gate_kernel<<<row_grid(n / hd, hd), 256, 0, c.stream>>>(qg.as<const float>(), q.as<float>(),
-                                                                    gate.as<float>(), hd, n / hd);
+  launch_pdl(split_q_gate_kernel, row_grid(n / hd, hd), dim3(256), 0, c.stream, qg.as<const float>(), q.as<float>(),
+             gate.as<float>(), hd, n / hd);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -367,7 +381,7 @@ void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, f
   const int32_t *slot = nullptr, *pos = nullptr;
   dev_token_map(c, runs, T, stmp, ptmp, &slot, &pos);
   const int64_t n = T * heads * half;
-  rope_kernel<<<grid_for(n), 256, 0, c.stream>>>(x.as<float>(), pos, f, heads, hd, half, n);
+  launch_pdl(rope_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), pos, f, heads, hd, half, n);
   CUDA_LAUNCH_CHECK();
 }
 
