@@ -2,13 +2,14 @@
 // defines: helpers shared by the quantized-weight GPU tests (test_cuda_quant.cpp,
 //          test_cuda_quant_mma.cpp): random quantized rows, int8-exact and int8-rounded
 //          activations (the decode kernels' CPU twin), the double-precision reference product,
-//          and a per-call timer.
+//          a per-call timer, and the worst relative error with its position.
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -97,6 +98,27 @@ inline double time_per_call(int n, F&& f) {
   for (int r = 0; r < reps; ++r) f(r % n);
   cuda_synchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// max |got − want| / max(1, max |want|) over the rows n % step == 0 of [T, N] results (NaN counts
+// as a huge error), and in *where the position (t, n; n / 16 is the row-tile of the tiled
+// layouts) with both values.
+inline double worst_rel_err(const std::vector<float>& got, const std::vector<float>& want, int64_t T, int64_t N,
+                            int64_t step, std::string* where) {
+  double worst = -1, scale = 1;
+  int64_t wt = 0, wn = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; n += step) {
+      const size_t i = size_t(t * N + n);
+      scale = std::max(scale, std::abs(double(want[i])));
+      const double d = std::isnan(got[i]) ? 1e30 : std::abs(double(got[i]) - double(want[i]));
+      if (d > worst) worst = d, wt = t, wn = n;
+    }
+  const size_t i = size_t(wt * N + wn);
+  *where = "worst at t=" + std::to_string(wt) + " n=" + std::to_string(wn) + " (row-tile " + std::to_string(wn / 16) +
+           ", row " + std::to_string(wn % 16) + "): got " + std::to_string(got[i]) + " want " + std::to_string(want[i]) +
+           " (max |want| " + std::to_string(scale) + ")";
+  return worst / scale;
 }
 
 }  // namespace qwen36::gputest

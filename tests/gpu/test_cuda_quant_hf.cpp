@@ -59,24 +59,6 @@ HostT random_hf(std::mt19937& rng, DType t, int64_t N, int64_t K) {
   return h;
 }
 
-// max |got − want| / max(1, max |want|) over the rows n % step == 0, and where.
-double worst_err(const std::vector<float>& got, const std::vector<float>& want, int64_t T, int64_t N, int64_t step,
-                 std::string* where) {
-  double worst = -1, scale = 1;
-  int64_t wt = 0, wn = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < N; n += step) {
-      const size_t i = size_t(t * N + n);
-      scale = std::max(scale, std::abs(double(want[i])));
-      const double d = std::isnan(got[i]) ? 1e30 : std::abs(double(got[i]) - double(want[i]));
-      if (d > worst) worst = d, wt = t, wn = n;
-    }
-  const size_t i = size_t(wt * N + wn);
-  *where = "worst at t=" + std::to_string(wt) + " n=" + std::to_string(wn) + ": got " + std::to_string(got[i]) +
-           " want " + std::to_string(want[i]) + " (max |want| " + std::to_string(scale) + ")";
-  return worst / scale;
-}
-
 class CudaQuantHf : public CudaTest {};
 
 // Tolerances (relative to max(1, max |result|)):
@@ -110,13 +92,13 @@ TEST_F(CudaQuantHf, MatmulMatchesCpuDequant) {
         gpu_->matmul(dx.t, dw.t, dout.t);
         std::string where;
         const double tol = T <= 8 ? 1e-4 : 1e-2;
-        EXPECT_LE(worst_err(download(*gpu_, dout.t), want, T, s.N, 1, &where), tol)
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), want, T, s.N, 1, &where), tol)
             << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << (T <= 8 ? " (gemv) " : " (prefill) ")
             << where;
         if (T == 3 || T == 40) {
           DevT ex = upload(*exact, x), eout = upload(*exact, HostT(DType::F32, {T, s.N}));
           exact->matmul(ex.t, dwe.t, eout.t);
-          EXPECT_LE(worst_err(download(*exact, eout.t), want, T, s.N, 1, &where), 1e-4)
+          EXPECT_LE(worst_rel_err(download(*exact, eout.t), want, T, s.N, 1, &where), 1e-4)
               << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " (exact_matmul) " << where;
         }
       }
@@ -224,7 +206,7 @@ TEST_F(CudaQuantHf, Bandwidth27B) {
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
         const double s = time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
         std::string where;
-        EXPECT_LE(worst_err(download(*gpu_, dout.t), reference(w, x, T, 997), T, N, 997, &where), 1e-4)
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(w, x, T, 997), T, N, 997, &where), 1e-4)
             << dtype_name(dt) << " " << where;
         const double gbs = double(w.t.nbytes()) / s / 1e9;
         std::printf("[ hf-gemv-cold ] %s %lld x %lld, T=%lld: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s\n",

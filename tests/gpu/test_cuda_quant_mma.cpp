@@ -42,24 +42,6 @@ class CudaQuantMma : public CudaTest {};
 
 const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 
-// The error over rows n % step == 0, relative to max(1, max |want|), and where it is worst.
-double checked_err(const std::vector<float>& got, const std::vector<float>& want, int64_t T, int64_t N, int64_t step,
-                   std::string* where) {
-  double worst = -1, scale = 1;
-  int64_t wt = 0, wn = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < N; n += step) {
-      const size_t i = size_t(t * N + n);
-      scale = std::max(scale, std::abs(double(want[i])));
-      const double d = std::isnan(got[i]) ? 1e30 : std::abs(double(got[i]) - double(want[i]));
-      if (d > worst) worst = d, wt = t, wn = n;
-    }
-  const size_t i = size_t(wt * N + wn);
-  *where = "worst at t=" + std::to_string(wt) + " n=" + std::to_string(wn) + " (row-tile " + std::to_string(wn / 16) +
-           ", row " + std::to_string(wn % 16) + "): got " + std::to_string(got[i]) + " want " + std::to_string(want[i]);
-  return worst / scale;
-}
-
 // A device copy of w in the tiled layout.
 DevT upload_tiled(Backend& gpu, const HostT& w) {
   DevT d = upload(gpu, w);
@@ -96,7 +78,7 @@ TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
         const HostT x = random_t(rng_, DType::F32, {T, s.K});
         const std::vector<float> got = run(*gpu_, dw, x), want = reference(w, int8_activations(x), T, step);
         std::string where;
-        EXPECT_LE(checked_err(got, want, T, s.N, step, &where), 2e-5)
+        EXPECT_LE(worst_rel_err(got, want, T, s.N, step, &where), 2e-5)
             << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " " << where;
       }
     }
@@ -111,7 +93,7 @@ TEST_F(CudaQuantMma, Large27BShapeSpotChecked) {
       const HostT x = random_t(rng_, DType::F32, {T, 5120});
       const std::vector<float> got = run(*gpu_, dw, x), want = reference(w, int8_activations(x), T, 997);
       std::string where;
-      EXPECT_LE(checked_err(got, want, T, 17408, 997, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+      EXPECT_LE(worst_rel_err(got, want, T, 17408, 997, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
     }
   }
 }
@@ -125,7 +107,7 @@ TEST_F(CudaQuantMma, TiledEqualsGgufLayoutGemv) {
       const HostT x = random_t(rng_, DType::F32, {T, 2304});
       const std::vector<float> a = run(*gpu_, plain, x), b = run(*gpu_, tiled, x);
       std::string where;
-      EXPECT_LE(checked_err(b, a, T, 304, 1, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
+      EXPECT_LE(worst_rel_err(b, a, T, 304, 1, &where), 2e-5) << dtype_name(dt) << " T=" << T << " " << where;
     }
   }
 }
@@ -142,13 +124,13 @@ TEST_F(CudaQuantMma, PrefillAndExactDequantizeTiles) {
       for (int64_t T : {65, 100}) {
         const HostT x = random_t(rng_, DType::F32, {T, s.K});
         std::string where;
-        EXPECT_LE(checked_err(run(*gpu_, dw, x), reference(w, x, T), T, s.N, 1, &where), 1.5e-2)
+        EXPECT_LE(worst_rel_err(run(*gpu_, dw, x), reference(w, x, T), T, s.N, 1, &where), 1.5e-2)
             << dtype_name(dt) << " bf16 N=" << s.N << " T=" << T << " " << where;
       }
       for (int64_t T : {1, 9, 70}) {
         const HostT x = random_t(rng_, DType::F32, {T, s.K});
         std::string where;
-        EXPECT_LE(checked_err(run(*exact, de, x), reference(w, x, T), T, s.N, 1, &where), 2e-5)
+        EXPECT_LE(worst_rel_err(run(*exact, de, x), reference(w, x, T), T, s.N, 1, &where), 2e-5)
             << dtype_name(dt) << " exact N=" << s.N << " T=" << T << " " << where;
       }
     }
@@ -178,7 +160,7 @@ TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
     for (size_t i = 0; i < mats.size(); ++i) {
       std::string where;
       const std::vector<float> got = download(*gpu_, dout[i].t), want = reference(hw[i], x, T);
-      EXPECT_LE(checked_err(got, want, T, mats[i].second, 1, &where), 2e-5)
+      EXPECT_LE(worst_rel_err(got, want, T, mats[i].second, 1, &where), 2e-5)
           << "matrix " << i << " (" << dtype_name(dw[i].t.dtype) << ") T=" << T << " " << where;
     }
   }
@@ -216,7 +198,7 @@ TEST_F(CudaQuantMma, StackedMatricesOneLaunch) {
       gpu_->matmul_multi(dx.t, ws, outs);
       for (size_t i = 0; i < views.size(); ++i) {
         std::string where;
-        EXPECT_LE(checked_err(download(*gpu_, dout[i].t), reference(hw[i], xq, T), T, rows[i], 1, &where), 2e-5)
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout[i].t), reference(hw[i], xq, T), T, rows[i], 1, &where), 2e-5)
             << dtype_name(dt) << " matrix " << i << " T=" << T << " " << where;
       }
     }
@@ -237,7 +219,7 @@ TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
       std::vector<float> want(rg.size());
       for (size_t i = 0; i < want.size(); ++i) want[i] = float(double(rg[i]) / (1.0 + std::exp(-double(rg[i]))) * ru[i]);
       std::string where;
-      EXPECT_LE(checked_err(download(*gpu_, go.t), want, T, N, 1, &where), 1e-4)
+      EXPECT_LE(worst_rel_err(download(*gpu_, go.t), want, T, N, 1, &where), 1e-4)
           << dtype_name(dt) << " T=" << T << " " << where;
     }
   }
@@ -296,7 +278,7 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
                                 << (first % size_t(s.N)) << " (row-tile " << (first % size_t(s.N)) / 16 << ")";
           }
           std::string where;
-          EXPECT_LE(checked_err(runs.back(), reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
+          EXPECT_LE(worst_rel_err(runs.back(), reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
               << what << " " << where;
         }
       }
@@ -311,7 +293,6 @@ std::vector<DevT> cold_tiled_copies(Backend& gpu, const HostT& w) {
   for (int i = 0; i < copies; ++i) d.push_back(upload_tiled(gpu, w));
   return d;
 }
-
 
 const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -334,7 +315,7 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
         const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
                                  ", T=" + std::to_string(T);
         std::string where;
-        EXPECT_LE(checked_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
             << what << " " << where;
         const double gbs = double(w.t.nbytes()) / s / 1e9;
         std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s (loads=%s t1=%s)\n",
