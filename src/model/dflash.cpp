@@ -274,6 +274,19 @@ void DFlashModel::attend(int64_t layer, const Tensor& q, const Tensor& k, const 
 }
 
 void DFlashModel::draft(std::span<const DFlashBlock> blocks, float* logits) {
+  pass(blocks, [&](Tensor& out) { b_.copy_to_host(out, logits); });
+}
+
+void DFlashModel::draft_argmax(std::span<const DFlashBlock> blocks, int32_t* best) {
+  pass(blocks, [&](Tensor& out) {
+    const size_t n = size_t(out.rows());
+    const std::vector<SampleRowParams> greedy(n);  // temperature 0, no penalties
+    std::vector<float> vals(n), stats(3 * n);
+    b_.sample_candidates(out, greedy, {}, 1, best, vals.data(), stats.data());
+  });
+}
+
+void DFlashModel::pass(std::span<const DFlashBlock> blocks, const std::function<void(Tensor&)>& take) {
   const DFlashConfig& c = w_.config;
   const ModelWeights& tw = target_.weights();
   const int64_t nb = int64_t(blocks.size()), B = block_, T = nb * B, H = c.hidden_size, nh = c.n_heads,
@@ -320,7 +333,7 @@ void DFlashModel::draft(std::span<const DFlashBlock> blocks, float* logits) {
   b_.get_rows(x, rows, sel);
   b_.rms_norm(sel, w_.norm, c.rms_norm_eps, sel);
   b_.matmul(sel, tw.lm_head, out);
-  b_.copy_to_host(out, logits);
+  take(out);
 }
 
 DFlashConfig synthetic_dflash_config(const ModelConfig& t, int32_t block_size) {

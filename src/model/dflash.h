@@ -25,6 +25,7 @@
 // the window never cuts into the block itself (only matters for W < B, as in test fixtures).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -108,8 +109,16 @@ class DFlashModel {
   // One pass over every block; logits: host [blocks · (B − 1), target vocab], the predictions
   // for block positions 1 .. B − 1 in order.
   void draft(std::span<const DFlashBlock> blocks, float* logits);
+  // The same pass, keeping only each prediction's most likely token (ties to the lower id) in
+  // best [blocks · (B − 1)]: the logits stay on the backend (sample_candidates, k = 1), so a
+  // round moves 4 bytes per prediction to the host instead of a vocabulary row (15 MB a block
+  // for a 248k vocabulary).
+  void draft_argmax(std::span<const DFlashBlock> blocks, int32_t* best);
 
  private:
+  // The pass of draft(); take(logits) receives the predictions' logits [blocks · (B − 1), V] in
+  // backend memory.
+  void pass(std::span<const DFlashBlock> blocks, const std::function<void(Tensor&)>& take);
   void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, std::span<const DFlashBlock> blocks,
               Tensor& out);
   void write_kv(int64_t layer, const Tensor& k, const Tensor& v, int32_t slot, int32_t pos0, int64_t row0, int64_t n);

@@ -56,6 +56,16 @@ void DFlashDrafter::propose(std::span<DraftRequest> requests) {
   }
   if (blocks.empty()) return;
   const int64_t B = m_.block_size(), Vt = m_.vocab_size();
+  if (top_k_ == 0) {  // chain drafting: the argmax of each prediction is all that is needed
+    std::vector<int32_t> best(blocks.size() * size_t(B - 1));
+    m_.draft_argmax(blocks, best.data());
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      DraftRequest& r = *drafting[i];
+      topk_.at(size_t(r.slot)).clear();
+      for (int64_t j = 0; j < B - 1 && j < r.k; ++j) r.tokens.push_back(best[i * size_t(B - 1) + size_t(j)]);
+    }
+    return;
+  }
   std::vector<float> logits(blocks.size() * size_t(B - 1) * size_t(Vt));
   m_.draft(blocks, logits.data());
   for (size_t i = 0; i < drafting.size(); ++i) {

@@ -272,6 +272,14 @@ TEST_F(DFlashTest, ForwardMatchesReference) {
       const DFlashBlock blocks[2] = {{0, lens[0], 11}, {1, lens[1], 42}};
       Mat got(size_t(2 * (B - 1) * V));
       m.draft(blocks, got.data());
+      // The chain drafter's form keeps only each row's argmax (ties to the lower id, as
+      // std::max_element's first maximum): the same tokens as the logits give.
+      std::vector<int32_t> best(size_t(2 * (B - 1)));
+      m.draft_argmax(blocks, best.data());
+      for (size_t r = 0; r < best.size(); ++r) {
+        const float* row = got.data() + r * size_t(V);
+        EXPECT_EQ(best[r], int32_t(std::max_element(row, row + V) - row)) << "row " << r << " B " << B;
+      }
       for (int32_t s = 0; s < 2; ++s) {
         const Mat want = reference_draft(w, *model_, feats[size_t(s)], blocks[s].anchor, B, causal);
         double max_err = 0, max_ref = 0;
