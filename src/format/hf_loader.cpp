@@ -34,20 +34,27 @@ class HfNames {
   Tensor matrix(const std::string& name) const {
     Tensor q;
     if (quant_.quantized() && name.ends_with(".weight") &&
-        load_hf_quant_linear(w_, st_, quant_, name.substr(0, name.size() - 7), q))
+        load_hf_quant_linear(w_, st_, quant_, name.substr(0, name.size() - 7), q)) {
+      if (q.dtype == DType::F32 && f32_fallbacks_++ == 0) first_fallback_ = name;
       return q;
+    }
     const Tensor& t = get(name);
     QWEN36_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32,
                  "tensor {} has dtype {}; expected bf16, f16 or f32", name, dtype_name(t.dtype));
     return t;
   }
   const std::string& prefix() const { return prefix_; }
+  // Quantized Linears that came back as f32 (act-order groups mixed inside 32 columns).
+  int64_t f32_fallbacks() const { return f32_fallbacks_; }
+  const std::string& first_fallback() const { return first_fallback_; }
 
  private:
   const SafetensorsSet& st_;
   std::string prefix_;
   ModelWeights& w_;
   const HfQuant& quant_;
+  mutable int64_t f32_fallbacks_ = 0;
+  mutable std::string first_fallback_;
 };
 
 void load_mlp(const HfNames& n, const std::string& p, MlpWeights& m) {
@@ -163,6 +170,10 @@ ModelWeights load_hf_checkpoint(const std::string& dir) {
     } else if (c.mtp_layers > 0) {
       spdlog::debug("config announces {} MTP layer(s) but the checkpoint has no mtp.* tensors", c.mtp_layers);
     }
+    if (n.f32_fallbacks() > 0)
+      spdlog::warn("{} quantized Linear(s), {} first, use an act-order g_idx that mixes groups within 32 columns: "
+                   "stored dequantized as f32 (exact, 8x memory)",
+                   n.f32_fallbacks(), n.first_fallback());
     validate_weights(w);
     return std::move(w);
   });

@@ -24,8 +24,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <mutex>
-#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -277,24 +275,6 @@ void fill_w4(const W4Source& s, B* out) {
     }
 }
 
-// Once per model at warning level (a checkpoint quantized with act-order has this on every
-// Linear: hundreds of identical lines otherwise), each module at debug level.
-void log_act_order_fallback(const ModelWeights& w, const std::string& module) {
-  static std::mutex m;
-  static std::set<const ModelWeights*> warned;
-  bool first = false;
-  {
-    std::lock_guard lk(m);
-    first = warned.insert(&w).second;
-  }
-  if (first)
-    spdlog::warn("{}: act-order g_idx mixes groups within 32 columns; stored dequantized as f32 (exact, 8x memory); "
-                 "the same for every such module (listed at debug level)",
-                 module);
-  else
-    spdlog::debug("{}: act-order g_idx mixes groups within 32 columns; stored dequantized as f32", module);
-}
-
 Tensor build_w4(ModelWeights& w, const W4Source& s, const std::string& module, const char* what) {
   for (int64_t g : s.g_idx)
     QWEN36_CHECK(g >= 0 && g < s.groups, "{} checkpoint: {}.g_idx holds group {} of {}", what, module, g, s.groups);
@@ -315,7 +295,9 @@ Tensor build_w4(ModelWeights& w, const W4Source& s, const std::string& module, c
                module, s.K);
   // Act-order (g_idx mixing groups inside every 32 columns): no block carries one group, so
   // the weights are stored dequantized, exactly (w = s (q - z) in f32), at 32 bits each.
-  log_act_order_fallback(w, module);
+  // One line per module at debug level; the loader warns once with the count (a checkpoint
+  // quantized with act-order has this on every Linear).
+  spdlog::debug("{}: act-order g_idx mixes groups within 32 columns; stored dequantized as f32", module);
   auto buf = std::make_shared<HostBuffer>(size_t(s.N * s.K) * 4);
   float* y = reinterpret_cast<float*>(buf->data());
   for (int64_t n = 0; n < s.N; ++n)

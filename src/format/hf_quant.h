@@ -48,7 +48,8 @@ HfQuant read_hf_quant(const std::string& dir);
 // When `module` (a Linear's name without ".weight", e.g. "model.layers.0.mlp.up_proj") is
 // stored quantized in `st`, converts it into an internal block type (storage added to
 // w.storage), sets `out` to the {out_features, in_features} matrix and returns true. Returns
-// false when the module is stored as a plain float tensor. Throws a one-line Error for a
+// false when the module is stored as a plain float tensor. A module GPTQ quantized with an
+// act-order g_idx that mixes groups inside 32 columns comes back as exact f32 weights. Throws a one-line Error for a
 // missing companion tensor (qzeros, scales, ...) or an inconsistent shape.
 bool load_hf_quant_linear(ModelWeights& w, const SafetensorsSet& st, const HfQuant& q, const std::string& module,
                           Tensor& out);
