@@ -31,21 +31,15 @@ const std::string kDrafter = std::string(QWEN36_TEST_DATA) + "/dflash/dense-mtp-
 
 // The real drafter, its drafts replaced by the known greedy continuation of the longest
 // matching prompt, one draft wrong every other round; counts rounds whose context lagged.
-class OracleOverDFlash final : public Drafter {
+class OracleOverDFlash final : public test::ForwardingDrafter<DFlashDrafter> {
  public:
   OracleOverDFlash(std::unique_ptr<DFlashDrafter> d, std::map<std::vector<int32_t>, std::vector<int32_t>> refs)
-      : d_(std::move(d)), refs_(std::move(refs)) {}
+      : ForwardingDrafter(std::move(d)), refs_(std::move(refs)) {}
   const char* name() const override { return "dflash+oracle"; }
-  std::vector<int32_t> capture_layers() const override { return d_->capture_layers(); }
-  void reset(int32_t slot) override { d_->reset(slot); }
-  void resume(int32_t slot, int32_t reused, int32_t next) override { d_->resume(slot, reused, next); }
-  void observe(int32_t slot, int32_t pos0, std::span<const float> f, std::span<const int32_t> n) override {
-    d_->observe(slot, pos0, f, n);
-  }
   void propose(std::span<DraftRequest> reqs) override {
-    d_->propose(reqs);
+    ForwardingDrafter::propose(reqs);
     for (DraftRequest& r : reqs) {
-      if (d_->context_len(r.slot) != int32_t(r.history.size()) - 1) ++lagged;
+      if (inner().context_len(r.slot) != int32_t(r.history.size()) - 1) ++lagged;
       if (r.tokens.empty()) continue;
       ++blocks;
       const std::vector<int32_t>* ref = nullptr;
@@ -65,7 +59,6 @@ class OracleOverDFlash final : public Drafter {
   int lagged = 0, blocks = 0;
 
  private:
-  std::unique_ptr<DFlashDrafter> d_;
   std::map<std::vector<int32_t>, std::vector<int32_t>> refs_;
   size_t round_ = 0;
 };

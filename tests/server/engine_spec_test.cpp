@@ -319,19 +319,12 @@ TEST_F(EngineSpecTest, SecondTurnWithMtpReusesTheSlotAndMatchesColdRun) {
 using Proposal = std::vector<std::vector<float>>;
 
 // Forwards to an MTP drafter and records every proposal.
-class RecordingDrafter final : public Drafter {
+class RecordingDrafter final : public test::ForwardingDrafter<Drafter> {
  public:
   RecordingDrafter(std::unique_ptr<Drafter> inner, int32_t vocab, std::vector<Proposal>* log)
-      : inner_(std::move(inner)), vocab_(vocab), log_(log) {}
-  const char* name() const override { return inner_->name(); }
-  bool wants_hidden() const override { return inner_->wants_hidden(); }
-  void reset(int32_t slot) override { inner_->reset(slot); }
-  void resume(int32_t slot, int32_t reused, int32_t next) override { inner_->resume(slot, reused, next); }
-  void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next) override {
-    inner_->observe(slot, pos0, hidden, next);
-  }
+      : ForwardingDrafter(std::move(inner)), vocab_(vocab), log_(log) {}
   void propose(std::span<DraftRequest> reqs) override {
-    inner_->propose(reqs);
+    ForwardingDrafter::propose(reqs);
     for (const DraftRequest& r : reqs) {
       Proposal p;
       for (const Dist& q : r.q) {
@@ -343,7 +336,6 @@ class RecordingDrafter final : public Drafter {
   }
 
  private:
-  std::unique_ptr<Drafter> inner_;
   int32_t vocab_;
   std::vector<Proposal>* log_;
 };

@@ -9,8 +9,32 @@
 
 #include "engine/generate.h"
 #include "engine/scheduler.h"
+#include "engine/spec/drafter.h"
 
 namespace qwen36::test {
+
+// A drafter that passes every call to `inner`: tests derive from it to watch or rewrite the
+// proposals of a real drafter (override propose, call ForwardingDrafter::propose first).
+template <typename Inner>
+class ForwardingDrafter : public Drafter {
+ public:
+  explicit ForwardingDrafter(std::unique_ptr<Inner> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+  bool wants_hidden() const override { return inner_->wants_hidden(); }
+  std::vector<int32_t> capture_layers() const override { return inner_->capture_layers(); }
+  void reset(int32_t slot) override { inner_->reset(slot); }
+  void resume(int32_t slot, int32_t reused, int32_t next) override { inner_->resume(slot, reused, next); }
+  void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next) override {
+    inner_->observe(slot, pos0, hidden, next);
+  }
+  void propose(std::span<DraftRequest> requests) override { inner_->propose(requests); }
+
+ protected:
+  Inner& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<Inner> inner_;
+};
 
 // What generate() gives for this request alone on a fresh one-slot state: the reference every
 // scheduler run must reproduce (prefill chunked as the scheduler chunks it).
