@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -42,17 +43,53 @@ bool same_contents(const std::vector<T>& v, std::span<const T> h) {
 }
 }  // namespace
 
+// QWEN36_NO_PDL: "1" turns programmatic dependent launch off (to measure what it gives, or to
+// rule it out); a comma-separated list of names turns it off for the kernels whose (mangled)
+// name contains one of them, e.g. QWEN36_NO_PDL=hf_gemv,decode_state — to find which kernel's
+// early start breaks a result.
+namespace {
+const std::string& no_pdl_env() {
+  static const std::string v = [] {
+    const char* e = std::getenv("QWEN36_NO_PDL");
+    return std::string(e ? e : "");
+  }();
+  return v;
+}
+}  // namespace
+
 bool pdl_supported() {
-  // QWEN36_NO_PDL=1 turns it off (to measure what it gives, or to rule it out).
   static const bool on = [] {
-    const char* off = std::getenv("QWEN36_NO_PDL");
-    if (off && *off && std::string(off) != "0") return false;
+    const std::string& off = no_pdl_env();
+    if (!off.empty() && off != "0" && off.find_first_not_of("0123456789") == std::string::npos) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
       return false;
     return major >= 9;
   }();
   return on;
+}
+
+bool pdl_allowed(const void* kernel) {
+  if (!pdl_supported()) return false;
+  const std::string& list = no_pdl_env();
+  if (list.empty() || list == "0") return true;
+  static std::mutex mu;
+  static std::map<const void*, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace(kernel, true);
+  if (fresh) {
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, kernel) != cudaSuccess || name == nullptr) {
+      cudaGetLastError();
+      return true;
+    }
+    for (size_t b = 0; b <= list.size();) {
+      const size_t e = std::min(list.find(',', b), list.size());
+      if (e > b && std::strstr(name, list.substr(b, e - b).c_str()) != nullptr) it->second = false;
+      b = e + 1;
+    }
+  }
+  return it->second;
 }
 
 bool host_work_allowed(Ctx& c) {

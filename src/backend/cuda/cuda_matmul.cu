@@ -75,8 +75,8 @@ __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* 
   auto fma8 = [&](const float (&f)[8], int c) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
-      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
+      const float4 x0 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
+      const float4 x1 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
       acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
                 f[7] * x1.w;
     }
@@ -478,8 +478,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     v.unpack(f);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8));
-      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8) + 1);
+      const float4 x0 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8));
+      const float4 x1 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8) + 1);
       acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
                 f[7] * x1.w;
     }

@@ -199,6 +199,10 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, DType t) {
 // weights) goes before the wait, so a decode step's GEMVs start loading while the norm or
 // GEMV before them drains. Kernels call griddep_trigger() once their blocks are running, to
 // let a waiting dependent be scheduled. Both are no-ops before sm_90 and when not launched so.
+// Results of earlier kernels are read with coherent loads (plain or __ldcg), not __ldg: the
+// non-coherent path assumes data read-only for the reader's whole lifetime, which under PDL
+// overlaps the writer's. (The HF GEMV read its activations with __ldg: token-by-token decode of
+// the W4 / NVFP4 fixtures went wrong by several logits with PDL, exact with QWEN36_NO_PDL=hf_gemv.)
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -209,7 +213,8 @@ __device__ __forceinline__ void griddep_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
-bool pdl_supported();  // the current device is sm_90 or later
+bool pdl_supported();                 // the current device is sm_90 or later (and QWEN36_NO_PDL ≠ 1)
+bool pdl_allowed(const void* kernel);  // and the kernel is not named in QWEN36_NO_PDL's list
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -221,7 +226,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  cfg.numAttrs = pdl_allowed(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -96,7 +96,7 @@ __device__ void quantize_rows(const float* __restrict__ x, int nrows, int K, int
 #pragma unroll
     for (int r = 0; r < kXUnroll; ++r) {
       const int b = base + r * stride + g;
-      v[r] = b < nb ? __ldg(reinterpret_cast<const float4*>(x) + size_t(b) * 8 + u) : make_float4(0, 0, 0, 0);
+      v[r] = b < nb ? __ldca(reinterpret_cast<const float4*>(x) + size_t(b) * 8 + u) : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int r = 0; r < kXUnroll; ++r) {
