@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <set>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
@@ -98,10 +99,23 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   QWEN36_CHECK(int64_t(placement_.host.size()) == w_.config.n_layers && w_.config.moe,
                "expert placement for {} layers on a {}-layer {} model", placement_.host.size(), w_.config.n_layers,
                w_.config.moe ? "MoE" : "dense");
-  backend_.prepare_weights_except(w_, host_expert_tensors(w_, placement_));
+  // Each step's time at debug level: on a sandboxed host one of them took minutes (not yet
+  // known which), and this is where to look.
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&](const char* what) {
+    const auto t1 = std::chrono::steady_clock::now();
+    spdlog::debug("expert offload: {} in {:.0f} ms", what, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    t0 = t1;
+  };
+  const std::set<const Tensor*> host_tensors = host_expert_tensors(w_, placement_);
+  lap("host experts listed");
+  backend_.prepare_weights_except(w_, host_tensors);
+  lap("other weights on the device");
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
+  lap("host backend made");
   init_expert_stream();
+  lap("expert stream set up");
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
@@ -265,9 +279,23 @@ void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tenso
   // streaming (stream_moe_experts), which needs only them on the host.
   const int64_t T = x.rows(), D = x.cols(), K = ids.cols();
   HostStaging& h = *staging_;
+  // Where a pass's time goes (debug level, passes of more than one token: a prefill logs once
+  // per layer): on the GPU machine's sandboxed host a 512-token pass with host experts did not
+  // finish in a minute, one thread busy in the kernel, and this is where to look.
+  auto t0 = std::chrono::steady_clock::now();
+  auto ms = [&] {
+    const auto t1 = std::chrono::steady_clock::now();
+    const double d = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    t0 = t1;
+    return d;
+  };
   h.ids.resize(size_t(T * K));
   backend_.copy_to_host(ids, h.ids.data());
-  if (stream_ && stream_moe_experts(x, weights, ids, h.ids, experts, y, device_work)) return;
+  const double t_ids = ms();
+  if (stream_ && stream_moe_experts(x, weights, ids, h.ids, experts, y, device_work)) {
+    if (T > 1) spdlog::debug("host experts, {} tokens: ids to host {:.1f} ms, streamed {:.1f} ms", T, t_ids, ms());
+    return;
+  }
   h.x.resize(size_t(T * D));
   h.y.resize(size_t(T * D));
   h.weights.resize(size_t(T * K));
@@ -281,8 +309,14 @@ void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tenso
   const Tensor hx(h.x.data(), DType::F32, {T, D}), hw(h.weights.data(), DType::F32, {T, K}),
       hi(h.ids.data(), DType::I32, {T, K});
   Tensor hy(h.y.data(), DType::F32, {T, D});
+  const double t_out = ms();
   host_->moe_experts(hx, hw, hi, experts, hy);
+  const double t_host = ms();
   backend_.copy_from_host(h.y.data(), y);
+  if (T > 1)
+    spdlog::debug("host experts, {} tokens: ids to host {:.1f} ms, x and weights out + device work {:.1f} ms, host "
+                  "experts {:.1f} ms, sum back {:.1f} ms",
+                  T, t_ids, t_out, t_host, ms());
 }
 
 // ---- streaming host-placed experts to the main backend (issue 11) ----

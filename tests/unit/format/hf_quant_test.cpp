@@ -127,6 +127,28 @@ TEST_P(HfQuantFixture, LogitsMatchTheTwin) {
   }
 }
 
+// Token-by-token decode (T = 1 matmuls: the row-dot path) against the prefill's logits of the
+// same model: the two paths read the same exact weights, so they agree to f32 summation order.
+TEST_P(HfQuantFixture, DecodeMatchesPrefill) {
+  const Case& c = GetParam();
+  auto be = make_cpu_backend(1);
+  Model m(load_model_weights(quant_dir(c.format).string()), *be);
+  const int64_t V = m.config().vocab_size, n = 12;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < n; ++i) tokens.push_back(int32_t((i * 53 + 7) % V));
+  std::vector<float> pre(size_t(n * V)), step(static_cast<size_t>(V));
+  ModelState sp(*be, m.config(), 1, n, false), sd(*be, m.config(), 1, n, false);
+  m.forward(ForwardBatch::single(tokens, 0, 0, true), sp, pre.data());
+  float worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    m.forward(ForwardBatch::single(std::span<const int32_t>(tokens).subspan(size_t(i), 1), int32_t(i), 0), sd,
+              step.data());
+    for (int64_t k = 0; k < V; ++k) worst = std::max(worst, std::abs(step[size_t(k)] - pre[size_t(i * V + k)]));
+  }
+  std::printf("[ %s ] decode vs prefill, %lld steps: max |dlogit| = %.3g\n", c.format, (long long)n, double(worst));
+  EXPECT_LE(worst, 1e-4f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, HfQuantFixture, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& p) {
                            std::string s = p.param.format;
