@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "backend/kv_cache.h"
 #include "core/error.h"
 #include "cpu_ops_test_util.h"
+#include "quant/quant.h"
 
 namespace qwen36 {
 namespace {
@@ -904,6 +906,62 @@ TEST_F(CpuOps, MoeExpertsWeightedSwigluSum) {
   expect_close(out, want, 1e-5, 1e-4, "moe_experts");
   ids[3] = int32_t(E);
   EXPECT_THROW(be->moe_experts(tx, trw, tids, experts, to), Error);
+}
+
+// GGUF-quantized experts (Q4_K gate/up, Q6_K down: 8-bit activations) take the one-region
+// pass over all routed experts; it must give bitwise what one matmul per expert gives (the
+// same dots, roundings and per-token sum in ascending expert order), at decode and prefill
+// sizes, with experts no token routes to.
+TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertMatmuls) {
+  Rng r(61);
+  const int64_t E = 6, D = 256, I = 512, k = 2;
+  std::vector<std::vector<std::byte>> bytes(size_t(E * 3));
+  std::vector<MlpWeights> experts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t shapes[3][2] = {{I, D}, {I, D}, {D, I}};
+    const DType types[3] = {DType::Q4_K, DType::Q4_K, DType::Q6_K};
+    Tensor* dst[3] = {&experts[size_t(e)].gate_proj, &experts[size_t(e)].up_proj, &experts[size_t(e)].down_proj};
+    for (int m = 0; m < 3; ++m) {
+      const size_t idx = size_t(e * 3 + m);
+      const auto f = r.vec(size_t(shapes[m][0] * shapes[m][1]), -0.5f, 0.5f);
+      const size_t rb = dtype_row_bytes(types[m], shapes[m][1]);
+      bytes[idx].resize(rb * size_t(shapes[m][0]));
+      for (int64_t row = 0; row < shapes[m][0]; ++row)
+        quantize_row(types[m], f.data() + row * shapes[m][1], bytes[idx].data() + size_t(row) * rb, shapes[m][1]);
+      *dst[m] = Tensor(bytes[idx].data(), types[m], {shapes[m][0], shapes[m][1]});
+    }
+  }
+  for (int64_t T : {1, 9}) {
+    auto x = r.vec(size_t(T * D), -2, 2);
+    std::vector<int32_t> ids(size_t(T * k));
+    for (int64_t t = 0; t < T; ++t) ids[size_t(t * k)] = int32_t((3 * t) % 5), ids[size_t(t * k + 1)] = int32_t((3 * t + 2) % 5);
+    std::vector<float> rw = r.vec(size_t(T * k), 0.05f, 1.0f), out(size_t(T * D), NAN), want(size_t(T * D), 0.0f);
+    Tensor tx = test::f32(x, {T, D}), trw = test::f32(rw, {T, k}), tids = test::i32(ids, {T, k}),
+           to = test::f32(out, {T, D});
+    be->moe_experts(tx, trw, tids, experts, to);  // expert 5 never routed
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int64_t> toks;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          if (ids[size_t(t * k + j)] == e) toks.push_back(t * k + j);
+      if (toks.empty()) continue;
+      const int64_t n = int64_t(toks.size());
+      std::vector<float> xs(size_t(n * D)), g(size_t(n * I)), u(size_t(n * I)), y(size_t(n * D));
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(x.begin() + (toks[size_t(i)] / k) * D, D, xs.begin() + i * D);
+      Tensor txs = test::f32(xs, {n, D}), tg = test::f32(g, {n, I}), tu = test::f32(u, {n, I}), ty = test::f32(y, {n, D});
+      be->matmul(txs, experts[size_t(e)].gate_proj, tg);
+      be->matmul(txs, experts[size_t(e)].up_proj, tu);
+      be->swiglu(tg, tu, tg);
+      be->matmul(tg, experts[size_t(e)].down_proj, ty);
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = rw[size_t(toks[size_t(i)])];
+        float* o = want.data() + (toks[size_t(i)] / k) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * y[size_t(i * D + d)];
+      }
+    }
+    EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0) << "T=" << T;
+  }
 }
 
 }  // namespace
