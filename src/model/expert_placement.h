@@ -94,9 +94,10 @@ struct ExpertStreamCost {
   // Fewer tokens than this never stream: decode steps and small verify batches touch a few
   // experts, which the host computes sooner than PCIe delivers them.
   int64_t min_tokens = 32;
-  // Page-lock the host experts before streaming them (QWEN36_MOE_PIN=0: copy from pageable
-  // memory; page-locking a mapped file forces every page in, which some hosts do slowly).
-  bool pin = true;
+  // Page-lock the host experts before streaming them (QWEN36_MOE_PIN=1). Off by default: copies
+  // come from pageable memory, because page-locking a mapped file forces every page in, and on
+  // the sandboxed H200 host one 35B-A3B layer (~0.45 GB) had not been page-locked after 30 s.
+  bool pin = false;
 };
 ExpertStreamCost expert_stream_cost();
 

@@ -404,7 +404,7 @@ struct Model::ExpertStream {
   // Page-locks the host ranges of a layer's pieces (merged where they touch), once.
   void pin(Layer& l) {
     l.pin_tried = true;
-    if (!cost.pin) {  // QWEN36_MOE_PIN=0
+    if (!cost.pin) {  // unless QWEN36_MOE_PIN=1
       l.pinned = false;
       return;
     }

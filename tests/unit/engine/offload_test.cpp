@@ -219,10 +219,11 @@ class CountingBackend final : public Backend {
 // the same bytes, so the logits must equal the single-backend model's BITWISE: prefill of 44
 // rows, decode, the mixed batch and greedy generation; and something must have been uploaded,
 // each copy no larger than a layer's experts (contiguous experts merge into one copy).
-// Then once more without page-locking (QWEN36_MOE_PIN=0): the same logits, nothing pinned.
+// Page-locked (QWEN36_MOE_PIN=1); then once more by default (pageable): the same logits,
+// nothing pinned.
 TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
   ScopedEnv env("QWEN36_MOE_STREAM", "always");
-  ScopedEnv pin_default("QWEN36_MOE_PIN", nullptr);
+  ScopedEnv pin_on("QWEN36_MOE_PIN", "1");
   for (const std::string name : {"random-moe", "moe-shared", "moe-mtp", "moe-top4-tied"}) {
     std::unique_ptr<Backend> be = make_cpu_backend(1);
     Model ref(weights_of(name), *be);
@@ -245,7 +246,7 @@ TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
       EXPECT_LE(be2.largest_upload, *std::max_element(layer_bytes.begin(), layer_bytes.end()));
     }
   }
-  ScopedEnv no_pin("QWEN36_MOE_PIN", "0");
+  ScopedEnv pin_default("QWEN36_MOE_PIN", nullptr);
   std::unique_ptr<Backend> be = make_cpu_backend(1);
   Model ref(weights_of("random-moe"), *be);
   const Trace want = trace(ref, *be, 44);
@@ -257,7 +258,7 @@ TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
   EXPECT_TRUE(got.prefill == want.prefill && got.decode == want.decode && got.batch == want.batch);
   EXPECT_EQ(got.greedy, want.greedy);
   EXPECT_GT(be2.uploads, 0);
-  EXPECT_EQ(be2.pins, 0) << "QWEN36_MOE_PIN=0 pinned host memory";
+  EXPECT_EQ(be2.pins, 0) << "pinned host memory without QWEN36_MOE_PIN=1";
 }
 
 // QWEN36_MOE_STREAM unset (auto) with a host main backend: nothing streams (an upload would
