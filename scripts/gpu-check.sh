@@ -100,13 +100,14 @@ part profiles && command -v ncu > /dev/null && for m in qwen3.6-27b qwen3.6-35b-
 done
 # Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or
 # /tmp), all on the GPU, then N layers' routed experts on the host, decode on the host and prefill
-# streamed (QWEN36_MOE_STREAM auto) or computed on the host (never). QWEN36_LOG=debug shows the
-# per-layer page-lock times; every run is bounded, so a slow one cannot eat the rest.
+# streamed (QWEN36_MOE_STREAM auto; pageable copies, or page-locked with QWEN36_MOE_PIN=1) or
+# computed on the host (never). QWEN36_LOG=debug shows the set-up steps' and each host pass's
+# times; every run is bounded, so a slow one cannot eat the rest.
 if [ "$QUICK" != "--quick" ] && part offload; then
   M35=${QWEN36_OFFLOAD_DIR:-/tmp}/qwen36-35b-a3b-q4_k_m.gguf
   [ -f "$M35" ] || timeout 300 "$Q" gen-model --preset qwen3.6-35b-a3b --type Q4_K_M --out "$M35" > "$OUT/offload.md" 2>&1
   for a in "" "--n-cpu-moe 20" "--n-cpu-moe 40" "--gpu-mem 24GiB --fit" "--gpu-mem 16GiB --fit"; do
-    for env in "QWEN36_MOE_STREAM=auto" "QWEN36_MOE_STREAM=auto QWEN36_MOE_PIN=0" "QWEN36_MOE_STREAM=never"; do
+    for env in "QWEN36_MOE_STREAM=auto" "QWEN36_MOE_STREAM=auto QWEN36_MOE_PIN=1" "QWEN36_MOE_STREAM=never"; do
       [ -z "$a" ] && [ "$env" != QWEN36_MOE_STREAM=auto ] && continue
       echo "## bench -m 35B-A3B Q4_K_M $a ($env)" >> "$OUT/offload.md"
       env QWEN36_LOG=debug $env timeout 240 "$Q" bench --backend cuda -m "$M35" $a -p 512,4096 -n 32 -r 1 \
