@@ -1,0 +1,54 @@
+#pragma once
+// defines: DraftTree, build_draft_tree, follow_draft_tree (DDTree drafting: a tree of drafts
+//          from a block drafter's per-position distributions, and the greedy walk of a
+//          verified tree)
+//
+// A block drafter (DFlash) predicts every position of the next block at once, each from the
+// same context, so position d's distribution does not depend on which tokens were drafted at
+// positions before it. DDTree (Ringel & Romano, arXiv 2604.12989) spends a verification budget
+// on a tree instead of one chain: a node at depth d is one of position d's top-K tokens, its
+// path probability is the product of its path's per-position probabilities, and the tree holds
+// the `budget` most probable nodes (a node's ancestors are always more probable, so the set is
+// a tree). The target verifies every node in one pass, each attending only to its ancestors;
+// the greedy walk then follows the target's own choice from the root as long as a child
+// drafted it.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/spec/drafter.h"
+
+namespace qwen36 {
+
+// Node 0 is the root: the pending token (already chosen, not yet in the target). Nodes
+// 1 .. size() − 1 are drafts in decreasing path probability (ties: the earlier candidate), so
+// every node comes after its parent and any prefix of the nodes is itself a tree.
+struct DraftTree {
+  std::vector<int32_t> token;   // the node's token (root: the pending token)
+  std::vector<int32_t> parent;  // the parent node (root: −1)
+  std::vector<int32_t> depth;   // root 0; a node at depth d drafts block position d
+  std::vector<float> logp;      // log of the path probability (root 0)
+
+  int32_t size() const { return int32_t(token.size()); }
+  // Node a is node n or one of its ancestors: n's row of the verification mask.
+  bool on_path(int32_t a, int32_t n) const;
+};
+
+// The tree of the `budget` most probable drafts below `root_token`. positions[d] is the
+// distribution of block position d + 1 (as DFlashDrafter::last_topk keeps them), sorted by
+// decreasing probability; zero-probability entries are never drafted. Best-first over a heap
+// of candidates: after taking a node, its first child and its next sibling become candidates,
+// which enumerates the nodes of the full K-ary tree in decreasing path probability.
+DraftTree build_draft_tree(int32_t root_token, std::span<const Dist> positions, int32_t budget);
+
+// The greedy walk of a verified tree: target_next[n] is the target's token after node n's
+// path (root included). From the root, the child whose token is the target's is accepted, as
+// long as there is one; `bonus` is the target's token after the last accepted node.
+struct TreeWalk {
+  std::vector<int32_t> accepted;  // accepted nodes, root excluded, in path order
+  int32_t bonus = -1;
+};
+TreeWalk follow_draft_tree(const DraftTree& tree, std::span<const int32_t> target_next);
+
+}  // namespace qwen36
