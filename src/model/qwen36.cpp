@@ -250,7 +250,16 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   } else {
     backend_.matmul(x, m.router, logits);
   }
-  Tensor weights = s.f32({T, K}), ids = s.i32({T, K});
+  // A host-placed layer's routing and (for the host) its input share one buffer, so that one
+  // copy takes them to the host: each copy waits for the whole stream (HostPack).
+  Tensor pack, weights, ids;
+  if (host_experts) {
+    const HostPack hp(T, K, c.hidden_size);
+    pack = s.f32({hp.floats()});
+    weights = hp.weights(pack.data), ids = hp.ids(pack.data);
+  } else {
+    weights = s.f32({T, K}), ids = s.i32({T, K});
+  }
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
   Tensor out;  // the shared expert's output, before its gate
   auto shared_expert = [&] {
@@ -264,7 +273,7 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   // shared expert is queued on the device between the copies out and the host's work, so a
   // GPU computes it while the CPU computes the routed experts; the add stays after both.
   if (host_experts) {
-    host_moe_experts(x, weights, ids, m.experts, y, shared_expert);
+    host_moe_experts(x, pack, m.experts, y, shared_expert);
   } else {
     backend_.moe_experts(x, weights, ids, m.experts, y);
     shared_expert();
@@ -272,12 +281,11 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   if (shared) backend_.add_sigmoid_scaled(y, out, sg);
 }
 
-void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
-                             std::span<const MlpWeights> experts, Tensor& y,
+void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
                              const std::function<void()>& device_work) {
-  // The ids come first: which experts the pass routes to decides between the host and
-  // streaming (stream_moe_experts), which needs only them on the host.
-  const int64_t T = x.rows(), D = x.cols(), K = ids.cols();
+  const int64_t T = x.rows(), D = x.cols(), K = w_.config.n_experts_per_tok;
+  const HostPack hp(T, K, D);
+  const Tensor weights = hp.weights(pack.data), ids = hp.ids(pack.data);
   HostStaging& h = *staging_;
   // Where a pass's time goes (debug level, passes of more than one token: a prefill logs once
   // per layer): on the GPU machine's sandboxed host a 512-token pass with host experts did not
@@ -289,34 +297,41 @@ void Model::host_moe_experts(const Tensor& x, const Tensor& weights, const Tenso
     t0 = t1;
     return d;
   };
-  h.ids.resize(size_t(T * K));
-  backend_.copy_to_host(ids, h.ids.data());
-  const double t_ids = ms();
-  if (stream_ && stream_moe_experts(x, weights, ids, h.ids, experts, y, device_work)) {
-    if (T > 1) spdlog::debug("host experts, {} tokens: ids to host {:.1f} ms, streamed {:.1f} ms", T, t_ids, ms());
+  // Which experts the pass routes to decides between the host and streaming
+  // (stream_moe_experts), which needs only the routing on the host: a pass that may stream
+  // copies the routing first and x only when the host computes; any other (decode) copies
+  // routing and x together, one wait for the stream instead of two.
+  const bool may_stream = may_stream_experts(T);
+  h.pack.resize(size_t(hp.floats()) * sizeof(float));
+  Tensor head(pack.data, DType::F32, {hp.x_offset()});
+  if (!may_stream) {
+    Tensor xpart = hp.x(pack.data);
+    backend_.copy(x, xpart);
+  }
+  backend_.copy_to_host(may_stream ? head : pack, h.pack.data());
+  const Tensor hw = hp.weights(h.pack.data()), hi = hp.ids(h.pack.data());
+  const double t_route = ms();
+  if (may_stream && stream_moe_experts(x, weights, ids, std::span(hi.as<const int32_t>(), size_t(T * K)), experts, y,
+                                       device_work)) {
+    if (T > 1) spdlog::debug("host experts, {} tokens: routing to host {:.1f} ms, streamed {:.1f} ms", T, t_route, ms());
     return;
   }
-  h.x.resize(size_t(T * D));
-  h.y.resize(size_t(T * D));
-  h.weights.resize(size_t(T * K));
-  backend_.copy_to_host(x, h.x.data());
-  backend_.copy_to_host(weights, h.weights.data());
+  Tensor hx = hp.x(h.pack.data());
+  if (may_stream) backend_.copy_to_host(x, hx.data);
   // Device work queued now runs while the host computes. More overlap (not done): the next
   // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
-  // here too, with the copy back on a second stream and pinned staging buffers (copy_to_host
-  // and copy_from_host each wait for the whole stream today; the three copies out could be one).
+  // here too, with the copy back on a second stream and pinned staging buffers.
   device_work();
-  const Tensor hx(h.x.data(), DType::F32, {T, D}), hw(h.weights.data(), DType::F32, {T, K}),
-      hi(h.ids.data(), DType::I32, {T, K});
+  h.y.resize(size_t(T * D));
   Tensor hy(h.y.data(), DType::F32, {T, D});
   const double t_out = ms();
   host_->moe_experts(hx, hw, hi, experts, hy);
   const double t_host = ms();
   backend_.copy_from_host(h.y.data(), y);
   if (T > 1)
-    spdlog::debug("host experts, {} tokens: ids to host {:.1f} ms, x and weights out + device work {:.1f} ms, host "
-                  "experts {:.1f} ms, sum back {:.1f} ms",
-                  T, t_ids, t_out, t_host, ms());
+    spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, x + device work {:.1f} ms, host experts "
+                  "{:.1f} ms, sum back {:.1f} ms",
+                  T, t_route, t_out, t_host, ms());
 }
 
 // ---- streaming host-placed experts to the main backend (issue 11) ----
@@ -450,6 +465,10 @@ void Model::init_expert_stream() {
         if (!t.empty()) t.data = base + l.offsets[e][size_t(kind)];
       }
   stream_ = std::move(st);
+}
+
+bool Model::may_stream_experts(int64_t tokens) const {
+  return stream_ && (stream_->mode == ExpertStreamMode::Always || tokens >= stream_->cost.min_tokens);
 }
 
 bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,

@@ -152,13 +152,30 @@ class Model {
   // moe_experts of a host-placed layer: inputs to the host, `device_work` queued on the main
   // backend, the experts on the CPU backend, the sum back into y — or, for a large batch, the
   // routed experts streamed to the main backend and computed there (stream_moe_experts).
-  void host_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
-                        Tensor& y, const std::function<void()>& device_work);
+  // `pack` holds the routing (HostPack's layout), written by moe_route.
+  void host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
+                        const std::function<void()>& device_work);
+  // A host-placed MoE layer's [weights | ids | x] in one buffer of f32 words (the same layout on
+  // the device and in HostStaging::pack), 256-byte aligned parts: one copy takes a decode
+  // step's routing and input to the host.
+  struct HostPack {
+    int64_t T, K, D;
+    HostPack(int64_t t, int64_t k, int64_t d) : T(t), K(k), D(d) {}
+    int64_t ids_offset() const { return (T * K + 63) / 64 * 64; }
+    int64_t x_offset() const { return 2 * ids_offset(); }
+    int64_t floats() const { return x_offset() + T * D; }
+    Tensor weights(void* base) const { return Tensor(base, DType::F32, {T, K}); }
+    Tensor ids(void* base) const { return Tensor(static_cast<float*>(base) + ids_offset(), DType::I32, {T, K}); }
+    Tensor x(void* base) const { return Tensor(static_cast<float*>(base) + x_offset(), DType::F32, {T, D}); }
+  };
   // The staging area of streamed experts (stream_), when QWEN36_MOE_STREAM and the backend allow.
   void init_expert_stream();
   // Uploads the experts that host_ids (ids, on the host) route to into the staging area, runs
   // moe_experts on the main backend into y, then device_work; false (nothing done): the host
   // computes this pass (ExpertStreamMode, stream_experts_faster in model/expert_placement.h).
+  // A pass of `tokens` tokens might stream (stream_moe_experts decides): the host copies its
+  // routing before its input.
+  bool may_stream_experts(int64_t tokens) const;
   bool stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const int32_t> host_ids,
                           std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
@@ -196,8 +213,8 @@ class Model {
   ExpertPlacement placement_;
   std::unique_ptr<Backend> host_;  // runs the host-placed routed experts (null: none)
   struct HostStaging {
-    std::vector<float> x, weights, y;
-    std::vector<int32_t> ids;
+    std::vector<std::byte> pack;  // HostPack's layout
+    std::vector<float> y;
   };
   std::shared_ptr<HostStaging> staging_;
   // Streaming host experts: backend staging memory for one host layer's routed experts, each
