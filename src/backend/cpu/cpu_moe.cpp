@@ -97,16 +97,16 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
 void moe_experts_fused(const Tensor& x, std::span<const MlpWeights> experts, const Pairs& p, DType act_in,
                        DType act_mid, Tensor& out) {
   const int64_t D = x.cols(), T = x.rows(), E = int64_t(experts.size()), P = int64_t(p.tok.size());
-  int64_t I = 0;
-  for (int64_t e = 0; e < E; ++e)
-    if (p.off[size_t(e)] != p.off[size_t(e) + 1]) I = experts[size_t(e)].gate_proj.rows();
-  for (int64_t e = 0; e < E; ++e)
-    if (p.off[size_t(e)] != p.off[size_t(e) + 1])
-      QWEN36_CHECK(experts[size_t(e)].gate_proj.rows() == I && experts[size_t(e)].up_proj.rows() == I &&
-                       experts[size_t(e)].gate_proj.cols() == D && experts[size_t(e)].down_proj.rows() == D &&
-                       experts[size_t(e)].down_proj.cols() == I,
-                   "moe_experts: expert {} is {} / {} / {} for hidden {}", e, experts[size_t(e)].gate_proj.shape_str(),
-                   experts[size_t(e)].up_proj.shape_str(), experts[size_t(e)].down_proj.shape_str(), D);
+  int64_t I = -1;  // every routed expert's intermediate size (the first one's)
+  for (int64_t e = 0; e < E; ++e) {
+    if (p.off[size_t(e)] == p.off[size_t(e) + 1]) continue;
+    const MlpWeights& m = experts[size_t(e)];
+    if (I < 0) I = m.gate_proj.rows();
+    QWEN36_CHECK(m.gate_proj.rows() == I && m.up_proj.rows() == I && m.gate_proj.cols() == D &&
+                     m.down_proj.rows() == D && m.down_proj.cols() == I,
+                 "moe_experts: expert {} is {} / {} / {} for hidden {}", e, m.gate_proj.shape_str(),
+                 m.up_proj.shape_str(), m.down_proj.shape_str(), D);
+  }
   const size_t xrow = dtype_row_bytes(act_in, D), arow = dtype_row_bytes(act_mid, I);
   std::vector<std::byte> xq(size_t(T) * xrow), aq(size_t(P) * arow);
   std::vector<float> gate(size_t(P * I)), up(size_t(P * I)), y(size_t(P * D));
