@@ -4,7 +4,8 @@
 // QType<D> (block size, element count, per-block decoding), word loads of a
 // given alignment, and with_quant_type (the runtime dtype → compile-time dispatch) — shared by
 // the GEMV / dequantization kernels (cuda_quant_matmul.cu) and the synthetic-weight generator
-// (cuda_quant_random.cu). Included by .cu files only.
+// (cuda_quant_random.cu); and quantize_quad, the per-32 int8 activation quantizer of the GGUF
+// GEMV and the tiled GEMMs. Included by .cu files only.
 
 #include <cstdint>
 #include <type_traits>
@@ -14,6 +15,34 @@
 
 namespace qwen36::cuda {
 namespace {
+
+// ---- activations to int8, per 32 ----
+
+// A thread's 4 weights of a 32-weight group held by 8 consecutive lanes (every lane of the warp
+// takes part): the group's scale d = amax / 127, the 4 codes rounded to nearest even (the
+// 1.5 · 2^23 trick) packed little-endian into a word, and the code sums of the thread's 16-half
+// of the group (half) and of the other 16-half (other).
+struct QuantQuad {
+  float d;
+  uint32_t packed;
+  int half, other;
+};
+__device__ __forceinline__ QuantQuad quantize_quad(float4 v) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
+  const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
+  const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
+  const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
+  int half = q0 + q1 + q2 + q3;
+  half += __shfl_xor_sync(0xffffffffu, half, 1);
+  half += __shfl_xor_sync(0xffffffffu, half, 2);
+  const int other = __shfl_xor_sync(0xffffffffu, half, 4);
+  return {d, (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24,
+          half, other};
+}
 
 // ---- reading blocks ----
 

@@ -83,8 +83,8 @@ constexpr int kXUnroll = 4;  // loads in flight per lane in the activation pass
 
 // Quantizes nrows rows of K activations (row-major, stride K) into xq ([nrows][Kp] bytes) and
 // xm ([nrows][Kp/256][8] float4). Warp w of nw takes 4 blocks of 32 at a time, 8 lanes per
-// block. Rounding x · 127/amax to the nearest even integer by adding 1.5 · 2^23 (one FMA, one
-// rounding; the CPU twin in the tests does the same).
+// block, each quantized by quantize_quad (cuda_quant_blocks.cuh; the CPU twin in the tests
+// rounds the same way).
 template <int kPerm>
 __device__ void quantize_rows(const float* __restrict__ x, int nrows, int K, int Kp, int8_t* xq, float4* xm, int warp,
                               int nw, int lane) {
@@ -101,26 +101,14 @@ __device__ void quantize_rows(const float* __restrict__ x, int nrows, int K, int
 #pragma unroll
     for (int r = 0; r < kXUnroll; ++r) {
       const int b = base + r * stride + g;
-      const float4 f = v[r];
-      float amax = fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w)));
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const int q0 = __float_as_int(fmaf(f.x, id, 12582912.0f)) - 0x4B400000;
-      const int q1 = __float_as_int(fmaf(f.y, id, 12582912.0f)) - 0x4B400000;
-      const int q2 = __float_as_int(fmaf(f.z, id, 12582912.0f)) - 0x4B400000;
-      const int q3 = __float_as_int(fmaf(f.w, id, 12582912.0f)) - 0x4B400000;
-      int is = q0 + q1 + q2 + q3;  // summed over the 4 lanes of this 16-activation unit
-      is += __shfl_xor_sync(0xffffffffu, is, 1);
-      is += __shfl_xor_sync(0xffffffffu, is, 2);
+      const QuantQuad qq = quantize_quad(v[r]);  // qq.half: the code sum of this 16-activation unit
       if (b < nb) {
         const int row = b / kb, bb = b - row * kb, chunk = bb >> 3;
         const int slot = x_slot<kPerm>(2 * (bb & 7) + (u >> 2));
-        reinterpret_cast<uint32_t*>(xq + size_t(row) * Kp + chunk * 256 + slot * 16)[u & 3] =
-            uint32_t(q0 & 255) | uint32_t(q1 & 255) << 8 | uint32_t(q2 & 255) << 16 | uint32_t(q3) << 24;
+        reinterpret_cast<uint32_t*>(xq + size_t(row) * Kp + chunk * 256 + slot * 16)[u & 3] = qq.packed;
         if ((u & 3) == 0)
           reinterpret_cast<float2*>(xm + (size_t(row) * nch + chunk) * 8 + (slot & 7))[slot >> 3] =
-              make_float2(d, d * float(is));
+              make_float2(qq.d, qq.d * float(qq.half));
       }
     }
   }

@@ -44,8 +44,8 @@
 //    Q4_K's warp decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a
 //    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
 //    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T = 1
-//    (instantiation ONE) the odd token columns are dead for the whole warp and their epilogue is
-//    skipped. QWEN36_MMA_T1 = capped | plain: Q4_K at T = 1 with ≤ 80 registers (3 blocks, 24
+//    (instantiation ONE) the warp runs tile_row (cuda_quant_mma_frags.cuh, the routed experts'
+//    form) against the staged row instead. QWEN36_MMA_T1 = capped | plain: Q4_K at T = 1 with ≤ 80 registers (3 blocks, 24
 //    warps per SM) or ≤ 128 (16 warps; the default). QWEN36_MMA_VERBOSE=1 prints each launch
 //    shape once (stderr).
 //  - A row-tile split between warps: each writes its piece to a workspace slot; after its last
@@ -359,8 +359,7 @@ constexpr int min_blocks(DType D, int NT, bool ONE, bool capped) {
   return ONE && capped && D == DType::Q4_K_T16 ? 3 : NT <= 2 ? 2 : 1;
 }
 
-// ONE: T == 1 (NT == 1): only token column 0 is real, so the epilogue skips the C elements of
-// odd columns (warp-uniformly dead). REGS: the load path (file header): true, each lane holds
+// ONE: T == 1 (NT == 1): each tile is tile_row against token 0's row staged in shared memory. REGS: the load path (file header): true, each lane holds
 // the next tile's 16-byte loads in registers while the current one computes (two register sets
 // in turn, global loads evict-first); false, the per-warp cp.async shared-memory ring. Blocks
 // have 1 .. kWarps warps (small matrices spread over every SM).
@@ -377,32 +376,22 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * (REGS ? 0 : kStages * B);
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * (REGS ? 0 : kStages * B)) + wib * 16 * kTabStride;
   constexpr int kWarpSmem = warp_smem<D, REGS>();
-  // T = 1: token 0's activation fragments, staged in shared memory once per block (x_stage_bytes)
-  // so that the loop's B-fragment and scale reads are shared-memory loads, not L1 / L2 round
-  // trips (ncu: L1 hit rate 46%, 40% of stalls on L1TEX at T = 1 with them read from global).
-  // Lane (g, t) reads entry t: B column g is token g, dead for g > 0, so every g may read token
-  // 0's (a broadcast). Per group: [4] uint2 b0 b1, then float2 {d, d·Σq}, then int2 Q6_K's
-  // {−32·ΣqA, −32·ΣqB}.
-  [[maybe_unused]] const uint2* xs_b = nullptr;
-  [[maybe_unused]] const float2* xs_f = nullptr;
-  [[maybe_unused]] const int2* xs_i = nullptr;
+  // T = 1: token 0's activation row, staged in shared memory once per block as the routed
+  // experts' ColGroups (x_stage_bytes), so that each tile is tile_row against it: the loop's
+  // B-fragment and scale reads are shared-memory loads, not L1 / L2 round trips (ncu: L1 hit
+  // rate 46%, 40% of stalls on L1TEX at T = 1 with them read from global). Token 0's fragments
+  // are lanes 0-3 of quantize_kernel's (B column 0), its scales entry t = 0.
+  ColGroup* const xs = reinterpret_cast<ColGroup*>(smem + size_t(wpb) * kWarpSmem);
   auto stage_x = [&]() {
     if constexpr (ONE) {
-      uint8_t* xs = smem + size_t(wpb) * kWarpSmem;
       const int G = S * 8;
-      auto* b = reinterpret_cast<uint2*>(xs);
-      auto* f = reinterpret_cast<float2*>(xs + size_t(G) * 32);
-      auto* z = reinterpret_cast<int2*>(xs + size_t(G) * 40);
-      for (int i = int(threadIdx.x); i < G * 4; i += int(blockDim.x)) b[i] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
+      for (int i = int(threadIdx.x); i < G * 4; i += int(blockDim.x))
+        xs[i >> 2].b[i & 3] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
       for (int j = int(threadIdx.x); j < G; j += int(blockDim.x)) {
-        const float4 v = __ldcg(a.xf + size_t(j) * 4);
-        f[j] = make_float2(v.x, v.y);
-        if constexpr (D == DType::Q6_K_T16) {
-          const int4 q = __ldcg(a.xi + size_t(j) * 4);
-          z[j] = make_int2(q.x, q.z);
-        }
+        const float4 f = __ldcg(a.xf + size_t(j) * 4);
+        const int4 z = __ldcg(a.xi + size_t(j) * 4);
+        xs[j].s = make_float4(f.x, f.y, __int_as_float(z.x), __int_as_float(z.z));
       }
-      xs_b = b, xs_f = f, xs_i = z;
       __syncthreads();  // every warp of the block is live (plan_mma), so all reach it
     }
   };
@@ -423,15 +412,15 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-  // One tile: every k32 group against every n8 tile of tokens.
+  // One tile: every k32 group against every n8 tile of tokens (T = 1: against the staged row;
+  // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
   auto compute = [&](const Raw<D>& R) {
-    [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
-    if constexpr (D == DType::Q4_K_T16) {
-      q4k_table(R.h, lane, tab);
-    } else if constexpr (D == DType::Q6_K_T16) {
-      dg = h2f(uint16_t(R.d & 0xFFFFu));
-      dg8 = h2f(uint16_t(R.d >> 16));
+    if constexpr (ONE) {
+      tile_row<D>(R, xs + size_t(s) * 8, lane, tab, acc[0][0], acc[0][2]);
+      return;
     }
+    [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+    tile_scales(R, lane, tab, dg, dg8);
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
       const size_t jg = size_t(s) * 8 + jj;
@@ -441,24 +430,14 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
         const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          uint2 bf;
-          float4 f;
-          if constexpr (ONE) {
-            bf = xs_b[jg * 4 + t];
-            const float2 h = xs_f[jg];
-            f = make_float4(h.x, h.y, 0.0f, 0.0f);
-          } else {
-            bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
-            f = __ldca(a.xf + (jg * NT + n) * 4 + t);
-          }
+          const uint2 bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldca(a.xf + (jg * NT + n) * 4 + t);
           int c[4];
           mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
           acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
           acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
-          if constexpr (!ONE) {
-            acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
-            acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
-          }
+          acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
+          acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
         }
       } else if constexpr (D == DType::Q6_K_T16) {
         // int8 scales of the group's two 16-halves, rows g and g + 8
@@ -466,53 +445,30 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
         const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          uint2 bf;
-          float4 f;
-          int4 z;
-          if constexpr (ONE) {  // columns 2t + 1 (and all but column 0) are dead: any C input
-            bf = xs_b[jg * 4 + t];
-            const float2 h = xs_f[jg];
-            const int2 q = xs_i[jg];
-            f = make_float4(h.x, h.y, 0.0f, 0.0f);
-            z = make_int4(q.x, 0, q.y, 0);
-          } else {
-            bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
-            f = __ldca(a.xf + (jg * NT + n) * 4 + t);
-            z = __ldca(a.xi + (jg * NT + n) * 4 + t);
-          }
+          const uint2 bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldca(a.xf + (jg * NT + n) * 4 + t);
+          const int4 z = __ldca(a.xi + (jg * NT + n) * 4 + t);
           int ca[4], cb[4];
           mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
           mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
           acc[n][0] = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[n][0]);
           acc[n][2] = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[n][2]);
-          if constexpr (!ONE) {
-            acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
-            acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
-          }
+          acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
+          acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
         }
       } else {
         const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
         const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          uint2 bf;
-          float f0, f1;
-          if constexpr (ONE) {
-            bf = xs_b[jg * 4 + t];
-            f0 = xs_f[jg].x, f1 = 0.0f;
-          } else {
-            bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
-            const float4 f = __ldca(a.xf + (jg * NT + n) * 4 + t);
-            f0 = f.x, f1 = f.z;
-          }
+          const uint2 bf = __ldca(a.xb + (jg * NT + n) * 32 + lane);
+          const float4 f = __ldca(a.xf + (jg * NT + n) * 4 + t);
           int c[4];
           mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-          acc[n][0] = fmaf(e0 * f0, float(c[0]), acc[n][0]);
-          acc[n][2] = fmaf(e1 * f0, float(c[2]), acc[n][2]);
-          if constexpr (!ONE) {
-            acc[n][1] = fmaf(e0 * f1, float(c[1]), acc[n][1]);
-            acc[n][3] = fmaf(e1 * f1, float(c[3]), acc[n][3]);
-          }
+          acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
+          acc[n][2] = fmaf(e1 * f.x, float(c[2]), acc[n][2]);
+          acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
+          acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
         }
       }
     }
@@ -650,7 +606,7 @@ struct MmaPlan {
 };
 
 // Shared memory of the T = 1 activation staging (mma_kernel's stage_x) for S super-blocks.
-constexpr size_t x_stage_bytes(long long S) { return size_t(S) * 8 * 48; }
+constexpr size_t x_stage_bytes(long long S) { return size_t(S) * 8 * sizeof(ColGroup); }
 
 template <DType D, int NT, bool ONE, int MINB, bool REGS>
 MmaPlan plan_mma(long long total, int S) {

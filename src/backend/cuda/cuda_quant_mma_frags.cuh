@@ -2,9 +2,10 @@
 // defines (file-local to each .cu that includes it): the register side of the int8 tensor-core
 // kernels on tiled matrices (cuda_quant_mma.cu's dense GEMM, cuda_quant_moe_mma.cu's routed
 // experts): the mma.sync wrappers, a lane's registers of one tile (Raw, load_tile), Q4_K's
-// per-row (d·sc, dmin·m) table, the A fragments of a k32 group, and the per-32 int8 activation
-// quantizer both kernels' activations go through. The layout these read is described in the
-// header of cuda_quant_mma.cu. Included by .cu only.
+// per-row (d·sc, dmin·m) table, the A fragments of a k32 group, a row of activations quantized
+// per 32 (quantize_row, through cuda_quant_blocks.cuh's quantize_quad), and one row against one
+// tile (ColGroup, tile_row: the routed experts' rows and the dense GEMM at T = 1). The layout
+// these read is described in the header of cuda_quant_mma.cu. Included by .cu only.
 
 #include <cstdint>
 
@@ -15,32 +16,6 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr int kTabStride = 10;  // float2 per row of Q4_K's (S, M) table: 8 groups + 2 pad (no bank conflicts)
-
-// A thread's 4 weights of a 32-weight group held by 8 consecutive lanes (every lane of the warp
-// takes part): the group's scale d = amax / 127, the 4 codes rounded to nearest even (the
-// 1.5 · 2^23 trick) packed little-endian into a word, and the code sums of the thread's 16-half
-// of the group (half) and of the other 16-half (other).
-struct QuantQuad {
-  float d;
-  uint32_t packed;
-  int half, other;
-};
-__device__ __forceinline__ QuantQuad quantize_quad(float4 v) {
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const int q0 = __float_as_int(fmaf(v.x, inv, 12582912.0f)) - 0x4B400000;
-  const int q1 = __float_as_int(fmaf(v.y, inv, 12582912.0f)) - 0x4B400000;
-  const int q2 = __float_as_int(fmaf(v.z, inv, 12582912.0f)) - 0x4B400000;
-  const int q3 = __float_as_int(fmaf(v.w, inv, 12582912.0f)) - 0x4B400000;
-  int half = q0 + q1 + q2 + q3;
-  half += __shfl_xor_sync(0xffffffffu, half, 1);
-  half += __shfl_xor_sync(0xffffffffu, half, 2);
-  const int other = __shfl_xor_sync(0xffffffffu, half, 4);
-  return {d, (uint32_t(q0) & 255u) | (uint32_t(q1) & 255u) << 8 | (uint32_t(q2) & 255u) << 16 | uint32_t(q3) << 24,
-          half, other};
-}
 
 __device__ __forceinline__ void mma_u8s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
@@ -167,6 +142,87 @@ __device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, u
       a1 |= (H << 2) & 0x30303030u;
       a2 |= H & 0x30303030u;
       a3 |= (H >> 2) & 0x30303030u;
+    }
+  }
+}
+
+// One k32 group of one activation row as quantize_kernel quantizes it (bitwise the same codes
+// and scales): b[t] is the B fragment of every lane with t = lane % 4 (codes 4t .. 4t + 3 and
+// 16 + 4t .. 16 + 4t + 3), whatever its g, so all 8 MMA columns hold this row; s = {d, d·Σq,
+// −32·ΣqA, −32·ΣqB} (the last two bit-cast ints: Q6_K's offsets per 16-half).
+struct __align__(16) ColGroup {
+  uint2 b[4];
+  float4 s;
+};
+static_assert(sizeof(ColGroup) == 48);
+
+// x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
+// quantize_kernel); G % 4 == 0, so every warp is whole in every round of the loop.
+__device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
+  for (int id = int(threadIdx.x); id < G * 8; id += int(blockDim.x)) {
+    const int j = id >> 3, u = id & 7;
+    const float4 v = reinterpret_cast<const float4*>(x + size_t(j) * 32)[u];
+    const QuantQuad qq = quantize_quad(v);
+    const float d = qq.d;
+    const int half = qq.half, other = qq.other;
+    // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
+    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
+    if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
+  }
+}
+
+// A tile's scales before its groups: Q4_K's (d·sc, dmin·m) table into the warp's shared
+// memory (q4k_table), Q6_K's f16 d of rows g (dg) and g + 8 (dg8); Q8_0's are per group.
+template <DType D>
+__device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_unused]] float2* tab,
+                                            [[maybe_unused]] float& dg, [[maybe_unused]] float& dg8) {
+  if constexpr (D == DType::Q4_K_T16) {
+    q4k_table(R.h, lane, tab);
+  } else if constexpr (D == DType::Q6_K_T16) {
+    dg = h2f(uint16_t(R.d & 0xFFFFu));
+    dg8 = h2f(uint16_t(R.d >> 16));
+  }
+}
+
+// One tile (row-tile r, super-block s) against one quantized row (its 8 groups at xg): acc0 +=
+// rows g, acc1 += rows g + 8 of the tile. Every MMA column holds the row, so the 4 lanes of a g
+// hold the same values. The integer products and the float epilogue are mma_kernel's for a
+// token column (the same roundings: the int8 twin is the same).
+template <DType D>
+__device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
+                                         [[maybe_unused]] float2* tab, float& acc0, float& acc1) {
+  const int t = lane & 3;
+  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+  tile_scales(R, lane, tab, dg, dg8);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t a0, a1, a2, a3;
+    a_frags(R, jj, a0, a1, a2, a3);
+    const uint2 bf = xg[jj].b[t];
+    const float4 f = xg[jj].s;
+    if constexpr (D == DType::Q4_K_T16) {
+      const int g = lane >> 2;
+      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+      int c[4];
+      mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+      acc0 = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc0));
+      acc1 = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc1));
+    } else if constexpr (D == DType::Q6_K_T16) {
+      const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
+      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+      const int za = __float_as_int(f.z), zb = __float_as_int(f.w);
+      int ca[4], cb[4];
+      mma_u8s8_k16(ca, a0, a1, bf.x, za, za);  // Σ (q − 32) · x over the first 16
+      mma_u8s8_k16(cb, a2, a3, bf.y, zb, zb);  // and the second
+      acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
+      acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
+    } else {
+      const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
+      const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+      int c[4];
+      mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+      acc0 = fmaf(e0 * f.x, float(c[0]), acc0);
+      acc1 = fmaf(e1 * f.x, float(c[2]), acc1);
     }
   }
 }
