@@ -80,23 +80,24 @@ ExpertStreamMode expert_stream_mode();
 // tuning (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS, QWEN36_MOE_PIN; expert_stream_cost() reads
 // them).
 struct ExpertStreamCost {
-  // Host routed-expert math (cpu::moe_experts, quantized dot products on all cores): ~16 cores
-  // at ~30 GFLOP/s each. Generous to the host, so that the device is chosen only when it
-  // clearly wins.
-  double host_flops = 0.5e12;
+  // Host routed-expert math (cpu::moe_experts, quantized dot products on all cores): measured
+  // 0.22-0.26 TFLOP/s on the H200 machine's 16-core host (35B-A3B, 512-token passes).
+  double host_flops = 0.3e12;
   // The device's moe_experts prefill path (dequantize to bf16 + grouped tensor-core GEMM): a
   // fraction of an H100/H200's ~990 TFLOP/s dense bf16, for the dequantization and grouping.
   double device_flops = 100e12;
-  // Host → device copy rate: PCIe Gen4/Gen5 x16 from page-locked memory measures 25-50 GB/s;
-  // from pageable memory the driver bounces through a staging buffer at roughly a third.
-  double pinned_bytes_per_s = 25e9;
-  double pageable_bytes_per_s = 8e9;
+  // Host → device copy rate: from page-locked memory 55 GB/s on the H200 machine (PCIe Gen5);
+  // from pageable memory through the backend's page-locked ring that all cores fill (cuda
+  // HostBounce) ~20 GB/s there (the driver's own pageable path: 6 GB/s).
+  double pinned_bytes_per_s = 40e9;
+  double pageable_bytes_per_s = 15e9;
   // Fewer tokens than this never stream: decode steps and small verify batches touch a few
   // experts, which the host computes sooner than PCIe delivers them.
   int64_t min_tokens = 32;
   // Page-lock the host experts before streaming them (QWEN36_MOE_PIN=1). Off by default: copies
   // come from pageable memory, because page-locking a mapped file forces every page in, and on
-  // the sandboxed H200 host one 35B-A3B layer (~0.45 GB) had not been page-locked after 30 s.
+  // the H200 machine's sandboxed host page-locking a freshly written 35B-A3B file's expert
+  // ranges had not finished after 90 s.
   bool pin = false;
 };
 ExpertStreamCost expert_stream_cost();

@@ -328,10 +328,23 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   host_->moe_experts(hx, hw, hi, experts, hy);
   const double t_host = ms();
   backend_.copy_from_host(h.y.data(), y);
-  if (T > 1)
+  const double t_back = ms();
+  if (T > 1) {
     spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, x + device work {:.1f} ms, host experts "
                   "{:.1f} ms, sum back {:.1f} ms",
-                  T, t_route, t_out, t_host, ms());
+                  T, t_route, t_out, t_host, t_back);
+    return;
+  }
+  ++h.decode_passes;
+  for (int i = 0; const double v : {t_route, t_out, t_host, t_back}) h.decode_ms[i++] += v;
+}
+
+Model::HostStaging::~HostStaging() {
+  if (decode_passes == 0) return;
+  const double n = double(decode_passes);
+  spdlog::debug("host experts, {} one-token passes, mean ms: routing and x to host {:.3f}, device work {:.3f}, host "
+                "experts {:.3f}, sum back {:.3f}",
+                decode_passes, decode_ms[0] / n, decode_ms[1] / n, decode_ms[2] / n, decode_ms[3] / n);
 }
 
 // ---- streaming host-placed experts to the main backend (issue 11) ----

@@ -215,6 +215,11 @@ class Model {
   struct HostStaging {
     std::vector<std::byte> pack;  // HostPack's layout
     std::vector<float> y;
+    // Host-expert passes of one token (decode), too many to log one by one: their phases'
+    // total milliseconds, logged once (debug level) when the model goes.
+    int64_t decode_passes = 0;
+    double decode_ms[4] = {};  // routing and x to host, device work, host experts, sum back
+    ~HostStaging();
   };
   std::shared_ptr<HostStaging> staging_;
   // Streaming host experts: backend staging memory for one host layer's routed experts, each

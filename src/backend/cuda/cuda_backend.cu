@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host_bounce.h"
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace qwen36 {
@@ -244,11 +245,11 @@ class PinnedHostRanges {
     }
     return ok;
   }
-  // Calls f(ptr, n) for the pieces of [p, p + bytes) cut at the registered ranges' ends: a
+  // Calls f(ptr, n, pinned) for the pieces of [p, p + bytes) cut at the registered ranges' ends: a
   // cudaMemcpyAsync whose host side spans two registrations, or a registered and an unregistered
   // page, is refused (cudaErrorInvalidValue: CudaOffload.PinAndUpload's copy across two pin calls'
   // ranges failed so on the H200; not re-run since), so every piece lies in one registration or
-  // in none.
+  // in none; `pinned` says which.
   template <typename F>
   void for_each_piece(const void* p, size_t bytes, F&& f) const {
     uintptr_t cur = reinterpret_cast<uintptr_t>(p);
@@ -257,13 +258,15 @@ class PinnedHostRanges {
     if (it != ranges_.begin() && std::prev(it)->second > cur) it = std::prev(it);
     while (cur < end) {
       uintptr_t stop = end;
+      bool pinned = false;
       if (it != ranges_.end() && it->first <= cur) {
         stop = std::min(end, it->second);  // inside a registration
+        pinned = true;
         ++it;
       } else if (it != ranges_.end()) {
         stop = std::min(end, it->first);  // pageable up to the next one
       }
-      f(reinterpret_cast<const void*>(cur), size_t(stop - cur));
+      f(reinterpret_cast<const void*>(cur), size_t(stop - cur), pinned);
       cur = stop;
     }
   }
@@ -376,9 +379,10 @@ class CudaBackend final : public Backend {
   void upload(const void* src, void* dst, size_t bytes) override {
     auto* d = static_cast<uint8_t*>(dst);
     const auto* s0 = static_cast<const uint8_t*>(src);
-    pinned_.for_each_piece(src, bytes, [&](const void* piece, size_t n) {
-      CUDA_CHECK(cudaMemcpyAsync(d + (static_cast<const uint8_t*>(piece) - s0), piece, n, cudaMemcpyHostToDevice,
-                                 ctx_.stream));
+    pinned_.for_each_piece(src, bytes, [&](const void* piece, size_t n, bool pinned) {
+      uint8_t* to = d + (static_cast<const uint8_t*>(piece) - s0);
+      if (!pinned && n >= cuda::HostBounce::kMinBytes && !ctx_.capturing && bounce_.upload(piece, to, n, ctx_.stream)) return;
+      CUDA_CHECK(cudaMemcpyAsync(to, piece, n, cudaMemcpyHostToDevice, ctx_.stream));
     });
   }
 
@@ -629,6 +633,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> free_events_;
   std::map<std::string, OpTime> op_times_;
   PinnedHostRanges pinned_;  // host ranges page-locked for upload()
+  cuda::HostBounce bounce_;      // upload()'s path for large pageable ranges
 };
 
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,

@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kMaxThreads) hf_gemv_kernel(const HfGemvArgs a
   for (int t = 0; t < TM; ++t)
 #pragma unroll
     for (int i = 0; i < 32; ++i)
-      x[t][i] = valid && t < a.nt ? __ldcg(a.x + size_t(t) * a.K + size_t(blk) * H::kElems + H::elem(j, i)) : 0.0f;
+      x[t][i] = valid && t < a.nt ? __ldca(a.x + size_t(t) * a.K + size_t(blk) * H::kElems + H::elem(j, i)) : 0.0f;
 
   for (int r = r0; r < r1; r += RW) {  // block-uniform: every thread runs every iteration
     if (r + RW < r1) fetch(r + RW, nxt);
