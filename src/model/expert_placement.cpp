@@ -174,6 +174,13 @@ ExpertStreamCost expert_stream_cost() {
     QWEN36_CHECK(v == "0" || v == "1", "QWEN36_MOE_PIN=\"{}\": expected 0 or 1", v);
     c.pin = v == "1";
   }
+  if (const char* e = std::getenv("QWEN36_MOE_DEVICE_SHARE"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    QWEN36_CHECK(end && *end == '\0' && v >= 0 && v < 64, "QWEN36_MOE_DEVICE_SHARE=\"{}\": expected a count of routed "
+                 "experts, 0 .. k - 1", e);
+    c.device_share = int(v);
+  }
   return c;
 }
 

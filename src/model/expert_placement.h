@@ -76,9 +76,9 @@ enum class ExpertStreamMode : uint8_t {
 // QWEN36_MOE_STREAM = auto (unset) | always | never; an Error names a bad value.
 ExpertStreamMode expert_stream_mode();
 
-// The rates the auto choice compares. Estimates, not measurements: each can be overridden for
-// tuning (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS, QWEN36_MOE_PIN; expert_stream_cost() reads
-// them).
+// The rates the auto choice compares, and how host experts are held and shared. Each can be
+// overridden (QWEN36_MOE_HOST_GFLOPS, QWEN36_MOE_PCIE_GBS, QWEN36_MOE_PIN,
+// QWEN36_MOE_DEVICE_SHARE; expert_stream_cost() reads them).
 struct ExpertStreamCost {
   // Host routed-expert math (cpu::moe_experts, quantized dot products on all cores): measured
   // 0.22-0.26 TFLOP/s on the H200 machine's 16-core host (35B-A3B, 512-token passes).
@@ -94,11 +94,16 @@ struct ExpertStreamCost {
   // Fewer tokens than this never stream: decode steps and small verify batches touch a few
   // experts, which the host computes sooner than PCIe delivers them.
   int64_t min_tokens = 32;
-  // Page-lock the host experts before streaming them (QWEN36_MOE_PIN=1). Off by default: copies
-  // come from pageable memory, because page-locking a mapped file forces every page in, and on
-  // the H200 machine's sandboxed host page-locking a freshly written 35B-A3B file's expert
-  // ranges had not finished after 90 s.
-  bool pin = false;
+  // Copy the host experts into page-locked memory at load (model/host_expert_copy.h) when the
+  // main backend is a device: QWEN36_MOE_PIN=1 (the default) or 0 (they stay in the model
+  // file's pages, which a device reads only through a bounce buffer).
+  bool pin = true;
+  // Of each token's k routed experts in a one-token pass of a host layer, how many run on the
+  // main backend (uploaded into the staging area, by DMA from the page-locked copy) while the
+  // host computes the rest (QWEN36_MOE_DEVICE_SHARE = 0 .. k − 1; unset: 0). Both move the
+  // weights out of host memory, the cores at their memory bandwidth, the copy engine at PCIe
+  // rate.
+  int device_share = 0;
 };
 ExpertStreamCost expert_stream_cost();
 

@@ -15,6 +15,7 @@
 
 #include "backend/comm.h"
 #include "backend/cpu/cpu_ops.h"
+#include "model/host_expert_copy.h"
 #include "core/error.h"
 
 namespace qwen36 {
@@ -111,11 +112,22 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   lap("host experts listed");
   backend_.prepare_weights_except(w_, host_tensors);
   lap("other weights on the device");
+  const ExpertStreamCost cost = expert_stream_cost();
+  if (cost.pin && backend_.free_memory() != 0) {  // a device main backend (a host one reads them in place)
+    host_copy_ = HostExpertCopy::make(backend_, w_, placement_.host);
+    lap("host experts page-locked");
+  }
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
   lap("host backend made");
   init_expert_stream();
   lap("expert stream set up");
+  // The device share of one-token passes goes through the streaming staging area.
+  device_share_ = stream_ ? int(std::min<int64_t>(cost.device_share, w_.config.n_experts_per_tok - 1)) : 0;
+  if (cost.device_share > 0)
+    spdlog::info("expert offload: {} of {} routed experts per token of a decode pass on the main backend{}",
+                 device_share_, w_.config.n_experts_per_tok,
+                 stream_ ? "" : " (no staging area: QWEN36_MOE_STREAM=never, or a host main backend)");
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
@@ -273,7 +285,8 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
   // shared expert is queued on the device between the copies out and the host's work, so a
   // GPU computes it while the CPU computes the routed experts; the add stays after both.
   if (host_experts) {
-    host_moe_experts(x, pack, m.experts, y, shared_expert);
+    Tensor spare = device_share_ > 0 && T == 1 ? s.f32({T, c.hidden_size}) : Tensor();
+    host_moe_experts(x, pack, m.experts, y, spare, shared_expert);
   } else {
     backend_.moe_experts(x, weights, ids, m.experts, y);
     shared_expert();
@@ -282,7 +295,7 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
 }
 
 void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
-                             const std::function<void()>& device_work) {
+                             Tensor& spare, const std::function<void()>& device_work) {
   const int64_t T = x.rows(), D = x.cols(), K = w_.config.n_experts_per_tok;
   const HostPack hp(T, K, D);
   const Tensor weights = hp.weights(pack.data), ids = hp.ids(pack.data);
@@ -318,16 +331,39 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   }
   Tensor hx = hp.x(h.pack.data());
   if (may_stream) backend_.copy_to_host(x, hx.data);
+  // A one-token pass may give the main backend the token's first `share` routed experts (their
+  // weights uploaded into the staging area, by DMA from the page-locked copy) while the host
+  // computes the other K − share: both are bound by moving the weights out of host memory, and
+  // the copy engine and the cores together beat the cores alone. y gets the device's part, then
+  // the host's is added (a different summation order from one backend's: not bitwise the same).
+  int64_t share = T == 1 && !spare.empty() ? device_share_ : 0;
+  if (share > 0) {
+    const Tensor dw(weights.data, DType::F32, {1, share}), di(ids.data, DType::I32, {1, share});
+    if (!stream_moe_experts(x, dw, di, std::span(hi.as<const int32_t>(), size_t(share)), experts, y, device_work,
+                            /*decide=*/false))
+      share = 0;
+  }
   // Device work queued now runs while the host computes. More overlap (not done): the next
   // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
   // here too, with the copy back on a second stream and pinned staging buffers.
-  device_work();
+  if (share == 0) device_work();
   h.y.resize(size_t(T * D));
   Tensor hy(h.y.data(), DType::F32, {T, D});
   const double t_out = ms();
-  host_->moe_experts(hx, hw, hi, experts, hy);
+  if (share > 0) {
+    const Tensor sw(hw.as<float>() + share, DType::F32, {1, K - share}),
+        si(hi.as<int32_t>() + share, DType::I32, {1, K - share});
+    host_->moe_experts(hx, sw, si, experts, hy);
+  } else {
+    host_->moe_experts(hx, hw, hi, experts, hy);
+  }
   const double t_host = ms();
-  backend_.copy_from_host(h.y.data(), y);
+  if (share > 0) {
+    backend_.copy_from_host(h.y.data(), spare);
+    backend_.add(y, spare);
+  } else {
+    backend_.copy_from_host(h.y.data(), y);
+  }
   const double t_back = ms();
   if (T > 1) {
     spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, x + device work {:.1f} ms, host experts "
@@ -373,19 +409,14 @@ struct Model::ExpertStream {
     std::vector<std::array<size_t, 3>> offsets;   // per expert: gate, up, down offsets
     std::vector<MlpWeights> views;                // the experts in the staging area: same dtypes, shapes
     size_t bytes = 0;                             // staging bytes the layer spans
-    bool pin_tried = false, pinned = false;
   };
-  Backend& backend;
   ExpertStreamMode mode;
   ExpertStreamCost cost;
   std::unique_ptr<DeviceBuffer> buf;
   std::unordered_map<const MlpWeights*, Layer> layers;  // by the layer's host experts (span data)
-  std::vector<std::pair<const void*, size_t>> pinned;   // host ranges pinned, to unpin
+  bool pinned = false;  // the host experts are page-locked (Model::host_copy_): uploads by DMA
 
-  ExpertStream(Backend& b, ExpertStreamMode m) : backend(b), mode(m), cost(expert_stream_cost()) {}
-  ~ExpertStream() {
-    for (const auto& [p, n] : pinned) backend.unpin_host_memory(p, n);
-  }
+  explicit ExpertStream(ExpertStreamMode m) : mode(m), cost(expert_stream_cost()) {}
   ExpertStream(const ExpertStream&) = delete;
   ExpertStream& operator=(const ExpertStream&) = delete;
 
@@ -429,31 +460,6 @@ struct Model::ExpertStream {
     }
     l.bytes = cur;
   }
-  // Page-locks the host ranges of a layer's pieces (merged where they touch), once.
-  void pin(Layer& l) {
-    l.pin_tried = true;
-    if (!cost.pin) {  // unless QWEN36_MOE_PIN=1
-      l.pinned = false;
-      return;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::pair<const std::byte*, const std::byte*>> r;
-    for (const Piece& p : l.pieces) r.emplace_back(p.src, p.src + p.bytes);
-    std::sort(r.begin(), r.end());
-    l.pinned = true;
-    for (size_t i = 0; i < r.size();) {
-      const std::byte* b = r[i].first;
-      const std::byte* e = r[i].second;
-      for (++i; i < r.size() && r[i].first <= e; ++i) e = std::max(e, r[i].second);
-      l.pinned = backend.pin_host_memory(b, size_t(e - b)) && l.pinned;
-      pinned.emplace_back(b, size_t(e - b));
-    }
-    // Page-locking forces every page of the range in; on some hosts (sandboxed runtimes) it is
-    // slow, so its cost is visible (debug level per layer).
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::debug("expert stream: page-locked {:.1f} MiB of a layer's host experts in {:.0f} ms{}",
-                  double(l.bytes) / double(1 << 20), ms, l.pinned ? "" : " (partly refused: pageable copies)");
-  }
 };
 
 void Model::init_expert_stream() {
@@ -461,7 +467,8 @@ void Model::init_expert_stream() {
   // auto on a host main backend (free_memory 0: untracked host memory) would copy host memory
   // to host memory for nothing.
   if (mode == ExpertStreamMode::Never || (mode == ExpertStreamMode::Auto && backend_.free_memory() == 0)) return;
-  auto st = std::make_shared<ExpertStream>(backend_, mode);
+  auto st = std::make_shared<ExpertStream>(mode);
+  st->pinned = host_copy_ != nullptr;
   size_t need = 0;
   for (size_t i = 0; i < w_.layers.size() && i < placement_.host.size(); ++i) {
     if (!placement_.host[i] || w_.layers[i].moe.experts.empty()) continue;
@@ -486,7 +493,7 @@ bool Model::may_stream_experts(int64_t tokens) const {
 
 bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                                std::span<const int32_t> host_ids, std::span<const MlpWeights> experts, Tensor& y,
-                               const std::function<void()>& device_work) {
+                               const std::function<void()>& device_work, bool decide) {
   ExpertStream& st = *stream_;
   auto it = st.layers.find(experts.data());
   if (it == st.layers.end()) return false;
@@ -511,17 +518,16 @@ bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Ten
     else
       copies.push_back({p.src, p.dst, p.bytes});
   }
-  if (st.mode == ExpertStreamMode::Auto) {
+  if (decide && st.mode == ExpertStreamMode::Auto) {
     ExpertPassWork w;
     w.tokens = x.rows();
     w.k = ids.cols();
     w.intermediate = experts[0].gate_proj.rows();
     w.hidden = x.cols();
     w.upload_bytes = touched;
-    w.pinned = st.cost.pin && (!l.pin_tried || l.pinned);  // not tried yet: it will be, below
+    w.pinned = st.pinned;
     if (!stream_experts_faster(w, st.cost)) return false;
   }
-  if (!l.pin_tried) st.pin(l);
   auto* base = static_cast<std::byte*>(st.buf->data());
   for (const Copy& c : copies) backend_.upload(c.src, base + c.dst, c.bytes);
   backend_.moe_experts(x, weights, ids, l.views, y);

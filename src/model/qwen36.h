@@ -15,6 +15,7 @@
 namespace qwen36 {
 
 class Comm;
+class HostExpertCopy;
 struct ForwardBatch;
 struct SpecCommit;
 
@@ -153,8 +154,10 @@ class Model {
   // backend, the experts on the CPU backend, the sum back into y — or, for a large batch, the
   // routed experts streamed to the main backend and computed there (stream_moe_experts).
   // `pack` holds the routing (HostPack's layout), written by moe_route.
+  // `spare` ([T, hidden], main backend): room for the host's sum when the main backend computes
+  // a share of the pass (device_share_).
   void host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
-                        const std::function<void()>& device_work);
+                        Tensor& spare, const std::function<void()>& device_work);
   // A host-placed MoE layer's [weights | ids | x] in one buffer of f32 words (the same layout on
   // the device and in HostStaging::pack), 256-byte aligned parts: one copy takes a decode
   // step's routing and input to the host.
@@ -172,12 +175,14 @@ class Model {
   void init_expert_stream();
   // Uploads the experts that host_ids (ids, on the host) route to into the staging area, runs
   // moe_experts on the main backend into y, then device_work; false (nothing done): the host
-  // computes this pass (ExpertStreamMode, stream_experts_faster in model/expert_placement.h).
+  // computes this pass (ExpertStreamMode, stream_experts_faster in model/expert_placement.h;
+  // decide = false skips that choice: a decode pass's device share).
   // A pass of `tokens` tokens might stream (stream_moe_experts decides): the host copies its
   // routing before its input.
   bool may_stream_experts(int64_t tokens) const;
   bool stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const int32_t> host_ids,
-                          std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work);
+                          std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work,
+                          bool decide = true);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
   // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
   struct Residual {
@@ -227,6 +232,12 @@ class Model {
   // this goes, before w_'s storage does). Null: the host always computes them.
   struct ExpertStream;
   std::shared_ptr<ExpertStream> stream_;
+  // The host experts' page-locked copy, which w_'s host-expert tensors point into (null: they
+  // are read from the weights' own storage). Destroyed before w_; nothing reads them then.
+  std::shared_ptr<HostExpertCopy> host_copy_;
+  // Routed experts per token of a one-token host-layer pass run on the main backend
+  // (ExpertStreamCost::device_share; needs the staging area, stream_).
+  int device_share_ = 0;
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

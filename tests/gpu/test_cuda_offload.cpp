@@ -1,7 +1,8 @@
 // Expert offload on CUDA, streaming path (Model::host_moe_experts → stream_moe_experts):
 // Backend::pin_host_memory / upload on plain and read-only mmapped host memory, and a tiny
 // MoE (Q4_K_M GGUF, mmapped) whose every layer's experts are on the host and streamed to the
-// GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU.
+// GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU; and the
+// GPU's share of decode passes (QWEN36_MOE_DEVICE_SHARE).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +88,14 @@ std::vector<float> run(Model& m, Backend& be, const ModelConfig& c) {
   return out;
 }
 
+// run() on the model at `path` on a fresh CUDA backend, its routed experts placed by `place`
+// (null: all on the GPU).
+std::vector<float> run_placed(const std::string& path, const ModelConfig& c, const ExpertPlacement* place) {
+  std::unique_ptr<Backend> be = make_cuda_backend();
+  Model m(load_model_weights(path), *be, place ? *place : ExpertPlacement{});
+  return run(m, *be, c);
+}
+
 // Every layer's experts on the host, streamed each pass (prefill T = 80 and decode T = 1)
 // into the staging area, against the model resident on the GPU. Both untiled
 // (QWEN36_NO_TILE=1), so the very same moe_experts kernels read the very same expert bytes,
@@ -101,22 +110,15 @@ TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
   PlacementOptions o;
   o.cpu_moe = true;
   const ExpertPlacement all = resolve_expert_placement(c, o);
-  std::vector<float> want, streamed, host;
-  {
-    Model m(load_model_weights(path), *gpu_);
-    want = run(m, *gpu_, c);
-  }
+  const std::vector<float> want = run_placed(path, c, nullptr);
+  std::vector<float> streamed, host;
   {
     ScopedEnv mode("QWEN36_MOE_STREAM", "always");
-    std::unique_ptr<Backend> be = make_cuda_backend();
-    Model m(load_model_weights(path), *be, all);
-    streamed = run(m, *be, c);
+    streamed = run_placed(path, c, &all);
   }
   {
     ScopedEnv mode("QWEN36_MOE_STREAM", "never");
-    std::unique_ptr<Backend> be = make_cuda_backend();
-    Model m(load_model_weights(path), *be, all);
-    host = run(m, *be, c);
+    host = run_placed(path, c, &all);
   }
   const int64_t V = c.vocab_size;
   const std::vector<float> want_pre(want.begin(), want.begin() + 80 * V), got_pre(streamed.begin(), streamed.begin() + 80 * V);
@@ -127,6 +129,38 @@ TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
               e_pre, e_dec, rel_err(host, want));
   EXPECT_LE(e_pre, 1e-4);
   EXPECT_LE(e_dec, 1e-4);
+}
+
+// Host experts copied into page-locked memory at load (the default with a CUDA main backend);
+// with QWEN36_MOE_DEVICE_SHARE = k − 1 each decode pass's first k − 1 routed experts are
+// uploaded from there and run on the GPU, the last on the CPU. The
+// GPU's share is the resident model's arithmetic, the CPU's the host path's, so the decode
+// logits must be within the host-only path's distance from the resident model (+1e-4 of the
+// largest logit for summation order); prefill (not split; streamed or not by the same auto
+// choice in both runs) equals the host-only run's.
+TEST_F(CudaOffload, DeviceShareReadsPageLockedHostExperts) {
+  ModelConfig c;
+  const std::string path = tiny_moe_gguf(&c);
+  ScopedEnv no_tile("QWEN36_NO_TILE", "1");
+  PlacementOptions o;
+  o.cpu_moe = true;
+  const ExpertPlacement all = resolve_expert_placement(c, o);
+  const std::vector<float> want = run_placed(path, c, nullptr), host = run_placed(path, c, &all);
+  std::vector<float> shared;
+  {
+    ScopedEnv share("QWEN36_MOE_DEVICE_SHARE", std::to_string(c.n_experts_per_tok - 1).c_str());
+    shared = run_placed(path, c, &all);
+  }
+  const int64_t V = c.vocab_size;
+  auto part = [&](const std::vector<float>& v, bool decode) {
+    return decode ? std::vector<float>(v.begin() + 80 * V, v.end()) : std::vector<float>(v.begin(), v.begin() + 80 * V);
+  };
+  const double e_host = rel_err(part(host, true), part(want, true)), e_share = rel_err(part(shared, true), part(want, true));
+  std::printf("[ offload ] tiny-moe Q4_K_M decode, relative to the resident model: host experts %.3g, %d of %d "
+              "uploaded to the GPU %.3g\n",
+              e_host, int(c.n_experts_per_tok - 1), int(c.n_experts_per_tok), e_share);
+  EXPECT_TRUE(part(shared, false) == part(host, false)) << "prefill passes are not split";
+  EXPECT_LE(e_share, e_host + 1e-4);
 }
 
 }  // namespace

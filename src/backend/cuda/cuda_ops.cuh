@@ -199,7 +199,7 @@ __device__ __forceinline__ float load_any(const void* p, int64_t i, DType t) {
 // weights) goes before the wait, so a decode step's GEMVs start loading while the norm or
 // GEMV before them drains. Kernels call griddep_trigger() once their blocks are running, to
 // let a waiting dependent be scheduled. Both are no-ops before sm_90 and when not launched so.
-// Results of earlier kernels are read with coherent loads (plain or __ldcg), not __ldg: the
+// Results of earlier kernels are read with coherent loads (plain, __ldca or __ldcg), not __ldg: the
 // non-coherent path assumes data read-only for the reader's whole lifetime, which under PDL
 // overlaps the writer's. (The HF GEMV read its activations with __ldg: token-by-token decode of
 // the W4 / NVFP4 fixtures went wrong by several logits with PDL, exact with QWEN36_NO_PDL=hf_gemv.)

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -121,6 +122,11 @@ class CountingBackend final : public Backend {
   CountingBackend() : b_(make_cpu_backend(1)) {}
   int64_t uploads = 0, pins = 0;
   size_t upload_bytes = 0, largest_upload = 0;
+  // Non-zero: free_memory() says so, as a device backend's would (the Model then copies the
+  // host experts into memory it page-locks through this backend).
+  size_t device_free = 0;
+  // moe_experts calls of one-token passes, by the number of routed experts per token they got.
+  std::map<int64_t, int64_t> one_token_moe;
 
   std::string name() const override { return b_->name(); }
   std::unique_ptr<DeviceBuffer> alloc(size_t n) override { return b_->alloc(n); }
@@ -136,7 +142,7 @@ class CountingBackend final : public Backend {
   void prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& k) override {
     b_->prepare_weights_except(w, k);
   }
-  size_t free_memory() override { return b_->free_memory(); }
+  size_t free_memory() override { return device_free ? device_free : b_->free_memory(); }
   bool pin_host_memory(const void* p, size_t n) override {
     ++pins;
     return b_->pin_host_memory(p, n);
@@ -202,6 +208,7 @@ class CountingBackend final : public Backend {
   void moe_route(const Tensor& l, int64_t k, bool rn, Tensor& w, Tensor& ids) override { b_->moe_route(l, k, rn, w, ids); }
   void moe_experts(const Tensor& x, const Tensor& w, const Tensor& ids, std::span<const MlpWeights> e,
                    Tensor& o) override {
+    if (x.rows() == 1) ++one_token_moe[ids.cols()];
     b_->moe_experts(x, w, ids, e, o);
   }
   void sample_candidates(Tensor& l, std::span<const SampleRowParams> r, std::span<const PenaltyEntry> p, int32_t k,
@@ -219,11 +226,12 @@ class CountingBackend final : public Backend {
 // the same bytes, so the logits must equal the single-backend model's BITWISE: prefill of 44
 // rows, decode, the mixed batch and greedy generation; and something must have been uploaded,
 // each copy no larger than a layer's experts (contiguous experts merge into one copy).
-// Page-locked (QWEN36_MOE_PIN=1); then once more by default (pageable): the same logits,
-// nothing pinned.
+// The main backend says it is a device, so the host experts are first copied into memory it
+// page-locks (HostExpertCopy: the same bytes, so still bitwise); then once more with
+// QWEN36_MOE_PIN=0 (left in the weights' storage): the same logits, nothing page-locked.
 TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
   ScopedEnv env("QWEN36_MOE_STREAM", "always");
-  ScopedEnv pin_on("QWEN36_MOE_PIN", "1");
+  ScopedEnv pin_on("QWEN36_MOE_PIN", nullptr);
   for (const std::string name : {"random-moe", "moe-shared", "moe-mtp", "moe-top4-tied"}) {
     std::unique_ptr<Backend> be = make_cpu_backend(1);
     Model ref(weights_of(name), *be);
@@ -235,6 +243,7 @@ TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
       PlacementOptions o;
       o.n_cpu_moe = n;
       CountingBackend be2;
+      be2.device_free = 64 * kGiB;
       Model m(weights_of(name), be2, resolve_expert_placement(ref.config(), o), /*host_threads=*/1);
       const Trace got = trace(m, be2, 44);
       EXPECT_TRUE(got.prefill == want.prefill);
@@ -246,19 +255,61 @@ TEST(ExpertOffload, StreamedExpertsMatchTheSingleBackendBitwise) {
       EXPECT_LE(be2.largest_upload, *std::max_element(layer_bytes.begin(), layer_bytes.end()));
     }
   }
-  ScopedEnv pin_default("QWEN36_MOE_PIN", nullptr);
+  ScopedEnv pin_off("QWEN36_MOE_PIN", "0");
   std::unique_ptr<Backend> be = make_cpu_backend(1);
   Model ref(weights_of("random-moe"), *be);
   const Trace want = trace(ref, *be, 44);
   PlacementOptions o;
   o.n_cpu_moe = ref.config().n_layers;
   CountingBackend be2;
+  be2.device_free = 64 * kGiB;
   Model m(weights_of("random-moe"), be2, resolve_expert_placement(ref.config(), o), /*host_threads=*/1);
   const Trace got = trace(m, be2, 44);
   EXPECT_TRUE(got.prefill == want.prefill && got.decode == want.decode && got.batch == want.batch);
   EXPECT_EQ(got.greedy, want.greedy);
   EXPECT_GT(be2.uploads, 0);
-  EXPECT_EQ(be2.pins, 0) << "pinned host memory without QWEN36_MOE_PIN=1";
+  EXPECT_EQ(be2.pins, 0) << "page-locked host memory with QWEN36_MOE_PIN=0";
+}
+
+// A share of each decode pass's routed experts on the main backend (QWEN36_MOE_DEVICE_SHARE):
+// one-token passes of host layers upload the token's first `share` experts into the staging
+// area and run them on the main backend, the host the rest, and the two sums are added — the
+// same terms in another order, so the
+// logits agree with the single backend's to f32 rounding (not bitwise) and greedy generation
+// is the same; passes of more tokens (prefill, the mixed batch) are not split, so bitwise.
+TEST(ExpertOffload, DeviceShareOfDecodePassesMatchesTheSingleBackend) {
+  for (const std::string name : {"random-moe", "moe-shared", "moe-top4-tied"}) {
+    std::unique_ptr<Backend> be = make_cpu_backend(1);
+    Model ref(weights_of(name), *be);
+    const Trace want = trace(ref, *be, 11);
+    const int64_t K = ref.config().n_experts_per_tok;
+    for (const int64_t share : {int64_t(1), K - 1}) {
+      SCOPED_TRACE(name + ", device share " + std::to_string(share));
+      ScopedEnv env("QWEN36_MOE_DEVICE_SHARE", std::to_string(share).c_str());
+      PlacementOptions o;
+      o.cpu_moe = true;
+      CountingBackend be2;
+      be2.device_free = 64 * kGiB;  // a device-like main backend: the staging area exists
+      Model m(weights_of(name), be2, resolve_expert_placement(ref.config(), o), /*host_threads=*/1);
+      const Trace got = trace(m, be2, 11);
+      EXPECT_TRUE(got.prefill == want.prefill);
+      ASSERT_EQ(got.decode.size(), want.decode.size());
+      float scale = 0, worst = 0;
+      for (size_t i = 0; i < want.decode.size(); ++i) {
+        scale = std::max(scale, std::abs(want.decode[i]));
+        worst = std::max(worst, std::abs(want.decode[i] - got.decode[i]));
+      }
+      EXPECT_LE(worst, 1e-4f * scale) << "decode logits differ by " << worst << " of " << scale;
+      EXPECT_EQ(got.greedy, want.greedy);
+      // Every one-token pass of a host layer split: `share` experts on the main backend (its
+      // weights uploaded), the rest on the host backend (not counted here).
+      EXPECT_GT(be2.one_token_moe[share], 0);
+      EXPECT_EQ(be2.one_token_moe.size(), size_t(1));
+      EXPECT_GT(be2.uploads, 0);
+    }
+  }
+  ScopedEnv bad("QWEN36_MOE_DEVICE_SHARE", "two");
+  expect_one_line_error([] { expert_stream_cost(); }, "QWEN36_MOE_DEVICE_SHARE");
 }
 
 // QWEN36_MOE_STREAM unset (auto) with a host main backend: nothing streams (an upload would
