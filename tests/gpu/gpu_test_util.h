@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -68,6 +69,36 @@ inline std::vector<float> download(Backend& b, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   b.copy_to_host(t, v.data());
   return v;
+}
+
+// The largest |got − want|, where it is, and max(1, max |want|), for reports of logits rows.
+struct WorstDiff {
+  double worst = 0, scale = 1;
+  size_t at = 0;
+};
+inline WorstDiff worst_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  WorstDiff w;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    w.scale = std::max(w.scale, double(std::abs(want[i])));
+    if (std::abs(double(want[i]) - got[i]) > w.worst) w.worst = std::abs(double(want[i]) - got[i]), w.at = i;
+  }
+  return w;
+}
+
+// Rows of V logits: each row whose top two logits of `want` differ by more than `margin` has
+// the same argmax in `got` (greedy picks away from near-ties).
+inline void expect_same_argmax_away_from_ties(const std::vector<float>& got, const std::vector<float>& want,
+                                              size_t V, double margin) {
+  for (size_t r = 0; r < want.size() / V && r < got.size() / V; ++r) {
+    const float* a = want.data() + r * V;
+    const float* b = got.data() + r * V;
+    std::vector<float> top(a, a + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    if (top[0] - top[1] > margin) {
+      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
+    }
+  }
 }
 
 // max |got − want| / max(1, max |want|)

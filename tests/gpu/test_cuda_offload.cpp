@@ -88,6 +88,21 @@ std::vector<float> run(Model& m, Backend& be, const ModelConfig& c) {
   return out;
 }
 
+// The tiny MoE file and the placement of every layer's routed experts on the host.
+struct HostPlaced {
+  ModelConfig c;
+  std::string path;
+  ExpertPlacement all;
+};
+HostPlaced host_placed() {
+  HostPlaced h;
+  h.path = tiny_moe_gguf(&h.c);
+  PlacementOptions o;
+  o.cpu_moe = true;
+  h.all = resolve_expert_placement(h.c, o);
+  return h;
+}
+
 // run() on the model at `path` on a fresh CUDA backend, its routed experts placed by `place`
 // (null: all on the GPU).
 std::vector<float> run_placed(const std::string& path, const ModelConfig& c, const ExpertPlacement* place) {
@@ -104,12 +119,8 @@ std::vector<float> run_placed(const std::string& path, const ModelConfig& c, con
 // The host-computed path (QWEN36_MOE_STREAM=never: CPU f32 experts vs the GPU's bf16 GEMM) is
 // printed for information only.
 TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
-  ModelConfig c;
-  const std::string path = tiny_moe_gguf(&c);
   ScopedEnv no_tile("QWEN36_NO_TILE", "1");
-  PlacementOptions o;
-  o.cpu_moe = true;
-  const ExpertPlacement all = resolve_expert_placement(c, o);
+  const auto [c, path, all] = host_placed();
   const std::vector<float> want = run_placed(path, c, nullptr);
   std::vector<float> streamed, host;
   {
@@ -138,13 +149,9 @@ TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
 // logits must be within the host-only path's distance from the resident model (+1e-4 of the
 // largest logit for summation order); prefill (not split; streamed or not by the same auto
 // choice in both runs) equals the host-only run's.
-TEST_F(CudaOffload, DeviceShareReadsPageLockedHostExperts) {
-  ModelConfig c;
-  const std::string path = tiny_moe_gguf(&c);
+TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
   ScopedEnv no_tile("QWEN36_NO_TILE", "1");
-  PlacementOptions o;
-  o.cpu_moe = true;
-  const ExpertPlacement all = resolve_expert_placement(c, o);
+  const auto [c, path, all] = host_placed();
   const std::vector<float> want = run_placed(path, c, nullptr), host = run_placed(path, c, &all);
   std::vector<float> shared;
   {

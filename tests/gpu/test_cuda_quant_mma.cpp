@@ -446,12 +446,7 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
     }
   }
   ASSERT_EQ(got.size(), want.size());
-  double scale = 1, worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    scale = std::max(scale, double(std::abs(want[i])));
-    if (std::abs(double(want[i]) - got[i]) > worst) worst = std::abs(double(want[i]) - got[i]), at = i;
-  }
+  const auto [worst, scale, at] = worst_diff(got, want);
   std::printf("[ tiny-dense q4_k_m ] tiled vs GGUF layout (T=1 steps): max |dlogit| %.3g of %.3g at row %zu\n",
               worst, scale, at / size_t(V));
   for (size_t r = 0; r < n_prompt + 8; ++r) {  // per-row picture, for a failure
@@ -462,15 +457,7 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
                 r < n_prompt ? "prompt" : "generated", d, m);
   }
   EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
-  for (size_t r = 0; r < n_prompt + 8; ++r) {  // greedy picks away from near-ties
-    const float* a = want.data() + r * size_t(V);
-    const float* b = got.data() + r * size_t(V);
-    std::vector<float> top(a, a + V);
-    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
-    if (top[0] - top[1] > 1e-3 * scale) {
-      EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
-    }
-  }
+  expect_same_argmax_away_from_ties(got, want, size_t(V), 1e-3 * scale);
 }
 
 }  // namespace
