@@ -131,7 +131,7 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
-                              std::span<const SeqRun> runs) {
+                              std::span<const SeqRun> runs, const VerifySave* save) {
   const ModelConfig& c = w_.config;
   const int64_t T = x.rows(), nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
   const AttentionWeights& a = l.attn;
@@ -148,10 +148,24 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x
   }
   backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);  // per head over hd
   backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
-  backend_.rope(q, runs, c.rotary_dim, c.rope_theta);
-  backend_.rope(k, runs, c.rotary_dim, c.rope_theta);
   Tensor o = s.f32({T, nh, hd});
-  backend_.attention(q, k, v, k_cache, v_cache, runs, 1.0f / std::sqrt(float(hd)), o);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  if (save && !save->trees.empty()) {  // tree verify runs take the tree ops, the others the batch ops
+    if (!save->untreed.empty()) {
+      backend_.rope(q, save->untreed, c.rotary_dim, c.rope_theta);
+      backend_.rope(k, save->untreed, c.rotary_dim, c.rope_theta);
+      backend_.attention(q, k, v, k_cache, v_cache, save->untreed, scale, o);
+    }
+    for (const TreeRun& t : save->trees) {
+      backend_.rope_tree(q, t.run, t.parent, c.rotary_dim, c.rope_theta);
+      backend_.rope_tree(k, t.run, t.parent, c.rotary_dim, c.rope_theta);
+      backend_.attention_tree(q, k, v, k_cache, v_cache, t.run, t.parent, scale, o);
+    }
+  } else {
+    backend_.rope(q, runs, c.rotary_dim, c.rope_theta);
+    backend_.rope(k, runs, c.rotary_dim, c.rope_theta);
+    backend_.attention(q, k, v, k_cache, v_cache, runs, scale, o);
+  }
   Tensor o2(o.data, DType::F32, {T, nh * hd});
   if (c.attn_output_gate) backend_.sigmoid_mul(o2, gate);
   Tensor y = s.f32({T, c.hidden_size});
@@ -193,8 +207,11 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   } else {
     if (save) {  // verify runs only read their state; their inputs are kept for the commit
       save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
+      for (const TreeRun& t : save->trees) save_rows(backend_, mixed, *save->conv_input, std::span(&t.run, 1));
       if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
-      backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
+      if (!save->verify.empty()) backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
+      for (const TreeRun& t : save->trees)
+        backend_.causal_conv1d_silu_tree_readonly(mixed, d.conv1d, conv_state, t.run, t.parent);
     } else {
       backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
     }
@@ -217,10 +234,15 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
     Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
     backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
     if (save) {
-      save_rows(backend_, g, *save->g, save->verify);
-      save_rows(backend_, beta, *save->beta, save->verify);
+      const std::pair<const Tensor*, Tensor*> kept[] = {{&g, save->g}, {&beta, save->beta}};
+      for (const auto& [src, buf] : kept) {
+        save_rows(backend_, *src, *buf, save->verify);
+        for (const TreeRun& t : save->trees) save_rows(backend_, *src, *buf, std::span(&t.run, 1));
+      }
       if (!save->plain.empty()) backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, save->plain, o, mode);
-      backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
+      if (!save->verify.empty()) backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
+      for (const TreeRun& t : save->trees)
+        backend_.gated_delta_rule_tree_readonly(q, k, v, g, beta, ssm_state, t.run, t.parent, o);
     } else {
       backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
     }
@@ -554,7 +576,7 @@ void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor
     backend_.add_rms_norm(h, r.pending, l.input_norm, c.rms_norm_eps, x);
   else
     backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
-  Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs)
+  Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs, save)
                                                     : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
   reduce(mixed);
   backend_.add_rms_norm(h, mixed, l.post_attention_norm, c.rms_norm_eps, x);
@@ -635,18 +657,33 @@ static void check_batch(const ForwardBatch& b, const ModelState& state) {
     QWEN36_CHECK(l >= 0 && l < state.config().n_layers, "capture layer {} out of range", l);
 }
 
-// The batch's runs split into plain ones and verify ones (ForwardBatch::verify_runs).
+// The batch's runs split into plain ones, chain verify ones and tree verify ones
+// (ForwardBatch::verify_runs, verify_trees); untreed: the plain and chain verify runs.
 static void split_verify_runs(const ForwardBatch& b, const ModelState& state, std::vector<SeqRun>& plain,
-                              std::vector<SeqRun>& verify) {
-  std::vector<bool> is_verify(b.runs.size(), false);
-  for (int32_t i : b.verify_runs) {
-    QWEN36_CHECK(i >= 0 && size_t(i) < b.runs.size() && !is_verify[size_t(i)], "bad verify run index {}", i);
-    QWEN36_CHECK(b.runs[size_t(i)].count <= state.spec_max_tokens(),
-                 "a verify run of {} tokens needs ModelState::enable_speculation({}) (it holds {})",
-                 b.runs[size_t(i)].count, b.runs[size_t(i)].count, state.spec_max_tokens());
-    is_verify[size_t(i)] = true;
+                              std::vector<SeqRun>& verify, std::vector<TreeRun>& trees, std::vector<SeqRun>& untreed) {
+  QWEN36_CHECK(b.verify_trees.empty() || b.verify_trees.size() == b.verify_runs.size(),
+               "verify_trees: {} entries for {} verify runs", b.verify_trees.size(), b.verify_runs.size());
+  std::vector<int> kind(b.runs.size(), 0);  // 0 plain, 1 chain verify, 2 tree verify
+  for (size_t j = 0; j < b.verify_runs.size(); ++j) {
+    const int32_t i = b.verify_runs[j];
+    QWEN36_CHECK(i >= 0 && size_t(i) < b.runs.size() && kind[size_t(i)] == 0, "bad verify run index {}", i);
+    const SeqRun& r = b.runs[size_t(i)];
+    QWEN36_CHECK(r.count <= state.spec_max_tokens(),
+                 "a verify run of {} tokens needs ModelState::enable_speculation({}) (it holds {})", r.count, r.count,
+                 state.spec_max_tokens());
+    const bool tree = j < b.verify_trees.size() && !b.verify_trees[j].empty();
+    if (tree) {
+      QWEN36_CHECK(b.verify_trees[j].size() == size_t(r.count), "verify run {}: {} parents for {} tokens", i,
+                   b.verify_trees[j].size(), r.count);
+      trees.push_back({r, b.verify_trees[j]});
+    }
+    kind[size_t(i)] = tree ? 2 : 1;
   }
-  for (size_t i = 0; i < b.runs.size(); ++i) (is_verify[i] ? verify : plain).push_back(b.runs[i]);
+  for (size_t i = 0; i < b.runs.size(); ++i) {
+    if (kind[i] == 0) plain.push_back(b.runs[i]);
+    if (kind[i] == 1) verify.push_back(b.runs[i]);
+    if (kind[i] != 2) untreed.push_back(b.runs[i]);
+  }
 }
 
 // A decode step (every run one token, plain Auto/Recurrent mode) on a backend that records:
@@ -718,6 +755,7 @@ void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits,
   // A bad batch is refused here, before the other ranks see it: a failure during a pass
   // leaves the group unusable.
   check_batch(batch, state);
+  QWEN36_CHECK(batch.verify_trees.empty(), "tree verification with tensor parallelism is not supported yet");
   PeerPass p;
   p.kind = PeerPass::Kind::Forward;
   p.batch = &batch;
@@ -752,11 +790,12 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
   if (T == 0) return;
-  std::vector<SeqRun> plain_runs, verify_runs;
-  split_verify_runs(batch, state, plain_runs, verify_runs);
+  std::vector<SeqRun> plain_runs, verify_runs, untreed_runs;
+  std::vector<TreeRun> tree_runs;
+  split_verify_runs(batch, state, plain_runs, verify_runs, tree_runs, untreed_runs);
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
-  if (verify_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
+  if (verify_runs.empty() && tree_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
       decode_step(batch, state, logits, hidden, sample))
     return;
   Scratch s(backend_, *ws_);
@@ -772,11 +811,12 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
     Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
     Scratch layer_scratch(backend_, *ws_);  // a layer's activations are freed before the next layer
-    VerifySave save{plain_runs, verify_runs, nullptr, nullptr, nullptr};
-    if (!attn && !verify_runs.empty())
+    VerifySave save{plain_runs, verify_runs, tree_runs, untreed_runs, nullptr, nullptr, nullptr};
+    const bool verifying = !verify_runs.empty() || !tree_runs.empty();
+    if (!attn && verifying)
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
-    decoder_layer(layer_scratch, w_.layers[size_t(i)], r, ca, cb, batch.runs, batch.deltanet_mode,
-                  save.conv_input ? &save : nullptr);
+    const VerifySave* sv = attn ? (tree_runs.empty() ? nullptr : &save) : (verifying ? &save : nullptr);
+    decoder_layer(layer_scratch, w_.layers[size_t(i)], r, ca, cb, batch.runs, batch.deltanet_mode, sv);
     for (int64_t j = 0; j < n_cap && !cap_rows.empty(); ++j) {
       if (batch.capture_layers[size_t(j)] != i) continue;
       Tensor out = layer_scratch.f32({int64_t(cap_rows.size()), H}), ffn = layer_scratch.f32({int64_t(cap_rows.size()), H});
@@ -805,6 +845,41 @@ void Model::commit_speculative(ModelState& state, std::span<const SpecCommit> co
   peers_->run(state, p, [&] { commit_speculative_rank(state, commits); });
 }
 
+std::vector<int32_t> SpecCommit::path_tokens() const {
+  std::vector<int32_t> p;
+  for (int32_t i = 0; i < 64; ++i)
+    if (path >> i & 1u) p.push_back(i);
+  return p;
+}
+
+// A tree commit's K/V: the accepted path's rows from pos0 + path[j] to pos0 + j, in path order
+// (path[j] ≥ j, so no row is overwritten before it is read).
+void Model::move_tree_kv(ModelState& state, std::span<const SpecCommit> commits) {
+  const ModelConfig& c = w_.config;
+  for (const SpecCommit& cm : commits) {
+    if (!cm.path) continue;
+    const std::vector<int32_t> path = cm.path_tokens();
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention) continue;
+      for (Tensor* cache : {&state.k_cache(i), &state.v_cache(i)}) {
+        QWEN36_CHECK(cache->dtype == DType::F32 || cache->dtype == DType::BF16,
+                     "commit: a tree's K/V rows move in f32 or bf16 caches, not {}", dtype_name(cache->dtype));
+        const int64_t cap = cache->dim(1), n = cache->dim(2) * cache->dim(3);
+        QWEN36_CHECK(cm.pos0 >= 0 && cm.pos0 + path.back() < cap, "commit: path rows past the cache ({} + {} ≥ {})",
+                     cm.pos0, path.back(), cap);
+        const size_t row = dtype_row_bytes(cache->dtype, n);
+        auto* base = static_cast<std::byte*>(cache->data) + size_t(int64_t(cm.slot) * cap + cm.pos0) * row;
+        for (size_t j = 1; j < path.size(); ++j) {
+          if (path[j] == int32_t(j)) continue;
+          const Tensor from(base + size_t(path[j]) * row, cache->dtype, {1, n});
+          Tensor to(base + j * row, cache->dtype, {1, n});
+          backend_.copy(from, to);
+        }
+      }
+    }
+  }
+}
+
 void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits) {
   const ModelConfig& c = w_.config;
   const int32_t n_max = state.spec_max_tokens();
@@ -813,10 +888,17 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   for (const SpecCommit& cm : commits) {
     QWEN36_CHECK(cm.slot >= 0 && cm.slot < state.slots(), "commit: slot {} out of range", cm.slot);
     QWEN36_CHECK(cm.keep >= 0 && cm.keep <= n_max, "commit: keep {} outside 0..{}", cm.keep, n_max);
+    if (cm.path) {
+      const std::vector<int32_t> p = cm.path_tokens();
+      QWEN36_CHECK(p.size() == size_t(cm.keep) && p[0] == 0 && p.back() < n_max,
+                   "commit: a tree path of {} tokens (root {}, last {}) for keep {} of at most {}", p.size(), p[0],
+                   p.back(), cm.keep, n_max);
+    }
     if (cm.keep > 0) runs.push_back({cm.slot, 0, T, cm.keep});
     T += cm.keep;
   }
   if (T == 0) return;
+  move_tree_kv(state, commits);
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
                 C = c.conv_dim();
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -827,10 +909,22 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
         {&state.spec_conv_input(i), &mixed}, {&state.spec_g(i), &g}, {&state.spec_beta(i), &beta}};
     for (const auto& [buf, dst] : parts) {
       const int64_t w = dst->cols(), per_slot = int64_t(n_max) * w;
-      for (const SeqRun& r : runs) {
-        const Tensor from(static_cast<float*>(buf->data) + int64_t(r.slot) * per_slot, DType::F32, {r.count, w});
-        Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin) * w, DType::F32, {r.count, w});
-        backend_.copy(from, to);
+      for (size_t ri = 0, ci = 0; ri < runs.size(); ++ci) {
+        if (commits[ci].keep == 0) continue;
+        const SeqRun& r = runs[ri++];
+        float* slot_rows = static_cast<float*>(buf->data) + int64_t(r.slot) * per_slot;
+        if (!commits[ci].path) {  // a chain: its first keep rows
+          const Tensor from(slot_rows, DType::F32, {r.count, w});
+          Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin) * w, DType::F32, {r.count, w});
+          backend_.copy(from, to);
+          continue;
+        }
+        const std::vector<int32_t> path = commits[ci].path_tokens();
+        for (int32_t j = 0; j < r.count; ++j) {  // a tree: the accepted path's rows, in path order
+          const Tensor from(slot_rows + int64_t(path[size_t(j)]) * w, DType::F32, {1, w});
+          Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin + j) * w, DType::F32, {1, w});
+          backend_.copy(from, to);
+        }
       }
     }
     const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;

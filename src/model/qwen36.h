@@ -54,6 +54,12 @@ struct ForwardBatch {
   // the run); Model::commit_speculative then advances each by its accepted prefix. Their
   // attention KV is written as usual: rejected positions are overwritten later.
   std::vector<int32_t> verify_runs;
+  // Tree verification (DDTree): per entry of verify_runs, the parent of each of the run's
+  // tokens within the run (−1: token 0, the root), or empty for a chain. A tree's token i is
+  // at position pos0 + depth(i), sees the context and its root path, and its logits are those
+  // of decoding that path (Backend's tree ops); its K/V sit in cache row pos0 + i until the
+  // commit (SpecCommit::path) moves the accepted path's rows into place.
+  std::vector<std::vector<int32_t>> verify_trees;
   // Rows whose post-norm hidden state forward() returns; empty: output_rows. (MTP drafting
   // wants every prompt row's hidden state but only the last row's logits.)
   std::vector<int32_t> hidden_rows;
@@ -65,6 +71,12 @@ struct ForwardBatch {
   // A single sequence's tokens at positions pos0.. in `slot`, returning the last row's logits
   // (or every row's when all_logits).
   static ForwardBatch single(std::span<const int32_t> tokens, int32_t pos0, int32_t slot = 0, bool all_logits = false);
+};
+
+// A tree verify run of a batch and its tokens' parents (ForwardBatch::verify_trees).
+struct TreeRun {
+  SeqRun run;
+  std::span<const int32_t> parent;
 };
 
 // Output rows sampled on the backend (Model::forward_sample): their candidates come to the
@@ -81,10 +93,18 @@ struct SampleRequest {
   float* full_logits = nullptr;  // host [output rows, vocab]: only refused rows are written
 };
 
-// Advance `slot`'s DeltaNet state by the first `keep` tokens of its last verify run.
+// Advance `slot`'s DeltaNet state by the first `keep` tokens of its last verify run — or, for
+// a tree verify run, by the accepted path: `path` has bit i set for each of its tokens i (in the
+// run; token 0, the root, always; each the parent of the next; keep bits in all), whose K/V rows
+// are also moved from pos0 + i to pos0 + depth (pos0: the run's first position; f32 / bf16 KV
+// caches). A bit set keeps this a plain value, as tensor-parallel messages copy it.
 struct SpecCommit {
   int32_t slot = 0;
   int32_t keep = 0;
+  int32_t pos0 = 0;
+  uint64_t path = 0;  // 0: a chain (the first keep tokens)
+  // The path's tokens, root first (empty for a chain).
+  std::vector<int32_t> path_tokens() const;
 };
 
 class Model {
@@ -138,13 +158,16 @@ class Model {
 
  private:
   class Scratch;
-  Tensor attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
-                         std::span<const SeqRun> runs);
-  // Where a verify batch saves a DeltaNet layer's inputs (null: no verify runs).
+  // A verify batch's runs, split, and where a DeltaNet layer saves its verify runs' inputs
+  // (conv_input null: an attention layer, or no verify runs).
   struct VerifySave {
-    std::span<const SeqRun> plain, verify;  // the batch's runs, split
+    std::span<const SeqRun> plain, verify;  // plain runs; chain verify runs
+    std::span<const TreeRun> trees;         // tree verify runs
+    std::span<const SeqRun> untreed;        // plain and chain verify runs: the batch ops' runs
     Tensor *conv_input, *g, *beta;          // the layer's speculation buffers
   };
+  Tensor attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
+                         std::span<const SeqRun> runs, const VerifySave* save = nullptr);
   Tensor deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state, Tensor& ssm_state,
                         std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   // The FFN blocks write their output into y [T, hidden].
@@ -209,6 +232,7 @@ class Model {
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows);
   void commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits);
+  void move_tree_kv(ModelState& state, std::span<const SpecCommit> commits);
   // y ← Σ over ranks of y (a row-parallel projection's partial output); nothing without a comm.
   void reduce(Tensor& y);
 

@@ -39,7 +39,7 @@ void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_
 void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                const Tensor& state, std::span<const SeqRun> runs, Tensor& out);
 
-// ---- tree verification (DDTree, issue 9): the reference semantics, not yet a Backend op ----
+// ---- tree verification (DDTree, issue 9): the reference semantics (Backend's tree ops) ----
 // A verify run whose `count` tokens form a tree: parent[i] is the index within the run of token
 // i's parent, −1 for token 0 (the root: the pending token) and only for it, every parent before
 // its child. Token i stands at position pos0 + depth(i), sees the sequence's context [0, pos0)
