@@ -21,6 +21,11 @@
 
 namespace qwen36 {
 
+// Candidates kept per block position for a tree (DFlashDrafter's top-K), and the most drafts a
+// tree may hold (a commit names the accepted path as a 64-bit set of the run's tokens).
+constexpr int32_t kTreeTopK = 8;
+constexpr int32_t kMaxTreeBudget = 63;
+
 // Node 0 is the root: the pending token (already chosen, not yet in the target). Nodes
 // 1 .. size() − 1 are drafts in decreasing path probability (ties: the earlier candidate), so
 // every node comes after its parent and any prefix of the nodes is itself a tree.

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/spec/dflash_drafter.h"
+#include "engine/spec/draft_tree.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/rejection.h"
 #include "engine/spec/spec_step.h"
@@ -45,7 +46,9 @@ std::unique_ptr<Drafter> make_drafter(SpecMethod method, Model& model, ModelStat
 std::unique_ptr<Drafter> make_drafter(const SpecOptions& spec, Model& model, ModelState& state) {
   if (spec.method != SpecMethod::Dflash) return make_drafter(spec.method, model, state, spec.ngram);
   QWEN36_CHECK(!spec.draft_model.empty(), "--spec dflash needs a drafter checkpoint (--draft-model PATH)");
-  return load_dflash_drafter(spec.draft_model, model, model.backend(), state.slots(), state.capacity(), spec.dflash);
+  // A tree needs each block position's top-K; the chain only the argmax.
+  return load_dflash_drafter(spec.draft_model, model, model.backend(), state.slots(), state.capacity(), spec.dflash,
+                             spec.tree_budget > 0 ? kTreeTopK : 0);
 }
 
 SpecOptions parse_speculative_config(const std::string& text) {
@@ -113,6 +116,7 @@ struct Live {
   Sampler sampler;               // distributions only (filters, penalties); draws use rng
   std::mt19937_64 rng;
   DraftRequest draft;
+  DraftTree tree;  // this round's draft tree (tree rounds: SpecOptions::tree_budget)
   Live(SpecSequence& s, int32_t k0)
       : in(&s), history(s.prompt), k(k0), sampler(s.opts.sampling), rng(s.opts.sampling.seed) {}
 
@@ -171,6 +175,21 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
   }
 }
 
+// A tree round's verdict: the target's own token after every node's path (drawn as generate()
+// would with that path appended to the history; greedy: the argmax), then the greedy walk.
+TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V) {
+  const DraftTree& t = l.tree;
+  std::vector<int32_t> next(size_t(t.size()));
+  for (int32_t n = 0; n < t.size(); ++n) {
+    std::vector<int32_t> hist = l.history;  // ends with the root (the pending token)
+    std::vector<int32_t> above;
+    for (int32_t a = n; a > 0; a = t.parent[size_t(a)]) above.push_back(t.token[size_t(a)]);
+    hist.insert(hist.end(), above.rbegin(), above.rend());
+    next[size_t(n)] = draw(l.sampler.distribution(rows.subspan(size_t(n) * V, V), hist), l.rng);
+  }
+  return follow_draft_tree(t, next);
+}
+
 }  // namespace
 
 std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std::span<SpecSequence> seqs,
@@ -178,7 +197,12 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   const ModelConfig& c = model.config();
   const size_t V = size_t(c.vocab_size), H = size_t(c.hidden_size);
   QWEN36_CHECK(spec.draft_n >= 1 && spec.draft_n <= 16, "--spec-draft-n {} is out of range (1..16)", spec.draft_n);
-  if (drafter) state.enable_speculation(spec.draft_n + 1);
+  auto* tree_drafter = spec.tree_budget > 0 ? dynamic_cast<DFlashDrafter*>(drafter) : nullptr;
+  QWEN36_CHECK(spec.tree_budget == 0 || tree_drafter, "tree drafting (a tree budget of {}) needs the DFlash drafter",
+               spec.tree_budget);
+  QWEN36_CHECK(spec.tree_budget <= kMaxTreeBudget, "tree budget {} is out of range (1..{})", spec.tree_budget,
+               kMaxTreeBudget);
+  if (drafter) state.enable_speculation(std::max(spec.draft_n, spec.tree_budget) + 1);
   const bool want_hidden = drafter && drafter->wants_hidden();
   const std::vector<int32_t> capture = drafter ? drafter->capture_layers() : std::vector<int32_t>{};
   const size_t F = capture.size() * H;  // captured values per row
@@ -186,6 +210,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   live.reserve(seqs.size());
   for (SpecSequence& s : seqs) {
     check_sequence(s, model, state);
+    QWEN36_CHECK(!tree_drafter || s.opts.sampling.temperature == 0.0f,
+                 "tree drafting verifies greedy sequences only (temperature {})", s.opts.sampling.temperature);
     for (const Live& l : live) QWEN36_CHECK(l.in->slot != s.slot, "two sequences share slot {}", s.slot);
     live.emplace_back(s, spec.draft_n);
   }
@@ -248,18 +274,36 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     if (!reqs.empty()) drafter->propose(reqs);
     for (size_t i = 0; i < reqs.size(); ++i) {
       QWEN36_CHECK(int32_t(reqs[i].tokens.size()) <= reqs[i].k, "{} drafter proposed too many tokens", drafter->name());
-      drafting[i]->draft = std::move(reqs[i]);
+      Live& l = *drafting[i];
+      l.draft = std::move(reqs[i]);
+      if (!tree_drafter) continue;
+      // The tree spends the budget on the k block positions the round may emit; its n nodes
+      // write positions pos .. pos + n − 1, which must leave the context room for one more.
+      const std::vector<Dist>& top = tree_drafter->last_topk(l.in->slot);
+      const int32_t depth = std::min<int32_t>(l.draft.k, int32_t(top.size()));
+      const int32_t budget = int32_t(std::min<int64_t>(spec.tree_budget, state.capacity() - l.pos - 2));
+      l.tree = build_draft_tree(l.history.back(), std::span(top).first(size_t(depth)), budget);
     }
 
     // 2. One target forward: [pending, drafts...] per sequence, every row's logits.
+    //    A tree round's run is its tree's nodes (root: the pending token), with parents.
     ForwardBatch batch;
     for (Live* l : active) {
-      const int32_t n = 1 + int32_t(l->draft.tokens.size());
-      if (n > 1) batch.verify_runs.push_back(int32_t(batch.runs.size()));
+      const bool tree = tree_drafter && !l->draft.tokens.empty();
+      const int32_t n = tree ? l->tree.size() : 1 + int32_t(l->draft.tokens.size());
+      if (n > 1) {
+        batch.verify_runs.push_back(int32_t(batch.runs.size()));
+        batch.verify_trees.push_back(tree ? l->tree.parent : std::vector<int32_t>{});
+      }
       batch.runs.push_back({l->in->slot, l->pos, int32_t(batch.tokens.size()), n});
-      batch.tokens.push_back(l->history.back());
-      batch.tokens.insert(batch.tokens.end(), l->draft.tokens.begin(), l->draft.tokens.end());
+      if (tree) {
+        batch.tokens.insert(batch.tokens.end(), l->tree.token.begin(), l->tree.token.end());
+      } else {
+        batch.tokens.push_back(l->history.back());
+        batch.tokens.insert(batch.tokens.end(), l->draft.tokens.begin(), l->draft.tokens.end());
+      }
     }
+    if (!tree_drafter) batch.verify_trees.clear();
     for (int32_t i = 0; i < int32_t(batch.tokens.size()); ++i) batch.output_rows.push_back(i);
     logits.resize(batch.tokens.size() * V);
     verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
@@ -270,9 +314,44 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
 
     // 3. Acceptance, emission, commit.
     std::vector<SpecCommit> commits;
+    // A tree round: walk the verified tree, emit its path and the target's token after it,
+    // commit the path (its saved DeltaNet inputs, its K/V rows moved to their positions), and
+    // give the drafter the path's captured rows as its new context.
+    auto finish_tree_round = [&](Live& l, const SeqRun& run) {
+      const TreeWalk w = walk_tree(l, std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V), V);
+      const int32_t accepted = int32_t(w.accepted.size());
+      int32_t deepest = 0;
+      for (int32_t d : l.tree.depth) deepest = std::max(deepest, d);
+      l.res.metrics.add_round(deepest, accepted);
+      std::vector<int32_t> out, nodes{0};
+      for (int32_t n : w.accepted) out.push_back(l.tree.token[size_t(n)]), nodes.push_back(n);
+      out.push_back(w.bonus);
+      bool alive = true;
+      for (int32_t t : out)
+        if (!(alive = l.emit(t))) break;
+      if (!alive) return;
+      if (run.count > 1) {  // a verify run (a lone root ran as a plain decode token)
+        SpecCommit cm{l.in->slot, accepted + 1, l.pos, 0};
+        for (int32_t n : nodes) cm.path |= uint64_t(1) << n;
+        commits.push_back(cm);
+      }
+      if (F && l.in->draft) {
+        std::vector<float> rows;
+        for (int32_t n : nodes)
+          rows.insert(rows.end(), captured.begin() + (size_t(run.begin) + size_t(n)) * F,
+                      captured.begin() + (size_t(run.begin) + size_t(n) + 1) * F);
+        drafter->observe(l.in->slot, l.pos, rows, out);
+      }
+      l.pos += accepted + 1;
+      if (l.pos + 1 >= state.capacity()) l.finish("context");
+    };
     for (size_t si = 0; si < active.size(); ++si) {
       Live& l = *active[si];
       const SeqRun& run = batch.runs[si];
+      if (tree_drafter && !l.draft.tokens.empty()) {
+        finish_tree_round(l, run);
+        continue;
+      }
       const std::vector<int32_t>& drafts = l.draft.tokens;
       const int32_t m = int32_t(drafts.size());
       std::function<bool(int32_t)> accept;

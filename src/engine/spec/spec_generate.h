@@ -41,6 +41,10 @@ struct SpecOptions {
   // causality. It drafts block_size − 1 tokens a round: spec_generate sets draft_n to that.
   std::string draft_model;
   DFlashOptions dflash;
+  // DFlash, greedy sequences only: each round verifies a DDTree of up to this many drafts
+  // (engine/spec/draft_tree.h: the most probable paths through the drafter's per-position
+  // top-K) in one target pass instead of the block's argmax chain; 0: the chain.
+  int32_t tree_budget = 0;
   // Benchmarks only (qwen36 bench --simulate-acceptance): when set, it decides whether draft
   // i (0-based depth) of a round of `slot` is accepted, in place of checking it against the
   // target; the first refusal ends the round and the target's own token at that row follows,

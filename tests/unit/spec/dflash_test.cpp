@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/spec/dflash_drafter.h"
+#include "engine/spec/draft_tree.h"
 #include "engine/spec/spec_generate.h"
 #include "format/dflash_loader.h"
 #include "format/model_loader.h"
@@ -405,6 +406,51 @@ TEST_F(DFlashTest, GreedyOutputEqualsPlainGeneration) {
       std::printf("[ dflash B=%d batch 3 mode %d ] %s\n", B, int(mode), total.summary().c_str());
     }
   }
+}
+
+// DDTree: each round verifies a tree of the block's most probable drafts (tree_budget) in one
+// target pass; greedy output must still be plain generation's, token for token — one sequence
+// through spec_generate (the drafter loaded with its top-K, as run does) and three sharing
+// every verify pass.
+TEST_F(DFlashTest, TreeDraftingOutputEqualsPlainGeneration) {
+  constexpr int64_t kCtx = 96;
+  constexpr int32_t kMax = 40;
+  const auto ps = prompts(model_->config().vocab_size);
+  std::vector<std::vector<int32_t>> refs;
+  for (const auto& p : ps) {
+    ModelState st(*backend_, model_->config(), 1, kCtx, false);
+    refs.push_back(generate(*model_, st, p, greedy(kMax)).tokens);
+  }
+  for (int32_t budget : {3, 12, 40}) {
+    SpecOptions spec;
+    spec.method = SpecMethod::Dflash;
+    spec.draft_model = kDrafter;
+    spec.dflash.block_size = 16;
+    spec.tree_budget = budget;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ModelState st(*backend_, model_->config(), 1, kCtx, false);
+      const SpecResult r = spec_generate(*model_, st, ps[i], greedy(kMax), spec);
+      EXPECT_EQ(r.gen.tokens, refs[i]) << "budget " << budget << " prompt " << i;
+      EXPECT_GT(r.metrics.rounds, 0u);
+      std::printf("[ dflash tree budget %d batch 1 prompt %zu ] %s\n", budget, i, r.metrics.summary().c_str());
+    }
+    ModelState st(*backend_, model_->config(), 3, kCtx, false);
+    DFlashDrafter drafter(*model_, load_dflash_checkpoint(kDrafter), *backend_, 3, kCtx, spec.dflash, kTreeTopK);
+    std::vector<SpecSequence> seqs;
+    for (int32_t i = 0; i < 3; ++i) seqs.push_back({ps[size_t(i)], greedy(kMax), i, true, {}});
+    spec.draft_n = spec.dflash.block_size - 1;
+    const auto res = spec_generate_batch(*model_, st, seqs, spec, &drafter);
+    for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].gen.tokens, refs[i]) << "budget " << budget << " sequence " << i;
+  }
+  // Sampling is refused (the walk is greedy).
+  ModelState st(*backend_, model_->config(), 1, kCtx, false);
+  SpecOptions spec;
+  spec.method = SpecMethod::Dflash;
+  spec.draft_model = kDrafter;
+  spec.tree_budget = 8;
+  GenerateOptions hot = greedy(kMax);
+  hot.sampling.temperature = 0.7f;
+  EXPECT_THROW(spec_generate(*model_, st, ps[0], hot, spec), Error);
 }
 
 }  // namespace
