@@ -37,6 +37,7 @@ struct RunOptions {
   int32_t spec_draft_n = 3;
   std::string draft_model;    // dflash: the drafter checkpoint
   int32_t block_size = 0;     // dflash: 0 = the drafter's
+  int32_t tree_budget = 0;    // dflash: DDTree drafts per round (0: the chain)
   bool dflash_sliding_causal = false;
   bool spec_adaptive = false;
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
@@ -94,6 +95,7 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
   if (o.block_size) spec.dflash.block_size = o.block_size;
   spec.dflash.sliding_causal = o.dflash_sliding_causal;
+  spec.tree_budget = o.tree_budget;
   const SpecMethod method = spec.method;
   const int64_t ctx = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   MemoryRequest mem;
@@ -106,8 +108,9 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
   SpecResult r = spec_generate(*lm.model, state, prompt, g, spec, on_token);
   if (method == SpecMethod::Dflash)
-    std::fprintf(stderr, "\nspeculative dflash, block %s: %s\n",
+    std::fprintf(stderr, "\nspeculative dflash, block %s%s: %s\n",
                  spec.dflash.block_size ? std::to_string(spec.dflash.block_size).c_str() : "of the drafter",
+                 spec.tree_budget ? (", tree budget " + std::to_string(spec.tree_budget)).c_str() : "",
                  r.metrics.summary().c_str());
   else
     std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
@@ -255,6 +258,10 @@ void register_run(CLI::App& app) {
   cmd->add_option("--draft-model", o->draft_model, "DFlash drafter checkpoint (Hugging Face directory) for --spec dflash");
   cmd->add_option("--block-size", o->block_size, "DFlash block size: the pending token + B-1 drafts (2..17; default: the "
                   "drafter's)")->check(CLI::Range(2, 17));
+  cmd->add_option("--tree-budget", o->tree_budget,
+                  "DFlash: verify a DDTree of up to N drafts per round (the most probable paths through the drafter's "
+                  "top-8 per block position) instead of the block's chain; greedy only; the CPU backend for now")
+      ->check(CLI::Range(1, 63));
   cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
                 "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as the "
                 "reference");
