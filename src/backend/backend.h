@@ -239,7 +239,8 @@ class Backend {
   // context and its root path (its K/V land in cache row pos0 + i), and starts its DeltaNet
   // recurrence from its parent's end state; the state is only read. Each token's output is
   // exactly that of decoding its root path (the CPU reference: cpu_ops.h, "tree verification").
-  // Defaults throw: a backend without them cannot verify trees.
+  // The defaults compose the backend's chain ops per root path (backend/tree_ops.h): correct on
+  // any backend, Σ depth tokens of work; a device backend overrides them with tree kernels.
   virtual void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,
                          float theta);
   virtual void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
@@ -303,25 +304,6 @@ inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const T
 inline void Backend::gated_delta_rule_readonly(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                const Tensor&, const Tensor&, std::span<const SeqRun>, Tensor&) {
   throw std::runtime_error("gated_delta_rule_readonly (speculative decoding) is not implemented on the " + name() + " backend");
-}
-
-inline void Backend::rope_tree(Tensor&, const SeqRun&, std::span<const int32_t>, int64_t, float) {
-  throw std::runtime_error("rope_tree (tree verification) is not implemented on the " + name() + " backend");
-}
-inline void Backend::attention_tree(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const SeqRun&,
-                                    std::span<const int32_t>, float, Tensor&) {
-  throw std::runtime_error("attention_tree (tree verification) is not implemented on the " + name() + " backend");
-}
-inline void Backend::causal_conv1d_silu_tree_readonly(Tensor&, const Tensor&, const Tensor&, const SeqRun&,
-                                                      std::span<const int32_t>) {
-  throw std::runtime_error("causal_conv1d_silu_tree_readonly (tree verification) is not implemented on the " + name() +
-                           " backend");
-}
-inline void Backend::gated_delta_rule_tree_readonly(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                    const Tensor&, const Tensor&, const SeqRun&,
-                                                    std::span<const int32_t>, Tensor&) {
-  throw std::runtime_error("gated_delta_rule_tree_readonly (tree verification) is not implemented on the " + name() +
-                           " backend");
 }
 
 inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,

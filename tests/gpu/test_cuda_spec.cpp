@@ -1,6 +1,6 @@
-// Speculative decoding on the GPU (issue 8): greedy output with MTP and n-gram drafts equals
-// plain greedy decoding on the same backend, token for token, on the golden fixtures that
-// carry real MTP weights. The verify pass runs the DeltaNet read-only ops and the commit
+// Speculative decoding on the GPU (issues 8, 9): greedy output with MTP and n-gram drafts, and
+// with DFlash tree drafting, equals plain greedy decoding on the same backend, token for token,
+// on the golden fixtures that carry real MTP weights. The verify pass runs the DeltaNet read-only ops and the commit
 // replays the accepted tokens through the recurrent ones; every row's GEMV and attention sums
 // are in the same order as a one-token step's, so the logits agree and so must the argmax.
 #include <gtest/gtest.h>
@@ -54,6 +54,33 @@ TEST_P(CudaSpec, GreedyWithDraftsEqualsPlainGreedy) {
           std::printf("[ spec ] %s %s k=%d on cuda: %s\n", GetParam().c_str(), spec_method_name(method), k,
                       r.metrics.summary().c_str());
       }
+  }
+}
+
+// DDTree rounds (DFlash drafts, tree verify through the Backend's composed tree ops, the path
+// commit moving bf16 K/V rows): greedy output equals plain greedy decoding, as on the CPU. The
+// DFlash fixture drafts for dense-mtp only.
+TEST_P(CudaSpec, TreeDraftingEqualsPlainGreedy) {
+  if (GetParam() != "dense-mtp") GTEST_SKIP() << "the DFlash fixture drafts for dense-mtp";
+  GenerateOptions g;
+  g.max_tokens = 40;
+  g.sampling = SamplingParams::greedy();
+  const int64_t vocab = model_->config().vocab_size;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 5 + 7 * i; ++j) prompt.push_back(int32_t((j * 37 + i * 11) % vocab));
+    ModelState plain_state(*backend_, model_->config(), 1, 128, false);
+    const std::vector<int32_t> want = generate(*model_, plain_state, prompt, g).tokens;
+    for (int32_t budget : {3, 12}) {
+      ModelState st(*backend_, model_->config(), 1, 128, false);
+      SpecOptions spec;
+      spec.method = SpecMethod::Dflash;
+      spec.draft_model = (fs::path(QWEN36_TEST_DATA) / "dflash" / "dense-mtp-b16").string();
+      spec.tree_budget = budget;
+      const SpecResult r = spec_generate(*model_, st, prompt, g, spec);
+      EXPECT_EQ(r.gen.tokens, want) << "tree budget " << budget << " prompt " << i;
+      if (i == 0) std::printf("[ spec ] dflash tree budget %d on cuda: %s\n", budget, r.metrics.summary().c_str());
+    }
   }
 }
 

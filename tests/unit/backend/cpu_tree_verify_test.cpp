@@ -2,12 +2,15 @@
 // output equals decoding its root path one token at a time with the plain ops on copies of the
 // sequence's state and KV cache (independent of the read-only chain ops the tree ops are built
 // from), the sequence's DeltaNet state is only read, token i's K/V land in cache row
-// pos0 + i; a chain-shaped tree is exactly the chain ops; malformed trees are refused.
+// pos0 + i; a chain-shaped tree is exactly the chain ops; the Backend defaults (tree_ops) are
+// the reference bit for bit; malformed trees are refused.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/tree_ops.h"
 #include "core/error.h"
 #include "cpu_ops_test_util.h"
 
@@ -177,6 +180,43 @@ TEST(CpuTreeVerify, RopeAtDepth) {
     rope(tb, std::span(&one, 1), 6, 1e4f);
   }
   EXPECT_EQ(a, b);
+}
+
+// The Backend defaults (backend/tree_ops.h: the same composition through a backend's own ops,
+// what a device backend runs until it has tree kernels) on the CPU backend give the reference
+// ops' results bit for bit.
+TEST(CpuTreeVerify, BackendCompositionIsTheReference) {
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  Rng r(11);
+  const int32_t n = 9;
+  const std::vector<int32_t> parent = random_tree(r, n);
+  Inputs a(r, n);
+  Inputs b = a;
+  const SeqRun run{kSlot, kPos0, kBegin, n};
+  auto ops = [&](Inputs& in, bool composed) {
+    Tensor q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
+    Tensor kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
+    Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK});
+    const Tensor cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
+    Tensor dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
+    Tensor g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv});
+    const Tensor ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
+    std::vector<float> ao(size_t(in.T * kH * kHd)), dout(size_t(in.T * kHv * kDv));
+    Tensor attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
+    if (composed) {
+      tree_ops::rope(*be, q, run, parent, kHd, 1e4f);
+      tree_ops::attention(*be, q, k, v, kc, vc, run, parent, 0.35f, attn_out);
+      tree_ops::conv1d_silu_readonly(*be, x, w, cs, run, parent);
+      tree_ops::delta_rule_readonly(*be, dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+    } else {
+      rope_tree(q, run, parent, kHd, 1e4f);
+      attention_tree(q, k, v, kc, vc, run, parent, 0.35f, attn_out);
+      causal_conv1d_silu_tree_readonly(x, w, cs, run, parent);
+      gated_delta_rule_tree_readonly(dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+    }
+    return std::vector<std::vector<float>>{in.q, ao, in.kc, in.vc, in.x, dout};
+  };
+  EXPECT_EQ(ops(a, true), ops(b, false));
 }
 
 TEST(CpuTreeVerify, MalformedTreesAreRefused) {

@@ -1,0 +1,27 @@
+#pragma once
+// defines: tree_ops::* — tree verification (DDTree) composed of a backend's own ops, so that
+//          every backend verifies trees correctly before it has tree kernels: the Backend
+//          defaults of rope_tree, attention_tree and the tree read-only DeltaNet ops.
+//
+// Each token of the tree is computed as the last token of its root path, run as a chain through
+// the backend's chain ops on rows gathered with get_rows (Σ depth tokens of work and a few
+// launches per token: correct, not fast). The CPU reference (cpu_ops.h) is the same
+// composition on the CPU's ops; a device backend replaces these with one-pass kernels.
+
+#include <cstdint>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace qwen36::tree_ops {
+
+void rope(Backend& b, Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim, float theta);
+void attention(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+               const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out);
+void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
+                          std::span<const int32_t> parent);
+void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
+                         Tensor& out);
+
+}  // namespace qwen36::tree_ops
