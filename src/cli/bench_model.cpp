@@ -75,12 +75,12 @@ BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const s
 }
 
 BenchDFlash load_bench_dflash(const std::string& path, const Model& target, Backend& backend, int32_t slots,
-                              int64_t capacity, int32_t block_size) {
+                              int64_t capacity, int32_t block_size, int32_t top_k) {
   BenchDFlash r;
   DFlashOptions opts;
   opts.block_size = block_size;
   if (!path.empty()) {
-    r.drafter = load_dflash_drafter(path, target, backend, slots, capacity, opts);
+    r.drafter = load_dflash_drafter(path, target, backend, slots, capacity, opts, top_k);
     r.label = "dflash " + path;
     return r;
   }
@@ -92,7 +92,7 @@ BenchDFlash load_bench_dflash(const std::string& path, const Model& target, Back
     for (const Tensor* x : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
       bytes += x->nbytes();
   const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.drafter = std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts, 0);
+  r.drafter = std::make_unique<DFlashDrafter>(target, std::move(w), backend, slots, capacity, opts, top_k);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("{} (random, {:.2f} GiB bf16: generated on the host in {:.1f} s, ready on the {} backend after {:.1f} s; "
                "drafter K/V caches {:.1f} MiB)",

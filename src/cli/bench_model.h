@@ -49,7 +49,8 @@ struct BenchDFlash {
   std::unique_ptr<DFlashDrafter> drafter;
   std::string label;
 };
+// top_k: per block position, the candidates kept for tree drafting (0: chain drafting).
 BenchDFlash load_bench_dflash(const std::string& path, const Model& target, Backend& backend, int32_t slots,
-                              int64_t capacity, int32_t block_size);
+                              int64_t capacity, int32_t block_size, int32_t top_k = 0);
 
 }  // namespace qwen36::cli

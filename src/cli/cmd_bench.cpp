@@ -42,6 +42,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/spec/draft_tree.h"
 #include "engine/spec/spec_bench.h"
 #include "engine/tp_runner.h"
 #include "model/memory_plan.h"
@@ -63,6 +64,7 @@ struct BenchOptions {
   double simulate_len = 0;                                   // --simulate-accept-length
   std::string draft_model;                                   // dflash: a checkpoint (empty: random)
   int32_t block_size = 16;                                   // dflash
+  int32_t tree_budget = 0;                                   // dflash: DDTree drafts per round
   TpCliOptions tp;
   OffloadOptions offload;                                    // expert offload
 };
@@ -208,6 +210,8 @@ void run_bench(const BenchOptions& o) {
                  o.block_size, o.block_size - 1);
   for (int64_t k : spec_ks)
     if (sim_len) prob_for_accept_length(o.simulate_len, k);  // an impossible length fails before the model loads
+  QWEN36_CHECK(o.tree_budget == 0 || (dflash_spec && !simulated),
+               "--tree-budget needs --spec dflash and real acceptance (a simulated one decides chain positions)");
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench");
   const bool cuda = dev.cuda;
   std::unique_ptr<Backend> backend = std::move(dev.backend);
@@ -284,7 +288,8 @@ void run_bench(const BenchOptions& o) {
   BenchDFlash dflash;
   if (dflash_spec && !gens.empty())
     dflash = load_bench_dflash(o.draft_model, model, *backend, int32_t(max_b),
-                               std::max<int64_t>(1, o.depth) + max_n + 24, o.block_size);
+                               std::max<int64_t>(1, o.depth) + max_n + 24 + o.tree_budget, o.block_size,
+                               o.tree_budget > 0 ? kTreeTopK : 0);
   std::mt19937 rng(7);
   auto random_tokens = [&](int64_t n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -412,10 +417,13 @@ void run_bench(const BenchOptions& o) {
         const int64_t P = std::max<int64_t>(1, o.depth);  // the prompt stands in for -d context
         // One timed configuration (k = 0: the baseline); returns its row.
         auto time_spec = [&](int64_t k) -> nlohmann::json& {
-          new_state(B, P + n + k + 4, k > 0 && spec_method == SpecMethod::Mtp && model.has_mtp(), k + 1);
+          const int64_t tree = k > 0 ? o.tree_budget : 0;
+          new_state(B, P + n + std::max(k, tree) + 4, k > 0 && spec_method == SpecMethod::Mtp && model.has_mtp(),
+                    std::max(k, tree) + 1);
           SpecOptions so;
           so.method = spec_method;
           so.draft_n = int32_t(std::max<int64_t>(k, 1));
+          so.tree_budget = int32_t(tree);
           std::unique_ptr<Drafter> owned;
           Drafter* drafter = nullptr;
           if (k > 0 && dflash_spec) {
@@ -456,6 +464,8 @@ void run_bench(const BenchOptions& o) {
                                 o.simulate_len, probs.front(), drafts);
           else if (k > 0 && simulated)
             test += fmt::format(" (simulated acceptance {}; drafts: {})", join(o.simulate), drafts);
+          else if (k > 0 && dflash_spec && tree)
+            test += fmt::format(" (tree budget {}; drafts: {})", tree, drafts);
           else if (k > 0 && dflash_spec)
             test += fmt::format(" (drafts: {})", drafts);
           nlohmann::json& row = report(test, B, v, gbs, "GB/s", 100 * gbs / bw_gbs);
@@ -560,6 +570,10 @@ void register_bench(CLI::App& app) {
                   "for the target)");
   cmd->add_option("--block-size", o->block_size, "--spec dflash: block size B (the pending token + B-1 drafts)")
       ->capture_default_str();
+  cmd->add_option("--tree-budget", o->tree_budget,
+                  "--spec dflash: verify a DDTree of up to N drafts per round (the drafter's top-8 per block position) "
+                  "instead of the block's chain; real acceptance only")
+      ->check(CLI::Range(1, 63));
   add_tp_options(cmd, o->tp);
   cmd->callback([o] { run_bench(*o); });
 }
