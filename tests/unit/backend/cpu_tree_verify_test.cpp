@@ -51,29 +51,38 @@ struct Inputs {
   }
 };
 
+// Tensors over an Inputs' storage, and room for the attention and delta-rule outputs.
+struct Views {
+  std::vector<float> ao, dout;
+  Tensor q, k, v, kc, vc, x, w, cs, dq, dk, dv, g, beta, ssm, attn_out, delta_out;
+  explicit Views(Inputs& in, float fill = 0.0f)
+      : ao(size_t(in.T * kH * kHd), fill), dout(size_t(in.T * kHv * kDv), fill) {
+    q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
+    kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
+    x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK}), cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
+    dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
+    g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv}), ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
+    attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
+  }
+};
+
 // Token i of the run decoded as its path's last step, one plain-op call per path token.
 struct PathDecode {
   std::vector<float> attn, conv, delta;  // [H·hd], [C], [Hv·dv]
 };
 PathDecode decode_path(Inputs in, const std::vector<int32_t>& path) {  // by value: private caches and state
   PathDecode d;
-  Tensor q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
-  Tensor kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
-  Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK}), cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
-  Tensor dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
-  Tensor g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv}), ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
-  std::vector<float> ao(size_t(in.T * kH * kHd)), dout(size_t(in.T * kHv * kDv));
-  Tensor attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
+  Views t(in);
   for (size_t j = 0; j < path.size(); ++j) {
     const SeqRun one{kSlot, kPos0 + int32_t(j), kBegin + path[j], 1};
-    attention(q, k, v, kc, vc, std::span(&one, 1), 0.35f, attn_out);
-    causal_conv1d_silu(x, w, cs, std::span(&one, 1));
-    gated_delta_rule(dq, dk, dv, g, beta, ssm, std::span(&one, 1), delta_out, DeltaRuleMode::Recurrent);
+    attention(t.q, t.k, t.v, t.kc, t.vc, std::span(&one, 1), 0.35f, t.attn_out);
+    causal_conv1d_silu(t.x, t.w, t.cs, std::span(&one, 1));
+    gated_delta_rule(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, std::span(&one, 1), t.delta_out, DeltaRuleMode::Recurrent);
   }
   const int64_t row = kBegin + path.back();
-  d.attn.assign(ao.begin() + row * kH * kHd, ao.begin() + (row + 1) * kH * kHd);
+  d.attn.assign(t.ao.begin() + row * kH * kHd, t.ao.begin() + (row + 1) * kH * kHd);
   d.conv.assign(in.x.begin() + row * kC, in.x.begin() + (row + 1) * kC);
-  d.delta.assign(dout.begin() + row * kHv * kDv, dout.begin() + (row + 1) * kHv * kDv);
+  d.delta.assign(t.dout.begin() + row * kHv * kDv, t.dout.begin() + (row + 1) * kHv * kDv);
   return d;
 }
 
@@ -90,19 +99,11 @@ TEST(CpuTreeVerify, EveryTokenIsItsRootPathDecoded) {
     Inputs in(r, n);
     const Inputs before = in;
     const SeqRun run{kSlot, kPos0, kBegin, n};
-    Tensor q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
-    Tensor kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
-    Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK});
-    const Tensor cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
-    Tensor dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
-    Tensor g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv});
-    const Tensor ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
-    std::vector<float> ao(size_t(in.T * kH * kHd), 7.0f), dout(size_t(in.T * kHv * kDv), 7.0f);
-    Tensor attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
-
-    attention_tree(q, k, v, kc, vc, run, parent, 0.35f, attn_out);
-    causal_conv1d_silu_tree_readonly(x, w, cs, run, parent);
-    gated_delta_rule_tree_readonly(dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+    Views t(in, 7.0f);
+    attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+    causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
+    gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
+    const std::vector<float>&ao = t.ao, &dout = t.dout;
 
     for (int32_t i = 0; i < n; ++i) {
       const PathDecode want = decode_path(before, path_to(parent, i));
@@ -140,27 +141,19 @@ TEST(CpuTreeVerify, ChainIsTheChainOps) {
   Inputs b = a;
   const SeqRun run{kSlot, kPos0, kBegin, n};
   auto ops = [&](Inputs& in, bool tree) {
-    Tensor q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
-    Tensor kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
-    Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK});
-    const Tensor cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
-    Tensor dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
-    Tensor g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv});
-    const Tensor ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
-    std::vector<float> ao(size_t(in.T * kH * kHd)), dout(size_t(in.T * kHv * kDv));
-    Tensor attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
+    Views t(in);
     if (tree) {
-      rope_tree(q, run, parent, kHd, 1e4f);
-      attention_tree(q, k, v, kc, vc, run, parent, 0.35f, attn_out);
-      causal_conv1d_silu_tree_readonly(x, w, cs, run, parent);
-      gated_delta_rule_tree_readonly(dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+      rope_tree(t.q, run, parent, kHd, 1e4f);
+      attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+      causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
+      gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
     } else {
-      rope(q, std::span(&run, 1), kHd, 1e4f);
-      attention(q, k, v, kc, vc, std::span(&run, 1), 0.35f, attn_out);
-      causal_conv1d_silu_readonly(x, w, cs, std::span(&run, 1));
-      gated_delta_rule_readonly(dq, dk, dv, g, beta, ssm, std::span(&run, 1), delta_out);
+      rope(t.q, std::span(&run, 1), kHd, 1e4f);
+      attention(t.q, t.k, t.v, t.kc, t.vc, std::span(&run, 1), 0.35f, t.attn_out);
+      causal_conv1d_silu_readonly(t.x, t.w, t.cs, std::span(&run, 1));
+      gated_delta_rule_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, std::span(&run, 1), t.delta_out);
     }
-    return std::vector<std::vector<float>>{in.q, ao, in.kc, in.vc, in.x, dout};
+    return std::vector<std::vector<float>>{in.q, t.ao, in.kc, in.vc, in.x, t.dout};
   };
   EXPECT_EQ(ops(a, true), ops(b, false));
 }
@@ -194,27 +187,19 @@ TEST(CpuTreeVerify, BackendCompositionIsTheReference) {
   Inputs b = a;
   const SeqRun run{kSlot, kPos0, kBegin, n};
   auto ops = [&](Inputs& in, bool composed) {
-    Tensor q = f32(in.q, {in.T, kH, kHd}), k = f32(in.k, {in.T, kKVH, kHd}), v = f32(in.v, {in.T, kKVH, kHd});
-    Tensor kc = f32(in.kc, {kSlots, kCap, kKVH, kHd}), vc = f32(in.vc, {kSlots, kCap, kKVH, kHd});
-    Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK});
-    const Tensor cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
-    Tensor dq = f32(in.dq, {in.T, kHk, kDk}), dk = f32(in.dk, {in.T, kHk, kDk}), dv = f32(in.dv, {in.T, kHv, kDv});
-    Tensor g = f32(in.g, {in.T, kHv}), beta = f32(in.beta, {in.T, kHv});
-    const Tensor ssm = f32(in.ssm, {kSlots, kHv, kDk, kDv});
-    std::vector<float> ao(size_t(in.T * kH * kHd)), dout(size_t(in.T * kHv * kDv));
-    Tensor attn_out = f32(ao, {in.T, kH, kHd}), delta_out = f32(dout, {in.T, kHv, kDv});
+    Views t(in);
     if (composed) {
-      tree_ops::rope(*be, q, run, parent, kHd, 1e4f);
-      tree_ops::attention(*be, q, k, v, kc, vc, run, parent, 0.35f, attn_out);
-      tree_ops::conv1d_silu_readonly(*be, x, w, cs, run, parent);
-      tree_ops::delta_rule_readonly(*be, dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+      tree_ops::rope(*be, t.q, run, parent, kHd, 1e4f);
+      tree_ops::attention(*be, t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+      tree_ops::conv1d_silu_readonly(*be, t.x, t.w, t.cs, run, parent);
+      tree_ops::delta_rule_readonly(*be, t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
     } else {
-      rope_tree(q, run, parent, kHd, 1e4f);
-      attention_tree(q, k, v, kc, vc, run, parent, 0.35f, attn_out);
-      causal_conv1d_silu_tree_readonly(x, w, cs, run, parent);
-      gated_delta_rule_tree_readonly(dq, dk, dv, g, beta, ssm, run, parent, delta_out);
+      rope_tree(t.q, run, parent, kHd, 1e4f);
+      attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+      causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
+      gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
     }
-    return std::vector<std::vector<float>>{in.q, ao, in.kc, in.vc, in.x, dout};
+    return std::vector<std::vector<float>>{in.q, t.ao, in.kc, in.vc, in.x, t.dout};
   };
   EXPECT_EQ(ops(a, true), ops(b, false));
 }

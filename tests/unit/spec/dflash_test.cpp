@@ -236,12 +236,16 @@ Mat reference_draft(const DFlashWeights& w, const Model& target, const Mat& feat
   return logits;
 }
 
+constexpr int64_t kCtx = 96;   // the lossless tests' context
+constexpr int32_t kMax = 40;   // and tokens generated
+
 class DFlashTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = make_cpu_backend(1);
     model_ = std::make_unique<Model>(load_model_weights(kTarget), *backend_);
   }
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
 };
@@ -313,6 +317,17 @@ std::vector<std::vector<int32_t>> prompts(int64_t vocab) {
   return p;
 }
 
+// Plain greedy generation of each prompt: what speculative runs must reproduce.
+std::vector<std::vector<int32_t>> plain_outputs(Model& model, Backend& backend,
+                                                const std::vector<std::vector<int32_t>>& ps) {
+  std::vector<std::vector<int32_t>> refs;
+  for (const auto& p : ps) {
+    ModelState st(backend, model.config(), 1, kCtx, false);
+    refs.push_back(generate(model, st, p, greedy(kMax)).tokens);
+  }
+  return refs;
+}
+
 // Runs the real DFlash drafter (capture, observe, propose), then replaces its drafts: with
 // garbage, or with the known greedy continuation corrupted at a varying depth (so long
 // accepted runs commit many captured rows at once).
@@ -358,14 +373,8 @@ class Rewrite final : public Drafter {
 };
 
 TEST_F(DFlashTest, GreedyOutputEqualsPlainGeneration) {
-  constexpr int64_t kCtx = 96;
-  constexpr int32_t kMax = 40;
   const auto ps = prompts(model_->config().vocab_size);
-  std::vector<std::vector<int32_t>> refs;
-  for (const auto& p : ps) {
-    ModelState st(*backend_, model_->config(), 1, kCtx, false);
-    refs.push_back(generate(*model_, st, p, greedy(kMax)).tokens);
-  }
+  const std::vector<std::vector<int32_t>> refs = plain_outputs(*model_, *backend_, ps);
   for (int32_t B : {4, 16}) {
     // Batch 1 through spec_generate (the drafter loaded from its checkpoint, as run does).
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -413,14 +422,8 @@ TEST_F(DFlashTest, GreedyOutputEqualsPlainGeneration) {
 // through spec_generate (the drafter loaded with its top-K, as run does) and three sharing
 // every verify pass.
 TEST_F(DFlashTest, TreeDraftingOutputEqualsPlainGeneration) {
-  constexpr int64_t kCtx = 96;
-  constexpr int32_t kMax = 40;
   const auto ps = prompts(model_->config().vocab_size);
-  std::vector<std::vector<int32_t>> refs;
-  for (const auto& p : ps) {
-    ModelState st(*backend_, model_->config(), 1, kCtx, false);
-    refs.push_back(generate(*model_, st, p, greedy(kMax)).tokens);
-  }
+  const std::vector<std::vector<int32_t>> refs = plain_outputs(*model_, *backend_, ps);
   for (int32_t budget : {3, 12, 40}) {
     SpecOptions spec;
     spec.method = SpecMethod::Dflash;
