@@ -177,7 +177,10 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
 
 // A tree round's verdict: the target's own token after every node's path (drawn as generate()
 // would with that path appended to the history; greedy: the argmax), then the greedy walk.
-TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V) {
+// With `accept` (benchmarks: SpecOptions::accept_override, simulated acceptance) the walk
+// instead goes down to a node's most probable child while accept(depth) says so, and the
+// target's token after the last node follows, as on a real rejection.
+TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V, const std::function<bool(int32_t)>& accept) {
   const DraftTree& t = l.tree;
   std::vector<int32_t> next(size_t(t.size()));
   for (int32_t n = 0; n < t.size(); ++n) {
@@ -187,7 +190,19 @@ TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V) {
     hist.insert(hist.end(), above.rbegin(), above.rend());
     next[size_t(n)] = draw(l.sampler.distribution(rows.subspan(size_t(n) * V, V), hist), l.rng);
   }
-  return follow_draft_tree(t, next);
+  if (!accept) return follow_draft_tree(t, next);
+  TreeWalk w;
+  int32_t at = 0;
+  for (;;) {
+    int32_t child = -1;  // nodes come in decreasing probability: the first child found is the best
+    for (int32_t n = at + 1; n < t.size() && child < 0; ++n)
+      if (t.parent[size_t(n)] == at) child = n;
+    if (child < 0 || !accept(t.depth[size_t(child)] - 1)) break;
+    w.accepted.push_back(child);
+    at = child;
+  }
+  w.bonus = next[size_t(at)];
+  return w;
 }
 
 }  // namespace
@@ -318,7 +333,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     // commit the path (its saved DeltaNet inputs, its K/V rows moved to their positions), and
     // give the drafter the path's captured rows as its new context.
     auto finish_tree_round = [&](Live& l, const SeqRun& run) {
-      const TreeWalk w = walk_tree(l, std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V), V);
+      std::function<bool(int32_t)> accept;
+      if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
+      const TreeWalk w =
+          walk_tree(l, std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V), V, accept);
       const int32_t accepted = int32_t(w.accepted.size());
       int32_t deepest = 0;
       for (int32_t d : l.tree.depth) deepest = std::max(deepest, d);

@@ -50,7 +50,8 @@ struct SpecOptions {
   // target; the first refusal ends the round and the target's own token at that row follows,
   // as on a real rejection. Accepted drafts are emitted and committed through the same path
   // (Model::commit_speculative), so the timing includes the same rollback; the output then no
-  // longer follows the target's distribution.
+  // longer follows the target's distribution. Tree rounds: it decides whether the walk goes on
+  // to the node's most probable child at depth i + 1.
   std::function<bool(int32_t slot, int32_t i)> accept_override;
 };
 

@@ -91,5 +91,32 @@ TEST(DFlashBenchCli, SimulatedLinesAreLabelled) {
   EXPECT_NE(bad.find("a DFlash block of 4 drafts at most 3"), std::string::npos) << bad;
 }
 
+// --tree-budget: DDTree rounds; simulated acceptance walks down most-probable children (the
+// p-vector 1,1,0 accepts at most 2 drafts a round, fewer where the tree is shallower) and every
+// line names the budget and says simulated. Without --spec dflash the flag is refused.
+TEST(DFlashBenchCli, TreeLinesNameTheirBudget) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  const std::string base = std::string(QWEN36_BIN) + " bench --synthetic tiny-dense --type f32 -t 1 -p '' -n 16 -r 1";
+  const std::string out = test::run_command(
+      base + " --spec dflash --block-size 8 --spec-draft-n 7 --tree-budget 6 --simulate-acceptance 1,1,0 -o json 2>/dev/null",
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  int tree_rows = 0;
+  for (const auto& r : nlohmann::json::parse(out)) {
+    if (!r.contains("spec_k") || r["spec_k"].get<int64_t>() == 0) continue;
+    ++tree_rows;
+    const std::string test = r["test"].get<std::string>();
+    EXPECT_NE(test.find("block 8, tree budget 6"), std::string::npos) << test;
+    EXPECT_TRUE(r["simulated"].get<bool>());
+    EXPECT_GE(r["mean_accepted_length"].get<double>(), 1.0);
+    EXPECT_LE(r["mean_accepted_length"].get<double>(), 3.0);
+  }
+  EXPECT_EQ(tree_rows, 1);
+  const std::string bad = test::run_command(base + " --spec mtp --tree-budget 6 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("--tree-budget needs --spec dflash"), std::string::npos) << bad;
+}
+
 }  // namespace
 }  // namespace qwen36
