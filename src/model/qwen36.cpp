@@ -15,6 +15,7 @@
 
 #include "backend/comm.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/kv_cache.h"
 #include "model/host_expert_copy.h"
 #include "core/error.h"
 
@@ -862,18 +863,28 @@ void Model::move_tree_kv(ModelState& state, std::span<const SpecCommit> commits)
     for (int64_t i = 0; i < c.n_layers; ++i) {
       if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention) continue;
       for (Tensor* cache : {&state.k_cache(i), &state.v_cache(i)}) {
-        QWEN36_CHECK(cache->dtype == DType::F32 || cache->dtype == DType::BF16,
-                     "commit: a tree's K/V rows move in f32 or bf16 caches, not {}", dtype_name(cache->dtype));
-        const int64_t cap = cache->dim(1), n = cache->dim(2) * cache->dim(3);
+        // A position's rows of every KV head are contiguous in any cache type (backend/kv_cache.h);
+        // an fp8 cache also keeps one scale per (slot, head, position) after the rows.
+        const DType t = cache->dtype;
+        const int64_t slots = cache->dim(0), cap = cache->dim(1), kvh = cache->dim(2), hd = cache->dim(3);
         QWEN36_CHECK(cm.pos0 >= 0 && cm.pos0 + path.back() < cap, "commit: path rows past the cache ({} + {} ≥ {})",
                      cm.pos0, path.back(), cap);
-        const size_t row = dtype_row_bytes(cache->dtype, n);
-        auto* base = static_cast<std::byte*>(cache->data) + size_t(int64_t(cm.slot) * cap + cm.pos0) * row;
+        const int64_t row = kvh * int64_t(dtype_row_bytes(t, hd));
+        auto* bytes = static_cast<std::byte*>(cache->data);
+        auto* base = bytes + (int64_t(cm.slot) * cap + cm.pos0) * row;
+        float* scales = t == DType::F8_E4M3 ? reinterpret_cast<float*>(bytes + kv_scale_offset(t, slots, cap, kvh, hd))
+                                           : nullptr;
         for (size_t j = 1; j < path.size(); ++j) {
           if (path[j] == int32_t(j)) continue;
-          const Tensor from(base + size_t(path[j]) * row, cache->dtype, {1, n});
-          Tensor to(base + j * row, cache->dtype, {1, n});
+          const Tensor from(base + path[j] * row, DType::U8, {row});
+          Tensor to(base + int64_t(j) * row, DType::U8, {row});
           backend_.copy(from, to);
+          for (int64_t h = 0; scales && h < kvh; ++h) {
+            float* head = scales + (int64_t(cm.slot) * kvh + h) * cap + cm.pos0;
+            const Tensor sf(head + path[j], DType::F32, {1});
+            Tensor st(head + j, DType::F32, {1});
+            backend_.copy(sf, st);
+          }
         }
       }
     }

@@ -96,8 +96,8 @@ struct SampleRequest {
 // Advance `slot`'s DeltaNet state by the first `keep` tokens of its last verify run — or, for
 // a tree verify run, by the accepted path: `path` has bit i set for each of its tokens i (in the
 // run; token 0, the root, always; each the parent of the next; keep bits in all), whose K/V rows
-// are also moved from pos0 + i to pos0 + depth (pos0: the run's first position; f32 / bf16 KV
-// caches). A bit set keeps this a plain value, as tensor-parallel messages copy it.
+// are also moved from pos0 + i to pos0 + depth (pos0: the run's first position; any KV cache
+// type). A bit set keeps this a plain value, as tensor-parallel messages copy it.
 struct SpecCommit {
   int32_t slot = 0;
   int32_t keep = 0;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -41,9 +43,11 @@ std::vector<float> deltanet_state(const Model& m, ModelState& s) {
   return out;
 }
 
-// The prompt, then `tokens` decoded one at a time (one slot); the last step's logits.
-std::vector<float> decoded(Model& m, Backend& be, const std::vector<int32_t>& tokens, ModelState* keep = nullptr) {
-  ModelState own(be, m.config(), 1, 64, false);
+// The prompt, then `tokens` decoded one at a time (one slot, KV cache type kv); the last
+// step's logits.
+std::vector<float> decoded(Model& m, Backend& be, const std::vector<int32_t>& tokens, DType kv,
+                           ModelState* keep = nullptr) {
+  ModelState own(be, m.config(), 1, 64, false, kv);
   ModelState& st = keep ? *keep : own;
   std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
   m.forward(ForwardBatch::single(kPrompt, 0, 0), st, logits.data());
@@ -52,14 +56,18 @@ std::vector<float> decoded(Model& m, Backend& be, const std::vector<int32_t>& to
   return logits;
 }
 
+// Every KV cache type: the commit moves quantized rows (and fp8's per-row scales) as stored.
 TEST(TreeVerify, EveryNodeIsItsRootPathDecodedAndTheCommitLandsOnThePath) {
-  for (const bool moe : {false, true}) {
-    SCOPED_TRACE(moe ? "moe" : "dense");
+  std::vector<std::pair<bool, DType>> cases;  // (MoE, KV cache type)
+  for (const bool moe : {false, true})
+    for (const DType kv : {DType::F32, DType::BF16, DType::Q8_0, DType::F8_E4M3}) cases.emplace_back(moe, kv);
+  for (const auto& [moe, kv] : cases) {
+    SCOPED_TRACE(std::string(moe ? "moe" : "dense") + ", KV " + std::string(dtype_name(kv)));
     auto be = make_cpu_backend(1);
     auto model = test::random_model(*be, 256, moe ? 5 : 4, moe);
     const int64_t V = model->config().vocab_size;
     const int32_t n = int32_t(kTokens.size()), P = int32_t(kPrompt.size());
-    ModelState st(*be, model->config(), 1, 64, false);
+    ModelState st(*be, model->config(), 1, 64, false, kv);
     st.enable_speculation(n);
     model->forward(ForwardBatch::single(kPrompt, 0, 0), st, nullptr);
 
@@ -77,7 +85,7 @@ TEST(TreeVerify, EveryNodeIsItsRootPathDecodedAndTheCommitLandsOnThePath) {
     for (int32_t i = 0; i < n; ++i) {
       std::vector<int32_t> toks;
       for (int32_t j : root_path(i)) toks.push_back(kTokens[size_t(j)]);
-      const std::vector<float> want = decoded(*model, *be, toks);
+      const std::vector<float> want = decoded(*model, *be, toks, kv);
       // Matmul rounding differs between an 8-token and a 1-token batch in the last bits.
       EXPECT_LE(max_diff(vlogits.data() + size_t(i) * size_t(V), want.data(), V), 1e-4f) << "node " << i;
     }
@@ -88,8 +96,8 @@ TEST(TreeVerify, EveryNodeIsItsRootPathDecodedAndTheCommitLandsOnThePath) {
     for (int32_t j : root_path(6)) cm.path |= uint64_t(1) << j, accepted.push_back(kTokens[size_t(j)]);
     EXPECT_EQ(cm.path_tokens(), (std::vector<int32_t>{0, 1, 4, 6}));
     model->commit_speculative(st, std::span(&cm, 1));
-    ModelState ref(*be, model->config(), 1, 64, false);
-    decoded(*model, *be, accepted, &ref);
+    ModelState ref(*be, model->config(), 1, 64, false, kv);
+    decoded(*model, *be, accepted, kv, &ref);
     EXPECT_LE(max_diff(deltanet_state(*model, st).data(), deltanet_state(*model, ref).data(), int64_t(before.size())),
               1e-5f);
     const int32_t next = 99;
