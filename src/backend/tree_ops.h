@@ -5,8 +5,9 @@
 //
 // Each token of the tree is computed as the last token of its root path, run as a chain through
 // the backend's chain ops on rows gathered with get_rows (Σ depth tokens of work and a few
-// launches per token: correct, not fast). The CPU reference (cpu_ops.h) is the same
-// composition on the CPU's ops; a device backend replaces these with one-pass kernels.
+// launches per token: correct, not fast). On the CPU backend this is the reference semantics
+// (tests/unit/backend/cpu_tree_verify_test.cpp); a device backend replaces it with one-pass
+// kernels tested against that.
 
 #include <cstdint>
 #include <span>

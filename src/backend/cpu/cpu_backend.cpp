@@ -87,23 +87,6 @@ class CpuBackend final : public Backend {
     cpu::gated_delta_rule_readonly(q, k, v, g, beta, state, runs, out);
   }
 
-  void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,
-                 float theta) override {
-    cpu::rope_tree(x, run, parent, rotary_dim, theta);
-  }
-  void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-                      const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out) override {
-    cpu::attention_tree(q, k, v, k_cache, v_cache, run, parent, scale, out);
-  }
-  void causal_conv1d_silu_tree_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
-                                        std::span<const int32_t> parent) override {
-    cpu::causal_conv1d_silu_tree_readonly(x, w, conv_state, run, parent);
-  }
-  void gated_delta_rule_tree_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                                      const Tensor& beta, const Tensor& state, const SeqRun& run,
-                                      std::span<const int32_t> parent, Tensor& out) override {
-    cpu::gated_delta_rule_tree_readonly(q, k, v, g, beta, state, run, parent, out);
-  }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
     cpu::moe_route(logits, k, renorm, weights, ids);
   }

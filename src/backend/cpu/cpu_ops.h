@@ -39,25 +39,9 @@ void causal_conv1d_silu_readonly(Tensor& x, const Tensor& w, const Tensor& conv_
 void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                const Tensor& state, std::span<const SeqRun> runs, Tensor& out);
 
-// ---- tree verification (DDTree, issue 9): the reference semantics (Backend's tree ops) ----
-// A verify run whose `count` tokens form a tree: parent[i] is the index within the run of token
-// i's parent, −1 for token 0 (the root: the pending token) and only for it, every parent before
-// its child. Token i stands at position pos0 + depth(i), sees the sequence's context [0, pos0)
-// and its own root path, and starts its DeltaNet recurrence from its parent's end state (the
-// slot's state for the root). Each token's output is what decoding its root path one token at a
-// time would give; the slot's DeltaNet state is only read. Attention leaves token i's K/V in
-// cache row pos0 + i (rows past pos0 + count − 1 untouched), so that a commit can move the
-// accepted path's rows to pos0 + depth. These compose the chain ops per root path (cost
-// Σ depth), the definition a device kernel is tested against.
-std::vector<int32_t> tree_depths(std::span<const int32_t> parent);  // checks the tree's form
-void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim, float theta);
-void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-                    const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out);
-void causal_conv1d_silu_tree_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
-                                      std::span<const int32_t> parent);
-void gated_delta_rule_tree_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                                   const Tensor& beta, const Tensor& state, const SeqRun& run,
-                                   std::span<const int32_t> parent, Tensor& out);
+// A tree verify run's parents (Backend::rope_tree and the other tree ops): each token's depth,
+// after checking the form (token 0 the only root, parents before children).
+std::vector<int32_t> tree_depths(std::span<const int32_t> parent);
 
 void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,

@@ -183,11 +183,11 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
 TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V, const std::function<bool(int32_t)>& accept) {
   const DraftTree& t = l.tree;
   std::vector<int32_t> next(size_t(t.size()));
+  std::vector<int32_t> hist = l.history;  // ends with the root (the pending token)
+  const size_t base = hist.size();
   for (int32_t n = 0; n < t.size(); ++n) {
-    std::vector<int32_t> hist = l.history;  // ends with the root (the pending token)
-    std::vector<int32_t> above;
-    for (int32_t a = n; a > 0; a = t.parent[size_t(a)]) above.push_back(t.token[size_t(a)]);
-    hist.insert(hist.end(), above.rbegin(), above.rend());
+    hist.resize(base + size_t(t.depth[size_t(n)]));  // the history, then node n's path below the root
+    for (int32_t a = n; a > 0; a = t.parent[size_t(a)]) hist[base + size_t(t.depth[size_t(a)]) - 1] = t.token[size_t(a)];
     next[size_t(n)] = draw(l.sampler.distribution(rows.subspan(size_t(n) * V, V), hist), l.rng);
   }
   if (!accept) return follow_draft_tree(t, next);

@@ -1,9 +1,9 @@
-// Tree verification's reference ops (cpu_ops.h, DDTree, issue 9): on random trees every token's
-// output equals decoding its root path one token at a time with the plain ops on copies of the
-// sequence's state and KV cache (independent of the read-only chain ops the tree ops are built
-// from), the sequence's DeltaNet state is only read, token i's K/V land in cache row
-// pos0 + i; a chain-shaped tree is exactly the chain ops; the Backend defaults (tree_ops) are
-// the reference bit for bit; malformed trees are refused.
+// Tree verification's reference semantics (DDTree, issue 9): the Backend's tree ops
+// (backend/tree_ops.h) on the CPU backend. On random trees every token's output equals decoding
+// its root path one token at a time with the plain ops on copies of the sequence's state and KV
+// cache (independent of the read-only chain ops the tree ops are built from), the sequence's
+// DeltaNet state is only read, token i's K/V land in cache row pos0 + i; a chain-shaped tree is
+// exactly the chain ops; malformed trees are refused.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -19,6 +19,12 @@ namespace {
 
 using test::f32;
 using test::Rng;
+
+// The tree ops under test: the Backend defaults (backend/tree_ops.h) on the CPU backend.
+Backend& cpu_backend() {
+  static const std::unique_ptr<Backend> b = make_cpu_backend(1);
+  return *b;
+}
 
 // Shapes: 2 slots, the tree in slot 1 after pos0 = 5 context positions, batch rows from 2 on
 // (rows 0-1 belong to another run and must not be touched).
@@ -100,9 +106,9 @@ TEST(CpuTreeVerify, EveryTokenIsItsRootPathDecoded) {
     const Inputs before = in;
     const SeqRun run{kSlot, kPos0, kBegin, n};
     Views t(in, 7.0f);
-    attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
-    causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
-    gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
+    tree_ops::attention(cpu_backend(), t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+    tree_ops::conv1d_silu_readonly(cpu_backend(), t.x, t.w, t.cs, run, parent);
+    tree_ops::delta_rule_readonly(cpu_backend(), t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
     const std::vector<float>&ao = t.ao, &dout = t.dout;
 
     for (int32_t i = 0; i < n; ++i) {
@@ -143,10 +149,10 @@ TEST(CpuTreeVerify, ChainIsTheChainOps) {
   auto ops = [&](Inputs& in, bool tree) {
     Views t(in);
     if (tree) {
-      rope_tree(t.q, run, parent, kHd, 1e4f);
-      attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
-      causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
-      gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
+      tree_ops::rope(cpu_backend(), t.q, run, parent, kHd, 1e4f);
+      tree_ops::attention(cpu_backend(), t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
+      tree_ops::conv1d_silu_readonly(cpu_backend(), t.x, t.w, t.cs, run, parent);
+      tree_ops::delta_rule_readonly(cpu_backend(), t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
     } else {
       rope(t.q, std::span(&run, 1), kHd, 1e4f);
       attention(t.q, t.k, t.v, t.kc, t.vc, std::span(&run, 1), 0.35f, t.attn_out);
@@ -167,41 +173,12 @@ TEST(CpuTreeVerify, RopeAtDepth) {
   const int32_t n = int32_t(parent.size()), T = kBegin + n;
   std::vector<float> a = r.vec(size_t(T * kH * kHd)), b = a;
   Tensor ta = f32(a, {T, kH, kHd}), tb = f32(b, {T, kH, kHd});
-  rope_tree(ta, SeqRun{kSlot, kPos0, kBegin, n}, parent, 6, 1e4f);
+  tree_ops::rope(cpu_backend(), ta, SeqRun{kSlot, kPos0, kBegin, n}, parent, 6, 1e4f);
   for (int32_t i = 0; i < n; ++i) {
     const SeqRun one{kSlot, kPos0 + depth[size_t(i)], kBegin + i, 1};
     rope(tb, std::span(&one, 1), 6, 1e4f);
   }
   EXPECT_EQ(a, b);
-}
-
-// The Backend defaults (backend/tree_ops.h: the same composition through a backend's own ops,
-// what a device backend runs until it has tree kernels) on the CPU backend give the reference
-// ops' results bit for bit.
-TEST(CpuTreeVerify, BackendCompositionIsTheReference) {
-  std::unique_ptr<Backend> be = make_cpu_backend(1);
-  Rng r(11);
-  const int32_t n = 9;
-  const std::vector<int32_t> parent = random_tree(r, n);
-  Inputs a(r, n);
-  Inputs b = a;
-  const SeqRun run{kSlot, kPos0, kBegin, n};
-  auto ops = [&](Inputs& in, bool composed) {
-    Views t(in);
-    if (composed) {
-      tree_ops::rope(*be, t.q, run, parent, kHd, 1e4f);
-      tree_ops::attention(*be, t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
-      tree_ops::conv1d_silu_readonly(*be, t.x, t.w, t.cs, run, parent);
-      tree_ops::delta_rule_readonly(*be, t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
-    } else {
-      rope_tree(t.q, run, parent, kHd, 1e4f);
-      attention_tree(t.q, t.k, t.v, t.kc, t.vc, run, parent, 0.35f, t.attn_out);
-      causal_conv1d_silu_tree_readonly(t.x, t.w, t.cs, run, parent);
-      gated_delta_rule_tree_readonly(t.dq, t.dk, t.dv, t.g, t.beta, t.ssm, run, parent, t.delta_out);
-    }
-    return std::vector<std::vector<float>>{in.q, t.ao, in.kc, in.vc, in.x, t.dout};
-  };
-  EXPECT_EQ(ops(a, true), ops(b, false));
 }
 
 TEST(CpuTreeVerify, MalformedTreesAreRefused) {
@@ -213,7 +190,7 @@ TEST(CpuTreeVerify, MalformedTreesAreRefused) {
   Inputs in(r, 3);
   Tensor x = f32(in.x, {in.T, kC}), w = f32(in.conv_w, {kC, kConvK});
   const Tensor cs = f32(in.conv_state, {kSlots, kC, kConvK - 1});
-  EXPECT_THROW(causal_conv1d_silu_tree_readonly(x, w, cs, SeqRun{kSlot, kPos0, kBegin, 3}, std::vector<int32_t>{-1, 0}),
+  EXPECT_THROW(tree_ops::conv1d_silu_readonly(cpu_backend(), x, w, cs, SeqRun{kSlot, kPos0, kBegin, 3}, std::vector<int32_t>{-1, 0}),
                Error);  // fewer parents than tokens
 }
 
