@@ -30,9 +30,10 @@
 #include "quant/quant.h"
 
 namespace qwen36::cuda {
-// cuda_quant_mma.cu's test hook: the GEMM variant as QWEN36_MMA_LOADS / QWEN36_MMA_T1 select it
-// ("regs" | "smem" | "auto", "capped" | "plain" | "auto"); nullptr reads the environment again.
-void mma_select_variant(const char* loads, const char* t1);
+// cuda_quant_mma.cu's test hook: the GEMM variant as QWEN36_MMA_LOADS / QWEN36_MMA_T1 /
+// QWEN36_MMA_T1_QUANT select it ("regs" | "smem" | "auto", "capped" | "plain" | "auto", "fused" |
+// "kernel" | "auto"); nullptr reads the environment again.
+void mma_select_variant(const char* loads, const char* t1, const char* t1_quant);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -231,12 +232,15 @@ TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
 // pieces are summed in warp order, never by float atomics), each within 2e-5 of the int8 twin.
 // Shapes: one row-tile over 68 warps; 2048 × 4096 (the 35B's, one tile per warp, 16 warps per
 // row-tile); 2048 × 512 (the smallest blocks); 5120 × 6144 (ranges start and end mid row-tile).
-// Every variant: both load paths (registers, shared-memory ring) and both T = 1 kernels.
+// Every variant: both load paths (registers, shared-memory ring), both T = 1 kernels, and at
+// T = 1 the activation row quantized by each GEMM block or by quantize_kernel before it.
 TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
   const Shape shapes[] = {{16, 17408}, {2048, 4096}, {2048, 512}, {5120, 6144}};
-  const char* const variants[][2] = {{"regs", "plain"}, {"regs", "capped"}, {"smem", "plain"}, {"smem", "capped"}};
+  const char* const variants[][3] = {{"regs", "plain", "fused"},  {"regs", "capped", "fused"},
+                                     {"smem", "plain", "fused"},  {"smem", "capped", "fused"},
+                                     {"regs", "plain", "kernel"}, {"smem", "plain", "kernel"}};
   struct Restore {
-    ~Restore() { cuda::mma_select_variant(nullptr, nullptr); }
+    ~Restore() { cuda::mma_select_variant(nullptr, nullptr, nullptr); }
   } restore;
   uint64_t key = 0x5157'0000;
   for (DType dt : kTypes)
@@ -247,13 +251,15 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       const int64_t step = s.N >= 2048 ? 61 : 1;
       for (const auto& v : variants) {
         for (int64_t T : {1, 5, 17, 64}) {  // NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
-          if (T != 1 && std::strcmp(v[1], "capped") == 0) continue;  // the T = 1 switch changes nothing else
-          cuda::mma_select_variant(v[0], v[1]);
+          // the T = 1 switches change nothing else
+          if (T != 1 && (std::strcmp(v[1], "capped") == 0 || std::strcmp(v[2], "kernel") == 0)) continue;
+          cuda::mma_select_variant(v[0], v[1], v[2]);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
           const HostT zeros(DType::F32, {T, s.N});
           DevT dx = upload(*gpu_, x), dout = upload(*gpu_, zeros);
           const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
-                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + v[0] + " t1=" + v[1];
+                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + v[0] + " t1=" + v[1] +
+                                   " quant=" + v[2];
           std::vector<std::vector<float>> runs;
           for (int r = 0; r < 3; ++r) {
             gpu_->copy_from_host(zeros.t.data, dout.t);  // nothing left over from the run before

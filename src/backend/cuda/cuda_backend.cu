@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/graph_shape.h"
 #include "backend/cuda/host_bounce.h"
 #include "backend/cuda/cuda_ops.cuh"
 
@@ -314,6 +315,18 @@ class CudaBackend final : public Backend {
     // A fixed cuBLAS workspace: nothing is allocated inside a recorded decode step.
     CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
     CUBLAS_CHECK(cublasSetWorkspace(ctx_.cublas, cublas_ws_, kCublasWorkspace));
+    // The op temporaries' stack (cuda_ops.cuh): QWEN36_SCRATCH_MB=0 turns it off (every
+    // temporary stream-ordered memory, as before it existed: to measure what it gives).
+    size_t scratch_bytes = cuda::ScratchStack::kBytes;
+    if (const char* e = std::getenv("QWEN36_SCRATCH_MB"); e && *e) scratch_bytes = size_t(std::atoll(e)) << 20;
+    if (scratch_bytes) {
+      scratch_bytes = std::max(scratch_bytes, size_t(cuda::ScratchStack::kCounters) * sizeof(int));
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, scratch_bytes));
+      CUDA_CHECK(cudaMemset(p, 0, size_t(cuda::ScratchStack::kCounters) * sizeof(int)));
+      scratch_.init(p, scratch_bytes);
+      ctx_.scratch = &scratch_;
+    }
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
     const char* prof = std::getenv("QWEN36_PROFILE");
     profile_ = prof && *prof && std::string(prof) != "0";
@@ -327,6 +340,7 @@ class CudaBackend final : public Backend {
     cudaFreeHost(ctx_.batch.pinned);
     cudaEventDestroy(ctx_.batch.uploaded);
     cudaFree(cublas_ws_);
+    cudaFree(scratch_.base());
     for (auto& kv : ctx_.expert_tables) cudaFree(kv.second.dev);
     if (weights_) cudaFree(weights_);
     cublasDestroy(ctx_.cublas);
@@ -401,6 +415,7 @@ class CudaBackend final : public Backend {
     ctx_.capturing = false;
     CUDA_CHECK(cudaStreamEndCapture(ctx_.stream, &g));
     keep = keep && !ctx_.capture_failed && g != nullptr;
+    if (keep) cuda::log_graph_shape(g);
     cudaGraphExec_t exec = nullptr;
     if (keep) CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     if (g) cudaGraphDestroy(g);
@@ -626,6 +641,7 @@ class CudaBackend final : public Backend {
   cuda::Ctx ctx_;
   void* weights_ = nullptr;  // one allocation holding every uploaded weight
   void* cublas_ws_ = nullptr;
+  cuda::ScratchStack scratch_;  // op temporaries (ctx_.scratch)
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool profile_ = false;
   int64_t forwards_ = 0;
@@ -753,12 +769,21 @@ void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const T
 // anything sharing storage with a tensor not tiled (a tied lm_head). QWEN36_NO_TILE=1 keeps
 // the GGUF layout.
 void CudaBackend::tile_weights(ModelWeights& w) {
-  if (const char* e = std::getenv("QWEN36_NO_TILE"); e && *e && std::string(e) != "0") return;
-  std::vector<Tensor*> cand{&w.lm_head};
-  auto mlp = [&](MlpWeights& m) { cand.insert(cand.end(), {&m.gate_proj, &m.up_proj, &m.down_proj}); };
+  // QWEN36_NO_TILE: 1 tiles nothing; "experts" all but the routed experts, "dense" only them
+  // (to tell which layout a difference between two runs comes from).
+  const char* no_tile = std::getenv("QWEN36_NO_TILE");
+  const std::string nt = no_tile ? no_tile : "";
+  if (!nt.empty() && nt != "0" && nt != "experts" && nt != "dense") return;
+  const bool tile_dense = nt != "dense", tile_experts = nt != "experts";
+  std::vector<Tensor*> cand;
+  if (tile_dense) cand.push_back(&w.lm_head);
+  auto mlp = [&](MlpWeights& m) {
+    if (tile_dense) cand.insert(cand.end(), {&m.gate_proj, &m.up_proj, &m.down_proj});
+  };
   std::vector<std::vector<Tensor*>> expert_sets;  // per layer whose experts are candidates
   auto experts = [&](MoeWeights& m) {
     std::vector<Tensor*> v;
+    if (!tile_experts) return;
     for (MlpWeights& e : m.experts) v.insert(v.end(), {&e.gate_proj, &e.up_proj, &e.down_proj});
     if (v.empty() || !std::all_of(v.begin(), v.end(), [](const Tensor* t) {
           return cuda::quant_tile_ok(*t) && is_device_pointer(t->data);
@@ -768,16 +793,17 @@ void CudaBackend::tile_weights(ModelWeights& w) {
     expert_sets.push_back(std::move(v));
   };
   auto layer = [&](LayerWeights& l) {
-    cand.insert(cand.end(), {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.deltanet.in_proj_qkv,
-                             &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
-                             &l.deltanet.out_proj, &l.moe.router, &l.moe.shared_gate});
+    if (tile_dense)
+      cand.insert(cand.end(), {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj,
+                               &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z, &l.deltanet.in_proj_b,
+                               &l.deltanet.in_proj_a, &l.deltanet.out_proj, &l.moe.router, &l.moe.shared_gate});
     mlp(l.mlp);
     mlp(l.moe.shared);
     experts(l.moe);
   };
   for (auto& l : w.layers) layer(l);
   if (w.mtp) {
-    cand.push_back(&w.mtp->fc);
+    if (tile_dense) cand.push_back(&w.mtp->fc);
     layer(w.mtp->layer);
   }
   std::set<const Tensor*> is_cand(cand.begin(), cand.end());

@@ -44,7 +44,8 @@ ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std
 // Repacks a Q4_K / Q6_K / Q8_0 matrix in device memory (N % 16 == 0, K % 256 == 0) into the
 // CUDA backend's tiled layout (dtype becomes Q4_K_T16 / Q6_K_T16 / Q8_0_T16), in place and
 // synchronously; false when the type or shape does not qualify. prepare_weights does this for
-// a model's projections unless QWEN36_NO_TILE=1 (backend/cuda/cuda_quant_mma.cu).
+// a model's projections unless QWEN36_NO_TILE=1 (=experts: all but the routed experts, =dense:
+// only them) (backend/cuda/cuda_quant_mma.cu).
 bool cuda_tile_matrix(Tensor& w);
 
 }  // namespace qwen36

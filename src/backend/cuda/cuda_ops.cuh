@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/scratch_stack.h"
 
 // core/error.h is not included here: nvcc's front end cannot compile fmt's consteval
 // format-string checks. .cu files format their messages with the small cuda::format below
@@ -90,6 +91,7 @@ struct BatchTables {
 
 struct Ctx {
   cudaStream_t stream = nullptr;
+  ScratchStack* scratch = nullptr;  // owned by the backend; null: every Temp is stream-ordered memory
   cublasHandle_t cublas = nullptr;
   bool exact_matmul = false;
   int64_t gemv_split_rows = 2048;  // GEMVs of at most this many rows split K across a block
@@ -103,25 +105,24 @@ struct Ctx {
 };
 
 
-// A stream-ordered temporary (cudaMallocAsync / cudaFreeAsync on the context's stream).
+// An op's temporary: from the context's scratch stack when it fits, else stream-ordered memory
+// (cudaMallocAsync / cudaFreeAsync on the context's stream).
 template <typename T>
 class Temp {
  public:
-  Temp(const Ctx& c, size_t n) : stream_(c.stream), n_(n) {
-    if (n) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream_));
+  Temp(const Ctx& c, size_t n) : stream_(c.stream), scratch_(c.scratch), n_(n) {
+    if (n) p_ = static_cast<T*>(scratch_ ? scratch_->take(n * sizeof(T)) : nullptr);
+    if (n && !p_) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream_));
   }
   Temp(const Ctx& c, std::span<const T> host) : Temp(c, host.size()) {
     if (n_) CUDA_CHECK(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
   }
-  ~Temp() {
-    if (p_) cudaFreeAsync(p_, stream_);
-  }
+  ~Temp() { release(); }
   Temp(const Temp&) = delete;
   Temp& operator=(const Temp&) = delete;
   // Replaces the contents with a copy of `host` (stream-ordered upload from pageable memory).
   T* assign(std::span<const T> host) {
-    if (p_) cudaFreeAsync(p_, stream_);
-    p_ = nullptr;
+    release();
     n_ = host.size();
     if (n_) {
       CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n_ * sizeof(T), stream_));
@@ -133,7 +134,12 @@ class Temp {
   size_t size() const { return n_; }
 
  private:
+  void release() {
+    if (p_ && !(scratch_ && scratch_->give(p_))) cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+  }
   cudaStream_t stream_;
+  ScratchStack* scratch_;
   size_t n_;
   T* p_ = nullptr;
 };

@@ -26,11 +26,15 @@
 //    load. Per (group, n-tile, t) a float4 {d, d·Σq} of tokens 2t, 2t + 1 (Q4_K's min term) and
 //    an int4 {−32·Σq} of each 16-half (Q6_K's offset, used as the MMA's C input so that the
 //    int32 result is Σ (q − 32) · x exactly). T·K bytes: L2-resident. It also zeroes the GEMM's
-//    arrival counters (the call's workspace is fresh stream-ordered memory).
-//    At T = 1 each GEMM block first copies token 0's part of them (48 bytes per k32 group)
-//    into shared memory (stage_x), so the loop reads them there: on the H200 that took a Q4_K
+//    arrival counters when they are the call's workspace (without the backend's scratch stack;
+//    its counters are zero already, cuda_ops.cuh).
+//    At T = 1 each GEMM block stages token 0's fragments and scales (48 bytes per k32 group) in
+//    shared memory (stage_x), so the loop reads them there: on the H200 that took a Q4_K
 //    17408 × 5120 GEMV from 22.7 to 21.5 µs and a Q6_K one from 31.4 to 27.1 µs (cold L2), and
-//    the 27B Q4_K_M decode step from ~9.3 to ~8.7 ms; the T = 1 kernels also spill less.
+//    the 27B Q4_K_M decode step from ~9.3 to ~8.7 ms; the T = 1 kernels also spill less. With
+//    QWEN36_MMA_T1_QUANT=fused each block quantizes the f32 row itself there (quantize_row, the
+//    same codes and scales): no quantize_kernel launch, but 128 bytes read per group instead of
+//    48 and the quantization repeated per block — measured slower (use_fused_t1).
 //  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
 //    tiles (memory order). Two load paths, chosen per call (QWEN36_MMA_LOADS = regs | smem; unset:
 //    regs for Q4_K and Q8_0, smem for Q6_K, as measured on the H200 in rounds 1 and 2):
@@ -58,7 +62,8 @@
 //    ends in a split row-tile), so it requests several warps' pieces, all their entries, before
 //    adding: a few L2 round trips. (Round 3 summed entry by entry: T / 2 · warps-per-row-tile
 //    dependent L2 reads, 2 integer divisions each — ~70 at T = 32 on 5120 × 17408, the cause of
-//    its 30–60 % loss at T ≥ 2.) Two launches per call in all: quantize, then one GEMM per group.
+//    its 30–60 % loss at T ≥ 2.) Launches per call: quantize (not at fused T = 1), then one GEMM
+//    per group.
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -311,6 +316,7 @@ __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int N
 
 struct MmaArgs {
   const uint8_t* w;    // tiles
+  const float* x;      // T = 1 quantizing its own row (stage_x): token 0's f32 activations; else null
   const uint2* xb;     // [K/32][NT][32] B fragments
   const float4* xf;    // [K/32][NT][4] {d, d·Σq} of tokens 2t, 2t + 1
   const int4* xi;      // [K/32][NT][4] −32 · Σq per 16-half (Q6_K)
@@ -385,6 +391,11 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   auto stage_x = [&]() {
     if constexpr (ONE) {
       const int G = S * 8;
+      if (a.x) {  // no quantize_kernel before this launch: every block quantizes the row itself
+        quantize_row(a.x, G, xs);
+        __syncthreads();
+        return;
+      }
       for (int i = int(threadIdx.x); i < G * 4; i += int(blockDim.x))
         xs[i >> 2].b[i & 3] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
       for (int j = int(threadIdx.x); j < G; j += int(blockDim.x)) {
@@ -703,6 +714,13 @@ bool use_regs(DType t) {
   return v == kAuto ? t != DType::Q6_K_T16 : v == kRegs;
 }
 bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == kCapped; }
+// QWEN36_MMA_T1_QUANT = fused | kernel (unset: kernel): at T = 1 each GEMM block quantizes the
+// activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
+// (one launch more per call; each block then copies 48 bytes per group instead of reading 128
+// and quantizing). The launch is the cheaper: 27B Q4_K_M tg b1 122.3 t/s with it, 120.1 fused
+// (H200, graph replay with PDL).
+std::atomic<int> g_t1_quant{-1};
+bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") == 1; }
 
 // Calls f(type, NT, ONE, MINB, REGS) as compile-time constants for a tiled type, NT ∈ {1, 2, 4,
 // 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
@@ -888,26 +906,34 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     groups.push_back(gr);
     i = e;
   }
-  // One stream-ordered workspace: the activations once for every matrix, the split row-tiles'
-  // pieces and arrival counters (shared by the groups: each launch runs after the one before).
-  const size_t G = size_t(K / 32);
+  // One workspace: the activations once for every matrix (none when T = 1 quantizes in the
+  // GEMM), the split row-tiles' pieces and the arrival counters (shared by the groups: each
+  // launch runs after the one before). The scratch stack's counters are zero already and left
+  // so; a workspace's own are cleared by quantize_kernel.
+  int* const counters = c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
+  const bool fused = one && counters && use_fused_t1();
+  const size_t G = fused ? 0 : size_t(K / 32);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_xb = 0, o_xf = o_xb + up(G * NT * 32 * sizeof(uint2)), o_xi = o_xf + up(G * NT * 4 * sizeof(float4));
   const size_t o_part = o_xi + up(G * NT * 4 * sizeof(int4));
   const size_t o_cnt = o_part + up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float));
-  Temp<uint8_t> ws_mem(c, o_cnt + up(size_t(max_warps) * sizeof(int)));
+  Temp<uint8_t> ws_mem(c, o_cnt + (counters ? 0 : up(size_t(max_warps) * sizeof(int))));
   uint8_t* base = ws_mem.get();
-  const long long qthreads = (long long)NT * 8 * (long long)G * 8;
-  const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
-  launch_pdl(quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, xp, int(T), int(K), NT, base + o_xb,
-             reinterpret_cast<float*>(base + o_xf), reinterpret_cast<int*>(base + o_xi),
-             reinterpret_cast<int*>(base + o_cnt), max_warps);
+  int* const cnt = counters ? counters : reinterpret_cast<int*>(base + o_cnt);
+  if (!fused) {
+    const long long qthreads = (long long)NT * 8 * (long long)G * 8;
+    const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
+    launch_pdl(quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, xp, int(T), int(K), NT, base + o_xb,
+               reinterpret_cast<float*>(base + o_xf), reinterpret_cast<int*>(base + o_xi), cnt,
+               counters ? 0 : max_warps);
+  }
   for (Group& gr : groups) {
+    gr.a.x = fused ? xp : nullptr;
     gr.a.xb = reinterpret_cast<const uint2*>(base + o_xb);
     gr.a.xf = reinterpret_cast<const float4*>(base + o_xf);
     gr.a.xi = reinterpret_cast<const int4*>(base + o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
-    gr.a.cnt = reinterpret_cast<int*>(base + o_cnt);
+    gr.a.cnt = cnt;
     with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
       launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
                             decltype(rg)::value>,
@@ -933,11 +959,12 @@ void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int 
 }
 
 // Test hook (declared by the tests, not in cuda_ops.cuh): the variant as QWEN36_MMA_LOADS /
-// QWEN36_MMA_T1 would select it ("regs" | "smem" | "auto", "capped" | "plain" | "auto");
-// nullptr reads the environment again.
-void mma_select_variant(const char* loads, const char* t1) {
+// QWEN36_MMA_T1 / QWEN36_MMA_T1_QUANT would select it ("regs" | "smem" | "auto", "capped" |
+// "plain" | "auto", "fused" | "kernel" | "auto"); nullptr reads the environment again.
+void mma_select_variant(const char* loads, const char* t1, const char* t1_quant) {
   g_loads.store(loads ? parse_variant(loads, "regs", "smem") : -1);
   g_t1.store(t1 ? parse_variant(t1, "capped", "plain") : -1);
+  g_t1_quant.store(t1_quant ? parse_variant(t1_quant, "fused", "kernel") : -1);
 }
 
 }  // namespace qwen36::cuda

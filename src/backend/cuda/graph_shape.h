@@ -1,0 +1,13 @@
+#pragma once
+// defines: log_graph_shape — at debug level, what a recorded step is made of: nodes by type and
+// how many kernel → kernel edges are programmatic (PDL: the next kernel may start before the one
+// before it drains), so that a change which breaks that chain (a node between two kernels, e.g.
+// a stream-ordered allocation) shows in the log.
+
+#include <cuda_runtime.h>
+
+namespace qwen36::cuda {
+
+void log_graph_shape(cudaGraph_t g);
+
+}  // namespace qwen36::cuda
