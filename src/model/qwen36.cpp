@@ -125,10 +125,12 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   lap("expert stream set up");
   // The device share of one-token passes goes through the streaming staging area.
   device_share_ = stream_ ? int(std::min<int64_t>(cost.device_share, w_.config.n_experts_per_tok - 1)) : 0;
-  if (cost.device_share > 0)
-    spdlog::info("expert offload: {} of {} routed experts per token of a decode pass on the main backend{}",
-                 device_share_, w_.config.n_experts_per_tok,
-                 stream_ ? "" : " (no staging area: QWEN36_MOE_STREAM=never, or a host main backend)");
+  if (device_share_ > 0)
+    spdlog::info("expert offload: {} of {} routed experts per token of a decode pass on the main backend "
+                 "(QWEN36_MOE_DEVICE_SHARE)", device_share_, w_.config.n_experts_per_tok);
+  else if (cost.device_share > 0)
+    spdlog::debug("expert offload: decode passes entirely on the host (no staging area: QWEN36_MOE_STREAM=never, or "
+                  "a host main backend)");
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,

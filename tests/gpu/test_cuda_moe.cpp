@@ -450,6 +450,15 @@ TEST_F(CudaMoe, QuantDecodeMatchesInt8Twin) {
     const std::vector<float> got = run_experts(*gpu_, ex.d, x, w, ids), want = moe_int8_reference(ex, x, w, ids);
     EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "q4_k/q6_k D=2048 I=512 T=" << T << ": " << worst_at(got, want, 2048);
   }
+  // tiny-moe's shape with every expert routed (TiledExpertsInModelMatchUntiled's model): Q8_0,
+  // D = I = 256 (one super-block per row both ways), top-8 of 8.
+  const QuantExperts tiny = make_quant_experts(*gpu_, rng_, DType::Q8_0, DType::Q8_0, 8, 256, 256);
+  for (int64_t T : {1, 2}) {
+    HostT x = random_t(rng_, DType::F32, {T, 256}), w, ids;
+    route(rng_, T, 8, 8, w, ids, 8);
+    const std::vector<float> got = run_experts(*gpu_, tiny.d, x, w, ids), want = moe_int8_reference(tiny, x, w, ids);
+    EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << "q8_0 D=256 I=256 top-8 of 8 T=" << T << ": " << worst_at(got, want, 256);
+  }
 }
 
 TEST_F(CudaMoe, QuantDecodeInvalidIdsContributeNothing) {
@@ -609,12 +618,12 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
     ExpertTypes mx;
     int64_t E, D, I, k = 8;
   };
-  // The last case is tiny-moe's shape (one super-block per row both ways, top-2 of 8).
+  // The last cases are tiny-moe's shape (one super-block per row both ways, top-2 and top-8 of 8).
   for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q4_K}, 16, 2048, 512},
                          Case{{DType::Q8_0, DType::Q8_0}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q6_K}, 32, 512, 256},
                          Case{{DType::Q4_K, DType::Q4_K}, 32, 512, 256}, Case{{DType::Q8_0, DType::Q8_0}, 32, 512, 256},
                          Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768}, Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512},
-                         Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}}) {
+                         Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}, Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 8}}) {
     const int64_t k = cs.k;
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);
@@ -781,45 +790,59 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
   }
 }
 
-// A tiny MoE model (4 layers, Q8_0 everywhere, so its 256 × 256 experts tile; every expert
-// routed) with layer 0's experts placed on the host (expert offload): tile_weights tiles the
-// device layers' experts and leaves the host layer's alone; decoding 16 tokens one per forward matches the same model
-// built untiled (QWEN36_NO_TILE=1: the GGUF GEMVs; both int8 twins, so only f32 summation order
-// and rare int8 rounding-boundary flips differ): logits within 1e-3 of the largest, as
-// CudaQuantMma.ModelSameWithAndWithoutTiling, and the same greedy picks away from near-ties.
+// A tiny MoE model (4 layers, Q8_0 everywhere, so its 256 × 256 experts tile; top-8 of 8) with
+// layer 0's experts placed on the host (expert offload), built tiled and untiled
+// (QWEN36_NO_TILE=1): tile_weights tiles the device layers' experts and leaves the host layer's
+// alone, and each device layer's routed experts, as the models hold them, give the same
+// moe_experts result (the same x and routing into both; kQuantDecodeTol, as
+// TiledDecodeMatchesInt8Twin: f32 summation order, and the SwiGLU rows' int8 rounding it can
+// flip) — the in-model wiring of the tiles (which matrix, which expert, which layer).
+// Whole-model decode is only bounded loosely (5% of the largest logit, while wrong or stale
+// expert bytes move a random model's logits by O(1)): the int8 rounding of the activations
+// turns a 1e-7 summation-order difference into a whole code now and then (a value within that
+// distance of a rounding boundary), and in this random model one such flip moves the logits by
+// up to ~1.6%, then carried by the recurrent state. Measured on the H200, largest |Δlogit| of
+// ~4.5, seeds 17 / 18 / 19: all projections tiled 1e-6 / 0.042 / 0.022; with the host layer's
+// decode share on the GPU (session 8's default) 0.033 / 0.070 / 0.053, and the experts alone
+// tiled 0.032 / 1e-6 / 1e-6 — flips, not kernel errors (every op matches its twin).
 TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
   ModelConfig cfg = model_preset("tiny-moe", 4);
   cfg.vocab_size = 4096;
-  // Every expert routed (top-8 of 8): the comparison is of the experts' layouts, and with a
-  // choice of experts a router near-tie between the two runs' (rounding-different) inputs picks
-  // another expert — seen on the H200 with top-2: seed 17 one step 0.018 off (the last layer,
-  // so nothing carried it on), seed 18 every step from the 2nd on ~0.03 (carried by the state).
-  cfg.n_experts_per_tok = cfg.n_experts;
+  cfg.n_experts_per_tok = cfg.n_experts;  // every expert routed: no router near-ties
   cfg.validate();
   ExpertPlacement place;
   place.host = {true, false, false, false};
-  // Several random models: a router near-tie is a property of one model's weights, a kernel
-  // error would show in every one.
   for (const uint64_t seed : {17, 18, 19}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     // One backend per model: a CUDA backend holds the weights of one model.
     std::unique_ptr<Backend> be_plain = make_cuda_backend({}), be_tiled = make_cuda_backend({});
-    auto make = [&](bool tile, Backend& be) {
-      const ScopedEnv no_tile("QWEN36_NO_TILE", tile ? nullptr : "1");
-      auto m = std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, seed), be, place);
-      return m;
+    auto make = [&](const char* no_tile, Backend& be) {
+      const ScopedEnv env("QWEN36_NO_TILE", no_tile);
+      return std::make_unique<Model>(make_random_quant_weights(cfg, QuantMix::Q8_0, seed), be, place);
     };
-    auto plain = make(false, *be_plain), tiled = make(true, *be_tiled);
+    auto plain = make("1", *be_plain), tiled = make(nullptr, *be_tiled);
     const auto& L = tiled->weights().layers;
+    const auto& P = plain->weights().layers;
     ASSERT_EQ(L.size(), size_t(4));
     for (const MlpWeights& e : L[0].moe.experts)
       EXPECT_EQ(e.gate_proj.dtype, DType::Q8_0) << "host-placed experts must keep the GGUF layout";
-    for (size_t l = 1; l < L.size(); ++l)
+    for (size_t l = 1; l < L.size(); ++l) {
       for (const MlpWeights& e : L[l].moe.experts)
         for (const Tensor* t : {&e.gate_proj, &e.up_proj, &e.down_proj})
           ASSERT_TRUE(dtype_is_tiled(t->dtype)) << "layer " << l << ": device experts were not tiled ("
                                                 << dtype_name(t->dtype) << " " << t->shape_str() << ")";
-    for (const MlpWeights& e : plain->weights().layers[1].moe.experts) EXPECT_EQ(e.gate_proj.dtype, DType::Q8_0);
+      for (const MlpWeights& e : P[l].moe.experts) ASSERT_EQ(e.gate_proj.dtype, DType::Q8_0);
+      // The layer's experts as each model holds them, on the same inputs (T = 1 and 3).
+      const std::vector<MlpWeights> te(L[l].moe.experts.begin(), L[l].moe.experts.end()),
+          pe(P[l].moe.experts.begin(), P[l].moe.experts.end());
+      for (int64_t T : {1, 3}) {
+        HostT x = random_t(rng_, DType::F32, {T, cfg.hidden_size}), w, ids;
+        route(rng_, T, cfg.n_experts, cfg.n_experts_per_tok, w, ids, cfg.n_experts);
+        const std::vector<float> got = run_experts(*be_tiled, te, x, w, ids), want = run_experts(*be_plain, pe, x, w, ids);
+        EXPECT_LE(rel_err(got, want), kQuantDecodeTol)
+            << "layer " << l << " T=" << T << ": " << worst_at(got, want, cfg.hidden_size);
+      }
+    }
     const int64_t V = cfg.vocab_size, steps = 16;
     std::vector<int32_t> toks{5, 901, 33, 4000, 12, 4, 1500, 77};
     const size_t n_prompt = toks.size();
@@ -837,19 +860,18 @@ TEST_F(CudaMoe, TiledExpertsInModelMatchUntiled) {
     decode(*tiled, *be_tiled, got, false);
     ASSERT_EQ(got.size(), want.size());
     const auto [worst, scale, at] = worst_diff(got, want);
-    std::printf("[ tiny-moe q8_0 seed %llu ] tiled vs GGUF-layout experts (T=1 steps, layer 0 on the host): max "
-                "|dlogit| %.3g of %.3g at row %zu; by step:",
+    std::printf("[ tiny-moe q8_0 seed %llu ] tiled vs untiled model (T=1 steps, layer 0 on the host): max |dlogit| "
+                "%.3g of %.3g at row %zu; by step:",
                 (unsigned long long)seed, worst, scale, at / size_t(V));
-    // How the difference grows step by step tells a slow drift through the recurrent state from a
-    // jump (a router near-tie picking another expert, or a wrong kernel result at one step).
+    // How the difference grows step by step: a flip carried by the recurrent state, or one step.
     for (size_t r = 0; r < size_t(steps); ++r) {
       double w = 0;
       for (size_t i = r * size_t(V); i < (r + 1) * size_t(V); ++i) w = std::max(w, std::abs(double(want[i]) - got[i]));
       std::printf(" %.2g", w);
     }
     std::printf("\n");
-    EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
-    expect_same_argmax_away_from_ties(got, want, size_t(V), 1e-3 * scale);
+    EXPECT_LE(worst / scale, 5e-2) << "worst at row " << at / size_t(V);
+    expect_same_argmax_away_from_ties(got, want, size_t(V), 5e-2 * scale);
   }
 }
 

@@ -144,16 +144,22 @@ TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
 
 // Host experts copied into page-locked memory at load (the default with a CUDA main backend);
 // with QWEN36_MOE_DEVICE_SHARE = k − 1 each decode pass's first k − 1 routed experts are
-// uploaded from there and run on the GPU, the last on the CPU. The
-// GPU's share is the resident model's arithmetic, the CPU's the host path's, so the decode
-// logits must be within the host-only path's distance from the resident model (+1e-4 of the
-// largest logit for summation order); prefill (not split; streamed or not by the same auto
-// choice in both runs) equals the host-only run's.
+// uploaded from there and run on the GPU, the last on the CPU. The GPU's share is the resident
+// model's arithmetic (int8 activations), the CPU's the host path's (f32), so the decode logits
+// lie between the two runs: within 1.5× the host-only run's distance from the resident model
+// of both (not within 1×: the two experts' errors can partly cancel in the host-only run, and
+// seen on the H200: 0.0545 against 0.0513; stale or misplaced expert bytes are O(1) off). The
+// exact composition is checked on the CPU (offload_test, bitwise against one backend). Prefill
+// (not split; streamed or not by the same auto choice in both runs) equals the host-only run's.
 TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
   ScopedEnv no_tile("QWEN36_NO_TILE", "1");
   const auto [c, path, all] = host_placed();
-  const std::vector<float> want = run_placed(path, c, nullptr), host = run_placed(path, c, &all);
-  std::vector<float> shared;
+  const std::vector<float> want = run_placed(path, c, nullptr);
+  std::vector<float> host, shared;
+  {
+    ScopedEnv none("QWEN36_MOE_DEVICE_SHARE", "0");
+    host = run_placed(path, c, &all);
+  }
   {
     ScopedEnv share("QWEN36_MOE_DEVICE_SHARE", std::to_string(c.n_experts_per_tok - 1).c_str());
     shared = run_placed(path, c, &all);
@@ -167,7 +173,8 @@ TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
               "uploaded to the GPU %.3g\n",
               e_host, int(c.n_experts_per_tok - 1), int(c.n_experts_per_tok), e_share);
   EXPECT_TRUE(part(shared, false) == part(host, false)) << "prefill passes are not split";
-  EXPECT_LE(e_share, e_host + 1e-4);
+  EXPECT_LE(e_share, 1.5 * e_host + 1e-4);
+  EXPECT_LE(rel_err(part(shared, true), part(host, true)), 1.5 * e_host + 1e-4);
 }
 
 }  // namespace
