@@ -47,9 +47,10 @@ struct DraftTree {
 // which enumerates the nodes of the full K-ary tree in decreasing path probability.
 DraftTree build_draft_tree(int32_t root_token, std::span<const Dist> positions, int32_t budget);
 
-// The greedy walk of a verified tree: target_next[n] is the target's token after node n's
-// path (root included). From the root, the child whose token is the target's is accepted, as
-// long as there is one; `bonus` is the target's token after the last accepted node.
+// The walk of a verified tree: target_next[n] is the target's token after node n's path (root
+// included; its argmax, or its draw when sampling). From the root, the child whose token is the
+// target's is accepted, as long as there is one; `bonus` is the target's token after the last
+// accepted node.
 struct TreeWalk {
   std::vector<int32_t> accepted;  // accepted nodes, root excluded, in path order
   int32_t bonus = -1;

@@ -176,7 +176,11 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
 }
 
 // A tree round's verdict: the target's own token after every node's path (drawn as generate()
-// would with that path appended to the history; greedy: the argmax), then the greedy walk.
+// would with that path appended to the history; greedy: the argmax), then the walk down while
+// that token names a child (follow_draft_tree). Lossless under sampling too: each emitted token
+// is the target's draw given the tokens before it (a node's draw is used only when the walk
+// stands on that node), whatever the drafter proposed — rejection sampling over deterministic
+// siblings reduces to this.
 // With `accept` (benchmarks: SpecOptions::accept_override, simulated acceptance) the walk
 // instead goes down to a node's most probable child while accept(depth) says so, and the
 // target's token after the last node follows, as on a real rejection.
@@ -225,8 +229,6 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   live.reserve(seqs.size());
   for (SpecSequence& s : seqs) {
     check_sequence(s, model, state);
-    QWEN36_CHECK(!tree_drafter || s.opts.sampling.temperature == 0.0f,
-                 "tree drafting verifies greedy sequences only (temperature {})", s.opts.sampling.temperature);
     for (const Live& l : live) QWEN36_CHECK(l.in->slot != s.slot, "two sequences share slot {}", s.slot);
     live.emplace_back(s, spec.draft_n);
   }

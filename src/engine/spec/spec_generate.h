@@ -41,7 +41,7 @@ struct SpecOptions {
   // causality. It drafts block_size − 1 tokens a round: spec_generate sets draft_n to that.
   std::string draft_model;
   DFlashOptions dflash;
-  // DFlash, greedy sequences only: each round verifies a DDTree of up to this many drafts
+  // DFlash (greedy or sampled sequences): each round verifies a DDTree of up to this many drafts
   // (engine/spec/draft_tree.h: the most probable paths through the drafter's per-position
   // top-K) in one target pass instead of the block's argmax chain; 0: the chain.
   int32_t tree_budget = 0;
