@@ -260,8 +260,8 @@ void register_run(CLI::App& app) {
                   "drafter's)")->check(CLI::Range(2, 17));
   cmd->add_option("--tree-budget", o->tree_budget,
                   "DFlash: verify a DDTree of up to N drafts per round (the most probable paths through the drafter's "
-                  "top-8 per block position) instead of the block's chain; greedy only (CUDA: composed of chain ops, slow, "
-                  "until tree kernels exist)")
+                  "top-8 per block position) instead of the block's chain; greedy or sampled (CUDA: composed of chain ops, "
+                  "slow, until tree kernels exist)")
       ->check(CLI::Range(1, 63));
   cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
                 "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as the "

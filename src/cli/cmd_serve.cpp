@@ -41,6 +41,7 @@ struct ServeOptions {
   int32_t spec_draft_n = 3;
   std::string draft_model;    // dflash: the drafter checkpoint
   int32_t block_size = 0;     // dflash: 0 = the drafter's
+  int32_t tree_budget = 0;    // dflash: DDTree drafts per round (0: the chain)
   bool dflash_sliding_causal = false;
   bool spec_adaptive = false;
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
@@ -58,6 +59,7 @@ SpecOptions spec_options(const ServeOptions& o) {
   spec.adaptive = o.spec_adaptive;
   if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
   if (o.block_size) spec.dflash.block_size = o.block_size;
+  spec.tree_budget = o.tree_budget;
   spec.dflash.sliding_causal = o.dflash_sliding_causal;
   if (spec.method == SpecMethod::Dflash) {
     QWEN36_CHECK(!spec.draft_model.empty(), "--spec dflash needs a drafter checkpoint (--draft-model DIR)");
@@ -65,7 +67,8 @@ SpecOptions spec_options(const ServeOptions& o) {
     // loaded); the memory plan takes the largest block when the drafter's is not known yet.
     spec.draft_n = spec.dflash.block_size ? spec.dflash.block_size - 1 : 16;
   } else {
-    QWEN36_CHECK(o.draft_model.empty() && !o.block_size, "--draft-model and --block-size apply to --spec dflash only");
+    QWEN36_CHECK(o.draft_model.empty() && !o.block_size && !o.tree_budget,
+                 "--draft-model, --block-size and --tree-budget apply to --spec dflash only");
   }
   return spec;
 }
@@ -145,7 +148,8 @@ void serve(const ServeOptions& o) {
   mem.output_rows = so.slots;
   if (so.spec.method != SpecMethod::None) {
     // Every decode row is an output row when verifying; drafts stay within the step budget.
-    mem.output_rows = std::min<int64_t>(int64_t(so.slots) * (so.spec.draft_n + 1), int64_t(so.slots) + so.max_batch_tokens);
+    const int64_t per_seq = std::max(so.spec.draft_n, so.spec.tree_budget) + 1;  // a chain's rows, or a tree's
+    mem.output_rows = std::min<int64_t>(int64_t(so.slots) * per_seq, int64_t(so.slots) + so.max_batch_tokens);
     mem.mtp = so.spec.method == SpecMethod::Mtp;
   }
   mem.kv_type = so.kv_type;
@@ -168,7 +172,9 @@ void serve(const ServeOptions& o) {
     spdlog::info("speculative decoding: {}, up to {} drafts per sequence and step{}", spec_method_name(so.spec.method),
                  so.spec.method == SpecMethod::Dflash && !so.spec.dflash.block_size ? std::string("block - 1 of the drafter")
                                                                                     : std::to_string(so.spec.draft_n),
-                 so.spec.adaptive ? " (adaptive)" : "");
+                 so.spec.adaptive ? " (adaptive)"
+                 : so.spec.tree_budget ? fmt::format(" (a tree of up to {} drafts)", so.spec.tree_budget)
+                                       : std::string());
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -250,6 +256,12 @@ void register_serve(CLI::App& app) {
                   "DFlash block size: the pending token + B-1 drafts per step (2..17; default: the drafter's)")
       ->envname("QWEN36_BLOCK_SIZE")
       ->check(CLI::Range(2, 17));
+  cmd->add_option("--tree-budget", o->tree_budget,
+                  "DFlash: each step verifies a DDTree of up to N drafts per sequence (the most probable paths through "
+                  "the drafter's top-8 per block position) instead of the block's chain; the step's token budget counts "
+                  "the nodes (CUDA: composed of chain ops, slow, until tree kernels exist)")
+      ->envname("QWEN36_TREE_BUDGET")
+      ->check(CLI::Range(1, 63));
   cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
                 "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as "
                 "the reference");

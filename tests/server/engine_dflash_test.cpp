@@ -9,7 +9,8 @@
 //   random fixture drafter is almost never right, so this is what commits long accepted
 //   runs): the drafter's context stays exactly at the pending token every round;
 // - a prefix-cache hit in the same slot keeps the drafter's context (DFlashDrafter::resume):
-//   the second turn drafts from its first round and equals a cold run.
+//   the second turn drafts from its first round and equals a cold run;
+// - DDTree rounds (a tree of drafts per sequence and step) equal plain generation too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -186,6 +187,48 @@ TEST_F(EngineDFlashTest, PrefixReuseKeepsTheDrafterContext) {
   EXPECT_GT(r2.usage.cached_tokens, 0);
   EXPECT_EQ(seen->lagged, 0);                  // drafted from the first round of the second turn
   EXPECT_GT(seen->blocks, blocks_before);
+}
+
+// DDTree rounds in the scheduler (spec.tree_budget, `serve --tree-budget`): each decoding
+// sequence's tree is one verify run with parents, next to other sequences' prefill chunks and
+// decode rows; greedy output equals plain generate() alone and with 4 concurrent sequences
+// (budgets 5 and 22), some tree nodes are accepted (their paths committed: K/V rows moved,
+// DeltaNet inputs replayed), and with top_logprobs a tree round's tokens report the logprobs of
+// their nodes' rows, equal to the plain path's.
+TEST_F(EngineDFlashTest, TreeRoundsEqualPlainGeneration) {
+  uint64_t accepted = 0;
+  for (int32_t budget : {5, 22})
+    for (int n : {1, 4}) {
+      SchedulerOptions o = options();
+      o.spec.tree_budget = budget;
+      Scheduler s(*model_, o);
+      const auto ps = requests(n);
+      const auto rs = run_all(s, ps);
+      for (int i = 0; i < n; ++i)
+        EXPECT_EQ(rs[size_t(i)].tokens, alone(ps[size_t(i)])) << "budget " << budget << ", " << n << " concurrent, " << i;
+      const SchedulerStats st = s.stats();
+      EXPECT_GT(st.spec.drafted, 0u);
+      accepted += st.spec.accepted;
+      std::printf("[ dflash tree budget %d, %d concurrent ] %s\n", budget, n, st.spec.summary().c_str());
+    }
+  EXPECT_GT(accepted, 0u) << "no tree node was accepted: the path commit went untested";
+  RequestParams p = requests(2)[1];
+  p.top_logprobs = 3;
+  SchedulerOptions plain_opts = options();
+  plain_opts.spec = no_speculation();
+  Scheduler plain(*model_, plain_opts);
+  const RequestResult want = run_all(plain, {p}).front();
+  SchedulerOptions o = options();
+  o.spec.tree_budget = 22;
+  Scheduler s(*model_, o);
+  const RequestResult got = run_all(s, {p}).front();
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_EQ(got.logprobs[i].token, want.logprobs[i].token);
+    EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-4) << "token " << i;
+    ASSERT_EQ(got.logprobs[i].top.size(), 3u);
+    for (size_t j = 0; j < 3; ++j) EXPECT_EQ(got.logprobs[i].top[j].first, want.logprobs[i].top[j].first);
+  }
 }
 
 }  // namespace

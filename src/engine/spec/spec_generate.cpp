@@ -175,40 +175,6 @@ void prefill(Model& model, ModelState& state, const SpecSequence& s, std::vector
   }
 }
 
-// A tree round's verdict: the target's own token after every node's path (drawn as generate()
-// would with that path appended to the history; greedy: the argmax), then the walk down while
-// that token names a child (follow_draft_tree). Lossless under sampling too: each emitted token
-// is the target's draw given the tokens before it (a node's draw is used only when the walk
-// stands on that node), whatever the drafter proposed — rejection sampling over deterministic
-// siblings reduces to this.
-// With `accept` (benchmarks: SpecOptions::accept_override, simulated acceptance) the walk
-// instead goes down to a node's most probable child while accept(depth) says so, and the
-// target's token after the last node follows, as on a real rejection.
-TreeWalk walk_tree(Live& l, std::span<float> rows, size_t V, const std::function<bool(int32_t)>& accept) {
-  const DraftTree& t = l.tree;
-  std::vector<int32_t> next(size_t(t.size()));
-  std::vector<int32_t> hist = l.history;  // ends with the root (the pending token)
-  const size_t base = hist.size();
-  for (int32_t n = 0; n < t.size(); ++n) {
-    hist.resize(base + size_t(t.depth[size_t(n)]));  // the history, then node n's path below the root
-    for (int32_t a = n; a > 0; a = t.parent[size_t(a)]) hist[base + size_t(t.depth[size_t(a)]) - 1] = t.token[size_t(a)];
-    next[size_t(n)] = draw(l.sampler.distribution(rows.subspan(size_t(n) * V, V), hist), l.rng);
-  }
-  if (!accept) return follow_draft_tree(t, next);
-  TreeWalk w;
-  int32_t at = 0;
-  for (;;) {
-    int32_t child = -1;  // nodes come in decreasing probability: the first child found is the best
-    for (int32_t n = at + 1; n < t.size() && child < 0; ++n)
-      if (t.parent[size_t(n)] == at) child = n;
-    if (child < 0 || !accept(t.depth[size_t(child)] - 1)) break;
-    w.accepted.push_back(child);
-    at = child;
-  }
-  w.bonus = next[size_t(at)];
-  return w;
-}
-
 }  // namespace
 
 std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std::span<SpecSequence> seqs,
@@ -337,8 +303,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     auto finish_tree_round = [&](Live& l, const SeqRun& run) {
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
-      const TreeWalk w =
-          walk_tree(l, std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V), V, accept);
+      const TreeWalk w = verify_tree(std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V),
+                                     int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
       const int32_t accepted = int32_t(w.accepted.size());
       int32_t deepest = 0;
       for (int32_t d : l.tree.depth) deepest = std::max(deepest, d);

@@ -39,6 +39,35 @@ SpecVerdict verify_round(std::span<float> rows, int64_t vocab, const DraftReques
   return v;
 }
 
+TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree, Sampler& sampler,
+                     std::mt19937_64& rng, std::span<const int32_t> history,
+                     const std::function<bool(int32_t)>& accept) {
+  const size_t V = size_t(vocab);
+  QWEN36_CHECK(rows.size() >= size_t(tree.size()) * V, "verify: {} logits for a tree of {}", rows.size(), tree.size());
+  std::vector<int32_t> next(size_t(tree.size()));
+  std::vector<int32_t> hist(history.begin(), history.end());  // ends with the root (the pending token)
+  const size_t base = hist.size();
+  for (int32_t n = 0; n < tree.size(); ++n) {
+    hist.resize(base + size_t(tree.depth[size_t(n)]));  // the history, then node n's path below the root
+    for (int32_t a = n; a > 0; a = tree.parent[size_t(a)])
+      hist[base + size_t(tree.depth[size_t(a)]) - 1] = tree.token[size_t(a)];
+    next[size_t(n)] = draw(sampler.distribution(rows.subspan(size_t(n) * V, V), hist), rng);
+  }
+  if (!accept) return follow_draft_tree(tree, next);
+  TreeWalk w;
+  int32_t at = 0;
+  for (;;) {
+    int32_t child = -1;  // nodes come in decreasing probability: the first child found is the best
+    for (int32_t n = at + 1; n < tree.size() && child < 0; ++n)
+      if (tree.parent[size_t(n)] == at) child = n;
+    if (child < 0 || !accept(tree.depth[size_t(child)] - 1)) break;
+    w.accepted.push_back(child);
+    at = child;
+  }
+  w.bonus = next[size_t(at)];
+  return w;
+}
+
 int32_t next_draft_n(const SpecOptions& o, int32_t k, int32_t drafted, int32_t accepted) {
   if (!o.adaptive || drafted <= 0) return k;
   return accepted == drafted ? std::min(o.draft_n, k + 1) : std::max(1, accepted + 1);
@@ -57,8 +86,14 @@ SpecStepper::SpecStepper(Model& model, ModelState& state, const SpecOptions& opt
     drafter_ = make_drafter(opts, model, state);  // MTP checks for its head and cache; dflash loads its drafter
   }
   if (const auto* d = dynamic_cast<const DFlashDrafter*>(drafter_.get())) opts_.draft_n = d->block_size() - 1;
+  if (opts_.tree_budget > 0) {
+    tree_drafter_ = dynamic_cast<DFlashDrafter*>(drafter_.get());
+    QWEN36_CHECK(tree_drafter_, "tree drafting (a tree budget of {}) needs the DFlash drafter", opts_.tree_budget);
+    QWEN36_CHECK(opts_.tree_budget <= kMaxTreeBudget, "tree budget {} is out of range (1..{})", opts_.tree_budget,
+                 kMaxTreeBudget);
+  }
   capture_ = drafter_->capture_layers();
-  state.enable_speculation(opts_.draft_n + 1);
+  state.enable_speculation(std::max(opts_.draft_n, opts_.tree_budget) + 1);
 }
 
 void SpecStepper::begin(SpecSeqState& st, int32_t slot, std::span<const int32_t> prompt, int32_t reused,
@@ -91,11 +126,20 @@ void SpecStepper::observe_captured(int32_t slot, int32_t pos0, std::span<const f
 void SpecStepper::propose(std::span<SpecTurn> turns, int32_t draft_budget) {
   std::vector<DraftRequest> reqs;
   std::vector<SpecTurn*> who;
+  std::vector<int32_t> nodes;  // tree rounds: each drafting turn's node budget
   for (SpecTurn& t : turns) {
     t.st->draft = DraftRequest{};
-    const int32_t k = std::min({t.st->k, t.room, draft_budget});
-    if (k <= 0) continue;
-    draft_budget -= k;
+    t.st->tree = DraftTree{};
+    // A chain round's k drafts, or a tree over k block positions whose nodes (the step's
+    // budget counts them) write positions pos .. pos + nodes, leaving the context room for one
+    // more; either emits at most k + 1 tokens.
+    const int32_t k = std::min({t.st->k, t.room, tree_drafter_ ? t.room : draft_budget});
+    const int32_t n = tree_drafter_ ? int32_t(std::min<int64_t>({opts_.tree_budget, state_.capacity() - 2 - t.pos,
+                                                                  draft_budget}))
+                                    : k;
+    if (k <= 0 || n <= 0) continue;
+    draft_budget -= n;
+    nodes.push_back(n);
     DraftRequest r;
     r.slot = t.slot;
     r.k = k;
@@ -109,24 +153,41 @@ void SpecStepper::propose(std::span<SpecTurn> turns, int32_t draft_budget) {
   drafter_->propose(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     QWEN36_CHECK(int32_t(reqs[i].tokens.size()) <= reqs[i].k, "{} drafter proposed too many tokens", drafter_->name());
-    who[i]->st->draft = std::move(reqs[i]);
+    SpecSeqState& st = *who[i]->st;
+    st.draft = std::move(reqs[i]);
+    if (!tree_drafter_ || st.draft.tokens.empty()) continue;
+    const std::vector<Dist>& top = tree_drafter_->last_topk(st.draft.slot);
+    const size_t depth = std::min<size_t>(size_t(st.draft.k), top.size());
+    st.tree = build_draft_tree(who[i]->history.back(), std::span(top).first(depth), nodes[i]);
   }
 }
 
 void SpecStepper::add_run(SpecTurn& t, ForwardBatch& batch) const {
   const std::vector<int32_t>& drafts = t.st->draft.tokens;
-  const int32_t n = 1 + int32_t(drafts.size());
+  const DraftTree& tree = t.st->tree;
+  const bool treed = tree.size() > 1;
+  const int32_t n = treed ? tree.size() : 1 + int32_t(drafts.size());
   t.begin = int32_t(batch.tokens.size());
   t.out_row = int32_t(batch.output_rows.size());
-  if (n > 1) batch.verify_runs.push_back(int32_t(batch.runs.size()));
+  if (n > 1) {
+    // verify_trees: every verify run's parents (empty: a chain), or no entries at all.
+    if (treed) batch.verify_trees.resize(batch.verify_runs.size());
+    batch.verify_runs.push_back(int32_t(batch.runs.size()));
+    if (treed || !batch.verify_trees.empty()) batch.verify_trees.push_back(treed ? tree.parent : std::vector<int32_t>{});
+  }
   batch.runs.push_back({t.slot, t.pos, t.begin, n});
-  batch.tokens.push_back(t.history.back());
-  batch.tokens.insert(batch.tokens.end(), drafts.begin(), drafts.end());
+  if (treed) {
+    batch.tokens.insert(batch.tokens.end(), tree.token.begin(), tree.token.end());  // the root: the pending token
+  } else {
+    batch.tokens.push_back(t.history.back());
+    batch.tokens.insert(batch.tokens.end(), drafts.begin(), drafts.end());
+  }
   for (int32_t i = 0; i < n; ++i) batch.output_rows.push_back(t.begin + i);
 }
 
 int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden,
                                   const EmitFn& emit, std::span<const float> captured) {
+  if (t.st->tree.size() > 1) return finish_tree_round(t, logits, emit, captured);
   const size_t V = size_t(model_.config().vocab_size), H = size_t(model_.config().hidden_size);
   const DraftRequest& d = t.st->draft;
   const int32_t m = int32_t(d.tokens.size());
@@ -161,6 +222,50 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
     const size_t F = capture_.size() * H;
     drafter_->observe(t.slot, t.pos, captured.subspan(size_t(t.begin) * F, size_t(keep) * F),
                       std::span<const int32_t>(out).first(size_t(keep)));
+  }
+  return keep;
+}
+
+// A tree round: the walk of the verified tree picks a path (verify_tree); its tokens and the
+// target's token after it are emitted, the slot keeps the root and the emitted path nodes (their
+// saved DeltaNet inputs replayed, K/V rows moved to their positions: SpecCommit::path), and
+// those nodes' captured rows become the drafter's new context.
+int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, const EmitFn& emit,
+                                       std::span<const float> captured) {
+  const size_t V = size_t(model_.config().vocab_size);
+  const DraftTree& tree = t.st->tree;
+  const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
+  std::vector<float> raw;
+  if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
+  const TreeWalk w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
+  t.history = {};  // emission below grows the sequence's tokens
+  const int32_t accepted = int32_t(w.accepted.size());
+  std::vector<int32_t> nodes{0}, out;  // out[i] follows node nodes[i]'s path
+  for (int32_t n : w.accepted) nodes.push_back(n), out.push_back(tree.token[size_t(n)]);
+  out.push_back(w.bonus);
+  int32_t emitted = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::span<const float> raw_row =
+        raw.empty() ? std::span<const float>{} : std::span<const float>(raw).subspan(size_t(nodes[i]) * V, V);
+    const Emit e = emit(out[i], raw_row, t.pos + int32_t(i) + 1);
+    if (e != Emit::Refused) ++emitted;
+    if (e != Emit::More) break;
+  }
+  const int32_t keep = std::min(accepted, emitted) + 1;  // as finish_round: no draft past a stop
+  SpecCommit cm{t.slot, keep, t.pos, 0};
+  for (int32_t i = 0; i < keep; ++i) cm.path |= uint64_t(1) << nodes[size_t(i)];
+  commits_.push_back(cm);
+  int32_t deepest = 0;
+  for (int32_t d : tree.depth) deepest = std::max(deepest, d);
+  metrics_.add_round(deepest, accepted);
+  if (!captured.empty() && !capture_.empty()) {
+    const size_t F = capture_.size() * size_t(model_.config().hidden_size);
+    std::vector<float> kept;
+    for (int32_t i = 0; i < keep; ++i) {
+      const auto row = captured.begin() + std::ptrdiff_t((size_t(t.begin) + size_t(nodes[size_t(i)])) * F);
+      kept.insert(kept.end(), row, row + std::ptrdiff_t(F));
+    }
+    drafter_->observe(t.slot, t.pos, kept, std::span<const int32_t>(out).first(size_t(keep)));
   }
   return keep;
 }

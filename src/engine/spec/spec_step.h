@@ -25,6 +25,8 @@
 #include <span>
 #include <vector>
 
+#include "engine/spec/dflash_drafter.h"
+#include "engine/spec/draft_tree.h"
 #include "engine/spec/drafter.h"
 #include "engine/spec/metrics.h"
 #include "engine/spec/spec_generate.h"
@@ -46,6 +48,20 @@ SpecVerdict verify_round(std::span<float> rows, int64_t vocab, const DraftReques
                          std::mt19937_64& rng, std::span<const int32_t> history, bool greedy,
                          const std::function<bool(int32_t)>& accept = {});
 
+// A tree round's verdict (DDTree, engine/spec/draft_tree.h): the target's own token after every
+// node's path, drawn from `rows` ([tree.size(), vocab]; node n's row is the distribution after
+// history + n's path below the root; `history` ends with the root, the pending token) as
+// generate() would (greedy: the argmax), then the walk down while that token names a child
+// (follow_draft_tree). Lossless under sampling too: each emitted token is the target's draw
+// given the tokens before it (a node's draw counts only when the walk stands on that node),
+// whatever the drafter proposed — rejection sampling over deterministic siblings reduces to
+// this. `accept` (benchmarks, SpecOptions::accept_override): the walk instead goes down to a
+// node's most probable child while accept(depth) says so, and the target's token after the
+// last node follows, as on a real rejection.
+TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree, Sampler& sampler,
+                     std::mt19937_64& rng, std::span<const int32_t> history,
+                     const std::function<bool(int32_t)>& accept = {});
+
 // The next round's draft count of a sequence that drafted `drafted` and got `accepted` with k
 // (SpecOptions::adaptive; unchanged when not adaptive or when it did not draft).
 int32_t next_draft_n(const SpecOptions& o, int32_t k, int32_t drafted, int32_t accepted);
@@ -60,6 +76,7 @@ struct SpecSeqState {
   int32_t k = 0;         // drafts to ask for next round (adaptive)
   std::mt19937_64 rng;   // every draw of the request (seeded with its sampling seed)
   DraftRequest draft;    // this step's drafts
+  DraftTree tree;        // tree rounds (SpecOptions::tree_budget): this step's tree over them
 };
 
 // One decoding sequence in one step, as the scheduler describes it.
@@ -125,7 +142,10 @@ class SpecStepper {
   Model& model_;
   ModelState& state_;
   SpecOptions opts_;
+  int32_t finish_tree_round(SpecTurn& t, std::span<float> logits, const EmitFn& emit, std::span<const float> captured);
+
   std::unique_ptr<Drafter> drafter_;
+  DFlashDrafter* tree_drafter_ = nullptr;  // tree rounds (opts.tree_budget > 0): drafter_, for its top-K
   std::vector<int32_t> capture_;
   std::vector<SpecCommit> commits_;
   SpecMetrics metrics_;
