@@ -45,16 +45,48 @@ Tensor row(const Tensor& t, int64_t r) {
   return Tensor(static_cast<float*>(t.data) + r * per, DType::F32, {1, per});
 }
 
-// Rows run.begin + path[j] of src into a new tensor of path.size() rows.
-Rows gather(Backend& b, const Tensor& src, const SeqRun& run, std::span<const int32_t> path) {
-  Rows out(b, src, int64_t(path.size()));
-  std::vector<int32_t> rows(path.size());
-  for (size_t j = 0; j < path.size(); ++j) rows[j] = run.begin + path[j];
+// Rows `rows` of src into a new tensor of rows.size() rows.
+Rows gather_rows(Backend& b, const Tensor& src, std::span<const int32_t> rows) {
+  Rows out(b, src, int64_t(rows.size()));
   const int64_t per = src.numel() / src.dim(0);
   const Tensor from(src.data, DType::F32, {src.dim(0), per});
-  Tensor to(out.t.data, DType::F32, {int64_t(path.size()), per});
+  Tensor to(out.t.data, DType::F32, {int64_t(rows.size()), per});
   b.get_rows(from, rows, to);
   return out;
+}
+
+// Rows run.begin + path[j] of src into a new tensor of path.size() rows.
+Rows gather(Backend& b, const Tensor& src, const SeqRun& run, std::span<const int32_t> path) {
+  std::vector<int32_t> rows(path.size());
+  for (size_t j = 0; j < path.size(); ++j) rows[j] = run.begin + path[j];
+  return gather_rows(b, src, rows);
+}
+
+// Every token's root path as a run of its own in the run's slot, the paths' rows one after
+// another (Σ depth + 1 rows): a read-only chain op starts each run from the slot's state, so
+// one call computes every token of the tree; `last[i]` is the row of token i's own output.
+struct Paths {
+  std::vector<int32_t> rows;  // source rows (run.begin + path index), path after path
+  std::vector<SeqRun> runs;   // one per token, over those rows
+  std::vector<int32_t> last;  // token i's row among them
+};
+Paths all_paths(const SeqRun& run, std::span<const int32_t> parent) {
+  Paths p;
+  for (int32_t i = 0; i < run.count; ++i) {
+    const std::vector<int32_t> path = root_path(parent, i);
+    p.runs.push_back({run.slot, run.pos0, int32_t(p.rows.size()), int32_t(path.size())});
+    for (int32_t j : path) p.rows.push_back(run.begin + j);
+    p.last.push_back(int32_t(p.rows.size()) - 1);
+  }
+  return p;
+}
+
+// Rows `rows` of src (f32) into dst's rows [begin, begin + rows.size()).
+void scatter_last(Backend& b, const Tensor& src, std::span<const int32_t> rows, Tensor& dst, int32_t begin) {
+  const int64_t per = src.numel() / src.dim(0);
+  const Tensor from(src.data, DType::F32, {src.dim(0), per});
+  Tensor to(static_cast<float*>(dst.data) + int64_t(begin) * per, DType::F32, {int64_t(rows.size()), per});
+  b.get_rows(from, rows, to);
 }
 
 }  // namespace
@@ -88,35 +120,22 @@ void attention(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, Te
 void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
                           std::span<const int32_t> parent) {
   check(run, parent);
-  Rows res(b, x, run.count);  // every path reads x's inputs: the outputs go to x at the end
-  for (int32_t i = 0; i < run.count; ++i) {
-    const std::vector<int32_t> path = root_path(parent, i);
-    Rows px = gather(b, x, run, path);
-    const SeqRun chain{run.slot, run.pos0, 0, int32_t(path.size())};
-    b.causal_conv1d_silu_readonly(px.t, w, conv_state, std::span(&chain, 1));
-    Tensor dst = row(res.t, i);
-    b.copy(row(px.t, int64_t(path.size()) - 1), dst);
-  }
-  const int64_t per = x.numel() / x.dim(0);
-  const Tensor from(res.t.data, DType::F32, {run.count, per});
-  Tensor to(static_cast<float*>(x.data) + int64_t(run.begin) * per, DType::F32, {run.count, per});
-  b.copy(from, to);
+  const Paths p = all_paths(run, parent);
+  Rows px = gather_rows(b, x, p.rows);  // every path reads x's inputs: the outputs go to x at the end
+  b.causal_conv1d_silu_readonly(px.t, w, conv_state, p.runs);
+  scatter_last(b, px.t, p.last, x, run.begin);
 }
 
 void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
                          Tensor& out) {
   check(run, parent);
-  for (int32_t i = 0; i < run.count; ++i) {
-    const std::vector<int32_t> path = root_path(parent, i);
-    const Rows pq = gather(b, q, run, path), pk = gather(b, k, run, path), pv = gather(b, v, run, path),
-               pg = gather(b, g, run, path), pb = gather(b, beta, run, path);
-    Rows po(b, out, int64_t(path.size()));
-    const SeqRun chain{run.slot, run.pos0, 0, int32_t(path.size())};
-    b.gated_delta_rule_readonly(pq.t, pk.t, pv.t, pg.t, pb.t, state, std::span(&chain, 1), po.t);
-    Tensor dst = row(out, run.begin + i);
-    b.copy(row(po.t, int64_t(path.size()) - 1), dst);
-  }
+  const Paths p = all_paths(run, parent);
+  const Rows pq = gather_rows(b, q, p.rows), pk = gather_rows(b, k, p.rows), pv = gather_rows(b, v, p.rows),
+             pg = gather_rows(b, g, p.rows), pb = gather_rows(b, beta, p.rows);
+  Rows po(b, out, int64_t(p.rows.size()));
+  b.gated_delta_rule_readonly(pq.t, pk.t, pv.t, pg.t, pb.t, state, p.runs, po.t);
+  scatter_last(b, po.t, p.last, out, run.begin);
 }
 
 }  // namespace tree_ops

@@ -4,8 +4,10 @@
 //          defaults of rope_tree, attention_tree and the tree read-only DeltaNet ops.
 //
 // Each token of the tree is computed as the last token of its root path, run as a chain through
-// the backend's chain ops on rows gathered with get_rows (Σ depth tokens of work and a few
-// launches per token: correct, not fast). On the CPU backend this is the reference semantics
+// the backend's chain ops on rows gathered with get_rows (Σ depth tokens of work: correct, not
+// fast). The read-only DeltaNet ops take every root path in one call, a run per path in the
+// same slot (they start each run from the slot's state); attention writes each path's K/V into
+// the cache rows it reads, so it runs one path at a time. On the CPU backend this is the reference semantics
 // (tests/unit/backend/cpu_tree_verify_test.cpp); a device backend replaces it with one-pass
 // kernels tested against that.
 

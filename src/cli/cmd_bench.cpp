@@ -30,6 +30,7 @@
 // (at k = 15, p = 0.8445; `--simulate-acceptance 1,1,1,1,1,0` gives exactly 6 every round).
 #include <nlohmann/json.hpp>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
@@ -440,6 +441,7 @@ void run_bench(const BenchOptions& o) {
           if (k > 0 && simulated) so.accept_override = sim.callback();
           std::vector<double> v;
           SpecMetrics metrics;
+          SpecPhases phases;
           double passes_s = 0;
           for (int r = 0; r <= o.repeats; ++r) {
             std::vector<std::vector<int32_t>> texts;
@@ -449,6 +451,8 @@ void run_bench(const BenchOptions& o) {
             if (r == 0) continue;  // warm-up
             v.push_back(run.tok_s());
             metrics.merge(run.metrics);
+            phases.draft += run.phases.draft, phases.tree += run.phases.tree, phases.verify += run.phases.verify;
+            phases.accept += run.phases.accept, phases.commit += run.phases.commit, phases.rounds += run.phases.rounds;
             if (run.decode_seconds > 0) passes_s += double(run.target_passes) / run.decode_seconds / o.repeats;
           }
           const int64_t rows_per_pass = B * (k + 1);
@@ -479,6 +483,12 @@ void run_bench(const BenchOptions& o) {
             if (simulated) row["simulated_acceptance"] = probs;
             if (sim_len) row["simulated_accept_length"] = o.simulate_len;
           }
+          // Where a round's time goes (every config, the baseline's rounds too), on stderr.
+          const double per = 1e3 / double(std::max<int64_t>(phases.rounds, 1));
+          row["round_ms"] = {{"draft", phases.draft * per},   {"tree", phases.tree * per},
+                             {"verify", phases.verify * per}, {"accept", phases.accept * per},
+                             {"commit", phases.commit * per}};
+          spdlog::info("{}: {}", test, phases.summary());
           return row;
         };
         const double base = time_spec(0)["tok_s_mean"].get<double>();

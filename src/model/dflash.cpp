@@ -286,6 +286,20 @@ void DFlashModel::draft_argmax(std::span<const DFlashBlock> blocks, int32_t* bes
   });
 }
 
+void DFlashModel::draft_topk(std::span<const DFlashBlock> blocks, int32_t k, int32_t* ids, float* probs) {
+  pass(blocks, [&](Tensor& out) {
+    const size_t n = size_t(out.rows());
+    const std::vector<SampleRowParams> greedy(n);  // temperature 0: stats of the logits themselves
+    std::vector<float> stats(3 * n);
+    b_.sample_candidates(out, greedy, {}, k, ids, probs, stats.data());
+    for (size_t r = 0; r < n; ++r)  // the candidates' logits → softmax probabilities
+      for (size_t j = 0; j < size_t(k); ++j) {
+        float& p = probs[r * size_t(k) + j];
+        p = std::exp(p - stats[3 * r]) / stats[3 * r + 1];
+      }
+  });
+}
+
 void DFlashModel::pass(std::span<const DFlashBlock> blocks, const std::function<void(Tensor&)>& take) {
   const DFlashConfig& c = w_.config;
   const ModelWeights& tw = target_.weights();

@@ -114,6 +114,10 @@ class DFlashModel {
   // round moves 4 bytes per prediction to the host instead of a vocabulary row (15 MB a block
   // for a 248k vocabulary).
   void draft_argmax(std::span<const DFlashBlock> blocks, int32_t* best);
+  // The same pass, keeping each prediction's k most likely tokens (ids [blocks · (B − 1), k],
+  // probability descending, ties to the lower id) and their probabilities under the full
+  // softmax (probs, same shape): DDTree's per-position top-K, k · 8 bytes per prediction moved.
+  void draft_topk(std::span<const DFlashBlock> blocks, int32_t k, int32_t* ids, float* probs);
 
  private:
   // The pass of draft(); take(logits) receives the predictions' logits [blocks · (B − 1), V] in

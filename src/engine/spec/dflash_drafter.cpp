@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 #include "format/dflash_loader.h"
@@ -66,28 +64,21 @@ void DFlashDrafter::propose(std::span<DraftRequest> requests) {
     }
     return;
   }
-  std::vector<float> logits(blocks.size() * size_t(B - 1) * size_t(Vt));
-  m_.draft(blocks, logits.data());
+  // Tree drafting: each prediction's top-K from the backend (its logits stay there), the most
+  // likely first, so the chain's drafts are the candidates' heads.
+  const size_t K = size_t(std::min<int64_t>(top_k_, Vt)), P = size_t(B - 1);
+  std::vector<int32_t> ids(blocks.size() * P * K);
+  std::vector<float> probs(ids.size());
+  m_.draft_topk(blocks, int32_t(K), ids.data(), probs.data());
   for (size_t i = 0; i < drafting.size(); ++i) {
     DraftRequest& r = *drafting[i];
     std::vector<Dist>& topk = topk_.at(size_t(r.slot));
     topk.clear();
-    for (int64_t j = 0; j < B - 1; ++j) {
-      const float* row = logits.data() + (i * size_t(B - 1) + size_t(j)) * size_t(Vt);
-      const int32_t best = int32_t(std::max_element(row, row + Vt) - row);
-      if (j < r.k) r.tokens.push_back(best);
-      if (top_k_ == 0) continue;
-      // softmax, then the K most likely (ties to the lower id, as argmax)
-      double sum = 0;
-      for (int64_t t = 0; t < Vt; ++t) sum += std::exp(double(row[t] - row[best]));
-      std::vector<int32_t> ids(static_cast<size_t>(Vt));
-      std::iota(ids.begin(), ids.end(), 0);
-      const size_t K = std::min<size_t>(size_t(top_k_), ids.size());
-      std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(K), ids.end(),
-                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (size_t j = 0; j < P; ++j) {
+      const size_t at = (i * P + j) * K;
+      if (int64_t(j) < r.k) r.tokens.push_back(ids[at]);
       Dist d;
-      for (size_t t = 0; t < K; ++t)
-        d.emplace_back(ids[t], float(std::exp(double(row[ids[t]] - row[best])) / sum));
+      for (size_t t = 0; t < K; ++t) d.emplace_back(ids[at + t], probs[at + t]);
       topk.push_back(std::move(d));
     }
   }

@@ -66,6 +66,7 @@ struct SpecBenchRun {
   double decode_seconds = 0;        // the decode rounds (prefill and the first token excluded)
   int64_t decoded_tokens = 0;       // tokens emitted by those rounds, all sequences
   int64_t target_passes = 0;
+  SpecPhases phases;                // where the rounds' time went
   double tok_s() const { return decode_seconds > 0 ? double(decoded_tokens) / decode_seconds : 0; }
 };
 
@@ -87,6 +88,7 @@ inline SpecBenchRun spec_bench_run(Model& model, ModelState& state, const std::v
     run.decoded_tokens += std::max<int64_t>(0, int64_t(r.gen.tokens.size()) - 1);
     run.decode_seconds = r.gen.decode_seconds;
     run.target_passes = r.target_passes;
+    run.phases = r.phases;  // shared by the batch
   }
   return run;
 }

@@ -229,11 +229,18 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   const auto t_decode = clock::now();
   std::vector<float> verify_hidden, captured;
   int64_t passes = 0;
+  SpecPhases phases;
+  auto lap = [t = clock::now()](double& into) mutable {
+    const auto now = clock::now();
+    into += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   for (;;) {
     std::vector<Live*> active;
     for (Live& l : live)
       if (!l.done) active.push_back(&l);
     if (active.empty()) break;
+    lap(phases.commit);  // the last round's commit (and loop bookkeeping)
 
     // 1. Drafts, within what may still be emitted and what the context holds: a round
     //    emits at most k + 1 tokens and writes positions pos .. pos + k.
@@ -255,6 +262,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       drafting.push_back(l);
     }
     if (!reqs.empty()) drafter->propose(reqs);
+    lap(phases.draft);
     for (size_t i = 0; i < reqs.size(); ++i) {
       QWEN36_CHECK(int32_t(reqs[i].tokens.size()) <= reqs[i].k, "{} drafter proposed too many tokens", drafter->name());
       Live& l = *drafting[i];
@@ -267,6 +275,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       const int32_t budget = int32_t(std::min<int64_t>(spec.tree_budget, state.capacity() - l.pos - 2));
       l.tree = build_draft_tree(l.history.back(), std::span(top).first(size_t(depth)), budget);
     }
+
+    lap(phases.tree);
 
     // 2. One target forward: [pending, drafts...] per sequence, every row's logits.
     //    A tree round's run is its tree's nodes (root: the pending token), with parents.
@@ -294,6 +304,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     captured.resize(batch.tokens.size() * F);
     model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr, F ? captured.data() : nullptr);
     ++passes;
+    lap(phases.verify);
 
     // 3. Acceptance, emission, commit.
     std::vector<SpecCommit> commits;
@@ -365,16 +376,26 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       l.pos += accepted + 1;
       if (l.pos + 1 >= state.capacity()) l.finish("context");
     }
+    lap(phases.accept);
     model.commit_speculative(state, commits);
   }
+  lap(phases.commit);
+  phases.rounds = passes;
   const double decode_s = std::chrono::duration<double>(clock::now() - t_decode).count();
   std::vector<SpecResult> results;
   for (Live& l : live) {
     l.res.gen.decode_seconds = decode_s;  // the rounds were shared
     l.res.target_passes = passes;
+    l.res.phases = phases;
     results.push_back(std::move(l.res));
   }
   return results;
+}
+
+std::string SpecPhases::summary() const {
+  const double n = double(std::max<int64_t>(rounds, 1)) / 1e3;
+  return fmt::format("per round ({} rounds): draft {:.2f} ms, tree {:.2f}, verify {:.2f}, accept {:.2f}, commit {:.2f}",
+                     rounds, draft / n, tree / n, verify / n, accept / n, commit / n);
 }
 
 SpecResult spec_generate(Model& model, ModelState& state, const std::vector<int32_t>& prompt,

@@ -81,10 +81,26 @@ struct SpecSequence {
   std::function<bool(int32_t)> on_token;  // optional; false stops (cancelled)
 };
 
+// Where the decode rounds' time went (host wall clock, summed over rounds; shared by the whole
+// batch). Device work is asynchronous: each phase holds the device time of the work it waits
+// for — the draft phase the drafter's pass (it reads the drafts back), verify the target pass
+// (it reads the logits back); commit only queues its device work, which the next round's draft
+// phase then waits for.
+struct SpecPhases {
+  double draft = 0;   // drafter passes, the drafts to the host
+  double tree = 0;    // DDTree building from the drafter's top-K (tree rounds)
+  double verify = 0;  // the batch's target forward, logits to the host
+  double accept = 0;  // acceptance (verify_round / verify_tree), emission, the drafter's new context
+  double commit = 0;  // Model::commit_speculative
+  int64_t rounds = 0; // decode rounds (target passes)
+  std::string summary() const;  // "per round: draft 1.2 ms, ..."
+};
+
 struct SpecResult {
   GenerateResult gen;
   SpecMetrics metrics;
   int64_t target_passes = 0;  // target forwards of the decode rounds (shared by the whole batch)
+  SpecPhases phases;          // of those rounds (shared by the whole batch)
 };
 
 // Generates every sequence to completion. drafter may be null (no drafting at all). `state`

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "core/error.h"
@@ -515,6 +516,43 @@ TEST_F(DFlashTest, SampledTreeRoundsFollowTheTargetJointDistribution) {
   EXPECT_EQ(outside, 0u) << "sequences the target's top-4 never allows were emitted";
   EXPECT_GT(metrics.accepted, N / 20) << "tree nodes must actually be accepted for this test to mean anything";
   EXPECT_LT(chi, test::chi_square_critical_001(dof));
+}
+
+// draft_topk (DDTree's per-position top-K: the backend's candidates, the logits left there)
+// against the full logits of draft() for the same blocks: the same ids (probability
+// descending, ties to the lower id) and the full softmax's probabilities (1e-5 relative: the
+// backend may sum the exponentials in f32).
+TEST_F(DFlashTest, TopKIsTheFullSoftmaxTopK) {
+  DFlashModel m(load_dflash_checkpoint(kDrafter), *model_, *backend_, 2, 64, DFlashOptions{});
+  const int64_t F = m.feature_width(), V = model_->config().vocab_size, B = m.block_size();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int32_t lens[2] = {5, 9};
+  for (int32_t s = 0; s < 2; ++s) {
+    std::vector<float> feats(size_t(lens[s] * F));
+    for (float& x : feats) x = nd(rng);
+    m.add_context(s, 0, feats);
+  }
+  const std::vector<DFlashBlock> blocks = {{0, lens[0], 17}, {1, lens[1], 3}};
+  const size_t rows = blocks.size() * size_t(B - 1), K = 8;
+  std::vector<float> logits(rows * size_t(V)), probs(rows * K);
+  std::vector<int32_t> ids(rows * K);
+  m.draft(blocks, logits.data());
+  m.draft_topk(blocks, int32_t(K), ids.data(), probs.data());
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * size_t(V);
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    const double mx = row[order[0]];
+    double sum = 0;
+    for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
+    for (size_t j = 0; j < K; ++j) {
+      EXPECT_EQ(ids[r * K + j], order[j]) << "row " << r << " candidate " << j;
+      const double want = std::exp(double(row[order[j]]) - mx) / sum;
+      EXPECT_NEAR(probs[r * K + j], want, 1e-5 * want + 1e-9) << "row " << r << " candidate " << j;
+    }
+  }
 }
 
 }  // namespace
