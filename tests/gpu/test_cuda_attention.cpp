@@ -174,6 +174,26 @@ struct Rig {
     expect_tokens_close(download(gpu, o.t), want.floats(), H, hd, tol, label);
     check_caches(gpu, label);
   }
+  // A tree verify run (Backend::attention_tree) against the CPU backend's (the reference
+  // composition of chain ops): every token's output and the caches' final layout.
+  void tree_step(Backend& gpu, Backend& cpu_be, std::mt19937& rng, const SeqRun& run, std::span<const int32_t> parent,
+                 const std::string& what) {
+    const int64_t T = run.begin + run.count;
+    HostT q = random_t(rng, DType::F32, {T, H, hd}, -2, 2), k = random_t(rng, DType::F32, {T, KVH, hd}, -2, 2),
+          v = random_t(rng, DType::F32, {T, KVH, hd});
+    const float scale = 1.0f / std::sqrt(float(hd));
+    HostT want(DType::F32, {T, H, hd});
+    cpu_be.attention_tree(q.t, k.t, v.t, kc.t, vc.t, run, parent, scale, want.t);
+    DevT dq = upload(gpu, q), dk = upload(gpu, k), dv = upload(gpu, v), o = upload(gpu, HostT(DType::F32, {T, H, hd}));
+    gpu.attention_tree(dq.t, dk.t, dv.t, dkc.t, dvc.t, run, parent, scale, o.t);
+    std::vector<double> tol(size_t(T), kDecodeTol);
+    for (int32_t j = 0; j < run.count; ++j) tol[size_t(run.begin + j)] = tol_of(path_of(kv, hd, H / KVH, 1));
+    const std::string label = name() + ", " + what;
+    std::vector<float> got = download(gpu, o.t), ref = want.floats();
+    for (int64_t i = 0; i < run.begin * H * hd; ++i) got[size_t(i)] = ref[size_t(i)] = 0;  // rows outside the run
+    expect_tokens_close(got, ref, H, hd, tol, label);
+    check_caches(gpu, label);
+  }
   void check_caches(Backend& gpu, const std::string& label) {
     const size_t rb = dtype_row_bytes(kv, hd), data = size_t(slots * cap * KVH) * rb;
     for (auto [h, d, nm] : {std::tuple{&kc, &dkc, "k"}, std::tuple{&vc, &dvc, "v"}}) {
@@ -368,6 +388,26 @@ double graph_step_seconds(Backend& gpu, DevT& dq, DevT& dk, DevT& dv, Tensor& kc
 // the bytes of K and V read per step. Spot-checks against the CPU. Also a decode at 511
 // positions (capacity 32768 and 1024) for bf16, and the same steps on the CUDA-core kernel
 // (an exact-mode backend) for comparison.
+// Tree verification in one pass (CudaBackend::attention_tree: the decode kernels with each
+// token's ancestor mask) against the CPU's composition of chain ops, every cache type: random
+// trees of 23 tokens (DDTree's budget 22 + the root) and of 64 (the mask's width) after
+// contexts of 0, 127 and 700 positions (split decode; 127: a split can hold only tree rows
+// that some token does not see), GQA 6 and 8, hd 256 and 128.
+TEST_F(CudaAttention, TreeVerifyMatchesTheComposition) {
+  auto cpu_be = make_cpu_backend(1);
+  for (DType kv : kAllTypes)
+    for (const auto& [H, KVH, hd] : {std::tuple<int64_t, int64_t, int64_t>{24, 4, 256}, {16, 2, 128}})
+      for (int32_t pos0 : {0, 127, 700})
+        for (int32_t n : {23, 64}) {
+          Rig r(*gpu_, rng_, H, KVH, hd, 2, 800, kv, /*random_cache=*/true);
+          std::vector<int32_t> parent(size_t(n), -1);
+          for (int32_t i = 1; i < n; ++i) parent[size_t(i)] = int32_t(rng_() % uint32_t(i));
+          const SeqRun run{1, pos0, 3, n};  // slot 1, rows 3 .. of the batch
+          r.tree_step(*gpu_, *cpu_be, rng_, run, parent,
+                      "tree of " + std::to_string(n) + " after " + std::to_string(pos0) + " positions");
+        }
+}
+
 TEST_F(CudaAttention, Timing27BPrefill4096AndDecode32K) {
   const int64_t H = 24, KVH = 4, hd = 256;
   const float scale = 1.0f / 16;

@@ -229,7 +229,8 @@ template <int NPL, typename CT>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_decode_kernel(const float* __restrict__ q, const CT* __restrict__ kc, const CT* __restrict__ vc,
                             const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, float* __restrict__ out,
-                            float* __restrict__ part, int H, int KVH, int hd, int64_t cap, float scale, bool vec) {
+                            float* __restrict__ part, int H, int KVH, int hd, int64_t cap, float scale, bool vec,
+                            TreeMask tree) {
   const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
   const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z, G = H / KVH;
   const int slot = tslot[t], pos = tpos[t];
@@ -267,6 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // latency at this occupancy) and one rescale of the running output for both.
   for (int p = p_begin + warp; p < p_end; p += 2 * kWarps) {
     const bool two = p + kWarps < p_end;  // warp-uniform
+    const bool see0 = tree_visible(tree, t, p), see1 = two && tree_visible(tree, t, p + kWarps);
     float k0[NPL], v0[NPL], k1[NPL], v1[NPL];
     load_dims<NPL>(kb + int64_t(p) * row, lane, hd, vec, k0);
     load_dims<NPL>(vb + int64_t(p) * row, lane, hd, vec, v0);
@@ -288,7 +290,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       s0 = warp_sum(s0) * scale;
       s1 = two ? warp_sum(s1) * scale : -INFINITY;
+      if (!see0) s0 = -INFINITY;
+      if (!see1) s1 = -INFINITY;
       const float mn = fmaxf(m[g], fmaxf(s0, s1));
+      if (mn == -INFINITY) continue;  // a tree mask hid every position so far
       const float corr = expf(m[g] - mn), e0 = expf(s0 - mn), e1 = expf(s1 - mn);
       l[g] = l[g] * corr + e0 + e1;
 #pragma unroll
@@ -409,7 +414,7 @@ void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int
 }  // namespace
 
 void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out) {
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree) {
   QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
                q.shape_str(), k.shape_str(), k_cache.shape_str());
   const int64_t T = q.dim(0), H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
@@ -446,7 +451,8 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const bool tc_ok = caches_aligned && attention_decode_tc_supported(kind, hd, G) && (quant || !c.exact_matmul);
   const bool core_ok = !quant && G <= kMaxGroup && hd <= 256;
   const bool decode_ok = tc_ok || core_ok;
-  const bool flash_ok = flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
+  // A tree mask is the decode kernels' (every token its own row of the call).
+  const bool flash_ok = !tree.mask && flash_attention_supported(c, hd) && aligned16(q.data) && aligned16(out.data) &&
                         caches_aligned && !(c.exact_matmul && (decode_ok || !quant));
   std::vector<const SeqRun*> flash_runs;
   int64_t decode_tokens = 0;
@@ -540,7 +546,7 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   }
   if (tc_ok) {
     attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
-                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>());
+                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree);
     return;
   }
   const bool bf16 = kind == KvKind::BF16;
@@ -552,7 +558,7 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const bool vec = hd == 32 * npl && aligned16(k_cache.data) && aligned16(v_cache.data);
   auto launch = [&](auto kernel, auto* kc, auto* vc) {
     kernel<<<grid, kWarps * 32, smem, c.stream>>>(q.as<const float>(), kc, vc, ts, tp, tlist, out.as<float>(),
-                                                   part.get(), int(H), int(KVH), int(hd), cap, scale, vec);
+                                                   part.get(), int(H), int(KVH), int(hd), cap, scale, vec, tree);
   };
   auto launch_npl = [&](auto* kc, auto* vc) {
     using CT = std::remove_const_t<std::remove_pointer_t<decltype(kc)>>;

@@ -465,6 +465,11 @@ void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, con
 bool attention_decode_tc_supported(KvKind kind, int64_t hd, int64_t G);
 void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
                          KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
-                         int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out);
+                         int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out, TreeMask tree);
+
+// Whether token t (its row of the call) sees cache position p (TreeMask).
+__device__ __forceinline__ bool tree_visible(const TreeMask& tm, int t, int p) {
+  return !tm.mask || p < tm.base || ((tm.mask[t] >> (p - tm.base)) & 1u);
+}
 
 }  // namespace qwen36::cuda

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     decode_tc_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                      const float* __restrict__ ksc, const float* __restrict__ vsc, const int32_t* tslot,
                      const int32_t* tpos, const int32_t* tlist, float* __restrict__ out, float* __restrict__ part, int H,
-                     int KVH, int64_t cap, float scale_log2, float hscale, int nst) {
+                     int KVH, int64_t cap, float scale_log2, float hscale, int nst, TreeMask tree) {
   using C = Cfg<D, K>;
   using E = typename C::E;
   using St = typename C::St;
@@ -220,12 +220,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
       const int h = i >> 1, e = i & 1;
       const float s = ((acc[0][h][e] + acc[0][h][e + 2]) + (acc[1][h][e] + acc[1][h][e + 2])) * kf[i];
       const int key = p0 + h * 8 + 2 * tig + e;
-      sc[i] = key < p_end ? s * scale_log2 : -INFINITY;
+      sc[i] = key < p_end && tree_visible(tree, t, key) ? s * scale_log2 : -INFINITY;
       mx = fmaxf(mx, sc[i]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m, mx);  // finite: a step holds at least one key before p_end
+    // Finite unless a tree mask hid every key so far (the same keys for every head: uniform).
+    const float mn = fmaxf(m, mx);
+    if (mn == -INFINITY) {
+      __syncwarp();  // as at the end of a step: every lane is done with this stage
+      continue;
+    }
     const float corr = exp2f(m - mn);
     m = mn;
     float p[4];
@@ -406,7 +411,7 @@ int tc_splits(int64_t blocks, int64_t cap, int per_sm) {
 template <int D, KvKind K>
 void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
             const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok, int H, int KVH,
-            int64_t cap, float scale, float hscale, float* out) {
+            int64_t cap, float scale, float hscale, float* out, TreeMask tree) {
   using C = Cfg<D, K>;
   auto kernel = decode_tc_kernel<D, K>;
   struct Plan {
@@ -441,7 +446,7 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
   const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(nsplit));
   kernel<<<grid, plan.nwarps * 32, plan.smem, c.stream>>>(
       q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), ksc, vsc, tslot, tpos, tlist, out,
-      part.get(), H, KVH, cap, scale * 1.4426950408889634f, hscale, plan.nst);
+      part.get(), H, KVH, cap, scale * 1.4426950408889634f, hscale, plan.nst, tree);
   CUDA_LAUNCH_CHECK();
   if (nsplit > 1) {
     const dim3 mgrid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(G));
@@ -454,19 +459,23 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
 template <int D>
 void launch_kind(Ctx& c, KvKind kind, const float* q, const void* kc, const void* vc, const float* ksc,
                  const float* vsc, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
-                 int H, int KVH, int64_t cap, float scale, float hscale, float* out) {
+                 int H, int KVH, int64_t cap, float scale, float hscale, float* out, TreeMask tree) {
   switch (kind) {
     case KvKind::BF16:
-      launch<D, KvKind::BF16>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      launch<D, KvKind::BF16>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
+                                   tree);
       break;
     case KvKind::F8:
-      launch<D, KvKind::F8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      launch<D, KvKind::F8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
+                                   tree);
       break;
     case KvKind::Q8:
-      launch<D, KvKind::Q8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      launch<D, KvKind::Q8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
+                                   tree);
       break;
     case KvKind::Q4:
-      launch<D, KvKind::Q4>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out);
+      launch<D, KvKind::Q4>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
+                                   tree);
       break;
     case KvKind::F32: fail("attention decode: f32 caches take the CUDA-core kernel");
   }
@@ -480,12 +489,13 @@ bool attention_decode_tc_supported(KvKind kind, int64_t hd, int64_t G) {
 
 void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
                          KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
-                         int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out) {
+                         int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out,
+                         TreeMask tree) {
   if (n_tok == 0) return;
   switch (hd) {
-    case 64: launch_kind<64>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
-    case 128: launch_kind<128>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
-    case 256: launch_kind<256>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out); break;
+    case 64: launch_kind<64>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree); break;
+    case 128: launch_kind<128>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree); break;
+    case 256: launch_kind<256>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree); break;
     default: fail("attention decode: head_dim {} not supported (64, 128, 256)", hd);
   }
 }

@@ -512,6 +512,25 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "attention");
     cuda::attention(ctx_, q, k, v, k_cache, v_cache, runs, scale, out);
   }
+  // One pass over the tree: every token's K/V to cache row pos0 + i as for a chain, then each
+  // token's decode attention over the context and the rows its ancestor mask shows (≤ 64 tokens:
+  // kMaxTreeBudget + the root). Anything else takes the composition of chain ops.
+  void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                      const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out) override {
+    const int64_t T = q.dim(0);
+    if (run.count < 1 || run.count > 64 || size_t(run.count) != parent.size() || run.begin < 0 ||
+        run.begin + run.count > T || ctx_.capturing)
+      return Backend::attention_tree(q, k, v, k_cache, v_cache, run, parent, scale, out);
+    Prof p_(*this, "attention_tree");
+    std::vector<uint64_t> mask(size_t(T), 0);  // per batch row (the kernels' token index)
+    for (int32_t i = 0; i < run.count; ++i) {
+      const int32_t pa = parent[size_t(i)];
+      QWEN36_CHECK((i == 0) == (pa < 0) && pa < i, "attention_tree: token {} has parent {}", i, pa);
+      mask[size_t(run.begin + i)] = (pa < 0 ? 0 : mask[size_t(run.begin + pa)]) | (uint64_t(1) << i);
+    }
+    cuda::Temp<uint64_t> dmask(ctx_, std::span<const uint64_t>(mask));
+    cuda::attention(ctx_, q, k, v, k_cache, v_cache, std::span(&run, 1), scale, out, {dmask.get(), run.pos0});
+  }
   void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) override {
     Prof p_(*this, "conv1d");
     cuda::causal_conv1d_silu(ctx_, x, w, conv_state, runs);

@@ -333,8 +333,15 @@ void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int ki
 
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
+// Tree verification (Backend::attention_tree): token t of the call sees a cache position p ≥
+// base only where bit p − base of mask[t] is set (its ancestors and itself, whose K/V sit at
+// rows base + index); positions below base (the context) always. mask null: no tree.
+struct TreeMask {
+  const uint64_t* mask = nullptr;  // device, one per token of the call
+  int32_t base = 0;
+};
 void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out);
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree = {});
 
 void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
 // The same for runs of many tokens, parallel over tokens (cuda_conv1d.cu); false: not taken.
