@@ -451,8 +451,7 @@ void run_bench(const BenchOptions& o) {
             if (r == 0) continue;  // warm-up
             v.push_back(run.tok_s());
             metrics.merge(run.metrics);
-            phases.draft += run.phases.draft, phases.tree += run.phases.tree, phases.verify += run.phases.verify;
-            phases.accept += run.phases.accept, phases.commit += run.phases.commit, phases.rounds += run.phases.rounds;
+            phases.add(run.phases);
             if (run.decode_seconds > 0) passes_s += double(run.target_passes) / run.decode_seconds / o.repeats;
           }
           const int64_t rows_per_pass = B * (k + 1);

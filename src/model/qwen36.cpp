@@ -209,8 +209,7 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
     backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
   } else {
     if (save) {  // verify runs only read their state; their inputs are kept for the commit
-      save_rows(backend_, mixed, *save->conv_input, save->verify);  // before the conv overwrites mixed
-      for (const TreeRun& t : save->trees) save_rows(backend_, mixed, *save->conv_input, std::span(&t.run, 1));
+      save_rows(backend_, mixed, *save->conv_input, save->saved);  // before the conv overwrites mixed
       if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
       if (!save->verify.empty()) backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
       for (const TreeRun& t : save->trees)
@@ -237,11 +236,8 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
     Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
     backend_.deltanet_gates(a, b, d.a_neg_exp, d.dt_bias, g, beta);
     if (save) {
-      const std::pair<const Tensor*, Tensor*> kept[] = {{&g, save->g}, {&beta, save->beta}};
-      for (const auto& [src, buf] : kept) {
-        save_rows(backend_, *src, *buf, save->verify);
-        for (const TreeRun& t : save->trees) save_rows(backend_, *src, *buf, std::span(&t.run, 1));
-      }
+      save_rows(backend_, g, *save->g, save->saved);
+      save_rows(backend_, beta, *save->beta, save->saved);
       if (!save->plain.empty()) backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, save->plain, o, mode);
       if (!save->verify.empty()) backend_.gated_delta_rule_readonly(q, k, v, g, beta, ssm_state, save->verify, o);
       for (const TreeRun& t : save->trees)
@@ -661,9 +657,11 @@ static void check_batch(const ForwardBatch& b, const ModelState& state) {
 }
 
 // The batch's runs split into plain ones, chain verify ones and tree verify ones
-// (ForwardBatch::verify_runs, verify_trees); untreed: the plain and chain verify runs.
+// (ForwardBatch::verify_runs, verify_trees); untreed: the plain and chain verify runs; saved:
+// the chain and tree verify runs.
 static void split_verify_runs(const ForwardBatch& b, const ModelState& state, std::vector<SeqRun>& plain,
-                              std::vector<SeqRun>& verify, std::vector<TreeRun>& trees, std::vector<SeqRun>& untreed) {
+                              std::vector<SeqRun>& verify, std::vector<TreeRun>& trees, std::vector<SeqRun>& untreed,
+                              std::vector<SeqRun>& saved) {
   QWEN36_CHECK(b.verify_trees.empty() || b.verify_trees.size() == b.verify_runs.size(),
                "verify_trees: {} entries for {} verify runs", b.verify_trees.size(), b.verify_runs.size());
   std::vector<int> kind(b.runs.size(), 0);  // 0 plain, 1 chain verify, 2 tree verify
@@ -686,6 +684,7 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
     if (kind[i] == 0) plain.push_back(b.runs[i]);
     if (kind[i] == 1) verify.push_back(b.runs[i]);
     if (kind[i] != 2) untreed.push_back(b.runs[i]);
+    if (kind[i] != 0) saved.push_back(b.runs[i]);
   }
 }
 
@@ -793,9 +792,9 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size());
   if (T == 0) return;
-  std::vector<SeqRun> plain_runs, verify_runs, untreed_runs;
+  std::vector<SeqRun> plain_runs, verify_runs, untreed_runs, saved_runs;
   std::vector<TreeRun> tree_runs;
-  split_verify_runs(batch, state, plain_runs, verify_runs, tree_runs, untreed_runs);
+  split_verify_runs(batch, state, plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs);
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
   if (verify_runs.empty() && tree_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
@@ -814,7 +813,7 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
     Tensor& cb = attn ? state.v_cache(i) : state.recurrent_state(i);
     Scratch layer_scratch(backend_, *ws_);  // a layer's activations are freed before the next layer
-    VerifySave save{plain_runs, verify_runs, tree_runs, untreed_runs, nullptr, nullptr, nullptr};
+    VerifySave save{plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs, nullptr, nullptr, nullptr};
     const bool verifying = !verify_runs.empty() || !tree_runs.empty();
     if (!attn && verifying)
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
@@ -857,11 +856,13 @@ std::vector<int32_t> SpecCommit::path_tokens() const {
 
 // A tree commit's K/V: the accepted path's rows from pos0 + path[j] to pos0 + j, in path order
 // (path[j] ≥ j, so no row is overwritten before it is read).
-void Model::move_tree_kv(ModelState& state, std::span<const SpecCommit> commits) {
+void Model::move_tree_kv(ModelState& state, std::span<const SpecCommit> commits,
+                         std::span<const std::vector<int32_t>> paths) {
   const ModelConfig& c = w_.config;
-  for (const SpecCommit& cm : commits) {
-    if (!cm.path) continue;
-    const std::vector<int32_t> path = cm.path_tokens();
+  for (size_t ci = 0; ci < commits.size(); ++ci) {
+    const SpecCommit& cm = commits[ci];
+    const std::vector<int32_t>& path = paths[ci];
+    if (path.empty()) continue;
     for (int64_t i = 0; i < c.n_layers; ++i) {
       if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention) continue;
       for (Tensor* cache : {&state.k_cache(i), &state.v_cache(i)}) {
@@ -898,11 +899,13 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   const int32_t n_max = state.spec_max_tokens();
   std::vector<SeqRun> runs;  // the kept tokens of every commit, packed
   int32_t T = 0;
+  std::vector<std::vector<int32_t>> paths;  // each tree commit's path, computed once
   for (const SpecCommit& cm : commits) {
     QWEN36_CHECK(cm.slot >= 0 && cm.slot < state.slots(), "commit: slot {} out of range", cm.slot);
     QWEN36_CHECK(cm.keep >= 0 && cm.keep <= n_max, "commit: keep {} outside 0..{}", cm.keep, n_max);
+    paths.push_back(cm.path_tokens());
     if (cm.path) {
-      const std::vector<int32_t> p = cm.path_tokens();
+      const std::vector<int32_t>& p = paths.back();
       QWEN36_CHECK(p.size() == size_t(cm.keep) && p[0] == 0 && p.back() < n_max,
                    "commit: a tree path of {} tokens (root {}, last {}) for keep {} of at most {}", p.size(), p[0],
                    p.back(), cm.keep, n_max);
@@ -911,7 +914,7 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
     T += cm.keep;
   }
   if (T == 0) return;
-  move_tree_kv(state, commits);
+  move_tree_kv(state, commits, paths);
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
                 C = c.conv_dim();
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -932,7 +935,7 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
           backend_.copy(from, to);
           continue;
         }
-        const std::vector<int32_t> path = commits[ci].path_tokens();
+        const std::vector<int32_t>& path = paths[ci];
         for (int32_t j = 0; j < r.count; ++j) {  // a tree: the accepted path's rows, in path order
           const Tensor from(slot_rows + int64_t(path[size_t(j)]) * w, DType::F32, {1, w});
           Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin + j) * w, DType::F32, {1, w});

@@ -164,6 +164,7 @@ class Model {
     std::span<const SeqRun> plain, verify;  // plain runs; chain verify runs
     std::span<const TreeRun> trees;         // tree verify runs
     std::span<const SeqRun> untreed;        // plain and chain verify runs: the batch ops' runs
+    std::span<const SeqRun> saved;          // chain and tree verify runs: whose inputs are kept
     Tensor *conv_input, *g, *beta;          // the layer's speculation buffers
   };
   Tensor attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
@@ -232,7 +233,9 @@ class Model {
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows);
   void commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits);
-  void move_tree_kv(ModelState& state, std::span<const SpecCommit> commits);
+  // paths[i]: commits[i].path_tokens() (empty for a chain).
+  void move_tree_kv(ModelState& state, std::span<const SpecCommit> commits,
+                    std::span<const std::vector<int32_t>> paths);
   // y ← Σ over ranks of y (a row-parallel projection's partial output); nothing without a comm.
   void reduce(Tensor& y);
 

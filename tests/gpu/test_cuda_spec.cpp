@@ -28,6 +28,16 @@ class CudaSpec : public ::testing::TestWithParam<std::string> {
                                      *backend_);
     ASSERT_TRUE(model_->has_mtp());
   }
+  // Prompt i of the lossless tests, and plain greedy decoding's tokens after it.
+  std::vector<int32_t> prompt(int i) const {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 5 + 7 * i; ++j) p.push_back(int32_t((j * 37 + i * 11) % model_->config().vocab_size));
+    return p;
+  }
+  std::vector<int32_t> plain(const std::vector<int32_t>& p, const GenerateOptions& g) {
+    ModelState st(*backend_, model_->config(), 1, 128, false);
+    return generate(*model_, st, p, g).tokens;
+  }
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
 };
@@ -36,19 +46,15 @@ TEST_P(CudaSpec, GreedyWithDraftsEqualsPlainGreedy) {
   GenerateOptions g;
   g.max_tokens = 48;
   g.sampling = SamplingParams::greedy();
-  const int64_t vocab = model_->config().vocab_size;
   for (int i = 0; i < 4; ++i) {
-    std::vector<int32_t> prompt;
-    for (int j = 0; j < 5 + 7 * i; ++j) prompt.push_back(int32_t((j * 37 + i * 11) % vocab));
-    ModelState plain_state(*backend_, model_->config(), 1, 128, false);
-    const std::vector<int32_t> want = generate(*model_, plain_state, prompt, g).tokens;
+    const std::vector<int32_t> p = prompt(i), want = plain(p, g);
     for (SpecMethod method : {SpecMethod::Mtp, SpecMethod::Ngram})
       for (int32_t k : {1, 3, 5}) {
         ModelState st(*backend_, model_->config(), 1, 128, true);
         SpecOptions spec;
         spec.method = method;
         spec.draft_n = k;
-        const SpecResult r = spec_generate(*model_, st, prompt, g, spec);
+        const SpecResult r = spec_generate(*model_, st, p, g, spec);
         EXPECT_EQ(r.gen.tokens, want) << GetParam() << " " << spec_method_name(method) << " k=" << k << " prompt " << i;
         if (i == 0)
           std::printf("[ spec ] %s %s k=%d on cuda: %s\n", GetParam().c_str(), spec_method_name(method), k,
@@ -57,27 +63,23 @@ TEST_P(CudaSpec, GreedyWithDraftsEqualsPlainGreedy) {
   }
 }
 
-// DDTree rounds (DFlash drafts, tree verify through the Backend's composed tree ops, the path
-// commit moving bf16 K/V rows): greedy output equals plain greedy decoding, as on the CPU. The
-// DFlash fixture drafts for dense-mtp only.
+// DDTree rounds (DFlash drafts, tree verify through CUDA's ancestor-mask attention and the
+// composed DeltaNet tree ops, the path commit moving bf16 K/V rows): greedy output equals plain
+// greedy decoding, as on the CPU. The DFlash fixture drafts for dense-mtp only.
 TEST_P(CudaSpec, TreeDraftingEqualsPlainGreedy) {
   if (GetParam() != "dense-mtp") GTEST_SKIP() << "the DFlash fixture drafts for dense-mtp";
   GenerateOptions g;
   g.max_tokens = 40;
   g.sampling = SamplingParams::greedy();
-  const int64_t vocab = model_->config().vocab_size;
   for (int i = 0; i < 3; ++i) {
-    std::vector<int32_t> prompt;
-    for (int j = 0; j < 5 + 7 * i; ++j) prompt.push_back(int32_t((j * 37 + i * 11) % vocab));
-    ModelState plain_state(*backend_, model_->config(), 1, 128, false);
-    const std::vector<int32_t> want = generate(*model_, plain_state, prompt, g).tokens;
+    const std::vector<int32_t> p = prompt(i), want = plain(p, g);
     for (int32_t budget : {3, 12}) {
       ModelState st(*backend_, model_->config(), 1, 128, false);
       SpecOptions spec;
       spec.method = SpecMethod::Dflash;
       spec.draft_model = (fs::path(QWEN36_TEST_DATA) / "dflash" / "dense-mtp-b16").string();
       spec.tree_budget = budget;
-      const SpecResult r = spec_generate(*model_, st, prompt, g, spec);
+      const SpecResult r = spec_generate(*model_, st, p, g, spec);
       EXPECT_EQ(r.gen.tokens, want) << "tree budget " << budget << " prompt " << i;
       if (i == 0) std::printf("[ spec ] dflash tree budget %d on cuda: %s\n", budget, r.metrics.summary().c_str());
     }

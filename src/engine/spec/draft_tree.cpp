@@ -1,11 +1,27 @@
 #include "engine/spec/draft_tree.h"
 
+#include <algorithm>
 #include <cmath>
 #include <queue>
 
 #include "core/error.h"
 
 namespace qwen36 {
+
+int32_t DraftTree::max_depth() const { return depth.empty() ? 0 : *std::max_element(depth.begin(), depth.end()); }
+
+std::vector<int32_t> TreeWalk::path() const {
+  std::vector<int32_t> p{0};
+  p.insert(p.end(), accepted.begin(), accepted.end());
+  return p;
+}
+
+std::vector<int32_t> TreeWalk::tokens(const DraftTree& tree) const {
+  std::vector<int32_t> t;
+  for (int32_t n : accepted) t.push_back(tree.token[size_t(n)]);
+  t.push_back(bonus);
+  return t;
+}
 
 bool DraftTree::on_path(int32_t a, int32_t n) const {
   for (int32_t i = n; i >= 0; i = parent[size_t(i)])

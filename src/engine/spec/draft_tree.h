@@ -36,6 +36,7 @@ struct DraftTree {
   std::vector<float> logp;      // log of the path probability (root 0)
 
   int32_t size() const { return int32_t(token.size()); }
+  int32_t max_depth() const;  // the deepest node's depth (the round's drafted positions)
   // Node a is node n or one of its ancestors: n's row of the verification mask.
   bool on_path(int32_t a, int32_t n) const;
 };
@@ -54,6 +55,10 @@ DraftTree build_draft_tree(int32_t root_token, std::span<const Dist> positions, 
 struct TreeWalk {
   std::vector<int32_t> accepted;  // accepted nodes, root excluded, in path order
   int32_t bonus = -1;
+  // The root and the accepted nodes, in path order; the tokens the round emits (the accepted
+  // nodes', then the bonus) — token i follows node path()[i]'s path.
+  std::vector<int32_t> path() const;
+  std::vector<int32_t> tokens(const DraftTree& tree) const;
 };
 TreeWalk follow_draft_tree(const DraftTree& tree, std::span<const int32_t> target_next);
 

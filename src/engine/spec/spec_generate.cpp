@@ -317,28 +317,14 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       const TreeWalk w = verify_tree(std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V),
                                      int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
       const int32_t accepted = int32_t(w.accepted.size());
-      int32_t deepest = 0;
-      for (int32_t d : l.tree.depth) deepest = std::max(deepest, d);
-      l.res.metrics.add_round(deepest, accepted);
-      std::vector<int32_t> out, nodes{0};
-      for (int32_t n : w.accepted) out.push_back(l.tree.token[size_t(n)]), nodes.push_back(n);
-      out.push_back(w.bonus);
+      l.res.metrics.add_round(l.tree.max_depth(), accepted);
+      const std::vector<int32_t> nodes = w.path(), out = w.tokens(l.tree);
       bool alive = true;
       for (int32_t t : out)
         if (!(alive = l.emit(t))) break;
       if (!alive) return;
-      if (run.count > 1) {  // a verify run (a lone root ran as a plain decode token)
-        SpecCommit cm{l.in->slot, accepted + 1, l.pos, 0};
-        for (int32_t n : nodes) cm.path |= uint64_t(1) << n;
-        commits.push_back(cm);
-      }
-      if (F && l.in->draft) {
-        std::vector<float> rows;
-        for (int32_t n : nodes)
-          rows.insert(rows.end(), captured.begin() + (size_t(run.begin) + size_t(n)) * F,
-                      captured.begin() + (size_t(run.begin) + size_t(n) + 1) * F);
-        drafter->observe(l.in->slot, l.pos, rows, out);
-      }
+      if (run.count > 1) commits.push_back(tree_commit(l.in->slot, l.pos, nodes));  // (a lone root ran as a plain token)
+      if (F && l.in->draft) drafter->observe(l.in->slot, l.pos, path_rows(captured, run.begin, nodes, F), out);
       l.pos += accepted + 1;
       if (l.pos + 1 >= state.capacity()) l.finish("context");
     };
@@ -390,6 +376,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     results.push_back(std::move(l.res));
   }
   return results;
+}
+
+void SpecPhases::add(const SpecPhases& o) {
+  draft += o.draft, tree += o.tree, verify += o.verify, accept += o.accept, commit += o.commit, rounds += o.rounds;
 }
 
 std::string SpecPhases::summary() const {

@@ -93,6 +93,7 @@ struct SpecPhases {
   double accept = 0;  // acceptance (verify_round / verify_tree), emission, the drafter's new context
   double commit = 0;  // Model::commit_speculative
   int64_t rounds = 0; // decode rounds (target passes)
+  void add(const SpecPhases& o);
   std::string summary() const;  // "per round: draft 1.2 ms, ..."
 };
 

@@ -68,6 +68,22 @@ TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree
   return w;
 }
 
+SpecCommit tree_commit(int32_t slot, int32_t pos0, std::span<const int32_t> nodes) {
+  SpecCommit cm{slot, int32_t(nodes.size()), pos0, 0};
+  for (int32_t n : nodes) cm.path |= uint64_t(1) << n;
+  return cm;
+}
+
+std::vector<float> path_rows(std::span<const float> rows, int32_t begin, std::span<const int32_t> nodes, size_t width) {
+  std::vector<float> out;
+  out.reserve(nodes.size() * width);
+  for (int32_t n : nodes) {
+    const auto row = rows.subspan((size_t(begin) + size_t(n)) * width, width);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
 int32_t next_draft_n(const SpecOptions& o, int32_t k, int32_t drafted, int32_t accepted) {
   if (!o.adaptive || drafted <= 0) return k;
   return accepted == drafted ? std::min(o.draft_n, k + 1) : std::max(1, accepted + 1);
@@ -240,9 +256,7 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
   const TreeWalk w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
   t.history = {};  // emission below grows the sequence's tokens
   const int32_t accepted = int32_t(w.accepted.size());
-  std::vector<int32_t> nodes{0}, out;  // out[i] follows node nodes[i]'s path
-  for (int32_t n : w.accepted) nodes.push_back(n), out.push_back(tree.token[size_t(n)]);
-  out.push_back(w.bonus);
+  const std::vector<int32_t> nodes = w.path(), out = w.tokens(tree);  // out[i] follows node nodes[i]'s path
   int32_t emitted = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     const std::span<const float> raw_row =
@@ -252,20 +266,12 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
     if (e != Emit::More) break;
   }
   const int32_t keep = std::min(accepted, emitted) + 1;  // as finish_round: no draft past a stop
-  SpecCommit cm{t.slot, keep, t.pos, 0};
-  for (int32_t i = 0; i < keep; ++i) cm.path |= uint64_t(1) << nodes[size_t(i)];
-  commits_.push_back(cm);
-  int32_t deepest = 0;
-  for (int32_t d : tree.depth) deepest = std::max(deepest, d);
-  metrics_.add_round(deepest, accepted);
+  const std::span<const int32_t> kept = std::span(nodes).first(size_t(keep));
+  commits_.push_back(tree_commit(t.slot, t.pos, kept));
+  metrics_.add_round(tree.max_depth(), accepted);
   if (!captured.empty() && !capture_.empty()) {
     const size_t F = capture_.size() * size_t(model_.config().hidden_size);
-    std::vector<float> kept;
-    for (int32_t i = 0; i < keep; ++i) {
-      const auto row = captured.begin() + std::ptrdiff_t((size_t(t.begin) + size_t(nodes[size_t(i)])) * F);
-      kept.insert(kept.end(), row, row + std::ptrdiff_t(F));
-    }
-    drafter_->observe(t.slot, t.pos, kept, std::span<const int32_t>(out).first(size_t(keep)));
+    drafter_->observe(t.slot, t.pos, path_rows(captured, t.begin, kept, F), std::span(out).first(size_t(keep)));
   }
   return keep;
 }

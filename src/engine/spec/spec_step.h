@@ -62,6 +62,12 @@ TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree
                      std::mt19937_64& rng, std::span<const int32_t> history,
                      const std::function<bool(int32_t)>& accept = {});
 
+// A tree round's commit: `nodes` are the kept path, the root first (SpecCommit::path).
+SpecCommit tree_commit(int32_t slot, int32_t pos0, std::span<const int32_t> nodes);
+// Those nodes' rows of a verify run's per-row outputs (`width` floats a row; the run's token 0 at
+// batch row `begin`), in path order: the drafter's new context after a tree round.
+std::vector<float> path_rows(std::span<const float> rows, int32_t begin, std::span<const int32_t> nodes, size_t width);
+
 // The next round's draft count of a sequence that drafted `drafted` and got `accepted` with k
 // (SpecOptions::adaptive; unchanged when not adaptive or when it did not draft).
 int32_t next_draft_n(const SpecOptions& o, int32_t k, int32_t drafted, int32_t accepted);
