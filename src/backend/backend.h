@@ -179,6 +179,20 @@ class Backend {
     add(y, delta);
     rms_norm(y, w, eps, out);
   }
+  // A layer's residual add and norm with the ops that read the norm's output x first: its
+  // projections (the mixer's in-projections, the MoE router and shared expert) or its MLP. A
+  // backend may prepare x for those matrix products in the norm's own pass (the CUDA backend's
+  // int8 activations for quantized weights).
+  virtual void add_rms_norm_matmul_multi(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
+                                         std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+    add_rms_norm(y, delta, w, eps, x);
+    matmul_multi(x, ws, outs);
+  }
+  virtual void add_rms_norm_mlp(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
+                                const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {
+    add_rms_norm(y, delta, w, eps, x);
+    mlp(x, m, gate_out, up_out, out);
+  }
 
   // ---- gated full attention ----
   // qg [T, H, 2·hd] (per head [q | gate]) → q [T, H, hd], gate [T, H·hd]

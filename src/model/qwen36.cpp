@@ -133,9 +133,17 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
                   "a host main backend)");
 }
 
-Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
-                              std::span<const SeqRun> runs, const VerifySave* save) {
+void Model::project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (in.delta)
+    backend_.add_rms_norm_matmul_multi(in.h, *in.delta, in.norm, w_.config.rms_norm_eps, in.x, ws, outs);
+  else
+    backend_.matmul_multi(in.x, ws, outs);
+}
+
+Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& k_cache,
+                              Tensor& v_cache, std::span<const SeqRun> runs, const VerifySave* save) {
   const ModelConfig& c = w_.config;
+  const Tensor& x = in.x;
   const int64_t T = x.rows(), nh = c.n_heads, nkv = c.n_kv_heads, hd = c.head_dim;
   const AttentionWeights& a = l.attn;
   Tensor q = s.f32({T, nh, hd});
@@ -143,7 +151,7 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const Tensor& x
   Tensor k = s.f32({T, nkv, hd}), v = s.f32({T, nkv, hd});
   const Tensor* ws[] = {&a.q_proj, &a.k_proj, &a.v_proj};
   Tensor* outs[] = {&qg, &k, &v};
-  backend_.matmul_multi(x, ws, outs);
+  project(in, ws, outs);
   Tensor gate;  // [T, nh*hd], only with attn_output_gate
   if (c.attn_output_gate) {
     gate = s.f32({T, nh * hd});
@@ -187,10 +195,11 @@ static void save_rows(Backend& b, const Tensor& src, Tensor& buf, std::span<cons
   }
 }
 
-Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state,
+Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& conv_state,
                              Tensor& ssm_state, std::span<const SeqRun> runs, DeltaRuleMode mode,
                              const VerifySave* save) {
   const ModelConfig& c = w_.config;
+  const Tensor& x = in.x;
   const DeltaNetWeights& d = l.deltanet;
   const int64_t T = x.rows(), Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim,
                 dv = c.linear_v_dim;
@@ -199,7 +208,7 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   Tensor b = s.f32({T, Hv}), a = s.f32({T, Hv});
   const Tensor* ws[] = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a};
   Tensor* outs[] = {&mixed, &z, &b, &a};
-  backend_.matmul_multi(x, ws, outs);
+  project(in, ws, outs);
   Tensor o = s.f32({T, Hv, dv});
   // A decode step (one token per run, as recorded decode steps are): conv, gates, delta rule
   // and the gated norm in one backend op.
@@ -262,14 +271,18 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x,
   return y;
 }
 
-void Model::mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y) {
-  const int64_t T = x.rows(), I = m.gate_proj.rows();
+void Model::mlp_block(Scratch& s, const MlpWeights& m, const LayerInput& in, Tensor& y) {
+  const int64_t T = in.x.rows(), I = m.gate_proj.rows();
   Tensor gate = s.f32({T, I}), up = s.f32({T, I});
-  backend_.mlp(x, m, gate, up, y);
+  if (in.delta)
+    backend_.add_rms_norm_mlp(in.h, *in.delta, in.norm, w_.config.rms_norm_eps, in.x, m, gate, up, y);
+  else
+    backend_.mlp(in.x, m, gate, up, y);
 }
 
-void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts) {
+void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Tensor& y, bool host_experts) {
   const ModelConfig& c = w_.config;
+  const Tensor& x = in.x;
   const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
   Tensor logits = s.f32({T, E});
   const bool shared = !m.shared.gate_proj.empty();
@@ -279,9 +292,11 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& 
     sg = s.f32({T, 1}), sh_gate = s.f32({T, I}), sh_up = s.f32({T, I});
     const Tensor* ws[] = {&m.router, &m.shared_gate, &m.shared.gate_proj, &m.shared.up_proj};
     Tensor* outs[] = {&logits, &sg, &sh_gate, &sh_up};
-    backend_.matmul_multi(x, ws, outs);
+    project(in, ws, outs);
   } else {
-    backend_.matmul(x, m.router, logits);
+    const Tensor* ws[] = {&m.router};
+    Tensor* outs[] = {&logits};
+    project(in, ws, outs);
   }
   // A host-placed layer's routing and (for the host) its input share one buffer, so that one
   // copy takes them to the host: each copy waits for the whole stream (HostPack).
@@ -571,21 +586,19 @@ void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor
   const ModelConfig& c = w_.config;
   Tensor& h = r.h;
   Tensor x = s.f32({h.rows(), c.hidden_size});
-  if (r.has_pending)
-    backend_.add_rms_norm(h, r.pending, l.input_norm, c.rms_norm_eps, x);
-  else
-    backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
-  Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, x, cache_a, cache_b, runs, save)
-                                                    : deltanet_block(s, l, x, cache_a, cache_b, runs, mode, save);
+  if (!r.has_pending) backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
+  const LayerInput in{h, r.has_pending ? &r.pending : nullptr, l.input_norm, x};
+  Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, in, cache_a, cache_b, runs, save)
+                                                    : deltanet_block(s, l, in, cache_a, cache_b, runs, mode, save);
   reduce(mixed);
-  backend_.add_rms_norm(h, mixed, l.post_attention_norm, c.rms_norm_eps, x);
+  const LayerInput post{h, &mixed, l.post_attention_norm, x};
   // A layer of w_.layers (not the MTP head's) may have its routed experts on the host.
   const bool host_experts = host_ && &l >= w_.layers.data() && &l < w_.layers.data() + w_.layers.size() &&
                             placement_.host[size_t(&l - w_.layers.data())];
   if (c.moe)
-    moe_block(s, l.moe, x, r.pending, host_experts);  // routed and shared experts' partial sums: one reduction
+    moe_block(s, l.moe, post, r.pending, host_experts);  // routed and shared experts' partial sums: one reduction
   else
-    mlp_block(s, l.mlp, x, r.pending);
+    mlp_block(s, l.mlp, post, r.pending);
   reduce(r.pending);
   r.has_pending = true;
 }

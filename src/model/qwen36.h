@@ -167,13 +167,25 @@ class Model {
     std::span<const SeqRun> saved;          // chain and tree verify runs: whose inputs are kept
     Tensor *conv_input, *g, *beta;          // the layer's speculation buffers
   };
-  Tensor attention_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& k_cache, Tensor& v_cache,
+  // A block's input x = rms_norm(h += delta) · norm. With a delta, the block's first op computes
+  // the add and the norm together with the matrix products that read x (project, or the MLP's
+  // Backend::add_rms_norm_mlp), so a backend can prepare x for them in the norm's pass; without
+  // one (a pass's first layer) x is already normalised.
+  struct LayerInput {
+    Tensor& h;
+    const Tensor* delta;
+    const Tensor& norm;
+    Tensor& x;
+  };
+  // outs[i] = x · ws[i]ᵀ, the norm first when `in` has a delta.
+  void project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+  Tensor attention_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& k_cache, Tensor& v_cache,
                          std::span<const SeqRun> runs, const VerifySave* save = nullptr);
-  Tensor deltanet_block(Scratch& s, const LayerWeights& l, const Tensor& x, Tensor& conv_state, Tensor& ssm_state,
+  Tensor deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& conv_state, Tensor& ssm_state,
                         std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
   // The FFN blocks write their output into y [T, hidden].
-  void mlp_block(Scratch& s, const MlpWeights& m, const Tensor& x, Tensor& y);
-  void moe_block(Scratch& s, const MoeWeights& m, const Tensor& x, Tensor& y, bool host_experts = false);
+  void mlp_block(Scratch& s, const MlpWeights& m, const LayerInput& in, Tensor& y);
+  void moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Tensor& y, bool host_experts = false);
   // moe_experts of a host-placed layer: inputs to the host, `device_work` queued on the main
   // backend, the experts on the CPU backend, the sum back into y — or, for a large batch, the
   // routed experts streamed to the main backend and computed there (stream_moe_experts).
@@ -208,7 +220,7 @@ class Model {
                           std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work,
                           bool decide = true);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
-  // in the same pass as its input norm (Backend::add_rms_norm), and finish() adds the last.
+  // in the same pass as its input norm (LayerInput), and finish() adds the last.
   struct Residual {
     Tensor h, pending;
     bool has_pending = false;

@@ -499,6 +499,25 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "add_rms_norm");
     cuda::add_rms_norm(ctx_, y, delta, w, eps, out);
   }
+  void add_rms_norm_matmul_multi(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
+                                 std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
+    {
+      Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
+                              : std::string());
+      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, w, eps, x, ws, outs)) return;
+    }
+    Backend::add_rms_norm_matmul_multi(y, delta, w, eps, x, ws, outs);
+  }
+  void add_rms_norm_mlp(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,
+                        Tensor& gate_out, Tensor& up_out, Tensor& out) override {
+    {
+      Prof p_(*this, profile_ ? "add_rms_norm + mlp " + std::to_string(m.gate_proj.rows()) + "x" +
+                                    std::to_string(m.gate_proj.cols())
+                              : std::string());
+      if (cuda::norm_quant_mlp(ctx_, y, delta, w, eps, x, m, gate_out, up_out, out)) return;
+    }
+    Backend::add_rms_norm_mlp(y, delta, w, eps, x, m, gate_out, up_out, out);
+  }
   void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override {
     Prof p_(*this, "split_q_gate");
     cuda::split_q_gate(ctx_, qg, q, gate);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace qwen36::cuda {
@@ -106,8 +107,18 @@ __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w
 // D ≤ 4 · kVec · blockDim): one read of y and delta, one write of y and out, no second pass
 // over memory — in decode this kernel is pure latency, once per layer and half-layer.
 constexpr int kVec = 4;
+// With an ActOut, the normalised row is also quantized for the tiled int8 GEMM that reads it next
+// (the codes and scales quantize_act would store from `out`: the same float values, quantized by
+// the same quantize_quad): the row is token blockIdx.x of act.T.
+struct ActOut {
+  uint8_t* xb = nullptr;
+  float* xf = nullptr;
+  int* xi = nullptr;
+  int T = 0, NT = 1;
+};
+template <bool kQuant>
 __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const float4* w, float eps, float4* out,
-                                        int64_t D4) {
+                                        int64_t D4, ActOut act) {
   griddep_trigger();
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
   float4* yr = y + int64_t(blockIdx.x) * D4;
@@ -130,10 +141,26 @@ __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const fl
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i < D4) {
       const float4 g = w[i];
-      o[i] = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z, v[j].w * inv * g.w);
+      r = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z, v[j].w * inv * g.w);
+      o[i] = r;
     }
+    if constexpr (kQuant) {  // every lane: quantize_quad reduces over 8 lanes (D4 % 8 == 0: whole groups)
+      const QuantQuad qq = quantize_quad(r);
+      if (i < D4) store_act_quad(act.xb, act.xf, act.xi, act.NT, int(blockIdx.x), i >> 3, int(i & 7), qq);
+    }
+  }
+  // The padding tokens' zero codes, spread over the blocks (token T + blockIdx.x + k·T). At T = 1
+  // none: the GEMM's T = 1 kernels read token 0 only, and any kernel's padding columns are never
+  // stored, and the one block of a decode step's norm is on the step's critical path.
+  if constexpr (kQuant) {
+    if (act.T == 1) return;
+    const QuantQuad zero{0.0f, 0u, 0, 0};
+    for (int c = act.T + int(blockIdx.x); c < 8 * act.NT; c += act.T)
+      for (int64_t i = threadIdx.x; i < D4; i += blockDim.x)
+        store_act_quad(act.xb, act.xf, act.xi, act.NT, c, i >> 3, int(i & 7), zero);
   }
 }
 
@@ -257,6 +284,10 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
 }
 
 void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {
+  add_rms_norm_quant(c, y, delta, w, eps, out, nullptr);
+}
+
+bool add_rms_norm_quant(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out, void* act) {
   const int64_t D = w.numel(), R = y.numel() / std::max<int64_t>(D, 1);
   check_f32(y, "add_rms_norm");
   check_f32(delta, "add_rms_norm delta");
@@ -264,18 +295,29 @@ void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float
   check_same(y, delta, "add_rms_norm");
   check_same(y, out, "add_rms_norm");
   QWEN36_CHECK(y.numel() == R * D, "add_rms_norm: {} is not rows of {}", y.shape_str(), D);
-  if (R == 0) return;
   const bool aligned = (reinterpret_cast<uintptr_t>(y.data) | reinterpret_cast<uintptr_t>(delta.data) |
                         reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(out.data)) % 16 == 0;
   const int64_t D4 = D / 4;
   const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
-  if (D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec)
-    launch_pdl(add_rms_norm_vec_kernel, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
-               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4);
-  else
+  const bool vec = D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec;
+  if (act && (!vec || D % 32 != 0 || R < 1 || R > 64)) return false;  // the quantizing form: whole k32 groups
+  if (R == 0) return true;
+  if (act) {
+    const ActLayout L(R, D);
+    uint8_t* base = static_cast<uint8_t*>(act);
+    const ActOut q{base + L.o_xb, reinterpret_cast<float*>(base + L.o_xf), reinterpret_cast<int*>(base + L.o_xi),
+                   int(R), L.NT};
+    launch_pdl(add_rms_norm_vec_kernel<true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
+               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4, q);
+  } else if (vec) {
+    launch_pdl(add_rms_norm_vec_kernel<false>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
+               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4, ActOut{});
+  } else {
     launch_pdl(add_rms_norm_kernel, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, y.as<float>(),
                delta.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+  }
   CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void add(Ctx& c, Tensor& y, const Tensor& x) {

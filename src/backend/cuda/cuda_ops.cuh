@@ -250,6 +250,9 @@ void rms_norm(Ctx&, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void gated_rms_norm(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
 void add(Ctx&, Tensor& y, const Tensor& x);
 void add_rms_norm(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out);
+// The same, out also quantized into act (quant_act_bytes(rows, cols) bytes) for the tiled GEMM
+// that reads it next; false (nothing done) when the shape has no quantizing form.
+bool add_rms_norm_quant(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out, void* act);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate);
 void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
@@ -288,7 +291,8 @@ void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed
 // Fused decode forms for quantized weights (Backend::matmul_multi / matmul_swiglu, T ≤ 8):
 // false when not taken (the caller composes). multi: one launch per quantized type in ws, the
 // other matrices through matmul_multi / matmul. swiglu: up_out is scratch.
-bool quant_matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool quant_matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                        const void* act = nullptr);  // act: as quant_tiled_matmul's, for its tiled ws
 bool quant_matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
                          Tensor& up_out);
 // Quantized MoE experts, decode (moe_experts semantics; table: device [E][gate, up, down]
@@ -317,7 +321,21 @@ bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
-void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+// act: x already quantized for the T ≤ 64 GEMM (by the kernel that produced x; null: quantized
+// here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)
+// into act, as quant_tiled_matmul itself quantizes.
+void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                        const void* act = nullptr);
+size_t quant_act_bytes(int64_t T, int64_t K);
+void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
+// The layer forms of Backend::rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
+// rms_norm_mlp (add_rms_norm + mlp) whose norm (and SwiGLU) quantize their outputs for the tiled
+// GEMMs after them: no quantization launch before those GEMMs (cuda_quant_norm.cu). False when
+// not taken (no tiled weight, T > 64, exact_matmul, a shape without the quantizing norm).
+bool norm_quant_matmul_multi(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
+                             std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool norm_quant_mlp(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,
+                    Tensor& gate_out, Tensor& up_out, Tensor& out);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16
 // tensor cores, tiles dequantized in registers (the values of the dequantize → bf16 → cuBLAS
 // path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;

@@ -1070,7 +1070,43 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   });
 }
 
-bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+namespace {
+
+// Untiled quantized matrices at 8 < T ≤ 64 that are small: the GEMV once per 8 tokens. Reading
+// such a matrix T / 8 times costs a few µs, against ~50 µs for dequantizing it and a cuBLAS GEMM
+// at T = 32 (the tensor-parallel shards' DeltaNet b / a: 24 rows, which the tiled layout's
+// 16-row tiles cannot hold, took 152 µs a layer at T = 32 with their tiled qkv / z).
+constexpr size_t kChunkedGemvMaxBytes = size_t(4) << 20;
+constexpr int64_t kGemvMaxT = 8;
+
+bool chunked_small_gemv(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
+  size_t bytes = 0;
+  for (const Tensor* w : ws) bytes += w->nbytes();
+  if (T > 64 || x.cols() != K || bytes > kChunkedGemvMaxBytes) return false;
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (ws[i]->cols() != K || !dtype_is_quantized(ws[i]->dtype) || outs[i]->numel() != T * ws[i]->rows()) return false;
+  std::vector<Tensor> ov(ws.size());
+  std::vector<Tensor*> op(ws.size());
+  for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxT) {
+    const int64_t n = std::min(kGemvMaxT, T - t0);
+    const Tensor xv(const_cast<float*>(x.as<const float>() + t0 * K), DType::F32, {n, K});
+    for (size_t i = 0; i < ws.size(); ++i) {
+      ov[i] = Tensor(outs[i]->as<float>() + t0 * ws[i]->rows(), DType::F32, {n, ws[i]->rows()});
+      op[i] = &ov[i];
+    }
+    if (!quant_matmul_multi(c, xv, ws, op)) {
+      QWEN36_CHECK(t0 == 0, "matmul: a quantized GEMV took tokens 0..{} but not {}..{}", t0 - 1, t0, t0 + n - 1);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                        const void* act) {
   if (c.exact_matmul || ws.empty() || ws.size() != outs.size() || x.dtype != DType::F32) return false;
   if (std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); })) {
     // Tiled matrices share one quantization of x (cuda_quant_mma.cu, any T); the others as usual.
@@ -1081,13 +1117,14 @@ bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
       (tiled ? tw : rw).push_back(ws[i]);
       (tiled ? to : ro).push_back(outs[i]);
     }
-    quant_tiled_matmul(c, x, tw, to);
+    quant_tiled_matmul(c, x, tw, to, act);
     if (!rw.empty() && !quant_matmul_multi(c, x, rw, ro) && !matmul_multi(c, x, rw, ro))
       for (size_t i = 0; i < rw.size(); ++i) matmul(c, x, *rw[i], *ro[i]);
     return true;
   }
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
-  if (T < 1 || T > 8 || x.cols() != K || !aligned16(x.data)) return false;
+  if (T > 8) return chunked_small_gemv(c, x, ws, outs);
+  if (T < 1 || x.cols() != K || !aligned16(x.data)) return false;
   bool any = false;
   for (size_t i = 0; i < ws.size(); ++i) {
     const Tensor& w = *ws[i];

@@ -88,6 +88,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
@@ -280,8 +281,12 @@ __global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ tab
 // one token (G % 8 == 0), so c is warp-uniform: padded tokens (c ≥ T) store zeros without
 // loading. The bytes and scales are those of the earlier one-warp-per-group form exactly.
 // Also zeroes the GEMM's arrival counters (fresh stream-ordered memory each call).
-__global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int NT, uint8_t* __restrict__ xb,
-                                float* __restrict__ xf, int* __restrict__ xi, int* __restrict__ cnt, int ncnt) {
+// kSwiglu: the activations are silu(x) · up, computed here (the MLP's down projection after its
+// gate and up ones, cuda_quant_act.cu), exactly as the swiglu op computes them.
+template <bool kSwiglu>
+__global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ up, int T, int K, int NT,
+                                uint8_t* __restrict__ xb, float* __restrict__ xf, int* __restrict__ xi,
+                                int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
   griddep_wait();  // x comes from the kernel before; this call's workspace may be the last one's
   const int G = K >> 5, u = int(threadIdx.x & 7);
@@ -292,22 +297,25 @@ __global__ void quantize_kernel(const float* __restrict__ x, int T, int K, int N
     const long long jq = id >> 3;
     const int c = int(jq / G), j = int(jq - (long long)c * G);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (c < T) v = reinterpret_cast<const float4*>(x + size_t(c) * K + size_t(j) * 32)[u];
-    const QuantQuad qq = quantize_quad(v);
-    const float d = qq.d;
-    const int half = qq.half, other = qq.other;
-    const int nt = c >> 3, gg = c & 7;
-    const size_t frag = size_t(j) * NT + nt;
-    // weights 4u .. 4u + 3: t = u % 4, 16-half u / 4; one 32-bit store
-    *reinterpret_cast<uint32_t*>(xb + (frag * 32 + 4 * gg + (u & 3)) * 8 + 4 * (u >> 2)) = qq.packed;
-    if (u == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
-      const size_t e = (frag * 4 + (gg >> 1)) * 4;
-      xf[e + 2 * (gg & 1)] = d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
-      xf[e + 2 * (gg & 1) + 1] = d * float(half + other);
-      xi[e + (gg & 1)] = -32 * half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
-      xi[e + 2 + (gg & 1)] = -32 * other;
+    if (c < T) {
+      const size_t at = size_t(c) * K + size_t(j) * 32;
+      v = reinterpret_cast<const float4*>(x + at)[u];
+      if constexpr (kSwiglu) {
+        const float4 w = reinterpret_cast<const float4*>(up + at)[u];
+        v = make_float4(silu_f(v.x) * w.x, silu_f(v.y) * w.y, silu_f(v.z) * w.z, silu_f(v.w) * w.w);
+      }
     }
+    store_act_quad(xb, xf, xi, NT, c, j, u, quantize_quad(v));
   }
+}
+
+template <bool kSwiglu>
+void launch_quantize(Ctx& c, const float* x, const float* up, int T, int K, uint8_t* act, int* cnt, int ncnt) {
+  const ActLayout L(T, K);
+  const long long qthreads = (long long)L.NT * 8 * (long long)L.G * 8;
+  const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
+  launch_pdl(quantize_kernel<kSwiglu>, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, x, up, T, K, L.NT, act + L.o_xb,
+             reinterpret_cast<float*>(act + L.o_xf), reinterpret_cast<int*>(act + L.o_xi), cnt, ncnt);
 }
 
 // ================================================================================================
@@ -836,7 +844,8 @@ bool quant_tile(Ctx& c, Tensor& w) {
   return true;
 }
 
-void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                        const void* act) {
   QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(x.dtype == DType::F32 && x.cols() == K && aligned16(x.data), "matmul: activations must be f32 rows of {}", K);
@@ -858,7 +867,7 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
       });
     return;
   }
-  const int NT = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
+  const int NT = act_n_tiles(T);
   // T = 1 stages x in shared memory next to up to 8 warps' rings (Q8_0: 3 × 4352 B each) and
   // tables: beyond the opt-in limit (K of several 10^5), the general kernel, dead columns and all.
   const bool one = T == 1 && size_t(kWarps) * (kStages * 4352 + 16 * kTabStride * sizeof(float2)) + x_stage_bytes(K / 256) <=
@@ -907,31 +916,29 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     i = e;
   }
   // One workspace: the activations once for every matrix (none when T = 1 quantizes in the
-  // GEMM), the split row-tiles' pieces and the arrival counters (shared by the groups: each
-  // launch runs after the one before). The scratch stack's counters are zero already and left
-  // so; a workspace's own are cleared by quantize_kernel.
+  // GEMM or the kernel before quantized them: act), the split row-tiles' pieces and the arrival
+  // counters (shared by the groups: each launch runs after the one before). The scratch stack's
+  // counters are zero already and left so; a workspace's own are cleared by quantize_kernel, or
+  // with act by a memset.
   int* const counters = c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
-  const bool fused = one && counters && use_fused_t1();
-  const size_t G = fused ? 0 : size_t(K / 32);
+  const bool fused = !act && one && counters && use_fused_t1();
+  const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t o_xb = 0, o_xf = o_xb + up(G * NT * 32 * sizeof(uint2)), o_xi = o_xf + up(G * NT * 4 * sizeof(float4));
-  const size_t o_part = o_xi + up(G * NT * 4 * sizeof(int4));
+  const size_t o_part = fused || act ? 0 : L.bytes;
   const size_t o_cnt = o_part + up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float));
   Temp<uint8_t> ws_mem(c, o_cnt + (counters ? 0 : up(size_t(max_warps) * sizeof(int))));
-  uint8_t* base = ws_mem.get();
+  uint8_t* const base = ws_mem.get();
+  const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
   int* const cnt = counters ? counters : reinterpret_cast<int*>(base + o_cnt);
-  if (!fused) {
-    const long long qthreads = (long long)NT * 8 * (long long)G * 8;
-    const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
-    launch_pdl(quantize_kernel, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, xp, int(T), int(K), NT, base + o_xb,
-               reinterpret_cast<float*>(base + o_xf), reinterpret_cast<int*>(base + o_xi), cnt,
-               counters ? 0 : max_warps);
-  }
+  if (!fused && !act)
+    launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, counters ? 0 : max_warps);
+  else if (!counters)
+    CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_warps) * sizeof(int), c.stream));
   for (Group& gr : groups) {
     gr.a.x = fused ? xp : nullptr;
-    gr.a.xb = reinterpret_cast<const uint2*>(base + o_xb);
-    gr.a.xf = reinterpret_cast<const float4*>(base + o_xf);
-    gr.a.xi = reinterpret_cast<const int4*>(base + o_xi);
+    gr.a.xb = reinterpret_cast<const uint2*>(xq + L.o_xb);
+    gr.a.xf = reinterpret_cast<const float4*>(xq + L.o_xf);
+    gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
     with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
@@ -956,6 +963,16 @@ void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int 
     CUDA_LAUNCH_CHECK();
   });
   QWEN36_CHECK(ok, "moe_experts: {} is not a tiled weight type", dtype_name(t));
+}
+
+size_t quant_act_bytes(int64_t T, int64_t K) { return ActLayout(T, K).bytes; }
+
+void quantize_act(Ctx& c, const float* x, const float* up, int64_t T, int64_t K, void* act) {
+  QWEN36_CHECK(T >= 1 && T <= kMaxT && K % 32 == 0, "quantize_act: {} tokens of width {}", T, K);
+  if (up)
+    launch_quantize<true>(c, x, up, int(T), int(K), static_cast<uint8_t*>(act), nullptr, 0);
+  else
+    launch_quantize<false>(c, x, nullptr, int(T), int(K), static_cast<uint8_t*>(act), nullptr, 0);
 }
 
 // Test hook (declared by the tests, not in cuda_ops.cuh): the variant as QWEN36_MMA_LOADS /

@@ -1,0 +1,55 @@
+#pragma once
+// defines (file-local to each .cu that includes it): ActLayout (where the tiled GEMM's int8
+// activations live in a workspace) and store_act_quad (one thread's 4 codes and its group's
+// scales into it): the layout of cuda_quant_mma.cu's header, written by its quantize_kernel and
+// by the kernels that quantize their own output for the GEMM after them (cuda_quant_act.cu).
+// Included by .cu files only.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/cuda_quant_blocks.cuh"
+
+namespace qwen36::cuda {
+namespace {
+
+// n8 tiles of tokens the GEMM computes for T tokens (T ≤ 64): the kernels are instantiated for
+// 1, 2, 4 and 8; tokens T .. 8·NT − 1 are padding whose codes are zero.
+inline int act_n_tiles(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+
+// [K/32][NT][32] uint2 B fragments, then [K/32][NT][4] float4 {d, d·Σq} of token pairs, then
+// [K/32][NT][4] int4 of Q6_K's −32·Σq per 16-half; each part 256-byte aligned.
+struct ActLayout {
+  int64_t G = 0;  // k32 groups
+  int NT = 1;
+  size_t o_xb = 0, o_xf = 0, o_xi = 0, bytes = 0;
+
+  ActLayout(int64_t T, int64_t K) : G(K / 32), NT(act_n_tiles(T)) {
+    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t frags = size_t(G) * size_t(NT);
+    o_xf = o_xb + up(frags * 32 * sizeof(uint2));
+    o_xi = o_xf + up(frags * 4 * sizeof(float4));
+    bytes = o_xi + up(frags * 4 * sizeof(int4));
+  }
+};
+
+// Token c's codes 4u .. 4u + 3 of k32 group j (u = lane % 8 of the 8 lanes holding the group,
+// qq from quantize_quad): one 32-bit store; lane u = 0 also stores the group's scales.
+__device__ __forceinline__ void store_act_quad(uint8_t* __restrict__ xb, float* __restrict__ xf,
+                                               int* __restrict__ xi, int NT, int c, int64_t j, int u,
+                                               const QuantQuad& qq) {
+  const int nt = c >> 3, gg = c & 7;
+  const size_t frag = size_t(j) * size_t(NT) + size_t(nt);
+  // weights 4u .. 4u + 3: t = u % 4, 16-half u / 4
+  *reinterpret_cast<uint32_t*>(xb + (frag * 32 + 4 * gg + (u & 3)) * 8 + 4 * (u >> 2)) = qq.packed;
+  if (u == 0) {  // entry (frag, t = gg / 2); this token is its (gg & 1)-th
+    const size_t e = (frag * 4 + size_t(gg >> 1)) * 4;
+    xf[e + 2 * (gg & 1)] = qq.d;  // float4 {d, d·Σq} of token 2t, then of 2t + 1
+    xf[e + 2 * (gg & 1) + 1] = qq.d * float(qq.half + qq.other);
+    xi[e + (gg & 1)] = -32 * qq.half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
+    xi[e + 2 + (gg & 1)] = -32 * qq.other;
+  }
+}
+
+}  // namespace
+}  // namespace qwen36::cuda
