@@ -290,6 +290,9 @@ class Backend {
   // ---- mixture of experts ----
   // softmax over all experts → top-k → renormalise (when renorm) → weights [T, k] f32, ids [T, k] i32
   virtual void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) = 0;
+  // Expert parallelism: ids [T, k] of all experts → the index among experts [e0, e0 + n) of this
+  // rank, −1 for the others; moe_experts skips −1 (contributes nothing).
+  virtual void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) = 0;
   // out[t] = Σ_j weights[t, j] · down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]     x, out [T, D]
   virtual void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                            std::span<const MlpWeights> experts, Tensor& out) = 0;

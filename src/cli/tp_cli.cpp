@@ -20,13 +20,17 @@
 namespace qwen36::cli {
 
 void add_tp_options(CLI::App* cmd, TpCliOptions& o) {
-  cmd->add_option("--tensor-parallel", o.ranks,
+  CLI::Option* tp = cmd->add_option("--tensor-parallel", o.ranks,
                   "Tensor parallelism over N devices (alias -tp; cuda: GPUs 0..N-1 over NCCL; cpu: N ranks as "
                   "threads, for tests)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--tensor-split", o.split,
                   "With -tp: share of heads / columns per rank, e.g. 3,1 for a card with 3x the memory (default even)");
+  cmd->add_flag("--expert-parallel", o.expert_parallel,
+                "With -tp on an MoE model: each rank holds whole routed experts (a share of them) instead of a "
+                "share of every expert's columns; the shared expert stays on rank 0")
+      ->needs(tp);
 }
 
 namespace {
@@ -56,6 +60,7 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
                                      const std::string& backend, int threads, std::string* name) {
   TpOptions opts;
   opts.ranks = tp.ranks;
+  opts.expert_parallel = tp.expert_parallel;
   if (!tp.split.empty()) opts.split = parse_tensor_split(tp.split);
   auto make_backend = [&](int rank) { return make_rank_backend(backend, rank, threads); };
   std::unique_ptr<Model> m;
@@ -89,7 +94,9 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
     spdlog::info("tensor parallel: process 0 shut the group down");
     std::exit(0);
   }
-  if (name) *name += fmt::format(" [tensor parallel {}{}{}]", tp.ranks, tp.split.empty() ? "" : ", split ", tp.split);
+  if (name)
+    *name += fmt::format(" [tensor parallel {}{}{}{}]", tp.ranks, tp.expert_parallel ? ", expert parallel" : "",
+                         tp.split.empty() ? "" : ", split ", tp.split);
   return m;
 }
 

@@ -15,6 +15,7 @@ namespace qwen36::cli {
 struct TpCliOptions {
   int ranks = 1;
   std::string split;  // "3,1": --tensor-split ratios
+  bool expert_parallel = false;
 };
 void add_tp_options(CLI::App* cmd, TpCliOptions& o);
 

@@ -275,7 +275,7 @@ class TpGroup final : public ModelPeers {
 
 // Everything processes of one group must agree on, hashed (FNV-1a).
 uint64_t group_fingerprint(const ModelConfig& c, const TpOptions& o, int64_t col_block) {
-  std::string s = fmt::format("{}|{}|{}", c.summary(), o.ranks, col_block);
+  std::string s = fmt::format("{}|{}|{}|{}", c.summary(), o.ranks, col_block, o.expert_parallel);
   for (double r : o.split) s += fmt::format("|{}", r);
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
@@ -341,7 +341,8 @@ int tp_first_local_device(int ranks) {
 std::unique_ptr<Model> make_tp_model(const ModelConfig& config, const TpOptions& opts, int64_t col_block,
                                      Backend& backend0, const BackendFactory& make_backend,
                                      const ShardFactory& shard_weights) {
-  const std::vector<TpShard> plan = plan_tensor_parallel(config, opts.ranks, opts.split, col_block);
+  const std::vector<TpShard> plan =
+      plan_tensor_parallel(config, opts.ranks, opts.split, col_block, opts.expert_parallel);
   const int n = opts.ranks;
   const TpProcessEnv env = tp_process_env();
   if (n == 1 && env.world == 1) return std::make_unique<Model>(shard_weights(plan[0], config), backend0);

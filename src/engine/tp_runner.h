@@ -23,6 +23,7 @@ namespace qwen36 {
 struct TpOptions {
   int ranks = 1;
   std::vector<double> split;  // --tensor-split: one ratio per rank; empty: even
+  bool expert_parallel = false;  // --expert-parallel: routed experts apportioned whole (model/tp_shard.h)
 };
 
 // "3,1" → {3, 1}. Throws on anything but positive numbers.

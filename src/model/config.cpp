@@ -51,6 +51,8 @@ void ModelConfig::validate() const {
     positive("moe_intermediate_size", moe_intermediate_size, kMaxDim);
     QWEN36_CHECK(shared_expert_intermediate_size >= 0 && shared_expert_intermediate_size <= kMaxDim,
                  "config: shared_expert_intermediate_size = {} is out of range", shared_expert_intermediate_size);
+    QWEN36_CHECK(local_experts >= 0 && expert0 >= 0 && expert0 + n_local_experts() <= n_experts,
+                 "config: experts {}..{} held of {}", expert0, expert0 + n_local_experts() - 1, n_experts);
   } else {
     positive("intermediate_size", intermediate_size, kMaxDim);
   }
@@ -67,6 +69,7 @@ std::string ModelConfig::summary() const {
   if (moe)
     s += fmt::format(", {} experts top-{} x {} (+shared {})", n_experts, n_experts_per_tok, moe_intermediate_size,
                      shared_expert_intermediate_size);
+  if (moe && local_experts) s += fmt::format(", holding experts {}..{}", expert0, expert0 + local_experts - 1);
   else
     s += fmt::format(", mlp {}", intermediate_size);
   if (mtp_layers) s += fmt::format(", mtp {}", mtp_layers);

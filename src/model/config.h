@@ -48,6 +48,10 @@ struct ModelConfig {
   int64_t n_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
   int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // Expert parallelism (model/tp_shard.h): this model holds the routed experts [expert0,
+  // expert0 + local_experts) of the n_experts its router chooses from; 0: all of them.
+  int64_t expert0 = 0;
+  int64_t local_experts = 0;
 
   // Multi-token prediction head (mtp.*): number of layers, 0 if absent.
   int64_t mtp_layers = 0;
@@ -56,6 +60,7 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
 
   // Derived sizes.
+  int64_t n_local_experts() const { return local_experts ? local_experts : n_experts; }
   int64_t linear_key_dim() const { return linear_k_heads * linear_k_dim; }     // q and k widths
   int64_t linear_value_dim() const { return linear_v_heads * linear_v_dim; }   // v and z widths
   int64_t conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }

@@ -96,7 +96,7 @@ int32_t fit_n_cpu_moe(size_t budget, size_t total, const std::vector<size_t>& ex
 
 std::vector<size_t> estimate_expert_bytes(const ModelConfig& c, double bits_per_weight) {
   if (!c.moe) return std::vector<size_t>(size_t(c.n_layers), 0);
-  const double params = 3.0 * double(c.n_experts) * double(c.moe_intermediate_size) * double(c.hidden_size);
+  const double params = 3.0 * double(c.n_local_experts()) * double(c.moe_intermediate_size) * double(c.hidden_size);
   return std::vector<size_t>(size_t(c.n_layers), size_t(params * bits_per_weight / 8.0));
 }
 

@@ -309,6 +309,10 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
     weights = s.f32({T, K}), ids = s.i32({T, K});
   }
   backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
+  if (c.local_experts) {  // expert parallelism: this rank's experts by local index, the others −1 (skipped)
+    QWEN36_CHECK(!host_experts, "expert parallelism does not combine with experts on the host (--n-cpu-moe / -ot)");
+    backend_.moe_local_ids(ids, c.expert0, c.local_experts);
+  }
   Tensor out;  // the shared expert's output, before its gate
   auto shared_expert = [&] {
     if (!shared) return;
@@ -766,26 +770,29 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
 
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured) {
   if (!peers_) return forward_rank(batch, state, logits, hidden, captured);
-  // Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
-  // A bad batch is refused here, before the other ranks see it: a failure during a pass
-  // leaves the group unusable.
+  forward_peers(batch, state, [&] { forward_rank(batch, state, logits, hidden, captured); });
+}
+
+// Tensor parallel: the peers need no logits (lm_head is replicated; rank 0's are the result).
+// A bad batch is refused here, before the other ranks see it: a failure during a pass leaves
+// the group unusable.
+void Model::forward_peers(const ForwardBatch& batch, ModelState& state, const std::function<void()>& rank0) {
   check_batch(batch, state);
   QWEN36_CHECK(batch.verify_trees.empty(), "tree verification with tensor parallelism is not supported yet");
   PeerPass p;
   p.kind = PeerPass::Kind::Forward;
   p.batch = &batch;
-  peers_->run(state, p, [&] { forward_rank(batch, state, logits, hidden, captured); });
+  peers_->run(state, p, rank0);
 }
 
 void Model::forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden) {
   QWEN36_CHECK(batch.verify_runs.empty() && batch.capture_layers.empty(),
                "forward_sample: verify runs and captured layers need forward()");
   if (!peers_) return forward_rank(batch, state, nullptr, hidden, nullptr, &req);
-  // Tensor parallel: the ranks' pass is the plain forward; rank 0 samples on the host.
-  QWEN36_CHECK(req.full_logits, "forward_sample: tensor parallelism needs full_logits");
-  forward(batch, state, req.full_logits, hidden);
-  Tensor all(req.full_logits, DType::F32, {int64_t(batch.output_rows.size()), w_.config.vocab_size});
-  if (all.rows() > 0) sample_rows(all, req, /*on_host=*/true);
+  // Tensor parallel: the other ranks run the plain pass; rank 0 samples on its device as alone,
+  // instead of copying every row's logits to the host and sampling there (32 MB and a host scan
+  // per 32-sequence 27B step: bench/RESULTS.md, session 9).
+  forward_peers(batch, state, [&] { forward_rank(batch, state, nullptr, hidden, nullptr, &req); });
 }
 
 void Model::run_pass(const PeerPass& p, ModelState& state) {

@@ -238,6 +238,8 @@ class Model {
 
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
                    SampleRequest* sample = nullptr);
+  // A forward pass on every rank: the peers' plain pass, rank0() here (forward / forward_sample).
+  void forward_peers(const ForwardBatch& batch, ModelState& state, const std::function<void()>& rank0);
   // This rank's part of the public passes.
   void forward_rank(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
                     float* captured = nullptr, SampleRequest* sample = nullptr);

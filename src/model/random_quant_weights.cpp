@@ -150,10 +150,10 @@ class PlanBuilder {
       matrix(b + "ssm_out.weight", {H, vd});
     }
     if (c_.moe) {
-      const int64_t E = c_.n_experts, I = c_.moe_intermediate_size;
-      matrix(b + "ffn_down_exps.weight", {E, H, I});
-      matrix(b + "ffn_gate_exps.weight", {E, I, H});
-      matrix(b + "ffn_up_exps.weight", {E, I, H});
+      const int64_t E = c_.n_experts, held = c_.n_local_experts(), I = c_.moe_intermediate_size;
+      matrix(b + "ffn_down_exps.weight", {held, H, I});
+      matrix(b + "ffn_gate_exps.weight", {held, I, H});
+      matrix(b + "ffn_up_exps.weight", {held, I, H});
       add(b + "ffn_gate_inp.weight", {E, H}, DType::F32, {1.0f / std::sqrt(float(H)), 0, 0});
       if (const int64_t S = c_.shared_expert_intermediate_size; S > 0) {
         matrix(b + "ffn_down_shexp.weight", {H, S});
@@ -313,7 +313,7 @@ ModelWeights make_random_quant_weights(const ModelConfig& c, QuantMix mix, uint6
         v.data = static_cast<std::byte*>(t.data) + size_t(e) * v.nbytes();
         return v;
       };
-      for (int64_t e = 0; e < c.n_experts; ++e) l.moe.experts.push_back({expert(g, e), expert(u, e), expert(dn, e)});
+      for (int64_t e = 0; e < c.n_local_experts(); ++e) l.moe.experts.push_back({expert(g, e), expert(u, e), expert(dn, e)});
       if (c.shared_expert_intermediate_size > 0) {
         l.moe.shared = {get(b + "ffn_gate_shexp.weight"), get(b + "ffn_up_shexp.weight"),
                         get(b + "ffn_down_shexp.weight")};

@@ -64,7 +64,7 @@ LayerWeights random_layer(Builder& b, const ModelConfig& c, LayerKind kind) {
   }
   if (c.moe) {
     l.moe.router = b.matrix({c.n_experts, H}, sh);
-    for (int64_t e = 0; e < c.n_experts; ++e) l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size));
+    for (int64_t e = 0; e < c.n_local_experts(); ++e) l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size));
     if (c.shared_expert_intermediate_size > 0) {
       l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size);
       l.moe.shared_gate = b.matrix({1, H}, sh);

@@ -179,11 +179,14 @@ LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpSh
   }
   if (c.moe) {
     o.moe.router = l.moe.router;
-    o.moe.shared_gate = l.moe.shared_gate;
-    for (size_t e = 0; e < l.moe.experts.size(); ++e)
-      o.moe.experts.push_back(
-          shard_mlp(l.moe.experts[e], s.moe0, s.moe, sl, p + "mlp.experts." + std::to_string(e) + "."));
-    if (!l.moe.shared.gate_proj.empty())
+    if (s.shared > 0) o.moe.shared_gate = l.moe.shared_gate;
+    if (s.experts)  // expert parallelism: whole experts, views of the full ones
+      o.moe.experts.assign(l.moe.experts.begin() + s.expert0, l.moe.experts.begin() + s.expert0 + s.experts);
+    else
+      for (size_t e = 0; e < l.moe.experts.size(); ++e)
+        o.moe.experts.push_back(
+            shard_mlp(l.moe.experts[e], s.moe0, s.moe, sl, p + "mlp.experts." + std::to_string(e) + "."));
+    if (!l.moe.shared.gate_proj.empty() && s.shared > 0)
       o.moe.shared = shard_mlp(l.moe.shared, s.shared0, s.shared, sl, p + "mlp.shared_expert.");
   } else {
     o.mlp = shard_mlp(l.mlp, s.ffn0, s.ffn, sl, p + "mlp.");
@@ -194,7 +197,7 @@ LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpSh
 }  // namespace
 
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig& c, int ranks, std::span<const double> ratios,
-                                          int64_t col_block) {
+                                          int64_t col_block, bool expert_parallel) {
   QWEN36_CHECK(ranks >= 1 && ranks <= 64, "tensor parallel: {} ranks is out of range (1..64)", ranks);
   QWEN36_CHECK(col_block >= 1, "tensor parallel: column block {} must be positive", col_block);
   const bool even = ratios.empty();
@@ -245,9 +248,23 @@ std::vector<TpShard> plan_tensor_parallel(const ModelConfig& c, int ranks, std::
       out[size_t(r)].*count = parts[size_t(r)].second * col_block;
     }
   };
-  if (c.moe) {
+  QWEN36_CHECK(!expert_parallel || c.moe, "--expert-parallel: the model has no routed experts");
+  QWEN36_CHECK(c.n_local_experts() == c.n_experts, "tensor parallel: the model already holds only some of its experts");
+  if (c.moe && expert_parallel) {
+    const auto ex = apportion("routed experts", c.n_experts, w, even);
+    for (int r = 0; r < ranks; ++r) {
+      TpShard& s = out[size_t(r)];
+      std::tie(s.expert0, s.experts) = ex[size_t(r)];
+      s.moe0 = 0, s.moe = c.moe_intermediate_size;
+      // The shared expert whole on rank 0: it costs one routed expert's work, and its columns
+      // need not split into whole blocks (the 35B-A3B's 512 over 4 ranks would be 128).
+      s.shared0 = 0, s.shared = r == 0 ? c.shared_expert_intermediate_size : 0;
+    }
+  } else if (c.moe) {
     split_cols("moe_intermediate_size", c.moe_intermediate_size, &TpShard::moe0, &TpShard::moe);
-    if (c.shared_expert_intermediate_size > 0)
+  }
+  if (c.moe) {
+    if (c.shared_expert_intermediate_size > 0 && !expert_parallel)
       split_cols("shared_expert_intermediate_size", c.shared_expert_intermediate_size, &TpShard::shared0,
                  &TpShard::shared);
   } else {
@@ -265,6 +282,7 @@ ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
   }
   if (c.moe) {
     o.moe_intermediate_size = s.moe;
+    if (s.experts) o.expert0 = s.expert0, o.local_experts = s.experts;
     if (c.shared_expert_intermediate_size > 0) o.shared_expert_intermediate_size = s.shared;
   } else {
     o.intermediate_size = s.ffn;

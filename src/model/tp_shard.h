@@ -8,7 +8,9 @@
 //  - DeltaNet: a range of key heads, the value heads grouped under them (their v/z/b/a rows,
 //    conv channels, A_log and dt_bias), out_proj's matching input columns;
 //  - MLP, every routed expert and the shared expert: a range of the intermediate dimension
-//    (gate/up rows, down input columns);
+//    (gate/up rows, down input columns); or with expert parallelism a range of whole routed
+//    experts (the router still scores all of them; a rank computes the chosen ones it holds,
+//    Backend::moe_local_ids, and the all-reduce after the MoE block sums the ranks' shares);
 //  - replicated: norms, embedding, lm_head, MoE router, shared-expert gate, MTP fc.
 // A rank's model is the ordinary Model with shard_config's head counts and sizes; the output
 // of each row-parallel projection (o_proj, out_proj, down) is then a partial sum, completed
@@ -30,6 +32,7 @@ struct TpShard {
   int64_t k_head0 = 0, k_heads = 0;    // DeltaNet key heads (value heads: Hv/Hk per key head)
   int64_t ffn0 = 0, ffn = 0;           // dense MLP intermediate
   int64_t moe0 = 0, moe = 0;           // every routed expert's intermediate
+  int64_t expert0 = 0, experts = 0;    // expert parallelism: the routed experts held whole (0: all, split by moe)
   int64_t shared0 = 0, shared = 0;     // shared expert intermediate
 };
 
@@ -39,9 +42,10 @@ struct TpShard {
 // per quantization block of the column-split matrices, 1 for plain dtypes) — rank r ending at
 // unit round(units · (w_0 + … + w_r) / Σw). An even split must divide exactly; when there are
 // more ranks than kv heads (even split only) each kv head is replicated over ranks/kv ranks.
+// expert_parallel: the routed experts are apportioned whole (as heads are), not by columns.
 // Throws a one-line Error naming the dimension that cannot be split.
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig& c, int ranks, std::span<const double> ratios = {},
-                                          int64_t col_block = 1);
+                                          int64_t col_block = 1, bool expert_parallel = false);
 
 // The config of one rank's model: head counts and intermediate sizes of its shard.
 ModelConfig shard_config(const ModelConfig& c, const TpShard& s);

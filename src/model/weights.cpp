@@ -102,8 +102,8 @@ static void validate_layer(const ModelConfig& c, const LayerWeights& l, const st
   };
   if (c.moe) {
     check(l.moe.router, p + "mlp.gate", {c.n_experts, H});
-    QWEN36_CHECK(int64_t(l.moe.experts.size()) == c.n_experts, "{}mlp.experts: {} experts loaded, config says {}", p,
-                 l.moe.experts.size(), c.n_experts);
+    QWEN36_CHECK(int64_t(l.moe.experts.size()) == c.n_local_experts(), "{}mlp.experts: {} experts loaded, config says {}",
+                 p, l.moe.experts.size(), c.n_local_experts());
     for (size_t e = 0; e < l.moe.experts.size(); ++e)
       check_mlp(l.moe.experts[e], fmt::format("{}mlp.experts.{}.", p, e), c.moe_intermediate_size);
     if (c.shared_expert_intermediate_size > 0) {

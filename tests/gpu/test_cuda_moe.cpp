@@ -244,6 +244,33 @@ TEST_F(CudaMoe, RouteThenExpertsMatchCpu) {
   EXPECT_LE(rel_err(got, ref), kPrefillTol) << worst_at(got, ref, D);
 }
 
+// Expert parallelism's id remap (moe_local_ids) on the GPU is its CPU twin's, id for id; then
+// the experts of the held range ([16, 40) of 64, as a view of the full list) on the remapped
+// ids equal the CPU's on the same ids (the others' −1 contribute nothing on either).
+TEST_F(CudaMoe, LocalIdsMatchCpuAndSkipOtherRanksExperts) {
+  const int64_t E = 64, D = 256, I = 128, k = 8, e0 = 16, n = 24;
+  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, E, D, I);
+  for (int64_t T : {1, 7, 300}) {
+    HostT w, ids;
+    route(rng_, T, E, k, w, ids, E);
+    const HostT x = random_t(rng_, DType::F32, {T, D});
+    HostT local = ids;
+    cpu::moe_local_ids(local.t, e0, n);
+    DevT di = upload(*gpu_, ids);
+    gpu_->moe_local_ids(di.t, e0, n);
+    std::vector<int32_t> got(size_t(T * k));
+    gpu_->copy_to_host(di.t, got.data());
+    EXPECT_EQ(got, std::vector<int32_t>(local.t.as<int32_t>(), local.t.as<int32_t>() + T * k)) << "T=" << T;
+    HostT want(DType::F32, {T, D});
+    const std::span<const MlpWeights> held_h(ex.h.data() + e0, size_t(n)), held_d(ex.d.data() + e0, size_t(n));
+    cpu::moe_experts(x.t, w.t, local.t, held_h, want.t);
+    DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), o = upload(*gpu_, HostT(DType::F32, {T, D}));
+    gpu_->moe_experts(dx.t, dw.t, di.t, held_d, o.t);
+    const std::vector<float> g = download(*gpu_, o.t), r = want.floats();
+    EXPECT_LE(rel_err(g, r), T * k <= 64 ? kDecodeTol : kPrefillTol) << "T=" << T << " " << worst_at(g, r, D);
+  }
+}
+
 // A view of rows [r0, r0 + n) of a 2-D device tensor.
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) {
   Tensor v = t;

@@ -93,7 +93,7 @@ TEST(CudaTp, NcclAllReduceEagerAndInGraph) {
 }
 
 // A small random model (tiny presets, vocab cut to 4096) on 2 GPUs vs 1.
-void compare_tp2(const std::string& preset, bool exact, double tol) {
+void compare_tp2(const std::string& preset, bool exact, double tol, bool expert_parallel = false) {
   SKIP_WITHOUT_TWO_GPUS();
   ModelConfig c = model_preset(preset, 4);
   c.vocab_size = 4096;
@@ -103,6 +103,7 @@ void compare_tp2(const std::string& preset, bool exact, double tol) {
   auto be0 = rank_backend(0, exact);
   TpOptions o;
   o.ranks = 2;
+  o.expert_parallel = expert_parallel;
   std::unique_ptr<Model> tp = make_tp_model(full, o, *be0, [exact](int r) { return rank_backend(r, exact); });
 
   std::mt19937 rng(4);
@@ -149,6 +150,10 @@ TEST(CudaTp, DenseTp2MatchesOneGpuExact) { compare_tp2("tiny-dense", true, 1e-3)
 TEST(CudaTp, MoeTp2MatchesOneGpuExact) { compare_tp2("tiny-moe", true, 1e-3); }
 TEST(CudaTp, DenseTp2MatchesOneGpuFast) { compare_tp2("tiny-dense", false, 5e-2); }
 TEST(CudaTp, MoeTp2MatchesOneGpuFast) { compare_tp2("tiny-moe", false, 5e-2); }
+// --expert-parallel: 4 whole experts per GPU (moe_local_ids, the experts' kernels skipping the
+// other GPU's ids), the shared expert on GPU 0.
+TEST(CudaTp, MoeExpertParallelMatchesOneGpuExact) { compare_tp2("tiny-moe", true, 1e-3, true); }
+TEST(CudaTp, MoeExpertParallelMatchesOneGpuFast) { compare_tp2("tiny-moe", false, 5e-2, true); }
 
 }  // namespace
 }  // namespace qwen36::gputest

@@ -87,6 +87,7 @@ class CpuBackend final : public Backend {
     cpu::gated_delta_rule_readonly(q, k, v, g, beta, state, runs, out);
   }
 
+  void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) override { cpu::moe_local_ids(ids, e0, n); }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
     cpu::moe_route(logits, k, renorm, weights, ids);
   }

@@ -40,10 +40,17 @@ void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Te
   }
 }
 
+void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) {
+  QWEN36_CHECK(ids.dtype == DType::I32 && e0 >= 0 && n >= 1, "moe_local_ids: {} experts {}..+{}", ids.shape_str(), e0, n);
+  int32_t* p = ids.as<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) p[i] = p[i] >= e0 && p[i] < e0 + n ? int32_t(p[i] - e0) : -1;
+}
+
 namespace {
 
 // The routed (token, weight) pairs, grouped by expert in ascending expert order (tokens
-// ascending within an expert): pairs off[e] .. off[e + 1] − 1 go to expert e.
+// ascending within an expert): pairs off[e] .. off[e + 1] − 1 go to expert e. Id −1 (an expert
+// another rank holds: moe_local_ids) makes no pair.
 struct Pairs {
   std::vector<int64_t> off, tok;
   std::vector<float> w;
@@ -54,16 +61,18 @@ Pairs route_pairs(const Tensor& weights, const Tensor& ids, int64_t E) {
   p.off.assign(size_t(E + 1), 0);
   for (int64_t i = 0; i < T * k; ++i) {
     const int32_t e = ids.as<const int32_t>()[i];
-    QWEN36_CHECK(e >= 0 && e < E, "moe_experts: expert id {} out of range", e);
-    ++p.off[size_t(e) + 1];
+    QWEN36_CHECK(e >= -1 && e < E, "moe_experts: expert id {} out of range", e);
+    if (e >= 0) ++p.off[size_t(e) + 1];
   }
   for (int64_t e = 0; e < E; ++e) p.off[size_t(e + 1)] += p.off[size_t(e)];
   std::vector<int64_t> fill(p.off.begin(), p.off.end() - 1);
-  p.tok.resize(size_t(T * k));
-  p.w.resize(size_t(T * k));
+  p.tok.resize(size_t(p.off.back()));
+  p.w.resize(size_t(p.off.back()));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = ids.as<const int32_t>()[t * k + j], q = fill[size_t(e)]++;
+      const int64_t e = ids.as<const int32_t>()[t * k + j];
+      if (e < 0) continue;
+      const int64_t q = fill[size_t(e)]++;
       p.tok[size_t(q)] = t;
       p.w[size_t(q)] = weights.as<const float>()[t * k + j];
     }
@@ -189,6 +198,10 @@ void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std:
                "moe_experts: x {} weights {} ids {} out {}", x.shape_str(), weights.shape_str(), ids.shape_str(),
                out.shape_str());
   const Pairs p = route_pairs(weights, ids, int64_t(experts.size()));
+  if (p.tok.empty()) {  // every chosen expert is another rank's (expert parallelism)
+    std::fill(out.as<float>(), out.as<float>() + T * D, 0.0f);
+    return;
+  }
   DType act_in, act_mid;
   if (integer_experts(experts, p, act_in, act_mid)) return moe_experts_fused(x, experts, p, act_in, act_mid, out);
   std::fill(out.as<float>(), out.as<float>() + T * D, 0.0f);

@@ -44,6 +44,7 @@ void gated_delta_rule_readonly(const Tensor& q, const Tensor& k, const Tensor& v
 std::vector<int32_t> tree_depths(std::span<const int32_t> parent);
 
 void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
+void moe_local_ids(Tensor& ids, int64_t e0, int64_t n);
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
 

@@ -584,6 +584,10 @@ class CudaBackend final : public Backend {
     }
     Backend::deltanet_decode(mixed, z, a, b, w, eps, conv_state, ssm_state, runs, out);
   }
+  void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) override {
+    Prof p_(*this, "moe_local_ids");
+    cuda::moe_local_ids(ctx_, ids, e0, n);
+  }
   void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) override {
     Prof p_(*this, "moe_route");
     cuda::moe_route(ctx_, logits, k, renorm, weights, ids);

@@ -861,6 +861,27 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
   CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// A plain launch, as moe_route's: the expert kernels after it may read ids before their
+// griddep_wait (their weight prefetch), so it must not let them start early.
+__global__ void local_ids_kernel(int32_t* ids, int64_t n, int e0, int count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int e = ids[i];
+    ids[i] = e >= e0 && e < e0 + count ? e - e0 : -1;
+  }
+}
+}  // namespace
+
+void moe_local_ids(Ctx& c, Tensor& ids, int64_t e0, int64_t n) {
+  QWEN36_CHECK(ids.dtype == DType::I32 && e0 >= 0 && n >= 1 && e0 + n <= kMaxExperts, "moe_local_ids: {} experts {}..+{}",
+               ids.shape_str(), e0, n);
+  const int64_t m = ids.numel();
+  if (m == 0) return;
+  local_ids_kernel<<<unsigned(std::min<int64_t>((m + 255) / 256, 1024)), 256, 0, c.stream>>>(ids.as<int32_t>(), m,
+                                                                                            int(e0), int(n));
+  CUDA_LAUNCH_CHECK();
+}
+
 void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols();

@@ -381,6 +381,7 @@ void sample_candidates(Ctx&, Tensor& logits, std::span<const SampleRowParams> ro
                        std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals, float* stats);
 
 void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
+void moe_local_ids(Ctx&, Tensor& ids, int64_t e0, int64_t n);
 void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
 

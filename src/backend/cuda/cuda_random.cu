@@ -162,7 +162,7 @@ LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind
       l.moe.shared_gate = b.matrix("ffn_gate_inp_shexp.weight", {1, H}, sh);
       l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size, "_shexp");
     }
-    for (int64_t e = 0; e < c.n_experts; ++e)
+    for (int64_t e = 0; e < c.n_local_experts(); ++e)
       l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size, "_exps"));
   } else {
     l.mlp = random_mlp(b, H, c.intermediate_size, "");

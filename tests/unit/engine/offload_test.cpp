@@ -206,6 +206,7 @@ class CountingBackend final : public Backend {
     b_->set_batch(t, r, o);
   }
   void moe_route(const Tensor& l, int64_t k, bool rn, Tensor& w, Tensor& ids) override { b_->moe_route(l, k, rn, w, ids); }
+  void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) override { b_->moe_local_ids(ids, e0, n); }
   void moe_experts(const Tensor& x, const Tensor& w, const Tensor& ids, std::span<const MlpWeights> e,
                    Tensor& o) override {
     if (x.rows() == 1) ++one_token_moe[ids.cols()];

@@ -146,8 +146,8 @@ Trace trace(Model& m, Backend& be) {
   return t;
 }
 
-void compare(const std::string& name, int ranks, std::span<const double> split) {
-  SCOPED_TRACE(name + " tp=" + std::to_string(ranks));
+void compare(const std::string& name, int ranks, std::span<const double> split, bool expert_parallel = false) {
+  SCOPED_TRACE(name + " tp=" + std::to_string(ranks) + (expert_parallel ? " expert parallel" : ""));
   const Case* cs = nullptr;
   static const std::vector<Case> all = cases();
   for (const Case& x : all)
@@ -161,9 +161,17 @@ void compare(const std::string& name, int ranks, std::span<const double> split) 
   TpOptions o;
   o.ranks = ranks;
   o.split.assign(split.begin(), split.end());
+  o.expert_parallel = expert_parallel;
   auto be0 = make_cpu_backend(1);
   std::unique_ptr<Model> tp = make_tp_model(full, o, *be0, [](int r) { return make_rank_backend("cpu", r, 1); });
   ASSERT_NE(tp->peers(), nullptr);
+  if (expert_parallel) {  // rank 0 holds its share of whole experts, and the shared expert
+    EXPECT_EQ(tp->config().expert0, 0);
+    EXPECT_GT(tp->config().local_experts, 0);
+    EXPECT_LT(tp->config().local_experts, full.config.n_experts);
+    EXPECT_EQ(int64_t(tp->weights().layers[0].moe.experts.size()), tp->config().local_experts);
+    EXPECT_EQ(tp->config().moe_intermediate_size, full.config.moe_intermediate_size);
+  }
   const Trace got = trace(*tp, *be0);
 
   const float d[] = {max_diff(want.prefill, got.prefill), max_diff(want.decode, got.decode),
@@ -184,6 +192,15 @@ TEST(TensorParallel, RandomDenseUnevenSplit) {
 TEST(TensorParallel, RandomMoeTwoRanks) { compare("random-moe", 2, {}); }
 TEST(TensorParallel, RandomMoeFourRanksReplicatedKv) { compare("random-moe", 4, {}); }
 TEST(TensorParallel, GoldenMoeShared) { compare("moe-shared", 2, {}); }
+// --expert-parallel: whole routed experts per rank (each rank computes the chosen experts it
+// holds, the others' ids −1), the shared expert on rank 0; the same all-reduce completes the sum.
+TEST(TensorParallel, RandomMoeExpertParallelTwoRanks) { compare("random-moe", 2, {}, true); }
+TEST(TensorParallel, RandomMoeExpertParallelFourRanks) { compare("random-moe", 4, {}, true); }
+TEST(TensorParallel, RandomMoeExpertParallelUneven) {
+  const double split[] = {3, 2};  // kv heads 1 + 1, key heads 2 + 2, experts 5 + 3
+  compare("random-moe", 2, split, true);
+}
+TEST(TensorParallel, GoldenMoeSharedExpertParallel) { compare("moe-shared", 2, {}, true); }
 TEST(TensorParallel, GoldenDenseGqaReplicatedKv) { compare("dense-gqa", 2, {}); }
 
 // A batch the model refuses fails on rank 0 before the other ranks see it; the model stays usable.
@@ -217,6 +234,30 @@ TEST(TensorParallel, PlanApportionsWholeUnits) {
   EXPECT_EQ(s1.intermediate_size, 32);
 }
 
+TEST(TensorParallel, PlanExpertParallel) {
+  const ModelConfig c = tiny_config(true);  // 8 experts of 64 columns, shared expert 64, 2 kv heads
+  const double split[] = {3, 2};
+  const auto p = plan_tensor_parallel(c, 2, split, 32, /*expert_parallel=*/true);
+  EXPECT_EQ(p[0].expert0, 0);
+  EXPECT_EQ(p[0].experts, 5);  // rank 0 ends at round(8 · 3/5)
+  EXPECT_EQ(p[1].expert0, 5);
+  EXPECT_EQ(p[1].experts, 3);
+  EXPECT_EQ(p[1].moe, 64);  // experts whole
+  EXPECT_EQ(p[0].shared, 64);
+  EXPECT_EQ(p[1].shared, 0);
+  const ModelConfig s1 = shard_config(c, p[1]);
+  EXPECT_EQ(s1.n_local_experts(), 3);
+  EXPECT_EQ(s1.expert0, 5);
+  EXPECT_EQ(s1.n_experts, 8);  // the router still scores every expert
+  EXPECT_EQ(s1.shared_expert_intermediate_size, 0);
+  const ModelWeights full = make_random_weights(c, DType::BF16, 8);
+  const ModelWeights w1 = shard_weights(full, p[1]);
+  ASSERT_EQ(w1.layers[0].moe.experts.size(), 3u);
+  EXPECT_EQ(w1.layers[0].moe.experts[0].gate_proj.data, full.layers[0].moe.experts[5].gate_proj.data);  // a view
+  EXPECT_TRUE(w1.layers[0].moe.shared.gate_proj.empty());
+  EXPECT_EQ(w1.layers[0].moe.router.rows(), 8);
+}
+
 // Errors are one line naming what cannot be split.
 void expect_one_line_error(const std::function<void()>& fn, const std::string& needle) {
   try {
@@ -247,6 +288,8 @@ TEST(TensorParallel, SplitErrors) {
   expect_one_line_error([&] { plan_tensor_parallel(c, 2, lopsided); }, "leaves rank 1 no");
   expect_one_line_error([&] { plan_tensor_parallel(c, 2, {}, 256); }, "not a whole number of 256-element blocks");
   expect_one_line_error([&] { parse_tensor_split("3,x"); }, "not a positive number");
+  expect_one_line_error([&] { plan_tensor_parallel(c, 2, {}, 1, /*expert_parallel=*/true); },
+                        "--expert-parallel: the model has no routed experts");
   EXPECT_EQ(parse_tensor_split("3,1.5"), (std::vector<double>{3, 1.5}));
 }
 
