@@ -390,14 +390,7 @@ void run_bench(const BenchOptions& o) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n; ++i) {
           for (auto& run : fb.runs) run.pos0 = int32_t(o.depth + i);
-          if (model.peers()) {  // tensor parallel: rank 0's logits come to the host anyway
-            model.forward(fb, *state_ptr, logits.data());
-            for (int32_t s = 0; s < int32_t(B); ++s)
-              next[size_t(s)] = argmax(std::span<const float>(logits).subspan(size_t(s) * size_t(c.vocab_size),
-                                                                             size_t(c.vocab_size)));
-          } else {
-            model.forward_sample(fb, *state_ptr, greedy);
-          }
+          model.forward_sample(fb, *state_ptr, greedy);
           fb.tokens = next;
         }
         sync();

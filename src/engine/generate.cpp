@@ -28,12 +28,7 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
   std::vector<int32_t> history = prompt;
   // A forward pass whose one output row is sampled on the backend (Model::forward_sample):
   // the same token as sampling the full row, which comes to the host only when needed.
-  // Tensor-parallel models keep the full-logits path (their logits reach the host anyway).
   auto forward_sample = [&](const ForwardBatch& batch) {
-    if (model.peers()) {
-      model.forward(batch, state, logits.data());
-      return sampler.sample(logits, history);
-    }
     SampleRequest req;
     sampler.add_candidate_row(history, c.vocab_size, req.rows, req.penalties);
     std::optional<int32_t> tok;

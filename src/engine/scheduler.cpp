@@ -375,11 +375,11 @@ bool Scheduler::step() {
     const size_t V = size_t(model_.config().vocab_size);
     logits_.resize(batch.output_rows.size() * V);
     hidden_.resize(want_hidden ? batch.hidden_rows.size() * size_t(model_.config().hidden_size) : 0);
-    // Without speculation (and tensor-parallel peers), rows are sampled on the backend: only
-    // their candidates come to the host, and a row's logits only when the candidates do not
-    // decide its token or its request wants logprobs (which read the raw row: no penalties
+    // Without speculation, rows are sampled on the backend (rank 0's with tensor parallelism):
+    // only their candidates come to the host, and a row's logits only when the candidates do
+    // not decide its token or its request wants logprobs (which read the raw row: no penalties
     // are applied to it there). owner_row[i] == i: rows are added with their owners.
-    const bool device_sampling = !spec_ && !model_.peers();
+    const bool device_sampling = !spec_;
     std::vector<std::optional<int32_t>> drawn(row_owner.size());
     bool ok = true;
     try {
