@@ -279,13 +279,8 @@ void register_run(CLI::App& app) {
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
-      TpWeightsSource src;
-      src.model = o->model.empty() ? default_model_path() : o->model;
-      if (src.model.empty()) src.synthetic = "tiny-dense", src.seed = 36;  // load_default_model's random model
-      lm.backend = make_rank_backend(o->backend, tp_first_local_device(o->tp.ranks), o->threads);
-      lm.model = load_tp_model(o->tp, src, *lm.backend, o->backend, o->threads);
+      lm = load_tp_command_model(o->tp, o->model, o->backend, o->threads, o->offload);
     } else {
-      QWEN36_CHECK(o->offload.placement.empty() || o->tp.ranks <= 1, "expert offload does not run with -tp yet");
       o->offload.plan.ctx = o->ctx;  // what run_generation's memory plan will ask (--fit leaves room for it)
       o->offload.plan.kv_type = o->backend == "cuda" ? DType::BF16 : DType::F32;
       lm = o->model.empty() ? load_default_model(o->backend, o->threads, o->offload)

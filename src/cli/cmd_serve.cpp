@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/tp_cli.h"
 #include "core/error.h"
 #include "engine/spec/spec_generate.h"
 
@@ -37,6 +38,7 @@ struct ServeOptions {
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
   CacheTypes cache;
   OffloadOptions offload;
+  TpCliOptions tp;
   std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
   std::string draft_model;    // dflash: the drafter checkpoint
@@ -104,10 +106,15 @@ void serve(const ServeOptions& o) {
   offload.plan.batch_tokens = o.batch_tokens;
   offload.plan.output_rows = o.parallel;
   offload.plan.kv_type = o.backend == "cuda" ? DType::BF16 : DType::F32;
-  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads, offload)
-                                   : load_model(o.model, o.backend, o.threads, offload);
-  const ModelConfig& c = lm.model->config();
   const SpecOptions spec = spec_options(o);
+  // Tensor parallel: rank 0 here, the others on threads of their own; the scheduler drives the
+  // model as one (its prefix cache off: the other ranks cannot restore a snapshot).
+  QWEN36_CHECK(o.tp.ranks <= 1 || spec.method != SpecMethod::Dflash,
+               "--spec dflash does not run with tensor parallelism yet");
+  LoadedModel lm = o.tp.ranks > 1 ? load_tp_command_model(o.tp, o.model, o.backend, o.threads, o.offload)
+                   : o.model.empty() ? load_default_model(o.backend, o.threads, offload)
+                                     : load_model(o.model, o.backend, o.threads, offload);
+  const ModelConfig& c = lm.model->config();
   QWEN36_CHECK(spec.method != SpecMethod::Mtp || lm.model->has_mtp(),
                "--spec mtp: this checkpoint has no MTP head (no mtp.* tensors / GGUF nextn block); use --spec ngram or "
                "--spec none");
@@ -209,6 +216,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "cpu or cuda")->envname("QWEN36_BACKEND")->capture_default_str();
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
+  add_tp_options(cmd, o->tp);
   cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
   cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")

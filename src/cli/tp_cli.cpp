@@ -100,4 +100,17 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
   return m;
 }
 
+LoadedModel load_tp_command_model(const TpCliOptions& tp, const std::string& model, const std::string& backend,
+                                  int threads, const OffloadOptions& offload) {
+  QWEN36_CHECK(offload.placement.empty() && offload.gpu_mem.empty() && !offload.fit,
+               "expert offload (--n-cpu-moe, -ot, --gpu-mem, --fit) does not run with -tp yet");
+  TpWeightsSource src;
+  src.model = model.empty() ? default_model_path() : model;
+  if (src.model.empty()) src.synthetic = "tiny-dense", src.seed = 36;  // load_default_model's random model
+  LoadedModel lm;
+  lm.backend = make_rank_backend(backend, tp_first_local_device(tp.ranks), threads);
+  lm.model = load_tp_model(tp, src, *lm.backend, backend, threads);
+  return lm;
+}
+
 }  // namespace qwen36::cli

@@ -1,6 +1,7 @@
 #pragma once
-// defines: TpCliOptions, add_tp_options (-tp/--tensor-parallel, --tensor-split),
-//          load_tp_model (a tensor-parallel model for `qwen36 run` and `qwen36 bench`)
+// defines: TpCliOptions, add_tp_options (-tp/--tensor-parallel, --tensor-split,
+//          --expert-parallel), load_tp_model (a tensor-parallel model for `qwen36 bench`),
+//          load_tp_command_model (`run` and `serve`: -m or the built-in model)
 
 #include <CLI/CLI.hpp>
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "cli/common.h"
 #include "model/qwen36.h"
 
 namespace qwen36::cli {
@@ -35,5 +37,11 @@ struct TpWeightsSource {
 // `backend` ("cpu": `threads` threads each; "cuda": device = rank). *name gets a description.
 std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSource& src, Backend& backend0,
                                      const std::string& backend, int threads, std::string* name = nullptr);
+
+// `run` / `serve` with -tp N > 1: rank 0's backend on this process's first device and the
+// tensor-parallel model of `model` (empty: the built-in model, or load_default_model's random
+// one when none is shipped). Expert offload does not combine with it (refused).
+LoadedModel load_tp_command_model(const TpCliOptions& tp, const std::string& model, const std::string& backend,
+                                  int threads, const OffloadOptions& offload);
 
 }  // namespace qwen36::cli
