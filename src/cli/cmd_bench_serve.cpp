@@ -24,7 +24,9 @@
 #include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/tp_cli.h"
 #include "core/error.h"
+#include "engine/tp_runner.h"
 #include "engine/scheduler.h"
 #include "model/memory_plan.h"
 
@@ -40,6 +42,7 @@ struct ServeBenchOptions {
   uint64_t seed = 42;
   CacheTypes cache;
   OffloadOptions offload;  // expert offload
+  TpCliOptions tp;         // -tp N: each rank generates or loads its own shard (cli/tp_cli.h)
 };
 
 constexpr const char* kColumns = R"(Columns (one row per stream count S; figures over the counted rounds, the warm-up excluded):
@@ -185,15 +188,25 @@ void run_bench_serve(const ServeBenchOptions& o) {
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench-serve");
   // Expert offload needs host weights: synthetic ones are then made on the host and uploaded.
   const bool offload = !o.offload.placement.empty() || o.offload.fit || !o.offload.gpu_mem.empty();
-  BenchWeights bw =
-      load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda && !offload, "bench-serve");
-  OffloadOptions off = o.offload;  // --fit leaves room for the most streams' caches
-  for (int64_t S : streams) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(S));
-  off.plan.ctx = ctx;
-  off.plan.batch_tokens = std::max<int64_t>(o.batch_tokens, off.plan.slots + o.prefill_chunk);
-  off.plan.output_rows = off.plan.slots;
-  off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
-  std::unique_ptr<Model> model_ptr = make_model(std::move(bw.weights), *dev.backend, off, o.threads);
+  QWEN36_CHECK(!offload || o.tp.ranks <= 1, "bench-serve: expert offload does not run with -tp yet");
+  std::unique_ptr<Model> model_ptr;
+  BenchWeights bw;
+  if (o.tp.ranks > 1) {  // rank 0 on this process's first device, the others on threads of their own
+    if (const int d = tp_first_local_device(o.tp.ranks); d != 0)
+      dev.backend = make_rank_backend(o.backend, d, o.threads);
+    TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
+    model_ptr = load_tp_model(o.tp, src, *dev.backend, o.backend, o.threads, &bw.name);
+    bw.bytes = model_ptr->weights().total_bytes();  // rank 0's shard
+  } else {
+    bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda && !offload, "bench-serve");
+    OffloadOptions off = o.offload;  // --fit leaves room for the most streams' caches
+    for (int64_t S : streams) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(S));
+    off.plan.ctx = ctx;
+    off.plan.batch_tokens = std::max<int64_t>(o.batch_tokens, off.plan.slots + o.prefill_chunk);
+    off.plan.output_rows = off.plan.slots;
+    off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
+    model_ptr = make_model(std::move(bw.weights), *dev.backend, off, o.threads);
+  }
   Model& model = *model_ptr;
   const ModelConfig& c = model.config();
   QWEN36_CHECK(c.max_position_embeddings <= 0 || ctx <= c.max_position_embeddings,
@@ -339,6 +352,7 @@ void register_bench_serve(CLI::App& app) {
       ->capture_default_str();
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
+  add_tp_options(cmd, o->tp);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step (as serve)")
       ->capture_default_str();
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step, decode + prefill (as serve's -b)")

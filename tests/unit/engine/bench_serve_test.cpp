@@ -91,6 +91,22 @@ TEST(BenchServeCli, MarkdownWithStaggeredPrefill) {
   EXPECT_NE(out.find("| tiny-dense f32 (synthetic, random) | cpu | 3 | 3 | 15 |"), std::string::npos) << out;
 }
 
+// -tp 2 (two CPU ranks as threads): every stream's tokens come out, the model is named as
+// tensor parallel.
+TEST(BenchServeCli, TensorParallelTwoRanks) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  std::string err;
+  const std::string out = run("--streams 1,3 --prompt-tokens 8 --gen-tokens 4 --rounds 2 -tp 2 -o json", &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  const auto rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 2u) << out;
+  for (const auto& r : rows) {
+    EXPECT_NE(r["model"].get<std::string>().find("[tensor parallel 2]"), std::string::npos) << r.dump();
+    EXPECT_EQ(r["output_tokens"].get<int64_t>(), r["streams"].get<int64_t>() * 4);
+  }
+}
+
 TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   const std::pair<const char*, const char*> cases[] = {
