@@ -2,10 +2,11 @@
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
-# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles offload — e.g. calls
-# of a time-limited runner: "tests bench", then "serve profiles", then "offload".
+# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles offload tp — e.g.
+# calls of a time-limited runner: "tests bench", then "serve profiles", then "offload", and on
+# a machine with two GPUs "tp".
 set -uo pipefail
-PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles offload} "
+PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles offload tp} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
@@ -16,19 +17,19 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 git log -1 --format='%H %s' > "$OUT/commit.txt" 2>/dev/null || true
 git status --short >> "$OUT/commit.txt" 2>/dev/null || true
 
-# QWEN36_PREBUILT=DIR: use DIR/qwen36 and DIR/test_cuda_ops built elsewhere (sm_90a), with any
-# shared libraries they need in DIR/lib, instead of building here.
+# QWEN36_PREBUILT=DIR: use DIR/qwen36, DIR/test_cuda_ops and DIR/test_cuda_tp built elsewhere
+# (sm_90a), with any shared libraries they need in DIR/lib, instead of building here.
 if [ -n "${QWEN36_PREBUILT:-}" ]; then
   export LD_LIBRARY_PATH="$QWEN36_PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # the tests read fixtures under the source path they were built in (QWEN36_TEST_DATA)
   src=$(strings "$QWEN36_PREBUILT/test_cuda_ops" | grep -m1 -o '^/[^ ]*/tests/data$' || true)
   if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "${src%/tests/data}")" && ln -sfn "$PWD" "${src%/tests/data}"; fi
-  Q=$QWEN36_PREBUILT/qwen36 TESTS=$QWEN36_PREBUILT/test_cuda_ops
+  Q=$QWEN36_PREBUILT/qwen36 TESTS=$QWEN36_PREBUILT/test_cuda_ops TP_TESTS=$QWEN36_PREBUILT/test_cuda_tp
 else
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN36_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
-    cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops; } 2>&1 | tail -40 > "$OUT/build.log"
+    cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops test_cuda_tp; } 2>&1 | tail -40 > "$OUT/build.log"
   [ -x "$BUILD/src/cli/qwen36" ] || { echo "build failed, see $OUT/build.log"; exit 1; }
-  Q=$BUILD/src/cli/qwen36 TESTS=$BUILD/tests/gpu/test_cuda_ops
+  Q=$BUILD/src/cli/qwen36 TESTS=$BUILD/tests/gpu/test_cuda_ops TP_TESTS=$BUILD/tests/gpu/test_cuda_tp
 fi
 
 # Each test suite in its own process: a kernel fault in one leaves the others' results intact.
@@ -114,5 +115,28 @@ if [ "$QUICK" != "--quick" ] && part offload; then
         >> "$OUT/offload.md" 2>&1
       echo "rc=$?" >> "$OUT/offload.md"
     done
+  done
+fi
+# Tensor parallelism (issue 12), with two GPUs: the TP tests, decode and serving on 2 GPUs
+# against GPU 0 alone, and 35B-A3B expert parallelism. NCCL_NVLS_ENABLE=0: this machine needs
+# NVLink multicast off.
+if part tp && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  export NCCL_NVLS_ENABLE=0
+  timeout 300 "$TP_TESTS" > "$OUT/tp-tests.log" 2>&1; echo "=== test_cuda_tp rc=$?" | tee -a "$OUT/tp-tests.log"
+  : > "$OUT/tp.md"
+  for tp in "" "-tp 2"; do
+    echo "## 27B q4_k_m $tp" >> "$OUT/tp.md"
+    timeout 300 "$Q" bench --backend cuda --synthetic qwen3.6-27b --type q4_k_m -p 512 -n 64 -b 1,8,32 -r 2 $tp \
+      >> "$OUT/tp.md" 2>&1
+  done
+  for ep in "" "--expert-parallel"; do
+    echo "## 35B-A3B q4_k_m -tp 2 $ep" >> "$OUT/tp.md"
+    timeout 300 "$Q" bench --backend cuda --synthetic qwen3.6-35b-a3b --type q4_k_m -p 512 -n 64 -b 1,32 -r 2 \
+      -tp 2 $ep >> "$OUT/tp.md" 2>&1
+  done
+  for tp in "" "-tp 2"; do
+    echo "## bench-serve 27B q4_k_m $tp" >> "$OUT/tp.md"
+    timeout 400 "$Q" bench-serve --backend cuda --synthetic qwen3.6-27b --type q4_k_m --streams 1,16,32 \
+      --prompt-tokens 512 --gen-tokens 128 --rounds 2 $tp >> "$OUT/tp.md" 2>&1
   done
 fi
