@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "engine/scheduler.h"
+#include "engine/tp_remote.h"
 #include "server/server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -89,6 +90,14 @@ void serve(const ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // A follower process of a multi-process tensor-parallel launch (RANK > 0) serves no HTTP (it
+  // would take process 0's port on the same host): it runs process 0's passes on its ranks and
+  // exits when process 0 shuts the group down (load_tp_model).
+  if (o.tp.ranks > 1 && tp_process_env().rank > 0) {
+    load_tp_command_model(o.tp, o.model, o.backend, o.threads, o.offload);
+    return;
+  }
 
   server::ServerConfig sc;
   sc.host = o.host;
