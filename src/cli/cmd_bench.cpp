@@ -45,7 +45,6 @@
 #include "core/error.h"
 #include "engine/spec/draft_tree.h"
 #include "engine/spec/spec_bench.h"
-#include "engine/tp_runner.h"
 #include "model/memory_plan.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -226,10 +225,9 @@ void run_bench(const BenchOptions& o) {
   if (!cuda) bw_gbs = host_read_bandwidth_gbs();
   std::string model_name;
   std::unique_ptr<Model> model_ptr;
-  if (o.tp.ranks > 1) {  // each rank loads (or generates) its own shard: cli/tp_cli.h
-    if (const int d = tp_first_local_device(o.tp.ranks); d != 0) backend = make_rank_backend(o.backend, d, o.threads);
-    TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
-    model_ptr = load_tp_model(o.tp, src, *backend, o.backend, o.threads, &model_name);
+  if (o.tp.ranks > 1) {
+    const TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
+    model_ptr = load_tp_bench_model(o.tp, src, backend, o.backend, o.threads, &model_name);
   } else {
     // Expert offload needs host weights to leave on the host: synthetic ones are then made on
     // the host (slower to generate) and uploaded, rather than generated on the device.

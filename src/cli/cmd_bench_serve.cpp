@@ -26,7 +26,6 @@
 #include "cli/common.h"
 #include "cli/tp_cli.h"
 #include "core/error.h"
-#include "engine/tp_runner.h"
 #include "engine/scheduler.h"
 #include "model/memory_plan.h"
 
@@ -191,11 +190,9 @@ void run_bench_serve(const ServeBenchOptions& o) {
   QWEN36_CHECK(!offload || o.tp.ranks <= 1, "bench-serve: expert offload does not run with -tp yet");
   std::unique_ptr<Model> model_ptr;
   BenchWeights bw;
-  if (o.tp.ranks > 1) {  // rank 0 on this process's first device, the others on threads of their own
-    if (const int d = tp_first_local_device(o.tp.ranks); d != 0)
-      dev.backend = make_rank_backend(o.backend, d, o.threads);
-    TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
-    model_ptr = load_tp_model(o.tp, src, *dev.backend, o.backend, o.threads, &bw.name);
+  if (o.tp.ranks > 1) {
+    const TpWeightsSource src{o.model, o.synthetic, o.type, o.layers, /*per_rank_random=*/true};
+    model_ptr = load_tp_bench_model(o.tp, src, dev.backend, o.backend, o.threads, &bw.name);
     bw.bytes = model_ptr->weights().total_bytes();  // rank 0's shard
   } else {
     bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda && !offload, "bench-serve");

@@ -100,6 +100,13 @@ std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSour
   return m;
 }
 
+std::unique_ptr<Model> load_tp_bench_model(const TpCliOptions& tp, const TpWeightsSource& src,
+                                           std::unique_ptr<Backend>& backend, const std::string& backend_name,
+                                           int threads, std::string* name) {
+  if (const int d = tp_first_local_device(tp.ranks); d != 0) backend = make_rank_backend(backend_name, d, threads);
+  return load_tp_model(tp, src, *backend, backend_name, threads, name);
+}
+
 LoadedModel load_tp_command_model(const TpCliOptions& tp, const std::string& model, const std::string& backend,
                                   int threads, const OffloadOptions& offload) {
   QWEN36_CHECK(offload.placement.empty() && offload.gpu_mem.empty() && !offload.fit,

@@ -1,7 +1,8 @@
 #pragma once
 // defines: TpCliOptions, add_tp_options (-tp/--tensor-parallel, --tensor-split,
-//          --expert-parallel), load_tp_model (a tensor-parallel model for `qwen36 bench`),
-//          load_tp_command_model (`run` and `serve`: -m or the built-in model)
+//          --expert-parallel), load_tp_model (a tensor-parallel model), load_tp_bench_model
+//          (`bench`, `bench-serve`), load_tp_command_model (`run` and `serve`: -m or the
+//          built-in model)
 
 #include <CLI/CLI.hpp>
 
@@ -37,6 +38,13 @@ struct TpWeightsSource {
 // `backend` ("cpu": `threads` threads each; "cuda": device = rank). *name gets a description.
 std::unique_ptr<Model> load_tp_model(const TpCliOptions& tp, const TpWeightsSource& src, Backend& backend0,
                                      const std::string& backend, int threads, std::string* name = nullptr);
+
+// `bench` / `bench-serve` with -tp N > 1: each rank generates (synthetic) or loads its own
+// shard; rank 0 on `backend`, which moves to this process's first device when that is not the
+// one it was made on (device 0, where the bench measured its ceilings: a multi-process launch).
+std::unique_ptr<Model> load_tp_bench_model(const TpCliOptions& tp, const TpWeightsSource& src,
+                                           std::unique_ptr<Backend>& backend, const std::string& backend_name,
+                                           int threads, std::string* name);
 
 // `run` / `serve` with -tp N > 1: rank 0's backend on this process's first device and the
 // tensor-parallel model of `model` (empty: the built-in model, or load_default_model's random

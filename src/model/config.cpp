@@ -66,12 +66,13 @@ std::string ModelConfig::summary() const {
                               n_full_attention_layers(), hidden_size, vocab_size);
   s += fmt::format(", attention {}q/{}kv x {}", n_heads, n_kv_heads, head_dim);
   s += fmt::format(", deltanet {}k/{}v x {}/{}", linear_k_heads, linear_v_heads, linear_k_dim, linear_v_dim);
-  if (moe)
+  if (moe) {
     s += fmt::format(", {} experts top-{} x {} (+shared {})", n_experts, n_experts_per_tok, moe_intermediate_size,
                      shared_expert_intermediate_size);
-  if (moe && local_experts) s += fmt::format(", holding experts {}..{}", expert0, expert0 + local_experts - 1);
-  else
+    if (local_experts) s += fmt::format(", holding experts {}..{}", expert0, expert0 + local_experts - 1);
+  } else {
     s += fmt::format(", mlp {}", intermediate_size);
+  }
   if (mtp_layers) s += fmt::format(", mtp {}", mtp_layers);
   return s;
 }

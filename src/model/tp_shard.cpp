@@ -262,9 +262,7 @@ std::vector<TpShard> plan_tensor_parallel(const ModelConfig& c, int ranks, std::
     }
   } else if (c.moe) {
     split_cols("moe_intermediate_size", c.moe_intermediate_size, &TpShard::moe0, &TpShard::moe);
-  }
-  if (c.moe) {
-    if (c.shared_expert_intermediate_size > 0 && !expert_parallel)
+    if (c.shared_expert_intermediate_size > 0)
       split_cols("shared_expert_intermediate_size", c.shared_expert_intermediate_size, &TpShard::shared0,
                  &TpShard::shared);
   } else {

@@ -2,7 +2,8 @@
 // defines (file-local to each .cu that includes it): ActLayout (where the tiled GEMM's int8
 // activations live in a workspace) and store_act_quad (one thread's 4 codes and its group's
 // scales into it): the layout of cuda_quant_mma.cu's header, written by its quantize_kernel and
-// by the kernels that quantize their own output for the GEMM after them (cuda_quant_act.cu).
+// by kernels that quantize their own output for the GEMM after them (the add_rms_norm kernel,
+// cuda_elementwise.cu; used by cuda_quant_norm.cu).
 // Included by .cu files only.
 
 #include <cstddef>

@@ -300,7 +300,7 @@ bool add_rms_norm_quant(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w,
   const int64_t D4 = D / 4;
   const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
   const bool vec = D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec;
-  if (act && (!vec || D % 32 != 0 || R < 1 || R > 64)) return false;  // the quantizing form: whole k32 groups
+  if (act && (!vec || D % 32 != 0 || R < 1 || R > kTiledMaxT)) return false;  // the quantizing form: whole k32 groups
   if (R == 0) return true;
   if (act) {
     const ActLayout L(R, D);

@@ -321,17 +321,20 @@ bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
-// act: x already quantized for the T ≤ 64 GEMM (by the kernel that produced x; null: quantized
-// here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)
+// kTiledMaxT: the most tokens of one int8 tensor-core launch (8 n8 tiles); beyond it the
+// dequantizing GEMMs. act: x already quantized for that GEMM (by the kernel that produced x;
+// null: quantized here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)
 // into act, as quant_tiled_matmul itself quantizes.
+inline constexpr int64_t kTiledMaxT = 64;
 void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                         const void* act = nullptr);
 size_t quant_act_bytes(int64_t T, int64_t K);
 void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
-// The layer forms of Backend::rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
-// rms_norm_mlp (add_rms_norm + mlp) whose norm (and SwiGLU) quantize their outputs for the tiled
-// GEMMs after them: no quantization launch before those GEMMs (cuda_quant_norm.cu). False when
-// not taken (no tiled weight, T > 64, exact_matmul, a shape without the quantizing norm).
+// The layer forms of Backend::add_rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
+// add_rms_norm_mlp (add_rms_norm + mlp) whose norm (and SwiGLU) quantize their outputs for the
+// tiled GEMMs after them: no quantization launch before those GEMMs (cuda_quant_norm.cu). False
+// when not taken (no tiled weight, T > kTiledMaxT, exact_matmul, a shape without the quantizing
+// norm).
 bool norm_quant_matmul_multi(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
                              std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool norm_quant_mlp(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,

@@ -1083,7 +1083,7 @@ bool chunked_small_gemv(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   size_t bytes = 0;
   for (const Tensor* w : ws) bytes += w->nbytes();
-  if (T > 64 || x.cols() != K || bytes > kChunkedGemvMaxBytes) return false;
+  if (T > kTiledMaxT || x.cols() != K || bytes > kChunkedGemvMaxBytes) return false;
   for (size_t i = 0; i < ws.size(); ++i)
     if (ws[i]->cols() != K || !dtype_is_quantized(ws[i]->dtype) || outs[i]->numel() != T * ws[i]->rows()) return false;
   std::vector<Tensor> ov(ws.size());

@@ -97,7 +97,6 @@ namespace qwen36::cuda {
 
 namespace {
 
-constexpr int kMaxT = 64;     // tokens per launch (8 n8 tiles)
 constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
 constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
 
@@ -282,7 +281,7 @@ __global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ tab
 // loading. The bytes and scales are those of the earlier one-warp-per-group form exactly.
 // Also zeroes the GEMM's arrival counters (fresh stream-ordered memory each call).
 // kSwiglu: the activations are silu(x) · up, computed here (the MLP's down projection after its
-// gate and up ones, cuda_quant_act.cu), exactly as the swiglu op computes them.
+// gate and up ones, cuda_quant_norm.cu), exactly as the swiglu op computes them.
 template <bool kSwiglu>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ up, int T, int K, int NT,
                                 uint8_t* __restrict__ xb, float* __restrict__ xf, int* __restrict__ xi,
@@ -859,8 +858,8 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   }
   if (T == 0) return;
   const float* xp = x.as<const float>();
-  if (T > kMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return;  // cuda_quant_gemm.cu
-  if (T > kMaxT || c.exact_matmul) {
+  if (T > kTiledMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return;  // cuda_quant_gemm.cu
+  if (T > kTiledMaxT || c.exact_matmul) {
     for (size_t i = 0; i < ws.size(); ++i)
       with_tiled_dtype(ws[i]->dtype, [&](auto dt) {
         tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K));
@@ -968,7 +967,7 @@ void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int 
 size_t quant_act_bytes(int64_t T, int64_t K) { return ActLayout(T, K).bytes; }
 
 void quantize_act(Ctx& c, const float* x, const float* up, int64_t T, int64_t K, void* act) {
-  QWEN36_CHECK(T >= 1 && T <= kMaxT && K % 32 == 0, "quantize_act: {} tokens of width {}", T, K);
+  QWEN36_CHECK(T >= 1 && T <= kTiledMaxT && K % 32 == 0, "quantize_act: {} tokens of width {}", T, K);
   if (up)
     launch_quantize<true>(c, x, up, int(T), int(K), static_cast<uint8_t*>(act), nullptr, 0);
   else

@@ -1,10 +1,10 @@
 // A layer's residual add + norm with the projections that read it, and the MLP, over tiled
-// quantized weights (Backend::rms_norm_matmul_multi / rms_norm_mlp on CUDA, T ≤ 64): the norm
-// kernel quantizes its output for the int8 GEMM after it, and the MLP's SwiGLU is computed by the
-// quantization before the down projection, so no kernel runs between a producer and its GEMM
-// only to quantize. A decode step of the 27B loses three launches (and kernel boundaries) per
-// layer: ~190 of its ~960. The values are those of the composed ops exactly: the same float
-// operations feed the same quantize_quad.
+// quantized weights (Backend::add_rms_norm_matmul_multi / add_rms_norm_mlp on CUDA, T ≤ 64):
+// the norm kernel quantizes its output for the int8 GEMM after it, and the MLP's SwiGLU is
+// computed by the quantization before the down projection, so no kernel runs between a producer
+// and its GEMM only to quantize. A decode step of the 27B loses three launches (and kernel
+// boundaries) per layer: ~190 of its ~960. The values are those of the composed ops exactly: the
+// same float operations feed the same quantize_quad.
 // QWEN36_ACT_QUANT=kernel: the composed ops instead (the A/B of the measurement in bench/RESULTS.md).
 #include <algorithm>
 #include <cstdlib>
@@ -15,8 +15,6 @@
 namespace qwen36::cuda {
 
 namespace {
-
-constexpr int64_t kMaxT = 64;  // the tiled GEMM's tokens per launch
 
 bool enabled() {
   static const bool on = [] {
@@ -35,13 +33,13 @@ bool any_tiled(std::span<const Tensor* const> ws) {
 bool norm_quant_matmul_multi(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
                              std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   const int64_t K = x.cols(), T = x.rows();
-  if (!enabled() || c.exact_matmul || T < 1 || T > kMaxT || x.dtype != DType::F32 || ws.empty() || !any_tiled(ws))
+  if (!enabled() || c.exact_matmul || T < 1 || T > kTiledMaxT || x.dtype != DType::F32 || ws.empty() || !any_tiled(ws))
     return false;
   Temp<uint8_t> act(c, quant_act_bytes(T, K));
   if (!add_rms_norm_quant(c, y, delta, w, eps, x, act.get())) return false;
   // y has its delta now: from here on this form must finish (a tiled weight: the tiled branch).
   const bool done = quant_matmul_multi(c, x, ws, outs, act.get());
-  QWEN36_CHECK(done, "rms_norm_matmul_multi: the projections of {} were not taken", x.shape_str());
+  QWEN36_CHECK(done, "add_rms_norm_matmul_multi: the projections of {} were not taken", x.shape_str());
   return true;
 }
 
@@ -49,7 +47,7 @@ bool norm_quant_mlp(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, flo
                     Tensor& gate_out, Tensor& up_out, Tensor& out) {
   const int64_t K = x.cols(), T = x.rows(), I = m.gate_proj.rows();
   const Tensor &gate = m.gate_proj, &up = m.up_proj, &down = m.down_proj;
-  if (!enabled() || c.exact_matmul || T < 1 || T > kMaxT || x.dtype != DType::F32 || !dtype_is_tiled(gate.dtype) ||
+  if (!enabled() || c.exact_matmul || T < 1 || T > kTiledMaxT || x.dtype != DType::F32 || !dtype_is_tiled(gate.dtype) ||
       !dtype_is_tiled(up.dtype) || !dtype_is_tiled(down.dtype) || up.rows() != I || down.cols() != I || I % 32 != 0 ||
       gate_out.dtype != DType::F32 || up_out.dtype != DType::F32 || gate_out.numel() != T * I ||
       up_out.numel() != T * I)
