@@ -142,8 +142,8 @@ class PlanBuilder {
       vec(b + "ssm_a", {Hv}, -1.0f, 0.5f);  // −exp(A_log) with A_log near 0
       vec(b + "ssm_conv1d.weight", {c_.conv_dim(), c_.conv_kernel}, 0.0f, 0.5f);
       vec(b + "ssm_dt.bias", {Hv}, 0.0f, 0.5f);
-      matrix(b + "ssm_alpha.weight", {Hv, H});
-      matrix(b + "ssm_beta.weight", {Hv, H});
+      matrix(b + "ssm_alpha.weight", {c_.gate_rows(), H});
+      matrix(b + "ssm_beta.weight", {c_.gate_rows(), H});
       matrix(b + "attn_qkv.weight", {c_.conv_dim(), H});
       matrix(b + "attn_gate.weight", {vd, H});
       vec(b + "ssm_norm.weight", {c_.linear_v_dim}, 1.0f, 0.1f);

@@ -54,8 +54,8 @@ LayerWeights random_layer(Builder& b, const ModelConfig& c, LayerKind kind) {
     auto& d = l.deltanet;
     d.in_proj_qkv = b.matrix({c.conv_dim(), H}, sh);
     d.in_proj_z = b.matrix({vd, H}, sh);
-    d.in_proj_b = b.matrix({c.linear_v_heads, H}, sh);
-    d.in_proj_a = b.matrix({c.linear_v_heads, H}, sh);
+    d.in_proj_b = b.matrix({c.gate_rows(), H}, sh);
+    d.in_proj_a = b.matrix({c.gate_rows(), H}, sh);
     d.conv1d = b.f32({c.conv_dim(), c.conv_kernel}, 0.0f, 0.5f);
     d.dt_bias = b.f32({c.linear_v_heads}, 0.0f, 0.5f);
     d.a_neg_exp = b.f32({c.linear_v_heads}, -1.0f, 0.5f);  // −exp(A_log) with A_log near 0

@@ -77,6 +77,18 @@ class Slicer {
     return out;
   }
 
+  // Rows [r0, r0 + n) of a 2-D tensor followed by zero rows up to `total` rows: a copy (a zero
+  // block of every format used here decodes to zeros).
+  Tensor rows_padded(const Tensor& t, int64_t r0, int64_t n, int64_t total) {
+    const Tensor part = rows(t, r0, n);
+    if (total == n) return part;
+    QWEN36_CHECK(t.ndim == 2 && total > n, "tensor parallel: {} rows of {} padded to {}", n, t.shape_str(), total);
+    Tensor out = alloc(t.dtype, total, t.cols());
+    std::memcpy(out.data, part.data, part.nbytes());
+    std::memset(static_cast<std::byte*>(out.data) + part.nbytes(), 0, out.nbytes() - part.nbytes());
+    return out;
+  }
+
   // Column ranges of a 2-D matrix, concatenated: a copy. Adjacent ranges are merged first;
   // each merged range must be whole blocks of the matrix's dtype.
   Tensor cols(const std::string& name, const Tensor& t, std::vector<Range> ranges) {
@@ -156,8 +168,8 @@ LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpSh
     od.in_proj_qkv = sl.gather_rows(d.in_proj_qkv, qkv);
     od.conv1d = sl.gather_rows(d.conv1d, qkv);
     od.in_proj_z = sl.rows(d.in_proj_z, v0 * dv, vn * dv);
-    od.in_proj_b = sl.rows(d.in_proj_b, v0, vn);
-    od.in_proj_a = sl.rows(d.in_proj_a, v0, vn);
+    od.in_proj_b = sl.rows_padded(d.in_proj_b, v0, vn, ModelConfig::padded_gate_rows(vn));
+    od.in_proj_a = sl.rows_padded(d.in_proj_a, v0, vn, ModelConfig::padded_gate_rows(vn));
     od.dt_bias = sl.rows(d.dt_bias, v0, vn);
     od.a_neg_exp = sl.rows(d.a_neg_exp, v0, vn);
     od.norm = d.norm;
@@ -277,6 +289,7 @@ ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
   if (c.n_linear_layers() > 0) {
     o.linear_v_heads = s.k_heads * (c.linear_v_heads / c.linear_k_heads);
     o.linear_k_heads = s.k_heads;
+    o.linear_gate_rows = ModelConfig::padded_gate_rows(o.linear_v_heads);
   }
   if (c.moe) {
     o.moe_intermediate_size = s.moe;

@@ -78,8 +78,8 @@ static void validate_layer(const ModelConfig& c, const LayerWeights& l, const st
     const auto& d = l.deltanet;
     check(d.in_proj_qkv, p + "linear_attn.in_proj_qkv", {c.conv_dim(), H});
     check(d.in_proj_z, p + "linear_attn.in_proj_z", {c.linear_value_dim(), H});
-    check(d.in_proj_b, p + "linear_attn.in_proj_b", {c.linear_v_heads, H});
-    check(d.in_proj_a, p + "linear_attn.in_proj_a", {c.linear_v_heads, H});
+    check(d.in_proj_b, p + "linear_attn.in_proj_b", {c.gate_rows(), H});
+    check(d.in_proj_a, p + "linear_attn.in_proj_a", {c.gate_rows(), H});
     check(d.conv1d, p + "linear_attn.conv1d", {c.conv_dim(), c.conv_kernel});
     check(d.dt_bias, p + "linear_attn.dt_bias", {c.linear_v_heads});
     check(d.a_neg_exp, p + "linear_attn.A_log", {c.linear_v_heads});

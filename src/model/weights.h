@@ -32,8 +32,8 @@ struct AttentionWeights {
 struct DeltaNetWeights {
   Tensor in_proj_qkv;  // (conv_dim, hidden); rows [q (Hk*dk) | k (Hk*dk) | v (Hv*dv)]
   Tensor in_proj_z;    // (Hv * dv, hidden)
-  Tensor in_proj_b;    // (Hv, hidden)
-  Tensor in_proj_a;    // (Hv, hidden)
+  Tensor in_proj_b;    // (gate_rows, hidden): Hv rows, a shard's padded (ModelConfig::gate_rows)
+  Tensor in_proj_a;    // (gate_rows, hidden)
   Tensor conv1d;       // (conv_dim, conv_kernel) f32
   Tensor dt_bias;      // (Hv) f32
   Tensor a_neg_exp;    // (Hv) f32, −exp(A_log)

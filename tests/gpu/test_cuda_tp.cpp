@@ -1,9 +1,11 @@
 // Tensor parallelism on 2 GPUs (skipped with fewer): the NCCL all-reduce, eager and recorded
-// in a CUDA graph, and a TP=2 model (one thread per GPU) against TP=1 on device 0 — a
-// prefill, decode steps (the 2nd records the step with its collectives, later ones replay
-// it) and greedy generation. Run on a machine with NCCL_NVLS_ENABLE unset or 0.
+// in a CUDA graph (and its latency there), and a TP=2 model (one thread per GPU) against TP=1
+// on device 0 — a prefill, decode steps (the 2nd records the step with its collectives, later
+// ones replay it) and greedy generation. Run on a machine with NCCL_NVLS_ENABLE unset or 0.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "backend/comm.h"
@@ -89,6 +91,56 @@ TEST(CudaTp, NcclAllReduceEagerAndInGraph) {
       EXPECT_EQ(bad, 0u) << "rank " << r << (k ? " graph" : " eager") << ": first mismatch at " << first << ": "
                          << got[r][k][first] << " vs " << want[first];
     }
+  }
+}
+
+// What one all-reduce of a decode step costs inside a recorded graph (128 back to back, as a
+// 27B step has): printed, and the result checked. (H200 pair, NVLink: 7.0 µs for one 5120-wide
+// row, 10.4 for 32; NCCL 2.28's symmetric-window kernels measured no faster: 6.7 and 12.9.)
+TEST(CudaTp, AllReduceLatencyInGraph) {
+  SKIP_WITHOUT_TWO_GPUS();
+  constexpr int kOps = 128, kReplays = 20;
+  for (int64_t rows : {1, 32}) {
+    const int64_t n = rows * 5120;
+    const std::string id = nccl_unique_id();
+    double us[2] = {0, 0};
+    std::string err[2];
+    auto rank_main = [&](int r) {
+      try {
+        auto be = rank_backend(r, false);
+        auto comm = make_nccl_comm(id, r, 2);
+        struct DropRecordings {
+          Backend& b;
+          ~DropRecordings() { b.drop_recordings(); }
+        } drop{*be};
+        HostT start(DType::F32, {n});  // 2^-64: 128 doublings end at 2^64, exact in f32
+        std::fill(start.t.as<float>(), start.t.as<float>() + n, std::ldexp(1.0f, -64));
+        DevT x = upload(*be, start);
+        comm->all_reduce_sum(*be, x.t);  // eager first: NCCL connects the peers (not allowed while capturing)
+        be->copy_from_host(start.t.data, x.t);
+        ASSERT_TRUE(be->begin_capture());
+        for (int i = 0; i < kOps; ++i) comm->all_reduce_sum(*be, x.t);
+        ASSERT_TRUE(be->end_capture(7, true));
+        ASSERT_TRUE(be->replay(7));
+        const std::vector<float> got = download(*be, x.t);
+        EXPECT_EQ(got[0], std::ldexp(1.0f, kOps - 64));
+        EXPECT_EQ(got[size_t(n - 1)], std::ldexp(1.0f, kOps - 64));
+        cuda_synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < kReplays; ++k) be->replay(7);
+        cuda_synchronize();
+        us[r] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                (kReplays * kOps);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    };
+    std::thread t1(rank_main, 1);
+    rank_main(0);
+    t1.join();
+    ASSERT_EQ(err[0] + err[1], "");
+    std::printf("[ all-reduce ] %lld f32 (%lld rows of 5120): %.1f us each in a graph (rank 0), %.1f (rank 1)\n",
+                (long long)n, (long long)rows, us[0], us[1]);
   }
 }
 

@@ -242,6 +242,7 @@ struct DecodeArgs {
   int* counters;    // [T, Hv]: slices of the head finished
   float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
   int C, Hk, Hv, dv;
+  int gs;  // a's and b's row length (Hv, or a shard's padded gate rows)
   float eps;
 };
 
@@ -276,15 +277,16 @@ __global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p)
   const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
   const int dv = p.dv, col = slice * kDecCols + 4 * cg;
   const SeqRun r = p.runs[t];
-  const int64_t hrow = int64_t(r.begin) * p.Hv + h;  // (token, head) row of z, out, a, b
+  const int64_t hrow = int64_t(r.begin) * p.Hv + h;  // (token, head) row of z, out
   // Before the prep kernel's results: the state slice, the gates (a, b come from before it).
   float* S = p.state + (int64_t(r.slot) * p.Hv + h) * DK * dv + col;
   float4 s[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) s[i] = *reinterpret_cast<const float4*>(S + int64_t(rg + 16 * i) * dv);
-  const float ga = p.a[hrow] + p.dt_bias[h];
+  const int64_t grow = int64_t(r.begin) * p.gs + h;  // (token, head) of a, b
+  const float ga = p.a[grow] + p.dt_bias[h];
   const float decay = expf(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))));  // e^g, g as deltanet_gates
-  const float bt = sigmoid_f(p.b[hrow]);
+  const float bt = sigmoid_f(p.b[grow]);
   griddep_trigger();
   griddep_wait();
 
@@ -491,7 +493,8 @@ bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, co
                                                   &ssm_state, &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
   for (const Tensor* t : f32s)
     if (t->dtype != DType::F32) return false;
-  QWEN36_CHECK(z.numel() == T * Hv * dv && a.numel() == T * Hv && b.numel() == T * Hv && out.dim(0) == T,
+  const int64_t G = a.numel() / T;  // a's and b's row length: Hv or more (Backend::deltanet_decode)
+  QWEN36_CHECK(z.numel() == T * Hv * dv && G >= Hv && a.numel() == T * G && b.numel() == T * G && out.dim(0) == T,
                "deltanet_decode: z {} a {} b {} out {} for {} tokens", z.shape_str(), a.shape_str(), b.shape_str(),
                out.shape_str(), T);
   QWEN36_CHECK(ssm_state.dim(1) == Hv && ssm_state.dim(3) == dv && conv_state.dim(1) == C && conv_state.dim(2) == K - 1,
@@ -518,7 +521,7 @@ bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, co
   const DecodeArgs p{mixed.as<const float>(), z.as<const float>(), a.as<const float>(), b.as<const float>(),
                      w.a_neg_exp.as<const float>(), w.dt_bias.as<const float>(), w.norm.as<const float>(),
                      ssm_state.as<float>(), out.as<float>(), dr, counters, scratch.get() + T * Hv,
-                     int(C), int(Hk), int(Hv), int(dv), eps};
+                     int(C), int(Hk), int(Hv), int(dv), int(G), eps};
   const dim3 sgrid{unsigned(T), unsigned(Hv), unsigned(ns)};
   switch (dk) {
     case 16: launch_pdl(decode_state_kernel<16>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;

@@ -120,10 +120,16 @@ template <bool kQuant>
 __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const float4* w, float eps, float4* out,
                                         int64_t D4, ActOut act) {
   griddep_trigger();
+  // The weight depends on no kernel: loaded before the wait, so no round trip follows the sum.
+  float4 v[kVec], g[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    if (i < D4) g[j] = w[i];
+  }
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
   float4* yr = y + int64_t(blockIdx.x) * D4;
   const float4* dr = delta + int64_t(blockIdx.x) * D4;
-  float4 v[kVec];
   float ss = 0;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
@@ -143,8 +149,7 @@ __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const fl
     const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
     float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i < D4) {
-      const float4 g = w[i];
-      r = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z, v[j].w * inv * g.w);
+      r = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z, v[j].w * inv * g[j].w);
       o[i] = r;
     }
     if constexpr (kQuant) {  // every lane: quantize_quad reduces over 8 lanes (D4 % 8 == 0: whole groups)

@@ -580,19 +580,21 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
 
   if constexpr (REGS) {
     // Two register sets in turn: tile i + 1 loads while tile i computes (no copies). b0 < b1:
-    // never more warps than tiles.
+    // never more warps than tiles. Both sets are requested before the wait, so a small
+    // matrix's warps (a few tiles each) have two tiles arriving while the kernel before ends.
     Raw<D> A, Bt;
     load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
+    if (b0 + 1 < b1) load_tile<D, true>(a.w + size_t(b0 + 1) * B, lane, Bt);
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
     for (long long i = b0; i < b1; i += 2) {
-      if (i + 1 < b1) load_tile<D, true>(a.w + size_t(i + 1) * B, lane, Bt);
       compute(A);
       finish(i);
-      if (i + 1 >= b1) break;
       if (i + 2 < b1) load_tile<D, true>(a.w + size_t(i + 2) * B, lane, A);
+      if (i + 1 >= b1) break;
       compute(Bt);
       finish(i + 1);
+      if (i + 3 < b1) load_tile<D, true>(a.w + size_t(i + 3) * B, lane, Bt);
     }
   } else {
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before

@@ -232,6 +232,17 @@ TEST(TensorParallel, PlanApportionsWholeUnits) {
   EXPECT_EQ(s1.n_heads, 2);
   EXPECT_EQ(s1.linear_v_heads, 2);
   EXPECT_EQ(s1.intermediate_size, 32);
+  // The DeltaNet b / a shards carry whole 16-row tiles: 2 heads' rows, then zero rows.
+  EXPECT_EQ(s1.gate_rows(), 16);
+  const ModelWeights full = make_random_weights(c, DType::F32, 9);
+  const ModelWeights w1 = shard_weights(full, p[1]);
+  const Tensor& b1 = w1.layers[0].deltanet.in_proj_b;
+  ASSERT_EQ(b1.rows(), 16);
+  const int64_t H = c.hidden_size, h0 = p[1].k_head0 * (c.linear_v_heads / c.linear_k_heads);
+  const float* got = b1.as<const float>();
+  const float* want = full.layers[0].deltanet.in_proj_b.as<const float>() + h0 * H;
+  EXPECT_TRUE(std::equal(got, got + 2 * H, want));
+  EXPECT_TRUE(std::all_of(got + 2 * H, got + 16 * H, [](float v) { return v == 0.0f; }));
 }
 
 TEST(TensorParallel, PlanExpertParallel) {
