@@ -56,9 +56,9 @@
 //    tile the warp fences once and lane 0 counts its arrivals (atomicAdd on an int counter, one
 //    per split row-tile, indexed by the warp holding the row-tile's first tile; never mid-stream,
 //    where the fence and the atomic's round trip stalled the loads in flight); the last to arrive
-//    sums the pieces in warp order and writes out (no float atomics: bitwise reproducible, eager
-//    or graph replay) and resets the counter, so the next launch of the call (read only after its
-//    griddep_wait) finds it zero. That sum is on the kernel's critical path (every warp's range
+//    sums the pieces in a fixed order (warp order; at T = 1 two interleaved halves) and writes
+//    out (no float atomics: bitwise reproducible, eager or graph replay) and resets the counter,
+//    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum is on the kernel's critical path (every warp's range
 //    ends in a split row-tile), so it requests several warps' pieces, all their entries, before
 //    adding: a few L2 round trips. (Round 3 summed entry by entry: T / 2 · warps-per-row-tile
 //    dependent L2 reads, 2 integer divisions each — ~70 at T = 32 on 5120 × 17408, the cause of
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   };
   // The warp's arrival at split row-tile rr (its pieces written and fenced): the last of the
   // row-tile's warps to arrive (counter cnt[w0], w0 the warp holding its first tile) sums every
-  // piece in warp order and writes out: no float atomics, so the result is bitwise the same on
+  // piece in a fixed order and writes out: no float atomics, so the result is bitwise the same on
   // every run and in every replay; it resets the counter for the next launch (which reads it
   // only after its griddep_wait, i.e. after this grid completed). This runs at the kernel's
   // tail (every warp's range ends in a split row-tile), so it is latency, not bandwidth: each
@@ -532,6 +532,30 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     last = __shfl_sync(0xffffffffu, last, 0);
     if (!last) return;
     __threadfence();
+    if constexpr (ONE) {
+      // T = 1: a piece is 16 floats. The half-warps take alternate warps' pieces, 8 each in
+      // flight, so up to 16 pieces cost one L2 round trip (the general form below would
+      // request 4 pieces a round with half the lanes idle); then the halves are added.
+      const int e = lane & 15, half = lane >> 4;
+      float sum = 0.0f;
+      for (int v0 = w0 + half; v0 <= w1; v0 += 16) {
+        float q[8];
+#pragma unroll
+        for (int dv = 0; dv < 8; ++dv) {
+          const int v = v0 + 2 * dv;
+          const int slot = v <= w1 && range_begin(v, a.total, a.nwarps) / S != rr ? 1 : 0;
+          q[dv] = v <= w1 ? __ldcg(a.part + (size_t(v) * 2 + slot) * 16 + e) : 0.0f;
+        }
+#pragma unroll
+        for (int dv = 0; dv < 8; ++dv) sum += q[dv];
+      }
+      sum += __shfl_down_sync(0xffffffffu, sum, 16);
+      size_t stride = 0;
+      float* o = out_of(a, rr, stride);
+      if (lane < 16) o[e] = sum;
+      if (lane == 0) a.cnt[w0] = 0;
+      return;
+    }
     constexpr int kE = 4 * NT;                  // entries per lane (8·NT tokens × 16 rows / 32)
     constexpr int kV = NT <= 2 ? 4 : 8 / NT;    // warps' pieces in flight at once (≤ 32 registers)
     const int ne = T * 16;
