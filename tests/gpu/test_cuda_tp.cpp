@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "backend/comm.h"
@@ -43,6 +44,33 @@ std::unique_ptr<Backend> rank_backend(int rank, bool exact) {
   return make_cuda_backend(o);
 }
 
+// Runs body(backend, communicator, rank) on ranks 0 and 1 of a fresh NCCL group, one thread
+// each; an exception on either rank fails the test with its message.
+void on_two_ranks(const std::function<void(Backend&, Comm&, int)>& body) {
+  const std::string id = nccl_unique_id();
+  std::string err[2];
+  auto rank_main = [&](int r) {
+    try {
+      auto be = rank_backend(r, false);
+      auto comm = make_nccl_comm(id, r, 2);
+      // NCCL's destroy waits for every graph that captured one of the communicator's operations:
+      // the recordings go first, also when an assertion in body returns early.
+      struct DropRecordings {
+        Backend& b;
+        ~DropRecordings() { b.drop_recordings(); }
+      } drop{*be};
+      body(*be, *comm, r);
+    } catch (const std::exception& e) {
+      err[r] = e.what();
+    }
+  };
+  std::thread t1(rank_main, 1);
+  rank_main(0);
+  t1.join();
+  ASSERT_EQ(err[0], "") << "rank 0";
+  ASSERT_EQ(err[1], "") << "rank 1";
+}
+
 // Each rank adds its own random vector; both must get a + b bit for bit (two terms: the
 // order cannot matter), eagerly and from a recorded graph replayed twice.
 TEST(CudaTp, NcclAllReduceEagerAndInGraph) {
@@ -52,37 +80,19 @@ TEST(CudaTp, NcclAllReduceEagerAndInGraph) {
   const HostT a = random_t(rng, DType::F32, {n}), b = random_t(rng, DType::F32, {n});
   std::vector<float> want(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) want[size_t(i)] = a.t.as<float>()[i] + b.t.as<float>()[i];
-  const std::string id = nccl_unique_id();
   std::vector<float> got[2][2];  // [rank][eager, graph]
-  std::string err[2];
-  auto rank_main = [&](int r) {
-    try {
-      auto be = rank_backend(r, false);
-      auto comm = make_nccl_comm(id, r, 2);
-      // NCCL's destroy waits for every graph that captured one of the communicator's operations:
-      // the recordings go first, also when an assertion below returns early.
-      struct DropRecordings {
-        Backend& b;
-        ~DropRecordings() { b.drop_recordings(); }
-      } drop{*be};
-      DevT x = upload(*be, r == 0 ? a : b);
-      comm->all_reduce_sum(*be, x.t);
-      got[r][0] = download(*be, x.t);
-      be->copy_from_host((r == 0 ? a : b).t.data, x.t);
-      ASSERT_TRUE(be->begin_capture());
-      comm->all_reduce_sum(*be, x.t);
-      ASSERT_TRUE(be->end_capture(42, true));
-      ASSERT_TRUE(be->replay(42));  // x = a + b
-      got[r][1] = download(*be, x.t);
-    } catch (const std::exception& e) {
-      err[r] = e.what();
-    }
-  };
-  std::thread t1(rank_main, 1);
-  rank_main(0);
-  t1.join();
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_EQ(err[r], "") << "rank " << r;
+  on_two_ranks([&](Backend& be, Comm& comm, int r) {
+    DevT x = upload(be, r == 0 ? a : b);
+    comm.all_reduce_sum(be, x.t);
+    got[r][0] = download(be, x.t);
+    be.copy_from_host((r == 0 ? a : b).t.data, x.t);
+    ASSERT_TRUE(be.begin_capture());
+    comm.all_reduce_sum(be, x.t);
+    ASSERT_TRUE(be.end_capture(42, true));
+    ASSERT_TRUE(be.replay(42));  // x = a + b
+    got[r][1] = download(be, x.t);
+  });
+  for (int r = 0; r < 2; ++r)
     for (int k = 0; k < 2; ++k) {
       ASSERT_EQ(got[r][k].size(), want.size());
       size_t bad = 0, first = 0;
@@ -91,7 +101,6 @@ TEST(CudaTp, NcclAllReduceEagerAndInGraph) {
       EXPECT_EQ(bad, 0u) << "rank " << r << (k ? " graph" : " eager") << ": first mismatch at " << first << ": "
                          << got[r][k][first] << " vs " << want[first];
     }
-  }
 }
 
 // What one all-reduce of a decode step costs inside a recorded graph (128 back to back, as a
@@ -102,43 +111,27 @@ TEST(CudaTp, AllReduceLatencyInGraph) {
   constexpr int kOps = 128, kReplays = 20;
   for (int64_t rows : {1, 32}) {
     const int64_t n = rows * 5120;
-    const std::string id = nccl_unique_id();
+    HostT start(DType::F32, {n});  // 2^-64: 128 doublings end at 2^64, exact in f32
+    std::fill(start.t.as<float>(), start.t.as<float>() + n, std::ldexp(1.0f, -64));
     double us[2] = {0, 0};
-    std::string err[2];
-    auto rank_main = [&](int r) {
-      try {
-        auto be = rank_backend(r, false);
-        auto comm = make_nccl_comm(id, r, 2);
-        struct DropRecordings {
-          Backend& b;
-          ~DropRecordings() { b.drop_recordings(); }
-        } drop{*be};
-        HostT start(DType::F32, {n});  // 2^-64: 128 doublings end at 2^64, exact in f32
-        std::fill(start.t.as<float>(), start.t.as<float>() + n, std::ldexp(1.0f, -64));
-        DevT x = upload(*be, start);
-        comm->all_reduce_sum(*be, x.t);  // eager first: NCCL connects the peers (not allowed while capturing)
-        be->copy_from_host(start.t.data, x.t);
-        ASSERT_TRUE(be->begin_capture());
-        for (int i = 0; i < kOps; ++i) comm->all_reduce_sum(*be, x.t);
-        ASSERT_TRUE(be->end_capture(7, true));
-        ASSERT_TRUE(be->replay(7));
-        const std::vector<float> got = download(*be, x.t);
-        EXPECT_EQ(got[0], std::ldexp(1.0f, kOps - 64));
-        EXPECT_EQ(got[size_t(n - 1)], std::ldexp(1.0f, kOps - 64));
-        cuda_synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int k = 0; k < kReplays; ++k) be->replay(7);
-        cuda_synchronize();
-        us[r] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                (kReplays * kOps);
-      } catch (const std::exception& e) {
-        err[r] = e.what();
-      }
-    };
-    std::thread t1(rank_main, 1);
-    rank_main(0);
-    t1.join();
-    ASSERT_EQ(err[0] + err[1], "");
+    on_two_ranks([&](Backend& be, Comm& comm, int r) {
+      DevT x = upload(be, start);
+      comm.all_reduce_sum(be, x.t);  // eager first: NCCL connects the peers (not allowed while capturing)
+      be.copy_from_host(start.t.data, x.t);
+      ASSERT_TRUE(be.begin_capture());
+      for (int i = 0; i < kOps; ++i) comm.all_reduce_sum(be, x.t);
+      ASSERT_TRUE(be.end_capture(7, true));
+      ASSERT_TRUE(be.replay(7));
+      const std::vector<float> got = download(be, x.t);
+      EXPECT_EQ(got[0], std::ldexp(1.0f, kOps - 64));
+      EXPECT_EQ(got[size_t(n - 1)], std::ldexp(1.0f, kOps - 64));
+      cuda_synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < kReplays; ++k) be.replay(7);
+      cuda_synchronize();
+      us[r] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+              (kReplays * kOps);
+    });
     std::printf("[ all-reduce ] %lld f32 (%lld rows of 5120): %.1f us each in a graph (rank 0), %.1f (rank 1)\n",
                 (long long)n, (long long)rows, us[0], us[1]);
   }
