@@ -10,7 +10,6 @@
 // memory; weights are ModelWeights tensors in any stored dtype. T = tokens in the batch.
 // Per-sequence state (KV cache, conv and recurrent state) is indexed by SeqRun::slot.
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -227,8 +226,8 @@ class Backend {
   //   Recurrent) → out; out = gated_rms_norm(out, z, w.norm, eps).
   // mixed [T, conv_dim] is scratch (its contents afterwards are unspecified); z, out [T, Hv, dv];
   // a, b [T, Hv], or [T, G > Hv] whose first Hv columns count (a shard's padded projections,
-  // ModelConfig::gate_rows); conv_state, ssm_state as above (updated). Head counts and dims come from the
-  // shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) / (2·dk). The default composes the
+  // ModelConfig::gate_rows); conv_state, ssm_state as above (updated). Head counts and dims
+  // come from the shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) / (2·dk). The default composes the
   // ops above (the reference); a device backend fuses them, since a decode step's DeltaNet is
   // bound by launches and latency, not arithmetic.
   virtual void deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
@@ -335,7 +334,8 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
                              ssm_state.shape_str() + ", " + std::to_string(runs.size()) + " runs");
   for (const SeqRun& r : runs)
     if (r.count != 1) throw std::runtime_error("deltanet_decode: a run of " + std::to_string(r.count) + " tokens");
-  const int64_t G = a.numel() / std::max<int64_t>(T, 1);  // a's and b's row length (≥ Hv)
+  if (T == 0) return;
+  const int64_t G = a.numel() / T;  // a's and b's row length (≥ Hv)
   if (G < Hv || a.numel() != T * G || b.numel() != T * G)
     throw std::runtime_error("deltanet_decode: a " + a.shape_str() + ", b " + b.shape_str() + " for " +
                              std::to_string(Hv) + " heads");

@@ -205,7 +205,7 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
                 dv = c.linear_v_dim;
   Tensor mixed = s.f32({T, c.conv_dim()});  // [q | k | v] channels
   Tensor z = s.f32({T, Hv, dv});
-  // A shard's b / a projections may carry padding rows (DeltaNetWeights): computed, then dropped.
+  // A shard's b / a projections may carry padding rows (ModelConfig::gate_rows): computed, then dropped.
   const int64_t G = d.in_proj_b.rows();
   Tensor bp = s.f32({T, G}), ap = s.f32({T, G});
   const Tensor* ws[] = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a};

@@ -58,12 +58,13 @@
 //    where the fence and the atomic's round trip stalled the loads in flight); the last to arrive
 //    sums the pieces in a fixed order (warp order; at T = 1 two interleaved halves) and writes
 //    out (no float atomics: bitwise reproducible, eager or graph replay) and resets the counter,
-//    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum is on the kernel's critical path (every warp's range
-//    ends in a split row-tile), so it requests several warps' pieces, all their entries, before
-//    adding: a few L2 round trips. (Round 3 summed entry by entry: T / 2 · warps-per-row-tile
-//    dependent L2 reads, 2 integer divisions each — ~70 at T = 32 on 5120 × 17408, the cause of
-//    its 30–60 % loss at T ≥ 2.) Launches per call: quantize (not at fused T = 1), then one GEMM
-//    per group.
+//    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum
+//    is on the kernel's critical path (every warp's range ends in a split row-tile), so it
+//    requests several warps' pieces, all their entries, before adding: a few L2 round trips
+//    (at T = 1 one for up to 16 pieces: 27B Q4_K_M decode +7% over 4 a round). (Round 3 summed
+//    entry by entry: T / 2 · warps-per-row-tile dependent L2 reads, 2 integer divisions each —
+//    ~70 at T = 32 on 5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) Launches per call:
+//    quantize (not at fused T = 1), then one GEMM per group.
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
