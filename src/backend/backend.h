@@ -210,7 +210,8 @@ class Backend {
   // Depthwise causal conv over time then SiLU, in place on x [T, C]; w [C, K];
   // conv_state [slots, C, K-1] holds each sequence's last K-1 inputs and is updated.
   virtual void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) = 0;
-  // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      a, b, g, beta [T, Hv]
+  // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      g, beta [T, Hv]; a, b [T, Hv],
+  // or [T, G > Hv] whose first Hv columns count (a shard's padded projections, ModelConfig::gate_rows)
   virtual void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
                               Tensor& g, Tensor& beta) = 0;
   // The gated delta rule with q, k L2-normalised inside and q scaled by 1/sqrt(dk):
@@ -225,10 +226,9 @@ class Backend {
   //   q, k, v = mixed's [q | k | v] column blocks; gated_delta_rule(q, k, v, g, beta, ssm_state,
   //   Recurrent) → out; out = gated_rms_norm(out, z, w.norm, eps).
   // mixed [T, conv_dim] is scratch (its contents afterwards are unspecified); z, out [T, Hv, dv];
-  // a, b [T, Hv], or [T, G > Hv] whose first Hv columns count (a shard's padded projections,
-  // ModelConfig::gate_rows); conv_state, ssm_state as above (updated). Head counts and dims
-  // come from the shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) / (2·dk). The default composes the
-  // ops above (the reference); a device backend fuses them, since a decode step's DeltaNet is
+  // a, b as deltanet_gates' ([T, Hv] or padded rows); conv_state, ssm_state as above (updated).
+  // Head counts and dims come from the shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) /
+  // (2·dk). The default composes the ops above (the reference); a device backend fuses them, since a decode step's DeltaNet is
   // bound by launches and latency, not arithmetic.
   virtual void deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
                                const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
@@ -335,25 +335,12 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
   for (const SeqRun& r : runs)
     if (r.count != 1) throw std::runtime_error("deltanet_decode: a run of " + std::to_string(r.count) + " tokens");
   if (T == 0) return;
-  const int64_t G = a.numel() / T;  // a's and b's row length (≥ Hv)
-  if (G < Hv || a.numel() != T * G || b.numel() != T * G)
-    throw std::runtime_error("deltanet_decode: a " + a.shape_str() + ", b " + b.shape_str() + " for " +
-                             std::to_string(Hv) + " heads");
   causal_conv1d_silu(mixed, w.conv1d, conv_state, runs);
-  // g, beta, (T > 1) contiguous copies of q, k, v, and (G > Hv) of a's and b's first Hv columns
-  const int64_t ab = G > Hv ? 2 * T * Hv : 0;
-  std::unique_ptr<DeviceBuffer> tmp = alloc(size_t(2 * T * Hv + (T > 1 ? T * C : 0) + ab) * sizeof(float));
+  // g, beta, and (T > 1) contiguous copies of q, k, v
+  std::unique_ptr<DeviceBuffer> tmp = alloc(size_t(2 * T * Hv + (T > 1 ? T * C : 0)) * sizeof(float));
   float* p = static_cast<float*>(tmp->data());
   Tensor g(p, DType::F32, {T, Hv}), beta(p + T * Hv, DType::F32, {T, Hv});
   float* qkv = T > 1 ? p + 2 * T * Hv : mixed.as<float>();  // one row: the column blocks are contiguous
-  Tensor a2 = a, b2 = b;
-  if (ab) {
-    float* q = p + 2 * T * Hv + (T > 1 ? T * C : 0);
-    a2 = Tensor(q, DType::F32, {T, Hv}), b2 = Tensor(q + T * Hv, DType::F32, {T, Hv});
-    const Tensor as(a.data, DType::F32, {T, G}), bs(b.data, DType::F32, {T, G});
-    copy_cols(as, 0, a2, 0, Hv);
-    copy_cols(bs, 0, b2, 0, Hv);
-  }
   if (T > 1) {  // [q (T·Hk·dk) | k (T·Hk·dk) | v (T·Hv·dv)]
     Tensor q2(qkv, DType::F32, {T, Hk * dk}), k2(qkv + T * Hk * dk, DType::F32, {T, Hk * dk}),
         v2(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv * dv});
@@ -363,7 +350,7 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
   }
   Tensor q(qkv, DType::F32, {T, Hk, dk}), k(qkv + T * Hk * dk, DType::F32, {T, Hk, dk}),
       v(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv, dv});
-  deltanet_gates(a2, b2, w.a_neg_exp, w.dt_bias, g, beta);
+  deltanet_gates(a, b, w.a_neg_exp, w.dt_bias, g, beta);
   gated_delta_rule(q, k, v, g, beta, ssm_state, runs, out, DeltaRuleMode::Recurrent);
   gated_rms_norm(out, z, w.norm, eps, out);
 }

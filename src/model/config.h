@@ -68,7 +68,6 @@ struct ModelConfig {
   int64_t linear_key_dim() const { return linear_k_heads * linear_k_dim; }     // q and k widths
   int64_t linear_value_dim() const { return linear_v_heads * linear_v_dim; }   // v and z widths
   int64_t gate_rows() const { return linear_gate_rows ? linear_gate_rows : linear_v_heads; }
-  static int64_t padded_gate_rows(int64_t heads) { return (heads + 15) / 16 * 16; }  // a shard's
   int64_t conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   int64_t q_proj_rows() const { return n_heads * head_dim * (attn_output_gate ? 2 : 1); }
   int64_t n_full_attention_layers() const;

@@ -34,11 +34,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   p.state = per_dn * size_t(dn_layers) * size_t(r.slots);
   // Live f32 activations per token inside one layer (Model's Scratch frames): the residual
   // stream, its pending FFN output and the normed input; the DeltaNet projections (b / a of a
-  // shard also padded), their q/k/v copies and output; the attention q|gate, k, v, output; the
+  // shard padded) and gates, their q/k/v copies and output; the attention q|gate, k, v, output; the
   // MLP's gate and up (or the routed experts' rows). The largest block wins, the stream parts
   // always live.
   const int64_t H = c.hidden_size, Hvdv = c.linear_v_heads * c.linear_v_dim;
-  const int64_t dn = 2 * c.conv_dim() + 3 * Hvdv + 4 * c.linear_v_heads + 2 * c.gate_rows();
+  const int64_t dn = 2 * c.conv_dim() + 3 * Hvdv + 2 * c.linear_v_heads + 2 * c.gate_rows();
   const int64_t attn = 4 * c.n_heads * c.head_dim + 3 * c.n_kv_heads * c.head_dim;
   const int64_t ffn = c.moe ? std::max<int64_t>(2 * c.n_experts_per_tok * c.moe_intermediate_size +
                                                     2 * c.shared_expert_intermediate_size + 2 * H,

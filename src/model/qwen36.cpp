@@ -205,30 +205,19 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
                 dv = c.linear_v_dim;
   Tensor mixed = s.f32({T, c.conv_dim()});  // [q | k | v] channels
   Tensor z = s.f32({T, Hv, dv});
-  // A shard's b / a projections may carry padding rows (ModelConfig::gate_rows): computed, then dropped.
-  const int64_t G = d.in_proj_b.rows();
-  Tensor bp = s.f32({T, G}), ap = s.f32({T, G});
+  // A shard's b / a carry padding rows (ModelConfig::gate_rows), whose outputs the gates skip.
+  Tensor b = s.f32({T, c.gate_rows()}), a = s.f32({T, c.gate_rows()});
   const Tensor* ws[] = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a};
-  Tensor* outs[] = {&mixed, &z, &bp, &ap};
+  Tensor* outs[] = {&mixed, &z, &b, &a};
   project(in, ws, outs);
   Tensor o = s.f32({T, Hv, dv});
   // A decode step (one token per run, as recorded decode steps are): conv, gates, delta rule
   // and the gated norm in one backend op.
   const bool decode = !save && mode != DeltaRuleMode::Chunked && int64_t(runs.size()) == T &&
                       std::all_of(runs.begin(), runs.end(), [](const SeqRun& r) { return r.count == 1; });
-  if (decode) {  // reads b / a rows of G values (Backend::deltanet_decode)
-    backend_.deltanet_decode(mixed, z, ap, bp, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
+  if (decode) {
+    backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
   } else {
-    Tensor b = bp, a = ap;
-    if (G != Hv) {
-      if (T == 1) {  // one row: its first Hv values are already a [1, Hv] tensor
-        b = Tensor(bp.data, DType::F32, {T, Hv}), a = Tensor(ap.data, DType::F32, {T, Hv});
-      } else {
-        b = s.f32({T, Hv}), a = s.f32({T, Hv});
-        backend_.copy_cols(bp, 0, b, 0, Hv);
-        backend_.copy_cols(ap, 0, a, 0, Hv);
-      }
-    }
     if (save) {  // verify runs only read their state; their inputs are kept for the commit
       save_rows(backend_, mixed, *save->conv_input, save->saved);  // before the conv overwrites mixed
       if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);

@@ -141,8 +141,9 @@ MlpWeights shard_mlp(const MlpWeights& m, int64_t f0, int64_t fn, Slicer& sl, co
   return o;
 }
 
-LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpShard& s, Slicer& sl,
-                         const std::string& p) {
+// c: the full model's config, sc: the shard's (shard_config).
+LayerWeights shard_layer(const ModelConfig& c, const ModelConfig& sc, const LayerWeights& l, const TpShard& s,
+                         Slicer& sl, const std::string& p) {
   LayerWeights o;
   o.kind = l.kind;
   o.input_norm = l.input_norm;
@@ -168,8 +169,8 @@ LayerWeights shard_layer(const ModelConfig& c, const LayerWeights& l, const TpSh
     od.in_proj_qkv = sl.gather_rows(d.in_proj_qkv, qkv);
     od.conv1d = sl.gather_rows(d.conv1d, qkv);
     od.in_proj_z = sl.rows(d.in_proj_z, v0 * dv, vn * dv);
-    od.in_proj_b = sl.rows_padded(d.in_proj_b, v0, vn, ModelConfig::padded_gate_rows(vn));
-    od.in_proj_a = sl.rows_padded(d.in_proj_a, v0, vn, ModelConfig::padded_gate_rows(vn));
+    od.in_proj_b = sl.rows_padded(d.in_proj_b, v0, vn, sc.gate_rows());
+    od.in_proj_a = sl.rows_padded(d.in_proj_a, v0, vn, sc.gate_rows());
     od.dt_bias = sl.rows(d.dt_bias, v0, vn);
     od.a_neg_exp = sl.rows(d.a_neg_exp, v0, vn);
     od.norm = d.norm;
@@ -289,7 +290,7 @@ ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
   if (c.n_linear_layers() > 0) {
     o.linear_v_heads = s.k_heads * (c.linear_v_heads / c.linear_k_heads);
     o.linear_k_heads = s.k_heads;
-    o.linear_gate_rows = ModelConfig::padded_gate_rows(o.linear_v_heads);
+    o.linear_gate_rows = (o.linear_v_heads + 15) / 16 * 16;  // whole 16-row tiles (ModelConfig)
   }
   if (c.moe) {
     o.moe_intermediate_size = s.moe;
@@ -312,11 +313,11 @@ ModelWeights shard_weights(const ModelWeights& w, const TpShard& s) {
   o.lm_head = w.lm_head;
   Slicer sl(o);
   for (size_t i = 0; i < w.layers.size(); ++i)
-    o.layers.push_back(shard_layer(c, w.layers[i], s, sl, "layers." + std::to_string(i) + "."));
+    o.layers.push_back(shard_layer(c, o.config, w.layers[i], s, sl, "layers." + std::to_string(i) + "."));
   if (w.mtp) {
     const MtpWeights& m = *w.mtp;
     o.mtp = MtpWeights{m.fc, m.pre_fc_norm_embedding, m.pre_fc_norm_hidden, m.norm,
-                       shard_layer(c, m.layer, s, sl, "mtp.layers.0.")};
+                       shard_layer(c, o.config, m.layer, s, sl, "mtp.layers.0.")};
   }
   return o;
 }

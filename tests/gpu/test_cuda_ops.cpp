@@ -441,17 +441,20 @@ TEST_F(CudaOps, Conv1dSiluWithState) {
   EXPECT_LE(rel_err(download(*gpu_, dst.t), st.floats()), 0.0);
 }
 
+// a and b with Hv columns, or with a shard's padded rows (G > Hv: only the first Hv count).
 TEST_F(CudaOps, DeltaNetGates) {
-  const int64_t T = 9, Hv = 48;
-  HostT a = random_t(rng_, DType::F32, {T, Hv}, -30, 30), b = random_t(rng_, DType::F32, {T, Hv}, -5, 5),
-        ae = random_t(rng_, DType::F32, {Hv}, -1.5f, -0.5f), dt = random_t(rng_, DType::F32, {Hv});
-  HostT g(DType::F32, {T, Hv}), beta(DType::F32, {T, Hv});
-  cpu::deltanet_gates(a.t, b.t, ae.t, dt.t, g.t, beta.t);
-  DevT da = upload(*gpu_, a), db = upload(*gpu_, b), dae = upload(*gpu_, ae), ddt = upload(*gpu_, dt),
-       dg = upload(*gpu_, HostT(DType::F32, {T, Hv})), dbeta = upload(*gpu_, HostT(DType::F32, {T, Hv}));
-  gpu_->deltanet_gates(da.t, db.t, dae.t, ddt.t, dg.t, dbeta.t);
-  EXPECT_LE(rel_err(download(*gpu_, dg.t), g.floats()), 1e-6);
-  EXPECT_LE(rel_err(download(*gpu_, dbeta.t), beta.floats()), 1e-6);
+  const int64_t T = 9, Hv = 24;
+  for (int64_t G : {Hv, int64_t(32)}) {
+    HostT a = random_t(rng_, DType::F32, {T, G}, -30, 30), b = random_t(rng_, DType::F32, {T, G}, -5, 5),
+          ae = random_t(rng_, DType::F32, {Hv}, -1.5f, -0.5f), dt = random_t(rng_, DType::F32, {Hv});
+    HostT g(DType::F32, {T, Hv}), beta(DType::F32, {T, Hv});
+    cpu::deltanet_gates(a.t, b.t, ae.t, dt.t, g.t, beta.t);
+    DevT da = upload(*gpu_, a), db = upload(*gpu_, b), dae = upload(*gpu_, ae), ddt = upload(*gpu_, dt),
+         dg = upload(*gpu_, HostT(DType::F32, {T, Hv})), dbeta = upload(*gpu_, HostT(DType::F32, {T, Hv}));
+    gpu_->deltanet_gates(da.t, db.t, dae.t, ddt.t, dg.t, dbeta.t);
+    EXPECT_LE(rel_err(download(*gpu_, dg.t), g.floats()), 1e-6) << "G " << G;
+    EXPECT_LE(rel_err(download(*gpu_, dbeta.t), beta.floats()), 1e-6) << "G " << G;
+  }
 }
 
 TEST_F(CudaOps, GatedDeltaRuleAllModesCarryState) {

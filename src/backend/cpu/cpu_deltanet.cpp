@@ -42,14 +42,14 @@ void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::spa
 
 void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias, Tensor& g,
                     Tensor& beta) {
-  const int64_t Hv = a_neg_exp.numel(), T = a.numel() / Hv;
-  QWEN36_CHECK(a.numel() == T * Hv && b.numel() == T * Hv && g.numel() == T * Hv && beta.numel() == T * Hv,
-               "deltanet_gates: shapes a {} b {} for {} heads", a.shape_str(), b.shape_str(), Hv);
+  const int64_t Hv = a_neg_exp.numel(), T = g.numel() / Hv, G = T ? a.numel() / T : Hv;  // G: a's and b's rows
+  QWEN36_CHECK(g.numel() == T * Hv && beta.numel() == T * Hv && G >= Hv && a.numel() == T * G && b.numel() == T * G,
+               "deltanet_gates: shapes a {} b {} g {} for {} heads", a.shape_str(), b.shape_str(), g.shape_str(), Hv);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < Hv; ++h) {
-      const int64_t i = t * Hv + h;
-      g.as<float>()[i] = a_neg_exp.as<const float>()[h] * softplus(a.as<const float>()[i] + dt_bias.as<const float>()[h]);
-      beta.as<float>()[i] = sigmoid(b.as<const float>()[i]);
+      const int64_t i = t * Hv + h, j = t * G + h;
+      g.as<float>()[i] = a_neg_exp.as<const float>()[h] * softplus(a.as<const float>()[j] + dt_bias.as<const float>()[h]);
+      beta.as<float>()[i] = sigmoid(b.as<const float>()[j]);
     }
 }
 

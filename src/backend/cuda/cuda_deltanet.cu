@@ -78,14 +78,15 @@ __global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const
     if (i < S) st[i] = hist[i];
 }
 
+// a, b: rows of G ≥ Hv values (Backend::deltanet_gates), g, beta: rows of Hv.
 __global__ void gates_kernel(const float* a, const float* b, const float* a_neg_exp, const float* dt_bias, float* g,
-                             float* beta, int64_t Hv, int64_t n) {
+                             float* beta, int64_t Hv, int64_t G, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t h = i % Hv;
-    const float x = a[i] + dt_bias[h];
+    const int64_t h = i % Hv, j = i / Hv * G + h;
+    const float x = a[j] + dt_bias[h];
     const float sp = x > 20.0f ? x : log1pf(expf(x));
     g[i] = a_neg_exp[h] * sp;
-    beta[i] = sigmoid_f(b[i]);
+    beta[i] = sigmoid_f(b[j]);
   }
 }
 
@@ -425,14 +426,14 @@ void causal_conv1d_silu_readonly(Ctx& c, Tensor& x, const Tensor& w, const Tenso
 
 void deltanet_gates(Ctx& c, const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
                     Tensor& g, Tensor& beta) {
-  const int64_t Hv = a_neg_exp.numel(), T = a.numel() / Hv;
-  QWEN36_CHECK(a.numel() == T * Hv && b.numel() == T * Hv && g.numel() == T * Hv && beta.numel() == T * Hv,
-               "deltanet_gates: shapes a {} b {} for {} heads", a.shape_str(), b.shape_str(), Hv);
+  const int64_t Hv = a_neg_exp.numel(), T = g.numel() / Hv, G = T ? a.numel() / T : Hv;  // G: a's and b's rows
+  QWEN36_CHECK(g.numel() == T * Hv && beta.numel() == T * Hv && G >= Hv && a.numel() == T * G && b.numel() == T * G,
+               "deltanet_gates: shapes a {} b {} g {} for {} heads", a.shape_str(), b.shape_str(), g.shape_str(), Hv);
   const int64_t n = T * Hv;
   if (!n) return;
   gates_kernel<<<int(std::min<int64_t>(blocks_for(n, 256), 65535)), 256, 0, c.stream>>>(
       a.as<const float>(), b.as<const float>(), a_neg_exp.as<const float>(), dt_bias.as<const float>(), g.as<float>(),
-      beta.as<float>(), Hv, n);
+      beta.as<float>(), Hv, G, n);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -1072,10 +1072,9 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
 
 namespace {
 
-// Untiled quantized matrices at 8 < T ≤ 64 that are small: the GEMV once per 8 tokens. Reading
-// such a matrix T / 8 times costs a few µs, against ~50 µs for dequantizing it and a cuBLAS GEMM
-// at T = 32 (the tensor-parallel shards' DeltaNet b / a: 24 rows, which the tiled layout's
-// 16-row tiles cannot hold, took 152 µs a layer at T = 32 with their tiled qkv / z).
+// Untiled quantized matrices at 8 < T ≤ 64 that are small (types without a tiled layout, or
+// rows the 16-row tiles cannot hold): the GEMV once per 8 tokens. Reading such a matrix T / 8
+// times costs a few µs, against ~50 µs for dequantizing it and a cuBLAS GEMM at T = 32.
 constexpr size_t kChunkedGemvMaxBytes = size_t(4) << 20;
 constexpr int64_t kGemvMaxT = 8;
 
