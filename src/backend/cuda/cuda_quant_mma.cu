@@ -53,9 +53,9 @@
 //    warps per SM) or ≤ 128 (16 warps; the default). QWEN36_MMA_VERBOSE=1 prints each launch
 //    shape once (stderr).
 //  - A row-tile split between warps: each writes its piece to a workspace slot; after its last
-//    tile the warp fences once and lane 0 counts its arrivals (atomicAdd on an int counter, one
+//    tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter, one
 //    per split row-tile, indexed by the warp holding the row-tile's first tile; never mid-stream,
-//    where the fence and the atomic's round trip stalled the loads in flight); the last to arrive
+//    where the atomic's round trip stalled the loads in flight); the last to arrive
 //    sums the pieces in a fixed order (warp order; at T = 1 two interleaved halves) and writes
 //    out (no float atomics: bitwise reproducible, eager or graph replay) and resets the counter,
 //    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum
@@ -351,6 +351,16 @@ __device__ __forceinline__ float* out_of(const MmaArgs& a, int r, size_t& stride
   return o + 16 * size_t(r - r0);
 }
 
+// Arrival at a split row-tile: the add releases this warp's pieces (its lanes' stores, ordered
+// before lane 0 by a __syncwarp) and acquires the other warps' for the last to arrive — the
+// pattern of a barrier plus one thread's release / acquire. (Two __threadfence, sequentially
+// consistent fences, did the same at ~8% of a T = 1 GEMM's stall samples, ncu.)
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // The warp holding tile i (ranges: warp w has [w·total/nw, (w + 1)·total/nw), nw ≤ total).
 __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
   return int(((i + 1) * nw - 1) / total);
@@ -404,12 +414,28 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
         __syncthreads();
         return;
       }
-      for (int i = int(threadIdx.x); i < G * 4; i += int(blockDim.x))
-        xs[i >> 2].b[i & 3] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
-      for (int j = int(threadIdx.x); j < G; j += int(blockDim.x)) {
-        const float4 f = __ldcg(a.xf + size_t(j) * 4);
-        const int4 z = __ldcg(a.xi + size_t(j) * 4);
-        xs[j].s = make_float4(f.x, f.y, __int_as_float(z.x), __int_as_float(z.z));
+      // All of a thread's loads are issued before its first store: one L2 round trip for K up to
+      // 8192 at 256 threads. (A load-store loop waited for each load in turn: ncu put 17-23% of
+      // a T = 1 GEMM's stall samples on those stores, ~4 round trips after griddep_wait.)
+      constexpr int kB = 8, kS = 3;  // fragment words and scale entries a thread per round
+      const int nb = G * 4, nt = int(blockDim.x), tid = int(threadIdx.x);
+      for (int r = 0; r * kB * nt < nb || r * kS * nt < G; ++r) {
+        uint2 b[kB];
+        float4 f[kS];
+        int4 z[kS];
+#pragma unroll
+        for (int u = 0; u < kB; ++u)
+          if (const int i = (r * kB + u) * nt + tid; i < nb) b[u] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
+#pragma unroll
+        for (int u = 0; u < kS; ++u)
+          if (const int j = (r * kS + u) * nt + tid; j < G) f[u] = __ldcg(a.xf + size_t(j) * 4), z[u] = __ldcg(a.xi + size_t(j) * 4);
+#pragma unroll
+        for (int u = 0; u < kB; ++u)
+          if (const int i = (r * kB + u) * nt + tid; i < nb) xs[i >> 2].b[i & 3] = b[u];
+#pragma unroll
+        for (int u = 0; u < kS; ++u)
+          if (const int j = (r * kS + u) * nt + tid; j < G)
+            xs[j].s = make_float4(f[u].x, f[u].y, __int_as_float(z[u].x), __int_as_float(z[u].z));
       }
       __syncthreads();  // every warp of the block is live (plan_mma), so all reach it
     }
@@ -529,10 +555,10 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     const long long rs = (long long)rr * S;
     const int w0 = warp_of(rs, a.total, a.nwarps), w1 = warp_of(rs + S - 1, a.total, a.nwarps);
     int last = 0;
-    if (lane == 0) last = atomicAdd(a.cnt + w0, 1) == w1 - w0;
+    if (lane == 0) last = atomic_add_acq_rel(a.cnt + w0, 1) == w1 - w0;
     last = __shfl_sync(0xffffffffu, last, 0);
     if (!last) return;
-    __threadfence();
+    __syncwarp();  // lane 0's acquire comes before every lane's reads of the pieces
     if constexpr (ONE) {
       // T = 1: a piece is 16 floats. The half-warps take alternate warps' pieces, 8 each in
       // flight, so up to 16 pieces cost one L2 round trip (the general form below would
@@ -597,8 +623,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     const bool split_first = (long long)r_first * S < b0 || (long long)r_first * S + S > b1;
     const bool split_last = r_last != r_first && (long long)r_last * S + S > b1;
     if (!split_first && !split_last) return;
-    __threadfence();  // this warp's pieces are visible device-wide before its arrivals count
-    __syncwarp();
+    __syncwarp();  // every lane's piece stores come before lane 0's release (atomic_add_acq_rel)
     if (split_first) arrive(r_first);
     if (split_last) arrive(r_last);
   };

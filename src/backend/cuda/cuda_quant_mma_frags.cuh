@@ -157,17 +157,28 @@ struct __align__(16) ColGroup {
 static_assert(sizeof(ColGroup) == 48);
 
 // x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
-// quantize_kernel); G % 4 == 0, so every warp is whole in every round of the loop.
+// quantize_kernel); G % 4 == 0, so every warp is whole in every round. A thread issues its kR
+// loads before it quantizes any: one L2 round trip for G·8 ≤ kR · threads, not one per round.
 __device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
-  for (int id = int(threadIdx.x); id < G * 8; id += int(blockDim.x)) {
-    const int j = id >> 3, u = id & 7;
-    const float4 v = reinterpret_cast<const float4*>(x + size_t(j) * 32)[u];
-    const QuantQuad qq = quantize_quad(v);
-    const float d = qq.d;
-    const int half = qq.half, other = qq.other;
-    // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
-    reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
-    if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
+  constexpr int kR = 4;
+  const int n = G * 8, nt = int(blockDim.x);
+  for (int id0 = int(threadIdx.x); id0 - int(threadIdx.x) < n; id0 += kR * nt) {
+    float4 v[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+      if (const int id = id0 + r * nt; id < n) v[r] = reinterpret_cast<const float4*>(x)[id];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int id = id0 + r * nt;
+      if (id >= n) break;  // warp-uniform: n and nt are multiples of 32
+      const int j = id >> 3, u = id & 7;
+      const QuantQuad qq = quantize_quad(v[r]);
+      const float d = qq.d;
+      const int half = qq.half, other = qq.other;
+      // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
+      reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
+      if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
+    }
   }
 }
 
