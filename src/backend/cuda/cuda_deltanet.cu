@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p)
   sum_row_groups(o, red[1]);
 
   // The gated RMSNorm spans the head's dv/32 slices: each writes its raw o and Σo²; the last
-  // to finish normalises the whole head (threadfence reduction; kernel 1 zeroed the counter).
+  // to finish normalises the whole head (an acquire-release count; the prep kernel zeroed the counter).
   const int64_t hs = int64_t(t) * p.Hv + h;  // counter and partials of this (token, head)
   if (tid < 32) {
     float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
@@ -330,13 +330,11 @@ __global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p)
     ss += __shfl_xor_sync(0xffffffffu, ss, 4);
     if (tid < 8) *reinterpret_cast<float4*>(p.out + hrow * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
     if (tid == 0) p.partials[hs * ns + slice] = ss;
-    __threadfence();
   }
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(p.counters + hs, 1) == ns - 1;
-  __syncthreads();
+  __syncthreads();  // the block's stores come before thread 0's release
+  if (tid == 0) last = atomic_add_acq_rel(p.counters + hs, 1) == ns - 1;
+  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
   if (!last) return;
-  __threadfence();
   float ss = 0;
   for (int i = 0; i < ns; ++i) ss += __ldcg(p.partials + hs * ns + i);
   const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);

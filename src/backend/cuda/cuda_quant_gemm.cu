@@ -35,7 +35,7 @@
 //  - Split-K (grid z): 1 CTA per SM leaves small grids (5120 rows × 128 tokens: 40 CTAs) or
 //    ragged waves; the host picks the split count minimizing waves × super-blocks per CTA (plus
 //    a reduction charge). Each CTA writes its partial tile to a workspace slot; the last of a
-//    tile's CTAs to arrive (counter per output tile, atomicAdd after a fence) adds the slots in
+//    tile's CTAs to arrive (counter per output tile, an acquire-release add) adds the slots in
 //    split order, its own from registers — no float atomics: bitwise reproducible, eager or in a
 //    graph replay.
 //  - Switches: by default this kernel runs for T ≤ 192 and the dequantize + cuBLAS path
@@ -321,13 +321,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) qgemm_kernel(const QgArgs a) {
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) __stcg(mine + ((r * kNT + n) * 4 + e) * 32, acc[r][n][e]);
-    __threadfence();  // this CTA's slot is visible device-wide before its arrival counts
-    __syncthreads();
+    __syncthreads();  // this CTA's slot is written before thread 0's release counts its arrival
     __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(a.cnt + tile_id, 1) == a.splits - 1;
-    __syncthreads();
+    if (threadIdx.x == 0) last = atomic_add_acq_rel(a.cnt + tile_id, 1) == a.splits - 1;
+    __syncthreads();  // and thread 0's acquire comes before the CTA's reads of the other slots
     if (!last) return;
-    __threadfence();
     // Split order, this CTA's own piece from its registers: the same sums whichever CTA is last.
     float sum[2][kNT][4];
 #pragma unroll

@@ -351,16 +351,6 @@ __device__ __forceinline__ float* out_of(const MmaArgs& a, int r, size_t& stride
   return o + 16 * size_t(r - r0);
 }
 
-// Arrival at a split row-tile: the add releases this warp's pieces (its lanes' stores, ordered
-// before lane 0 by a __syncwarp) and acquires the other warps' for the last to arrive — the
-// pattern of a barrier plus one thread's release / acquire. (Two __threadfence, sequentially
-// consistent fences, did the same at ~8% of a T = 1 GEMM's stall samples, ncu.)
-__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // The warp holding tile i (ranges: warp w has [w·total/nw, (w + 1)·total/nw), nw ≤ total).
 __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
   return int(((i + 1) * nw - 1) / total);
