@@ -31,10 +31,10 @@
 //    At T = 1 each GEMM block stages token 0's fragments and scales (48 bytes per k32 group) in
 //    shared memory (stage_x), so the loop reads them there: on the H200 that took a Q4_K
 //    17408 × 5120 GEMV from 22.7 to 21.5 µs and a Q6_K one from 31.4 to 27.1 µs (cold L2), and
-//    the 27B Q4_K_M decode step from ~9.3 to ~8.7 ms; the T = 1 kernels also spill less. With
-//    QWEN36_MMA_T1_QUANT=fused each block quantizes the f32 row itself there (quantize_row, the
-//    same codes and scales): no quantize_kernel launch, but 128 bytes read per group instead of
-//    48 and the quantization repeated per block — measured slower (use_fused_t1).
+//    the 27B Q4_K_M decode step from ~9.3 to ~8.7 ms; the T = 1 kernels also spill less. When
+//    the kernel before did not quantize x (act), each block quantizes the f32 row itself there
+//    (quantize_row, the same codes and scales): no quantize_kernel launch, for 128 bytes read per
+//    group instead of 48 and the quantization repeated per block (use_fused_t1).
 //  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
 //    tiles (memory order). Two load paths, chosen per call (QWEN36_MMA_LOADS = regs | smem; unset:
 //    regs for Q4_K and Q8_0, smem for Q6_K, as measured on the H200 in rounds 1 and 2):
@@ -763,13 +763,15 @@ bool use_regs(DType t) {
   return v == kAuto ? t != DType::Q6_K_T16 : v == kRegs;
 }
 bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == kCapped; }
-// QWEN36_MMA_T1_QUANT = fused | kernel (unset: kernel): at T = 1 each GEMM block quantizes the
+// QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 each GEMM block quantizes the
 // activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
 // (one launch more per call; each block then copies 48 bytes per group instead of reading 128
-// and quantizing). The launch is the cheaper: 27B Q4_K_M tg b1 122.3 t/s with it, 120.1 fused
-// (H200, graph replay with PDL).
+// and quantizing). While quantize_row waited for its loads one at a time the launch was the
+// cheaper (27B Q4_K_M tg b1 122.3 vs 120.1 t/s fused); with its loads batched fused is:
+// 27B 136.3 / 136.6 → 136.6 / 137.2, 35B-A3B 313.1 / 312.9 → 320.5 / 321.0 (H200, one machine
+// start, two rounds).
 std::atomic<int> g_t1_quant{-1};
-bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") == 1; }
+bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") != 2; }
 
 // Calls f(type, NT, ONE, MINB, REGS) as compile-time constants for a tiled type, NT ∈ {1, 2, 4,
 // 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
