@@ -418,7 +418,10 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
           if (const int i = (r * kB + u) * nt + tid; i < nb) b[u] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
 #pragma unroll
         for (int u = 0; u < kS; ++u)
-          if (const int j = (r * kS + u) * nt + tid; j < G) f[u] = __ldcg(a.xf + size_t(j) * 4), z[u] = __ldcg(a.xi + size_t(j) * 4);
+          if (const int j = (r * kS + u) * nt + tid; j < G) {
+            f[u] = __ldcg(a.xf + size_t(j) * 4);
+            z[u] = __ldcg(a.xi + size_t(j) * 4);
+          }
 #pragma unroll
         for (int u = 0; u < kB; ++u)
           if (const int i = (r * kB + u) * nt + tid; i < nb) xs[i >> 2].b[i & 3] = b[u];
@@ -740,7 +743,7 @@ MmaPlan plan_mma(long long total, int S) {
 // The variant switches, read from the environment once (a test may override them):
 // QWEN36_MMA_LOADS = regs | smem (unset: per type, kLoadsAuto) and QWEN36_MMA_T1 = capped | plain
 // (unset: plain) — T = 1 Q4_K at ≤ 80 registers (24 warps per SM) or at ≤ 128 (16).
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kCapped = 1, kPlain = 2 };
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kCapped = 1, kPlain = 2, kFused = 1, kKernel = 2 };
 int parse_variant(const char* v, const char* a, const char* b) {
   if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAuto;
   if (std::strcmp(v, a) == 0) return 1;
@@ -771,7 +774,7 @@ bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == 
 // 27B 136.3 / 136.6 → 136.6 / 137.2, 35B-A3B 313.1 / 312.9 → 320.5 / 321.0 (H200, one machine
 // start, two rounds).
 std::atomic<int> g_t1_quant{-1};
-bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") != 2; }
+bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") != kKernel; }
 
 // Calls f(type, NT, ONE, MINB, REGS) as compile-time constants for a tiled type, NT ∈ {1, 2, 4,
 // 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
