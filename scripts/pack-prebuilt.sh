@@ -10,7 +10,8 @@
 #   scripts/pack-prebuilt.sh build/dev90
 # On the GPU machine, from the repository root (build/prebuilt carried along):
 #   source build/prebuilt/unpack.sh && scripts/gpu-check.sh OUT
-# unpack.sh sets Q, T and TP to the three binaries and QWEN36_PREBUILT for gpu-check.sh.
+# unpack.sh sets Q, T and TP to the three binaries, TRACE_LIB to the kernel-timeline library
+# (tools/kernel_trace) and QWEN36_PREBUILT for gpu-check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build/dev90}
@@ -23,6 +24,12 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/lib" "$OUT"
 cp "$B/src/cli/qwen36" "$B/tests/gpu/test_cuda_ops" "$STAGE/"
 if [ -x "$B/tests/gpu/test_cuda_tp" ]; then cp "$B/tests/gpu/test_cuda_tp" "$STAGE/"; fi
+# The kernel-timeline library (tools/kernel_trace) with the CUPTI it was linked against.
+TRACE=$B/tools/kernel_trace/libqwen36_kernel_trace.so
+if [ -f "$TRACE" ]; then
+  cp "$TRACE" "$STAGE/"
+  ldd "$TRACE" | awk '/libcupti/ && /=> \//{print $3}' | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+fi
 # The non-system libraries the binaries load (the CUDA ones come with the GPU machine's toolkit).
 for f in "$STAGE"/qwen36 "$STAGE"/test_cuda_*; do ldd "$f"; done |
   awk '/=> \//{print $3}' | grep -E 'spdlog|fmt|pcre2|utf8proc|httplib|ssl|crypto|brotli' | sort -u |
@@ -35,5 +42,6 @@ QWEN36_PREBUILT=${QWEN36_PREBUILT:-/tmp/qwen36-prebuilt}
 mkdir -p "$QWEN36_PREBUILT" && tar -C "$QWEN36_PREBUILT" -xJf build/prebuilt/qwen36-prebuilt.tar.xz
 export QWEN36_PREBUILT LD_LIBRARY_PATH="$QWEN36_PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export Q=$QWEN36_PREBUILT/qwen36 T=$QWEN36_PREBUILT/test_cuda_ops TP=$QWEN36_PREBUILT/test_cuda_tp
+export TRACE_LIB=$QWEN36_PREBUILT/libqwen36_kernel_trace.so  # tools/kernel_trace, if it was built
 EOF
 echo "pack-prebuilt: $OUT/qwen36-prebuilt.tar.xz ($(du -h "$OUT/qwen36-prebuilt.tar.xz" | cut -f1)), $OUT/unpack.sh"

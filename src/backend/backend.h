@@ -179,18 +179,28 @@ class Backend {
     add(y, delta);
     rms_norm(y, w, eps, out);
   }
-  // A layer's residual add and norm with the ops that read the norm's output x first: its
-  // projections (the mixer's in-projections, the MoE router and shared expert) or its MLP. A
-  // backend may prepare x for those matrix products in the norm's own pass (the CUDA backend's
-  // int8 activations for quantized weights).
-  virtual void add_rms_norm_matmul_multi(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
-                                         std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
-    add_rms_norm(y, delta, w, eps, x);
+  // y_out = y + delta; out = rms_norm(y_out, w, eps). y_out is y itself (in place) or a buffer
+  // of y's shape overlapping neither y nor delta.
+  void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                         Tensor& out) {
+    if (y_out.data != y.data) copy(y, y_out);
+    add_rms_norm(y_out, delta, w, eps, out);
+  }
+  // A layer's residual add and norm (add_rms_norm_into: y_out = y + delta, x = its norm) with the
+  // ops that read x first: its projections (the mixer's in-projections, the MoE router and shared
+  // expert) or its MLP. A backend may prepare x for those matrix products in the norm's own pass
+  // (the CUDA backend's int8 activations for quantized weights), or, with y_out other than y,
+  // compute the norm where x is read (every block of its one-token quantized GEMM does): nothing
+  // there rewrites y while other readers still need it.
+  virtual void add_rms_norm_matmul_multi(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w,
+                                         float eps, Tensor& x, std::span<const Tensor* const> ws,
+                                         std::span<Tensor* const> outs) {
+    add_rms_norm_into(y, delta, y_out, w, eps, x);
     matmul_multi(x, ws, outs);
   }
-  virtual void add_rms_norm_mlp(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
-                                const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {
-    add_rms_norm(y, delta, w, eps, x);
+  virtual void add_rms_norm_mlp(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                                Tensor& x, const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {
+    add_rms_norm_into(y, delta, y_out, w, eps, x);
     mlp(x, m, gate_out, up_out, out);
   }
 
@@ -200,6 +210,18 @@ class Backend {
   // NeoX RoPE on the leading rotary_dim dims of every head, pairing (i, i + rotary_dim/2).
   // x [T, heads, hd]; positions come from runs.
   virtual void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) = 0;
+  // The attention's q and k before it: q = rope(rms_norm(q) · q_norm) with q the q halves of qg
+  // (per head [q | gate], the gate halves to *gate) or, without a gate, qg itself (q is qg: in
+  // place); k = rope(rms_norm(k) · k_norm) in place. Norms per head over hd; RoPE as rope().
+  virtual void qk_norm_rope(const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
+                            const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim,
+                            float theta) {
+    if (gate) split_q_gate(qg, q, *gate);
+    rms_norm(q, q_norm, eps, q);
+    rms_norm(k, k_norm, eps, k);
+    rope(q, runs, rotary_dim, theta);
+    rope(k, runs, rotary_dim, theta);
+  }
   // Appends k, v [T, KVH, hd] to the caches at each run's positions, then causal softmax
   // attention of q [T, H, hd] over positions [0, pos] of its sequence (GQA: head h reads kv
   // head h / (H/KVH)). k_cache, v_cache [slots, capacity, KVH, hd]. out [T, H, hd].

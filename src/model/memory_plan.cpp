@@ -33,7 +33,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
                          size_t(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim)) * sizeof(float);
   p.state = per_dn * size_t(dn_layers) * size_t(r.slots);
   // Live f32 activations per token inside one layer (Model's Scratch frames): the residual
-  // stream, its pending FFN output and the normed input; the DeltaNet projections (b / a of a
+  // stream's two buffers, its pending FFN output and the normed input; the DeltaNet projections (b / a of a
   // shard padded) and gates, their q/k/v copies and output; the attention q|gate, k, v, output; the
   // MLP's gate and up (or the routed experts' rows). The largest block wins, the stream parts
   // always live.
@@ -44,7 +44,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
                                                     2 * c.shared_expert_intermediate_size + 2 * H,
                                                 2 * c.intermediate_size)
                             : 2 * c.intermediate_size;
-  const int64_t per_token = 3 * H + std::max({dn, attn, ffn});
+  const int64_t per_token = 4 * H + std::max({dn, attn, ffn});
   const size_t act = size_t(per_token) * size_t(r.batch_tokens) * sizeof(float) +
                      size_t(r.output_rows) * size_t(c.vocab_size + H) * sizeof(float);
   p.activations = act + act / 2;  // op temporaries (bf16 copies for GEMMs, chunk workspaces)

@@ -135,7 +135,7 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
 
 void Model::project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (in.delta)
-    backend_.add_rms_norm_matmul_multi(in.h, *in.delta, in.norm, w_.config.rms_norm_eps, in.x, ws, outs);
+    backend_.add_rms_norm_matmul_multi(in.h, *in.delta, in.h_out, in.norm, w_.config.rms_norm_eps, in.x, ws, outs);
   else
     backend_.matmul_multi(in.x, ws, outs);
 }
@@ -153,15 +153,13 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
   Tensor* outs[] = {&qg, &k, &v};
   project(in, ws, outs);
   Tensor gate;  // [T, nh*hd], only with attn_output_gate
-  if (c.attn_output_gate) {
-    gate = s.f32({T, nh * hd});
-    backend_.split_q_gate(qg, q, gate);
-  }
-  backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);  // per head over hd
-  backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
+  if (c.attn_output_gate) gate = s.f32({T, nh * hd});
   Tensor o = s.f32({T, nh, hd});
   const float scale = 1.0f / std::sqrt(float(hd));
   if (save && !save->trees.empty()) {  // tree verify runs take the tree ops, the others the batch ops
+    if (c.attn_output_gate) backend_.split_q_gate(qg, q, gate);
+    backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);  // per head over hd
+    backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
     if (!save->untreed.empty()) {
       backend_.rope(q, save->untreed, c.rotary_dim, c.rope_theta);
       backend_.rope(k, save->untreed, c.rotary_dim, c.rope_theta);
@@ -173,8 +171,8 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
       backend_.attention_tree(q, k, v, k_cache, v_cache, t.run, t.parent, scale, o);
     }
   } else {
-    backend_.rope(q, runs, c.rotary_dim, c.rope_theta);
-    backend_.rope(k, runs, c.rotary_dim, c.rope_theta);
+    backend_.qk_norm_rope(qg, q, c.attn_output_gate ? &gate : nullptr, k, a.q_norm, a.k_norm, c.rms_norm_eps, runs,
+                          c.rotary_dim, c.rope_theta);
     backend_.attention(q, k, v, k_cache, v_cache, runs, scale, o);
   }
   Tensor o2(o.data, DType::F32, {T, nh * hd});
@@ -276,7 +274,7 @@ void Model::mlp_block(Scratch& s, const MlpWeights& m, const LayerInput& in, Ten
   const int64_t T = in.x.rows(), I = m.gate_proj.rows();
   Tensor gate = s.f32({T, I}), up = s.f32({T, I});
   if (in.delta)
-    backend_.add_rms_norm_mlp(in.h, *in.delta, in.norm, w_.config.rms_norm_eps, in.x, m, gate, up, y);
+    backend_.add_rms_norm_mlp(in.h, *in.delta, in.h_out, in.norm, w_.config.rms_norm_eps, in.x, m, gate, up, y);
   else
     backend_.mlp(in.x, m, gate, up, y);
 }
@@ -578,7 +576,7 @@ bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Ten
 
 Model::Residual Model::residual(Scratch& s, int64_t T) {
   const int64_t H = w_.config.hidden_size;
-  return {s.f32({T, H}), s.f32({T, H}), false};
+  return {s.f32({T, H}), s.f32({T, H}), s.f32({T, H}), false};
 }
 
 void Model::finish(Residual& r) {
@@ -589,14 +587,14 @@ void Model::finish(Residual& r) {
 void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor& cache_a, Tensor& cache_b,
                           std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save) {
   const ModelConfig& c = w_.config;
-  Tensor& h = r.h;
-  Tensor x = s.f32({h.rows(), c.hidden_size});
-  if (!r.has_pending) backend_.rms_norm(h, l.input_norm, c.rms_norm_eps, x);
-  const LayerInput in{h, r.has_pending ? &r.pending : nullptr, l.input_norm, x};
+  Tensor x = s.f32({r.h.rows(), c.hidden_size});
+  if (!r.has_pending) backend_.rms_norm(r.h, l.input_norm, c.rms_norm_eps, x);
+  const LayerInput in{r.h, r.has_pending ? &r.pending : nullptr, r.spare, l.input_norm, x};
   Tensor mixed = l.kind == LayerKind::FullAttention ? attention_block(s, l, in, cache_a, cache_b, runs, save)
                                                     : deltanet_block(s, l, in, cache_a, cache_b, runs, mode, save);
+  if (r.has_pending) r.advance();
   reduce(mixed);
-  const LayerInput post{h, &mixed, l.post_attention_norm, x};
+  const LayerInput post{r.h, &mixed, r.spare, l.post_attention_norm, x};
   // A layer of w_.layers (not the MTP head's) may have its routed experts on the host.
   const bool host_experts = host_ && &l >= w_.layers.data() && &l < w_.layers.data() + w_.layers.size() &&
                             placement_.host[size_t(&l - w_.layers.data())];
@@ -604,6 +602,7 @@ void Model::decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor
     moe_block(s, l.moe, post, r.pending, host_experts);  // routed and shared experts' partial sums: one reduction
   else
     mlp_block(s, l.mlp, post, r.pending);
+  r.advance();
   reduce(r.pending);
   r.has_pending = true;
 }

@@ -167,13 +167,15 @@ class Model {
     std::span<const SeqRun> saved;          // chain and tree verify runs: whose inputs are kept
     Tensor *conv_input, *g, *beta;          // the layer's speculation buffers
   };
-  // A block's input x = rms_norm(h += delta) · norm. With a delta, the block's first op computes
-  // the add and the norm together with the matrix products that read x (project, or the MLP's
+  // A block's input x = rms_norm(h + delta) · norm. With a delta, the block's first op computes
+  // the add (into h_out: the residual stream alternates between two buffers, Residual) and the
+  // norm together with the matrix products that read x (project, or the MLP's
   // Backend::add_rms_norm_mlp), so a backend can prepare x for them in the norm's pass; without
   // one (a pass's first layer) x is already normalised.
   struct LayerInput {
-    Tensor& h;
+    const Tensor& h;
     const Tensor* delta;
+    Tensor& h_out;
     const Tensor& norm;
     Tensor& x;
   };
@@ -220,10 +222,13 @@ class Model {
                           std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work,
                           bool decide = true);
   // The residual stream h and the last layer's FFN output, not yet added: each layer adds it
-  // in the same pass as its input norm (LayerInput), and finish() adds the last.
+  // in the same pass as its input norm (LayerInput), and finish() adds the last. Those adds write
+  // h + delta to `spare`, which then becomes h (advance): the ops that compute them may read h
+  // in many places at once (Backend::add_rms_norm_matmul_multi).
   struct Residual {
-    Tensor h, pending;
+    Tensor h, pending, spare;
     bool has_pending = false;
+    void advance() { std::swap(h, spare); }
   };
   Residual residual(Scratch& s, int64_t T);
   void finish(Residual& r);

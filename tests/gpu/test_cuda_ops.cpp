@@ -1,6 +1,7 @@
 // Every CUDA op against its CPU reference (qwen36::cpu::*) on random inputs. Tolerances are
 // relative to the largest reference magnitude (rel_err): f32-accumulating kernels ≤ 1e-5..1e-4,
 // the prefill GEMM with activations rounded to bf16/f16 ≤ 1.5e-2.
+#include <array>
 #include <chrono>
 #include <cstring>
 
@@ -311,6 +312,17 @@ TEST_F(CudaOps, AddRmsNorm) {
     gpu_->add_rms_norm(dy.t, dd.t, dw.t, 1e-6f, o.t);
     EXPECT_LE(rel_err(download(*gpu_, dy.t), sum.floats()), 1e-6) << D;
     EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 1e-5) << D;
+    // Into the residual stream's other buffer (the layer form; a bf16 projection takes the plain
+    // norm kernel): y stays, y_out gets the sum, x the same norm bitwise as in place.
+    DevT dy0 = upload(*gpu_, y), dy2 = upload(*gpu_, HostT(DType::F32, {5, D})), o2 = upload(*gpu_, HostT(DType::F32, {5, D}));
+    const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, D}));
+    DevT po = upload(*gpu_, HostT(DType::F32, {5, 16}));
+    const Tensor* ws[] = {&wb.t};
+    Tensor* outs[] = {&po.t};
+    gpu_->add_rms_norm_matmul_multi(dy0.t, dd.t, dy2.t, dw.t, 1e-6f, o2.t, ws, outs);
+    EXPECT_EQ(download(*gpu_, dy0.t), y.floats()) << D << ": y was written";
+    EXPECT_EQ(download(*gpu_, dy2.t), download(*gpu_, dy.t)) << D;
+    EXPECT_EQ(download(*gpu_, o2.t), download(*gpu_, o.t)) << D;
   }
 }
 
@@ -386,6 +398,55 @@ TEST_F(CudaOps, Rope) {
     gpu_->rope(dx.t, runs, hd / 4, 1e7f);
     EXPECT_LE(rel_err(download(*gpu_, dx.t), x.floats()), 2e-5) << hd;
   }
+}
+
+// The attention's q / k preparation in one launch (qk_norm_rope) against the ops it replaces on
+// the same backend (split_q_gate, rms_norm × 2, rope × 2: bitwise) and the CPU's (2e-5), with and
+// without the output gate, a decode token and a prefill of runs at other positions.
+TEST_F(CudaOps, QkNormRopeAsComposed) {
+  const int64_t nh = 6, nkv = 2, hd = 256, rd = 64;
+  const HostT qn = random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f), kn = random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f);
+  const DevT dqn = upload(*gpu_, qn), dkn = upload(*gpu_, kn);
+  const std::vector<SeqRun> decode{{0, 37, 0, 1}}, prefill{{0, 5, 0, 3}, {1, 4000, 3, 4}};
+  for (bool gated : {true, false})
+    for (const std::vector<SeqRun>* runs : {&decode, &prefill}) {
+      const int64_t T = runs == &decode ? 1 : 7;
+      const HostT qg = random_t(rng_, DType::F32, {T, nh, (gated ? 2 : 1) * hd}, -3, 3),
+                  k = random_t(rng_, DType::F32, {T, nkv, hd}, -3, 3);
+      auto run = [&](bool fused) {
+        DevT dqg = upload(*gpu_, qg), dk = upload(*gpu_, k);
+        DevT dq = gated ? upload(*gpu_, HostT(DType::F32, {T, nh, hd})) : upload(*gpu_, qg);
+        DevT dg = upload(*gpu_, HostT(DType::F32, {T, nh * hd}));
+        Tensor& q = gated ? dq.t : dqg.t;
+        if (fused)
+          gpu_->qk_norm_rope(dqg.t, q, gated ? &dg.t : nullptr, dk.t, dqn.t, dkn.t, 1e-6f, *runs, rd, 1e7f);
+        else
+          gpu_->Backend::qk_norm_rope(dqg.t, q, gated ? &dg.t : nullptr, dk.t, dqn.t, dkn.t, 1e-6f, *runs, rd, 1e7f);
+        return std::array<std::vector<float>, 3>{download(*gpu_, q), download(*gpu_, dk.t), download(*gpu_, dg.t)};
+      };
+      const auto a = run(true), b = run(false);
+      const char* what = gated ? "gated" : "plain";
+      EXPECT_EQ(a[0], b[0]) << what << " T=" << T << ": q";
+      EXPECT_EQ(a[1], b[1]) << what << " T=" << T << ": k";
+      if (gated) {
+        EXPECT_EQ(a[2], b[2]) << what << " T=" << T << ": gate";
+      }
+      HostT cq(DType::F32, {T, nh, hd}), cg(DType::F32, {T, nh * hd}), ck = k;
+      if (gated) {
+        cpu::split_q_gate(qg.t, cq.t, cg.t);
+      } else {
+        cq = qg;
+      }
+      cpu::rms_norm(cq.t, qn.t, 1e-6f, cq.t);
+      cpu::rms_norm(ck.t, kn.t, 1e-6f, ck.t);
+      cpu::rope(cq.t, *runs, rd, 1e7f);
+      cpu::rope(ck.t, *runs, rd, 1e7f);
+      EXPECT_LE(rel_err(a[0], cq.floats()), 2e-5) << what << " T=" << T;
+      EXPECT_LE(rel_err(a[1], ck.floats()), 2e-5) << what << " T=" << T;
+      if (gated) {
+        EXPECT_EQ(a[2], cg.floats()) << what << " T=" << T;
+      }
+    }
 }
 
 // ---- attention ----
@@ -488,7 +549,8 @@ TEST_F(CudaOps, GatedDeltaRuleAllModesCarryState) {
 
 // ---- MoE ----
 TEST_F(CudaOps, MoeRoute) {
-  for (auto [E, k] : {std::pair<int64_t, int64_t>{16, 4}, {256, 8}, {8, 2}})
+  // every register width of the kernel (E ≤ 128, 256, 512, 1024), E not a multiple of 32, k = 32
+  for (auto [E, k] : {std::pair<int64_t, int64_t>{16, 4}, {256, 8}, {8, 2}, {100, 3}, {512, 10}, {1000, 32}})
     for (bool renorm : {true, false}) {
       const int64_t T = 21;
       HostT logits = random_t(rng_, DType::F32, {T, E}, -3, 3);

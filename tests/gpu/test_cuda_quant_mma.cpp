@@ -468,56 +468,65 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
 
 // The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,
 // add_rms_norm_mlp: cuda_quant_norm.cu) against the composition they replace (Backend's own
-// definitions: add_rms_norm, quantize_kernel, the GEMM, swiglu, quantize_kernel, the GEMM) on the
-// same backend: the same float values reach the same quantizer and GEMM, so the outputs, the
-// residual stream and the normalised x are bitwise equal. T = 40 has 24 padding tokens, which the
-// norm's blocks zero; the projections mix a bf16 matrix with the tiled ones.
+// definitions: add_rms_norm_into, quantize_kernel, the GEMM, swiglu, quantize_kernel, the GEMM) on
+// the same backend: the same float values reach the same quantizer and GEMM, so the outputs, the
+// residual stream and the normalised x are bitwise equal. At T = 1 the GEMM blocks compute the
+// norm themselves (quant_tiled_matmul_norm): K = 1024 on blocks of 1 to 8 warps (the 16-row
+// matrix: one warp a block, past the norm weight's share in registers of the shared-memory ring
+// kernels); K = 8192, where a Q6_K GEMM with the norm's shared memory would fit fewer blocks per
+// SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
+// 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
+// tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
 TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
-  const int64_t K = 1024, I = 768;
-  for (DType dt : kTypes) {
-    const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K)), w2 = upload_tiled(*gpu_, quantized(rng_, dt, 48, K));
-    const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, K}));
-    MlpWeights m;
-    const DevT g = upload_tiled(*gpu_, quantized(rng_, dt, I, K)), u = upload_tiled(*gpu_, quantized(rng_, dt, I, K));
-    const DevT d = upload_tiled(*gpu_, quantized(rng_, dt, K, I));
-    m.gate_proj = g.t, m.up_proj = u.t, m.down_proj = d.t;
-    const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
-    for (int64_t T : {1, 5, 40}) {
-      const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
-      const DevT dd = upload(*gpu_, delta);
-      struct Run {
-        DevT h, x, o1, o2, o3, gate, up, y;
-      };
-      auto run = [&](bool fused) {
-        Run r{upload(*gpu_, h), upload(*gpu_, HostT(DType::F32, {T, K})), upload(*gpu_, HostT(DType::F32, {T, 304})),
-              upload(*gpu_, HostT(DType::F32, {T, 48})), upload(*gpu_, HostT(DType::F32, {T, 16})),
-              upload(*gpu_, HostT(DType::F32, {T, I})), upload(*gpu_, HostT(DType::F32, {T, I})),
-              upload(*gpu_, HostT(DType::F32, {T, K}))};
-        const Tensor* ws[] = {&w1.t, &wb.t, &w2.t};
-        Tensor* outs[] = {&r.o1.t, &r.o3.t, &r.o2.t};
-        if (fused) {
-          gpu_->add_rms_norm_matmul_multi(r.h.t, dd.t, norm.t, 1e-6f, r.x.t, ws, outs);
-          gpu_->add_rms_norm_mlp(r.h.t, dd.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
-        } else {
-          gpu_->Backend::add_rms_norm_matmul_multi(r.h.t, dd.t, norm.t, 1e-6f, r.x.t, ws, outs);
-          gpu_->Backend::add_rms_norm_mlp(r.h.t, dd.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
-        }
-        return r;
-      };
-      const Run a = run(true), b = run(false);
-      auto same = [&](const char* what, const DevT& p, const DevT& q) {
-        const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
-        size_t diff = 0;
-        for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
-        EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " T=" << T << ": " << diff << " of " << vp.size()
-                            << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
-      };
-      same("residual stream", a.h, b.h);
-      same("normalised x", a.x, b.x);
-      same("tiled projection 1", a.o1, b.o1);
-      same("tiled projection 2", a.o2, b.o2);
-      same("bf16 projection", a.o3, b.o3);
-      same("mlp output", a.y, b.y);
+  for (const int64_t K : {1024, 8192}) {
+    const int64_t I = 768;
+    for (DType dt : kTypes) {
+      const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K)), w2 = upload_tiled(*gpu_, quantized(rng_, dt, 16, K));
+      const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, K}));
+      MlpWeights m;
+      const DevT g = upload_tiled(*gpu_, quantized(rng_, dt, I, K)), u = upload_tiled(*gpu_, quantized(rng_, dt, I, K));
+      const DevT d = upload_tiled(*gpu_, quantized(rng_, dt, K, I));
+      m.gate_proj = g.t, m.up_proj = u.t, m.down_proj = d.t;
+      const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
+      for (int64_t T : {1, 5, 40}) {
+        if (K > 1024 && T > 1) continue;
+        const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
+        const DevT dd = upload(*gpu_, delta);
+        struct Run {
+          DevT h, h2, x, o1, o2, o3, gate, up, y;
+        };
+        auto run = [&](bool fused) {
+          Run r{upload(*gpu_, h), upload(*gpu_, HostT(DType::F32, {T, K})), upload(*gpu_, HostT(DType::F32, {T, K})),
+                upload(*gpu_, HostT(DType::F32, {T, 304})), upload(*gpu_, HostT(DType::F32, {T, 16})),
+                upload(*gpu_, HostT(DType::F32, {T, 16})), upload(*gpu_, HostT(DType::F32, {T, I})),
+                upload(*gpu_, HostT(DType::F32, {T, I})), upload(*gpu_, HostT(DType::F32, {T, K}))};
+          const Tensor* ws[] = {&w1.t, &wb.t, &w2.t};
+          Tensor* outs[] = {&r.o1.t, &r.o3.t, &r.o2.t};
+          if (fused) {
+            gpu_->add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+            gpu_->add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
+          } else {
+            gpu_->Backend::add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+            gpu_->Backend::add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
+          }
+          return r;
+        };
+        const Run a = run(true), b = run(false);
+        auto same = [&](const char* what, const DevT& p, const DevT& q) {
+          const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
+          size_t diff = 0;
+          for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
+          EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " K=" << K << " T=" << T << ": " << diff << " of "
+                              << vp.size() << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
+        };
+        same("residual stream, first add", a.h2, b.h2);
+        same("residual stream, second add", a.h, b.h);
+        same("normalised x", a.x, b.x);
+        same("tiled projection 1", a.o1, b.o1);
+        same("tiled projection 2", a.o2, b.o2);
+        same("bf16 projection", a.o3, b.o3);
+        same("mlp output", a.y, b.y);
+      }
     }
   }
 }

@@ -52,5 +52,27 @@ __device__ __forceinline__ void store_act_quad(uint8_t* __restrict__ xb, float* 
   }
 }
 
+// The sum of squares of a normalised row in one fixed order, whatever the block's size, so that
+// the norm kernel and every block of a one-token GEMM that computes the norm itself (mma_kernel's
+// NormIn) get the same float and so the same x, bitwise. A thread holds quad i (4 values) of the
+// row; the 8 quads of a k32 group are 8 consecutive lanes (quad i on lane i % 8 of its octet:
+// blocks of whole warps). group_ss: the group's sum by a 3-step xor tree (every lane of the octet
+// gets it; lane 0 of the octet stores it to gss[group]); row_ss, after a barrier: lane l adds
+// gss[l + 32 i] for ascending i, then a 5-step xor tree (every lane of every warp gets it).
+__device__ __forceinline__ float quad_ss(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float group_ss(float q) {
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+  return q;
+}
+__device__ __forceinline__ float row_ss(const float* gss, int G) {
+  const int lane = int(threadIdx.x & 31);
+  float s = 0.0f;
+  for (int j = lane; j < G; j += 32) s += gss[j];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 }  // namespace
 }  // namespace qwen36::cuda

@@ -499,24 +499,31 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "add_rms_norm");
     cuda::add_rms_norm(ctx_, y, delta, w, eps, out);
   }
-  void add_rms_norm_matmul_multi(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
-                                 std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
+  void add_rms_norm_matmul_multi(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                                 Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
     {
       Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
                               : std::string());
-      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, w, eps, x, ws, outs)) return;
+      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs)) return;
     }
-    Backend::add_rms_norm_matmul_multi(y, delta, w, eps, x, ws, outs);
+    add_norm(y, delta, y_out, w, eps, x);
+    matmul_multi(x, ws, outs);
   }
-  void add_rms_norm_mlp(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,
-                        Tensor& gate_out, Tensor& up_out, Tensor& out) override {
+  void add_rms_norm_mlp(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                        const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) override {
     {
       Prof p_(*this, profile_ ? "add_rms_norm + mlp " + std::to_string(m.gate_proj.rows()) + "x" +
                                     std::to_string(m.gate_proj.cols())
                               : std::string());
-      if (cuda::norm_quant_mlp(ctx_, y, delta, w, eps, x, m, gate_out, up_out, out)) return;
+      if (cuda::norm_quant_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, up_out, out)) return;
     }
-    Backend::add_rms_norm_mlp(y, delta, w, eps, x, m, gate_out, up_out, out);
+    add_norm(y, delta, y_out, w, eps, x);
+    mlp(x, m, gate_out, up_out, out);
+  }
+  // Backend::add_rms_norm_into in one kernel (the norm reads y and writes y_out: no copy first).
+  void add_norm(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
+    Prof p_(*this, "add_rms_norm");
+    cuda::add_rms_norm_quant(ctx_, y, delta, y_out, w, eps, x, nullptr);
   }
   void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override {
     Prof p_(*this, "split_q_gate");
@@ -525,6 +532,14 @@ class CudaBackend final : public Backend {
   void rope(Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) override {
     Prof p_(*this, "rope");
     cuda::rope(ctx_, x, runs, rotary_dim, theta);
+  }
+  void qk_norm_rope(const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                    float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) override {
+    {
+      Prof p_(*this, "qk_norm_rope");
+      if (cuda::qk_norm_rope(ctx_, qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta)) return;
+    }
+    Backend::qk_norm_rope(qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta);
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                  std::span<const SeqRun> runs, float scale, Tensor& out) override {

@@ -2,6 +2,8 @@
 // the GPU. CPU twins: backend/cpu/cpu_elementwise.cpp and cpu_attention.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_ops.cuh"
@@ -104,9 +106,13 @@ __global__ void add_rms_norm_kernel(float* y, const float* delta, const float* w
 }
 
 // The same with each thread's share of the row held in registers as float4 (D % 4 == 0,
-// D ≤ 4 · kVec · blockDim): one read of y and delta, one write of y and out, no second pass
-// over memory — in decode this kernel is pure latency, once per layer and half-layer.
+// D ≤ 4 · kVec · blockDim): one read of y and delta, one write of y_out (y itself, or the residual
+// stream's other buffer) and out, no second pass over memory — in decode this kernel is pure
+// latency, once per layer and half-layer. The sum of squares takes the fixed order of
+// cuda_act_quant.cuh's row_ss: the one-token GEMMs that compute this norm themselves
+// (cuda_quant_mma.cu, NormIn) get the same x bitwise.
 constexpr int kVec = 4;
+constexpr int kVecMaxGroups = 4 * kVec * 1024 / 32;  // k32 groups of the longest row
 // With an ActOut, the normalised row is also quantized for the tiled int8 GEMM that reads it next
 // (the codes and scales quantize_act would store from `out`: the same float values, quantized by
 // the same quantize_quad): the row is token blockIdx.x of act.T.
@@ -117,8 +123,9 @@ struct ActOut {
   int T = 0, NT = 1;
 };
 template <bool kQuant>
-__global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const float4* w, float eps, float4* out,
-                                        int64_t D4, ActOut act) {
+__global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, float4* y_out, const float4* w, float eps,
+                                        float4* out, int64_t D4, ActOut act) {
+  __shared__ float gss[kVecMaxGroups];
   griddep_trigger();
   // The weight depends on no kernel: loaded before the wait, so no round trip follows the sum.
   float4 v[kVec], g[kVec];
@@ -128,21 +135,25 @@ __global__ void add_rms_norm_vec_kernel(float4* y, const float4* delta, const fl
     if (i < D4) g[j] = w[i];
   }
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
-  float4* yr = y + int64_t(blockIdx.x) * D4;
+  const float4* yr = y + int64_t(blockIdx.x) * D4;
   const float4* dr = delta + int64_t(blockIdx.x) * D4;
-  float ss = 0;
+  float4* yo = y_out + int64_t(blockIdx.x) * D4;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i < D4) {
       const float4 a = yr[i], b = dr[i];
       v[j] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      yr[i] = v[j];
-      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      yo[i] = v[j];
+    }
+    if (j * int64_t(blockDim.x) < D4) {  // block-uniform: every lane of a live octet shuffles
+      const float s = group_ss(quad_ss(v[j]));
+      if (i < D4 && (i & 7) == 0) gss[i >> 3] = s;
     }
   }
-  ss = block_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(4 * D4) + eps);
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(row_ss(gss, int((D4 + 7) / 8)) / float(4 * D4) + eps);
   float4* o = out + int64_t(blockIdx.x) * D4;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
@@ -236,6 +247,44 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
   }
 }
 
+// Backend::qk_norm_rope in one launch: a warp per (token, head) row of q (the q halves of qg, or
+// q in place) and then of k, kRowsPerBlock rows a block. The norm is rms_norm_rows_kernel's (the
+// same lane order and warp sum), RoPE rope_kernel's on the row just written (the pair (i, i + half)
+// of lane i lives in other lanes' stores: __syncwarp orders them), the gate halves copied as
+// split_q_gate_kernel copies them: bitwise the composed ops where those take the rows kernel (more
+// than one row). A decode step's attention layer: 1 launch instead of 5.
+__global__ void qk_norm_rope_kernel(const float* qg, float* q, float* gate, float* k, const float* qw, const float* kw,
+                                    float eps, const int32_t* pos, const float* inv_freq, int64_t T, int nh, int nkv,
+                                    int hd, int half, bool gated) {
+  griddep_trigger();
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5), nq = T * nh;
+  const int lane = int(threadIdx.x & 31);
+  if (row >= nq + T * nkv) return;
+  const bool is_q = row < nq;
+  const int64_t t = is_q ? row / nh : (row - nq) / nkv;
+  float* o = is_q ? q + row * hd : k + (row - nq) * hd;
+  const float* x = is_q && gated ? qg + row * 2 * hd : o;
+  const float* w = is_q ? qw : kw;
+  if (is_q && gated)
+    for (int i = lane; i < hd; i += 32) gate[row * hd + i] = x[hd + i];
+  float ss = 0;
+  for (int i = lane; i < hd; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(hd) + eps);
+  for (int i = lane; i < hd; i += 32) o[i] = x[i] * inv * w[i];
+  const int32_t p = half > 0 ? pos[t] : -1;
+  if (p < 0) return;
+  __syncwarp();
+  for (int i = lane; i < half; i += 32) {
+    const float f = float(p) * inv_freq[i];
+    const float cs = cosf(f), sn = sinf(f);
+    const float a = o[i], b = o[i + half];
+    o[i] = a * cs - b * sn;
+    o[i + half] = b * cs + a * sn;
+  }
+}
+
 // About 8 elements per thread, up to 1024 threads: a decode step's few long rows (hidden
 // size 5120) spread over a whole block instead of 256 threads looping.
 int norm_threads(int64_t D) { return int(std::clamp<int64_t>((D / 8 + 31) / 32 * 32, 32, 1024)); }
@@ -289,19 +338,22 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
 }
 
 void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {
-  add_rms_norm_quant(c, y, delta, w, eps, out, nullptr);
+  add_rms_norm_quant(c, y, delta, y, w, eps, out, nullptr);
 }
 
-bool add_rms_norm_quant(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out, void* act) {
+bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                        Tensor& out, void* act) {
   const int64_t D = w.numel(), R = y.numel() / std::max<int64_t>(D, 1);
   check_f32(y, "add_rms_norm");
   check_f32(delta, "add_rms_norm delta");
   check_f32(w, "add_rms_norm weight");
   check_same(y, delta, "add_rms_norm");
   check_same(y, out, "add_rms_norm");
+  check_same(y, y_out, "add_rms_norm");
   QWEN36_CHECK(y.numel() == R * D, "add_rms_norm: {} is not rows of {}", y.shape_str(), D);
   const bool aligned = (reinterpret_cast<uintptr_t>(y.data) | reinterpret_cast<uintptr_t>(delta.data) |
-                        reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(out.data)) % 16 == 0;
+                        reinterpret_cast<uintptr_t>(y_out.data) | reinterpret_cast<uintptr_t>(w.data) |
+                        reinterpret_cast<uintptr_t>(out.data)) % 16 == 0;
   const int64_t D4 = D / 4;
   const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
   const bool vec = D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec;
@@ -312,14 +364,18 @@ bool add_rms_norm_quant(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w,
     uint8_t* base = static_cast<uint8_t*>(act);
     const ActOut q{base + L.o_xb, reinterpret_cast<float*>(base + L.o_xf), reinterpret_cast<int*>(base + L.o_xi),
                    int(R), L.NT};
-    launch_pdl(add_rms_norm_vec_kernel<true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
-               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4, q);
+    launch_pdl(add_rms_norm_vec_kernel<true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
+               y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
+               out.as<float4>(), D4, q);
   } else if (vec) {
-    launch_pdl(add_rms_norm_vec_kernel<false>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream, y.as<float4>(),
-               delta.as<const float4>(), w.as<const float4>(), eps, out.as<float4>(), D4, ActOut{});
+    launch_pdl(add_rms_norm_vec_kernel<false>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
+               y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
+               out.as<float4>(), D4, ActOut{});
   } else {
-    launch_pdl(add_rms_norm_kernel, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, y.as<float>(),
-               delta.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
+    if (y_out.data != y.data)
+      CUDA_CHECK(cudaMemcpyAsync(y_out.data, y.data, y.nbytes(), cudaMemcpyDeviceToDevice, c.stream));
+    launch_pdl(add_rms_norm_kernel, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream,
+               y_out.as<float>(), delta.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
   }
   CUDA_LAUNCH_CHECK();
   return true;
@@ -410,26 +466,69 @@ void split_q_gate(Ctx& c, const Tensor& qg, Tensor& q, Tensor& gate) {
   CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// RoPE's device inputs: the frequencies (computed on the host exactly as the CPU reference does)
+// and each token's position; false when recording could not upload them (nothing may run).
+struct RopeInputs {
+  Temp<float> ftmp;
+  Temp<int32_t> stmp, ptmp;
+  const float* freq = nullptr;
+  const int32_t* pos = nullptr;
+  explicit RopeInputs(Ctx& c) : ftmp(c, 0), stmp(c, 0), ptmp(c, 0) {}
+  bool load(Ctx& c, std::span<const SeqRun> runs, int64_t T, int64_t rotary_dim, float theta) {
+    const int64_t half = rotary_dim / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
+    freq = dev_const_f32(c, std::span<const float>(inv_freq.data(), inv_freq.size()));
+    if (!freq) {
+      if (!host_work_allowed(c)) return false;
+      freq = ftmp.assign(std::span<const float>(inv_freq.data(), inv_freq.size()));
+    }
+    const int32_t* slot = nullptr;
+    dev_token_map(c, runs, T, stmp, ptmp, &slot, &pos);
+    return true;
+  }
+};
+}  // namespace
+
 void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
   QWEN36_CHECK(x.ndim == 3, "rope: expected [T, heads, head_dim], got {}", x.shape_str());
   const int64_t T = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = rotary_dim / 2;
   QWEN36_CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd, "rope: rotary_dim {} vs head_dim {}", rotary_dim, hd);
   if (half == 0 || T == 0) return;
-  // Frequencies computed on the host exactly as the CPU reference does.
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
-  const float* f = dev_const_f32(c, std::span<const float>(inv_freq.data(), inv_freq.size()));
-  Temp<float> ftmp(c, 0);
-  if (!f) {
-    if (!host_work_allowed(c)) return;
-    f = ftmp.assign(std::span<const float>(inv_freq.data(), inv_freq.size()));
-  }
-  Temp<int32_t> stmp(c, 0), ptmp(c, 0);
-  const int32_t *slot = nullptr, *pos = nullptr;
-  dev_token_map(c, runs, T, stmp, ptmp, &slot, &pos);
+  RopeInputs in(c);
+  if (!in.load(c, runs, T, rotary_dim, theta)) return;
   const int64_t n = T * heads * half;
-  launch_pdl(rope_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), pos, f, heads, hd, half, n);
+  launch_pdl(rope_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), in.pos, in.freq, heads, hd, half,
+             n);
   CUDA_LAUNCH_CHECK();
+}
+
+bool qk_norm_rope(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
+                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
+  static const bool composed = [] {  // QWEN36_QK_NORM_ROPE=composed: the five launches (an A/B switch)
+    const char* v = std::getenv("QWEN36_QK_NORM_ROPE");
+    return v && std::strcmp(v, "composed") == 0;
+  }();
+  if (composed || q.ndim != 3 || k.ndim != 3) return false;
+  const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), nkv = k.dim(1);
+  // The composed ops' rows kernel: head rows of ≤ 512, more than one row of each (else a block a row).
+  if (hd > 512 || T * nkv < 2 || T * nh < 2 || k.dim(0) != T || k.dim(2) != hd || q_norm.numel() != hd ||
+      k_norm.numel() != hd || rotary_dim % 2 != 0 || rotary_dim > hd || (gate && gate->numel() != q.numel()) ||
+      qg.numel() != (gate ? 2 : 1) * q.numel() || (!gate && qg.data != q.data))
+    return false;
+  if (qg.dtype != DType::F32 || q.dtype != DType::F32 || k.dtype != DType::F32 || q_norm.dtype != DType::F32 ||
+      k_norm.dtype != DType::F32 || (gate && gate->dtype != DType::F32))
+    return false;
+  RopeInputs in(c);
+  if (rotary_dim > 0 && !in.load(c, runs, T, rotary_dim, theta)) return true;  // recording failed: nothing runs
+  const int64_t rows = T * (nh + nkv);
+  launch_pdl(qk_norm_rope_kernel, dim3(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(32 * kRowsPerBlock),
+             0, c.stream, qg.as<const float>(), q.as<float>(), gate ? gate->as<float>() : nullptr, k.as<float>(),
+             q_norm.as<const float>(), k_norm.as<const float>(), eps, in.pos, in.freq, T, int(nh), int(nkv), int(hd),
+             int(rotary_dim / 2), gate != nullptr);
+  CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 }  // namespace qwen36::cuda

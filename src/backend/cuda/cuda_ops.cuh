@@ -261,13 +261,18 @@ void rms_norm(Ctx&, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void gated_rms_norm(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
 void add(Ctx&, Tensor& y, const Tensor& x);
 void add_rms_norm(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out);
-// The same, out also quantized into act (quant_act_bytes(rows, cols) bytes) for the tiled GEMM
-// that reads it next; false (nothing done) when the shape has no quantizing form.
-bool add_rms_norm_quant(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out, void* act);
+// y_out = y + delta (y_out is y, or a buffer overlapping neither), out = its norm, out also
+// quantized into act (quant_act_bytes(rows, cols) bytes) for the tiled GEMM that reads it next
+// (act null: not); false (nothing done) when act is given and the shape has no quantizing form.
+bool add_rms_norm_quant(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                        Tensor& out, void* act);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate);
 void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
 void copy_cols(Ctx&, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width);
+// Backend::qk_norm_rope in one launch; false (nothing done) for shapes it does not take.
+bool qk_norm_rope(Ctx&, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
+                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
 void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& dst);
 // get_rows with the row list already on the device (n rows)
 void get_rows_dev(Ctx&, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst);
@@ -306,6 +311,15 @@ bool quant_matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws
                         const void* act = nullptr);  // act: as quant_tiled_matmul's, for its tiled ws
 bool quant_matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& gate_out,
                          Tensor& up_out);
+// A call's matrices split into the tiled ones (quant_tiled_matmul) and the others, in order, with
+// their outputs; matmul_untiled: outs[i] = x · ws[i]ᵀ for the others (the quantized GEMVs, the
+// multi-GEMV or one matmul each).
+struct TiledSplit {
+  std::vector<const Tensor*> tw, rw;
+  std::vector<Tensor*> to, ro;
+  TiledSplit(std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+};
+void matmul_untiled(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 // Quantized MoE experts, decode (moe_experts semantics; table: device [E][gate, up, down]
 // pointers, gate/up [I, D] of type gate_up, down [D, I] of type down): false when not taken.
 bool quant_moe_decode(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
@@ -339,17 +353,35 @@ bool quant_tile(Ctx&, Tensor& w);
 inline constexpr int64_t kTiledMaxT = 64;
 void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                         const void* act = nullptr);
+// One token whose GEMM blocks compute its row x = rms_norm(y + delta) · w themselves (each block
+// for itself, in the order of the norm kernel: bitwise its x), the first block also writing y_out
+// = y + delta and x: the layer's residual add and norm without a launch of their own. y_out must
+// not overlap y, which every block reads.
+struct NormIn {
+  const float* y = nullptr;
+  const float* delta = nullptr;
+  const float* w = nullptr;
+  float eps = 0.0f;
+  float* y_out = nullptr;
+  float* x = nullptr;
+};
+// quant_tiled_matmul for that token (x: where x goes): false (nothing done) when the form does
+// not apply (T ≠ 1, no arrival counters in the backend's scratch, the row too long for shared
+// memory, QWEN36_ACT_QUANT=norm-kernel).
+bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
+                             std::span<Tensor* const> outs);
 size_t quant_act_bytes(int64_t T, int64_t K);
 void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
 // The layer forms of Backend::add_rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
 // add_rms_norm_mlp (add_rms_norm + mlp) whose norm (and SwiGLU) quantize their outputs for the
-// tiled GEMMs after them: no quantization launch before those GEMMs (cuda_quant_norm.cu). False
-// when not taken (no tiled weight, T > kTiledMaxT, exact_matmul, a shape without the quantizing
-// norm).
-bool norm_quant_matmul_multi(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
-                             std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
-bool norm_quant_mlp(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,
-                    Tensor& gate_out, Tensor& up_out, Tensor& out);
+// tiled GEMMs after them: no quantization launch before those GEMMs; at T = 1 with y_out other
+// than y the GEMMs compute the norm themselves (quant_tiled_matmul_norm: no norm launch either;
+// cuda_quant_norm.cu). False when not taken (no tiled weight, T > kTiledMaxT, exact_matmul, a
+// shape without the quantizing norm).
+bool norm_quant_matmul_multi(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                    const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16
 // tensor cores, tiles dequantized in registers (the values of the dequantize → bf16 → cuBLAS
 // path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;

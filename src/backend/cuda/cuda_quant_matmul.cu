@@ -1104,21 +1104,27 @@ bool chunked_small_gemv(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
 
 }  // namespace
 
+TiledSplit::TiledSplit(std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const bool tiled = dtype_is_tiled(ws[i]->dtype);
+    (tiled ? tw : rw).push_back(ws[i]);
+    (tiled ? to : ro).push_back(outs[i]);
+  }
+}
+
+void matmul_untiled(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (!ws.empty() && !quant_matmul_multi(c, x, ws, outs) && !matmul_multi(c, x, ws, outs))
+    for (size_t i = 0; i < ws.size(); ++i) matmul(c, x, *ws[i], *outs[i]);
+}
+
 bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                         const void* act) {
   if (c.exact_matmul || ws.empty() || ws.size() != outs.size() || x.dtype != DType::F32) return false;
   if (std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); })) {
     // Tiled matrices share one quantization of x (cuda_quant_mma.cu, any T); the others as usual.
-    std::vector<const Tensor*> tw, rw;
-    std::vector<Tensor*> to, ro;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const bool tiled = dtype_is_tiled(ws[i]->dtype);
-      (tiled ? tw : rw).push_back(ws[i]);
-      (tiled ? to : ro).push_back(outs[i]);
-    }
-    quant_tiled_matmul(c, x, tw, to, act);
-    if (!rw.empty() && !quant_matmul_multi(c, x, rw, ro) && !matmul_multi(c, x, rw, ro))
-      for (size_t i = 0; i < rw.size(); ++i) matmul(c, x, *rw[i], *ro[i]);
+    const TiledSplit sp(ws, outs);
+    quant_tiled_matmul(c, x, sp.tw, sp.to, act);
+    matmul_untiled(c, x, sp.rw, sp.ro);
     return true;
   }
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);

@@ -322,9 +322,78 @@ void launch_quantize(Ctx& c, const float* x, const float* up, int T, int K, uint
 // The GEMM
 // ================================================================================================
 
+// T = 1 with a NormIn: token 0's row x = rms_norm(y + delta) · w, computed by every block for
+// itself as add_rms_norm_vec_kernel computes it (cuda_elementwise.cu: the same float operations,
+// the sum of squares in cuda_act_quant.cuh's fixed order), so x is bitwise the norm kernel's, and
+// quantized into xs as quantize_row would from that x. v = y + delta waits in shared memory (vrow)
+// between the sum and the scaling. w, a weight, is requested before griddep_wait: the register-
+// prefetch kernels copy all of it into shared memory (wrow, cp.async: their registers are taken,
+// 5 quads held across the wait spilled), the shared-memory ring kernels hold a thread's first
+// kNormW quads in registers (wq: their shared memory is taken; the ring's cp.async groups are
+// counted). `writer` (one block of the call) stores y_out and x.
+constexpr int kNormW = 5;  // w quads in registers per thread: K = 5120 at 256 threads
+template <bool kSmemW>
+__device__ __forceinline__ void prefetch_norm_w(const NormIn& n, int G, float4 (&wq)[kNormW], float4* wrow) {
+  const int nq = G * 8, nt = int(blockDim.x), tid = int(threadIdx.x);
+  const float4* w = reinterpret_cast<const float4*>(n.w);
+  if constexpr (kSmemW) {
+    for (int id = tid; id < nq; id += nt) cpa_16(wrow + id, w + id);
+    cpa_commit();
+  } else {
+#pragma unroll
+    for (int r = 0; r < kNormW; ++r)
+      if (const int id = tid + r * nt; id < nq) wq[r] = w[id];
+  }
+}
+template <bool kSmemW>
+__device__ __forceinline__ void norm_row(const NormIn& n, int G, const float4 (&wq)[kNormW],
+                                         const float4* __restrict__ wrow, float4* __restrict__ vrow,
+                                         float* __restrict__ gss, ColGroup* __restrict__ xs, bool writer) {
+  constexpr int kR = 4;  // quads' loads in flight per thread (y and delta each)
+  const int nq = G * 8, nt = int(blockDim.x), tid = int(threadIdx.x);
+  const float4* y = reinterpret_cast<const float4*>(n.y);
+  const float4* d = reinterpret_cast<const float4*>(n.delta);
+  // id < nq is warp-uniform (nq and nt multiples of 32), as the shuffles of group_ss and
+  // quantize_quad need.
+  for (int i0 = tid; i0 - tid < nq; i0 += kR * nt) {
+    float4 a[kR], b[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+      if (const int id = i0 + r * nt; id < nq) a[r] = __ldcg(y + id), b[r] = __ldcg(d + id);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int id = i0 + r * nt;
+      if (id >= nq) break;
+      const float4 v = make_float4(a[r].x + b[r].x, a[r].y + b[r].y, a[r].z + b[r].z, a[r].w + b[r].w);
+      vrow[id] = v;
+      if (writer) reinterpret_cast<float4*>(n.y_out)[id] = v;
+      const float q = group_ss(quad_ss(v));
+      if ((id & 7) == 0) gss[id >> 3] = q;
+    }
+  }
+  if constexpr (kSmemW) cpa_wait<0>();  // this thread's quads of w (each reads only its own)
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(row_ss(gss, G) / float(32 * G) + n.eps);
+  auto scale = [&](int id, const float4& g) {  // a thread's own quads of vrow
+    const float4 v = vrow[id];
+    const float4 x = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    if (writer) reinterpret_cast<float4*>(n.x)[id] = x;
+    store_col_quad(xs, id, quantize_quad(x));
+  };
+  if constexpr (kSmemW) {
+    for (int id = tid; id < nq; id += nt) scale(id, wrow[id]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kNormW; ++r)
+      if (const int id = tid + r * nt; id < nq) scale(id, wq[r]);
+    for (int id = tid + kNormW * nt; id < nq; id += nt) scale(id, reinterpret_cast<const float4*>(n.w)[id]);
+  }
+}
+
 struct MmaArgs {
   const uint8_t* w;    // tiles
   const float* x;      // T = 1 quantizing its own row (stage_x): token 0's f32 activations; else null
+  NormIn norm;         // T = 1 computing its row as the norm (norm.y non-null; stage_x): its inputs
   const uint2* xb;     // [K/32][NT][32] B fragments
   const float4* xf;    // [K/32][NT][4] {d, d·Σq} of tokens 2t, 2t + 1
   const int4* xi;      // [K/32][NT][4] −32 · Σq per 16-half (Q6_K)
@@ -356,6 +425,13 @@ __device__ __forceinline__ int warp_of(long long i, long long total, int nw) {
   return int(((i + 1) * nw - 1) / total);
 }
 __device__ __forceinline__ long long range_begin(int w, long long total, int nw) { return (long long)w * total / nw; }
+
+// Shared memory of the T = 1 activation staging (mma_kernel's stage_x) for S super-blocks: the
+// ColGroups; with a NormIn (norm) also v (K floats) and the group sums (K / 32), and for the
+// register-prefetch kernels (regs) the norm's weight (K floats; norm_row).
+__host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = false, bool regs = false) {
+  return size_t(S) * 8 * (sizeof(ColGroup) + (norm ? (regs ? 64 : 32) * sizeof(float) + sizeof(float) : 0));
+}
 
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K) the (S, M) table.
 template <DType D, bool REGS>
@@ -396,9 +472,24 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   // rate 46%, 40% of stalls on L1TEX at T = 1 with them read from global). Token 0's fragments
   // are lanes 0-3 of quantize_kernel's (B column 0), its scales entry t = 0.
   ColGroup* const xs = reinterpret_cast<ColGroup*>(smem + size_t(wpb) * kWarpSmem);
+  // NormIn: after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested before
+  // griddep_wait (prefetch_norm).
+  float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S));
+  float* const gss = reinterpret_cast<float*>(vrow + 8 * S * 8);
+  float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
+  [[maybe_unused]] float4 wq[kNormW];
+  auto prefetch_norm = [&]() {
+    if constexpr (ONE)
+      if (a.norm.y) prefetch_norm_w<REGS>(a.norm, S * 8, wq, wrow);
+  };
   auto stage_x = [&]() {
     if constexpr (ONE) {
       const int G = S * 8;
+      if (a.norm.y) {  // the layer's norm, computed here (NormIn)
+        norm_row<REGS>(a.norm, G, wq, wrow, vrow, gss, xs, blockIdx.x == 0 && a.norm.y_out);
+        __syncthreads();
+        return;
+      }
       if (a.x) {  // no quantize_kernel before this launch: every block quantizes the row itself
         quantize_row(a.x, G, xs);
         __syncthreads();
@@ -628,6 +719,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     Raw<D> A, Bt;
     load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
     if (b0 + 1 < b1) load_tile<D, true>(a.w + size_t(b0 + 1) * B, lane, Bt);
+    prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
     for (long long i = b0; i < b1; i += 2) {
@@ -640,6 +732,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
       if (i + 3 < b1) load_tile<D, true>(a.w + size_t(i + 3) * B, lane, Bt);
     }
   } else {
+    prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
     // Ring of kStages tiles per warp: tile i computes while tiles i + 1 .. i + kStages − 1 load.
@@ -668,11 +761,9 @@ struct MmaPlan {
   size_t smem = 0;
 };
 
-// Shared memory of the T = 1 activation staging (mma_kernel's stage_x) for S super-blocks.
-constexpr size_t x_stage_bytes(long long S) { return size_t(S) * 8 * sizeof(ColGroup); }
 
 template <DType D, int NT, bool ONE, int MINB, bool REGS>
-MmaPlan plan_mma(long long total, int S) {
+MmaPlan plan_mma(long long total, int S, bool norm) {
   struct PerDev {
     int wpb = 0, bps = 0, regs = 0, local = 0;
   };
@@ -713,7 +804,7 @@ MmaPlan plan_mma(long long total, int S) {
   MmaPlan p;
   int bps = pd.bps;
   if constexpr (ONE) {  // the staged activations may leave room for fewer blocks per SM
-    const size_t xs = x_stage_bytes(S);
+    const size_t xs = x_stage_bytes(S, norm, REGS);
     static std::mutex mu;
     static std::map<std::pair<int, size_t>, int> by_size;
     std::lock_guard<std::mutex> lock(mu);
@@ -735,7 +826,7 @@ MmaPlan plan_mma(long long total, int S) {
   // a block is live, as T = 1's block barrier needs.
   p.nwarps = p.nwarps / p.wpb * p.wpb;
   p.grid = p.nwarps / p.wpb;
-  p.smem = size_t(p.wpb) * warp_smem<D, REGS>() + (ONE ? x_stage_bytes(S) : 0);
+  p.smem = size_t(p.wpb) * warp_smem<D, REGS>() + (ONE ? x_stage_bytes(S, norm, REGS) : 0);
   p.bps = bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
@@ -890,8 +981,22 @@ bool quant_tile(Ctx& c, Tensor& w) {
   return true;
 }
 
-void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                        const void* act) {
+namespace {
+
+// T = 1 fits the one-token kernels: x staged in shared memory (with a NormIn also v and the group
+// sums) next to up to 8 warps' rings (Q8_0: 3 × 4352 B each) and tables; beyond the opt-in limit
+// (K of several 10^5) the general kernel, dead columns and all.
+bool one_fits(int64_t K, bool norm) {
+  return size_t(kWarps) * (kStages * 4352 + 16 * kTabStride * sizeof(float2)) + x_stage_bytes(K / 256, norm, true) <=
+         size_t(dev_info().smem_optin);
+}
+
+// quant_tiled_matmul, and with norm quant_tiled_matmul_norm (one token; x is where the norm's
+// output goes, the call's first launch writing it). False (nothing done) only with norm: when the
+// norm's shared memory would leave room for fewer blocks per SM than the same call without it,
+// whose split of the row-tiles between warps (and so its sums' order) the form must keep.
+bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                  const void* act, const NormIn* norm) {
   QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(x.dtype == DType::F32 && x.cols() == K && aligned16(x.data), "matmul: activations must be f32 rows of {}", K);
@@ -903,21 +1008,19 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     QWEN36_CHECK(outs[i]->dtype == DType::F32 && outs[i]->numel() == T * w.rows(), "matmul: x {} · w {} → out {}",
                  x.shape_str(), w.shape_str(), outs[i]->shape_str());
   }
-  if (T == 0) return;
+  if (T == 0) return true;
   const float* xp = x.as<const float>();
-  if (T > kTiledMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return;  // cuda_quant_gemm.cu
+  if (T > kTiledMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return true;  // cuda_quant_gemm.cu
   if (T > kTiledMaxT || c.exact_matmul) {
     for (size_t i = 0; i < ws.size(); ++i)
       with_tiled_dtype(ws[i]->dtype, [&](auto dt) {
         tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K));
       });
-    return;
+    return true;
   }
   const int NT = act_n_tiles(T);
-  // T = 1 stages x in shared memory next to up to 8 warps' rings (Q8_0: 3 × 4352 B each) and
-  // tables: beyond the opt-in limit (K of several 10^5), the general kernel, dead columns and all.
-  const bool one = T == 1 && size_t(kWarps) * (kStages * 4352 + 16 * kTabStride * sizeof(float2)) + x_stage_bytes(K / 256) <=
-                                 size_t(dev_info().smem_optin);
+  const bool one = T == 1 && one_fits(K, norm != nullptr);
+  QWEN36_CHECK(!norm || one, "matmul: the norm-computing GEMM takes one token whose row fits shared memory");
   const bool capped = use_capped();
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
@@ -951,10 +1054,14 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     a.total = (long long)rt * a.S;
     gr.t = ws[i]->dtype;
     gr.regs = use_regs(gr.t);
+    bool same_split = true;
     with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
-      gr.p = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
-                      decltype(rg)::value>(a.total, a.S);
+      auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
+                           decltype(rg)::value>;
+      gr.p = plan(a.total, a.S, norm != nullptr);
+      if (norm) same_split = gr.p.nwarps == plan(a.total, a.S, false).nwarps;
     });
+    if (!same_split) return false;
     log_plan(gr.t, a.nmat, (long long)rt * 16, K, T, NT, gr.regs, capped, gr.p, a.total);
     a.nwarps = gr.p.nwarps;
     max_warps = std::max(max_warps, a.nwarps);
@@ -967,21 +1074,26 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
   // counters are zero already and left so; a workspace's own are cleared by quantize_kernel, or
   // with act by a memset.
   int* const counters = c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
-  const bool fused = !act && one && counters && use_fused_t1();
+  QWEN36_CHECK(!norm || counters, "matmul: the norm-computing GEMM needs the scratch stack's counters");
+  const bool fused = !act && !norm && one && counters && use_fused_t1();
   const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t o_part = fused || act ? 0 : L.bytes;
+  const size_t o_part = fused || act || norm ? 0 : L.bytes;
   const size_t o_cnt = o_part + up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float));
   Temp<uint8_t> ws_mem(c, o_cnt + (counters ? 0 : up(size_t(max_warps) * sizeof(int))));
   uint8_t* const base = ws_mem.get();
   const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
   int* const cnt = counters ? counters : reinterpret_cast<int*>(base + o_cnt);
-  if (!fused && !act)
+  if (!fused && !act && !norm)
     launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, counters ? 0 : max_warps);
   else if (!counters)
     CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_warps) * sizeof(int), c.stream));
   for (Group& gr : groups) {
     gr.a.x = fused ? xp : nullptr;
+    if (norm) {  // the first launch writes y_out and x
+      gr.a.norm = *norm;
+      if (&gr != &groups.front()) gr.a.norm.y_out = gr.a.norm.x = nullptr;
+    }
     gr.a.xb = reinterpret_cast<const uint2*>(xq + L.o_xb);
     gr.a.xf = reinterpret_cast<const float4*>(xq + L.o_xf);
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
@@ -993,8 +1105,30 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
   }
+  return true;
 }
 
+}  // namespace
+
+void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                        const void* act) {
+  tiled_matmul(c, x, ws, outs, act, nullptr);
+}
+
+bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
+                             std::span<Tensor* const> outs) {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_ACT_QUANT");
+    return !v || std::strcmp(v, "norm-kernel") != 0;
+  }();
+  const int64_t K = x.cols();
+  if (!on || c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
+      !one_fits(K, true) || !c.scratch || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
+      !aligned16(norm.y_out) || !aligned16(norm.x))
+    return false;
+  // Every launch is a persistent grid of at most ScratchStack::kCounters warps (plan_mma).
+  return tiled_matmul(c, x, ws, outs, nullptr, &norm);
+}
 
 void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {

@@ -156,6 +156,17 @@ struct __align__(16) ColGroup {
 };
 static_assert(sizeof(ColGroup) == 48);
 
+// Quad id (weights 4u .. 4u + 3 of group j = id / 8, u = id % 8) of a row, quantized (qq from
+// quantize_quad), into its ColGroup: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4); u = 0 also
+// stores the group's scales.
+__device__ __forceinline__ void store_col_quad(ColGroup* __restrict__ out, int id, const QuantQuad& qq) {
+  const int j = id >> 3, u = id & 7;
+  reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
+  if (u == 0)
+    out[j].s = make_float4(qq.d, qq.d * float(qq.half + qq.other), __int_as_float(-32 * qq.half),
+                           __int_as_float(-32 * qq.other));
+}
+
 // x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
 // quantize_kernel); G % 4 == 0, so every warp is whole in every round. A thread issues its kR
 // loads before it quantizes any: one L2 round trip for G·8 ≤ kR · threads, not one per round.
@@ -171,13 +182,7 @@ __device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G,
     for (int r = 0; r < kR; ++r) {
       const int id = id0 + r * nt;
       if (id >= n) break;  // warp-uniform: n and nt are multiples of 32
-      const int j = id >> 3, u = id & 7;
-      const QuantQuad qq = quantize_quad(v[r]);
-      const float d = qq.d;
-      const int half = qq.half, other = qq.other;
-      // weights 4u .. 4u + 3: word u & 3 of b[0..3].x (u < 4) or .y (u ≥ 4)
-      reinterpret_cast<uint32_t*>(&out[j].b[u & 3])[u >> 2] = qq.packed;
-      if (u == 0) out[j].s = make_float4(d, d * float(half + other), __int_as_float(-32 * half), __int_as_float(-32 * other));
+      store_col_quad(out, id, quantize_quad(v[r]));
     }
   }
 }

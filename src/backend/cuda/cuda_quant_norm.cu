@@ -3,9 +3,13 @@
 // the norm kernel quantizes its output for the int8 GEMM after it, and the MLP's SwiGLU is
 // computed by the quantization before the down projection, so no kernel runs between a producer
 // and its GEMM only to quantize. A decode step of the 27B loses three launches (and kernel
-// boundaries) per layer: ~190 of its ~960. The values are those of the composed ops exactly: the
-// same float operations feed the same quantize_quad.
-// QWEN36_ACT_QUANT=kernel: the composed ops instead (the A/B of the measurement in bench/RESULTS.md).
+// boundaries) per layer: ~190 of its ~960. At T = 1, with the residual stream's next buffer
+// other than its current one (the model's two buffers), there is no norm launch either: every
+// block of the first GEMMs computes the norm of the row itself (quant_tiled_matmul_norm); the
+// 27B's decode step loses 127 launches more (bench/RESULTS.md, session 12). The values are those
+// of the composed ops exactly: the same float operations feed the same quantize_quad.
+// QWEN36_ACT_QUANT=kernel: the composed ops instead; =norm-kernel: the norm launch at T = 1 too
+// (the A/B of the measurements in bench/RESULTS.md).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -24,27 +28,47 @@ bool enabled() {
   return on;
 }
 
+// The norm computed by the GEMM blocks: T = 1 and y_out another buffer (quant_tiled_matmul_norm
+// checks the rest).
+NormIn norm_in(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
+  return {y.as<const float>(), delta.as<const float>(), w.as<const float>(), eps, y_out.as<float>(), x.as<float>()};
+}
+bool norm_in_gemm(const Tensor& y, const Tensor& delta, const Tensor& y_out, const Tensor& w, const Tensor& x) {
+  const int64_t K = x.cols();
+  return x.rows() == 1 && y_out.data != y.data && y.numel() == K && delta.numel() == K && y_out.numel() == K &&
+         w.numel() == K && y.dtype == DType::F32 && delta.dtype == DType::F32 && y_out.dtype == DType::F32 &&
+         w.dtype == DType::F32;
+}
+
 bool any_tiled(std::span<const Tensor* const> ws) {
   return std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); });
 }
 
 }  // namespace
 
-bool norm_quant_matmul_multi(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x,
-                             std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+bool norm_quant_matmul_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   const int64_t K = x.cols(), T = x.rows();
   if (!enabled() || c.exact_matmul || T < 1 || T > kTiledMaxT || x.dtype != DType::F32 || ws.empty() || !any_tiled(ws))
     return false;
+  if (norm_in_gemm(y, delta, y_out, w, x)) {
+    // The tiled matrices first: their first launch writes x, which the others read.
+    const TiledSplit sp(ws, outs);
+    if (quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to)) {
+      matmul_untiled(c, x, sp.rw, sp.ro);
+      return true;
+    }
+  }
   Temp<uint8_t> act(c, quant_act_bytes(T, K));
-  if (!add_rms_norm_quant(c, y, delta, w, eps, x, act.get())) return false;
-  // y has its delta now: from here on this form must finish (a tiled weight: the tiled branch).
+  if (!add_rms_norm_quant(c, y, delta, y_out, w, eps, x, act.get())) return false;
+  // y_out has the delta now: from here on this form must finish (a tiled weight: the tiled branch).
   const bool done = quant_matmul_multi(c, x, ws, outs, act.get());
   QWEN36_CHECK(done, "add_rms_norm_matmul_multi: the projections of {} were not taken", x.shape_str());
   return true;
 }
 
-bool norm_quant_mlp(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& x, const MlpWeights& m,
-                    Tensor& gate_out, Tensor& up_out, Tensor& out) {
+bool norm_quant_mlp(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                    const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {
   const int64_t K = x.cols(), T = x.rows(), I = m.gate_proj.rows();
   const Tensor &gate = m.gate_proj, &up = m.up_proj, &down = m.down_proj;
   if (!enabled() || c.exact_matmul || T < 1 || T > kTiledMaxT || x.dtype != DType::F32 || !dtype_is_tiled(gate.dtype) ||
@@ -53,11 +77,13 @@ bool norm_quant_mlp(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, flo
       up_out.numel() != T * I)
     return false;
   {
-    Temp<uint8_t> act(c, quant_act_bytes(T, K));
-    if (!add_rms_norm_quant(c, y, delta, w, eps, x, act.get())) return false;
     const Tensor* ws[] = {&gate, &up};
     Tensor* os[] = {&gate_out, &up_out};
-    quant_tiled_matmul(c, x, ws, os, act.get());
+    if (!norm_in_gemm(y, delta, y_out, w, x) || !quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, ws, os)) {
+      Temp<uint8_t> act(c, quant_act_bytes(T, K));
+      if (!add_rms_norm_quant(c, y, delta, y_out, w, eps, x, act.get())) return false;
+      quant_tiled_matmul(c, x, ws, os, act.get());
+    }
   }
   // silu(gate) · up quantized straight from the two projections: the GEMM reads only these codes
   // (gate_out keeps the gate projection, which the contract leaves as scratch).
