@@ -2,11 +2,11 @@
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
-# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles offload tp — e.g.
+# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles trace offload tp — e.g.
 # calls of a time-limited runner: "tests bench", then "serve profiles", then "offload", and on
 # a machine with two GPUs "tp".
 set -uo pipefail
-PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles offload tp} "
+PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles trace offload tp} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
@@ -25,11 +25,15 @@ if [ -n "${QWEN36_PREBUILT:-}" ]; then
   src=$(strings "$QWEN36_PREBUILT/test_cuda_ops" | grep -m1 -o '^/[^ ]*/tests/data$' || true)
   if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "${src%/tests/data}")" && ln -sfn "$PWD" "${src%/tests/data}"; fi
   Q=$QWEN36_PREBUILT/qwen36 TESTS=$QWEN36_PREBUILT/test_cuda_ops TP_TESTS=$QWEN36_PREBUILT/test_cuda_tp
+  TRACE_LIB=$QWEN36_PREBUILT/libqwen36_kernel_trace.so
 else
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN36_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
-    cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops test_cuda_tp; } 2>&1 | tail -40 > "$OUT/build.log"
+    cmake --build "$BUILD" -j16 --target qwen36 test_cuda_ops test_cuda_tp &&
+    { ! grep -q qwen36_kernel_trace "$BUILD/build.ninja" || cmake --build "$BUILD" --target qwen36_kernel_trace; }; } 2>&1 |
+    tail -40 > "$OUT/build.log"
   [ -x "$BUILD/src/cli/qwen36" ] || { echo "build failed, see $OUT/build.log"; exit 1; }
   Q=$BUILD/src/cli/qwen36 TESTS=$BUILD/tests/gpu/test_cuda_ops TP_TESTS=$BUILD/tests/gpu/test_cuda_tp
+  TRACE_LIB=$BUILD/tools/kernel_trace/libqwen36_kernel_trace.so
 fi
 
 # Each test suite in its own process: a kernel fault in one leaves the others' results intact.
@@ -99,6 +103,21 @@ part profiles && command -v ncu > /dev/null && for m in qwen3.6-27b qwen3.6-35b-
     "$Q" bench --backend cuda --synthetic $m --type q4_k_m -p "" -n 2 -r 1 -b 1 > "$OUT/ncu-$m.csv" 2> /dev/null &&
     { echo "## $m q4_k_m decode step, per kernel (ncu)"; scripts/ncu-step.py "$OUT/ncu-$m.csv"; } >> "$OUT/profiles.md"
 done
+# Kernel by kernel in the replayed decode step (tools/kernel_trace: CUPTI times every kernel of
+# the graph replays without serializing them; scripts/trace-step.py charges each the time since
+# the previous one ended): where a step's time goes, PDL overlap included.
+if part trace && [ -f "$TRACE_LIB" ]; then
+  : > "$OUT/trace.md"
+  for m in qwen3.6-27b qwen3.6-35b-a3b; do
+    for t in q4_k_m bf16; do
+      CUDA_INJECTION64_PATH=$TRACE_LIB QWEN36_TRACE_OUT=/tmp/qwen36-trace.csv timeout 200 "$Q" bench --backend cuda \
+        --synthetic $m --type $t -p "" -n 24 -b 1 -r 1 > /dev/null 2>&1
+      { echo "## $m $t decode step, b1 (kernel_trace)"; scripts/trace-step.py /tmp/qwen36-trace.csv --steps 8; echo; } \
+        >> "$OUT/trace.md" 2>&1
+    done
+  done
+  rm -f /tmp/qwen36-trace.csv
+fi
 # Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or
 # /tmp), all on the GPU, then N layers' routed experts on the host, decode on the host and prefill
 # streamed (QWEN36_MOE_STREAM auto; pageable copies, or page-locked with QWEN36_MOE_PIN=1) or
