@@ -314,7 +314,8 @@ TEST_F(CudaOps, AddRmsNorm) {
     EXPECT_LE(rel_err(download(*gpu_, o.t), want.floats()), 1e-5) << D;
     // Into the residual stream's other buffer (the layer form; a bf16 projection takes the plain
     // norm kernel): y stays, y_out gets the sum, x the same norm bitwise as in place.
-    DevT dy0 = upload(*gpu_, y), dy2 = upload(*gpu_, HostT(DType::F32, {5, D})), o2 = upload(*gpu_, HostT(DType::F32, {5, D}));
+    DevT dy0 = upload(*gpu_, y), dy2 = upload(*gpu_, HostT(DType::F32, {5, D}));
+    DevT o2 = upload(*gpu_, HostT(DType::F32, {5, D}));
     const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, D}));
     DevT po = upload(*gpu_, HostT(DType::F32, {5, 16}));
     const Tensor* ws[] = {&wb.t};

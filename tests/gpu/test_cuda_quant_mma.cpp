@@ -481,7 +481,8 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
   for (const int64_t K : {1024, 8192}) {
     const int64_t I = 768;
     for (DType dt : kTypes) {
-      const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K)), w2 = upload_tiled(*gpu_, quantized(rng_, dt, 16, K));
+      const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K));
+      const DevT w2 = upload_tiled(*gpu_, quantized(rng_, dt, 16, K));
       const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, K}));
       MlpWeights m;
       const DevT g = upload_tiled(*gpu_, quantized(rng_, dt, I, K)), u = upload_tiled(*gpu_, quantized(rng_, dt, I, K));

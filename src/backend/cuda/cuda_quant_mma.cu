@@ -34,7 +34,9 @@
 //    the 27B Q4_K_M decode step from ~9.3 to ~8.7 ms; the T = 1 kernels also spill less. When
 //    the kernel before did not quantize x (act), each block quantizes the f32 row itself there
 //    (quantize_row, the same codes and scales): no quantize_kernel launch, for 128 bytes read per
-//    group instead of 48 and the quantization repeated per block (use_fused_t1).
+//    group instead of 48 and the quantization repeated per block (use_fused_t1). With a NormIn
+//    (quant_tiled_matmul_norm) each block computes the row as the layer's residual add and norm
+//    (norm_row): no norm launch either.
 //  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
 //    tiles (memory order). Two load paths, chosen per call (QWEN36_MMA_LOADS = regs | smem; unset:
 //    regs for Q4_K and Q8_0, smem for Q6_K, as measured on the H200 in rounds 1 and 2):
@@ -760,7 +762,6 @@ struct MmaPlan {
   int nwarps = 0, wpb = 0, grid = 0, bps = 0, regs = 0, local = 0;
   size_t smem = 0;
 };
-
 
 template <DType D, int NT, bool ONE, int MINB, bool REGS>
 MmaPlan plan_mma(long long total, int S, bool norm) {

@@ -79,7 +79,9 @@ bool norm_quant_mlp(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out,
   {
     const Tensor* ws[] = {&gate, &up};
     Tensor* os[] = {&gate_out, &up_out};
-    if (!norm_in_gemm(y, delta, y_out, w, x) || !quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, ws, os)) {
+    const bool in_gemm =
+        norm_in_gemm(y, delta, y_out, w, x) && quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, ws, os);
+    if (!in_gemm) {
       Temp<uint8_t> act(c, quant_act_bytes(T, K));
       if (!add_rms_norm_quant(c, y, delta, y_out, w, eps, x, act.get())) return false;
       quant_tiled_matmul(c, x, ws, os, act.get());
