@@ -180,9 +180,10 @@ class Backend {
     rms_norm(y, w, eps, out);
   }
   // y_out = y + delta; out = rms_norm(y_out, w, eps). y_out is y itself (in place) or a buffer
-  // of y's shape overlapping neither y nor delta.
-  void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                         Tensor& out) {
+  // of y's shape overlapping neither y nor delta. (The composition copies y first; a backend may
+  // read y and write y_out in one pass.)
+  virtual void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                                 Tensor& out) {
     if (y_out.data != y.data) copy(y, y_out);
     add_rms_norm(y_out, delta, w, eps, out);
   }

@@ -499,6 +499,11 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "add_rms_norm");
     cuda::add_rms_norm(ctx_, y, delta, w, eps, out);
   }
+  void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                         Tensor& out) override {
+    Prof p_(*this, "add_rms_norm");
+    cuda::add_rms_norm_quant(ctx_, y, delta, y_out, w, eps, out, nullptr);  // reads y, writes y_out: no copy
+  }
   void add_rms_norm_matmul_multi(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                                  Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
     {
@@ -506,8 +511,7 @@ class CudaBackend final : public Backend {
                               : std::string());
       if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs)) return;
     }
-    add_norm(y, delta, y_out, w, eps, x);
-    matmul_multi(x, ws, outs);
+    Backend::add_rms_norm_matmul_multi(y, delta, y_out, w, eps, x, ws, outs);
   }
   void add_rms_norm_mlp(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                         const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) override {
@@ -517,13 +521,7 @@ class CudaBackend final : public Backend {
                               : std::string());
       if (cuda::norm_quant_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, up_out, out)) return;
     }
-    add_norm(y, delta, y_out, w, eps, x);
-    mlp(x, m, gate_out, up_out, out);
-  }
-  // Backend::add_rms_norm_into in one kernel (the norm reads y and writes y_out: no copy first).
-  void add_norm(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
-    Prof p_(*this, "add_rms_norm");
-    cuda::add_rms_norm_quant(ctx_, y, delta, y_out, w, eps, x, nullptr);
+    Backend::add_rms_norm_mlp(y, delta, y_out, w, eps, x, m, gate_out, up_out, out);
   }
   void split_q_gate(const Tensor& qg, Tensor& q, Tensor& gate) override {
     Prof p_(*this, "split_q_gate");

@@ -367,7 +367,7 @@ struct NormIn {
 };
 // quant_tiled_matmul for that token (x: where x goes): false (nothing done) when the form does
 // not apply (T ≠ 1, no arrival counters in the backend's scratch, the row too long for shared
-// memory, QWEN36_ACT_QUANT=norm-kernel).
+// memory, or its shared memory would fit fewer blocks per SM than the plain call's).
 bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs);
 size_t quant_act_bytes(int64_t T, int64_t K);

@@ -1118,12 +1118,8 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
 
 bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs) {
-  static const bool on = [] {
-    const char* v = std::getenv("QWEN36_ACT_QUANT");
-    return !v || std::strcmp(v, "norm-kernel") != 0;
-  }();
   const int64_t K = x.cols();
-  if (!on || c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
+  if (c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
       !one_fits(K, true) || !c.scratch || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
       !aligned16(norm.y_out) || !aligned16(norm.x))
     return false;
