@@ -30,10 +30,10 @@
 #include "quant/quant.h"
 
 namespace qwen36::cuda {
-// cuda_quant_mma.cu's test hook: the GEMM variant as QWEN36_MMA_LOADS / QWEN36_MMA_T1 /
-// QWEN36_MMA_T1_QUANT select it ("regs" | "smem" | "auto", "capped" | "plain" | "auto", "fused" |
-// "kernel" | "auto"); nullptr reads the environment again.
-void mma_select_variant(const char* loads, const char* t1, const char* t1_quant);
+// cuda_quant_mma.cu's test hook: the GEMM variant as QWEN36_MMA_LOADS / QWEN36_MMA_T1_QUANT
+// select it ("regs" | "smem" | "auto", "fused" | "kernel" | "auto"); nullptr reads the
+// environment again.
+void mma_select_variant(const char* loads, const char* t1_quant);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -226,21 +226,20 @@ TEST_F(CudaQuantMma, SwigluMatchesInt8Twin) {
   }
 }
 
-// Row-tiles split between warps are finished inside the GEMM by the last warp to arrive (an
-// arrival counter per split row-tile, reset by that warp): the same call three times eagerly,
-// then recorded into a CUDA graph and replayed twice, must give bitwise the same outputs (the
-// pieces are summed in warp order, never by float atomics), each within 2e-5 of the int8 twin.
-// Shapes: one row-tile over 68 warps; 2048 × 4096 (the 35B's, one tile per warp, 16 warps per
-// row-tile); 2048 × 512 (the smallest blocks); 5120 × 6144 (ranges start and end mid row-tile).
-// Every variant: both load paths (registers, shared-memory ring), both T = 1 kernels, and at
-// T = 1 the activation row quantized by each GEMM block or by quantize_kernel before it.
+// Row-tiles split between warps are finished inside the GEMM: at T > 1 by the last warp to
+// arrive (an arrival counter per split row-tile, reset by that warp), at T = 1 within the block
+// after a barrier. The same call three times eagerly, then recorded into a CUDA graph and
+// replayed twice, must give bitwise the same outputs (the pieces are summed in warp order, never
+// by float atomics), each within 2e-5 of the int8 twin. Shapes: one row-tile over 68 warps (at
+// T = 1 one block of 16, 4–5 tiles each); 2048 × 4096 (the 35B's, one tile per warp, 16 warps per
+// row-tile); 2048 × 512 (the smallest blocks: 2 warps at T = 1); 5120 × 6144 (ranges start and
+// end mid row-tile). Every variant: both load paths (registers, shared-memory ring), and at T = 1
+// the activation row quantized by each GEMM block or by quantize_kernel before it.
 TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
   const Shape shapes[] = {{16, 17408}, {2048, 4096}, {2048, 512}, {5120, 6144}};
-  const char* const variants[][3] = {{"regs", "plain", "fused"},  {"regs", "capped", "fused"},
-                                     {"smem", "plain", "fused"},  {"smem", "capped", "fused"},
-                                     {"regs", "plain", "kernel"}, {"smem", "plain", "kernel"}};
+  const char* const variants[][2] = {{"regs", "fused"}, {"smem", "fused"}, {"regs", "kernel"}, {"smem", "kernel"}};
   struct Restore {
-    ~Restore() { cuda::mma_select_variant(nullptr, nullptr, nullptr); }
+    ~Restore() { cuda::mma_select_variant(nullptr, nullptr); }
   } restore;
   uint64_t key = 0x5157'0000;
   for (DType dt : kTypes)
@@ -252,14 +251,14 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       for (const auto& v : variants) {
         for (int64_t T : {1, 5, 17, 64}) {  // NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
           // the T = 1 switches change nothing else
-          if (T != 1 && (std::strcmp(v[1], "capped") == 0 || std::strcmp(v[2], "kernel") == 0)) continue;
-          cuda::mma_select_variant(v[0], v[1], v[2]);
+          if (T != 1 && std::strcmp(v[1], "kernel") == 0) continue;
+          cuda::mma_select_variant(v[0], v[1]);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
           const HostT zeros(DType::F32, {T, s.N});
           DevT dx = upload(*gpu_, x), dout = upload(*gpu_, zeros);
-          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
-                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + v[0] + " t1=" + v[1] +
-                                   " quant=" + v[2];
+          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                                   " K=" + std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + v[0] +
+                                   " quant=" + v[1];
           std::vector<std::vector<float>> runs;
           for (int r = 0; r < 3; ++r) {
             gpu_->copy_from_host(zeros.t.data, dout.t);  // nothing left over from the run before
@@ -307,7 +306,7 @@ const char* env_or(const char* name, const char* fallback) {
 
 // Cold-L2 bandwidth of the tiled GEMM on the 27B's large matrices, T = 1 .. 64, next to the
 // device copy bandwidth; spot-checked against the int8 twin. The variant is the environment's
-// (QWEN36_MMA_LOADS, QWEN36_MMA_T1): run once per setting to compare.
+// (QWEN36_MMA_LOADS): run once per setting to compare.
 TEST_F(CudaQuantMma, Bandwidth27B) {
   const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
   for (DType dt : {DType::Q4_K, DType::Q6_K})
@@ -324,9 +323,8 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
         EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
             << what << " " << where;
         const double gbs = double(w.t.nbytes()) / s / 1e9;
-        std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s (loads=%s t1=%s)\n",
-                    what.c_str(), s * 1e6, gbs, 100 * gbs / copy, copy, env_or("QWEN36_MMA_LOADS", "auto"),
-                    env_or("QWEN36_MMA_T1", "auto"));
+        std::printf("[ gemv-cold ] %s: %.1f us, %.0f GB/s = %.1f%% of copy bandwidth %.0f GB/s (loads=%s)\n",
+                    what.c_str(), s * 1e6, gbs, 100 * gbs / copy, copy, env_or("QWEN36_MMA_LOADS", "auto"));
       }
     }
 }

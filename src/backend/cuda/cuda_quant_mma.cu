@@ -38,12 +38,13 @@
 //    (quant_tiled_matmul_norm) each block computes the row as the layer's residual add and norm
 //    (norm_row): no norm launch either.
 //  - GEMM (mma_kernel): persistent warps, all resident, each a balanced contiguous range of
-//    tiles (memory order). Two load paths, chosen per call (QWEN36_MMA_LOADS = regs | smem; unset:
-//    regs for Q4_K and Q8_0, smem for Q6_K, as measured on the H200 in rounds 1 and 2):
+//    tiles (memory order; at T = 1 of its block's row-tiles, below). Two load paths, chosen per
+//    call (QWEN36_MMA_LOADS = regs | smem; unset: use_regs, as measured on the H200):
 //    regs: each lane holds the next tile's 16-byte loads (evict-first) in registers while the
 //      current one computes (two register sets in turn); blocks of 8 warps, 2 per SM up to 16
-//      tokens (≤ 128 registers), the default carveout so that L1 keeps x's fragments, which every
-//      warp of an SM re-reads; the first tile is requested before griddep_wait.
+//      tokens (≤ 128 registers; T = 1: one block of 16), the default carveout so that L1 keeps
+//      x's fragments, which every warp of an SM re-reads; the first tile is requested before
+//      griddep_wait.
 //    smem: each warp streams its tiles through a private shared-memory ring of kStages = 3 with
 //      cp.async (no registers held by loads in flight): 2 tiles load while one computes, the first
 //      2 requested before griddep_wait; the maximum shared-memory carveout.
@@ -51,19 +52,26 @@
 //    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
 //    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T = 1
 //    (instantiation ONE) the warp runs tile_row (cuda_quant_mma_frags.cuh, the routed experts'
-//    form) against the staged row instead. QWEN36_MMA_T1 = capped | plain: Q4_K at T = 1 with ≤ 80 registers (3 blocks, 24
-//    warps per SM) or ≤ 128 (16 warps; the default). QWEN36_MMA_VERBOSE=1 prints each launch
-//    shape once (stderr).
-//  - A row-tile split between warps: each writes its piece to a workspace slot; after its last
+//    form) against the staged row instead. QWEN36_MMA_VERBOSE=1 prints each launch shape once
+//    (stderr).
+//  - T = 1: the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
+//    ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
+//    ranges; the pieces of a row-tile split between warps meet in shared memory after a block
+//    barrier and are summed in warp order. The grid split below kept the tiles perfectly balanced
+//    but put a workspace store, a fenced atomic and an L2 round trip on every warp's tail (ncu:
+//    ~40% of an 18 MB GEMM's stall samples); a block's barrier costs ~nothing, and its row-tile
+//    granularity at most one row-tile's tiles over the block's warps (2176 row-tiles over 132
+//    blocks: 17 vs 16.5). H200, 27B Q4_K_M tg128 b1 140.2 → 151.2 t/s, 35B-A3B 348.9 → 368.9.
+//  - T > 1, a row-tile split between warps: each writes its piece to a workspace slot; after its last
 //    tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter, one
 //    per split row-tile, indexed by the warp holding the row-tile's first tile; never mid-stream,
 //    where the atomic's round trip stalled the loads in flight); the last to arrive
-//    sums the pieces in a fixed order (warp order; at T = 1 two interleaved halves) and writes
+//    sums the pieces in a fixed order (warp order) and writes
 //    out (no float atomics: bitwise reproducible, eager or graph replay) and resets the counter,
 //    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum
 //    is on the kernel's critical path (every warp's range ends in a split row-tile), so it
-//    requests several warps' pieces, all their entries, before adding: a few L2 round trips
-//    (at T = 1 one for up to 16 pieces: 27B Q4_K_M decode +7% over 4 a round). (Round 3 summed
+//    requests several warps' pieces, all their entries, before adding: a few L2 round trips.
+//    (Round 3 summed
 //    entry by entry: T / 2 · warps-per-row-tile dependent L2 reads, 2 integer divisions each —
 //    ~70 at T = 32 on 5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) Launches per call:
 //    quantize (not at fused T = 1), then one GEMM per group.
@@ -86,6 +94,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <set>
 #include <string>
@@ -101,6 +110,7 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
+constexpr int kOneWarps = 16; // the same for the one-token kernels (ONE), which split row-tiles in blocks
 constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
 
 // ================================================================================================
@@ -436,38 +446,56 @@ __host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = fals
 }
 
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K) the (S, M) table.
-template <DType D, bool REGS>
+template <DType D, int RING>
 __host__ __device__ constexpr int warp_smem() {
-  return (REGS ? 0 : kStages * TileLayout<D>::kBytes) + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  return RING * TileLayout<D>::kBytes + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
-// Minimum blocks per SM asked of the compiler (__launch_bounds__), i.e. the register cap:
-// T = 1 "capped" Q4_K 3 (≤ 80 registers: 24 warps per SM; registers are granted per warp in
-// units of 256, so 84 would allow only 23); otherwise 2 (≤ 128: 16 warps per SM) up to 16
-// tokens; 32 and 64 tokens (32 accumulators more) 1, taking more registers at 8 warps per SM
-// rather than spilling (plan_mma sizes the grid by occupancy). "Capped" of Q6_K / Q8_0 is the
-// plain kernel (their T = 1 register needs are over 80 anyway).
-constexpr int min_blocks(DType D, int NT, bool ONE, bool capped) {
-  return ONE && capped && D == DType::Q4_K_T16 ? 3 : NT <= 2 ? 2 : 1;
-}
+// Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
+// the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
+// (ONE) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
+// registers rather than spilling (plan_mma sizes the grid by occupancy).
+constexpr int max_threads(bool ONE) { return (ONE ? kOneWarps : kWarps) * 32; }
+constexpr int min_blocks(int NT, bool ONE) { return ONE ? 1 : NT <= 2 ? 2 : 1; }
 
-// ONE: T == 1 (NT == 1): each tile is tile_row against token 0's row staged in shared memory. REGS: the load path (file header): true, each lane holds
-// the next tile's 16-byte loads in registers while the current one computes (two register sets
-// in turn, global loads evict-first); false, the per-warp cp.async shared-memory ring. Blocks
-// have 1 .. kWarps warps (small matrices spread over every SM).
-template <DType D, int NT, bool ONE, int MINB, bool REGS>
-__global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a) {
+// ONE: a block's warps leave the pieces of its split row-tiles here (shared memory after the
+// staging): 2 × 16 floats a warp, slot 0 for its first row-tile, 1 for its last.
+constexpr size_t kOnePieceBytes = 2 * 16 * sizeof(float);
+
+// ONE: T == 1 (NT == 1): each tile is tile_row against token 0's row staged in shared memory,
+// and the split of the tiles (file header) is per block: block b holds whole row-tiles,
+// ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
+// ranges; a row-tile split between warps is summed in shared memory after a block barrier (no
+// workspace, fence or atomic). RING: the load path (file header): 0, each lane holds the next
+// tile's 16-byte loads in registers while the current one computes (two register sets in turn,
+// global loads evict-first); else the per-warp cp.async shared-memory ring of RING tiles. Blocks
+// have 1 .. kWarps (ONE: kOneWarps) warps (small matrices spread over every SM).
+template <DType D, int NT, bool ONE, int RING>
+__global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_kernel(const MmaArgs a) {
+  static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
+  constexpr bool REGS = RING == 0;
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
   const int w = int(blockIdx.x) * wpb + wib;
-  if (w >= a.nwarps) return;  // never at T = 1 (plan_mma), whose staging has a block barrier
+  if (!ONE && w >= a.nwarps) return;  // T = 1's staging and sums have block barriers
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
-  const long long b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
-  [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * (REGS ? 0 : kStages * B);
-  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * (REGS ? 0 : kStages * B)) + wib * 16 * kTabStride;
-  constexpr int kWarpSmem = warp_smem<D, REGS>();
+  // ONE: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
+  // (fewer tiles than warps) and the warp still takes the block's barriers.
+  [[maybe_unused]] long long q0 = 0, q1 = 0, nb = 0;
+  long long b0, b1;
+  if constexpr (ONE) {
+    const long long R = a.total / S;
+    q0 = (long long)blockIdx.x * R / gridDim.x, q1 = (long long)(blockIdx.x + 1) * R / gridDim.x;
+    nb = (q1 - q0) * S;
+    b0 = q0 * S + range_begin(wib, nb, wpb), b1 = q0 * S + range_begin(wib + 1, nb, wpb);
+  } else {
+    b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
+  }
+  [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * B;
+  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
+  constexpr int kWarpSmem = warp_smem<D, RING>();
   // T = 1: token 0's activation row, staged in shared memory once per block as the routed
   // experts' ColGroups (x_stage_bytes), so that each tile is tile_row against it: the loop's
   // B-fragment and scale reads are shared-memory loads, not L1 / L2 round trips (ncu: L1 hit
@@ -479,6 +507,8 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S));
   float* const gss = reinterpret_cast<float*>(vrow + 8 * S * 8);
   float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
+  [[maybe_unused]] float* const bpart =
+      reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S, a.norm.y != nullptr, REGS));
   [[maybe_unused]] float4 wq[kNormW];
   auto prefetch_norm = [&]() {
     if constexpr (ONE)
@@ -531,7 +561,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
   // depend on no earlier kernel (a small matrix's warps have all their tiles in flight here).
   if constexpr (!REGS) {
 #pragma unroll
-    for (int p = 0; p < kStages - 1; ++p) {
+    for (int p = 0; p < RING - 1; ++p) {
       if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
       cpa_commit();
     }
@@ -612,7 +642,10 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
       const long long rs = (long long)r * S;
       const bool whole = rs >= b0 && rs + S <= b1;
       size_t stride = 16;
-      float* base = whole ? out_of(a, r, stride) : a.part + (size_t(w) * 2 + (r == r_first ? 0 : 1)) * size_t(T) * 16;
+      const int slot = r == r_first ? 0 : 1;
+      float* base = whole ? out_of(a, r, stride)
+                    : ONE ? bpart + (wib * 2 + slot) * 16
+                          : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -628,7 +661,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     }
     if (++s == S) s = 0, ++r;
   };
-  // The warp's arrival at split row-tile rr (its pieces written and fenced): the last of the
+  // T > 1: the warp's arrival at split row-tile rr (its pieces written and fenced): the last of the
   // row-tile's warps to arrive (counter cnt[w0], w0 the warp holding its first tile) sums every
   // piece in a fixed order and writes out: no float atomics, so the result is bitwise the same on
   // every run and in every replay; it resets the counter for the next launch (which reads it
@@ -645,30 +678,6 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     last = __shfl_sync(0xffffffffu, last, 0);
     if (!last) return;
     __syncwarp();  // lane 0's acquire comes before every lane's reads of the pieces
-    if constexpr (ONE) {
-      // T = 1: a piece is 16 floats. The half-warps take alternate warps' pieces, 8 each in
-      // flight, so up to 16 pieces cost one L2 round trip (the general form below would
-      // request 4 pieces a round with half the lanes idle); then the halves are added.
-      const int e = lane & 15, half = lane >> 4;
-      float sum = 0.0f;
-      for (int v0 = w0 + half; v0 <= w1; v0 += 16) {
-        float q[8];
-#pragma unroll
-        for (int dv = 0; dv < 8; ++dv) {
-          const int v = v0 + 2 * dv;
-          const int slot = v <= w1 && range_begin(v, a.total, a.nwarps) / S != rr ? 1 : 0;
-          q[dv] = v <= w1 ? __ldcg(a.part + (size_t(v) * 2 + slot) * 16 + e) : 0.0f;
-        }
-#pragma unroll
-        for (int dv = 0; dv < 8; ++dv) sum += q[dv];
-      }
-      sum += __shfl_down_sync(0xffffffffu, sum, 16);
-      size_t stride = 0;
-      float* o = out_of(a, rr, stride);
-      if (lane < 16) o[e] = sum;
-      if (lane == 0) a.cnt[w0] = 0;
-      return;
-    }
     constexpr int kE = 4 * NT;                  // entries per lane (8·NT tokens × 16 rows / 32)
     constexpr int kV = NT <= 2 ? 4 : 8 / NT;    // warps' pieces in flight at once (≤ 32 registers)
     const int ne = T * 16;
@@ -719,7 +728,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     // never more warps than tiles. Both sets are requested before the wait, so a small
     // matrix's warps (a few tiles each) have two tiles arriving while the kernel before ends.
     Raw<D> A, Bt;
-    load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
+    if (b0 < b1) load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
     if (b0 + 1 < b1) load_tile<D, true>(a.w + size_t(b0 + 1) * B, lane, Bt);
     prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
@@ -737,23 +746,42 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) mma_kernel(const MmaArgs a)
     prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
-    // Ring of kStages tiles per warp: tile i computes while tiles i + 1 .. i + kStages − 1 load.
+    // Ring of RING tiles per warp: tile i computes while tiles i + 1 .. i + RING − 1 load.
     int stage = 0;
     for (long long i = b0; i < b1; ++i) {
       __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
-      const int refill = stage == 0 ? kStages - 1 : stage - 1;
-      if (i + kStages - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + kStages - 1) * B, lane);
+      const int refill = stage == 0 ? RING - 1 : stage - 1;
+      if (i + RING - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + RING - 1) * B, lane);
       cpa_commit();  // possibly empty: group k always holds tile b0 + k
-      cpa_wait<kStages - 1>();
+      cpa_wait<(RING > 0 ? RING - 1 : 0)>();
       __syncwarp();  // the headers copied by other lanes are visible
       Raw<D> R;
       load_tile<D, false>(ring + stage * B, lane, R);
       compute(R);
       finish(i);
-      if (++stage == kStages) stage = 0;
+      if (++stage == RING) stage = 0;
     }
   }
-  arrive_all();
+  if constexpr (ONE) {
+    // The block's split row-tiles, each summed by one warp's lanes 0-15 in warp order (bitwise
+    // the same every run) from the pieces in shared memory.
+    __syncthreads();
+    auto holder = [&](long long li) { return int(((li + 1) * wpb - 1) / nb); };  // of block tile li
+    for (long long rr = q0 + wib; rr < q1 && lane < 16; rr += wpb) {
+      const long long ls = (rr - q0) * S;
+      const int v0 = holder(ls), v1 = holder(ls + S - 1);
+      if (v0 == v1) continue;  // whole: written by finish
+      float sum = 0.0f;
+      for (int v = v0; v <= v1; ++v) {
+        const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or its last
+        sum += bpart[(v * 2 + slot) * 16 + lane];
+      }
+      size_t stride = 0;
+      out_of(a, int(rr), stride)[lane] = sum;
+    }
+  } else {
+    arrive_all();
+  }
 }
 
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
@@ -763,8 +791,9 @@ struct MmaPlan {
   size_t smem = 0;
 };
 
-template <DType D, int NT, bool ONE, int MINB, bool REGS>
+template <DType D, int NT, bool ONE, int RING>
 MmaPlan plan_mma(long long total, int S, bool norm) {
+  constexpr bool REGS = RING == 0;
   struct PerDev {
     int wpb = 0, bps = 0, regs = 0, local = 0;
   };
@@ -774,7 +803,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
-  auto* kern = mma_kernel<D, NT, ONE, MINB, REGS>;
+  auto* kern = mma_kernel<D, NT, ONE, RING>;
   once_per_device(done, [&] {
     if constexpr (REGS) {
       // Round 1's launch: blocks of kWarps, the (S, M) table the only shared memory, the
@@ -783,15 +812,15 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
       pd.wpb = kWarps;
     } else {
       // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
-      pd.wpb = std::clamp(info.smem_optin / warp_smem<D, REGS>(), 1, kWarps);
-      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, pd.wpb * warp_smem<D, REGS>()));
+      pd.wpb = std::clamp(info.smem_optin / warp_smem<D, RING>(), 1, kWarps);
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, pd.wpb * warp_smem<D, RING>()));
       // The rings want shared memory over L1.
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       int(cudaSharedmemCarveoutMaxShared)));
     }
     int bps = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
-                                                             size_t(pd.wpb) * warp_smem<D, REGS>()));
+                                                             size_t(pd.wpb) * warp_smem<D, RING>()));
     pd.bps = std::max(bps, 1);
     // T = 1 stages the activations in shared memory (sized by K): allow any size up to the
     // device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
@@ -803,46 +832,56 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     pd.local = int(fa.localSizeBytes);
   });
   MmaPlan p;
-  int bps = pd.bps;
-  if constexpr (ONE) {  // the staged activations may leave room for fewer blocks per SM
-    const size_t xs = x_stage_bytes(S, norm, REGS);
+  if constexpr (ONE) {
+    // Blocks of up to kOneWarps warps, as many as shared memory takes next to the staging; as
+    // many blocks as are resident, none with fewer row-tiles than another but one.
+    const size_t xs = x_stage_bytes(S, norm, REGS), per_warp = size_t(warp_smem<D, RING>()) + kOnePieceBytes;
+    int wpb = kOneWarps;
+    while (wpb > 1 && xs + size_t(wpb) * per_warp > size_t(info.smem_optin)) --wpb;
     static std::mutex mu;
-    static std::map<std::pair<int, size_t>, int> by_size;
+    static std::map<std::tuple<int, size_t, int>, int> by_size;
     std::lock_guard<std::mutex> lock(mu);
-    auto [it, fresh] = by_size.try_emplace({dev, xs}, 0);
+    auto [it, fresh] = by_size.try_emplace({dev, xs, wpb}, 0);
     if (fresh) {
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, pd.wpb * 32,
-                                                               size_t(pd.wpb) * warp_smem<D, REGS>() + xs));
+      const size_t smem = xs + size_t(wpb) * per_warp;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, wpb * 32, smem));
       it->second = std::max(it->second, 1);
     }
-    bps = it->second;
+    const long long rows = total / S;
+    p.bps = it->second;
+    p.grid = int(std::min<long long>(rows, (long long)info.sms * p.bps));
+    // No more warps than the smallest block has tiles, where that leaves several.
+    p.wpb = int(std::clamp<long long>(rows / p.grid * S, 1, wpb));
+    p.nwarps = p.grid * p.wpb;
+    p.smem = xs + size_t(p.wpb) * per_warp;
+    p.regs = pd.regs, p.local = pd.local;
+    return p;
   }
+  const int bps = pd.bps;
   // Persistent warps, every one resident; never more warps than tiles (a tile is the unit).
   p.nwarps = int(std::min<long long>(total, (long long)info.sms * bps * pd.wpb));
   // A matrix with fewer tiles than one full block per SM: smaller blocks, one per SM, so that
   // every SM's load path carries a share of the bytes (a 2048 × 512 Q4_K: 256 tiles, 2 warps on
   // each of 128 SMs rather than 8 on 32).
   p.wpb = std::clamp((p.nwarps + info.sms - 1) / info.sms, 1, pd.wpb);
-  // Whole blocks only (at most wpb − 1 warps fewer, each range still ≥ 1 tile): every warp of
-  // a block is live, as T = 1's block barrier needs.
+  // Whole blocks only (at most wpb − 1 warps fewer, each range still ≥ 1 tile).
   p.nwarps = p.nwarps / p.wpb * p.wpb;
   p.grid = p.nwarps / p.wpb;
-  p.smem = size_t(p.wpb) * warp_smem<D, REGS>() + (ONE ? x_stage_bytes(S, norm, REGS) : 0);
+  p.smem = size_t(p.wpb) * warp_smem<D, RING>();
   p.bps = bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
 
 // The variant switches, read from the environment once (a test may override them):
-// QWEN36_MMA_LOADS = regs | smem (unset: per type, kLoadsAuto) and QWEN36_MMA_T1 = capped | plain
-// (unset: plain) — T = 1 Q4_K at ≤ 80 registers (24 warps per SM) or at ≤ 128 (16).
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kCapped = 1, kPlain = 2, kFused = 1, kKernel = 2 };
+// QWEN36_MMA_LOADS = regs | smem (unset: per type and shape, use_regs).
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2 };
 int parse_variant(const char* v, const char* a, const char* b) {
   if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAuto;
   if (std::strcmp(v, a) == 0) return 1;
   if (std::strcmp(v, b) == 0) return 2;
   return kAuto;
 }
-std::atomic<int> g_loads{-1}, g_t1{-1};  // −1: not read yet
+std::atomic<int> g_loads{-1};  // −1: not read yet
 int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) {
   int x = v.load(std::memory_order_relaxed);
   if (x < 0) {
@@ -851,13 +890,15 @@ int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) 
   }
   return x;
 }
-// Defaults from the H200 measurements of both rounds: Q4_K and Q8_0 were faster with register
-// prefetch (round 1), Q6_K with the shared-memory ring (round 2).
-bool use_regs(DType t) {
+// Defaults from the H200 measurements: Q4_K and Q8_0 were faster with register prefetch (round
+// 1), Q6_K with the shared-memory ring (round 2); at T = 1 with the split in blocks, Q4_K rows of
+// S ≥ 16 super-blocks with the ring (27B Q4_K_M tg128 b1 151.1 → 154.1 t/s), shorter ones still
+// with registers (the 35B-A3B's, K = 2048: 370.6 → 365.5 with the ring).
+bool use_regs(DType t, bool one, int S) {
   const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
-  return v == kAuto ? t != DType::Q6_K_T16 : v == kRegs;
+  if (v != kAuto) return v == kRegs;
+  return t == DType::Q8_0_T16 || (t == DType::Q4_K_T16 && !(one && S >= 16));
 }
-bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == kCapped; }
 // QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 each GEMM block quantizes the
 // activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
 // (one launch more per call; each block then copies 48 bytes per group instead of reading 128
@@ -868,42 +909,38 @@ bool use_capped() { return variant(g_t1, "QWEN36_MMA_T1", "capped", "plain") == 
 std::atomic<int> g_t1_quant{-1};
 bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") != kKernel; }
 
-// Calls f(type, NT, ONE, MINB, REGS) as compile-time constants for a tiled type, NT ∈ {1, 2, 4,
-// 8}, ONE (T == 1, only with NT = 1), the register cap and the load path.
+// Calls f(type, NT, ONE, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
+// ONE (T == 1, only with NT = 1) and the load path (RING: 0 registers, else the ring's depth).
+// (A ring of 4 or 5 tiles measured slower than 3 for Q4_K at T = 1 on the H200: 27B Q4_K_M
+// tg128 b1 154.1, 152.5, 141.5 t/s.)
 template <typename F>
-void with_mma(DType t, int NT, bool one, bool capped, bool regs, F&& f) {
+void with_mma(DType t, int NT, bool one, bool regs, F&& f) {
   with_tiled_dtype(t, [&](auto dt) {
-    constexpr DType D = decltype(dt)::value;
-    auto go = [&](auto nt, auto o, auto cap) {
-      constexpr int N = decltype(nt)::value;
-      constexpr bool ONE = decltype(o)::value;
-      using M = std::integral_constant<int, min_blocks(D, N, ONE, decltype(cap)::value)>;
+    auto go = [&](auto nt, auto o) {
       if (regs)
-        f(dt, nt, o, M{}, std::true_type{});
+        f(dt, nt, o, std::integral_constant<int, 0>{});
       else
-        f(dt, nt, o, M{}, std::false_type{});
+        f(dt, nt, o, std::integral_constant<int, kStages>{});
     };
     using B0 = std::false_type;
     using B1 = std::true_type;
     switch (NT) {
       case 1:
-        if (!one)
-          go(std::integral_constant<int, 1>{}, B0{}, B0{});
-        else if (capped)
-          go(std::integral_constant<int, 1>{}, B1{}, B1{});
+        if (one)
+          go(std::integral_constant<int, 1>{}, B1{});
         else
-          go(std::integral_constant<int, 1>{}, B1{}, B0{});
+          go(std::integral_constant<int, 1>{}, B0{});
         break;
-      case 2: go(std::integral_constant<int, 2>{}, B0{}, B0{}); break;
-      case 4: go(std::integral_constant<int, 4>{}, B0{}, B0{}); break;
-      default: go(std::integral_constant<int, 8>{}, B0{}, B0{}); break;
+      case 2: go(std::integral_constant<int, 2>{}, B0{}); break;
+      case 4: go(std::integral_constant<int, 4>{}, B0{}); break;
+      default: go(std::integral_constant<int, 8>{}, B0{}); break;
     }
   });
 }
 
 // QWEN36_MMA_VERBOSE=1: each (type, rows, K, T, variant) launched, once per process, to stderr.
-void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool capped,
-              const MmaPlan& p, long long total) {
+void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, const MmaPlan& p,
+              long long total) {
   static const bool on = [] {
     const char* v = std::getenv("QWEN36_MMA_VERBOSE");
     return v != nullptr && *v != 0 && std::strcmp(v, "0") != 0;
@@ -912,15 +949,15 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
   static std::mutex mu;
   static std::set<std::string> seen;
   char key[160];
-  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d %d", int(t), nmat, rows, K, T, int(regs), int(capped));
+  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d", int(t), nmat, rows, K, T, int(regs));
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert(key).second) return;
   const std::string name(dtype_name(t));
   std::fprintf(stderr,
-               "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s t1=%s | %d regs, %d B local, "
+               "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s | %d regs, %d B local, "
                "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld tiles, %.2f "
                "tiles/warp\n",
-               name.c_str(), rows, nmat, K, T, NT, regs ? "regs" : "smem", T != 1 ? "-" : capped ? "capped" : "plain",
+               name.c_str(), rows, nmat, K, T, NT, regs ? "regs" : "smem",
                p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
 }
 
@@ -1022,7 +1059,6 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const int NT = act_n_tiles(T);
   const bool one = T == 1 && one_fits(K, norm != nullptr);
   QWEN36_CHECK(!norm || one, "matmul: the norm-computing GEMM takes one token whose row fits shared memory");
-  const bool capped = use_capped();
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
   struct Group {
@@ -1054,16 +1090,18 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     }
     a.total = (long long)rt * a.S;
     gr.t = ws[i]->dtype;
-    gr.regs = use_regs(gr.t);
+    gr.regs = use_regs(gr.t, one, a.S);
     bool same_split = true;
-    with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
-      auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
-                           decltype(rg)::value>;
+    with_mma(gr.t, NT, one, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+      auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>;
       gr.p = plan(a.total, a.S, norm != nullptr);
-      if (norm) same_split = gr.p.nwarps == plan(a.total, a.S, false).nwarps;
+      if (norm) {
+        const MmaPlan q = plan(a.total, a.S, false);
+        same_split = gr.p.nwarps == q.nwarps && gr.p.grid == q.grid;
+      }
     });
     if (!same_split) return false;
-    log_plan(gr.t, a.nmat, (long long)rt * 16, K, T, NT, gr.regs, capped, gr.p, a.total);
+    log_plan(gr.t, a.nmat, (long long)rt * 16, K, T, NT, gr.regs, gr.p, a.total);
     a.nwarps = gr.p.nwarps;
     max_warps = std::max(max_warps, a.nwarps);
     groups.push_back(gr);
@@ -1100,9 +1138,8 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
-    with_mma(gr.t, NT, one, capped, gr.regs, [&](auto dt, auto nt, auto o, auto mb, auto rg) {
-      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(mb)::value,
-                            decltype(rg)::value>,
+    with_mma(gr.t, NT, one, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>,
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
   }
@@ -1153,11 +1190,10 @@ void quantize_act(Ctx& c, const float* x, const float* up, int64_t T, int64_t K,
 }
 
 // Test hook (declared by the tests, not in cuda_ops.cuh): the variant as QWEN36_MMA_LOADS /
-// QWEN36_MMA_T1 / QWEN36_MMA_T1_QUANT would select it ("regs" | "smem" | "auto", "capped" |
-// "plain" | "auto", "fused" | "kernel" | "auto"); nullptr reads the environment again.
-void mma_select_variant(const char* loads, const char* t1, const char* t1_quant) {
+// QWEN36_MMA_T1_QUANT would select it ("regs" | "smem" | "auto", "fused" | "kernel" | "auto");
+// nullptr reads the environment again.
+void mma_select_variant(const char* loads, const char* t1_quant) {
   g_loads.store(loads ? parse_variant(loads, "regs", "smem") : -1);
-  g_t1.store(t1 ? parse_variant(t1, "capped", "plain") : -1);
   g_t1_quant.store(t1_quant ? parse_variant(t1_quant, "fused", "kernel") : -1);
 }
 
