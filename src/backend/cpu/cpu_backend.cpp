@@ -54,6 +54,13 @@ class CpuBackend final : public Backend {
     cpu::gated_rms_norm(x, z, w, eps, out);
   }
   void add(Tensor& y, const Tensor& x) override { cpu::add(y, x); }
+  void add_rms_norm(Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) override {
+    cpu::add_rms_norm_into(y, delta, y, w, eps, out);
+  }
+  void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                         Tensor& out) override {
+    cpu::add_rms_norm_into(y, delta, y_out, w, eps, out);
+  }
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu::swiglu(gate, up, out); }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override { cpu::sigmoid_mul(x, gate); }
   void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) override { cpu::add_sigmoid_scaled(y, x, s); }

@@ -45,6 +45,36 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   }
 }
 
+// y_out = y + delta and out = its norm, one pass over y and delta per row: the same float
+// operations in the same order as add then rms_norm (bitwise the same), without the copy of y
+// that the composition needs when y_out is another buffer.
+void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& out) {
+  const int64_t D = w.numel(), R = y.numel() / D;
+  check_f32(y, "add_rms_norm");
+  check_f32(delta, "add_rms_norm delta");
+  check_f32(y_out, "add_rms_norm output");
+  check_f32(w, "add_rms_norm weight");
+  check_same(y, delta, "add_rms_norm delta");
+  check_same(y, y_out, "add_rms_norm output");
+  check_same(y, out, "add_rms_norm norm");
+  QWEN36_CHECK(y.numel() % D == 0, "add_rms_norm: {} is not rows of {}", y.shape_str(), D);
+  const float* wp = w.as<const float>();
+#pragma omp parallel for if (R > 8)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* yr = y.as<const float>() + r * D;
+    const float* dr = delta.as<const float>() + r * D;
+    float* v = y_out.as<float>() + r * D;
+    float* o = out.as<float>() + r * D;
+    float ss = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      v[i] = yr[i] + dr[i];  // y_out may be y: element i is read before it is written
+      ss += v[i] * v[i];
+    }
+    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+    for (int64_t i = 0; i < D; ++i) o[i] = v[i] * inv * wp[i];
+  }
+}
+
 void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out) {
   const int64_t D = w.numel(), R = x.numel() / D;
   check_f32(x, "gated_rms_norm");

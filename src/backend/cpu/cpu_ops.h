@@ -14,6 +14,7 @@ namespace qwen36::cpu {
 void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
+void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& out);
 void add(Tensor& y, const Tensor& x);
 void copy_cols(const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width);
 void get_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& dst);

@@ -100,6 +100,33 @@ TEST_F(CpuOps, RmsNorm) {
   }
 }
 
+// The one-pass residual add + norm against the composition it replaces (add, then rms_norm):
+// bitwise, in place and into the other buffer, on the serial and the parallel path.
+TEST_F(CpuOps, AddRmsNormIntoBitwiseAsAddThenNorm) {
+  Rng r(4);
+  for (int64_t R : {1, 11})
+    for (int64_t D : {7, 64}) {
+      const std::vector<float> y = r.vec(size_t(R * D), -4, 4);
+      std::vector<float> d = r.vec(size_t(R * D), -2, 2), w = r.vec(size_t(D), 0.5f, 1.5f);
+      std::vector<float> ref_y = y, ref_out(y.size());
+      Tensor ty = test::f32(ref_y, {R, D}), td = test::f32(d, {R, D}), tw = test::f32(w, {D});
+      Tensor tro = test::f32(ref_out, {R, D});
+      be->add(ty, td);
+      be->rms_norm(ty, tw, 1e-6f, tro);
+      std::vector<float> in = y, other(y.size()), out1(y.size()), inplace = y, out2(y.size());
+      Tensor tin = test::f32(in, {R, D}), toth = test::f32(other, {R, D}), to1 = test::f32(out1, {R, D});
+      be->add_rms_norm_into(tin, td, toth, tw, 1e-6f, to1);
+      Tensor tip = test::f32(inplace, {R, D}), to2 = test::f32(out2, {R, D});
+      be->add_rms_norm(tip, td, tw, 1e-6f, to2);
+      const std::string what = "R=" + std::to_string(R) + " D=" + std::to_string(D);
+      EXPECT_EQ(0, std::memcmp(other.data(), ref_y.data(), y.size() * sizeof(float))) << what << ": y_out";
+      EXPECT_EQ(0, std::memcmp(in.data(), y.data(), y.size() * sizeof(float))) << what << ": y must stay";
+      EXPECT_EQ(0, std::memcmp(out1.data(), ref_out.data(), y.size() * sizeof(float))) << what << ": norm";
+      EXPECT_EQ(0, std::memcmp(inplace.data(), ref_y.data(), y.size() * sizeof(float))) << what << ": in place y";
+      EXPECT_EQ(0, std::memcmp(out2.data(), ref_out.data(), y.size() * sizeof(float))) << what << ": in place norm";
+    }
+}
+
 TEST_F(CpuOps, RmsNormEpsDominatesZeroRow) {
   // An all-zero row must give zeros (eps keeps the rsqrt finite), never NaN.
   std::vector<float> x(16, 0.0f), w(16, 1.0f), out(16, 5.0f);
