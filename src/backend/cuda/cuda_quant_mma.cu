@@ -62,19 +62,19 @@
 //    ~40% of an 18 MB GEMM's stall samples); a block's barrier costs ~nothing, and its row-tile
 //    granularity at most one row-tile's tiles over the block's warps (2176 row-tiles over 132
 //    blocks: 17 vs 16.5). H200, 27B Q4_K_M tg128 b1 140.2 → 151.2 t/s, 35B-A3B 348.9 → 368.9.
-//  - T > 1, a row-tile split between warps: each writes its piece to a workspace slot; after its last
-//    tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter, one
-//    per split row-tile, indexed by the warp holding the row-tile's first tile; never mid-stream,
-//    where the atomic's round trip stalled the loads in flight); the last to arrive
-//    sums the pieces in a fixed order (warp order) and writes
-//    out (no float atomics: bitwise reproducible, eager or graph replay) and resets the counter,
-//    so the next launch of the call (read only after its griddep_wait) finds it zero. That sum
-//    is on the kernel's critical path (every warp's range ends in a split row-tile), so it
-//    requests several warps' pieces, all their entries, before adding: a few L2 round trips.
-//    (Round 3 summed
-//    entry by entry: T / 2 · warps-per-row-tile dependent L2 reads, 2 integer divisions each —
-//    ~70 at T = 32 on 5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) Launches per call:
-//    quantize (not at fused T = 1), then one GEMM per group.
+//  - T > 1, a row-tile split between warps: each writes its piece to a workspace slot; after its
+//    last tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter,
+//    one per split row-tile, indexed by the warp holding the row-tile's first tile; never
+//    mid-stream, where the atomic's round trip stalled the loads in flight); the last to arrive
+//    sums the pieces in a fixed order (warp order) and writes out (no float atomics: bitwise
+//    reproducible, eager or graph replay) and resets the counter, so the next launch of the call
+//    (read only after its griddep_wait) finds it zero. That sum is on the kernel's critical path
+//    (every warp's range ends in a split row-tile), so it requests several warps' pieces, all
+//    their entries, before adding: a few L2 round trips. (Round 3 summed entry by entry: T / 2 ·
+//    warps-per-row-tile dependent L2 reads, 2 integer divisions each — ~70 at T = 32 on
+//    5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) The split per block, tried at T > 1,
+//    was slower at 16 tokens (bench/RESULTS.md, session 13). Launches per call: quantize (not at
+//    fused T = 1), then one GEMM per group.
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
       const int refill = stage == 0 ? RING - 1 : stage - 1;
       if (i + RING - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + RING - 1) * B, lane);
       cpa_commit();  // possibly empty: group k always holds tile b0 + k
-      cpa_wait<(RING > 0 ? RING - 1 : 0)>();
+      cpa_wait<RING - 1>();
       __syncwarp();  // the headers copied by other lanes are visible
       Raw<D> R;
       load_tile<D, false>(ring + stage * B, lane, R);
@@ -773,7 +773,7 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
       if (v0 == v1) continue;  // whole: written by finish
       float sum = 0.0f;
       for (int v = v0; v <= v1; ++v) {
-        const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or its last
+        const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or last
         sum += bpart[(v * 2 + slot) * 16 + lane];
       }
       size_t stride = 0;
@@ -813,7 +813,8 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     } else {
       // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
       pd.wpb = std::clamp(info.smem_optin / warp_smem<D, RING>(), 1, kWarps);
-      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, pd.wpb * warp_smem<D, RING>()));
+      const int smem = pd.wpb * warp_smem<D, RING>();
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       // The rings want shared memory over L1.
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       int(cudaSharedmemCarveoutMaxShared)));
