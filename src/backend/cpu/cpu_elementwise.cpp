@@ -14,6 +14,11 @@ void check_f32(const Tensor& t, const char* what) {
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
   QWEN36_CHECK(a.numel() == b.numel(), "{}: {} vs {}", what, a.shape_str(), b.shape_str());
 }
+// o = x · w / rms(x) for a row x of D whose sum of squares is ss.
+void scale_row(const float* x, float ss, int64_t D, float eps, const float* w, float* o) {
+  const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+  for (int64_t i = 0; i < D; ++i) o[i] = x[i] * inv * w[i];
+}
 }  // namespace
 
 void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
@@ -40,8 +45,7 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
     float* o = out.as<float>() + r * D;
     float ss = 0;
     for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
-    for (int64_t i = 0; i < D; ++i) o[i] = xr[i] * inv * wp[i];
+    scale_row(xr, ss, D, eps, wp, o);
   }
 }
 
@@ -70,8 +74,7 @@ void add_rms_norm_into(const Tensor& y, const Tensor& delta, Tensor& y_out, cons
       v[i] = yr[i] + dr[i];  // y_out may be y: element i is read before it is written
       ss += v[i] * v[i];
     }
-    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
-    for (int64_t i = 0; i < D; ++i) o[i] = v[i] * inv * wp[i];
+    scale_row(v, ss, D, eps, wp, o);
   }
 }
 
