@@ -366,8 +366,8 @@ struct NormIn {
   float* x = nullptr;
 };
 // quant_tiled_matmul for that token (x: where x goes): false (nothing done) when the form does
-// not apply (T ≠ 1, no arrival counters in the backend's scratch, the row too long for shared
-// memory, or its shared memory would fit fewer blocks per SM than the plain call's).
+// not apply (T ≠ 1, the row too long for shared memory, or its shared memory would change the
+// plain call's grid or warps per block).
 bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs);
 size_t quant_act_bytes(int64_t T, int64_t K);

@@ -766,10 +766,9 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
     // The block's split row-tiles, each summed by one warp's lanes 0-15 in warp order (bitwise
     // the same every run) from the pieces in shared memory.
     __syncthreads();
-    auto holder = [&](long long li) { return int(((li + 1) * wpb - 1) / nb); };  // of block tile li
     for (long long rr = q0 + wib; rr < q1 && lane < 16; rr += wpb) {
-      const long long ls = (rr - q0) * S;
-      const int v0 = holder(ls), v1 = holder(ls + S - 1);
+      const long long ls = (rr - q0) * S;  // the row-tile's first tile in the block's nb
+      const int v0 = warp_of(ls, nb, wpb), v1 = warp_of(ls + S - 1, nb, wpb);
       if (v0 == v1) continue;  // whole: written by finish
       float sum = 0.0f;
       for (int v = v0; v <= v1; ++v) {
@@ -1032,8 +1031,8 @@ bool one_fits(int64_t K, bool norm) {
 
 // quant_tiled_matmul, and with norm quant_tiled_matmul_norm (one token; x is where the norm's
 // output goes, the call's first launch writing it). False (nothing done) only with norm: when the
-// norm's shared memory would leave room for fewer blocks per SM than the same call without it,
-// whose split of the row-tiles between warps (and so its sums' order) the form must keep.
+// norm's shared memory would change the grid or the warps per block from the same call without
+// it, whose split of the row-tiles between warps (and so its sums' order) the form must keep.
 bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                   const void* act, const NormIn* norm) {
   QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
@@ -1109,24 +1108,25 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     i = e;
   }
   // One workspace: the activations once for every matrix (none when T = 1 quantizes in the
-  // GEMM or the kernel before quantized them: act), the split row-tiles' pieces and the arrival
-  // counters (shared by the groups: each launch runs after the one before). The scratch stack's
-  // counters are zero already and left so; a workspace's own are cleared by quantize_kernel, or
-  // with act by a memset.
-  int* const counters = c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
-  QWEN36_CHECK(!norm || counters, "matmul: the norm-computing GEMM needs the scratch stack's counters");
-  const bool fused = !act && !norm && one && counters && use_fused_t1();
+  // GEMM or the kernel before quantized them: act) and, at T > 1, the split row-tiles' pieces
+  // and the arrival counters (shared by the groups: each launch runs after the one before; T = 1
+  // sums its split row-tiles inside its blocks). The scratch stack's counters are zero already
+  // and left so; a workspace's own are cleared by quantize_kernel, or with act by a memset.
+  int* const counters =
+      !one && c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
+  const bool own_cnt = !one && !counters;
+  const bool fused = !act && !norm && one && use_fused_t1();
   const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_part = fused || act || norm ? 0 : L.bytes;
-  const size_t o_cnt = o_part + up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float));
-  Temp<uint8_t> ws_mem(c, o_cnt + (counters ? 0 : up(size_t(max_warps) * sizeof(int))));
+  const size_t o_cnt = o_part + (one ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float)));
+  Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_warps) * sizeof(int)) : 0));
   uint8_t* const base = ws_mem.get();
   const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
-  int* const cnt = counters ? counters : reinterpret_cast<int*>(base + o_cnt);
+  int* const cnt = own_cnt ? reinterpret_cast<int*>(base + o_cnt) : counters;
   if (!fused && !act && !norm)
-    launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, counters ? 0 : max_warps);
-  else if (!counters)
+    launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, own_cnt ? max_warps : 0);
+  else if (own_cnt)
     CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_warps) * sizeof(int), c.stream));
   for (Group& gr : groups) {
     gr.a.x = fused ? xp : nullptr;
@@ -1158,10 +1158,9 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
                              std::span<Tensor* const> outs) {
   const int64_t K = x.cols();
   if (c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
-      !one_fits(K, true) || !c.scratch || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
+      !one_fits(K, true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
       !aligned16(norm.y_out) || !aligned16(norm.x))
     return false;
-  // Every launch is a persistent grid of at most ScratchStack::kCounters warps (plan_mma).
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
 }
 
