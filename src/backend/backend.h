@@ -320,6 +320,20 @@ class Backend {
   // out[t] = Σ_j weights[t, j] · down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]     x, out [T, D]
   virtual void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
                            std::span<const MlpWeights> experts, Tensor& out) = 0;
+  // moe_experts, then the shared expert's second half added, gated:
+  //   out[t] += sigmoid(s[t]) · down(silu(sh_gate[t]) * sh_up[t])
+  // sh_gate, sh_up [T, I_s] are the shared expert's gate and up projections of x, s [T, 1] its
+  // gate logit. sh_gate and sh_out [T, D] are scratch (the composition writes the SwiGLU into
+  // sh_gate and the down projection into sh_out); a backend may run the shared expert as one
+  // more pair of its expert kernels and leave them untouched (a decode step: three launches fewer).
+  virtual void moe_experts_shared(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                                  std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
+                                  const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) {
+    moe_experts(x, weights, ids, experts, out);
+    swiglu(sh_gate, sh_up, sh_gate);
+    matmul(sh_gate, down, sh_out);
+    add_sigmoid_scaled(out, sh_out, s);
+  }
 
   // ---- sampling ----
   // logits [R, V] f32, R = rows.size(). Per row r, with its parameters rows[r]:

@@ -326,11 +326,13 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
   if (host_experts) {
     Tensor spare = device_share_ > 0 && T == 1 ? s.f32({T, c.hidden_size}) : Tensor();
     host_moe_experts(x, pack, m.experts, y, spare, shared_expert);
+    if (shared) backend_.add_sigmoid_scaled(y, out, sg);
+  } else if (shared) {  // the shared expert's SwiGLU, down and gated add with the routed experts
+    out = s.f32({T, c.hidden_size});
+    backend_.moe_experts_shared(x, weights, ids, m.experts, sh_gate, sh_up, m.shared.down_proj, sg, out, y);
   } else {
     backend_.moe_experts(x, weights, ids, m.experts, y);
-    shared_expert();
   }
-  if (shared) backend_.add_sigmoid_scaled(y, out, sg);
 }
 
 void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,

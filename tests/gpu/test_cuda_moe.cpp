@@ -7,7 +7,8 @@
 // dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill; experts
 // in the device's tiled layout (cuda_tile_matrix, as tile_weights repacks a model's) through
 // the int8 tensor-core pair kernels (same int8 twin, same tolerance as the GEMVs), their graph
-// replay (bitwise), the tiled dequantizing prefill, and a tiny MoE model tiled vs untiled.
+// replay (bitwise), the shared expert as one more pair of those kernels, the tiled dequantizing
+// prefill, and a tiny MoE model tiled vs untiled.
 //
 // Tolerances (rel_err: max |Δ| / max(1, max |want|)):
 //  - decode: f32 activations and f32 accumulation, only the summation order differs: 1e-4.
@@ -637,7 +638,7 @@ std::string shape_name(const ExpertTypes& mx, int64_t D, int64_t I, int64_t T) {
 // T·k ≤ 256 on tiled experts: against the same int8 twin as the GEMVs (the kernels quantize x
 // and each pair's SwiGLU row exactly as they do), kQuantDecodeTol. The shapes cover the splits
 // of a row-tile's units between warps: gate/up super-blocks K = 2048 (8 warps, one each), 2304
-// (8 warps, warp 0 takes two), 1024 (4), 512 (2); down (pair, super-block) units, k = 8: I =
+// (9 warps, one each: a block of more than 8 warps), 1024 (4), 512 (2); down (pair, super-block) units, k = 8: I =
 // 768 (24 units, 3 per warp), 512 (16, 2 per warp), 256 (8, 1 each); T = 32 with 16 experts:
 // most experts serve several pairs.
 TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
@@ -712,6 +713,73 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
     gpu_->copy_from_host(nan.t.data, o.t);
     ASSERT_TRUE(gpu_->replay(0x6d6f6510));
     EXPECT_EQ(download(*gpu_, o.t), eager) << "replay " << rep << " differs from the eager call";
+  }
+}
+
+// moe_experts_shared: the routed experts plus the shared expert's second half, gated. On tiled
+// experts whose down type the shared expert's down shares, up to 4 tokens (cuda_moe.cu's
+// kMaxSharedFoldTokens), the shared expert is one more pair of the down kernel: against the
+// int8 twin (its SwiGLU row rounded to int8 per 32 as a pair's) at kQuantDecodeTol, the scratch
+// outputs left untouched (NaN: the fused path ran), a graph replay bitwise the eager call. A
+// shared down of another type, or 8 tokens, take the composition (swiglu, matmul,
+// add_sigmoid_scaled): the same twin, its scratch written.
+TEST_F(CudaMoe, TiledSharedExpertMatchesInt8Twin) {
+  struct Case {
+    ExpertTypes mx;
+    int64_t E, D, I;
+    DType shared_down;
+  };
+  for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512, DType::Q6_K},
+                         Case{{DType::Q4_K, DType::Q4_K}, 32, 512, 256, DType::Q4_K},
+                         Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512, DType::Q4_K}}) {
+    const int64_t E = cs.E, D = cs.D, I = cs.I, k = 8;
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, E, D, I);
+    const QuantExperts shx = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.shared_down, 1, D, I);
+    const TiledExperts te = tile_experts(*gpu_, ex), ts = tile_experts(*gpu_, shx);
+    const std::string name = types_name(cs.mx) + " D=" + std::to_string(D) + " I=" + std::to_string(I) +
+                             ", shared down " + std::string(dtype_name(cs.shared_down));
+    for (int64_t T : {1, 3, 4, 8}) {
+      const bool fused = cs.shared_down == cs.mx.dn && T <= 4;
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      HostT g = random_t(rng_, DType::F32, {T, I}, -3.0f, 3.0f), u = random_t(rng_, DType::F32, {T, I}),
+            sl = random_t(rng_, DType::F32, {T, 1}, -4.0f, 4.0f);
+      std::vector<float> want = moe_int8_reference(ex, x, w, ids), act(static_cast<size_t>(I));
+      const MlpWeights& sm = shx.h[0];
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t i = 0; i < I; ++i) {
+          const double gv = g.f()[t * I + i];
+          act[size_t(i)] = float(gv / (1.0 + std::exp(-gv)) * u.f()[t * I + i]);
+        }
+        int8_round(act.data(), I);
+        const double gate = 1.0 / (1.0 + std::exp(-double(sl.f()[t])));
+        for (int64_t d = 0; d < D; ++d) {
+          double y = 0;
+          const float* dr = sm.down_proj.as<const float>() + d * I;
+          for (int64_t i = 0; i < I; ++i) y += double(dr[i]) * act[size_t(i)];
+          want[size_t(t * D + d)] = float(double(want[size_t(t * D + d)]) + gate * y);
+        }
+      }
+      HostT nan_o(DType::F32, {T, D});
+      std::fill(nan_o.f(), nan_o.f() + T * D, std::numeric_limits<float>::quiet_NaN());
+      DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), di = upload(*gpu_, ids), dg = upload(*gpu_, g),
+           du = upload(*gpu_, u), ds = upload(*gpu_, sl), o = upload(*gpu_, nan_o), sh_out = upload(*gpu_, nan_o);
+      gpu_->moe_experts_shared(dx.t, dw.t, di.t, te.d, dg.t, du.t, ts.d[0].down_proj, ds.t, sh_out.t, o.t);
+      const std::vector<float> got = download(*gpu_, o.t), scratch = download(*gpu_, sh_out.t);
+      const std::string at = name + " T=" + std::to_string(T);
+      EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << at << ": " << worst_at(got, want, D);
+      EXPECT_EQ(std::isnan(scratch[0]), fused) << at << ": the shared expert's down output was "
+                                               << (fused ? "written (composed, not fused)" : "not written");
+      EXPECT_EQ(download(*gpu_, dg.t) == std::vector<float>(g.f(), g.f() + T * I), fused) << at << ": sh_gate";
+      if (!fused || T != 3) continue;
+      ASSERT_TRUE(gpu_->begin_capture());
+      gpu_->moe_experts_shared(dx.t, dw.t, di.t, te.d, dg.t, du.t, ts.d[0].down_proj, ds.t, sh_out.t, o.t);
+      ASSERT_TRUE(gpu_->end_capture(0x6d6f6511, true)) << "the shared-expert decode could not be recorded";
+      gpu_->copy_from_host(nan_o.t.data, o.t);
+      ASSERT_TRUE(gpu_->replay(0x6d6f6511));
+      EXPECT_EQ(download(*gpu_, o.t), got) << at << ": the replay differs from the eager call";
+      gpu_->drop_recordings();
+    }
   }
 }
 

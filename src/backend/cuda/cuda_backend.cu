@@ -610,6 +610,15 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "moe_experts");
     cuda::moe_experts(ctx_, x, weights, ids, experts, out);
   }
+  void moe_experts_shared(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                          std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
+                          const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) override {
+    {
+      Prof p_(*this, "moe_experts_shared");
+      if (cuda::moe_experts_shared(ctx_, x, weights, ids, experts, {sh_gate, sh_up, down, s}, out)) return;
+    }
+    Backend::moe_experts_shared(x, weights, ids, experts, sh_gate, sh_up, down, s, sh_out, out);
+  }
   void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
                          int32_t k, int32_t* ids, float* vals, float* stats) override {
     Prof p_(*this, "sample_candidates");

@@ -28,8 +28,11 @@
 //    weighted, two launches); prefill by the grouped GEMM above on bf16 weights, the experts
 //    that received pairs dequantized per pass into a bounded scratch (run_prefill_quant).
 //    Experts in the device's tiled layout (CudaBackend::tile_weights; a layer's experts all or
-//    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_mma.cu)
+//    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_moe_mma.cu)
 //    and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
+//  - moe_experts_shared (Backend's), up to kMaxSharedFoldTokens tokens on tiled experts whose
+//    down type the shared expert's down shares: the shared expert is one more pair of every
+//    token in the tiled down kernel; otherwise the CUDA backend composes the plain ops.
 //  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
 #include <atomic>
@@ -61,6 +64,12 @@ constexpr int64_t kQuantDecodeChunk = 128;
 // tok/s); linear in pairs, 1,024 pairs are ~0.85 ms. Above, the prefill path (its bf16 copies of
 // the used experts amortize over many tokens per expert).
 constexpr int64_t kMaxTiledMoePairs = 1024;
+// The shared expert as one more pair of the tiled down kernel (moe_experts_shared) up to this
+// many tokens. It saves three launches a layer, which is what a few tokens' step is bound by
+// (H200, 35B-A3B Q4_K_M tg64: b1 375 → 404 tok/s, b4 890 → 899); with more tokens every token's
+// blocks re-read the shared down matrix and take an extra unit, where one GEMM read it once
+// for all (b8 1,350 → 1,304, b16 1,765 → 1,633).
+constexpr int64_t kMaxSharedFoldTokens = 4;
 
 // One warp per token: softmax over the E router logits, top-k, optional renormalisation. Lane l
 // holds experts l + 32 i (i < NE, NE · 32 ≥ E) in registers: the probabilities as the earlier
@@ -70,8 +79,12 @@ constexpr int64_t kMaxTiledMoePairs = 1024;
 // unsigned integers once non-negative, 1 + their bits, a taken expert 0); the round's expert is
 // kept by lane j, which writes it. (The shared-memory form with shuffled (value, index) pairs and
 // lane 0 re-reading its stores took 5.4 µs a 35B-A3B layer.)
+// Launched programmatically dependent (its launch overlaps the router GEMV's tail) but it lets
+// no dependent start early (no griddep_trigger: the kernels after it may read ids before their
+// griddep_wait, to prefetch the experts' weights).
 template <int NE>
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
+  griddep_wait();  // the logits come from the kernel before
   const int t = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(t) * E;
   float p[NE];
@@ -822,9 +835,10 @@ bool quant_moe_decode_chunked(Ctx& c, const MoeShape& s, const Tensor& x, const 
 // decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu) or,
 // tiled, the tensor-core pair kernels (cuda_quant_mma.cu), else the grouped GEMM on experts
 // dequantized per pass; exact_matmul and shapes the GEMM cannot tile take the per-expert matmul
-// (matmul takes tiled weights too).
-void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
-                       std::span<const MlpWeights> experts, Tensor& out) {
+// (matmul takes tiled weights too). With sh (Backend::moe_experts_shared), only the tiled
+// kernels: false, nothing launched, where they do not take the call.
+bool moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                       std::span<const MlpWeights> experts, Tensor& out, const SharedDown* sh = nullptr) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols(), E = int64_t(experts.size()),
                 I = experts[0].gate_proj.rows();
   const DType gu = experts[0].gate_proj.dtype, dn = experts[0].down_proj.dtype;
@@ -840,21 +854,29 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
     QWEN36_CHECK(aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data),
                  "moe_experts: quantized expert weights must be 16-byte aligned");
   }
-  if (T == 0) return;
+  if (T == 0) return true;
   const MoeShape s{T, D, I, E, k, T * k};
   QWEN36_CHECK(s.P < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
                "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
-  if (c.exact_matmul) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
+  if (sh && (c.exact_matmul || !tiled || s.P > kMaxTiledMoePairs)) return false;
+  if (c.exact_matmul) {
+    run_prefill_matmul(c, s, x, weights, ids, experts, out);
+    return true;
+  }
   const ExpertPtrs* table = expert_table(c, experts);
-  if (!table) return;  // recording, and the table is new: the recording is dropped anyway
+  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
   if (tiled) {
     if (s.P <= kMaxTiledMoePairs &&
-        quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn, E, I, out))
-      return;
+        quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn, E, I, out, sh))
+      return true;
+    if (sh) return false;
   } else if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, gu, dn, out)) {
-    return;
+    return true;
   }
-  if (D % 8 != 0 || I % 8 != 0) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
+  if (D % 8 != 0 || I % 8 != 0) {
+    run_prefill_matmul(c, s, x, weights, ids, experts, out);
+    return true;
+  }
   const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
@@ -864,6 +886,7 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
     Tensor oc(out.as<float>() + t0 * D, DType::F32, {n, D});
     run_prefill_quant(c, sc, xc, wc, ic, table, gu, dn, oc);
   }
+  return true;
 }
 
 }  // namespace
@@ -876,8 +899,8 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
                E, kMaxExperts);
   if (T == 0) return;
   auto launch = [&](auto kernel) {
-    kernel<<<unsigned(T), 32, 0, c.stream>>>(logits.as<const float>(), int(E), int(k), renorm, weights.as<float>(),
-                                             ids.as<int32_t>());
+    launch_pdl(kernel, dim3(unsigned(T)), dim3(32), 0, c.stream, logits.as<const float>(), int(E), int(k), renorm,
+               weights.as<float>(), ids.as<int32_t>());
   };
   if (E <= 128)
     launch(route_kernel<4>);
@@ -891,8 +914,8 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
 }
 
 namespace {
-// A plain launch, as moe_route's: the expert kernels after it may read ids before their
-// griddep_wait (their weight prefetch), so it must not let them start early.
+// A plain launch, and like moe_route's kernel no early start for the kernels after it: they may
+// read ids before their griddep_wait (their weight prefetch).
 __global__ void local_ids_kernel(int32_t* ids, int64_t n, int e0, int count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int e = ids[i];
@@ -911,17 +934,36 @@ void moe_local_ids(Ctx& c, Tensor& ids, int64_t e0, int64_t n) {
   CUDA_LAUNCH_CHECK();
 }
 
-void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
-                 Tensor& out) {
+namespace {
+void check_moe_call(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
+                    const Tensor& out) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
   QWEN36_CHECK(out.numel() == T * D && ids.rows() == T && ids.dtype == DType::I32 && weights.numel() == T * k,
                "moe_experts: x {} weights {} ids {} out {}", x.shape_str(), weights.shape_str(), ids.shape_str(),
                out.shape_str());
   QWEN36_CHECK(!experts.empty(), "moe_experts: no experts");
+  QWEN36_CHECK(int64_t(experts.size()) <= kMaxExperts, "moe_experts: {} experts (CUDA supports ≤ {})", experts.size(),
+               kMaxExperts);
+}
+}  // namespace
+
+bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                        std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out) {
+  check_moe_call(x, weights, ids, experts, out);
+  return x.rows() <= kMaxSharedFoldTokens && dtype_is_quantized(experts[0].gate_proj.dtype) &&
+         moe_experts_quant(c, x, weights, ids, experts, out, &sh);
+}
+
+void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
+                 Tensor& out) {
+  check_moe_call(x, weights, ids, experts, out);
+  const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
   const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
-  QWEN36_CHECK(E <= kMaxExperts, "moe_experts: {} experts (CUDA supports ≤ {})", E, kMaxExperts);
   const DType dt = experts[0].gate_proj.dtype;
-  if (dtype_is_quantized(dt)) return moe_experts_quant(c, x, weights, ids, experts, out);
+  if (dtype_is_quantized(dt)) {
+    moe_experts_quant(c, x, weights, ids, experts, out);
+    return;
+  }
   check_weight_dtype(experts[0].gate_proj, "moe_experts");
   bool aligned = aligned16(x.data);
   for (const MlpWeights& m : experts) {

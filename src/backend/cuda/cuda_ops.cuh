@@ -387,11 +387,18 @@ bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, c
 // path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;
 // QWEN36_QGEMM=fused | dequant forces either) and with too little shared memory per block.
 bool quant_tiled_gemm(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+// The shared expert's second half (Backend::moe_experts_shared): its gate and up projections
+// [T, I], its down matrix [D, I], its gate logit [T, 1].
+struct SharedDown {
+  const Tensor &gate, &up, &down, &logit;
+};
 // Tiled MoE experts (gate/up of tiled type gate_up, down of tiled type down): quant_tiled_moe is
-// quant_moe_decode on the tensor cores, per (token, expert) pair (false when not taken: types,
-// shapes, exact_matmul, > 65535 pairs); quant_dequant_tiled_experts is quant_dequant_experts.
+// quant_moe_decode on the tensor cores, per (token, expert) pair, with sh (if given) one more
+// pair of every token (false, nothing launched, when not taken: types, shapes, exact_matmul,
+// > 65535 pairs, sh's down not of the routed down's type and shape); quant_dequant_tiled_experts
+// is quant_dequant_experts.
 bool quant_tiled_moe(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
-                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out);
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh = nullptr);
 void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);
 
@@ -430,5 +437,9 @@ void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weigh
 void moe_local_ids(Ctx&, Tensor& ids, int64_t e0, int64_t n);
 void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
+// Backend::moe_experts_shared in the tiled experts' kernels (the shared expert one more pair of
+// every token); false, nothing launched, where they do not take the call.
+bool moe_experts_shared(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                        std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out);
 
 }  // namespace qwen36::cuda

@@ -3,7 +3,8 @@
 // kernels on tiled matrices (cuda_quant_mma.cu's dense GEMM, cuda_quant_moe_mma.cu's routed
 // experts): the mma.sync wrappers, a lane's registers of one tile (Raw, load_tile), Q4_K's
 // per-row (d·sc, dmin·m) table, the A fragments of a k32 group, a row of activations quantized
-// per 32 (quantize_row, through cuda_quant_blocks.cuh's quantize_quad), and one row against one
+// per 32 (quantize_row_of any source of quads, e.g. quantize_row's f32 row or swiglu4 of a gate
+// and an up row; through cuda_quant_blocks.cuh's quantize_quad), and one row against one
 // tile (ColGroup, tile_row: the routed experts' rows and the dense GEMM at T = 1). The layout
 // these read is described in the header of cuda_quant_mma.cu. Included by .cu only.
 
@@ -167,17 +168,19 @@ __device__ __forceinline__ void store_col_quad(ColGroup* __restrict__ out, int i
                            __int_as_float(-32 * qq.other));
 }
 
-// x[0, 32·G) into out[0, G): every thread of the block, 8 per group (a thread per 4 weights, as
-// quantize_kernel); G % 4 == 0, so every warp is whole in every round. A thread issues its kR
-// loads before it quantizes any: one L2 round trip for G·8 ≤ kR · threads, not one per round.
-__device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
+// A row of 32·G values, quad id = load(id) (id < 8·G), into out[0, G): every thread of the
+// block, 8 per group (a thread per 4 weights, as quantize_kernel); G % 4 == 0, so every warp is
+// whole in every round. A thread issues its kR loads before it quantizes any: one L2 round
+// trip for G·8 ≤ kR · threads, not one per round.
+template <typename Load>
+__device__ __forceinline__ void quantize_row_of(Load load, int G, ColGroup* __restrict__ out) {
   constexpr int kR = 4;
   const int n = G * 8, nt = int(blockDim.x);
   for (int id0 = int(threadIdx.x); id0 - int(threadIdx.x) < n; id0 += kR * nt) {
     float4 v[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r)
-      if (const int id = id0 + r * nt; id < n) v[r] = reinterpret_cast<const float4*>(x)[id];
+      if (const int id = id0 + r * nt; id < n) v[r] = load(id);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int id = id0 + r * nt;
@@ -185,6 +188,14 @@ __device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G,
       store_col_quad(out, id, quantize_quad(v[r]));
     }
   }
+}
+// x[0, 32·G) into out[0, G).
+__device__ __forceinline__ void quantize_row(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
+  quantize_row_of([x](int id) { return reinterpret_cast<const float4*>(x)[id]; }, G, out);
+}
+// silu(g) ⊙ u of 4 values (swiglu_kernel's arithmetic).
+__device__ __forceinline__ float4 swiglu4(const float4& g, const float4& u) {
+  return make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
 }
 
 // A tile's scales before its groups: Q4_K's (d·sc, dmin·m) table into the warp's shared
