@@ -48,9 +48,12 @@ constexpr int kMinSplitPositions = 256;  // at full capacity, no split is shorte
 __device__ __forceinline__ void store_cache(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store_cache(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 
+// Programmatically dependent: k and v come from the kernel before.
 template <typename CT>
 __global__ void kv_append_kernel(const float* k, const float* v, CT* kc, CT* vc, const int32_t* tslot,
                                  const int32_t* tpos, int64_t cap, int64_t row, int64_t n) {
+  griddep_wait();
+  griddep_trigger();  // after the wait: a dependent's early reads reach back no further than this kernel
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / row, c = i % row;
     const int32_t s = tslot[t];
@@ -481,13 +484,11 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   } else {
     const int append_blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535 * 8));
     if (kind == KvKind::BF16)
-      kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
-                                                            k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(),
-                                                            ts, tp, cap, row, n);
+      launch_pdl(kv_append_kernel<__nv_bfloat16>, dim3(append_blocks), dim3(256), 0, c.stream, k.as<const float>(),
+                 v.as<const float>(), k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts, tp, cap, row, n);
     else
-      kv_append_kernel<<<append_blocks, 256, 0, c.stream>>>(k.as<const float>(), v.as<const float>(),
-                                                            k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row,
-                                                            n);
+      launch_pdl(kv_append_kernel<float>, dim3(append_blocks), dim3(256), 0, c.stream, k.as<const float>(),
+                 v.as<const float>(), k_cache.as<float>(), v_cache.as<float>(), ts, tp, cap, row, n);
     CUDA_LAUNCH_CHECK();
   }
 

@@ -87,6 +87,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   constexpr int NPL = D / 32, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
 
+  // Programmatically dependent: q and the cache rows come from the kernels before.
+  griddep_wait();
+  griddep_trigger();  // after the wait: a dependent's early reads reach back no further than this kernel
   const int t = tlist ? tlist[blockIdx.x] : int(blockIdx.x);
   const int kvh = int(blockIdx.y), split = int(blockIdx.z), nsplit = int(gridDim.z), G = H / KVH;
   const int slot = tslot[t];
@@ -444,9 +447,9 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
   const int nsplit = tc_splits(n_tok * KVH, cap, plan.per_sm);
   Temp<float> part(c, nsplit > 1 ? size_t(n_tok * KVH * nsplit) * size_t(G) * size_t(D + 2) : 0);
   const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(nsplit));
-  kernel<<<grid, plan.nwarps * 32, plan.smem, c.stream>>>(
-      q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), ksc, vsc, tslot, tpos, tlist, out,
-      part.get(), H, KVH, cap, scale * 1.4426950408889634f, hscale, plan.nst, tree);
+  launch_pdl(kernel, grid, dim3(plan.nwarps * 32), plan.smem, c.stream, q, static_cast<const uint8_t*>(kc),
+             static_cast<const uint8_t*>(vc), ksc, vsc, tslot, tpos, tlist, out, part.get(), H, KVH, cap,
+             scale * 1.4426950408889634f, hscale, plan.nst, tree);
   CUDA_LAUNCH_CHECK();
   if (nsplit > 1) {
     const dim3 mgrid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(G));
