@@ -831,14 +831,14 @@ bool quant_moe_decode_chunked(Ctx& c, const MoeShape& s, const Tensor& x, const 
   return true;
 }
 
-// Block-quantized experts (gate and up of one type, down of one type, e.g. Q4_K and Q6_K):
-// decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs (cuda_quant_matmul.cu) or,
-// tiled, the tensor-core pair kernels (cuda_quant_mma.cu), else the grouped GEMM on experts
-// dequantized per pass; exact_matmul and shapes the GEMM cannot tile take the per-expert matmul
-// (matmul takes tiled weights too). With sh (Backend::moe_experts_shared), only the tiled
-// kernels: false, nothing launched, where they do not take the call.
-bool moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
-                       std::span<const MlpWeights> experts, Tensor& out, const SharedDown* sh = nullptr) {
+// Block-quantized experts' dtypes and shape (gate and up of one type, down of one type, e.g.
+// Q4_K and Q6_K), checked across all experts; tiled: both types in the device's tiled layout.
+struct QuantExperts {
+  DType gu, dn;
+  bool tiled;
+  MoeShape s;
+};
+QuantExperts check_quant_experts(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts) {
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols(), E = int64_t(experts.size()),
                 I = experts[0].gate_proj.rows();
   const DType gu = experts[0].gate_proj.dtype, dn = experts[0].down_proj.dtype;
@@ -854,39 +854,40 @@ bool moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
     QWEN36_CHECK(aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data),
                  "moe_experts: quantized expert weights must be 16-byte aligned");
   }
-  if (T == 0) return true;
-  const MoeShape s{T, D, I, E, k, T * k};
-  QWEN36_CHECK(s.P < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
+  QWEN36_CHECK(T * k < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
                "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
-  if (sh && (c.exact_matmul || !tiled || s.P > kMaxTiledMoePairs)) return false;
-  if (c.exact_matmul) {
-    run_prefill_matmul(c, s, x, weights, ids, experts, out);
-    return true;
-  }
+  return {gu, dn, tiled, MoeShape{T, D, I, E, k, T * k}};
+}
+
+// Block-quantized experts: decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs
+// (cuda_quant_matmul.cu) or, tiled, the tensor-core pair kernels (cuda_quant_moe_mma.cu), else
+// the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot tile
+// take the per-expert matmul (matmul takes tiled weights too).
+void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                       std::span<const MlpWeights> experts, Tensor& out) {
+  const QuantExperts q = check_quant_experts(x, ids, experts);
+  const MoeShape& s = q.s;
+  if (s.T == 0) return;
+  if (c.exact_matmul) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
   const ExpertPtrs* table = expert_table(c, experts);
-  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
-  if (tiled) {
-    if (s.P <= kMaxTiledMoePairs &&
-        quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), gu, dn, E, I, out, sh))
-      return true;
-    if (sh) return false;
-  } else if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, gu, dn, out)) {
-    return true;
+  if (!table) return;  // recording, and the table is new: the recording is dropped anyway
+  if (q.tiled) {
+    if (s.P <= kMaxTiledMoePairs && quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table),
+                                                    q.gu, q.dn, s.E, s.I, out))
+      return;
+  } else if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, q.gu, q.dn, out)) {
+    return;
   }
-  if (D % 8 != 0 || I % 8 != 0) {
-    run_prefill_matmul(c, s, x, weights, ids, experts, out);
-    return true;
+  if (s.D % 8 != 0 || s.I % 8 != 0) return run_prefill_matmul(c, s, x, weights, ids, experts, out);
+  const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / s.k);
+  for (int64_t t0 = 0; t0 < s.T; t0 += chunk) {
+    const int64_t n = std::min(chunk, s.T - t0);
+    const MoeShape sc{n, s.D, s.I, s.E, s.k, n * s.k};
+    const Tensor xc(x.as<float>() + t0 * s.D, DType::F32, {n, s.D}),
+        wc(weights.as<float>() + t0 * s.k, DType::F32, {n, s.k}), ic(ids.as<int32_t>() + t0 * s.k, DType::I32, {n, s.k});
+    Tensor oc(out.as<float>() + t0 * s.D, DType::F32, {n, s.D});
+    run_prefill_quant(c, sc, xc, wc, ic, table, q.gu, q.dn, oc);
   }
-  const int64_t chunk = std::max<int64_t>(1, kMaxPrefillPairs / k);
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    const MoeShape sc{n, D, I, E, k, n * k};
-    const Tensor xc(x.as<float>() + t0 * D, DType::F32, {n, D}), wc(weights.as<float>() + t0 * k, DType::F32, {n, k}),
-        ic(ids.as<int32_t>() + t0 * k, DType::I32, {n, k});
-    Tensor oc(out.as<float>() + t0 * D, DType::F32, {n, D});
-    run_prefill_quant(c, sc, xc, wc, ic, table, gu, dn, oc);
-  }
-  return true;
 }
 
 }  // namespace
@@ -950,8 +951,14 @@ void check_moe_call(const Tensor& x, const Tensor& weights, const Tensor& ids, s
 bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
                         std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out) {
   check_moe_call(x, weights, ids, experts, out);
-  return x.rows() <= kMaxSharedFoldTokens && dtype_is_quantized(experts[0].gate_proj.dtype) &&
-         moe_experts_quant(c, x, weights, ids, experts, out, &sh);
+  if (x.rows() > kMaxSharedFoldTokens || !dtype_is_quantized(experts[0].gate_proj.dtype)) return false;
+  const QuantExperts q = check_quant_experts(x, ids, experts);
+  if (q.s.T == 0) return true;
+  if (c.exact_matmul || !q.tiled || q.s.P > kMaxTiledMoePairs) return false;
+  const ExpertPtrs* table = expert_table(c, experts);
+  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
+  return quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn, q.s.E, q.s.I,
+                         out, &sh);
 }
 
 void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
@@ -960,10 +967,7 @@ void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& i
   const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
   const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
   const DType dt = experts[0].gate_proj.dtype;
-  if (dtype_is_quantized(dt)) {
-    moe_experts_quant(c, x, weights, ids, experts, out);
-    return;
-  }
+  if (dtype_is_quantized(dt)) return moe_experts_quant(c, x, weights, ids, experts, out);
   check_weight_dtype(experts[0].gate_proj, "moe_experts");
   bool aligned = aligned16(x.data);
   for (const MlpWeights& m : experts) {

@@ -45,9 +45,9 @@ struct MoeArgs {
   float* out;                // gate+up: act [P, N] = silu(gate · x) ⊙ (up · x); down: out [T, N]
   int K, N, k, E, wr;        // N rows of K per matrix; wr warps per row-tile (8 / wr row-tiles per block)
   // down with a shared expert (Backend::moe_experts_shared), else null: pair k of every token
-  const float *sh_gate, *sh_up;  // [T, K]: its gate and up projections
-  const void* sh_down;           // tiled [N, K]
-  const float* sh_logit;         // [T]: its gate logit; its weight is the sigmoid
+  const float *sh_gate = nullptr, *sh_up = nullptr;  // [T, K]: its gate and up projections
+  const void* sh_down = nullptr;                      // tiled [N, K]
+  const float* sh_logit = nullptr;                    // [T]: its gate logit; its weight is the sigmoid
 };
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
@@ -263,9 +263,9 @@ bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tenso
     return false;
   Temp<float> act(c, size_t(P * I));  // the pairs' SwiGLU rows (35B at 256 pairs: 0.5 MB)
   const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), weights.as<const float>(), table, act.get(),
-                   int(D), int(I), int(k), int(E), gu_wr, nullptr, nullptr, nullptr, nullptr};
+                   int(D), int(I), int(k), int(E), gu_wr};
   MoeArgs dn{act.get(), ids.as<const int32_t>(), weights.as<const float>(), table, out.as<float>(),
-             int(I), int(D), int(k), int(E), dn_wr, nullptr, nullptr, nullptr, nullptr};
+             int(I), int(D), int(k), int(E), dn_wr};
   if (sh) {
     dn.sh_gate = sh->gate.as<const float>(), dn.sh_up = sh->up.as<const float>();
     dn.sh_down = sh->down.data, dn.sh_logit = sh->logit.as<const float>();
