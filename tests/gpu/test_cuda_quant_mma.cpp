@@ -16,6 +16,7 @@
 //    (differing only in f32 summation order) through 4 layers: logits within 1e-3 of the
 //    largest, same greedy choices (except near-ties); prefill as the golden tests' bf16 bound.
 // A failure prints the type, shape, T and the worst output (t, n, got, want).
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -135,6 +136,67 @@ TEST_F(CudaQuantMma, PrefillAndExactDequantizeTiles) {
             << dtype_name(dt) << " exact N=" << s.N << " T=" << T << " " << where;
       }
     }
+}
+
+// The dequantizer value by value: x = the identity (T = K rows), so out[t, n] = w[n, t] with one
+// non-zero product per sum — bitwise the weight rounded to bf16 (the prefill path; 1 and 0 are
+// exact in bf16) or the f32 weight (exact_matmul), against quant/dequantize.cpp. Shapes: one
+// row-tile; 19 row-tiles of 9 super-blocks (a slice boundary is not at a tile edge of the grid).
+TEST_F(CudaQuantMma, DequantizedTilesBitwiseAsCpu) {
+  CudaOptions o;
+  o.exact_matmul = true;
+  auto exact = make_cuda_backend(o);
+  for (DType dt : kTypes)
+    for (const Shape& s : {Shape{16, 256}, Shape{304, 2304}}) {
+      const HostT w = quantized(rng_, dt, s.N, s.K);
+      HostT x(DType::F32, {s.K, s.K});
+      for (int64_t t = 0; t < s.K; ++t) x.f()[t * s.K + t] = 1.0f;
+      std::vector<float> want(size_t(s.K * s.N)), row(size_t(s.K));
+      for (int64_t n = 0; n < s.N; ++n) {
+        cpu::weight_row_to_f32(w.t, n, row.data());
+        for (int64_t t = 0; t < s.K; ++t) want[size_t(t * s.N + n)] = row[size_t(t)];
+      }
+      for (Backend* b : {gpu_.get(), exact.get()}) {
+        const bool f32 = b == exact.get();
+        const std::vector<float> got = run(*b, upload_tiled(*b, w), x);
+        int64_t bad = 0, first = -1;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float v = f32 ? want[i] : round_bf16(want[i]);
+          if (std::memcmp(&got[i], &v, 4) != 0 && bad++ == 0) first = int64_t(i);
+        }
+        EXPECT_EQ(bad, 0) << dtype_name(dt) << (f32 ? " f32" : " bf16") << " N=" << s.N << " K=" << s.K
+                          << " first at t=" << first / s.N << " n=" << first % s.N << ": "
+                          << (first >= 0 ? got[size_t(first)] : 0.0f) << " vs " << (first >= 0 ? want[size_t(first)] : 0.0f);
+      }
+    }
+}
+
+// The MLP at T > 192 (the dequantizing GEMMs; gate and up in one bf16 GEMM per slice, the SwiGLU
+// in bf16 into the down GEMM's input) against the CPU in double: x, the weights, gate / up and
+// their SwiGLU each rounded to bf16 once, f32 sums: the bf16 bound 2e-2. gate_out / up_out are
+// scratch the fused form leaves untouched (the composition writes them): zeros afterwards = it ran.
+TEST_F(CudaQuantMma, MlpPrefillOfTiledWeights) {
+  const int64_t H = 1024, I = 768, T = 300;
+  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+    const HostT wg = quantized(rng_, dt, I, H), wu = quantized(rng_, dt, I, H), wd = quantized(rng_, DType::Q6_K, H, I);
+    const HostT x = random_t(rng_, DType::F32, {T, H});
+    const std::vector<float> g = reference(wg, x, T), u = reference(wu, x, T);
+    HostT a(DType::F32, {T, I});
+    for (int64_t i = 0; i < T * I; ++i) a.f()[i] = cpu::silu(g[size_t(i)]) * u[size_t(i)];
+    const std::vector<float> want = reference(wd, a, T);
+    const DevT dg = upload_tiled(*gpu_, wg), du = upload_tiled(*gpu_, wu), dd = upload_tiled(*gpu_, wd);
+    const DevT dx = upload(*gpu_, x);
+    DevT gate_out = upload(*gpu_, HostT(DType::F32, {T, I})), up_out = upload(*gpu_, HostT(DType::F32, {T, I})),
+         out = upload(*gpu_, HostT(DType::F32, {T, H}));
+    const MlpWeights m{dg.t, du.t, dd.t};
+    gpu_->mlp(dx.t, m, gate_out.t, up_out.t, out.t);
+    std::string where;
+    EXPECT_LE(worst_rel_err(download(*gpu_, out.t), want, T, H, 1, &where), 2e-2) << dtype_name(dt) << " " << where;
+    for (const DevT* s : {&gate_out, &up_out}) {
+      const std::vector<float> v = download(*gpu_, s->t);
+      EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << dtype_name(dt) << ": the composition ran";
+    }
+  }
 }
 
 // matmul_multi: tiled matrices of two types, a bf16 one and GGUF-layout Q4_K ones (20 rows:

@@ -690,13 +690,15 @@ void gemm_half(Ctx& c, const void* w, const void* xh, bool bf16, int T, int N, i
 }
 
 void sliced_dequant_gemm_erased(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align,
-                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant) {
+                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant,
+                                const void* xh_given) {
   const bool exact = c.exact_matmul;
   const int64_t budget = exact ? (int64_t(48) << 20) : (int64_t(96) << 20);  // weights per slice
   const int slice = int(std::clamp<int64_t>(budget / K / row_align * row_align, row_align, N));
   Temp<uint8_t> scratch(c, size_t(slice) * size_t(K) * (exact ? 4 : 2));
-  Temp<uint16_t> xh(c, exact ? 0 : size_t(T) * K);
-  if (!exact) round_activations(c, x, xh.get(), int64_t(T) * K, true);
+  Temp<uint16_t> xh_own(c, exact || xh_given ? 0 : size_t(T) * K);
+  if (!exact && !xh_given) round_activations(c, x, xh_own.get(), int64_t(T) * K, true);
+  const void* xh = xh_given ? xh_given : xh_own.get();
   const float one = 1.0f, zero = 0.0f;
   for (int n0 = 0; n0 < N; n0 += slice) {
     const int ns = std::min(slice, N - n0);
@@ -705,7 +707,7 @@ void sliced_dequant_gemm_erased(Ctx& c, const float* x, float* out, int T, int N
       const float* ws = reinterpret_cast<const float*>(scratch.get());
       CUBLAS_CHECK(cublasSgemm(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ns, T, K, &one, ws, K, x, K, &zero, out + n0, N));
     } else {
-      gemm_half(c, scratch.get(), xh.get(), true, T, ns, K, out + n0, N);
+      gemm_half(c, scratch.get(), xh, true, T, ns, K, out + n0, N);
     }
   }
 }

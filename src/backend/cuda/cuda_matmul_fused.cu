@@ -1,5 +1,6 @@
-// Prefill (T > 8) forms of the fused matmuls (Backend::matmul_multi, matmul_swiglu, mlp). The
-// decode forms are GEMV kernels in cuda_matmul.cu.
+// Prefill (T > 8) forms of the fused matmuls (Backend::matmul_multi, matmul_swiglu, mlp) for
+// 16-bit weights, and the MLP of tiled quantized weights (T > 64). The decode forms are GEMV
+// kernels in cuda_matmul.cu (quantized: cuda_quant_*.cu).
 //
 // Weights of one group are stored back to back (prepare_weights uploads them in
 // weight_tensors order; the synthetic generator allocates them from one arena), so the group
@@ -28,19 +29,27 @@ bool contiguous_half(std::span<const Tensor* const> ws) {
   return true;
 }
 
-// out[t, i] = silu(gu[t, i]) * gu[t, I + i]    (gu: [T, 2I] in the weights' 16-bit type)
-// (grid: x over columns, y over rows — no per-element division). O: float, or the 16-bit
-// type itself when the result feeds the down projection's GEMM directly.
+// out[t, i] = silu(gu[t, i]) * gu[t, I + i] for i < I    (gu: [T, 2I] in the weights' 16-bit
+// type; out rows ld_out apart) (grid: x over columns, y over rows — no per-element division).
+// O: float, or the 16-bit type itself when the result feeds the down projection's GEMM directly.
 __device__ __forceinline__ void store_as(float& d, float v) { d = v; }
 __device__ __forceinline__ void store_as(__nv_bfloat16& d, float v) { d = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_as(__half& d, float v) { d = __float2half_rn(v); }
 template <typename H, typename O>
-__global__ void swiglu_halves_kernel(const H* __restrict__ gu, O* __restrict__ out, int64_t I, int64_t T) {
+__global__ void swiglu_halves_kernel(const H* __restrict__ gu, O* __restrict__ out, int64_t I, int64_t T, int64_t ld_out) {
   for (int64_t t = blockIdx.y; t < T; t += gridDim.y)
     for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < I; j += int64_t(gridDim.x) * blockDim.x) {
       const float g = to_f32(gu[t * 2 * I + j]), u = to_f32(gu[t * 2 * I + I + j]);
-      store_as(out[t * I + j], silu_f(g) * u);
+      store_as(out[t * ld_out + j], silu_f(g) * u);
     }
+}
+
+// gu [T, N] = xh · w[N, K]ᵀ, all in one 16-bit type (f32 accumulation).
+void gemm_half_out(Ctx& c, const void* w, const void* xh, bool bf, int64_t T, int64_t N, int64_t K, void* gu) {
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
+  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w, dt, int(K), xh, dt,
+                            int(K), &zero, gu, dt, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // gu [T, 2I] = x · [gate; up]ᵀ in the weights' 16-bit type (x rounded to it first).
@@ -48,21 +57,51 @@ void gate_up_gemm(Ctx& c, const Tensor& x, const Tensor& gate, void* xh, void* g
   const int64_t K = gate.cols(), I = gate.rows(), T = x.numel() / K;
   const bool bf = gate.dtype == DType::BF16;
   round_activations(c, x.as<const float>(), xh, T * K, bf);
-  const float one = 1.0f, zero = 0.0f;
-  const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
-  CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(2 * I), int(T), int(K), &one, gate.data, dt,
-                            int(K), xh, dt, int(K), &zero, gu, dt, int(2 * I), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+  gemm_half_out(c, gate.data, xh, bf, T, 2 * I, K, gu);
 }
 
 template <typename O>
-void launch_swiglu_halves(Ctx& c, bool bf, const void* gu, O* out, int64_t I, int64_t T) {
+void launch_swiglu_halves(Ctx& c, bool bf, const void* gu, O* out, int64_t I, int64_t T, int64_t ld_out) {
   const dim3 grid(unsigned(blocks_for(I, 256)), unsigned(std::min<int64_t>(T, 65535)));
   if (bf)
-    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(gu), out, I, T);
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(gu), out, I, T, ld_out);
   else
-    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __half*>(gu), out, I, T);
+    swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __half*>(gu), out, I, T, ld_out);
   CUDA_LAUNCH_CHECK();
+}
+
+// The MLP of tiled quantized matrices at T > 64 where the dequantizing GEMMs run (not
+// quant_tiled_gemm's T): x rounded to bf16 once; per slice of ns intermediate rows, the gate and
+// up rows dequantized side by side into one [2·ns, K] bf16 matrix, one GEMM writing bf16, and its
+// SwiGLU into columns of the bf16 act that the down GEMM (dequantized slices as matmul's) reads.
+// The composition would write gate and up in f32, SwiGLU them in f32, and round x twice and act
+// once more.
+bool mlp_prefill_tiled(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
+  const Tensor &gate = m.gate_proj, &up = m.up_proj, &down = m.down_proj;
+  const Tensor* ws[] = {&gate, &up, &down};
+  if (!dtype_is_tiled(gate.dtype) || !dtype_is_tiled(up.dtype) || !dtype_is_tiled(down.dtype)) return false;
+  const int64_t K = gate.cols(), I = gate.rows(), H = down.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (T <= kTiledMaxT || quant_tiled_gemm_takes(T, ws) || x.cols() != K || up.rows() != I || up.cols() != K ||
+      down.cols() != I || out.numel() != T * H || 2 * I >= (int64_t(1) << 31) || T * std::max(K, I) >= (int64_t(1) << 31))
+    return false;
+  const int64_t slice = std::clamp<int64_t>((int64_t(48) << 20) / K / 16 * 16, 16, I);  // 96 Mi weights of gate + up
+  Temp<__nv_bfloat16> xh(c, size_t(T * K)), act(c, size_t(T * I));
+  round_activations(c, x.as<const float>(), xh.get(), T * K, true);
+  {
+    Temp<__nv_bfloat16> w(c, size_t(2 * slice * K)), gu(c, size_t(T * 2 * slice));
+    for (int64_t n0 = 0; n0 < I; n0 += slice) {
+      const int64_t ns = std::min(slice, I - n0);
+      quant_tiled_dequant_rows(c, gate, n0, ns, w.get());
+      quant_tiled_dequant_rows(c, up, n0, ns, w.get() + ns * K);
+      gemm_half_out(c, w.get(), xh.get(), true, T, 2 * ns, K, gu.get());
+      launch_swiglu_halves(c, true, gu.get(), act.get() + n0, ns, T, I);
+    }
+  }
+  sliced_dequant_gemm_erased(
+      c, nullptr, out.as<float>(), int(T), int(H), int(I), 16,
+      [&](int n0, int ns, void* dst, bool) { quant_tiled_dequant_rows(c, down, n0, ns, static_cast<__nv_bfloat16*>(dst)); },
+      act.get());
+  return true;
 }
 
 }  // namespace
@@ -104,11 +143,14 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
   // half the bytes an f32 product would need, and the values are rounded as the down
   // projection's input would be anyway.
   gate_up_gemm(c, x, gate, xh.get(), gu.get());
-  launch_swiglu_halves(c, gate.dtype == DType::BF16, gu.get(), out.as<float>(), I, T);
+  launch_swiglu_halves(c, gate.dtype == DType::BF16, gu.get(), out.as<float>(), I, T, I);
   return true;
 }
 
 bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
+  if (!c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
+      mlp_prefill_tiled(c, x, m, out))
+    return true;
   const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
   const Tensor& down = m.down_proj;
   if (c.exact_matmul || x.dtype != DType::F32 || out.dtype != DType::F32 || m.gate_proj.empty() ||
@@ -122,9 +164,9 @@ bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
   // The SwiGLU result goes to the down projection in its 16-bit type: what matmul() would
   // round it to, without the f32 round trip through memory.
   if (bf)
-    launch_swiglu_halves(c, true, gu.get(), reinterpret_cast<__nv_bfloat16*>(act.get()), I, T);
+    launch_swiglu_halves(c, true, gu.get(), reinterpret_cast<__nv_bfloat16*>(act.get()), I, T, I);
   else
-    launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T);
+    launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T, I);
   gemm_half(c, down.data, act.get(), bf, int(T), int(H), int(I), out.as<float>(), int(H));
   return true;
 }

@@ -285,19 +285,28 @@ void gemm_half(Ctx&, const void* w, const void* xh, bool bf16, int T, int N, int
 // out[T, N] = x[T, K] · w[N, K]ᵀ for weights a kernel can only dequantize: slices of rows (a
 // multiple of row_align, ≤ 96 M weights; 48 M with exact_matmul) go through dequant(n0, ns, dst,
 // f32), which writes rows n0 .. n0 + ns − 1 to dst as bf16 (f32 when exact_matmul), and each
-// slice is one cuBLAS GEMM into out's columns (bf16 with x rounded to bf16, or f32).
+// slice is one cuBLAS GEMM into out's columns (bf16 with x rounded to bf16, or f32). xh: x
+// already rounded to bf16 (several matrices of one x; null: rounded here).
 void sliced_dequant_gemm_erased(Ctx&, const float* x, float* out, int T, int N, int K, int row_align,
-                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant);
+                                const std::function<void(int n0, int ns, void* dst, bool f32)>& dequant,
+                                const void* xh = nullptr);
 // The same with a dequantizer callable as launch(n0, ns, float*) and launch(n0, ns, bf16*).
 template <typename Launch>
-void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align, Launch&& launch) {
-  sliced_dequant_gemm_erased(c, x, out, T, N, K, row_align, [&](int n0, int ns, void* dst, bool f32) {
-    if (f32)
-      launch(n0, ns, static_cast<float*>(dst));
-    else
-      launch(n0, ns, static_cast<__nv_bfloat16*>(dst));
-  });
+void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K, int row_align, Launch&& launch,
+                         const void* xh = nullptr) {
+  sliced_dequant_gemm_erased(
+      c, x, out, T, N, K, row_align,
+      [&](int n0, int ns, void* dst, bool f32) {
+        if (f32)
+          launch(n0, ns, static_cast<float*>(dst));
+        else
+          launch(n0, ns, static_cast<__nv_bfloat16*>(dst));
+      },
+      xh);
 }
+// Weight rows in bf16 for the prefill GEMMs: rows r0 .. r0 + n − 1 (multiples of 16) of a tiled
+// matrix to out (row-major), as the dequantizing GEMM writes them; false when w is not tiled.
+bool quant_tiled_dequant_rows(Ctx&, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out);
 // Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
 bool quant_supported(DType t);
 void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
@@ -387,6 +396,8 @@ bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, c
 // path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;
 // QWEN36_QGEMM=fused | dequant forces either) and with too little shared memory per block.
 bool quant_tiled_gemm(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+// Whether quant_tiled_gemm takes T tokens of these matrices (else: dequantize + cuBLAS).
+bool quant_tiled_gemm_takes(int64_t T, std::span<const Tensor* const> ws);
 // The shared expert's second half (Backend::moe_experts_shared): its gate and up projections
 // [T, I], its down matrix [D, I], its gate logit [T, 1].
 struct SharedDown {

@@ -1,7 +1,7 @@
 // out[T, N] (f32) = x[T, K] · w[N, K]ᵀ for tiled Q4_K / Q6_K / Q8_0 weights (DTypes *_T16, the
 // layout of cuda_quant_mma.cu) and T > 64 — the prefill and the serving steps that mix a prefill
 // chunk with decode rows — without a bf16 copy of the matrix. The values are those of the
-// dequantize → bf16 → cuBLAS path (tiled_gemm): every weight is the float of tiled_group rounded
+// dequantize → bf16 → cuBLAS path (tiled_gemm): every weight is the float of dequant_tile rounded
 // once to bf16, x is rounded to bf16 (round_activations), products are summed in f32; only the
 // summation order differs.
 //
@@ -143,7 +143,7 @@ __device__ __forceinline__ void tile_scales(const uint8_t* tile, int lane, float
 // same} in logical k, i.e. physical k 4t .. 4t+3 (step 0) and 16+4t .. 16+4t+3 (step 1). Word
 // c[i] holds 4 codes (bytes, physical k +0..+3): i = 0 row g / first 16, 1 row g+8 / first 16,
 // 2 row g / second 16, 3 row g+8 / second 16 — the int8 GEMM's a0..a3. Each weight is the float
-// tiled_group computes, rounded once to bf16.
+// dequant_tile computes, rounded once to bf16.
 template <DType D>
 __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2* tab, const TileScales<D>& ts,
                                               int jj, int lane, uint32_t (&a)[2][4]) {
@@ -178,7 +178,7 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
       const float sc[4] = {mag<0>(w0) - kMag128, mag<0>(w1) - kMag128, mag<1>(w0) - kMag128, mag<1>(w1) - kMag128};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        // d · float(sc · (q − 32)) as tiled_group: sc · (q − 32) is an exact integer in f32.
+        // d · float(sc · (q − 32)) as dequant_tile: sc · (q − 32) is an exact integer in f32.
         const float d = (i & 1) ? ts.dg8 : ts.dg;
         y[i][0] = d * (sc[i] * (mag<0>(c[i]) - kMag32));
         y[i][1] = d * (sc[i] * (mag<1>(c[i]) - kMag32));
@@ -501,14 +501,20 @@ void log_plan(DType t, int N, int K, int T, const Plan& p, const KernelInfo& ki,
 
 }  // namespace
 
-bool quant_tiled_gemm(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
-  if (ws.empty() || use_dequant(int(x.numel() / std::max<int64_t>(ws[0]->cols(), 1)))) return false;
+bool quant_tiled_gemm_takes(int64_t T, std::span<const Tensor* const> ws) {
+  if (ws.empty() || T >= (int64_t(1) << 31) || use_dequant(int(T))) return false;
   const DevInfo info = dev_info();
   for (const Tensor* w : ws) {
     bool fits = false;
     with_tiled_dtype(w->dtype, [&](auto dt) { fits = smem_bytes<decltype(dt)::value>() + 256 <= info.smem_optin; });
     if (!fits) return false;  // not a tiled type, or a GPU with less shared memory per block (sm_86 / sm_89)
   }
+  return true;
+}
+
+bool quant_tiled_gemm(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (ws.empty() || !quant_tiled_gemm_takes(x.numel() / std::max<int64_t>(ws[0]->cols(), 1), ws)) return false;
+  const DevInfo info = dev_info();
   const int K = int(ws[0]->cols()), S = K / 256;
   const int T = int(x.numel() / K), Tp = (T + kTok - 1) / kTok * kTok;
   // Plans, and the workspace: x once for every matrix, the slots (shared: the launches run one

@@ -86,7 +86,10 @@
 //    shared-memory reads and scales): ~2 per weight; Q6_K ~2.6; Q8_0 ~1.3. Each more n8 tile
 //    adds ~19 per 16 weights.
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
-//    cuda_quant_matmul.cu's quant_gemm.
+//    cuda_quant_matmul.cu's quant_gemm; x rounded to bf16 once for the matrices of one call. The
+//    dequantizer takes a warp per tile (dequant_tile): its loads are the tile's 512-byte rows, its
+//    stores whole sectors (H200: 27B Q4_K_M pp512 5,335 → 6,672 t/s against a thread per k32
+//    group). The MLP's form (gate + up in one GEMM, bf16 SwiGLU): cuda_matmul_fused.cu.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -95,6 +98,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <type_traits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -181,107 +185,131 @@ __global__ void repack_kernel(const uint8_t* __restrict__ src, size_t rb, int S,
   }
 }
 
-__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// The 16 × 256 weights of one tile to out (row-major, ld elements a row; out at the tile's row 0
+// and first column), each rounded once as quant/dequantize.cpp. A warp per tile: lane L = 4g + t
+// dequantizes rows g and g + 8, weights 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 of each k32
+// group: exactly the code words its own loads bring (each 16-byte load of the warp is 512
+// contiguous bytes of the tile, read once), and each store instruction of the warp writes 8 rows ×
+// 32 contiguous bytes (bf16; 64 for f32): whole sectors. (A thread per k32 group, the first form,
+// read each code word's sector from 4 warps and wrote half sectors: ~1.8 TB/s of traffic.)
+template <typename O>
+__device__ __forceinline__ void store4(O* o, float a, float b, float c, float d) {
+  if constexpr (std::is_same_v<O, float>) {
+    *reinterpret_cast<float4*>(o) = make_float4(a, b, c, d);
+  } else {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    *reinterpret_cast<uint2*>(o) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
 
-// The 32 weights of k32 group j (of the row) of row n, rounded once as quant/dequantize.cpp.
-template <DType D>
-__device__ void tiled_group(const uint8_t* __restrict__ w, int S, int n, int j, float (&y)[32]) {
-  constexpr int B = TileLayout<D>::kBytes;
-  const int r = n >> 4, rho = n & 15, g = rho & 7, hi = rho >> 3, s = j >> 3, jj = j & 7;
-  const uint8_t* tile = w + (size_t(r) * S + s) * B;
-  if constexpr (D == DType::Q4_K_T16) {
-    const uint4 h = *reinterpret_cast<const uint4*>(tile + 2048 + 16 * rho);
-    int sc, m;
-    k_scale_min(h, jj, sc, m);
-    const float d0 = h2f(uint16_t(h.x & 0xFFFFu)) * float(sc), mm = h2f(uint16_t(h.x >> 16)) * float(m);
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+template <DType D, typename O>
+__device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O* __restrict__ out, size_t ld, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint4* v = reinterpret_cast<const uint4*>(tile) + lane;  // load i of this lane: v[32 i]
+  if constexpr (D == DType::Q4_K_T16 || D == DType::Q6_K_T16) {
+    uint4 code[4];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t x = ld32(tile + (jj >> 1) * 512 + (4 * g + t) * 16 + 4 * (2 * (jj & 1) + hi));
+    for (int i = 0; i < 4; ++i) code[i] = __ldcs(v + 32 * i);
+    if constexpr (D == DType::Q4_K_T16) {
+      using L = TileLayout<D>;
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        y[4 * t + b] = fmaf(d0, float((x >> (8 * b)) & 15u), -mm);
-        y[16 + 4 * t + b] = fmaf(d0, float((x >> (8 * b + 4)) & 15u), -mm);
+      for (int hi = 0; hi < 2; ++hi) {
+        const uint4 h = __ldg(reinterpret_cast<const uint4*>(tile + L::kHeaders) + g + 8 * hi);
+        const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+        O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          int sc, m;
+          k_scale_min(h, jj, sc, m);
+          const float d0 = d * float(sc), mm = dmin * float(m);
+          const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi);
+          auto q = [&](int sh) { return fmaf(d0, float((x >> sh) & 15u), -mm); };
+          store4(row + 32 * jj, q(0), q(8), q(16), q(24));
+          store4(row + 32 * jj + 16, q(4), q(12), q(20), q(28));
+        }
       }
-    }
-  } else if constexpr (D == DType::Q6_K_T16) {
-    const float d = h2f(ld_u16(tile + 3328 + 2 * rho));
-    const int sa = int(int8_t(tile[3072 + 16 * rho + 2 * jj])), sb = int(int8_t(tile[3072 + 16 * rho + 2 * jj + 1]));
+    } else {
+      using L = TileLayout<D>;
+      const uint4 high[2] = {__ldcs(v + L::kHigh / 16), __ldcs(v + L::kHigh / 16 + 32)};
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t x = ld32(tile + (jj >> 1) * 512 + (4 * g + t) * 16 + 4 * (2 * (jj & 1) + hi));
-      const uint32_t hb = ld32(tile + 2048 + (jj >> 2) * 512 + (4 * g + t) * 16 + 4 * (jj & 3));
+      for (int hi = 0; hi < 2; ++hi) {
+        const uint4 sv = __ldg(reinterpret_cast<const uint4*>(tile + L::kScales) + g + 8 * hi);
+        const float d = h2f(ld_u16(tile + L::kD + 2 * (g + 8 * hi)));
+        O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int qa = int((x >> (8 * b)) & 15u) | int((hb >> (8 * b + 2 * hi)) & 3u) << 4;
-        const int qb = int((x >> (8 * b + 4)) & 15u) | int((hb >> (8 * b + 4 + 2 * hi)) & 3u) << 4;
-        y[4 * t + b] = d * float(sa * (qa - 32));
-        y[16 + 4 * t + b] = d * float(sb * (qb - 32));
+        for (int jj = 0; jj < 8; ++jj) {
+          const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi), hb = word(high[jj >> 2], jj & 3);
+          const uint32_t s2 = word(sv, jj >> 1) >> (16 * (jj & 1));
+          const int sa = int(int8_t(s2 & 255u)), sb = int(int8_t((s2 >> 8) & 255u));
+          // d · float(sc · (q − 32)), as quant/dequantize.cpp: the product is an exact integer.
+          auto q = [&](int b, int nib, int s) {
+            const int v6 = int((x >> (8 * b + 4 * nib)) & 15u) | int((hb >> (8 * b + 4 * nib + 2 * hi)) & 3u) << 4;
+            return d * float(s * (v6 - 32));
+          };
+          store4(row + 32 * jj, q(0, 0, sa), q(1, 0, sa), q(2, 0, sa), q(3, 0, sa));
+          store4(row + 32 * jj + 16, q(0, 1, sb), q(1, 1, sb), q(2, 1, sb), q(3, 1, sb));
+        }
       }
     }
   } else {
-    const float d = h2f(ld_u16(tile + 4096 + 16 * rho + 2 * jj));
+    using L = TileLayout<D>;
+    uint4 code[8];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t xa = ld32(tile + jj * 512 + (4 * g + t) * 16 + 4 * hi);
-      const uint32_t xb = ld32(tile + jj * 512 + (4 * g + t) * 16 + 4 * (hi + 2));
+    for (int i = 0; i < 8; ++i) code[i] = __ldcs(v + 32 * i);
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        y[4 * t + b] = d * float(int(int8_t(xa >> (8 * b))));
-        y[16 + 4 * t + b] = d * float(int(int8_t(xb >> (8 * b))));
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint4 dv = __ldg(reinterpret_cast<const uint4*>(tile + L::kD) + g + 8 * hi);
+      O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const float d = h2f(uint16_t(word(dv, jj >> 1) >> (16 * (jj & 1))));
+        const uint32_t xa = word(code[jj], hi), xb = word(code[jj], hi + 2);
+        auto q = [&](uint32_t x, int b) { return d * float(int(int8_t(x >> (8 * b)))); };
+        store4(row + 32 * jj, q(xa, 0), q(xa, 1), q(xa, 2), q(xa, 3));
+        store4(row + 32 * jj + 16, q(xb, 0), q(xb, 1), q(xb, 2), q(xb, 3));
       }
     }
   }
 }
 
-__device__ __forceinline__ void store_group(float* o, const float (&y)[32]) {
-#pragma unroll
-  for (int k = 0; k < 8; ++k) reinterpret_cast<float4*>(o)[k] = make_float4(y[4 * k], y[4 * k + 1], y[4 * k + 2], y[4 * k + 3]);
-}
-__device__ __forceinline__ void store_group(__nv_bfloat16* o, const float (&y)[32]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    uint32_t u[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(y[8 * k + 2 * e], y[8 * k + 2 * e + 1]);
-      u[e] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    reinterpret_cast<uint4*>(o)[k] = make_uint4(u[0], u[1], u[2], u[3]);
-  }
-}
-
-// out[n − r0, :] = row n, r0 ≤ n < r0 + nrows (row-major, K per row); one thread per k32 group.
+// out[n − r0, :] = row n, r0 ≤ n < r0 + nrows (row-major, K per row; r0, nrows multiples of 16):
+// a warp per tile, grid-stride in tile order (a warp's neighbours write the same rows' next 512
+// bytes).
 template <DType D, typename O>
-__global__ void dequant_tiled_kernel(const uint8_t* __restrict__ w, int K, int r0, int nrows, O* __restrict__ out) {
-  const int G = K >> 5, S = K >> 8;
-  const long long n = (long long)nrows * G;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const int row = int(i / G), j = int(i - (long long)row * G);
-    float y[32];
-    tiled_group<D>(w, S, r0 + row, j, y);
-    store_group(out + size_t(row) * K + size_t(j) * 32, y);
+__global__ void __launch_bounds__(256) dequant_tiled_kernel(const uint8_t* __restrict__ w, int K, int r0, int nrows,
+                                                            O* __restrict__ out) {
+  const int S = K >> 8, lane = threadIdx.x & 31;
+  const long long tiles = (long long)(nrows >> 4) * S, warps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; i < tiles; i += warps) {
+    const int rt = int(i / S), s = int(i - (long long)rt * S);
+    dequant_tile<D>(w + (size_t(r0 >> 4) * S + size_t(i)) * TileLayout<D>::kBytes, out + size_t(rt) * 16 * K + size_t(s) * 256,
+                    size_t(K), lane);
   }
 }
 
 // MoE prefill: matrices kind0 .. kind0 + nkind − 1 (0 gate, 1 up, 2 down; rows × K each, tiled)
 // of experts e0 + es, es < ne, to bf16 slot es of scratch ([ne][3][rows·K], kind κ at κ·rows·K),
-// as cuda_quant_matmul.cu's dequant_experts_kernel for GGUF rows (the same values: both round
-// once as quant/dequantize.cpp); experts without pairs (off[e + 1] == off[e]) are skipped.
+// the same values as cuda_quant_matmul.cu's dequant_experts_kernel gives for GGUF rows (both
+// round once as quant/dequantize.cpp); experts without pairs (off[e + 1] == off[e]) are skipped.
 template <DType D>
-__global__ void dequant_tiled_experts_kernel(const void* const* __restrict__ table, int kind0, int nkind,
-                                             const int32_t* __restrict__ off, int e0, int ne, int rows, int K,
-                                             __nv_bfloat16* __restrict__ scratch) {
-  const int G = K >> 5, S = K >> 8;
-  const long long per_mat = (long long)rows * G, n = per_mat * nkind * ne;
+__global__ void __launch_bounds__(256) dequant_tiled_experts_kernel(const void* const* __restrict__ table, int kind0,
+                                                                    int nkind, const int32_t* __restrict__ off, int e0,
+                                                                    int ne, int rows, int K,
+                                                                    __nv_bfloat16* __restrict__ scratch) {
+  const int S = K >> 8, lane = threadIdx.x & 31;
+  const long long per_mat = (long long)(rows >> 4) * S, n = per_mat * nkind * ne;
+  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
   const size_t mat_elems = size_t(rows) * K;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const long long m = i / per_mat, rg = i - m * per_mat;
+  for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; i < n; i += warps) {
+    const long long m = i / per_mat, tile = i - m * per_mat;
     const int es = int(m / nkind), kind = kind0 + int(m - (long long)es * nkind), e = e0 + es;
     if (off[e + 1] == off[e]) continue;
-    const int row = int(rg / G), j = int(rg - (long long)row * G);
-    float y[32];
-    tiled_group<D>(static_cast<const uint8_t*>(table[3 * e + kind]), S, row, j, y);
-    store_group(scratch + (size_t(es) * 3 + size_t(kind)) * mat_elems + size_t(row) * K + size_t(j) * 32, y);
+    const int rt = int(tile / S), s = int(tile - (long long)rt * S);
+    dequant_tile<D>(static_cast<const uint8_t*>(table[3 * e + kind]) + size_t(tile) * TileLayout<D>::kBytes,
+                    scratch + (size_t(es) * 3 + size_t(kind)) * mat_elems + size_t(rt) * 16 * K + size_t(s) * 256,
+                    size_t(K), lane);
   }
 }
 
@@ -970,17 +998,19 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <DType D, typename O>
 void launch_dequant_tiled(Ctx& c, const Tensor& w, int r0, int nrows, O* out) {
   const int K = int(w.cols());
-  const int64_t n = int64_t(nrows) * (K / 32);
-  const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
+  QWEN36_CHECK(r0 % 16 == 0 && nrows % 16 == 0, "dequantize: rows {} + {} of a tiled matrix", r0, nrows);
+  const int64_t tiles = int64_t(nrows / 16) * (K / 256);
+  if (tiles == 0) return;
+  const int blocks = int(std::min<int64_t>(blocks_for(tiles, 8), int64_t(dev_info().sms) * 8));
   dequant_tiled_kernel<D, O><<<blocks, 256, 0, c.stream>>>(static_cast<const uint8_t*>(w.data), K, r0, nrows, out);
   CUDA_LAUNCH_CHECK();
 }
 
 // T > 64 or exact_matmul: row slices (multiples of 16) dequantized to bf16 (f32), one GEMM each.
 template <DType D>
-void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
-  sliced_dequant_gemm(c, x, out, T, N, K, 16,
-                      [&](int n0, int ns, auto* dst) { launch_dequant_tiled<D>(c, w, n0, ns, dst); });
+void tiled_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K, const void* xh) {
+  sliced_dequant_gemm(
+      c, x, out, T, N, K, 16, [&](int n0, int ns, auto* dst) { launch_dequant_tiled<D>(c, w, n0, ns, dst); }, xh);
 }
 
 
@@ -1050,9 +1080,13 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const float* xp = x.as<const float>();
   if (T > kTiledMaxT && !c.exact_matmul && quant_tiled_gemm(c, x, ws, outs)) return true;  // cuda_quant_gemm.cu
   if (T > kTiledMaxT || c.exact_matmul) {
+    // x rounded to bf16 once for all the matrices (a DeltaNet layer's four)
+    Temp<uint16_t> xh(c, !c.exact_matmul && ws.size() > 1 ? size_t(T * K) : 0);
+    if (xh.get()) round_activations(c, xp, xh.get(), T * K, true);
     for (size_t i = 0; i < ws.size(); ++i)
       with_tiled_dtype(ws[i]->dtype, [&](auto dt) {
-        tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K));
+        tiled_gemm<decltype(dt)::value>(c, *ws[i], xp, outs[i]->as<float>(), int(T), int(ws[i]->rows()), int(K),
+                                        xh.get());
       });
     return true;
   }
@@ -1164,14 +1198,20 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
 }
 
+bool quant_tiled_dequant_rows(Ctx& c, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out) {
+  QWEN36_CHECK(r0 >= 0 && n >= 0 && r0 + n <= w.rows() && w.rows() < (int64_t(1) << 31), "dequantize: rows {} + {} of {}",
+               r0, n, w.shape_str());
+  return with_tiled_dtype(w.dtype, [&](auto dt) { launch_dequant_tiled<decltype(dt)::value>(c, w, int(r0), int(n), out); });
+}
+
 void quant_dequant_tiled_experts(Ctx& c, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch) {
   QWEN36_CHECK(rows % 16 == 0 && K % 256 == 0, "moe_experts: tiled experts of {} × {}", rows, K);
   const bool ok = with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
-    const int64_t n = int64_t(ne) * nkind * rows * (K / 32);
-    if (n == 0) return;
-    const int blocks = int(std::min<int64_t>(blocks_for(n, 256), int64_t(dev_info().sms) * 32));
+    const int64_t tiles = int64_t(ne) * nkind * (rows / 16) * (K / 256);
+    if (tiles == 0) return;
+    const int blocks = int(std::min<int64_t>(blocks_for(tiles, 8), int64_t(dev_info().sms) * 8));
     dequant_tiled_experts_kernel<D><<<blocks, 256, 0, c.stream>>>(table, kind0, nkind, off, e0, ne, int(rows), int(K),
                                                                   scratch);
     CUDA_LAUNCH_CHECK();

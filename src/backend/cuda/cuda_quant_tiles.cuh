@@ -5,9 +5,9 @@
 // the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only
 // (cuda_quant_mma.cu, cuda_quant_gemm.cu).
 //
-// q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table and tiled_group compute
+// q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table and dequant_tile compute
 // for a tile's (d·sc, dmin·m); the tile byte offsets name the literals of its tile_byte,
-// tiled_group and load_tile.
+// dequant_tile and load_tile.
 
 #include <cstdint>
 #include <type_traits>
@@ -63,7 +63,7 @@ __device__ __forceinline__ void cpa_wait() {
 }
 
 // Q4_K: from the 16-byte header h of one row (d | dmin, 12 scale bytes), the (d·sc, dmin·m) of
-// sub-blocks 4·half .. 4·half + 3, each rounded as tiled_group / quant/dequantize.cpp round them
+// sub-blocks 4·half .. 4·half + 3, each rounded as dequant_tile / quant/dequantize.cpp round them
 // (h2f(d) · float(sc), then the weight is fmaf(d·sc, q, −dmin·m)).
 __device__ __forceinline__ void q4k_scales(const uint4& h, int half, float2 (&out)[4]) {
   const uint32_t sc4 = half ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
