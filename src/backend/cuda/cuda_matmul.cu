@@ -577,13 +577,25 @@ void launch_simt(Ctx& c, const void* w, const float* x, float* out, int T, int N
 }
 
 template <typename H>
-__global__ void round_kernel(const float* __restrict__ x, H* __restrict__ y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    if constexpr (std::is_same_v<H, __nv_bfloat16>)
-      y[i] = __float2bfloat16_rn(x[i]);
-    else
-      y[i] = __float2half_rn(x[i]);
+__device__ __forceinline__ H round_to(float v) {
+  if constexpr (std::is_same_v<H, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
+
+// y = x rounded to H, four values a thread-step (16-byte loads, 8-byte stores: the one-value
+// form ran at half the copy bandwidth) for the first n4 · 4 (n4 = 0 when the pointers are not
+// so aligned), the rest one at a time.
+template <typename H>
+__global__ void round_kernel(const float* __restrict__ x, H* __restrict__ y, int64_t n, int64_t n4) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < n4; i += stride) {
+    const float4 v = __ldcs(reinterpret_cast<const float4*>(x) + i);
+    H h[4] = {round_to<H>(v.x), round_to<H>(v.y), round_to<H>(v.z), round_to<H>(v.w)};
+    reinterpret_cast<uint2*>(y)[i] = *reinterpret_cast<const uint2*>(h);
   }
+  for (int64_t i = 4 * n4 + first; i < n; i += stride) y[i] = round_to<H>(x[i]);
 }
 
 // The GEMV dtypes (the fused decode kernels handle these; anything else composes).
@@ -673,11 +685,14 @@ bool matmul_swiglu(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& up
 }
 
 void round_activations(Ctx& c, const float* x, void* xh, int64_t n, bool to_bf16) {
-  const int blocks = int(std::min<int64_t>(blocks_for(n, 256), 65535));
+  if (n <= 0) return;
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(xh) % 8 == 0;
+  const int64_t n4 = vec ? n / 4 : 0;
+  const int blocks = int(std::min<int64_t>(blocks_for(std::max<int64_t>(n4, n - 4 * n4), 256), 65535));
   if (to_bf16)
-    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__nv_bfloat16*>(xh), n);
+    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__nv_bfloat16*>(xh), n, n4);
   else
-    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__half*>(xh), n);
+    round_kernel<<<blocks, 256, 0, c.stream>>>(x, static_cast<__half*>(xh), n, n4);
   CUDA_LAUNCH_CHECK();
 }
 

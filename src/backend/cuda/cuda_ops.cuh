@@ -393,8 +393,9 @@ bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, c
                     const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16
 // tensor cores, tiles dequantized in registers (the values of the dequantize → bf16 → cuBLAS
-// path); false when not taken: T > 192 by default (slower there than dequantize + cuBLAS;
-// QWEN36_QGEMM=fused | dequant forces either) and with too little shared memory per block.
+// path); false when not taken: by default (slower than dequantize + cuBLAS since its
+// dequantizer takes a warp per tile; QWEN36_QGEMM=fused | dequant forces either) and with too
+// little shared memory per block.
 bool quant_tiled_gemm(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 // Whether quant_tiled_gemm takes T tokens of these matrices (else: dequantize + cuBLAS).
 bool quant_tiled_gemm_takes(int64_t T, std::span<const Tensor* const> ws);

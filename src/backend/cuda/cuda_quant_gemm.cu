@@ -38,9 +38,9 @@
 //    tile's CTAs to arrive (counter per output tile, an acquire-release add) adds the slots in
 //    split order, its own from registers — no float atomics: bitwise reproducible, eager or in a
 //    graph replay.
-//  - Switches: by default this kernel runs for T ≤ 192 and the dequantize + cuBLAS path
-//    (tiled_gemm) above, as measured (use_dequant); QWEN36_QGEMM=fused | dequant forces one
-//    path; QWEN36_QGEMM_SPLITS=n forces the split count; QWEN36_QGEMM_VERBOSE=1 prints each
+//  - Switches: by default the dequantize + cuBLAS path (tiled_gemm) runs for every T > 64, as
+//    measured since its dequantizer takes a warp per tile (use_dequant); QWEN36_QGEMM=fused |
+//    dequant forces one path; QWEN36_QGEMM_SPLITS=n forces the split count; QWEN36_QGEMM_VERBOSE=1 prints each
 //    launch shape once (stderr).
 #include <algorithm>
 #include <atomic>
@@ -391,11 +391,13 @@ __global__ void qgemm_x_kernel(const float* __restrict__ x, int T, int Tp, int K
 // Switches: mode −1 not read yet, 0 fused always, 1 dequant always, 2 by T (the default);
 // splits 0 = automatic.
 std::atomic<int> g_mode{-1}, g_splits{-1};
-// The default picks by T from the H200 measurements (CudaQuantGemm.Timing27B, cold L2, 27B
-// shapes, Q4_K and Q6_K): this kernel beats dequantize + cuBLAS 1.44–2.00x at T = 128 and loses
-// from T = 272 (0.74–0.95x; 0.41–0.47x at 2048: it runs at 150–250 TFLOP/s, the bf16 GEMM at
-// 300–550 once the dequantization is amortized). The crossover lies between: 192 is taken.
-constexpr int kFusedMaxT = 192;
+// The default picks by T from H200 measurements. Against the first dequantizer (a thread per k32
+// group, CudaQuantGemm.Timing27B, cold L2, 27B shapes) this kernel won 1.44–2.00x at T = 128 and
+// lost from T = 272 (it runs at 150–250 TFLOP/s), so it ran up to T = 192. With the warp-per-tile
+// dequantizer the whole 27B Q4_K_M prefill (bench, one machine start) measured pp96 2,015 vs
+// 2,155 t/s for dequantize + cuBLAS, pp128 2,886 vs 2,835, pp160 2,502 vs 3,359, pp192 3,331 vs
+// 3,907: it is no longer taken by default (kFusedMaxT = kTiledMaxT).
+constexpr int kFusedMaxT = int(kTiledMaxT);
 bool use_dequant(int T) {
   int m = g_mode.load(std::memory_order_relaxed);
   if (m < 0) {
