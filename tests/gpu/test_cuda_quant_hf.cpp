@@ -5,6 +5,7 @@
 //  - embedding rows;
 //  - the fixtures of tests/data/quant through the CUDA backend vs the CPU backend's logits;
 //  - a cold-L2 bandwidth print for the 27B's 17408 x 5120 matrix in W4_G128 and NVFP4 at T = 1.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -103,6 +104,55 @@ TEST_F(CudaQuantHf, MatmulMatchesCpuDequant) {
         }
       }
     }
+}
+
+// The prefill's bf16 dequantization value by value: x = the identity (T = K rows), so out[t, n]
+// is the one product w[n, t] · 1, bitwise the exact weight rounded to bf16. 81 rows of 384: 12
+// units a row, so a warp's 32 units span rows, and the last warp holds a partial set.
+TEST_F(CudaQuantHf, PrefillDequantizationBitwise) {
+  const int64_t N = 81, K = 384;
+  HostT x(DType::F32, {K, K});
+  for (int64_t t = 0; t < K; ++t) x.f()[t * K + t] = 1.0f;
+  DevT dx = upload(*gpu_, x);
+  for (DType dt : kTypes) {
+    const HostT w = random_hf(rng_, dt, N, K);
+    DevT dw = upload(*gpu_, w), dout = upload(*gpu_, HostT(DType::F32, {K, N}));
+    gpu_->matmul(dx.t, dw.t, dout.t);
+    const std::vector<float> got = download(*gpu_, dout.t);
+    std::vector<float> row(static_cast<size_t>(K));
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      dequantize_row(dt, w.t.row(n), row.data(), K);
+      for (int64_t t = 0; t < K; ++t) bad += got[size_t(t * N + n)] != round_bf16(row[size_t(t)]);
+    }
+    EXPECT_EQ(bad, 0) << dtype_name(dt);
+  }
+}
+
+// The MLP at T > 64 of HF-typed matrices (gate and up in one bf16 GEMM per slice, the SwiGLU in
+// bf16 into the down GEMM's input; cuda_matmul_fused.cu) against the CPU in double: the bf16
+// bound 2e-2. gate_out / up_out stay zero: the fused form ran, not the composition.
+TEST_F(CudaQuantHf, MlpPrefill) {
+  const int64_t H = 1024, I = 768, T = 100;
+  for (DType dt : kTypes) {
+    const HostT wg = random_hf(rng_, dt, I, H), wu = random_hf(rng_, dt, I, H), wd = random_hf(rng_, dt, H, I);
+    const HostT x = random_t(rng_, DType::F32, {T, H});
+    const std::vector<float> g = reference(wg, x, T), u = reference(wu, x, T);
+    HostT a(DType::F32, {T, I});
+    for (int64_t i = 0; i < T * I; ++i) a.f()[i] = cpu::silu(g[size_t(i)]) * u[size_t(i)];
+    const std::vector<float> want = reference(wd, a, T);
+    DevT dg = upload(*gpu_, wg), du = upload(*gpu_, wu), dd = upload(*gpu_, wd), dx = upload(*gpu_, x);
+    DevT gate_out = upload(*gpu_, HostT(DType::F32, {T, I})), up_out = upload(*gpu_, HostT(DType::F32, {T, I})),
+         out = upload(*gpu_, HostT(DType::F32, {T, H}));
+    const MlpWeights m{dg.t, du.t, dd.t};
+    gpu_->mlp(dx.t, m, gate_out.t, up_out.t, out.t);
+    std::string where;
+    EXPECT_LE(worst_rel_err(download(*gpu_, out.t), want, T, H, 1, &where), 2e-2) << dtype_name(dt) << " " << where;
+    for (const DevT* sc : {&gate_out, &up_out}) {
+      const std::vector<float> v = download(*gpu_, sc->t);
+      EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << dtype_name(dt) << ": the composition ran";
+    }
+  }
 }
 
 // The GEMV is deterministic (fixed partition, reductions in a fixed order): repeated calls agree

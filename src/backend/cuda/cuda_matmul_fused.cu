@@ -1,5 +1,5 @@
 // Prefill (T > 8) forms of the fused matmuls (Backend::matmul_multi, matmul_swiglu, mlp) for
-// 16-bit weights, and the MLP of tiled quantized weights (T > 64). The decode forms are GEMV
+// 16-bit weights, and the MLP of quantized weights (T > 64). The decode forms are GEMV
 // kernels in cuda_matmul.cu (quantized: cuda_quant_*.cu).
 //
 // Weights of one group are stored back to back (prepare_weights uploads them in
@@ -70,16 +70,17 @@ void launch_swiglu_halves(Ctx& c, bool bf, const void* gu, O* out, int64_t I, in
   CUDA_LAUNCH_CHECK();
 }
 
-// The MLP of tiled quantized matrices at T > 64 where the dequantizing GEMMs run (not
-// quant_tiled_gemm's T): x rounded to bf16 once; per slice of ns intermediate rows, the gate and
-// up rows dequantized side by side into one [2·ns, K] bf16 matrix, one GEMM writing bf16, and its
-// SwiGLU into columns of the bf16 act that the down GEMM (dequantized slices as matmul's) reads.
-// The composition would write gate and up in f32, SwiGLU them in f32, and round x twice and act
-// once more.
-bool mlp_prefill_tiled(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
+// The MLP of quantized matrices (tiled, GGUF or Hugging Face types) at T > 64 where the
+// dequantizing GEMMs run (not quant_tiled_gemm's T): x rounded to bf16 once; per slice of ns
+// intermediate rows, the gate and up rows dequantized side by side into one [2·ns, K] bf16
+// matrix, one GEMM writing bf16, and its SwiGLU into columns of the bf16 act that the down GEMM
+// (dequantized slices as matmul's) reads. The composition would write gate and up in f32,
+// SwiGLU them in f32, and round x twice and act once more.
+bool mlp_prefill_quant(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
   const Tensor &gate = m.gate_proj, &up = m.up_proj, &down = m.down_proj;
   const Tensor* ws[] = {&gate, &up, &down};
-  if (!dtype_is_tiled(gate.dtype) || !dtype_is_tiled(up.dtype) || !dtype_is_tiled(down.dtype)) return false;
+  for (const Tensor* w : ws)  // quant_supported: the GGUF and HF types (the tiled ones are the device's own)
+    if (!dtype_is_tiled(w->dtype) && !(dtype_is_quantized(w->dtype) && quant_supported(w->dtype))) return false;
   const int64_t K = gate.cols(), I = gate.rows(), H = down.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   if (T <= kTiledMaxT || quant_tiled_gemm_takes(T, ws) || x.cols() != K || up.rows() != I || up.cols() != K ||
       down.cols() != I || out.numel() != T * H || 2 * I >= (int64_t(1) << 31) || T * std::max(K, I) >= (int64_t(1) << 31))
@@ -91,15 +92,15 @@ bool mlp_prefill_tiled(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out
     Temp<__nv_bfloat16> w(c, size_t(2 * slice * K)), gu(c, size_t(T * 2 * slice));
     for (int64_t n0 = 0; n0 < I; n0 += slice) {
       const int64_t ns = std::min(slice, I - n0);
-      quant_tiled_dequant_rows(c, gate, n0, ns, w.get());
-      quant_tiled_dequant_rows(c, up, n0, ns, w.get() + ns * K);
+      quant_dequant_rows(c, gate, n0, ns, w.get());
+      quant_dequant_rows(c, up, n0, ns, w.get() + ns * K);
       gemm_half_out(c, w.get(), xh.get(), true, T, 2 * ns, K, gu.get());
       launch_swiglu_halves(c, true, gu.get(), act.get() + n0, ns, T, I);
     }
   }
   sliced_dequant_gemm_erased(
       c, nullptr, out.as<float>(), int(T), int(H), int(I), 16,
-      [&](int n0, int ns, void* dst, bool) { quant_tiled_dequant_rows(c, down, n0, ns, static_cast<__nv_bfloat16*>(dst)); },
+      [&](int n0, int ns, void* dst, bool) { quant_dequant_rows(c, down, n0, ns, static_cast<__nv_bfloat16*>(dst)); },
       act.get());
   return true;
 }
@@ -149,7 +150,7 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
 
 bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
   if (!c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
-      mlp_prefill_tiled(c, x, m, out))
+      mlp_prefill_quant(c, x, m, out))
     return true;
   const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
   const Tensor& down = m.down_proj;

@@ -304,8 +304,11 @@ void sliced_dequant_gemm(Ctx& c, const float* x, float* out, int T, int N, int K
       },
       xh);
 }
-// Weight rows in bf16 for the prefill GEMMs: rows r0 .. r0 + n − 1 (multiples of 16) of a tiled
-// matrix to out (row-major), as the dequantizing GEMM writes them; false when w is not tiled.
+// Weight rows in bf16 for the prefill GEMMs: rows r0 .. r0 + n − 1 of w to out (row-major), as
+// the dequantizing GEMM writes them. quant_dequant_rows: any quantized type the backend reads
+// (tiled: r0 and n multiples of 16); false (nothing done) for others. quant_tiled_dequant_rows:
+// tiled types only.
+bool quant_dequant_rows(Ctx&, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out);
 bool quant_tiled_dequant_rows(Ctx&, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out);
 // Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
 bool quant_supported(DType t);

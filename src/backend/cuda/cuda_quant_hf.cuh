@@ -16,6 +16,8 @@ bool hf_quant_supported(DType t);
 // cuda_quant_hf.cu (f32 activations); otherwise dequantized slices and cuBLAS (bf16, or f32
 // with exact_matmul), as quant_matmul does for GGUF types.
 void hf_quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out);
+// Rows r0 .. r0 + n − 1 of w as bf16 rows of out (the prefill's values); false for other types.
+bool hf_quant_dequant_rows(Ctx& c, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out);
 // Rows rows[0 .. n) (device ids, checked by the caller: quant_embed) of an HF-quantized table as
 // f32 rows of out.
 void hf_quant_embed_rows(Ctx& c, const Tensor& table, const int32_t* rows, int n, float* out);

@@ -1070,7 +1070,42 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
   });
 }
 
+bool quant_dequant_rows(Ctx& c, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out) {
+  QWEN36_CHECK(r0 >= 0 && n >= 0 && r0 + n <= w.rows() && w.rows() < (int64_t(1) << 31), "dequantize: rows {} + {} of {}",
+               r0, n, w.shape_str());
+  if (dtype_is_tiled(w.dtype)) return quant_tiled_dequant_rows(c, w, r0, n, out);
+  if (hf_quant_supported(w.dtype)) return hf_quant_dequant_rows(c, w, r0, n, out);
+  return with_quant_type(w.dtype,
+                         [&](auto dt) { launch_dequant<decltype(dt)::value>(c, w, nullptr, int(r0), int(n), out); });
+}
+
 namespace {
+
+// Untiled quantized matrices at T > 64 (after the tiled ones of a call went to their GEMM):
+// x rounded to bf16 once for all of them, then each matrix's dequantized slices and cuBLAS, as
+// quant_matmul would do for each with its own rounding. False (nothing done) when one of them
+// has another dtype, with exact_matmul, or at T ≤ 64.
+bool dequant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  const int64_t K = ws.empty() ? 0 : ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
+  if (ws.size() < 2 || c.exact_matmul || T <= kTiledMaxT || x.cols() != K || T * K >= (int64_t(1) << 31) ||
+      !aligned16(x.data))
+    return false;
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (!dtype_is_quantized(ws[i]->dtype) || dtype_is_tiled(ws[i]->dtype) || !quant_supported(ws[i]->dtype) ||
+        ws[i]->cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * ws[i]->rows() ||
+        ws[i]->rows() >= (int64_t(1) << 30) || !aligned16(ws[i]->data))
+      return false;
+  Temp<uint16_t> xh(c, size_t(T * K));
+  round_activations(c, x.as<const float>(), xh.get(), T * K, true);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i];
+    sliced_dequant_gemm_erased(
+        c, x.as<const float>(), outs[i]->as<float>(), int(T), int(w.rows()), int(K), 1,
+        [&](int n0, int ns, void* dst, bool) { quant_dequant_rows(c, w, n0, ns, static_cast<__nv_bfloat16*>(dst)); },
+        xh.get());
+  }
+  return true;
+}
 
 // Untiled quantized matrices at 8 < T ≤ 64 that are small (types without a tiled layout, or
 // rows the 16-row tiles cannot hold): the GEMV once per 8 tokens. Reading such a matrix T / 8
@@ -1128,7 +1163,7 @@ bool quant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
     return true;
   }
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
-  if (T > 8) return chunked_small_gemv(c, x, ws, outs);
+  if (T > 8) return chunked_small_gemv(c, x, ws, outs) || dequant_matmul_multi(c, x, ws, outs);
   if (T < 1 || x.cols() != K || !aligned16(x.data)) return false;
   bool any = false;
   for (size_t i = 0; i < ws.size(); ++i) {
