@@ -2,7 +2,8 @@
 // defines: helpers shared by the quantized-weight GPU tests (test_cuda_quant.cpp,
 //          test_cuda_quant_mma.cpp): random quantized rows, int8-exact and int8-rounded
 //          activations (the decode kernels' CPU twin), the double-precision reference product,
-//          a per-call timer, and the worst relative error with its position.
+//          a per-call timer, the worst relative error with its position, and the fused MLP
+//          prefill's check.
 
 #include <algorithm>
 #include <chrono>
@@ -119,6 +120,30 @@ inline double worst_rel_err(const std::vector<float>& got, const std::vector<flo
            ", row " + std::to_string(wn % 16) + "): got " + std::to_string(got[i]) + " want " + std::to_string(want[i]) +
            " (max |want| " + std::to_string(scale) + ")";
   return worst / scale;
+}
+
+// Backend::mlp of device weights m (host copies wg, wu, wd) on T random tokens against the CPU
+// in double: x, the weights, gate / up and their SwiGLU each rounded to bf16 once, f32 sums — the
+// bf16 bound 2e-2. gate_out / up_out are scratch the fused prefill form leaves untouched (the
+// composition writes them): zeros afterwards = it ran.
+inline void expect_fused_mlp_prefill(Backend& gpu, std::mt19937& rng, const HostT& wg, const HostT& wu,
+                                     const HostT& wd, const MlpWeights& m, int64_t T, const std::string& what) {
+  const int64_t H = wg.t.cols(), I = wg.t.rows();
+  const HostT x = random_t(rng, DType::F32, {T, H});
+  const std::vector<float> g = reference(wg, x, T), u = reference(wu, x, T);
+  HostT a(DType::F32, {T, I});
+  for (int64_t i = 0; i < T * I; ++i) a.f()[i] = cpu::silu(g[size_t(i)]) * u[size_t(i)];
+  const std::vector<float> want = reference(wd, a, T);
+  const DevT dx = upload(gpu, x);
+  DevT gate_out = upload(gpu, HostT(DType::F32, {T, I})), up_out = upload(gpu, HostT(DType::F32, {T, I})),
+       out = upload(gpu, HostT(DType::F32, {T, H}));
+  gpu.mlp(dx.t, m, gate_out.t, up_out.t, out.t);
+  std::string where;
+  EXPECT_LE(worst_rel_err(download(gpu, out.t), want, T, H, 1, &where), 2e-2) << what << " " << where;
+  for (const DevT* scratch : {&gate_out, &up_out}) {
+    const std::vector<float> v = download(gpu, scratch->t);
+    EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << what << ": the composition ran";
+  }
 }
 
 }  // namespace qwen36::gputest

@@ -130,28 +130,13 @@ TEST_F(CudaQuantHf, PrefillDequantizationBitwise) {
 }
 
 // The MLP at T > 64 of HF-typed matrices (gate and up in one bf16 GEMM per slice, the SwiGLU in
-// bf16 into the down GEMM's input; cuda_matmul_fused.cu) against the CPU in double: the bf16
-// bound 2e-2. gate_out / up_out stay zero: the fused form ran, not the composition.
+// bf16 into the down GEMM's input; cuda_matmul_fused.cu): expect_fused_mlp_prefill.
 TEST_F(CudaQuantHf, MlpPrefill) {
-  const int64_t H = 1024, I = 768, T = 100;
+  const int64_t H = 1024, I = 768;
   for (DType dt : kTypes) {
     const HostT wg = random_hf(rng_, dt, I, H), wu = random_hf(rng_, dt, I, H), wd = random_hf(rng_, dt, H, I);
-    const HostT x = random_t(rng_, DType::F32, {T, H});
-    const std::vector<float> g = reference(wg, x, T), u = reference(wu, x, T);
-    HostT a(DType::F32, {T, I});
-    for (int64_t i = 0; i < T * I; ++i) a.f()[i] = cpu::silu(g[size_t(i)]) * u[size_t(i)];
-    const std::vector<float> want = reference(wd, a, T);
-    DevT dg = upload(*gpu_, wg), du = upload(*gpu_, wu), dd = upload(*gpu_, wd), dx = upload(*gpu_, x);
-    DevT gate_out = upload(*gpu_, HostT(DType::F32, {T, I})), up_out = upload(*gpu_, HostT(DType::F32, {T, I})),
-         out = upload(*gpu_, HostT(DType::F32, {T, H}));
-    const MlpWeights m{dg.t, du.t, dd.t};
-    gpu_->mlp(dx.t, m, gate_out.t, up_out.t, out.t);
-    std::string where;
-    EXPECT_LE(worst_rel_err(download(*gpu_, out.t), want, T, H, 1, &where), 2e-2) << dtype_name(dt) << " " << where;
-    for (const DevT* sc : {&gate_out, &up_out}) {
-      const std::vector<float> v = download(*gpu_, sc->t);
-      EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << dtype_name(dt) << ": the composition ran";
-    }
+    const DevT dg = upload(*gpu_, wg), du = upload(*gpu_, wu), dd = upload(*gpu_, wd);
+    expect_fused_mlp_prefill(*gpu_, rng_, wg, wu, wd, MlpWeights{dg.t, du.t, dd.t}, 100, std::string(dtype_name(dt)));
   }
 }
 

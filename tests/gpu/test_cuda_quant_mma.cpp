@@ -171,31 +171,14 @@ TEST_F(CudaQuantMma, DequantizedTilesBitwiseAsCpu) {
     }
 }
 
-// The MLP at T > 192 (the dequantizing GEMMs; gate and up in one bf16 GEMM per slice, the SwiGLU
-// in bf16 into the down GEMM's input) against the CPU in double: x, the weights, gate / up and
-// their SwiGLU each rounded to bf16 once, f32 sums: the bf16 bound 2e-2. gate_out / up_out are
-// scratch the fused form leaves untouched (the composition writes them): zeros afterwards = it ran.
+// The MLP at T > 64 (the dequantizing GEMMs; gate and up in one bf16 GEMM per slice, the SwiGLU
+// in bf16 into the down GEMM's input): expect_fused_mlp_prefill.
 TEST_F(CudaQuantMma, MlpPrefillOfTiledWeights) {
-  const int64_t H = 1024, I = 768, T = 300;
+  const int64_t H = 1024, I = 768;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
     const HostT wg = quantized(rng_, dt, I, H), wu = quantized(rng_, dt, I, H), wd = quantized(rng_, DType::Q6_K, H, I);
-    const HostT x = random_t(rng_, DType::F32, {T, H});
-    const std::vector<float> g = reference(wg, x, T), u = reference(wu, x, T);
-    HostT a(DType::F32, {T, I});
-    for (int64_t i = 0; i < T * I; ++i) a.f()[i] = cpu::silu(g[size_t(i)]) * u[size_t(i)];
-    const std::vector<float> want = reference(wd, a, T);
     const DevT dg = upload_tiled(*gpu_, wg), du = upload_tiled(*gpu_, wu), dd = upload_tiled(*gpu_, wd);
-    const DevT dx = upload(*gpu_, x);
-    DevT gate_out = upload(*gpu_, HostT(DType::F32, {T, I})), up_out = upload(*gpu_, HostT(DType::F32, {T, I})),
-         out = upload(*gpu_, HostT(DType::F32, {T, H}));
-    const MlpWeights m{dg.t, du.t, dd.t};
-    gpu_->mlp(dx.t, m, gate_out.t, up_out.t, out.t);
-    std::string where;
-    EXPECT_LE(worst_rel_err(download(*gpu_, out.t), want, T, H, 1, &where), 2e-2) << dtype_name(dt) << " " << where;
-    for (const DevT* s : {&gate_out, &up_out}) {
-      const std::vector<float> v = download(*gpu_, s->t);
-      EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << dtype_name(dt) << ": the composition ran";
-    }
+    expect_fused_mlp_prefill(*gpu_, rng_, wg, wu, wd, MlpWeights{dg.t, du.t, dd.t}, 300, std::string(dtype_name(dt)));
   }
 }
 
