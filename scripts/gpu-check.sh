@@ -116,6 +116,15 @@ if part trace && [ -f "$TRACE_LIB" ]; then
         >> "$OUT/trace.md" 2>&1
     done
   done
+  # A whole quantized prefill (bench's warm-up + one forward: --per 2), the generation excluded.
+  for mp in "qwen3.6-27b 512" "qwen3.6-35b-a3b 4096"; do
+    set -- $mp
+    CUDA_INJECTION64_PATH=$TRACE_LIB QWEN36_TRACE_OUT=/tmp/qwen36-trace.csv timeout 200 "$Q" bench --backend cuda \
+      --synthetic $1 --type q4_k_m -p $2 -n "" -r 1 > /dev/null 2>&1
+    { echo "## $1 q4_k_m pp$2, kernel time per forward (kernel_trace)"
+      scripts/trace-totals.py /tmp/qwen36-trace.csv --per 2 --exclude 'random_blocks|repack_kernel|fill_kernel'; echo; } \
+      >> "$OUT/trace.md" 2>&1
+  done
   rm -f /tmp/qwen36-trace.csv
 fi
 # Expert offload (issue 11): a 35B-A3B Q4_K_M file (gen-model, ~20 GiB in $QWEN36_OFFLOAD_DIR or

@@ -6,15 +6,18 @@ charges overlapped launches properly.
 
   export CUDA_INJECTION64_PATH=build/.../libqwen36_kernel_trace.so QWEN36_TRACE_OUT=trace.csv
   qwen36 bench --backend cuda --synthetic qwen3.6-27b --type q4_k_m -p 512 -n "" -r 1
-  scripts/trace-totals.py trace.csv [--top 30] [--per N]
+  scripts/trace-totals.py trace.csv [--top 30] [--per N] [--exclude REGEX]
 
 --per N divides the totals by N (the number of forwards the run made, bench's warm-up included).
+--exclude drops kernels whose demangled name matches (e.g. a synthetic model's generation:
+'random_blocks|repack_kernel|fill_kernel'). bench's ceiling lines add a few 8192³ cuBLAS GEMMs.
 """
 import argparse
 import collections
 import csv
 import importlib.util
 import pathlib
+import re
 import signal
 
 
@@ -32,6 +35,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=30, help="kernels to print (default 30)")
     ap.add_argument("--per", type=float, default=1.0, help="divide the totals by this (forwards in the run)")
+    ap.add_argument("--exclude", help="drop kernels whose demangled name matches this regex")
     args = ap.parse_args()
 
     total = collections.Counter()
@@ -42,6 +46,9 @@ def main():
             calls[r["name"]] += 1
     ts = trace_step()
     names = ts.demangle(total)
+    if args.exclude:
+        for name in [n for n in total if re.search(args.exclude, names[n])]:
+            del total[name], calls[name]
     grand = sum(total.values())
     print(f"{sum(calls.values())} kernels, {grand / 1e6 / args.per:.3f} ms of kernel time (per {args.per:g})")
     print("| kernel | calls | ms | µs per call | share |")
