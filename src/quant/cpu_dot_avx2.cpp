@@ -4,6 +4,7 @@
 // (quantize_row never writes -128), so a pair is at most 2*127*127 < 32767. Signed x signed
 // products move the sign of one operand onto the other first.
 #include <cstring>
+#include <type_traits>
 
 #include "quant/blocks.h"
 #include "quant/cpu_dot_kernels.h"
@@ -202,10 +203,15 @@ inline void k_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
   for (int j = 0; j < 8; ++j) unpack_k_scale_min(j, packed, sc[j], m[j]);
 }
 
-float dot_q4_k(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const BlockQ4_K*>(w);
+// Q4_K and Q5_K share the super-block header (d, dmin, 6-bit scales and mins) and the nibble
+// layout (chunk c: the low nibbles of qs[32c, +32) are sub-block 2c, the high ones 2c + 1); Q5_K
+// adds bit 4 of every code from qh (bits 2c and 2c + 1 of each byte).
+template <typename Block>
+float dot_k_nibbles(const void* w, const void* a, int64_t n) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps();
   float acc_m = 0;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -213,11 +219,19 @@ float dot_q4_k(const void* w, const void* a, int64_t n) {
     k_scales(x[i].scales, sc, m);
     const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
     acc_m += dmin * float(k_mins_dot(m, y[i].bsums));
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = loadu256(x[i].qh);
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i q4 = loadu256(x[i].qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(q4, low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      __m256i lo = _mm256_and_si256(q4, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      if constexpr (kFifthBit) {
+        // Bit 2c / 2c+1 of each qh byte, moved to bit 4 (the shift stays inside each byte
+        // after the mask, since 2c+1 < 8).
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
       const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
       const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
@@ -228,36 +242,8 @@ float dot_q4_k(const void* w, const void* a, int64_t n) {
   return hsum(acc) - acc_m;
 }
 
-float dot_q5_k(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const BlockQ5_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8], m[8];
-    k_scales(x[i].scales, sc, m);
-    const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m += dmin * float(k_mins_dot(m, y[i].bsums));
-    const __m256i qh = loadu256(x[i].qh);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q4 = loadu256(x[i].qs + 32 * c);
-      // Bit 2c / 2c+1 of each qh byte, moved to bit 4 (the shift stays inside each byte
-      // after the mask, since 2c+1 < 8).
-      const __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
-      const __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, low4), hlo);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), low4), hhi);
-      const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
-      const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  return hsum(acc) - acc_m;
-}
+float dot_q4_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ4_K>(w, a, n); }
+float dot_q5_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ5_K>(w, a, n); }
 
 float dot_q6_k(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
