@@ -6,6 +6,7 @@
 //  - the fixtures of tests/data/quant through the CUDA backend vs the CPU backend's logits;
 //  - a cold-L2 bandwidth print for the 27B's 17408 x 5120 matrix in W4_G128 and NVFP4 at T = 1.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -13,6 +14,12 @@
 #include "model/qwen36.h"
 #include "quant/hf_blocks.h"
 #include "quant_test_util.h"
+
+namespace qwen36::cuda {
+// cuda_fp8_gemm.cu: its switch (1 on, 0 off, −1 the environment again) and whether it takes w.
+void fp8_gemm_select(int on);
+bool fp8_gemm_takes(const Tensor& w, int64_t T);
+}  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
 namespace {
@@ -138,6 +145,47 @@ TEST_F(CudaQuantHf, MlpPrefill) {
     const DevT dg = upload(*gpu_, wg), du = upload(*gpu_, wu), dd = upload(*gpu_, wd);
     expect_fused_mlp_prefill(*gpu_, rng_, wg, wu, wd, MlpWeights{dg.t, du.t, dd.t}, 100, std::string(dtype_name(dt)));
   }
+}
+
+// The FP8 tensor-core GEMM (cuda_fp8_gemm.cu, QWEN36_FP8_GEMM=1; sm_90 only) against its W8A8
+// twin in double: x quantized per token and 128 columns as the kernel does (scale amax / 448,
+// e4m3 rounded to nearest even and saturated: core/dtype's f32_to_f8_e4m3, the same f32 product
+// x · (448 / amax) first), times the exact weights. cuBLASLt sums each 128-column block's products
+// before scaling them in f32: 2e-3 of the largest result against the twin. Against the f32
+// activations, e4m3's relative steps of 2^-4: 3e-2. T = 37: padded to 40 tokens for the scale
+// layout; N = 68: a slice of 68 rows (a multiple of 4, not of 8).
+TEST_F(CudaQuantHf, Fp8GemmMatchesW8A8Twin) {
+  struct Shape {
+    int64_t N, K;
+  };
+  cuda::fp8_gemm_select(1);
+  for (const Shape& s : {Shape{256, 512}, Shape{68, 1024}})
+    for (int64_t T : {37, 100}) {
+      const HostT w = random_hf(rng_, DType::F8_B128, s.N, s.K);
+      if (!cuda::fp8_gemm_takes(w.t, T)) {
+        cuda::fp8_gemm_select(-1);
+        GTEST_SKIP() << "the FP8 block-scaled GEMM needs a compute capability 9.x device";
+      }
+      const HostT x = random_t(rng_, DType::F32, {T, s.K});
+      HostT xq(DType::F32, {T, s.K});
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < s.K; g += 128) {
+          const float* v = x.t.as<const float>() + t * s.K + g;
+          float amax = 0.0f;
+          for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(v[i]));
+          const float inv = amax > 0.0f ? 448.0f / amax : 0.0f, scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+          for (int i = 0; i < 128; ++i) xq.f()[t * s.K + g + i] = f8_e4m3_to_f32(f32_to_f8_e4m3(v[i] * inv)) * scale;
+        }
+      DevT dw = upload(*gpu_, w), dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+      gpu_->matmul(dx.t, dw.t, dout.t);
+      const std::vector<float> got = download(*gpu_, dout.t);
+      std::string where;
+      EXPECT_LE(worst_rel_err(got, reference(w, xq, T), T, s.N, 1, &where), 2e-3)
+          << "N=" << s.N << " K=" << s.K << " T=" << T << " (W8A8 twin) " << where;
+      EXPECT_LE(worst_rel_err(got, reference(w, x, T), T, s.N, 1, &where), 3e-2)
+          << "N=" << s.N << " K=" << s.K << " T=" << T << " (f32 activations) " << where;
+    }
+  cuda::fp8_gemm_select(-1);
 }
 
 // The GEMV is deterministic (fixed partition, reductions in a fixed order): repeated calls agree

@@ -10,6 +10,7 @@
 // 16480-row group. Groups that are not contiguous take the composed path.
 #include <algorithm>
 
+#include "backend/cuda/cuda_fp8_gemm.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 
 namespace qwen36::cuda {
@@ -85,6 +86,8 @@ bool mlp_prefill_quant(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out
   if (T <= kTiledMaxT || quant_tiled_gemm_takes(T, ws) || x.cols() != K || up.rows() != I || up.cols() != K ||
       down.cols() != I || out.numel() != T * H || 2 * I >= (int64_t(1) << 31) || T * std::max(K, I) >= (int64_t(1) << 31))
     return false;
+  for (const Tensor* w : ws)  // the FP8 tensor-core GEMM, where enabled, over the bf16 dequantization
+    if (fp8_gemm_takes(*w, T)) return false;
   const int64_t slice = std::clamp<int64_t>((int64_t(48) << 20) / K / 16 * 16, 16, I);  // 96 Mi weights of gate + up
   Temp<__nv_bfloat16> xh(c, size_t(T * K)), act(c, size_t(T * I));
   round_activations(c, x.as<const float>(), xh.get(), T * K, true);

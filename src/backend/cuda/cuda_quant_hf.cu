@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/cuda_fp8_gemm.cuh"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_hf.cuh"
 #include "quant/hf_blocks.h"
@@ -537,6 +538,9 @@ void launch_dequant(Ctx& c, const Tensor& w, const int32_t* rows, int r0, int nr
 // Prefill: bf16 (f32 with exact_matmul) slices of rows, one GEMM each into out's columns.
 template <DType D>
 void hf_gemm(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K) {
+  if constexpr (D == DType::F8_B128) {
+    if (!c.exact_matmul && fp8_gemm_takes(w, T)) return fp8_gemm(c, w, x, out, T, N, K);  // cuda_fp8_gemm.cu
+  }
   sliced_dequant_gemm(c, x, out, T, N, K, 1,
                       [&](int n0, int ns, auto* dst) { launch_dequant<D>(c, w, nullptr, n0, ns, dst); });
 }

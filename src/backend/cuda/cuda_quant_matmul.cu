@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/cuda_fp8_gemm.cuh"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_hf.cuh"
 
@@ -1093,7 +1094,7 @@ bool dequant_matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const
   for (size_t i = 0; i < ws.size(); ++i)
     if (!dtype_is_quantized(ws[i]->dtype) || dtype_is_tiled(ws[i]->dtype) || !quant_supported(ws[i]->dtype) ||
         ws[i]->cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * ws[i]->rows() ||
-        ws[i]->rows() >= (int64_t(1) << 30) || !aligned16(ws[i]->data))
+        ws[i]->rows() >= (int64_t(1) << 30) || !aligned16(ws[i]->data) || fp8_gemm_takes(*ws[i], T))
       return false;
   Temp<uint16_t> xh(c, size_t(T * K));
   round_activations(c, x.as<const float>(), xh.get(), T * K, true);
