@@ -13,8 +13,7 @@
 //    order), B = the activations, D = out's columns n0 .. n0 + ns (f32, column-major ns × Tp with
 //    leading dimension N, i.e. row-major [Tp, N]); when T % 4 ≠ 0, D is a [Tp, N] temporary whose
 //    first T rows are copied to out.
-// NOT YET RUN ON A GPU (written at the end of session 15, device time spent): off unless
-// QWEN36_FP8_GEMM=1, until test_cuda_quant_hf.cpp's Fp8GemmMatchesW8A8Twin has passed.
+// On by default on sm_90 (QWEN36_FP8_GEMM=0: the bf16 dequantization + cuBLAS path instead).
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -129,7 +128,7 @@ bool fp8_gemm_enabled() {
   int v = g_fp8.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("QWEN36_FP8_GEMM");
-    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
+    v = e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 1;
     g_fp8.store(v, std::memory_order_relaxed);
   }
   return v == 1;

@@ -1,7 +1,7 @@
 #pragma once
 // defines: the FP8 tensor-core GEMM of block-wise FP8 weights (F8_B128) through cuBLASLt's 1×128
-//          block scaling (cuda_fp8_gemm.cu: W8A8, Hopper only, off unless QWEN36_FP8_GEMM=1 until
-//          it has run on a GPU). Included by .cu files only.
+//          block scaling (cuda_fp8_gemm.cu: W8A8, Hopper only; QWEN36_FP8_GEMM=0 turns it off).
+//          Included by .cu files only.
 
 #include <cstdint>
 
@@ -9,7 +9,8 @@
 
 namespace qwen36::cuda {
 
-// QWEN36_FP8_GEMM=1 (read once; fp8_gemm_select: the tests' switch, −1 reads the environment again).
+// On unless QWEN36_FP8_GEMM=0 (read once; fp8_gemm_select: the tests' switch, −1 reads the
+// environment again).
 bool fp8_gemm_enabled();
 void fp8_gemm_select(int on);
 // Whether fp8_gemm takes w at T tokens: enabled, F8_B128, T > 8, rows % 4 == 0, K % 128 == 0, a
