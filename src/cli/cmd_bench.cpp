@@ -211,6 +211,7 @@ void run_bench(const BenchOptions& o) {
   for (int64_t k : spec_ks)
     if (sim_len) prob_for_accept_length(o.simulate_len, k);  // an impossible length fails before the model loads
   QWEN36_CHECK(o.tree_budget == 0 || dflash_spec, "--tree-budget needs --spec dflash");
+  const DType state_type = resolve_state_type(o.cache);
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench");
   const bool cuda = dev.cuda;
   std::unique_ptr<Backend> backend = std::move(dev.backend);
@@ -247,6 +248,7 @@ void run_bench(const BenchOptions& o) {
     dec.batch_tokens = std::max<int64_t>(dec.slots * rows, std::min<int64_t>(dec.ctx, 4096));
     dec.output_rows = dec.slots * rows;
     pre.kv_type = dec.kv_type = resolve_cache_type(o.cache, *backend);
+    pre.state_type = dec.state_type = state_type;
     pre.mtp = dec.mtp = spec_method == SpecMethod::Mtp;
     off.plan = plan_memory(bw.weights.config, pre).total() >= plan_memory(bw.weights.config, dec).total() ? pre : dec;
     model_ptr = make_model(std::move(bw.weights), *backend, off, o.threads);
@@ -261,7 +263,6 @@ void run_bench(const BenchOptions& o) {
                o.synthetic.empty() ? o.model : "this synthetic model");
   const DType kv_type = resolve_cache_type(o.cache, *backend);
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
-  const int64_t n_delta = c.n_layers - n_attn;
   const std::vector<int64_t> prompts = parse_list(o.prompts), gens = parse_list(o.gens), batches = parse_list(o.batches);
   // A state per test, sized for it (a 32-slot state of the longest prompt would not fit).
   std::unique_ptr<ModelState> state_ptr;
@@ -274,9 +275,10 @@ void run_bench(const BenchOptions& o) {
     mem.batch_tokens = std::max<int64_t>(slots * rows, std::min<int64_t>(len, 4096));
     mem.output_rows = slots * rows;
     mem.kv_type = kv_type;
+    mem.state_type = state_type;
     mem.mtp = mtp;
     check_memory_plan(*backend, c, mem, {"-p/-n/-d", "-b/--batch", "-p", "-ctk/-ctv"});
-    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, mtp, kv_type);
+    state_ptr = std::make_unique<ModelState>(*backend, c, int32_t(slots), len, mtp, kv_type, state_type);
   };
   int64_t max_b = 1, max_n = 0;
   for (int64_t b : batches) max_b = std::max(max_b, b);
@@ -335,8 +337,7 @@ void run_bench(const BenchOptions& o) {
     }
     const double ctx = double(o.depth) + double(n + 1) / 2;
     const double kv = double(B) * double(n_attn) * ctx * double(ModelState::kv_bytes_per_position(c, kv_type));
-    const double st = double(B) * double(n_delta) * 2 *
-                      double(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim + c.conv_dim() * (c.conv_kernel - 1)) * 4;
+    const double st = double(B) * 2 * double(ModelState::state_bytes_per_slot(c, state_type));
     return cost.layer_bytes_dense + experts + cost.head_bytes + kv + st;
   };
 

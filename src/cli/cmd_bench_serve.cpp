@@ -183,6 +183,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
                o.prompt_tokens, o.gen_tokens, need, o.ctx);
   // The scheduler ends a sequence when its next token would not fit: prompt + gen positions do.
   const int64_t ctx = o.ctx > 0 ? o.ctx : (need + 127) / 128 * 128;
+  const DType state_type = resolve_state_type(o.cache);
 
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench-serve");
   // Expert offload needs host weights: synthetic ones are then made on the host and uploaded.
@@ -202,6 +203,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     off.plan.batch_tokens = std::max<int64_t>(o.batch_tokens, off.plan.slots + o.prefill_chunk);
     off.plan.output_rows = off.plan.slots;
     off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
+    off.plan.state_type = state_type;
     model_ptr = make_model(std::move(bw.weights), *dev.backend, off, o.threads);
   }
   Model& model = *model_ptr;
@@ -222,6 +224,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     so.max_queue = int32_t(S);
     so.prefix_cache = true;
     so.kv_type = kv_type;
+    so.state_type = state_type;
     MemoryRequest mem;
     mem.slots = so.slots;
     mem.ctx = ctx;
@@ -230,6 +233,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     mem.batch_tokens = std::max<int64_t>(o.batch_tokens, S + o.prefill_chunk);
     mem.output_rows = S;
     mem.kv_type = kv_type;
+    mem.state_type = state_type;
     check_memory_plan(*dev.backend, c, mem,
                       {"-c/--ctx-size (or --prompt-tokens + --gen-tokens)", "--streams", "-b/--batch-size and --prefill-chunk",
                        "-ctk/-ctv"});
@@ -282,6 +286,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
                     {"gen_tokens", o.gen_tokens},
                     {"context", ctx},
                     {"kv_type", std::string(dtype_name(kv_type))},
+                    {"state_type", std::string(dtype_name(state_type))},
                     {"prefill_chunk", o.prefill_chunk},
                     {"batch_tokens", o.batch_tokens},
                     {"rounds_counted", counted_rounds},
@@ -304,10 +309,11 @@ void run_bench_serve(const ServeBenchOptions& o) {
     std::printf("%s\n", rows.dump(2).c_str());
     return;
   }
-  std::printf("device: %s | model %.2f GiB | %lld-token prompts, %lld generated per stream | context %lld | KV %s | "
+  std::printf("device: %s | model %.2f GiB | %lld-token prompts, %lld generated per stream | context %lld | KV %s%s | "
               "prefill chunk %lld, step budget %lld tokens | %lld counted round(s)%s\n\n",
               dev.name.c_str(), double(bw.bytes) / double(1 << 30), (long long)o.prompt_tokens,
               (long long)o.gen_tokens, (long long)ctx, std::string(dtype_name(kv_type)).c_str(),
+              state_type == DType::F32 ? "" : fmt::format(", DeltaNet state {}", dtype_name(state_type)).c_str(),
               (long long)o.prefill_chunk, (long long)o.batch_tokens, (long long)(o.rounds - warmup),
               warmup ? " after 1 warm-up" : "");
   std::printf("| model | backend | streams | requests | output tokens | wall s | output t/s | prompt t/s | decode t/s "

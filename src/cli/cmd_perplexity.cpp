@@ -77,6 +77,7 @@ void print_summary(const PerplexityResult& r) {
 void run(const PplOptions& o) {
   QWEN36_CHECK(!o.kld || !o.kld_base.empty(), "--kl-divergence needs --kl-divergence-base FILE (saved by a run "
                                               "without --kl-divergence)");
+  const DType state_type = resolve_state_type(o.cache);  // a bad --state-type fails before the model loads
   std::optional<KldBase> base;
   std::vector<int32_t> tokens;
   if (o.kld) {
@@ -115,7 +116,8 @@ void run(const PplOptions& o) {
                 static_cast<long long>(r.plan.n_chunks), r.chunk_ppl.back(), r.ppl(), r.ppl_error(), secs);
     std::fflush(stdout);
   };
-  const PerplexityResult r = run_perplexity(model_chunk_logits(*lm.model, resolve_cache_type(o.cache, *lm.backend)), job);
+  const PerplexityResult r =
+      run_perplexity(model_chunk_logits(*lm.model, resolve_cache_type(o.cache, *lm.backend), state_type), job);
   print_summary(r);
   if (job.save) {
     saved.save(o.kld_base);

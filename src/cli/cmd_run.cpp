@@ -103,8 +103,9 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   mem.batch_tokens = g.prefill_chunk;
   mem.mtp = method == SpecMethod::Mtp;
   mem.kv_type = resolve_cache_type(o.cache, *lm.backend);
+  mem.state_type = resolve_state_type(o.cache);
   check_memory_plan(*lm.backend, c, mem);
-  ModelState state(*lm.backend, c, 1, ctx, /*with_mtp=*/mem.mtp, mem.kv_type);
+  ModelState state(*lm.backend, c, 1, ctx, /*with_mtp=*/mem.mtp, mem.kv_type, mem.state_type);
   if (method == SpecMethod::None) return generate(*lm.model, state, prompt, g, on_token);
   SpecResult r = spec_generate(*lm.model, state, prompt, g, spec, on_token);
   if (method == SpecMethod::Dflash)
@@ -277,6 +278,7 @@ void register_run(CLI::App& app) {
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);
     QWEN36_CHECK(!o->prompt.empty() || !o->prompt_file.empty() || !o->tokens.empty(),
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
+    o->offload.plan.state_type = resolve_state_type(o->cache);  // a bad --state-type fails before loading
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
       lm = load_tp_command_model(o->tp, o->model, o->backend, o->threads, o->offload);

@@ -115,6 +115,7 @@ void serve(const ServeOptions& o) {
   offload.plan.batch_tokens = o.batch_tokens;
   offload.plan.output_rows = o.parallel;
   offload.plan.kv_type = o.backend == "cuda" ? DType::BF16 : DType::F32;
+  offload.plan.state_type = resolve_state_type(o.cache);
   const SpecOptions spec = spec_options(o);
   // Tensor parallel: rank 0 here, the others on threads of their own; the scheduler drives the
   // model as one (its prefix cache off: the other ranks cannot restore a snapshot).
@@ -153,6 +154,7 @@ void serve(const ServeOptions& o) {
                   .device_bytes = size_t(o.snapshot_mem_mib) << 20,
                   .host_bytes = size_t(o.cache_ram_mib) << 20};
   so.kv_type = resolve_cache_type(o.cache, *lm.backend);
+  so.state_type = resolve_state_type(o.cache);
   so.token_text = [&tok](int32_t id) {
     // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
     return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
@@ -169,6 +171,7 @@ void serve(const ServeOptions& o) {
     mem.mtp = so.spec.method == SpecMethod::Mtp;
   }
   mem.kv_type = so.kv_type;
+  mem.state_type = so.state_type;
   check_memory_plan(*lm.backend, c, mem);
   Scheduler engine(*lm.model, so);
   engine.start();
@@ -228,6 +231,7 @@ void register_serve(CLI::App& app) {
   add_tp_options(cmd, o->tp);
   cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
   cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");
+  cmd->get_option("--state-type")->envname("QWEN36_STATE_TYPE");
   cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")
       ->envname("QWEN36_BATCH_SIZE")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step")

@@ -151,6 +151,11 @@ void add_cache_type_options(CLI::App* cmd, CacheTypes& t) {
   cmd->add_option("--cache-type-k", t.k, "KV cache type for K (alias -ctk): auto (bf16 on cuda, f32 on cpu), f32, bf16, fp8, q8_0, q4_0")
       ->capture_default_str();
   cmd->add_option("--cache-type-v", t.v, "KV cache type for V (alias -ctv), as --cache-type-k")->capture_default_str();
+  cmd->add_option("--state-type", t.state,
+                  "DeltaNet recurrent state element type: f32 (default, exact) or bf16 (half the state memory and the "
+                  "state bytes each decode step moves; the recurrence still computes in f32, the state is rounded to "
+                  "bf16 when stored)")
+      ->capture_default_str();
 }
 
 DType resolve_cache_type(const CacheTypes& t, const Backend& backend) {
@@ -169,6 +174,12 @@ DType resolve_cache_type(const CacheTypes& t, const Backend& backend) {
   QWEN36_CHECK(k == v, "--cache-type-k {} and --cache-type-v {} differ; different K and V types are not supported yet",
                t.k, t.v);
   return k;
+}
+
+DType resolve_state_type(const CacheTypes& t) {
+  if (t.state == "f32") return DType::F32;
+  if (t.state == "bf16") return DType::BF16;
+  fail("--state-type {}: unknown DeltaNet state type (supported: f32, bf16)", t.state);
 }
 
 }  // namespace qwen36::cli

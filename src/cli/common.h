@@ -57,14 +57,19 @@ std::vector<int32_t> read_i32_file(const std::string& path);
 // Returns "" when none is found.
 std::string resolve_tokenizer(const std::string& explicit_path, const std::string& model_path);
 
-// --cache-type-k/-ctk and --cache-type-v/-ctv: the attention KV cache element type.
+// --cache-type-k/-ctk and --cache-type-v/-ctv: the attention KV cache element type;
+// --state-type: the DeltaNet recurrent state's.
 struct CacheTypes {
   std::string k = "auto", v = "auto";
+  std::string state = "f32";
 };
 void add_cache_type_options(CLI::App* cmd, CacheTypes& t);
 // "auto" is bf16 on a GPU backend (half the memory and read traffic) and f32 on the CPU (the
 // exact reference). An Error names a type that is not supported.
 DType resolve_cache_type(const CacheTypes& t, const Backend& backend);
+// f32 or bf16 on every backend (no "auto": f32 is exact, bf16 rounds the state each step). An
+// Error names a type that is not supported.
+DType resolve_state_type(const CacheTypes& t);
 
 // --temp, --top-k, ... for subcommands that sample.
 void add_sampling_options(CLI::App* cmd, SamplingParams& s);

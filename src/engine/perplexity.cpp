@@ -283,11 +283,11 @@ KldStats::Summary KldStats::summary() const {
   return s;
 }
 
-ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type) {
-  return [&model, kv_type](std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out) {
+ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type, DType state_type) {
+  return [&model, kv_type, state_type](std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out) {
     QWEN36_CHECK(first_row >= 0 && n_rows >= 1 && first_row + n_rows <= int64_t(chunk.size()),
                  "rows {}..{} outside a chunk of {}", first_row, first_row + n_rows - 1, chunk.size());
-    ModelState state(model.backend(), model.config(), 1, int64_t(chunk.size()), false, kv_type);
+    ModelState state(model.backend(), model.config(), 1, int64_t(chunk.size()), false, kv_type, state_type);
     ForwardBatch b;
     b.tokens.assign(chunk.begin(), chunk.end());
     b.runs.push_back({0, 0, 0, int32_t(chunk.size())});

@@ -146,7 +146,8 @@ using ChunkLogitsFn =
     std::function<void(std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out)>;
 
 // The forward pass of `model` (any backend), one fresh ModelState per chunk.
-ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type = DType::F32);  // kv_type: the attention cache
+// kv_type: the attention cache; state_type: the DeltaNet recurrent state.
+ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type = DType::F32, DType state_type = DType::F32);
 
 struct PerplexityResult {
   ChunkPlan plan;

@@ -60,7 +60,7 @@ Scheduler::Scheduler(Model& model, SchedulerOptions opts)
     : model_(model),
       opts_(std::move(opts)),
       state_(model.backend(), model.config(), opts_.slots, opts_.context,
-             /*with_mtp=*/opts_.spec.method == SpecMethod::Mtp && model.has_mtp(), opts_.kv_type),
+             /*with_mtp=*/opts_.spec.method == SpecMethod::Mtp && model.has_mtp(), opts_.kv_type, opts_.state_type),
       cache_(opts_.slots, opts_.prefix_cache),
       snaps_(snapshot_options(opts_, model)) {
   QWEN36_CHECK(opts_.prefill_chunk > 0, "prefill chunk {} must be positive", opts_.prefill_chunk);

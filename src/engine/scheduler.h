@@ -47,6 +47,7 @@ struct SchedulerOptions {
   int32_t max_queue = 64;        // waiting requests; more are refused (QueueFull)
   bool prefix_cache = true;
   DType kv_type = DType::F32;    // attention cache element type
+  DType state_type = DType::F32;  // DeltaNet recurrent state element type
   // Bytes of a token, for streamed text and stop strings (empty: no text).
   std::function<std::string(int32_t)> token_text;
   // Speculative decoding of every decoding sequence (method None: off). MTP needs a model

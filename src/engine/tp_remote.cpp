@@ -79,7 +79,7 @@ class Reader {
   size_t at_ = 0;
 };
 
-constexpr uint32_t kMagic = 0x71367470;  // "qTp6": a message of this protocol
+constexpr uint32_t kMagic = 0x71377470;  // "qTp7": a message of this protocol (7: the state type)
 
 // ---- sockets ----
 
@@ -249,6 +249,7 @@ std::string encode_pass(const PeerPass& p, const ModelState& state) {
   w.put(state.capacity());
   w.put(uint8_t(state.has_mtp()));
   w.put(state.kv_dtype());
+  w.put(state.state_dtype());
   w.put(p.kind);
   switch (p.kind) {
     case PeerPass::Kind::Forward: {
@@ -297,6 +298,7 @@ TpMessage decode_message(const std::string& bytes) {
   m.capacity = r.get<int64_t>();
   m.mtp = r.get<uint8_t>() != 0;
   m.kv = r.get<DType>();
+  m.state = r.get<DType>();
   m.pass = r.get<PeerPass::Kind>();
   switch (m.pass) {
     case PeerPass::Kind::Forward:

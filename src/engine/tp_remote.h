@@ -55,6 +55,7 @@ struct TpMessage {
   int64_t capacity = 0;
   bool mtp = false;
   DType kv = DType::F32;
+  DType state = DType::F32;  // the DeltaNet recurrent state's element type
   PeerPass::Kind pass = PeerPass::Kind::Forward;
   // Owned copies of what PeerPass points to.
   std::unique_ptr<ForwardBatch> batch;

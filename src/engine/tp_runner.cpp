@@ -42,6 +42,7 @@ struct StateShape {
   int64_t capacity = 0;
   bool mtp = false;
   DType kv = DType::F32;
+  DType state = DType::F32;  // the DeltaNet recurrent state's element type
   bool operator==(const StateShape&) const = default;
 };
 
@@ -90,7 +91,8 @@ ModelState& Rank::mirror(uint64_t key, const StateShape& shape, int32_t spec_tok
     Mirror x;
     x.key = key;
     x.shape = shape;
-    x.state = std::make_unique<ModelState>(*backend, model->config(), shape.slots, shape.capacity, shape.mtp, shape.kv);
+    x.state = std::make_unique<ModelState>(*backend, model->config(), shape.slots, shape.capacity, shape.mtp, shape.kv,
+                                           shape.state);
     x.started.assign(size_t(shape.slots), false);
     mirrors.push_back(std::move(x));
     it = mirrors.end() - 1;
@@ -218,8 +220,8 @@ class TpGroup final : public ModelPeers {
     QWEN36_CHECK(!failed_, "tensor parallel: a rank failed in an earlier pass; the model cannot be used any more");
     if (link_) link_->send_all(encode_pass(pass, state));
     run_keyed(reinterpret_cast<uintptr_t>(&state),
-              {state.slots(), state.capacity(), state.has_mtp(), state.kv_dtype()}, state.spec_max_tokens(), pass,
-              local);
+              {state.slots(), state.capacity(), state.has_mtp(), state.kv_dtype(), state.state_dtype()},
+              state.spec_max_tokens(), pass, local);
   }
 
   // A pass on this process's ranks; local() is the calling thread's part.
@@ -295,7 +297,7 @@ void follow(TpGroup& g, TpLink& link, Model& model) {
     const TpMessage msg = decode_message(bytes);
     if (msg.kind == TpMessage::Kind::Shutdown) return;
     const PeerPass pass = msg.view();
-    const StateShape shape{msg.slots, msg.capacity, msg.mtp, msg.kv};
+    const StateShape shape{msg.slots, msg.capacity, msg.mtp, msg.kv, msg.state};
     Rank& self = g.self();
     const std::span<const SeqRun> runs =
         pass.kind == PeerPass::Kind::Forward ? std::span<const SeqRun>(pass.batch->runs) : std::span<const SeqRun>();

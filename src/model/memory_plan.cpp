@@ -25,13 +25,11 @@ std::string MemoryPlan::describe() const {
 
 MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r) {
   MemoryPlan p;
-  int64_t attn_layers = 0, dn_layers = 0;
-  for (LayerKind k : c.layer_kinds) (k == LayerKind::FullAttention ? attn_layers : dn_layers) += 1;
+  int64_t attn_layers = 0;
+  for (LayerKind k : c.layer_kinds) attn_layers += k == LayerKind::FullAttention;
   const size_t kv_row = ModelState::kv_bytes_per_position(c, r.kv_type);  // K and V of one layer
   p.kv = kv_row * size_t(r.ctx) * size_t(r.slots) * size_t(attn_layers + (r.mtp ? 1 : 0));
-  const size_t per_dn = (size_t(c.conv_dim() * (c.conv_kernel - 1)) +
-                         size_t(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim)) * sizeof(float);
-  p.state = per_dn * size_t(dn_layers) * size_t(r.slots);
+  p.state = ModelState::state_bytes_per_slot(c, r.state_type) * size_t(r.slots);
   // Live f32 activations per token inside one layer (Model's Scratch frames): the residual
   // stream's two buffers, its pending FFN output and the normed input; the DeltaNet projections (b / a of a
   // shard padded) and gates, their q/k/v copies and output; the attention q|gate, k, v, output; the
@@ -132,7 +130,12 @@ void check_memory_plan(size_t free_b, const std::string& where, const ModelConfi
                        "in a smaller type with {}",
                        r.ctx, r.slots, flags.ctx, flags.slots, flags.kv_type);
   else if (p.state >= p.activations)
-    help = fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}", r.slots, flags.slots);
+    help = r.state_type == DType::F32
+               ? fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}, or halve its "
+                             "recurrent part with {} bf16",
+                             r.slots, flags.slots, flags.state_type)
+               : fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}", r.slots,
+                             flags.slots);
   else
     help = fmt::format("the activations grow with the tokens per forward pass ({}): lower {}", r.batch_tokens,
                        flags.batch);

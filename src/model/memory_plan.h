@@ -25,6 +25,7 @@ struct MemoryRequest {
   int64_t batch_tokens = 512;   // tokens of the largest forward pass (prefill chunk or step budget)
   int64_t output_rows = 1;      // rows of logits that pass returns
   DType kv_type = DType::F32;   // attention cache element type
+  DType state_type = DType::F32;  // DeltaNet recurrent state element type (--state-type)
   bool mtp = false;             // the MTP head's cache too
 };
 
@@ -43,7 +44,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryRequest& r);
 // calling command that shrink each part, e.g. "-c/--ctx-size", "--parallel".
 struct MemoryFlags {
   std::string ctx = "-c/--ctx-size", slots = "--parallel", batch = "-b/--batch-size",
-              kv_type = "--cache-type-k/--cache-type-v";
+              kv_type = "--cache-type-k/--cache-type-v", state_type = "--state-type";
 };
 void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryRequest& r, const MemoryFlags& flags = {});
 // The same against a given number of free bytes of memory called `where` (tests).

@@ -11,12 +11,26 @@ size_t ModelState::kv_bytes_per_position(const ModelConfig& c, DType t) {
   return 2 * kv_cache_bytes(t, 1, 1, c.n_kv_heads, c.head_dim);
 }
 
+bool ModelState::state_dtype_supported(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+size_t ModelState::state_bytes_per_slot(const ModelConfig& c, DType state_dtype) {
+  size_t n = 0;
+  for (LayerKind k : c.layer_kinds)
+    if (k != LayerKind::FullAttention)
+      n += size_t(c.conv_dim() * (c.conv_kernel - 1)) * sizeof(float) +
+           size_t(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim) * dtype_block_bytes(state_dtype);
+  return n;
+}
+
 ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, int64_t capacity, bool with_mtp,
-                       DType kv_dtype)
-    : backend_(backend), slots_(slots), capacity_(capacity), kv_dtype_(kv_dtype), config_(c) {
+                       DType kv_dtype, DType state_dtype)
+    : backend_(backend), slots_(slots), capacity_(capacity), kv_dtype_(kv_dtype), state_dtype_(state_dtype),
+      config_(c) {
   QWEN36_CHECK(slots > 0 && capacity > 0, "state needs at least one slot and one position");
   QWEN36_CHECK(kv_dtype_supported(kv_dtype), "KV cache type {} is not supported (f32, bf16, f8_e4m3, q8_0, q4_0)",
                dtype_name(kv_dtype));
+  QWEN36_CHECK(state_dtype_supported(state_dtype), "DeltaNet state type {} is not supported (f32, bf16)",
+               dtype_name(state_dtype));
   QWEN36_CHECK(kv_cache_head_dim_ok(kv_dtype, c.head_dim), "a {} KV cache needs a power-of-two head_dim ≥ 32, not {}",
                dtype_name(kv_dtype), c.head_dim);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -24,8 +38,9 @@ ModelState::ModelState(Backend& backend, const ModelConfig& c, int32_t slots, in
     if (c.layer_kinds[size_t(l)] == LayerKind::FullAttention) {
       tensors_.push_back(make_kv_pair_());
     } else {
-      tensors_.push_back(make_pair_({slots, c.conv_dim(), c.conv_kernel - 1},                      // conv
-                                    {slots, c.linear_v_heads, c.linear_k_dim, c.linear_v_dim}));  // S
+      tensors_.push_back(make_pair_({slots, c.conv_dim(), c.conv_kernel - 1},                     // conv (f32)
+                                    {slots, c.linear_v_heads, c.linear_k_dim, c.linear_v_dim},  // S
+                                    DType::F32, state_dtype));
     }
   }
   if (with_mtp) mtp_ = make_kv_pair_();
@@ -46,9 +61,10 @@ ModelState::Pair ModelState::make_kv_pair_() {
   return p;
 }
 
-ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt) {
+ModelState::Pair ModelState::make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt_a,
+                                       DType dt_b) {
   Pair p;
-  Tensor ta(nullptr, dt, a), tb(nullptr, dt, b);
+  Tensor ta(nullptr, dt_a, a), tb(nullptr, dt_b, b);
   buffers_.push_back(backend_.alloc(ta.nbytes()));
   ta.data = buffers_.back()->data();
   buffers_.push_back(backend_.alloc(tb.nbytes()));
@@ -83,7 +99,7 @@ void ModelState::reset_slot(int32_t slot) {
     if (p.is_kv) continue;  // KV entries are rewritten before they are read
     for (Tensor* t : {&p.a, &p.b}) {
       const int64_t per = t->numel() / t->dim(0);
-      Tensor s(static_cast<float*>(t->data) + slot * per, DType::F32, {per});
+      Tensor s(static_cast<std::byte*>(t->data) + size_t(slot * per) * dtype_block_bytes(t->dtype), t->dtype, {per});
       backend_.fill_zero(s);
     }
   }

@@ -9,6 +9,14 @@
 // (rounded to nearest on append, half the memory and bandwidth), or the quantised formats of
 // backend/kv_cache.h: F8_E4M3 (1 byte + a per-(position, kv head) power-of-two scale), Q8_0
 // (8.5 bits) and Q4_0 (4.5 bits), both after a Hadamard rotation along head_dim.
+//
+// The DeltaNet recurrent state [slots, Hv, dk, dv] holds `state_dtype` elements: F32 (the
+// default) or BF16 (--state-type bf16: half the memory and half the bytes a decode step moves
+// per sequence). Every op computes in f32; a BF16 state is widened exactly when an op reads it
+// and rounded to nearest even when the op writes it back: the recurrent (token by token) form
+// rounds it after every token, as a decode step stores it, so a speculative verify or commit
+// (also token by token) reproduces the decode steps bit for bit; the chunked prefill form
+// rounds it once, at the end of its call. The conv state stays f32 (it is small).
 
 #include <memory>
 #include <vector>
@@ -21,15 +29,20 @@ namespace qwen36 {
 class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, int32_t slots, int64_t capacity, bool with_mtp,
-             DType kv_dtype = DType::F32);
+             DType kv_dtype = DType::F32, DType state_dtype = DType::F32);
   // Whether the attention K/V caches can be held in `t` (F32, BF16, F8_E4M3, Q8_0, Q4_0).
   static bool kv_dtype_supported(DType t);
   // Bytes of one layer's K and V caches together per position and slot (fp8 scales included).
   static size_t kv_bytes_per_position(const ModelConfig& config, DType t);
+  // Whether the DeltaNet recurrent state can be held in `t` (F32, BF16).
+  static bool state_dtype_supported(DType t);
+  // Bytes of one sequence's DeltaNet conv and recurrent state over all layers.
+  static size_t state_bytes_per_slot(const ModelConfig& config, DType state_dtype);
 
   int32_t slots() const { return slots_; }
   int64_t capacity() const { return capacity_; }
   DType kv_dtype() const { return kv_dtype_; }
+  DType state_dtype() const { return state_dtype_; }
   const ModelConfig& config() const { return config_; }
   // Caches of model layer `layer` (which must be of the matching kind).
   Tensor& k_cache(int64_t layer) { return tensors_[size_t(cache_index_.at(size_t(layer)))].a; }
@@ -64,13 +77,15 @@ class ModelState {
     Tensor a, b;
     bool is_kv = false;  // attention K/V (else DeltaNet conv/recurrent state)
   };
-  Pair make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt = DType::F32);
+  Pair make_pair_(std::initializer_list<int64_t> a, std::initializer_list<int64_t> b, DType dt_a = DType::F32,
+                  DType dt_b = DType::F32);
   Pair make_kv_pair_();
 
   Backend& backend_;
   int32_t slots_;
   int64_t capacity_;
   DType kv_dtype_;
+  DType state_dtype_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
   std::vector<Pair> tensors_;      // one per layer
   std::vector<int64_t> cache_index_;  // layer → tensors_ index

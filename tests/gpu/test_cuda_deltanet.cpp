@@ -38,6 +38,7 @@
 // (fused vs composed, graph-replayed); their only assertions are chunked ≈ recurrent.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -549,6 +550,115 @@ TEST_F(CudaDeltaNet, ReadonlyOpsMatchCpuAndLeaveStateAlone) {
                            << out_where(wp.at, runs, s.Hv, s.d);
     EXPECT_EQ(download(*gpu_, dst.t), st.floats()) << "delta rule read-only wrote its state";
   }
+}
+
+
+// ---- a bf16 recurrent state (--state-type bf16, model/state.h) ----
+
+// A state of bf16-representable values, as f32 and as bf16.
+struct States {
+  HostT f32, bf16;
+};
+States bf16_states(std::mt19937& rng, std::initializer_list<int64_t> shape) {
+  States st{random_t(rng, DType::F32, shape, -0.5f, 0.5f), HostT(DType::BF16, shape)};
+  for (int64_t i = 0; i < st.f32.t.numel(); ++i) {
+    st.bf16.t.as<uint16_t>()[i] = f32_to_bf16(st.f32.t.as<float>()[i]);
+    st.f32.t.as<float>()[i] = bf16_to_f32(st.bf16.t.as<uint16_t>()[i]);
+  }
+  return st;
+}
+std::vector<uint16_t> download_bits(Backend& gpu, const Tensor& t) {
+  std::vector<uint16_t> v(size_t(t.numel()));
+  gpu.copy_to_host(t, v.data());
+  return v;
+}
+std::vector<uint16_t> rounded(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+  return b;
+}
+
+// One call is the f32 op on the widened state with the state rounded at its end, bit for bit:
+// the chunked kernels (runs of 70 and 130 tokens, one launch) and the fused decode step (4
+// runs); the kernels only widen the loads and round the stores.
+TEST_F(CudaDeltaNet, Bf16StateOneCallIsTheF32OpRounded) {
+  const Shape& s = k27B;
+  const std::vector<SeqRun> runs{{2, 0, 0, 70}, {0, 9, 70, 130}};
+  const int64_t T = 200, slots = 3;
+  const Inputs in = random_inputs(rng_, T, s);
+  const States st = bf16_states(rng_, {slots, s.Hv, s.d, s.d});
+  DevT d32 = upload(*gpu_, st.f32), d16 = upload(*gpu_, st.bf16);
+  DevT o32 = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d})), o16 = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+  run_gpu(*gpu_, in, d32, runs, DeltaRuleMode::Chunked, o32);
+  run_gpu(*gpu_, in, d16, runs, DeltaRuleMode::Chunked, o16);
+  EXPECT_EQ(download(*gpu_, o16.t), download(*gpu_, o32.t)) << "chunked: outputs";
+  EXPECT_EQ(download_bits(*gpu_, d16.t), rounded(download(*gpu_, d32.t))) << "chunked: the stored state";
+
+  const DecodeShape& ds = kDec27B;
+  const int64_t C = 2 * ds.Hk * ds.dk + ds.Hv * ds.dv, n = 4;
+  const DecodeWeights w(*gpu_, rng_, ds);
+  const States dst = bf16_states(rng_, {5, ds.Hv, ds.dk, ds.dv});
+  const HostT conv = random_t(rng_, DType::F32, {5, C, kConvK - 1});
+  std::vector<SeqRun> dr;
+  for (int32_t i = 0; i < n; ++i) dr.push_back({4 - i, 7, i, 1});
+  const HostT mixed = random_t(rng_, DType::F32, {n, C}), z = random_t(rng_, DType::F32, {n, ds.Hv, ds.dv});
+  const HostT a = random_t(rng_, DType::F32, {n, ds.Hv}, -3.0f, 3.0f), b = random_t(rng_, DType::F32, {n, ds.Hv}, -3.0f, 3.0f);
+  std::vector<float> outs[2];
+  std::vector<float> st32;
+  std::vector<uint16_t> st16;
+  for (int k = 0; k < 2; ++k) {
+    DevT dm = upload(*gpu_, mixed), dz = upload(*gpu_, z), da = upload(*gpu_, a), db = upload(*gpu_, b);
+    DevT dc = upload(*gpu_, conv), ds_ = upload(*gpu_, k ? dst.bf16 : dst.f32);
+    DevT dout = upload(*gpu_, HostT(DType::F32, {n, ds.Hv, ds.dv}));
+    gpu_->deltanet_decode(dm.t, dz.t, da.t, db.t, w.dev(), kEps, dc.t, ds_.t, dr, dout.t);
+    outs[k] = download(*gpu_, dout.t);
+    if (k)
+      st16 = download_bits(*gpu_, ds_.t);
+    else
+      st32 = download(*gpu_, ds_.t);
+  }
+  EXPECT_EQ(outs[1], outs[0]) << "decode: outputs";
+  EXPECT_EQ(st16, rounded(st32)) << "decode: the stored state";
+}
+
+// Several tokens in the recurrent form (a speculative verify or commit) against the CPU twin,
+// which rounds the state after every token as the kernel does: the state within the f32 bound
+// (1e-4 absolute: the two sum in different orders, which for a value near zero is many bf16
+// steps) plus one bf16 step (an f32 value a hair either side of a rounding midpoint may round
+// the other way; values off at all, 1 in ~100 allowed), outputs within 1e-3 (a state value one step off moves a later token's output by
+// 2^-8 · |s| · |q̂_i| ≈ 2e-4 here). The read-only op: the same outputs, the state untouched.
+TEST_F(CudaDeltaNet, Bf16StateRecurrentMatchesCpu) {
+  const Shape s{"Hk 2, Hv 6, d 128", 2, 6, 128};
+  const std::vector<SeqRun> runs{{1, 0, 0, 5}, {0, 3, 5, 1}, {2, 8, 6, 7}};
+  const int64_t T = 13, slots = 3;
+  const Inputs in = random_inputs(rng_, T, s);
+  States st = bf16_states(rng_, {slots, s.Hv, s.d, s.d});
+  const std::vector<uint16_t> st0(st.bf16.t.as<const uint16_t>(), st.bf16.t.as<const uint16_t>() + st.bf16.t.numel());
+  DevT dst = upload(*gpu_, st.bf16), dro = upload(*gpu_, st.bf16);
+  HostT want(DType::F32, {T, s.Hv, s.d});
+  cpu::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, st.bf16.t, runs, want.t, DeltaRuleMode::Recurrent);
+  DevT dout = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d})), dro_out = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.d}));
+  run_gpu(*gpu_, in, dst, runs, DeltaRuleMode::Recurrent, dout);
+  DevT dq = upload(*gpu_, in.q), dk = upload(*gpu_, in.k), dv = upload(*gpu_, in.v), dg = upload(*gpu_, in.g),
+       db = upload(*gpu_, in.beta);
+  gpu_->gated_delta_rule_readonly(dq.t, dk.t, dv.t, dg.t, db.t, dro.t, runs, dro_out.t);
+  const std::vector<float> got = download(*gpu_, dout.t);
+  const Worst wo = worst_of(got, want.floats());
+  EXPECT_LE(wo.err, 1e-3) << "output at " << out_where(wo.at, runs, s.Hv, s.d) << ": got " << wo.got << ", want "
+                          << wo.want;
+  EXPECT_EQ(download(*gpu_, dro_out.t), got) << "read-only outputs";
+  EXPECT_EQ(download_bits(*gpu_, dro.t), st0) << "the read-only op wrote its state";
+  const std::vector<uint16_t> gs = download_bits(*gpu_, dst.t);
+  int64_t far = 0, off = 0;
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const float g = bf16_to_f32(gs[i]), w = bf16_to_f32(st.bf16.t.as<const uint16_t>()[i]);
+    off += g != w;
+    far += std::fabs(g - w) > std::ldexp(std::fabs(w), -7) + 1e-4f;  // the f32 bound + one bf16 step
+  }
+  std::printf("[ deltanet ] bf16 state, recurrent: out err %.2e; %lld of %zu state values one bf16 step off\n", wo.err,
+              (long long)off, gs.size());
+  EXPECT_EQ(far, 0) << "state values beyond the f32 bound + one bf16 step from the CPU's";
+  EXPECT_LE(off, int64_t(gs.size() / 100)) << "state values one bf16 step from the CPU's";
 }
 
 }  // namespace

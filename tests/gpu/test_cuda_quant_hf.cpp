@@ -177,7 +177,8 @@ TEST_F(CudaQuantHf, MlpPrefill) {
 // e4m3 rounded to nearest even and saturated: core/dtype's f32_to_f8_e4m3, the same f32 product
 // x · (448 / amax) first), times the exact weights. cuBLASLt sums each 128-column block's products
 // before scaling them in f32: 2e-3 of the largest result against the twin. Against the f32
-// activations, e4m3's relative steps of 2^-4: 3e-2. T = 37: padded to 40 tokens for the scale
+// activations, e4m3's relative steps of 2^-4 (errors of ~2^-6 of a result's scale, the worst of
+// ~300,000 results several times that): 5e-2. T = 1025: padded to 1028 tokens for the scale
 // layout; N = 68: a slice of 68 rows (a multiple of 4, not of 8).
 TEST_F(CudaQuantHf, Fp8GemmMatchesW8A8Twin) {
   struct Shape {
@@ -185,7 +186,7 @@ TEST_F(CudaQuantHf, Fp8GemmMatchesW8A8Twin) {
   };
   cuda::fp8_gemm_select(1);
   for (const Shape& s : {Shape{256, 512}, Shape{68, 1024}})
-    for (int64_t T : {37, 100}) {
+    for (int64_t T : {1025, 1096}) {  // the GEMM takes T ≥ 1024
       const HostT w = random_hf(rng_, DType::F8_B128, s.N, s.K);
       if (!cuda::fp8_gemm_takes(w.t, T)) {
         cuda::fp8_gemm_select(-1);
@@ -199,7 +200,7 @@ TEST_F(CudaQuantHf, Fp8GemmMatchesW8A8Twin) {
       std::string where;
       EXPECT_LE(worst_rel_err(got, reference(w, xq, T), T, s.N, 1, &where), 2e-3)
           << "N=" << s.N << " K=" << s.K << " T=" << T << " (W8A8 twin) " << where;
-      EXPECT_LE(worst_rel_err(got, reference(w, x, T), T, s.N, 1, &where), 3e-2)
+      EXPECT_LE(worst_rel_err(got, reference(w, x, T), T, s.N, 1, &where), 5e-2)
           << "N=" << s.N << " K=" << s.K << " T=" << T << " (f32 activations) " << where;
     }
   cuda::fp8_gemm_select(-1);

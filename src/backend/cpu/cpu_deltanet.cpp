@@ -94,7 +94,9 @@ HeadInputs gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }
 
 // Token by token: S ← e^g S; u = Sᵀk; S += k (β(v − u))ᵀ; o = Sᵀq.     S [dk, dv]
-void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t out_stride) {
+// round_state: S is a bf16 state's f32 copy, stored (rounded to bf16) after every token, as a
+// decode step stores it (model/state.h).
+void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t out_stride, bool round_state) {
   const int64_t dk = in.dk, dv = in.dv;
   std::vector<float> u(static_cast<size_t>(dv));
   for (int64_t t = 0; t < in.n; ++t) {
@@ -120,6 +122,8 @@ void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t ou
         o[j] += Si[j] * qt[i];
       }
     }
+    if (round_state)
+      for (int64_t x = 0; x < dk * dv; ++x) S[x] = round_bf16(S[x]);
   }
 }
 
@@ -220,18 +224,29 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
   QWEN36_CHECK(Hv % Hk == 0 && state.dim(1) == Hv && state.dim(2) == dk && state.dim(3) == dv,
                "gated_delta_rule: q {} v {} state {}", q.shape_str(), v.shape_str(), state.shape_str());
+  QWEN36_CHECK(state.dtype == DType::F32 || state.dtype == DType::BF16, "gated_delta_rule: a {} state (f32 or bf16)",
+               dtype_name(state.dtype));
+  const bool bf16 = state.dtype == DType::BF16;
   for (const SeqRun& r : runs) {
     QWEN36_CHECK(r.slot >= 0 && r.slot < state.dim(0), "gated_delta_rule: slot {} out of range", r.slot);
     const bool chunked = mode == DeltaRuleMode::Chunked || (mode == DeltaRuleMode::Auto && r.count > 1);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t h = 0; h < Hv; ++h) {
       const HeadInputs in = gather(q, k, v, g, beta, r, h);
-      float* S = state.as<float>() + (int64_t(r.slot) * Hv + h) * dk * dv;
+      const int64_t at = (int64_t(r.slot) * Hv + h) * dk * dv;
+      // A bf16 state is computed on in an f32 copy, widened exactly and rounded back when stored.
+      std::vector<float> wide(bf16 ? size_t(dk * dv) : 0);
+      uint16_t* Sb = bf16 ? state.as<uint16_t>() + at : nullptr;
+      if (bf16)
+        for (int64_t x = 0; x < dk * dv; ++x) wide[size_t(x)] = bf16_to_f32(Sb[x]);
+      float* S = bf16 ? wide.data() : state.as<float>() + at;
       float* o = out.as<float>() + (int64_t(r.begin) * Hv + h) * dv;
       if (chunked)
         delta_rule_chunked(in, S, o, Hv * dv);
       else
-        delta_rule_recurrent(in, S, o, Hv * dv);
+        delta_rule_recurrent(in, S, o, Hv * dv, bf16);
+      if (bf16)
+        for (int64_t x = 0; x < dk * dv; ++x) Sb[x] = f32_to_bf16(S[x]);
     }
   }
 }

@@ -12,12 +12,14 @@ namespace qwen36::cpu {
 
 namespace {
 
-// One slot of a [slots, ...] f32 state, copied into `buf` and viewed as a 1-slot tensor.
+// One slot of a [slots, ...] state, copied into `buf` (its own element type: a bf16 state's
+// copy is rounded per token by the recurrent op as the state itself) and viewed as a 1-slot
+// tensor.
 Tensor private_copy(const Tensor& state, int32_t slot, std::vector<float>& buf) {
   QWEN36_CHECK(slot >= 0 && slot < state.dim(0), "read-only DeltaNet op: slot {} out of range", slot);
-  const int64_t per = state.numel() / state.dim(0);
-  buf.resize(size_t(per));
-  std::memcpy(buf.data(), state.as<const float>() + int64_t(slot) * per, size_t(per) * sizeof(float));
+  const size_t bytes = state.nbytes() / size_t(state.dim(0));
+  buf.resize((bytes + sizeof(float) - 1) / sizeof(float));
+  std::memcpy(buf.data(), static_cast<const std::byte*>(state.data) + size_t(slot) * bytes, bytes);
   Tensor t = state;
   t.data = buf.data();
   t.shape[0] = 1;

@@ -38,6 +38,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_state_ref.cuh"
 
 namespace qwen36::cuda {
 
@@ -333,7 +334,7 @@ __device__ __forceinline__ void copy_async(uint32_t dst, const void* src) {
 // ---- the kernels ----
 struct ChunkArgs {
   const float *qn, *kn, *v, *g, *beta;  // q̂ (scaled), k̂ [T, Hk, dk]; v [T, Hv, dv]; g, β [T, Hv]
-  float* state;                         // [slots, Hv, dk, dv]
+  StateRef state;                       // [slots, Hv, dk, dv] (a bf16 one is rounded at each launch's end)
   float* out;                           // [T, Hv, dv]
   const SeqRun* runs;
   int nruns, min_count;  // runs with count ≥ min_count are chunked
@@ -551,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
   float* Ss = Vn + kC * L::LN;                   // [DK][LN] S before the chunk
   float* gs = Ss + DK * L::LN;                   // [2][64] γ, double-buffered with W/U
   const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), col0 = int(blockIdx.z) * kNB, tid = int(threadIdx.x);
-  float* S = a.state + (int64_t(r.slot) * a.Hv + h) * DK * DV + col0;  // row x at S[x·DV]
+  const int64_t S = (int64_t(r.slot) * a.Hv + h) * DK * DV + col0;  // row x at element S + x·DV
   auto head_of = [&](int c) { return (base + c - a.seg0) * a.Hv + h; };
 
   auto issue_wu = [&](int c) {
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
   };
 
   Acc<DK, kNB, DK / 64, 2, kPrecState> st;  // the state slice S[:, col0 .. col0+32)
-  st.each_pair([&](int x, int y, float2& s) { s = *reinterpret_cast<const float2*>(S + int64_t(x) * DV + y); });
+  st.each_pair([&](int x, int y, float2& s) { s = a.state.load2(S + int64_t(x) * DV + y); });
   issue_wu(c_begin);
   cp_async_commit();
   issue_k(c_begin);
@@ -620,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
     if (c + 1 < c_end) issue_k(c + 1);
     cp_async_commit();
   }
-  st.each_pair([&](int x, int y, float2& s) { *reinterpret_cast<float2*>(S + int64_t(x) * DV + y) = s; });
+  st.each_pair([&](int x, int y, float2& s) { a.state.store2(S + int64_t(x) * DV + y, s); });
 }
 
 template <int DK, int DV>
@@ -929,7 +930,7 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
   const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
   const int w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int col0 = int(blockIdx.z) * kScanCols, cw = col0 + 16 * w;
-  float* S = a.state + (int64_t(r.slot) * a.Hv + h) * DK * DV;
+  const int64_t S = (int64_t(r.slot) * a.Hv + h) * DK * DV;  // in elements
 
   const uint32_t sm_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   auto issue = [&](int c, int stage) {
@@ -949,7 +950,7 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
 #pragma unroll
   for (int j = 0; j < KT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = S[int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1)];
+    for (int e = 0; e < 4; ++e) s[j][e] = a.state.load(S + int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1));
 #pragma unroll
   for (int i = 0; i < STAGES; ++i) {
     if (c_begin + i < c_end) issue(c_begin + i, i);
@@ -1056,7 +1057,7 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
 #pragma unroll
   for (int j = 0; j < KT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) S[int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1)] = s[j][e];
+    for (int e = 0; e < 4; ++e) a.state.store(S + int64_t(8 * j + 2 * t + (e & 1)) * DV + cw + g + 8 * (e >> 1), s[j][e]);
 }
 
 // Which form runs: the fused one wherever its kernels fit the device's shared memory (two
@@ -1265,7 +1266,7 @@ void delta_rule_chunked_form(int form) { preferred_form() = Form(form); }
 void delta_rule_chunked_workspace(size_t bytes) { workspace_bytes() = bytes ? bytes : kWorkspaceBytes; }
 
 void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
-                        float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
+                        StateRef state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
                         int min_count, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
   ChunkArgs a{};
   a.qn = qn, a.kn = kn, a.v = v, a.g = g, a.beta = beta, a.state = state, a.out = out;

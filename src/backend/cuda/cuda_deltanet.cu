@@ -28,13 +28,14 @@
 #include <initializer_list>
 
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_state_ref.cuh"
 
 namespace qwen36::cuda {
 
 // cuda_delta_chunked.cu
 bool delta_rule_chunked_supported(int64_t dk, int64_t dv);
 void delta_rule_chunked(Ctx& c, const float* qn, const float* kn, const float* v, const float* g, const float* beta,
-                        float* state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
+                        StateRef state, float* out, std::span<const SeqRun> runs, const SeqRun* dev_runs,
                         int min_count, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
 
 namespace {
@@ -117,7 +118,7 @@ __global__ void l2norm_qk_kernel(const float* q, const float* k, float* qn, floa
 template <int DK>
 __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                                   const float* __restrict__ v, const float* __restrict__ g,
-                                  const float* __restrict__ beta, float* __restrict__ state, const SeqRun* runs,
+                                  const float* __restrict__ beta, StateRef state, const SeqRun* runs,
                                   float* __restrict__ out, int Hk, int Hv, int dv, int min_chunked,
                                   bool write_state) {
   const SeqRun r = runs[blockIdx.x];
@@ -125,10 +126,10 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
   const int h = blockIdx.y, kh = h / (Hv / Hk), j = threadIdx.x;
   const bool active = j < dv;
   __shared__ float ks[2][DK], qs[2][DK], gb[2][2];
-  float* S = state + (int64_t(r.slot) * Hv + h) * DK * dv;
+  const int64_t S = (int64_t(r.slot) * Hv + h) * DK * dv;  // the head's state, in elements
   float s[DK];
 #pragma unroll
-  for (int i = 0; i < DK; ++i) s[i] = active ? S[int64_t(i) * dv + j] : 0.0f;
+  for (int i = 0; i < DK; ++i) s[i] = active ? state.load(S + int64_t(i) * dv + j) : 0.0f;
 
   auto stage = [&](int t, int buf) {
     const int64_t row = r.begin + t;
@@ -163,11 +164,14 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
       o += s[i] * qs[buf][i];
     }
     if (active) out[(row * Hv + h) * dv + j] = o;
+    if (state.bf16)  // stored after every token, as a decode step stores it (model/state.h)
+#pragma unroll
+      for (int i = 0; i < DK; ++i) s[i] = state.stored(s[i]);
     __syncthreads();
   }
   if (active && write_state) {
 #pragma unroll
-    for (int i = 0; i < DK; ++i) S[int64_t(i) * dv + j] = s[i];
+    for (int i = 0; i < DK; ++i) state.store(S + int64_t(i) * dv + j, s[i]);
   }
 }
 
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(kDecPrepThreads)
 struct DecodeArgs {
   const float *mixed, *z, *a, *b;            // mixed after the prep kernel: [q̂ | k̂ | v] per row
   const float *a_neg_exp, *dt_bias, *norm;   // the layer's small weights
-  float* state;                              // [slots, Hv, dk, dv]
+  StateRef state;                            // [slots, Hv, dk, dv]
   float* out;                                // [T, Hv, dv]
   const SeqRun* runs;
   int* counters;    // [T, Hv]: slices of the head finished
@@ -282,10 +286,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p)
   const SeqRun r = p.runs[t];
   const int64_t hrow = int64_t(r.begin) * p.Hv + h;  // (token, head) row of z, out
   // Before the prep kernel's results: the state slice, the gates (a, b come from before it).
-  float* S = p.state + (int64_t(r.slot) * p.Hv + h) * DK * dv + col;
+  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
   float4 s[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) s[i] = *reinterpret_cast<const float4*>(S + int64_t(rg + 16 * i) * dv);
+  for (int i = 0; i < R; ++i) s[i] = p.state.load4(S + int64_t(rg + 16 * i) * dv);
   const int64_t grow = int64_t(r.begin) * p.gs + h;  // (token, head) of a, b
   const float ga = p.a[grow] + p.dt_bias[h];
   const float decay = expf(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))));  // e^g, g as deltanet_gates
@@ -318,7 +322,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p)
     const float k = ks[rg + 16 * i], q = qs[rg + 16 * i];
     s[i].x += k * d0, s[i].y += k * d1, s[i].z += k * d2, s[i].w += k * d3;
     o[0] += s[i].x * q, o[1] += s[i].y * q, o[2] += s[i].z * q, o[3] += s[i].w * q;
-    *reinterpret_cast<float4*>(S + int64_t(rg + 16 * i) * dv) = s[i];
+    p.state.store4(S + int64_t(rg + 16 * i) * dv, s[i]);
   }
   sum_row_groups(o, red[1]);
 
@@ -387,7 +391,7 @@ void l2norm_qk(Ctx& c, const Tensor& q, const Tensor& k, float* qn, float* kn) {
 
 // The recurrent kernel over the runs shorter than min_chunked.
 void launch_recurrent(Ctx& c, const float* qn, const float* kn, const Tensor& v, const Tensor& g, const Tensor& beta,
-                      float* state, const SeqRun* dr, size_t nruns, Tensor& out, int64_t Hk, int64_t dk,
+                      StateRef state, const SeqRun* dr, size_t nruns, Tensor& out, int64_t Hk, int64_t dk,
                       int min_chunked, bool write_state) {
   const int64_t Hv = v.dim(1), dv = v.dim(2);
   const dim3 grid{unsigned(nruns), unsigned(Hv)};
@@ -408,6 +412,12 @@ void launch_recurrent(Ctx& c, const float* qn, const float* kn, const Tensor& v,
 }
 
 }  // namespace
+
+StateRef state_ref(const Tensor& state) {
+  QWEN36_CHECK(state.dtype == DType::F32 || state.dtype == DType::BF16, "DeltaNet: a {} recurrent state (f32 or bf16)",
+               dtype_name(state.dtype));
+  return StateRef{state.data, state.dtype == DType::BF16};
+}
 
 void causal_conv1d_silu(Ctx& c, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) {
   check_conv(x, w, conv_state, runs);
@@ -459,9 +469,9 @@ void gated_delta_rule(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v,
   if (!dr) return;  // recording could not upload the runs: marked failed, nothing runs
   if (any_chunked)
     delta_rule_chunked(c, qn.get(), kn.get(), v.as<const float>(), g.as<const float>(), beta.as<const float>(),
-                       state.as<float>(), out.as<float>(), runs, dr, min_chunked, Hk, Hv, dk, dv);
+                       state_ref(state), out.as<float>(), runs, dr, min_chunked, Hk, Hv, dk, dv);
   if (any_recurrent)
-    launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state.as<float>(), dr, runs.size(), out, Hk, dk, min_chunked,
+    launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), dr, runs.size(), out, Hk, dk, min_chunked,
                      true);
 }
 
@@ -476,8 +486,7 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
   const SeqRun* dr = dev_runs(c, runs, tmp);
   if (!dr) return;
   // token by token whatever the run length, as the CPU twin (Recurrent), the state not written
-  launch_recurrent(c, qn.get(), kn.get(), v, g, beta, const_cast<float*>(state.as<const float>()), dr, runs.size(),
-                   out, Hk, dk, INT_MAX, false);
+  launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), dr, runs.size(), out, Hk, dk, INT_MAX, false);
 }
 
 bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
@@ -490,10 +499,11 @@ bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, co
   if (!dk_ok || dv % kDecCols != 0 || dv / kDecCols > 64 || K < 1 || K > kMaxConvK || Hk <= 0 || Hv % Hk != 0 ||
       2 * Hk * dk + Hv * dv != C || T == 0 || T > 65535 || int64_t(runs.size()) != T)
     return false;
-  const std::initializer_list<const Tensor*> f32s{&mixed,     &z,        &a,           &b,          &out,   &conv_state,
-                                                  &ssm_state, &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
+  const std::initializer_list<const Tensor*> f32s{&mixed,    &z,           &a,          &b,     &out, &conv_state,
+                                                  &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
   for (const Tensor* t : f32s)
     if (t->dtype != DType::F32) return false;
+  if (ssm_state.dtype != DType::F32 && ssm_state.dtype != DType::BF16) return false;
   const int64_t G = a.numel() / T;  // a's and b's row length: Hv or more (Backend::deltanet_decode)
   QWEN36_CHECK(z.numel() == T * Hv * dv && G >= Hv && a.numel() == T * G && b.numel() == T * G && out.dim(0) == T,
                "deltanet_decode: z {} a {} b {} out {} for {} tokens", z.shape_str(), a.shape_str(), b.shape_str(),
@@ -521,7 +531,7 @@ bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, co
   CUDA_LAUNCH_CHECK();
   const DecodeArgs p{mixed.as<const float>(), z.as<const float>(), a.as<const float>(), b.as<const float>(),
                      w.a_neg_exp.as<const float>(), w.dt_bias.as<const float>(), w.norm.as<const float>(),
-                     ssm_state.as<float>(), out.as<float>(), dr, counters, scratch.get() + T * Hv,
+                     state_ref(ssm_state), out.as<float>(), dr, counters, scratch.get() + T * Hv,
                      int(C), int(Hk), int(Hv), int(dv), int(G), eps};
   const dim3 sgrid{unsigned(T), unsigned(Hv), unsigned(ns)};
   switch (dk) {

@@ -32,6 +32,11 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr float kE4m3Max = 448.0f;
+// Below this many tokens the bf16 dequantization + cuBLAS path is faster (H200, 27B FP8, one
+// machine start: pp512 6,958 bf16 path vs 6,329 W8A8; pp1024 8,422 vs 8,886; pp2048 8,975 vs
+// 10,047; pp4096 9,645 vs 10,919): the per-call copy of the weights into cuBLASLt's layout and
+// the unfused MLP weigh more than the GEMM's gain on few tokens.
+constexpr int64_t kMinTokens = 1024;
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation on sm_90
 
 // A warp per (token, group of 128): lane l quantizes columns 4l .. 4l + 3.
@@ -137,7 +142,7 @@ bool fp8_gemm_enabled() {
 void fp8_gemm_select(int on) { g_fp8.store(on < 0 ? -1 : on ? 1 : 0, std::memory_order_relaxed); }
 
 bool fp8_gemm_takes(const Tensor& w, int64_t T) {
-  if (!fp8_gemm_enabled() || w.dtype != DType::F8_B128 || T <= 8 || w.rows() % 4 != 0 || w.cols() % 128 != 0 ||
+  if (!fp8_gemm_enabled() || w.dtype != DType::F8_B128 || T < kMinTokens || w.rows() % 4 != 0 || w.cols() % 128 != 0 ||
       w.rows() >= (int64_t(1) << 30) || (T + 3) * w.cols() >= (int64_t(1) << 31))
     return false;
   int dev = 0, major = 0;

@@ -13,8 +13,8 @@ namespace qwen36::cuda {
 // environment again).
 bool fp8_gemm_enabled();
 void fp8_gemm_select(int on);
-// Whether fp8_gemm takes w at T tokens: enabled, F8_B128, T > 8, rows % 4 == 0, K % 128 == 0, a
-// device of compute capability 9.x.
+// Whether fp8_gemm takes w at T tokens: enabled, F8_B128, T ≥ 1024 (fewer: the bf16 path is
+// faster), rows % 4 == 0, K % 128 == 0, a device of compute capability 9.x.
 bool fp8_gemm_takes(const Tensor& w, int64_t T);
 // out[T, N] = x[T, K] · w[N, K]ᵀ (f32 x and out) with x quantized per token and 128 columns to
 // e4m3 (scale amax / 448) and w's codes and scales as stored.

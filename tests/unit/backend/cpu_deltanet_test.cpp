@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu_ops_test_util.h"
 
@@ -215,6 +216,80 @@ TEST(CpuOpsDeltaRuleCalls, PrefillThenDecodeEqualsWholeSequence) {
   ASSERT_EQ(t0, n);
   expect_close(out, ref_out, kAtol, kRtol, "pieces out vs naive");
   expect_close(state, ref_state, kAtol, kRtol, "pieces state vs naive");
+}
+
+// ---- a bf16 recurrent state (--state-type bf16, model/state.h) ----
+
+// The op on a bf16 state [slots, Hv, dk, dv] (bits in st, updated); returns the outputs.
+std::vector<float> run_bf16(Backend& be, const Dims& d, Inputs& in, int64_t T, const std::vector<SeqRun>& runs,
+                            std::vector<uint16_t>& st, DeltaRuleMode mode, bool readonly = false) {
+  std::vector<float> out(size_t(T * d.Hv * d.dv), NAN);
+  Tensor q = test::f32(in.q, {T, d.Hk, d.dk}), k = test::f32(in.k, {T, d.Hk, d.dk}),
+         v = test::f32(in.v, {T, d.Hv, d.dv}), g = test::f32(in.g, {T, d.Hv}), beta = test::f32(in.beta, {T, d.Hv});
+  Tensor state(st.data(), DType::BF16, {d.slots, d.Hv, d.dk, d.dv}), o = test::f32(out, {T, d.Hv, d.dv});
+  if (readonly)
+    be.gated_delta_rule_readonly(q, k, v, g, beta, state, runs, o);
+  else
+    be.gated_delta_rule(q, k, v, g, beta, state, runs, o, mode);
+  return out;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+  return b;
+}
+std::vector<float> widen(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
+  return v;
+}
+
+// One call = the f32 op on the widened state, the state rounded once at its end: the chunked
+// form over 70 tokens, and the recurrent form over one token (a decode step). Bit for bit.
+TEST(CpuOpsDeltaRuleBf16State, OneCallIsTheF32OpRoundedAtItsEnd) {
+  auto be = make_cpu_backend(0);
+  const Dims d{2, 4, 16, 8, 2};
+  Rng r(31);
+  for (auto [T, mode] : {std::pair<int64_t, DeltaRuleMode>{70, DeltaRuleMode::Chunked}, {1, DeltaRuleMode::Recurrent}}) {
+    Inputs in = random_inputs(r, d, T);
+    std::vector<uint16_t> st = to_bf16(r.vec(size_t(d.slots * d.Hv * d.dk * d.dv), -0.5f, 0.5f));
+    const Result f32 = run_op(*be, d, in, T, {{1, 0, 0, int32_t(T)}}, widen(st), mode);
+    const std::vector<float> out = run_bf16(*be, d, in, T, {{1, 0, 0, int32_t(T)}}, st, mode);
+    EXPECT_EQ(out, f32.out) << "T = " << T;
+    EXPECT_EQ(st, to_bf16(f32.state)) << "T = " << T;  // slot 0 untouched: to_bf16 of its widened self
+  }
+}
+
+// The recurrent form over several tokens stores (rounds) the state after every token, as that
+// many decode steps do: a speculative verify / commit reproduces decode bit for bit. The
+// read-only op gives the same outputs and leaves the state alone.
+TEST(CpuOpsDeltaRuleBf16State, RecurrentRoundsAfterEveryToken) {
+  auto be = make_cpu_backend(0);
+  const Dims d{2, 4, 16, 8, 1};
+  const int64_t T = 6;
+  Rng r(32);
+  Inputs all = random_inputs(r, d, T);
+  const std::vector<uint16_t> st0 = to_bf16(r.vec(size_t(d.Hv * d.dk * d.dv), -0.5f, 0.5f));
+  std::vector<uint16_t> whole = st0, steps = st0, ro = st0;
+  const std::vector<float> out = run_bf16(*be, d, all, T, {{0, 0, 0, int32_t(T)}}, whole, DeltaRuleMode::Recurrent);
+  EXPECT_EQ(run_bf16(*be, d, all, T, {{0, 0, 0, int32_t(T)}}, ro, DeltaRuleMode::Recurrent, true), out);
+  EXPECT_EQ(ro, st0) << "the read-only op wrote the state";
+  std::vector<float> stepped;
+  for (int64_t t = 0; t < T; ++t) {
+    auto one = [&](const std::vector<float>& src, int64_t per) {
+      return std::vector<float>(src.begin() + t * per, src.begin() + (t + 1) * per);
+    };
+    Inputs p{one(all.q, d.Hk * d.dk), one(all.k, d.Hk * d.dk), one(all.v, d.Hv * d.dv), one(all.g, d.Hv),
+             one(all.beta, d.Hv)};
+    const std::vector<float> o = run_bf16(*be, d, p, 1, {{0, int32_t(t), 0, 1}}, steps, DeltaRuleMode::Recurrent);
+    stepped.insert(stepped.end(), o.begin(), o.end());
+  }
+  EXPECT_EQ(out, stepped);
+  EXPECT_EQ(whole, steps);
+  // and the rounding is real: the f32 state over the same tokens differs from it somewhere
+  const Result f32 = run_op(*be, d, all, T, {{0, 0, 0, int32_t(T)}}, widen(st0), DeltaRuleMode::Recurrent);
+  EXPECT_NE(to_bf16(f32.state), whole);
 }
 
 TEST(CpuOpsDeltaRuleCalls, RejectsBadShapesAndSlots) {

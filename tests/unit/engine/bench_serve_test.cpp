@@ -1,8 +1,8 @@
 // `qwen36 bench-serve` through the built binary (skipped when it is not built), on the tiny
 // synthetic model with the CPU backend: exact token totals (streams x gen per round, every
 // request runs to --gen-tokens), ordered percentiles, the documented JSON keys, the markdown
-// table (also with prompts prefilled over several steps), and one-line errors with a non-zero
-// exit for bad arguments.
+// table (also with prompts prefilled over several steps), a bf16 DeltaNet state (--state-type),
+// and one-line errors with a non-zero exit for bad arguments.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -46,15 +46,16 @@ TEST(BenchServeCli, JsonTotalsAndPercentiles) {
   for (size_t i = 0; i < 2; ++i) {
     const auto& r = rows[i];
     for (const char* key : {"model", "backend", "device", "streams", "prompt_tokens", "gen_tokens", "context",
-                            "kv_type", "prefill_chunk", "batch_tokens", "rounds_counted", "requests", "output_tokens",
-                            "wall_s", "output_tok_s", "prompt_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-                            "itl_p50_ms", "itl_p99_ms", "peak_batch", "steps", "per_round"})
+                            "kv_type", "state_type", "prefill_chunk", "batch_tokens", "rounds_counted", "requests",
+                            "output_tokens", "wall_s", "output_tok_s", "prompt_tok_s", "decode_tok_s", "ttft_p50_ms",
+                            "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "peak_batch", "steps", "per_round"})
       ASSERT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
     const int64_t S = r["streams"].get<int64_t>();
     EXPECT_EQ(S, want_streams[i]);
     EXPECT_EQ(r["prompt_tokens"].get<int64_t>(), prompt);
     EXPECT_EQ(r["gen_tokens"].get<int64_t>(), gen);
     EXPECT_GE(r["context"].get<int64_t>(), prompt + gen);
+    EXPECT_EQ(r["state_type"].get<std::string>(), "f32");  // the default --state-type
     EXPECT_EQ(r["rounds_counted"].get<int64_t>(), rounds - 1);  // the first is a warm-up
     EXPECT_EQ(r["requests"].get<int64_t>(), S * (rounds - 1));
     EXPECT_EQ(r["output_tokens"].get<int64_t>(), S * gen * (rounds - 1));
@@ -107,6 +108,21 @@ TEST(BenchServeCli, TensorParallelTwoRanks) {
   }
 }
 
+// --state-type bf16: the engine's DeltaNet state is bf16, and every stream still runs to the end.
+TEST(BenchServeCli, Bf16State) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  std::string err;
+  const std::string out =
+      run("--streams 2 --prompt-tokens 8 --gen-tokens 4 --rounds 1 --state-type bf16 -o json", &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  const auto rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_EQ(rows[0]["state_type"].get<std::string>(), "bf16");
+  EXPECT_EQ(rows[0]["kv_type"].get<std::string>(), "f32");  // --cache-type-k/-v are apart from it
+  EXPECT_EQ(rows[0]["output_tokens"].get<int64_t>(), 2 * 4);
+}
+
 TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   const std::pair<const char*, const char*> cases[] = {
@@ -116,6 +132,7 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
       {"--prompt-tokens 0", "--prompt-tokens"},
       {"--prompt-tokens 30 --gen-tokens 20 -c 40", "do not fit -c/--ctx-size 40"},
       {"--rounds 0", "--rounds"},
+      {"--state-type f16", "--state-type f16: unknown DeltaNet state type (supported: f32, bf16)"},
   };
   for (const auto& [args, what] : cases) {
     int status = -1;

@@ -28,6 +28,30 @@ TEST(MemoryPlan, SizesFollowTheShapes) {
   EXPECT_GT(plan_memory(c, r).activations, p.activations);
 }
 
+// --state-type bf16: the recurrent state takes 2 bytes an element instead of 4; the conv state
+// stays f32.
+TEST(MemoryPlan, Bf16StateHalvesTheRecurrentPart) {
+  for (const char* preset : {"qwen3.6-27b", "qwen3.6-35b-a3b"}) {
+    const ModelConfig c = model_preset(preset);
+    MemoryRequest r;
+    r.slots = 3;
+    const MemoryPlan f32 = plan_memory(c, r);
+    size_t conv = 0, recurrent = 0;  // f32 bytes of all slots
+    for (LayerKind k : c.layer_kinds)
+      if (k == LayerKind::LinearAttention) {
+        conv += size_t(c.conv_dim() * (c.conv_kernel - 1)) * 4 * size_t(r.slots);
+        recurrent += size_t(c.linear_v_heads * c.linear_k_dim * c.linear_v_dim) * 4 * size_t(r.slots);
+      }
+    ASSERT_GT(recurrent, 0u) << preset;
+    EXPECT_EQ(f32.state, conv + recurrent) << preset;
+    r.state_type = DType::BF16;
+    const MemoryPlan bf16 = plan_memory(c, r);
+    EXPECT_EQ(bf16.state, f32.state - recurrent / 2) << preset;
+    EXPECT_EQ(bf16.kv, f32.kv) << preset;
+    EXPECT_EQ(bf16.activations, f32.activations) << preset;
+  }
+}
+
 TEST(MemoryPlan, RefusesWhatDoesNotFitAndNamesTheFlag) {
   const ModelConfig c = model_preset("qwen3.6-27b");
   MemoryRequest r;

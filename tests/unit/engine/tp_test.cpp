@@ -357,7 +357,7 @@ TEST(HostComm, AbortWakesWaitingRanks) {
 // environment is read.
 TEST(TpRemote, PassRoundTrip) {
   auto be = make_cpu_backend(1);
-  ModelState st(*be, tiny_config(false), 3, 64, true);
+  ModelState st(*be, tiny_config(false), 3, 64, true, DType::F32, DType::BF16);
   st.enable_speculation(4);
   ForwardBatch b;
   b.tokens = {5, 6, 7};
@@ -374,6 +374,8 @@ TEST(TpRemote, PassRoundTrip) {
   EXPECT_EQ(m.slots, 3);
   EXPECT_EQ(m.capacity, 64);
   EXPECT_TRUE(m.mtp);
+  EXPECT_EQ(m.kv, DType::F32);
+  EXPECT_EQ(m.state, DType::BF16);  // a follower's mirror holds the state in rank 0's type
   EXPECT_EQ(m.spec_tokens, 4);
   ASSERT_TRUE(m.batch);
   EXPECT_EQ(m.batch->tokens, b.tokens);
