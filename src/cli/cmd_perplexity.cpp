@@ -29,7 +29,7 @@ namespace {
 
 struct PplOptions {
   std::string model, text_file, tokens_file, tokenizer, kld_base, backend = "cpu";
-  int64_t n_ctx = 512, chunks = 0;
+  int64_t n_ctx = 512, chunks = 0, ubatch = 0;
   int32_t top_k = 1024;
   int threads = 0;
   bool kld = false;
@@ -117,7 +117,8 @@ void run(const PplOptions& o) {
     std::fflush(stdout);
   };
   const PerplexityResult r =
-      run_perplexity(model_chunk_logits(*lm.model, resolve_cache_type(o.cache, *lm.backend), state_type), job);
+      run_perplexity(model_chunk_logits(*lm.model, resolve_cache_type(o.cache, *lm.backend), state_type, o.ubatch),
+                     job);
   print_summary(r);
   if (job.save) {
     saved.save(o.kld_base);
@@ -138,6 +139,11 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk; the second half of each chunk is scored")
       ->check(CLI::Range(int64_t(4), int64_t(1) << 20));
   cmd->add_option("--chunks", o->chunks, "Evaluate at most N chunks (default: all)");
+  cmd->add_option("--ubatch-size", o->ubatch,
+                  "Tokens per forward pass inside a chunk (alias -ub), the state carried between them (default: the whole "
+                  "chunk; 1: every token a decode step, which measures what generation sees of -ctk/-ctv and "
+                  "--state-type)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--kl-divergence-base", o->kld_base,
                   "Without --kl-divergence: save this model's log-probabilities here; with it: compare against them");
   add_cache_type_options(cmd, o->cache);

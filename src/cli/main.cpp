@@ -15,7 +15,7 @@ namespace {
 // one letter), spelled as their long forms before parsing.
 std::vector<char*> with_long_aliases(int argc, char** argv) {
   static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", tp[] = "--tensor-parallel",
-              ot[] = "--override-tensor", ncmoe[] = "--n-cpu-moe", cmoe[] = "--cpu-moe";
+              ot[] = "--override-tensor", ncmoe[] = "--n-cpu-moe", cmoe[] = "--cpu-moe", ub[] = "--ubatch-size";
   std::vector<char*> out(argv, argv + argc);
   for (char*& a : out) {
     if (std::string_view(a) == "-ctk") a = ctk;
@@ -24,6 +24,7 @@ std::vector<char*> with_long_aliases(int argc, char** argv) {
     if (std::string_view(a) == "-ot") a = ot;
     if (std::string_view(a) == "-ncmoe") a = ncmoe;
     if (std::string_view(a) == "-cmoe") a = cmoe;
+    if (std::string_view(a) == "-ub") a = ub;
   }
   return out;
 }

@@ -283,16 +283,23 @@ KldStats::Summary KldStats::summary() const {
   return s;
 }
 
-ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type, DType state_type) {
-  return [&model, kv_type, state_type](std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out) {
-    QWEN36_CHECK(first_row >= 0 && n_rows >= 1 && first_row + n_rows <= int64_t(chunk.size()),
-                 "rows {}..{} outside a chunk of {}", first_row, first_row + n_rows - 1, chunk.size());
-    ModelState state(model.backend(), model.config(), 1, int64_t(chunk.size()), false, kv_type, state_type);
-    ForwardBatch b;
-    b.tokens.assign(chunk.begin(), chunk.end());
-    b.runs.push_back({0, 0, 0, int32_t(chunk.size())});
-    for (int64_t r = 0; r < n_rows; ++r) b.output_rows.push_back(int32_t(first_row + r));
-    model.forward(b, state, out);
+ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type, DType state_type, int64_t ubatch) {
+  return [&model, kv_type, state_type, ubatch](std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows,
+                                               float* out) {
+    const int64_t n = int64_t(chunk.size());
+    QWEN36_CHECK(first_row >= 0 && n_rows >= 1 && first_row + n_rows <= n, "rows {}..{} outside a chunk of {}",
+                 first_row, first_row + n_rows - 1, n);
+    ModelState state(model.backend(), model.config(), 1, n, false, kv_type, state_type);
+    const int64_t step = ubatch > 0 ? ubatch : n, vocab = model.config().vocab_size;
+    for (int64_t p0 = 0; p0 < n; p0 += step) {
+      const int64_t cnt = std::min(step, n - p0);
+      ForwardBatch b;
+      b.tokens.assign(chunk.begin() + p0, chunk.begin() + p0 + cnt);
+      b.runs.push_back({0, int32_t(p0), 0, int32_t(cnt)});
+      const int64_t lo = std::max(first_row, p0), hi = std::min(first_row + n_rows, p0 + cnt);  // scored rows here
+      for (int64_t r = lo; r < hi; ++r) b.output_rows.push_back(int32_t(r - p0));
+      model.forward(b, state, b.output_rows.empty() ? nullptr : out + (lo - first_row) * vocab);
+    }
   };
 }
 

@@ -146,8 +146,11 @@ using ChunkLogitsFn =
     std::function<void(std::span<const int32_t> chunk, int64_t first_row, int64_t n_rows, float* out)>;
 
 // The forward pass of `model` (any backend), one fresh ModelState per chunk.
-// kv_type: the attention cache; state_type: the DeltaNet recurrent state.
-ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type = DType::F32, DType state_type = DType::F32);
+// kv_type: the attention cache; state_type: the DeltaNet recurrent state; ubatch > 0: the chunk
+// runs as forwards of at most ubatch tokens carrying the state between them (1: every token a
+// decode step, the way generation reads the caches and the state), 0: one forward per chunk.
+ChunkLogitsFn model_chunk_logits(Model& model, DType kv_type = DType::F32, DType state_type = DType::F32,
+                                 int64_t ubatch = 0);
 
 struct PerplexityResult {
   ChunkPlan plan;

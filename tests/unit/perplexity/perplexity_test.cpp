@@ -185,6 +185,41 @@ TEST_F(GoldenPerplexity, KldAgainstItselfIsZero) {
   }
 }
 
+// Chunks run as forwards of ubatch tokens (the state carried between them) score the same text:
+// ubatch 1 (decode steps: the recurrent form) and 5 within the f32 bound of one forward per chunk
+// (the chunked form; logits ~1e-4 apart give a KLD of ~1e-8, 1e-6 allowed). A bf16 DeltaNet state: stored once, at the end of a one-forward chunk, it
+// is never read back (KLD exactly 0); stored after every decode step it costs a small, nonzero
+// KLD (the figure README / bench/RESULTS.md report for a real model).
+TEST_F(GoldenPerplexity, UbatchAndBf16State) {
+  Model& model = *m_->model;
+  const int32_t V = int32_t(model.config().vocab_size);
+  const std::vector<int32_t> tokens = random_tokens(2 * 32, V, 7);
+  auto kld_of = [&](const ChunkLogitsFn& base_fn, const ChunkLogitsFn& fn) {
+    KldBase base;
+    PerplexityJob save;
+    save.tokens = tokens;
+    save.plan = plan_chunks(int64_t(tokens.size()), 32, 0);
+    save.vocab = V;
+    save.save = &base;
+    save.save_top_k = V;
+    run_perplexity(base_fn, save);
+    PerplexityJob cmp;
+    cmp.vocab = V;
+    cmp.compare = &base;
+    return run_perplexity(fn, cmp).kld->summary();
+  };
+  const KldStats::Summary steps = kld_of(model_chunk_logits(model), model_chunk_logits(model, DType::F32, DType::F32, 1));
+  EXPECT_LT(steps.kld_max, 1e-6) << "decode steps against one forward per chunk";
+  const KldStats::Summary pieces = kld_of(model_chunk_logits(model), model_chunk_logits(model, DType::F32, DType::F32, 5));
+  EXPECT_LT(pieces.kld_max, 1e-6) << "forwards of 5 tokens against one forward per chunk";
+  const KldStats::Summary once = kld_of(model_chunk_logits(model), model_chunk_logits(model, DType::F32, DType::BF16));
+  EXPECT_EQ(once.kld_max, 0.0) << "a bf16 state stored only at the end of each chunk";
+  const KldStats::Summary decode = kld_of(model_chunk_logits(model, DType::F32, DType::F32, 1),
+                                          model_chunk_logits(model, DType::F32, DType::BF16, 1));
+  EXPECT_GT(decode.kld_mean, 0.0) << "a bf16 state rounded after every decode step";
+  EXPECT_LT(decode.kld_mean, 1e-3);
+}
+
 TEST(Perplexity, KldBf16VsQ8IsPositiveAndFinite) {
   const fs::path dir = kData / "llamacpp-gguf" / "dense-a";
   Loaded bf16 = load(dir / "model-bf16.gguf");
