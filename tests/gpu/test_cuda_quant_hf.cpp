@@ -206,6 +206,46 @@ TEST_F(CudaQuantHf, Fp8GemmMatchesW8A8Twin) {
   cuda::fp8_gemm_select(-1);
 }
 
+// The FP8 MLP (cuda_fp8_gemm.cu's fp8_mlp: gate + up in one GEMM, the SwiGLU quantizing straight
+// into the down GEMM's e4m3 activations) against the composition of the backend's own ops (two
+// W8A8 GEMMs, an f32 SwiGLU, the W8A8 down GEMM): the same quantization points, so they differ
+// only where the one GEMM's f32 sums (another N, maybe another algorithm) move a SwiGLU value
+// across an e4m3 rounding boundary: one code step (2^-4 of the value) shifts a result by ~2^-4 /
+// sqrt(I) of the largest, 1e-2 allows a handful. The scratch outputs stay untouched (the fused
+// path ran). T = 1027: padded to 1028 tokens.
+TEST_F(CudaQuantHf, Fp8MlpMatchesComposition) {
+  const int64_t H = 1024, I = 768, T = 1027;
+  const HostT wg = random_hf(rng_, DType::F8_B128, I, H), wu = random_hf(rng_, DType::F8_B128, I, H),
+              wd = random_hf(rng_, DType::F8_B128, H, I);
+  const DevT dg = upload(*gpu_, wg), du = upload(*gpu_, wu), dd = upload(*gpu_, wd);
+  cuda::fp8_gemm_select(1);
+  if (!cuda::fp8_gemm_takes(dg.t, T)) {
+    cuda::fp8_gemm_select(-1);
+    GTEST_SKIP() << "the FP8 block-scaled GEMM needs a compute capability 9.x device";
+  }
+  const HostT x = random_t(rng_, DType::F32, {T, H});
+  const DevT dx = upload(*gpu_, x);
+  DevT g = upload(*gpu_, HostT(DType::F32, {T, I})), u = upload(*gpu_, HostT(DType::F32, {T, I})),
+       a = upload(*gpu_, HostT(DType::F32, {T, I})), want = upload(*gpu_, HostT(DType::F32, {T, H}));
+  gpu_->matmul(dx.t, dg.t, g.t);
+  gpu_->matmul(dx.t, du.t, u.t);
+  gpu_->swiglu(g.t, u.t, a.t);
+  gpu_->matmul(a.t, dd.t, want.t);
+  DevT gate_out = upload(*gpu_, HostT(DType::F32, {T, I})), up_out = upload(*gpu_, HostT(DType::F32, {T, I})),
+       out = upload(*gpu_, HostT(DType::F32, {T, H}));
+  gpu_->mlp(dx.t, MlpWeights{dg.t, du.t, dd.t}, gate_out.t, up_out.t, out.t);
+  cuda::fp8_gemm_select(-1);
+  std::string where;
+  const std::vector<float> got = download(*gpu_, out.t), ref = download(*gpu_, want.t);
+  const double err = worst_rel_err(got, ref, T, H, 1, &where);
+  std::printf("[ fp8-mlp ] fused vs composed: %.2e of the largest result\n", err);
+  EXPECT_LE(err, 1e-2) << where;
+  for (const DevT* scratch : {&gate_out, &up_out}) {
+    const std::vector<float> v = download(*gpu_, scratch->t);
+    EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), int64_t(v.size())) << "the composition ran";
+  }
+}
+
 // The GEMV is deterministic (fixed partition, reductions in a fixed order): repeated calls agree
 // bit for bit.
 TEST_F(CudaQuantHf, GemvIsDeterministic) {

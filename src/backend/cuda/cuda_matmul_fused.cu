@@ -153,7 +153,7 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
 
 bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
   if (!c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
-      mlp_prefill_quant(c, x, m, out))
+      (fp8_mlp(c, x, m, out) || mlp_prefill_quant(c, x, m, out)))
     return true;
   const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
   const Tensor& down = m.down_proj;
