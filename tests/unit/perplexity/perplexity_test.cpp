@@ -154,24 +154,37 @@ TEST_F(GoldenPerplexity, PplEqualsExpMeanNllOfForwardLogits) {
   EXPECT_GT(r.ppl(), 1.0);
 }
 
+// Saves a KLD base of `tokens` (chunks of n_ctx, top-k kept) with base_fn, then compares fn
+// against it: the two runs' results.
+struct KldRun {
+  KldBase base;
+  PerplexityResult saved, compared;
+};
+KldRun kld_run(const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t vocab, int32_t top_k,
+               const ChunkLogitsFn& base_fn, const ChunkLogitsFn& fn) {
+  KldRun r;
+  PerplexityJob save;
+  save.tokens = tokens;
+  save.plan = plan_chunks(int64_t(tokens.size()), n_ctx, 0);
+  save.vocab = vocab;
+  save.save = &r.base;
+  save.save_top_k = top_k;
+  r.saved = run_perplexity(base_fn, save);
+  PerplexityJob cmp;
+  cmp.vocab = vocab;
+  cmp.compare = &r.base;
+  r.compared = run_perplexity(fn, cmp);
+  return r;
+}
+
 TEST_F(GoldenPerplexity, KldAgainstItselfIsZero) {
   Model& model = *m_->model;
   const int32_t V = int32_t(model.config().vocab_size);
   const std::vector<int32_t> tokens = random_tokens(2 * 24, V, 99);
   for (int32_t k : {V, 16}) {
-    KldBase base;
-    PerplexityJob save;
-    save.tokens = tokens;
-    save.plan = plan_chunks(int64_t(tokens.size()), 24, 0);
-    save.vocab = V;
-    save.save = &base;
-    save.save_top_k = k;
-    const PerplexityResult r0 = run_perplexity(model_chunk_logits(model), save);
-    ASSERT_EQ(base.records.size(), size_t(2 * 11));
-    PerplexityJob cmp;
-    cmp.vocab = V;
-    cmp.compare = &base;
-    const PerplexityResult r1 = run_perplexity(model_chunk_logits(model), cmp);
+    const KldRun run = kld_run(tokens, 24, V, k, model_chunk_logits(model), model_chunk_logits(model));
+    const PerplexityResult &r0 = run.saved, &r1 = run.compared;
+    ASSERT_EQ(run.base.records.size(), size_t(2 * 11));
     ASSERT_TRUE(r1.kld.has_value());
     const KldStats::Summary s = r1.kld->summary();
     EXPECT_EQ(s.n, 22);
@@ -187,26 +200,16 @@ TEST_F(GoldenPerplexity, KldAgainstItselfIsZero) {
 
 // Chunks run as forwards of ubatch tokens (the state carried between them) score the same text:
 // ubatch 1 (decode steps: the recurrent form) and 5 within the f32 bound of one forward per chunk
-// (the chunked form; logits ~1e-4 apart give a KLD of ~1e-8, 1e-6 allowed). A bf16 DeltaNet state: stored once, at the end of a one-forward chunk, it
-// is never read back (KLD exactly 0); stored after every decode step it costs a small, nonzero
-// KLD (the figure README / bench/RESULTS.md report for a real model).
+// (the chunked form; logits ~1e-4 apart give a KLD of ~1e-8, 1e-6 allowed). A bf16 DeltaNet
+// state: stored once, at the end of a one-forward chunk, it is never read back (KLD exactly 0);
+// stored after every decode step it costs a small, nonzero KLD (the figure README and
+// bench/RESULTS.md report for a real model).
 TEST_F(GoldenPerplexity, UbatchAndBf16State) {
   Model& model = *m_->model;
   const int32_t V = int32_t(model.config().vocab_size);
   const std::vector<int32_t> tokens = random_tokens(2 * 32, V, 7);
   auto kld_of = [&](const ChunkLogitsFn& base_fn, const ChunkLogitsFn& fn) {
-    KldBase base;
-    PerplexityJob save;
-    save.tokens = tokens;
-    save.plan = plan_chunks(int64_t(tokens.size()), 32, 0);
-    save.vocab = V;
-    save.save = &base;
-    save.save_top_k = V;
-    run_perplexity(base_fn, save);
-    PerplexityJob cmp;
-    cmp.vocab = V;
-    cmp.compare = &base;
-    return run_perplexity(fn, cmp).kld->summary();
+    return kld_run(tokens, 32, V, V, base_fn, fn).compared.kld->summary();
   };
   const KldStats::Summary steps = kld_of(model_chunk_logits(model), model_chunk_logits(model, DType::F32, DType::F32, 1));
   EXPECT_LT(steps.kld_max, 1e-6) << "decode steps against one forward per chunk";
