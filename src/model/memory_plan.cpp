@@ -130,12 +130,11 @@ void check_memory_plan(size_t free_b, const std::string& where, const ModelConfi
                        "in a smaller type with {}",
                        r.ctx, r.slots, flags.ctx, flags.slots, flags.kv_type);
   else if (p.state >= p.activations)
-    help = r.state_type == DType::F32
-               ? fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}, or halve its "
-                             "recurrent part with {} bf16",
-                             r.slots, flags.slots, flags.state_type)
-               : fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}", r.slots,
-                             flags.slots);
+    help = fmt::format("the DeltaNet state grows with the sequences held at once ({}): lower {}{}", r.slots,
+                       flags.slots,
+                       r.state_type == DType::F32
+                           ? fmt::format(", or halve its recurrent part with {} bf16", flags.state_type)
+                           : "");
   else
     help = fmt::format("the activations grow with the tokens per forward pass ({}): lower {}", r.batch_tokens,
                        flags.batch);

@@ -101,6 +101,15 @@ void naive_delta_rule(const Dims& d, const Inputs& in, const std::vector<SeqRun>
     }
 }
 
+// Tokens t0 .. t0 + cnt − 1 of `all`.
+Inputs tokens_of(const Inputs& all, const Dims& d, int64_t t0, int64_t cnt) {
+  auto slice = [&](const std::vector<float>& src, int64_t per_token) {
+    return std::vector<float>(src.begin() + t0 * per_token, src.begin() + (t0 + cnt) * per_token);
+  };
+  return {slice(all.q, d.Hk * d.dk), slice(all.k, d.Hk * d.dk), slice(all.v, d.Hv * d.dv), slice(all.g, d.Hv),
+          slice(all.beta, d.Hv)};
+}
+
 struct Result {
   std::vector<float> out, state;
 };
@@ -196,9 +205,6 @@ TEST(CpuOpsDeltaRuleCalls, PrefillThenDecodeEqualsWholeSequence) {
   std::vector<double> ref_state(state0.begin(), state0.end()), ref_out(size_t(n * d.Hv * d.dv));
   naive_delta_rule(d, all, {{0, 0, 0, int32_t(n)}}, ref_state, ref_out);
 
-  auto slice = [&](const std::vector<float>& src, int64_t per_token, int64_t t0, int64_t cnt) {
-    return std::vector<float>(src.begin() + t0 * per_token, src.begin() + (t0 + cnt) * per_token);
-  };
   std::vector<float> state = state0, out;
   // Pieces: 70 chunked (crosses 64), 60 chunked, then 10 single-token recurrent steps.
   std::vector<std::pair<int64_t, DeltaRuleMode>> pieces = {{70, DeltaRuleMode::Chunked},
@@ -206,8 +212,7 @@ TEST(CpuOpsDeltaRuleCalls, PrefillThenDecodeEqualsWholeSequence) {
   for (int i = 0; i < 10; ++i) pieces.push_back({1, DeltaRuleMode::Recurrent});
   int64_t t0 = 0;
   for (auto [cnt, mode] : pieces) {
-    Inputs p{slice(all.q, d.Hk * d.dk, t0, cnt), slice(all.k, d.Hk * d.dk, t0, cnt), slice(all.v, d.Hv * d.dv, t0, cnt),
-             slice(all.g, d.Hv, t0, cnt), slice(all.beta, d.Hv, t0, cnt)};
+    Inputs p = tokens_of(all, d, t0, cnt);
     const Result res = run_op(*be, d, p, cnt, {{0, int32_t(t0), 0, int32_t(cnt)}}, state, mode);
     state = res.state;
     out.insert(out.end(), res.out.begin(), res.out.end());
@@ -277,11 +282,7 @@ TEST(CpuOpsDeltaRuleBf16State, RecurrentRoundsAfterEveryToken) {
   EXPECT_EQ(ro, st0) << "the read-only op wrote the state";
   std::vector<float> stepped;
   for (int64_t t = 0; t < T; ++t) {
-    auto one = [&](const std::vector<float>& src, int64_t per) {
-      return std::vector<float>(src.begin() + t * per, src.begin() + (t + 1) * per);
-    };
-    Inputs p{one(all.q, d.Hk * d.dk), one(all.k, d.Hk * d.dk), one(all.v, d.Hv * d.dv), one(all.g, d.Hv),
-             one(all.beta, d.Hv)};
+    Inputs p = tokens_of(all, d, t, 1);
     const std::vector<float> o = run_bf16(*be, d, p, 1, {{0, int32_t(t), 0, 1}}, steps, DeltaRuleMode::Recurrent);
     stepped.insert(stepped.end(), o.begin(), o.end());
   }
