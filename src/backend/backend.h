@@ -135,9 +135,6 @@ class Backend {
     Tensor t(dst, DType::U8, {int64_t(bytes)});
     copy_from_host(src, t);
   }
-  // Makes the calling thread ready to call this backend (a device backend makes its device the
-  // thread's current one: CUDA's is per thread). The thread that made the backend is.
-  virtual void bind_thread() {}
 
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]

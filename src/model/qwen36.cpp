@@ -8,9 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdlib>
 #include <set>
-#include <string>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
@@ -20,7 +18,6 @@
 #include "backend/kv_cache.h"
 #include "model/host_expert_copy.h"
 #include "core/error.h"
-#include "core/helper_thread.h"
 
 namespace qwen36 {
 
@@ -128,13 +125,6 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   lap("expert stream set up");
   // The device share of one-token passes goes through the streaming staging area.
   device_share_ = stream_ ? int(std::min<int64_t>(cost.device_share, w_.config.n_experts_per_tok - 1)) : 0;
-  // QWEN36_MOE_SHARE_THREAD=0: the share queued by the calling thread, before the host's work
-  // (to compare).
-  const char* st = std::getenv("QWEN36_MOE_SHARE_THREAD");
-  if (device_share_ > 0 && !(st && std::string(st) == "0")) {
-    Backend* b = &backend_;
-    share_queue_ = std::make_shared<HelperThread>([b] { b->bind_thread(); });
-  }
   if (device_share_ > 0)
     spdlog::info("expert offload: {} of {} routed experts per token of a decode pass on the main backend "
                  "(QWEN36_MOE_DEVICE_SHARE)", device_share_, w_.config.n_experts_per_tok);
@@ -387,47 +377,27 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   // computes the other K − share: both are bound by moving the weights out of host memory, and
   // the copy engine and the cores together beat the cores alone. y gets the device's part, then
   // the host's is added (a different summation order from one backend's: not bitwise the same).
-  // The device's part is queued by a helper thread (share_queue_) while this one computes the
-  // host's: its uploads and launches are ~50 µs of driver calls that would otherwise come first.
-  const int64_t share = T == 1 && !spare.empty() && device_share_ > 0 && streams_layer(experts) ? device_share_ : 0;
-  const Tensor dw(weights.data, DType::F32, {1, std::max<int64_t>(share, 1)}),
-      di(ids.data, DType::I32, {1, std::max<int64_t>(share, 1)});
-  auto queue_share = [&] {
-    stream_moe_experts(x, dw, di, std::span(hi.as<const int32_t>(), size_t(share)), experts, y, device_work,
-                       /*decide=*/false);
-  };
-  const bool helper = share > 0 && share_queue_;
-  if (helper) {
-    share_queue_->post(queue_share);
-  } else if (share > 0) {
-    queue_share();
-  } else {
-    // Device work queued now runs while the host computes. More overlap (not done): the next
-    // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
-    // here too, with the copy back on a second stream and pinned staging buffers.
-    device_work();
+  int64_t share = T == 1 && !spare.empty() ? device_share_ : 0;
+  if (share > 0) {
+    const Tensor dw(weights.data, DType::F32, {1, share}), di(ids.data, DType::I32, {1, share});
+    if (!stream_moe_experts(x, dw, di, std::span(hi.as<const int32_t>(), size_t(share)), experts, y, device_work,
+                            /*decide=*/false))
+      share = 0;
   }
+  // Device work queued now runs while the host computes. More overlap (not done): the next
+  // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
+  // here too, with the copy back on a second stream and pinned staging buffers.
+  if (share == 0) device_work();
   h.y.resize(size_t(T * D));
   Tensor hy(h.y.data(), DType::F32, {T, D});
   const double t_out = ms();
-  try {
-    if (share > 0) {
-      const Tensor sw(hw.as<float>() + share, DType::F32, {1, K - share}),
-          si(hi.as<int32_t>() + share, DType::I32, {1, K - share});
-      host_->moe_experts(hx, sw, si, experts, hy);
-    } else {
-      host_->moe_experts(hx, hw, hi, experts, hy);
-    }
-  } catch (...) {
-    if (helper) {
-      try {
-        share_queue_->wait();  // its job reads this frame
-      } catch (...) {  // the host's failure is the one reported
-      }
-    }
-    throw;
+  if (share > 0) {
+    const Tensor sw(hw.as<float>() + share, DType::F32, {1, K - share}),
+        si(hi.as<int32_t>() + share, DType::I32, {1, K - share});
+    host_->moe_experts(hx, sw, si, experts, hy);
+  } else {
+    host_->moe_experts(hx, hw, hi, experts, hy);
   }
-  if (helper) share_queue_->wait();
   const double t_host = ms();
   if (share > 0) {
     backend_.copy_from_host(h.y.data(), spare);
@@ -556,10 +526,6 @@ void Model::init_expert_stream() {
         if (!t.empty()) t.data = base + l.offsets[e][size_t(kind)];
       }
   stream_ = std::move(st);
-}
-
-bool Model::streams_layer(std::span<const MlpWeights> experts) const {
-  return stream_ && stream_->layers.count(experts.data()) != 0;
 }
 
 bool Model::may_stream_experts(int64_t tokens) const {

@@ -15,7 +15,6 @@
 namespace qwen36 {
 
 class Comm;
-class HelperThread;
 class HostExpertCopy;
 struct ForwardBatch;
 struct SpecCommit;
@@ -219,8 +218,6 @@ class Model {
   // A pass of `tokens` tokens might stream (stream_moe_experts decides): the host copies its
   // routing before its input.
   bool may_stream_experts(int64_t tokens) const;
-  // The host layer of these experts has a place in the staging area (stream_moe_experts can run it).
-  bool streams_layer(std::span<const MlpWeights> experts) const;
   bool stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const int32_t> host_ids,
                           std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work,
                           bool decide = true);
@@ -287,8 +284,6 @@ class Model {
   // Routed experts per token of a one-token host-layer pass run on the main backend
   // (ExpertStreamCost::device_share; needs the staging area, stream_).
   int device_share_ = 0;
-  // Queues that share of each such pass while this thread computes the host's (device_share_ > 0).
-  std::shared_ptr<HelperThread> share_queue_;
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

@@ -301,7 +301,6 @@ class CudaBackend final : public Backend {
     std::string why;
     QWEN36_CHECK(cuda_available(&why), "CUDA backend: {}", why);
     CUDA_CHECK(cudaSetDevice(o.device));
-    device_ = o.device;
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&ctx_.cublas));
     CUBLAS_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream));
@@ -361,7 +360,6 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, ctx_.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
-  void bind_thread() override { CUDA_CHECK(cudaSetDevice(device_)); }
   void fill_zero(Tensor& t) override { CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), ctx_.stream)); }
   void copy(const Tensor& src, Tensor& dst) override {
     QWEN36_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(), "copy: {} → {}", src.shape_str(),
@@ -716,7 +714,6 @@ class CudaBackend final : public Backend {
   std::map<std::string, OpTime> op_times_;
   PinnedHostRanges pinned_;  // host ranges page-locked for upload()
   cuda::HostBounce bounce_;      // upload()'s path for large pageable ranges
-  int device_ = 0;
 };
 
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
