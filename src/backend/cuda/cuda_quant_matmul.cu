@@ -21,8 +21,8 @@
 //    weight at T = 1 stay well under the issue rate HBM speed allows. The 2-byte aligned types
 //    (Q6_K, Q8_0, Q4_0, ...) are staged per warp through a 3-slot shared-memory ring with
 //    16-byte cp.async (in-flight bytes cost no registers); Q6_K's octets read consecutive
-//    blocks, whose words fall in distinct banks. QWEN36_QGEMV_STAGED=1 stages every type (to
-//    compare the two ways on a device).
+//    blocks, whose words fall in distinct banks. (Staging the register-loading types too was
+//    slower on the H200; that variant went, to keep the instantiations and CI's build down.)
 //  - Prefill (T > 8): weights dequantized to bf16 in row slices (≤ 96 Mi weights, 192 MiB), each
 //    multiplied by cuBLAS with the activations rounded to bf16 once (matmul's bf16 path:
 //    round_activations / gemm_half). With CudaOptions::exact_matmul, every T goes through f32
@@ -35,8 +35,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -154,9 +152,8 @@ __device__ __forceinline__ void k_scales(const uint4& h, int c, float b_factor, 
 // GEMV traits. kSlots: blocks per task (8 super-blocks: octet o takes blocks 2o, 2o+1; or 32
 // blocks of 32: lane L takes block L). kDirect: blocks are 16-byte aligned (or 8 for IQ4_XS)
 // and each lane loads its bytes from global memory into registers (load, gather, decode);
-// otherwise, or with QWEN36_QGEMV_STAGED=1 (to compare), the warp stages a task's rows through
-// a shared-memory ring with 16-byte cp.async and each lane decodes from there (decode_smem, at
-// the block's alignment, 2 bytes for Q6_K).
+// otherwise the warp stages a task's rows through a shared-memory ring with 16-byte cp.async
+// and each lane decodes from there (decode_smem, at the block's alignment, 2 bytes for Q6_K).
 template <DType D>
 struct GV;
 
@@ -868,14 +865,6 @@ void launch_gemv(Ctx& c, const GemvArgs& a, const GemvPlan& pl) {
              a);
 }
 
-bool staged_only() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWEN36_QGEMV_STAGED");
-    return v && *v && std::string(v) != "0";
-  }();
-  return on;
-}
-
 // Plans (and with launch, runs) the GEMV of a for its T; false: it does not fit.
 template <DType D>
 bool run_gemv(Ctx& c, GemvArgs a, bool launch = true) {
@@ -888,10 +877,10 @@ bool run_gemv(Ctx& c, GemvArgs a, bool launch = true) {
       if (launch) launch_gemv<D, TM, kRegs>(c, a, pl);
       return true;
     };
-    if constexpr (GV<D>::kDirect) {
-      if (!staged_only()) return with(std::true_type{});
-    }
-    return with(std::false_type{});
+    if constexpr (GV<D>::kDirect)
+      return with(std::true_type{});
+    else
+      return with(std::false_type{});
   };
   if (a.T <= 1) return go(std::integral_constant<int, 1>{});
   if (a.T <= 2) return go(std::integral_constant<int, 2>{});
