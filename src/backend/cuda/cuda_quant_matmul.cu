@@ -187,10 +187,6 @@ struct GV<DType::Q4_K> {  // runs: low nibbles (sub-block 2c), high nibbles in p
     for (int k = 0; k < 4; ++k) o.a[k] = q[k] & 0x0F0F0F0Fu, o.b[k] = q[k] & 0xF0F0F0F0u;
     k_scales(f.h, j >> 1, 0.0625f, o);
   }
-  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
-    const Full f{*reinterpret_cast<const uint4*>(p), reinterpret_cast<const uint4*>(p + 16)[j]};
-    decode(f, j, o);
-  }
 };
 template <>
 struct GV<DType::Q5_K> {  // as Q4_K; the 5th bits from qh bytes [16(j%2), +16)
@@ -228,11 +224,6 @@ struct GV<DType::Q5_K> {  // as Q4_K; the 5th bits from qh bytes [16(j%2), +16)
     }
     k_scales(f.h, c, 1.0f, o);
   }
-  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
-    const Full f{*reinterpret_cast<const uint4*>(p), reinterpret_cast<const uint4*>(p + 16)[j & 1],
-                 reinterpret_cast<const uint4*>(p + 48)[j]};
-    decode(f, j, o);
-  }
 };
 template <>
 struct GV<DType::IQ4_XS> {  // lane j = sub-block j: low nibbles (weights 0..15), high (16..31)
@@ -267,11 +258,6 @@ struct GV<DType::IQ4_XS> {  // lane j = sub-block j: low nibbles (weights 0..15)
     const int ls = int((f.h1 >> (4 * j)) & 15u) | int(((f.h0 >> (16 + 2 * j)) & 3u) << 4);
     o.sa = o.sb = h2f(uint16_t(f.h0 & 0xFFFFu)) * float(ls - 32);
     o.za = o.zb = 0.0f;
-  }
-  __device__ static void decode_smem(const uint8_t* p, int j, Runs& o) {
-    const uint2 h = *reinterpret_cast<const uint2*>(p);
-    const Full f{h.x, h.y, *reinterpret_cast<const uint2*>(p + 8 + 16 * j), *reinterpret_cast<const uint2*>(p + 16 + 16 * j)};
-    decode(f, j, o);
   }
 };
 template <>
@@ -871,16 +857,10 @@ bool run_gemv(Ctx& c, GemvArgs a, bool launch = true) {
   GemvPlan pl;
   auto go = [&](auto tm) {
     constexpr int TM = decltype(tm)::value;
-    auto with = [&](auto regs) {
-      constexpr bool kRegs = decltype(regs)::value;
-      if (!plan_gemv<D, TM, kRegs>(a, pl)) return false;
-      if (launch) launch_gemv<D, TM, kRegs>(c, a, pl);
-      return true;
-    };
-    if constexpr (GV<D>::kDirect)
-      return with(std::true_type{});
-    else
-      return with(std::false_type{});
+    constexpr bool kRegs = GV<D>::kDirect;  // register loads where the alignment allows, else the ring
+    if (!plan_gemv<D, TM, kRegs>(a, pl)) return false;
+    if (launch) launch_gemv<D, TM, kRegs>(c, a, pl);
+    return true;
   };
   if (a.T <= 1) return go(std::integral_constant<int, 1>{});
   if (a.T <= 2) return go(std::integral_constant<int, 2>{});
