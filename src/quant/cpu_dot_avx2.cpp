@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/cpu_dot_k_scales.h"
 #include "quant/cpu_dot_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -192,33 +193,25 @@ float dot_q8_k(const void* w, const void* a, int64_t n) {
   return hsum(acc);
 }
 
-// Sum over the 8 sub-blocks of min_j * (sum of the 32 activations of sub-block j).
-inline int k_mins_dot(const uint8_t* m, const int16_t* bsums) {
-  int s = 0;
-  for (int j = 0; j < 8; ++j) s += int(m[j]) * (bsums[2 * j] + bsums[2 * j + 1]);
-  return s;
-}
-
-inline void k_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
-  for (int j = 0; j < 8; ++j) unpack_k_scale_min(j, packed, sc[j], m[j]);
-}
-
 // Q4_K and Q5_K share the super-block header (d, dmin, 6-bit scales and mins) and the nibble
 // layout (chunk c: the low nibbles of qs[32c, +32) are sub-block 2c, the high ones 2c + 1); Q5_K
-// adds bit 4 of every code from qh (bits 2c and 2c + 1 of each byte).
+// adds bit 4 of every code from qh (bits 2c and 2c + 1 of each byte). A sub-block's scale
+// reaches its 16 int16 pair sums by a byte shuffle of the decoded scales (index byte 0x80:
+// the zero high byte).
 template <typename Block>
 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
   constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
   const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
+  __m256i idx[8];
+  for (int j = 0; j < 8; ++j) idx[j] = _mm256_set1_epi16(int16_t(0x8000 | j));
+  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8], m[8];
-    k_scales(x[i].scales, sc, m);
+    const __m128i sm = k_scales_mins(x[i].scales);
+    const __m256i sc = _mm256_broadcastsi128_si256(sm);
     const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m += dmin * float(k_mins_dot(m, y[i].bsums));
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = loadu256(x[i].qh);
     __m256i sumi = _mm256_setzero_si256();
@@ -234,12 +227,12 @@ float dot_k_nibbles(const void* w, const void* a, int64_t n) {
       }
       const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
       const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, idx[2 * c])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, idx[2 * c + 1])));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) - acc_m;
+  return hsum(acc) - hsum(acc_m);
 }
 
 float dot_q4_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ4_K>(w, a, n); }
@@ -249,17 +242,26 @@ float dot_q6_k(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
+  // For a byte shuffle of 8 int16 scales in each 128-bit lane: scale 2m in the low lane's words
+  // and 2m + 1 in the high lane's (the two groups of 16 of a 32-value vector).
+  __m256i idx[4];
+  for (int m = 0; m < 4; ++m) {
+    auto word = [](int k) { return _mm_set1_epi16(int16_t((2 * k + 1) << 8 | 2 * k)); };
+    idx[m] = _mm256_set_m128i(word(2 * m + 1), word(2 * m));
+  }
+  __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const int8_t* sc = x[i].scales;
-    // The -32 offset, applied once per block: sum_k sc[k] * 32 * (sum of activations in group k).
-    int offset = 0;
-    for (int k = 0; k < 16; ++k) offset += sc[k] * y[i].bsums[k];
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    const float d = h2f(x[i].d) * y[i].d;
+    // The -32 of every value, applied once: 32 * sum_k sc[k] * (sum of the activations of group k).
+    acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))),
+                              acc_off);
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = loadu256(x[i].ql + 64 * h);
       const __m256i ql1 = loadu256(x[i].ql + 64 * h + 32);
       const __m256i qh = loadu256(x[i].qh + 32 * h);
+      const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
       __m256i q[4];
       q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
       q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
@@ -270,16 +272,13 @@ float dot_q6_k(const void* w, const void* a, int64_t n) {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
       for (int m = 0; m < 4; ++m) {
         // 32 values = two groups of 16 with their own scales: int16 lanes 0-7 and 8-15.
-        const int g = 8 * h + 2 * m;
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
         const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[i].qs + 128 * h + 32 * m));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, idx[m])));
       }
     }
-    const __m256i total = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(total), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc);
+  return hsum(acc) - 32.0f * hsum(acc_off);
 }
 
 float dot_iq4_xs(const void* w, const void* a, int64_t n) {
