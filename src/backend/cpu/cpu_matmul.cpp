@@ -168,21 +168,26 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
       for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_f32(wp + n * K, xp + t * K, K);
     return;
   }
-  // Prefill: widen 4 weight rows at a time, then a 4-row × 3-token register tile reuses
-  // every loaded vector several times (12 accumulators fit the 16 AVX2 registers).
+  // Prefill: widen 4 weight rows at a time (f32 rows are read in place), then a 4-row ×
+  // 3-token register tile reuses every loaded vector several times (12 accumulators fit the
+  // 16 AVX2 registers).
   const int64_t N4 = N / 4 * 4;
+  const float* w32 = w.dtype == DType::F32 ? w.as<const float>() : nullptr;
 #pragma omp parallel
   {
-    std::vector<float> rows(size_t(4 * K + 8));
+    std::vector<float> rows(w32 ? 0 : size_t(4 * K + 8));
+    // Rows n .. n + count − 1 of w as f32, contiguous.
+    auto f32_rows = [&](int64_t n, int count) -> const float* {
+      if (w32) return w32 + n * K;
+      for (int r = 0; r < count; ++r) weight_row_to_f32(w, n + r, rows.data() + r * K);
+      return rows.data();
+    };
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N4; n += 4) {
-      for (int r = 0; r < 4; ++r) weight_row_to_f32(w, n + r, rows.data() + r * K);
-      tile_4rows(rows.data(), K, xp, T, op + n, N);
-    }
+    for (int64_t n = 0; n < N4; n += 4) tile_4rows(f32_rows(n, 4), K, xp, T, op + n, N);
 #pragma omp for schedule(static)
     for (int64_t n = N4; n < N; ++n) {
-      weight_row_to_f32(w, n, rows.data());
-      for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_f32(rows.data(), xp + t * K, K);
+      const float* row = f32_rows(n, 1);
+      for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_f32(row, xp + t * K, K);
     }
   }
 }

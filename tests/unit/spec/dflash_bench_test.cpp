@@ -47,7 +47,7 @@ TEST(DFlashBenchCli, SimulatedLinesAreLabelled) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string base = std::string(QWEN36_BIN) +
-                           " bench --synthetic tiny-dense --type f32 -t 1 -p '' -n 24 -r 1 --spec dflash --block-size 8"
+                           " bench --synthetic tiny-dense --type q8_0 -t 1 -p '' -n 24 -r 1 --spec dflash --block-size 8"
                            " --spec-draft-n 3,7";
   const std::string out = test::run_command(base + " --simulate-accept-length 3 -o json 2>/dev/null", &status);
   ASSERT_EQ(status, 0) << out;
@@ -97,7 +97,7 @@ TEST(DFlashBenchCli, SimulatedLinesAreLabelled) {
 TEST(DFlashBenchCli, TreeLinesNameTheirBudget) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
-  const std::string base = std::string(QWEN36_BIN) + " bench --synthetic tiny-dense --type f32 -t 1 -p '' -n 16 -r 1";
+  const std::string base = std::string(QWEN36_BIN) + " bench --synthetic tiny-dense --type q8_0 -t 1 -p '' -n 16 -r 1";
   const std::string out = test::run_command(
       base + " --spec dflash --block-size 8 --spec-draft-n 7 --tree-budget 6 --simulate-acceptance 1,1,0 -o json 2>/dev/null",
       &status);

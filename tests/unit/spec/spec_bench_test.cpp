@@ -167,7 +167,7 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string base = std::string(QWEN36_BIN) +
-                           " bench --synthetic tiny-dense --type f32 -t 1 -p '' -n 24 -r 1 --spec mtp --spec-draft-n 1,3";
+                           " bench --synthetic tiny-dense --type q8_0 -t 1 -p '' -n 24 -r 1 --spec mtp --spec-draft-n 1,3";
   const std::string out = test::run_command(base + " --simulate-acceptance 0.9,0.5 -o json 2>&1", &status);
   ASSERT_EQ(status, 0) << out;
   const auto rows = nlohmann::json::parse(out);

@@ -60,7 +60,7 @@ TEST(RejectionSampling, OneStepFollowsTheTargetWithAOneHotDraft) {
 
 TEST(RejectionSampling, GenerationsFollowTheTargetJointDistribution) {
   auto be = make_cpu_backend(1);
-  auto model = test::random_model(*be, 8, 21);
+  auto model = test::random_model(*be, 8, 21, /*moe=*/false, /*intermediate=*/128);
   const int64_t V = 8;
   // A repetitive prompt so that n-gram lookup has something to propose.
   const std::vector<int32_t> prompt = {1, 2, 3, 1, 2, 3, 1, 2};

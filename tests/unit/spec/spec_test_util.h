@@ -17,9 +17,13 @@
 namespace qwen36::test {
 
 // A 4-layer tiny-dense model (3 DeltaNet + 1 attention) with random weights and an MTP head.
-inline std::unique_ptr<Model> random_model(Backend& backend, int64_t vocab, uint64_t seed, bool moe = false) {
+// intermediate > 0 replaces the preset's MLP width (statistical tests that run thousands of
+// generations take a narrow one: the MLP was most of their time).
+inline std::unique_ptr<Model> random_model(Backend& backend, int64_t vocab, uint64_t seed, bool moe = false,
+                                           int64_t intermediate = 0) {
   ModelConfig c = model_preset(moe ? "tiny-moe" : "tiny-dense", 4);
   c.vocab_size = vocab;
+  if (intermediate > 0) c.intermediate_size = intermediate;
   c.validate();
   return std::make_unique<Model>(make_random_weights(c, DType::F32, seed, /*with_mtp=*/true), backend);
 }
