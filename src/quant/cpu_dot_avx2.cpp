@@ -281,19 +281,33 @@ float dot_q6_k(const void* w, const void* a, int64_t n) {
   return hsum(acc) - 32.0f * hsum(acc_off);
 }
 
+// IQ4_XS: 8 sub-blocks of 32 codes looked up in a 16-entry grid; sub-block ib's 6-bit scale is
+// the nibble ib of scales_l (low 4 bits) and bits 2ib, 2ib + 1 of scales_h (high 2). All 8 are
+// decoded at once in int32 lanes (variable shifts of the broadcast fields), minus 32, and kept
+// as the same int16 twice per lane, so that one lane broadcast gives a sub-block's madd factor:
+// its int16 pair sums times the scale, summed in pairs (exact: |pair| <= 2 * 127 * 127, |scale| <= 32).
 float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockIQ4_XS*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m128i grid128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
   const __m256i grid = _mm256_set_m128i(grid128, grid128);
+  const __m256i low_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                high_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint32_t sl;
+    std::memcpy(&sl, x[i].scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(sl)), low_shift), _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x[i].scales_h), high_shift),
+                                        _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    const __m256i ls2 = _mm256_or_si256(_mm256_and_si256(ls, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(ls, 16));
     __m256i sumi = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-      const int ls = ((x[i].scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((x[i].scales_h >> (2 * ib)) & 3) << 4);
       const __m256i v = _mm256_shuffle_epi8(grid, unpack_nibbles(x[i].qs + 16 * ib));
-      const __m256i p = dot_s8s8(v, loadu256(y[i].qs + 32 * ib));
-      sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(p, _mm256_set1_epi32(ls - 32)));
+      const __m256i qy = loadu256(y[i].qs + 32 * ib);
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(qy, v));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_permutevar8x32_epi32(ls2, _mm256_set1_epi32(ib))));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
