@@ -23,7 +23,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   preset=cuda
 fi
-echo "== $preset build + tests"
+echo "== $preset build + tests ($(date +%T))"
 if [ "$preset" = cuda ]; then
   cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES="${QWEN36_TEST_CUDA_ARCHS:-80-virtual;90a-real}" >/dev/null
 else
@@ -31,7 +31,7 @@ else
 fi
 cmake --build --preset "$preset" -j "$jobs"
 
-echo "== asan: untrusted-input suites"
+echo "== asan: untrusted-input suites ($(date +%T))"
 # At -O0 (the preset's -O1 for developers): the build recompiles all of qwen36lib for these two
 # binaries, 4.3 instead of ~7 minutes on 2 cores, and they still run in seconds.
 cmake --preset asan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" >/dev/null
@@ -43,7 +43,7 @@ for t in "${asan_targets[@]}"; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$bin" --gtest_brief=1
 done
 
-echo "== $preset tests"
+echo "== $preset tests ($(date +%T))"
 # ctest runs test binaries side by side; idle OpenMP threads must sleep, not spin, or two
 # binaries on two cores slow each other down many times over.
 export OMP_WAIT_POLICY=PASSIVE
