@@ -97,6 +97,8 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
   return act_in != DType::F32;
 }
 
+// Each token's weighted sum is an explicit fused multiply-add (what -O3 made of `o += w * y`
+// with FMA anyway), so a bitwise comparison does not depend on how a caller was compiled.
 // Every routed expert of the pass in one parallel region: x quantized once per token, the
 // gate/up rows of all experts as one work list, SwiGLU and its quantization per pair, the down
 // rows as one work list, then each token's sum in ascending expert order. The same dot
@@ -183,7 +185,7 @@ void moe_experts_fused(const Tensor& x, std::span<const MlpWeights> experts, con
       for (int64_t i = tok_off[size_t(t)]; i < tok_off[size_t(t) + 1]; ++i) {
         const int64_t q = tok_pairs[size_t(i)];
         const float wq = p.w[size_t(q)];
-        for (int64_t d = 0; d < D; ++d) o[d] += wq * y[size_t(q * D + d)];
+        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(wq, y[size_t(q * D + d)], o[d]);
       }
     }
   }
@@ -230,7 +232,7 @@ void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std:
     for (int64_t i = 0; i < n; ++i) {
       const float w = p.w[size_t(q0 + i)];
       float* o = out.as<float>() + p.tok[size_t(q0 + i)] * D;
-      for (int64_t d = 0; d < D; ++d) o[d] += w * y[size_t(i * D + d)];
+      for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, y[size_t(i * D + d)], o[d]);
     }
   }
 }

@@ -984,7 +984,7 @@ TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertMatmuls) {
       for (int64_t i = 0; i < n; ++i) {
         const float w = rw[size_t(toks[size_t(i)])];
         float* o = want.data() + (toks[size_t(i)] / k) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] += w * y[size_t(i * D + d)];
+        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, y[size_t(i * D + d)], o[d]);  // as moe_experts sums
       }
     }
     EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0) << "T=" << T;
