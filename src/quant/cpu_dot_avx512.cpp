@@ -3,6 +3,7 @@
 // used when __builtin_cpu_supports reports AVX-512 F/BW/VL/VNNI (cpu_dot.cpp). Same arithmetic as
 // the AVX2 kernels, 64 bytes per step; dpwssd fuses the scale multiply with the accumulation.
 #include "quant/blocks.h"
+#include "quant/cpu_dot_k_scales.h"
 #include "quant/cpu_dot_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -22,16 +23,6 @@ QWEN36_AVX512 inline __m256i loadu256(const void* p) { return _mm256_loadu_si256
 QWEN36_AVX512 inline __m512i join(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
-// int16 lanes: 8 lanes each of a, b, c, d (four groups of 16 values).
-QWEN36_AVX512 inline __m512i scales4(int a, int b, int c, int d) {
-  return join(_mm256_set_m128i(_mm_set1_epi16(int16_t(b)), _mm_set1_epi16(int16_t(a))),
-              _mm256_set_m128i(_mm_set1_epi16(int16_t(d)), _mm_set1_epi16(int16_t(c))));
-}
-// int16 lanes: 16 lanes of a, then 16 of b (two groups of 32 values).
-QWEN36_AVX512 inline __m512i scales2(int a, int b) {
-  return join(_mm256_set1_epi16(int16_t(a)), _mm256_set1_epi16(int16_t(b)));
-}
-
 QWEN36_AVX512 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
@@ -58,49 +49,58 @@ QWEN36_AVX512 float dot_q8_0(const void* w, const void* a, int64_t n) {
   return sum;
 }
 
-QWEN36_AVX512 inline int k_mins_dot(const uint8_t* packed, const int16_t* bsums, uint8_t* sc) {
-  int s = 0;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t m;
-    unpack_k_scale_min(j, packed, sc[j], m);
-    s += int(m) * (bsums[2 * j] + bsums[2 * j + 1]);
-  }
-  return s;
+QWEN36_AVX512 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// For a byte shuffle of a register holding 8 scales (bytes 0-7) in each 128-bit lane: chunk c's
+// int16 scales, sc[2c] in the low 256 bits (sub-block 2c's 16 pair sums of maddubs) and
+// sc[2c + 1] in the high 256; index bytes with the top bit set give the zero high bytes.
+QWEN36_AVX512 inline __m512i k_chunk_scale_index(int c) {
+  const __m128i lo = _mm_set1_epi16(int16_t(0x8000 | (2 * c))), hi = _mm_set1_epi16(int16_t(0x8000 | (2 * c + 1)));
+  return join(_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi));
 }
 
 QWEN36_AVX512 float dot_q4_k(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  // Float accumulation stays in a vector; one horizontal sum per row, not per block.
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i idx[4] = {k_chunk_scale_index(0), k_chunk_scale_index(1), k_chunk_scale_index(2),
+                          k_chunk_scale_index(3)};
+  // Float accumulation stays in vectors; one horizontal sum per row, not per block.
   __m512 acc = _mm512_setzero_ps();
-  float acc_m = 0;
+  __m256 acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8];
-    const int mins = k_mins_dot(x[i].scales, y[i].bsums, sc);
+    const __m128i sm = k_scales_mins(x[i].scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
     __m512i sumi = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       // 64 values: low nibbles (sub-block 2c) then high nibbles (2c+1), as the activations lie.
       const __m256i q = loadu256(x[i].qs + 32 * c);
-      const __m512i qq = join(_mm256_and_si256(q, low4), _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+      const __m512i qq = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low4);
       const __m512i p = _mm512_maddubs_epi16(qq, _mm512_loadu_si512(y[i].qs + 64 * c));
-      sumi = _mm512_dpwssd_epi32(sumi, p, scales2(sc[2 * c], sc[2 * c + 1]));
+      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_m += _cvtsh_ss(x[i].dmin) * y[i].d * float(mins);
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin) * y[i].d),
+                            _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
   }
-  return _mm512_reduce_add_ps(acc) - acc_m;
+  return _mm512_reduce_add_ps(acc) - hsum(acc_m);
 }
 
 QWEN36_AVX512 float dot_q5_k(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m512i idx[4] = {k_chunk_scale_index(0), k_chunk_scale_index(1), k_chunk_scale_index(2),
+                          k_chunk_scale_index(3)};
   __m512 acc = _mm512_setzero_ps();
-  float acc_m = 0;
+  __m256 acc_m = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8];
-    const int mins = k_mins_dot(x[i].scales, y[i].bsums, sc);
+    const __m128i sm = k_scales_mins(x[i].scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
     const __m256i qh = loadu256(x[i].qh);
     __m512i sumi = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
@@ -110,46 +110,57 @@ QWEN36_AVX512 float dot_q5_k(const void* w, const void* a, int64_t n) {
       const __m512i qq = join(_mm256_or_si256(_mm256_and_si256(q, low4), hlo),
                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), hhi));
       const __m512i p = _mm512_maddubs_epi16(qq, _mm512_loadu_si512(y[i].qs + 64 * c));
-      sumi = _mm512_dpwssd_epi32(sumi, p, scales2(sc[2 * c], sc[2 * c + 1]));
+      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_m += _cvtsh_ss(x[i].dmin) * y[i].d * float(mins);
+    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin) * y[i].d),
+                            _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
   }
-  return _mm512_reduce_add_ps(acc) - acc_m;
+  return _mm512_reduce_add_ps(acc) - hsum(acc_m);
+}
+
+// For a byte shuffle of a register holding 8 int16 scales in each 128-bit lane: lane L gets
+// scale first + L in all of its 8 words.
+QWEN36_AVX512 inline __m512i q6_scale_index(int first) {
+  auto word = [](int k) { return _mm_set1_epi16(int16_t((2 * k + 1) << 8 | 2 * k)); };
+  return join(_mm256_set_m128i(word(first + 1), word(first)), _mm256_set_m128i(word(first + 3), word(first + 2)));
 }
 
 QWEN36_AVX512 float dot_q6_k(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+  // A half's 128 values as two 64-value vectors, [ql0 | ql1] low nibbles and high nibbles; the
+  // 2 high bits of each come from qh shifted by 0 / 2 (low nibbles) and 4 / 6 (high nibbles).
+  const __m512i shift_lo = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2)),
+                shift_hi = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
+  const __m512i idx_lo = q6_scale_index(0), idx_hi = q6_scale_index(4);
   __m512 acc = _mm512_setzero_ps();
-  float acc_off = 0;
+  __m256 acc_off = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const int8_t* sc = x[i].scales;
-    int offset = 0;  // the -32 of every value, applied once: 32 * sum_k sc[k] * bsums[k]
-    for (int k = 0; k < 16; ++k) offset += sc[k] * y[i].bsums[k];
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    // The -32 of every value, applied once: 32 * sum_k sc[k] * bsums[k].
+    const __m256i offset = _mm256_madd_epi16(s16, loadu256(y[i].bsums));
     __m512i sumi = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = loadu256(x[i].ql + 64 * h), ql1 = loadu256(x[i].ql + 64 * h + 32);
-      const __m256i qh = loadu256(x[i].qh + 32 * h);
-      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-      const int g = 8 * h;
-      const __m512i p01 = _mm512_maddubs_epi16(join(q0, q1), _mm512_loadu_si512(y[i].qs + 128 * h));
-      const __m512i p23 = _mm512_maddubs_epi16(join(q2, q3), _mm512_loadu_si512(y[i].qs + 128 * h + 64));
-      sumi = _mm512_dpwssd_epi32(sumi, p01, scales4(sc[g], sc[g + 1], sc[g + 2], sc[g + 3]));
-      sumi = _mm512_dpwssd_epi32(sumi, p23, scales4(sc[g + 4], sc[g + 5], sc[g + 6], sc[g + 7]));
+      const __m512i sc = _mm512_broadcast_i32x4(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
+      const __m512i ql = _mm512_loadu_si512(x[i].ql + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(loadu256(x[i].qh + 32 * h));
+      const __m512i q01 = _mm512_or_si512(
+          _mm512_and_si512(ql, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), three), 4));
+      const __m512i q23 =
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), three), 4));
+      const __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(y[i].qs + 128 * h));
+      const __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(y[i].qs + 128 * h + 64));
+      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_shuffle_epi8(sc, idx_lo));
+      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_shuffle_epi8(sc, idx_hi));
     }
     const float d = _cvtsh_ss(x[i].d) * y[i].d;
     acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_off += d * float(32 * offset);
+    acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(offset), acc_off);
   }
-  return _mm512_reduce_add_ps(acc) - acc_off;
+  return _mm512_reduce_add_ps(acc) - 32.0f * hsum(acc_off);
 }
 
 constexpr DotKernel kKernels[] = {
