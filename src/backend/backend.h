@@ -135,6 +135,17 @@ class Backend {
     Tensor t(dst, DType::U8, {int64_t(bytes)});
     copy_from_host(src, t);
   }
+  // Several upload()s whose destinations do not overlap, done in any order among themselves:
+  // a device backend queues the page-locked ones with one driver call instead of one each (a
+  // decode pass's device share of host experts is up to 9 pieces). Default: upload() each.
+  struct UploadPiece {
+    const void* src;
+    void* dst;
+    size_t bytes;
+  };
+  virtual void upload_batch(std::span<const UploadPiece> pieces) {
+    for (const UploadPiece& p : pieces) upload(p.src, p.dst, p.bytes);
+  }
 
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]

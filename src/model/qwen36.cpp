@@ -3,6 +3,9 @@
 // use T = tokens in the batch, H = hidden size.
 #include "model/qwen36.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -120,6 +123,7 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   }
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
+  if (backend_.free_memory() != 0) staging_->pin(backend_, w_.config.n_experts_per_tok, w_.config.hidden_size);
   lap("host backend made");
   init_expert_stream();
   lap("expert stream set up");
@@ -356,21 +360,27 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   // copies the routing first and x only when the host computes; any other (decode) copies
   // routing and x together, one wait for the stream instead of two.
   const bool may_stream = may_stream_experts(T);
-  h.pack.resize(size_t(hp.floats()) * sizeof(float));
+  const bool pinned = h.pinned && T <= HostStaging::kPinnedTokens;
+  if (!pinned) {
+    h.pack.resize(size_t(hp.floats()) * sizeof(float));
+    h.y.resize(size_t(T * D));
+  }
+  std::byte* host_pack = pinned ? h.pinned : h.pack.data();
+  float* host_y = pinned ? reinterpret_cast<float*>(h.pinned + h.pinned_y) : h.y.data();
   Tensor head(pack.data, DType::F32, {hp.x_offset()});
   if (!may_stream) {
     Tensor xpart = hp.x(pack.data);
     backend_.copy(x, xpart);
   }
-  backend_.copy_to_host(may_stream ? head : pack, h.pack.data());
-  const Tensor hw = hp.weights(h.pack.data()), hi = hp.ids(h.pack.data());
+  backend_.copy_to_host(may_stream ? head : pack, host_pack);
+  const Tensor hw = hp.weights(host_pack), hi = hp.ids(host_pack);
   const double t_route = ms();
   if (may_stream && stream_moe_experts(x, weights, ids, std::span(hi.as<const int32_t>(), size_t(T * K)), experts, y,
                                        device_work)) {
     if (T > 1) spdlog::debug("host experts, {} tokens: routing to host {:.1f} ms, streamed {:.1f} ms", T, t_route, ms());
     return;
   }
-  Tensor hx = hp.x(h.pack.data());
+  Tensor hx = hp.x(host_pack);
   if (may_stream) backend_.copy_to_host(x, hx.data);
   // A one-token pass may give the main backend the token's first `share` routed experts (their
   // weights uploaded into the staging area, by DMA from the page-locked copy) while the host
@@ -388,8 +398,7 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
   // here too, with the copy back on a second stream and pinned staging buffers.
   if (share == 0) device_work();
-  h.y.resize(size_t(T * D));
-  Tensor hy(h.y.data(), DType::F32, {T, D});
+  Tensor hy(host_y, DType::F32, {T, D});
   const double t_out = ms();
   if (share > 0) {
     const Tensor sw(hw.as<float>() + share, DType::F32, {1, K - share}),
@@ -399,12 +408,12 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
     host_->moe_experts(hx, hw, hi, experts, hy);
   }
   const double t_host = ms();
-  if (share > 0) {
-    backend_.copy_from_host(h.y.data(), spare);
-    backend_.add(y, spare);
-  } else {
-    backend_.copy_from_host(h.y.data(), y);
-  }
+  Tensor& sum = share > 0 ? spare : y;
+  if (pinned)
+    backend_.upload(host_y, sum.data, size_t(T * D) * sizeof(float));
+  else
+    backend_.copy_from_host(host_y, sum);
+  if (share > 0) backend_.add(y, spare);
   const double t_back = ms();
   if (T > 1) {
     spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, x + device work {:.1f} ms, host experts "
@@ -416,7 +425,25 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   for (int i = 0; const double v : {t_route, t_out, t_host, t_back}) h.decode_ms[i++] += v;
 }
 
+void Model::HostStaging::pin(Backend& b, int64_t k, int64_t d) {
+  const HostPack hp(kPinnedTokens, k, d);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  pinned_y = (size_t(hp.floats()) * sizeof(float) + page - 1) / page * page;
+  const size_t bytes = pinned_y + (size_t(kPinnedTokens * d) * sizeof(float) + page - 1) / page * page;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return;
+  if (!b.pin_host_memory(p, bytes)) {
+    munmap(p, bytes);
+    return;
+  }
+  pinned_by = &b, pinned = static_cast<std::byte*>(p), pinned_bytes = bytes;
+}
+
 Model::HostStaging::~HostStaging() {
+  if (pinned) {
+    pinned_by->unpin_host_memory(pinned, pinned_bytes);
+    munmap(pinned, pinned_bytes);
+  }
   if (decode_passes == 0) return;
   const double n = double(decode_passes);
   spdlog::debug("host experts, {} one-token passes, mean ms: routing and x to host {:.3f}, device work {:.3f}, host "
@@ -570,7 +597,10 @@ bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Ten
     if (!stream_experts_faster(w, st.cost)) return false;
   }
   auto* base = static_cast<std::byte*>(st.buf->data());
-  for (const Copy& c : copies) backend_.upload(c.src, base + c.dst, c.bytes);
+  std::vector<Backend::UploadPiece> pieces;
+  pieces.reserve(copies.size());
+  for (const Copy& c : copies) pieces.push_back({c.src, base + c.dst, c.bytes});
+  backend_.upload_batch(pieces);
   backend_.moe_experts(x, weights, ids, l.views, y);
   device_work();
   return true;

@@ -266,6 +266,15 @@ class Model {
   struct HostStaging {
     std::vector<std::byte> pack;  // HostPack's layout
     std::vector<float> y;
+    // The same two for passes of up to kPinnedTokens tokens (decode), page-locked by a device
+    // main backend: the routing copy lands by DMA and the sum goes back as an upload queued
+    // without a wait (the next pass's routing copy waits for the stream, so for it too).
+    // Null: not page-locked (a host main backend, or the backend refused).
+    static constexpr int64_t kPinnedTokens = 64;
+    Backend* pinned_by = nullptr;
+    std::byte* pinned = nullptr;
+    size_t pinned_bytes = 0, pinned_y = 0;  // mapped bytes, y's offset
+    void pin(Backend& b, int64_t k, int64_t d);
     // Host-expert passes of one token (decode), too many to log one by one: their phases'
     // total milliseconds, logged once (debug level) when the model goes.
     int64_t decode_passes = 0;

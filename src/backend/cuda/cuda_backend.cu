@@ -399,6 +399,33 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMemcpyAsync(to, piece, n, cudaMemcpyHostToDevice, ctx_.stream));
     });
   }
+  void upload_batch(std::span<const UploadPiece> pieces) override {
+    if (ctx_.capturing || !batch_copies_ || pieces.size() < 2) return Backend::upload_batch(pieces);
+    batch_dst_.clear(), batch_src_.clear(), batch_bytes_.clear();
+    for (const UploadPiece& u : pieces) {
+      auto* d = static_cast<uint8_t*>(u.dst);
+      const auto* s0 = static_cast<const uint8_t*>(u.src);
+      pinned_.for_each_piece(u.src, u.bytes, [&](const void* piece, size_t n, bool pinned) {
+        uint8_t* to = d + (static_cast<const uint8_t*>(piece) - s0);
+        if (!pinned) return upload(piece, to, n);
+        batch_dst_.push_back(to), batch_src_.push_back(piece), batch_bytes_.push_back(n);
+      });
+    }
+    if (batch_dst_.empty()) return;
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(batch_dst_.data(), batch_src_.data(), batch_bytes_.data(),
+                                               batch_dst_.size(), &attr, &first, 1, ctx_.stream);
+    if (e == cudaSuccess) return;
+    // A driver without batched copies: one call a piece from now on.
+    cudaGetLastError();
+    batch_copies_ = false;
+    std::fprintf(stderr, "qwen36: cudaMemcpyBatchAsync failed (%s); uploads go one copy at a time\n",
+                 cudaGetErrorString(e));
+    for (size_t i = 0; i < batch_dst_.size(); ++i)
+      CUDA_CHECK(cudaMemcpyAsync(batch_dst_[i], batch_src_[i], batch_bytes_[i], cudaMemcpyHostToDevice, ctx_.stream));
+  }
 
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                  std::span<const int32_t> rows) override;
@@ -713,6 +740,10 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> free_events_;
   std::map<std::string, OpTime> op_times_;
   PinnedHostRanges pinned_;  // host ranges page-locked for upload()
+  bool batch_copies_ = true;  // cudaMemcpyBatchAsync works here (upload_batch)
+  std::vector<void*> batch_dst_;  // upload_batch's arrays, kept between calls
+  std::vector<const void*> batch_src_;
+  std::vector<size_t> batch_bytes_;
   cuda::HostBounce bounce_;      // upload()'s path for large pageable ranges
 };
 
