@@ -152,7 +152,9 @@ void moe_experts_fused(const Tensor& x, std::span<const MlpWeights> experts, con
   {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) quantize_activation(act_in, xp + t * D, xq.data() + size_t(t) * xrow, D);
-#pragma omp for schedule(dynamic, 4)
+    // One item (16 rows of gate and up, ~37 KB of a 35B-A3B expert) at a time: a one-token
+    // pass has only ~10 items a thread, and in fours the last ones left threads idle.
+#pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_mid; ++it) {
       const auto [e, r0] = mid_items[size_t(it)];
       const MlpWeights& m = experts[size_t(e)];
