@@ -10,6 +10,7 @@
 // memory; weights are ModelWeights tensors in any stored dtype. T = tokens in the batch.
 // Per-sequence state (KV cache, conv and recurrent state) is indexed by SeqRun::slot.
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -111,12 +112,15 @@ class Backend {
   // layer's routed experts to the backend for a large batch) ----
   // Makes host memory [p, p + bytes) fast to copy from, once, ahead of many uploads: a device
   // backend page-locks it so that upload() reads it by DMA, without a bounce buffer and without
-  // holding the calling thread. The memory is only ever read through this (a read-only file
-  // mapping qualifies); ranges may overlap earlier ones. false: it could not, and uploads from
-  // it still work, slower. The default (a host backend reads host memory directly): true.
-  virtual bool pin_host_memory(const void* p, size_t bytes) {
+  // holding the calling thread. Without device_writes the memory is only ever read through
+  // this (a read-only file mapping qualifies); with it, copy_to_host may land there too (a
+  // device backend registers it writable: page-locked read-only, a device-to-host copy into it
+  // is refused). Ranges may overlap earlier ones. false: it could not, and copies from it
+  // still work, slower. The default (a host backend reads host memory directly): true.
+  virtual bool pin_host_memory(const void* p, size_t bytes, bool device_writes = false) {
     (void)p;
     (void)bytes;
+    (void)device_writes;
     return true;
   }
   // Undoes pin_host_memory for every pinned range overlapping [p, p + bytes); the owner of the
@@ -146,6 +150,15 @@ class Backend {
   virtual void upload_batch(std::span<const UploadPiece> pieces) {
     for (const UploadPiece& p : pieces) upload(p.src, p.dst, p.bytes);
   }
+  // A word in host memory that the device reads: wait_host_signal(v) queues a wait, on the
+  // stream the ops run on, until the host has stored a value ≥ v in it (a release store), so
+  // that ops queued after it may read host memory the host fills after queuing them (expert
+  // offload's decode pipeline: the next layer is queued while the host computes this one's
+  // experts). Something must raise every value a wait is queued for, without waiting for the
+  // stream first (expert offload: the host pool's thread that ends the pass). nullptr: this
+  // backend has none (a host backend's ops run at once).
+  virtual std::atomic<uint64_t>* host_signal() { return nullptr; }
+  virtual void wait_host_signal(uint64_t value) { (void)value; }
 
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]

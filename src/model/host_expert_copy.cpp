@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -77,9 +75,10 @@ std::unique_ptr<HostExpertCopy> HostExpertCopy::make(Backend& backend, ModelWeig
                  double(b.bytes) / double(1 << 20));
     // Huge pages where the kernel offers them (transparent huge pages, "madvise" mode): a
     // decode pass reads ~2 MB of each routed expert from a 20 GB range, one TLB miss and one
-    // hardware-prefetch restart per 4 KiB page otherwise. QWEN36_HOST_HUGEPAGES=0: plain pages.
-    if (const char* e = std::getenv("QWEN36_HOST_HUGEPAGES"); !e || std::string_view(e) != "0")
-      madvise(p, b.bytes, MADV_HUGEPAGE);
+    // hardware-prefetch restart per 4 KiB page otherwise. (On the H200 machine, mixed: the
+    // isolated expert pass 7% slower with them, the 35B-A3B decode not slower within the
+    // machine's start-to-start noise; bench/RESULTS.md, session 19.)
+    madvise(p, b.bytes, MADV_HUGEPAGE);
     b.p = static_cast<std::byte*>(p);
     c->blocks_.push_back(b);  // freed by the destructor from here on
     for (const Run& r : runs) parallel_copy(b.p + r.dst, r.src, r.bytes);

@@ -8,21 +8,53 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <set>
 #include <unordered_map>
 
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include "backend/comm.h"
+#include "backend/cpu/cpu_moe_pass.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/host_pool.h"
 #include "backend/kv_cache.h"
 #include "model/host_expert_copy.h"
 #include "core/error.h"
 
 namespace qwen36 {
+
+namespace {
+bool env_is_zero(const char* name) {
+  const char* e = std::getenv(name);
+  return e && e[0] == '0' && e[1] == '\0';
+}
+}  // namespace
+
+// Expert offload's decode pipeline (qwen36.h; host_moe_experts, finish_host_pass).
+struct Model::HostPipeline {
+  std::unique_ptr<cpu::HostPool> pool;
+  std::unique_ptr<cpu::MoePass> in_flight;  // the pass the workers are on (null: none)
+  std::atomic<uint64_t>* signal = nullptr;  // backend_.host_signal()
+  bool open = false;      // inside forward_rank's layer loop, which finishes the last pass
+  // Pipelined passes, logged once (debug level) when the model goes: mean ms of the routing
+  // copy, of queuing (the device's work and the sum's upload), of waiting for the pool.
+  int64_t passes = 0;
+  double ms[3] = {};
+  ~HostPipeline() {
+    if (pool) pool->join();
+    if (passes == 0) return;
+    const double n = double(passes);
+    spdlog::debug("host experts, {} pipelined one-token passes, mean ms: routing and x to host {:.3f}, device work "
+                  "queued {:.3f}, waiting for the host's experts {:.3f}",
+                  passes, ms[0] / n, ms[1] / n, ms[2] / n);
+  }
+};
 
 // Reusable activation memory of the forward passes: one backend buffer used as a stack.
 // Scratch frames take from its top and give back on destruction (a layer's activations are
@@ -124,6 +156,16 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
   if (backend_.free_memory() != 0) staging_->pin(backend_, w_.config.n_experts_per_tok, w_.config.hidden_size);
+  // QWEN36_HOST_PIPELINE=0: decode passes in place (the fallback, and the comparison for it).
+  if (staging_->pinned && !env_is_zero("QWEN36_HOST_PIPELINE")) {
+    if (std::atomic<uint64_t>* signal = backend_.host_signal()) {
+      pipeline_ = std::make_shared<HostPipeline>();
+      pipeline_->signal = signal;
+      // The calling thread joins in at finish_host_pass: one worker fewer than the host's threads.
+      const int threads = host_threads > 0 ? host_threads : omp_get_max_threads();
+      pipeline_->pool = std::make_unique<cpu::HostPool>(std::max(1, threads - 1));
+    }
+  }
   lap("host backend made");
   init_expert_stream();
   lap("expert stream set up");
@@ -339,8 +381,22 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
   }
 }
 
+// ---- expert offload's decode pipeline (Model::HostPipeline: top of the file) ----
+
+int64_t Model::pipelined_host_passes() const { return pipeline_ ? pipeline_->passes : 0; }
+
+void Model::finish_host_pass() {
+  HostPipeline* p = pipeline_.get();
+  if (!p || !p->in_flight) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  p->pool->join();  // the pass raised the signal when it ended
+  p->in_flight.reset();
+  p->ms[2] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
                              Tensor& spare, const std::function<void()>& device_work) {
+  finish_host_pass();  // the previous layer's (pipeline): its sum must be in before this routing copy waits
   const int64_t T = x.rows(), D = x.cols(), K = w_.config.n_experts_per_tok;
   const HostPack hp(T, K, D);
   const Tensor weights = hp.weights(pack.data), ids = hp.ids(pack.data);
@@ -387,43 +443,63 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   // computes the other K − share: both are bound by moving the weights out of host memory, and
   // the copy engine and the cores together beat the cores alone. y gets the device's part, then
   // the host's is added (a different summation order from one backend's: not bitwise the same).
-  int64_t share = T == 1 && !spare.empty() ? device_share_ : 0;
-  if (share > 0) {
+  int64_t share = T == 1 && !spare.empty() && streams_layer(experts) ? device_share_ : 0;
+  // The device's work (its share: uploads and kernels; then device_work) runs while the host
+  // computes.
+  auto queue_device = [&] {
+    if (share == 0) return device_work();
     const Tensor dw(weights.data, DType::F32, {1, share}), di(ids.data, DType::I32, {1, share});
-    if (!stream_moe_experts(x, dw, di, std::span(hi.as<const int32_t>(), size_t(share)), experts, y, device_work,
-                            /*decide=*/false))
-      share = 0;
-  }
-  // Device work queued now runs while the host computes. More overlap (not done): the next
-  // layer's mixer does not read the routed sum until its add_rms_norm, so it could be queued
-  // here too, with the copy back on a second stream and pinned staging buffers.
-  if (share == 0) device_work();
+    const bool queued = stream_moe_experts(x, dw, di, std::span(hi.as<const int32_t>(), size_t(share)), experts, y,
+                                           device_work, /*decide=*/false);
+    QWEN36_CHECK(queued, "expert offload: the device share of a layer without a staging area");
+  };
   Tensor hy(host_y, DType::F32, {T, D});
-  const double t_out = ms();
-  if (share > 0) {
-    const Tensor sw(hw.as<float>() + share, DType::F32, {1, K - share}),
-        si(hi.as<int32_t>() + share, DType::I32, {1, K - share});
-    host_->moe_experts(hx, sw, si, experts, hy);
-  } else {
-    host_->moe_experts(hx, hw, hi, experts, hy);
-  }
-  const double t_host = ms();
+  const Tensor sw(hw.as<float>() + share, DType::F32, {T, K - share}),
+      si(hi.as<int32_t>() + share, DType::I32, {T, K - share});
+  const Tensor &host_w = share > 0 ? sw : hw, &host_ids = share > 0 ? si : hi;
   Tensor& sum = share > 0 ? spare : y;
+  const size_t sum_bytes = size_t(T * D) * sizeof(float);
+  // The pipeline (HostPipeline): the pass goes to the pool's workers and this thread queues the
+  // device's work, then the sum's upload behind a wait for the host's signal, and returns to
+  // queue the next layer. The pass raises the signal itself when its last item is done (so no
+  // driver call of this thread that waits for the device can deadlock), and is joined at the
+  // next host pass or when the layer loop ends. The sum lands in the page-locked staging,
+  // which nothing touches until the next pass's routing copy, after the upload has run.
+  if (HostPipeline* pipe = pipeline_.get(); pipe && pipe->open && T == 1 && pinned) {
+    if (std::unique_ptr<cpu::MoePass> pass = cpu::MoePass::make(hx, host_w, host_ids, experts, hy)) {
+      const uint64_t v = pipe->signal->load(std::memory_order_relaxed) + 1;
+      pipe->pool->submit(*pass, pipe->signal, v);
+      pipe->in_flight = std::move(pass);
+      queue_device();
+      backend_.wait_host_signal(v);
+      backend_.upload(host_y, sum.data, sum_bytes);
+      if (share > 0) backend_.add(y, spare);
+      ++pipe->passes;
+      pipe->ms[0] += t_route;
+      pipe->ms[1] += ms();
+      return;
+    }
+  }
+  queue_device();
+  const double t_out = ms();
+  cpu::moe_experts(hx, host_w, host_ids, experts, hy);
+  const double t_host = ms();
   if (pinned)
-    backend_.upload(host_y, sum.data, size_t(T * D) * sizeof(float));
+    backend_.upload(host_y, sum.data, sum_bytes);
   else
     backend_.copy_from_host(host_y, sum);
   if (share > 0) backend_.add(y, spare);
   const double t_back = ms();
   if (T > 1) {
-    spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, x + device work {:.1f} ms, host experts "
-                  "{:.1f} ms, sum back {:.1f} ms",
+    spdlog::debug("host experts, {} tokens: routing (and x) to host {:.1f} ms, device work queued {:.1f} ms, host "
+                  "experts {:.1f} ms, sum back {:.1f} ms",
                   T, t_route, t_out, t_host, t_back);
     return;
   }
   ++h.decode_passes;
   for (int i = 0; const double v : {t_route, t_out, t_host, t_back}) h.decode_ms[i++] += v;
 }
+
 
 void Model::HostStaging::pin(Backend& b, int64_t k, int64_t d) {
   const HostPack hp(kPinnedTokens, k, d);
@@ -432,7 +508,7 @@ void Model::HostStaging::pin(Backend& b, int64_t k, int64_t d) {
   const size_t bytes = pinned_y + (size_t(kPinnedTokens * d) * sizeof(float) + page - 1) / page * page;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return;
-  if (!b.pin_host_memory(p, bytes)) {
+  if (!b.pin_host_memory(p, bytes, /*device_writes=*/true)) {
     munmap(p, bytes);
     return;
   }
@@ -557,6 +633,10 @@ void Model::init_expert_stream() {
 
 bool Model::may_stream_experts(int64_t tokens) const {
   return stream_ && (stream_->mode == ExpertStreamMode::Always || tokens >= stream_->cost.min_tokens);
+}
+
+bool Model::streams_layer(std::span<const MlpWeights> experts) const {
+  return stream_ && stream_->layers.contains(experts.data());
 }
 
 bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
@@ -860,6 +940,19 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   const int64_t n_cap = captured ? int64_t(batch.capture_layers.size()) : 0, H = c.hidden_size;
   Tensor cap = n_cap ? s.f32({int64_t(cap_rows.size()), n_cap * H}) : Tensor();
   backend_.embed(w_.embed_tokens, batch.tokens, r.h);
+  // The decode pipeline's passes stay inside this loop: the last one is joined when it ends
+  // (by exception too), before anything reads the step's results.
+  struct PipelineScope {
+    Model& m;
+    PipelineScope(Model& model, bool open) : m(model) {
+      if (m.pipeline_) m.pipeline_->open = open;
+    }
+    ~PipelineScope() {
+      if (!m.pipeline_) return;
+      m.pipeline_->open = false;
+      m.finish_host_pass();
+    }
+  } pipeline_scope(*this, T == 1 && verify_runs.empty() && tree_runs.empty() && n_cap == 0);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
     Tensor& ca = attn ? state.k_cache(i) : state.conv_state(i);
@@ -880,6 +973,7 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
       backend_.copy_cols(out, 0, cap, j * H, H);
     }
   }
+  finish_host_pass();
   if (n_cap && !cap_rows.empty()) backend_.copy_to_host(cap, captured);
   finish(r);
   const Tensor& h = r.h;

@@ -118,6 +118,8 @@ class Model {
   Backend& backend() { return backend_; }
   bool has_mtp() const { return w_.mtp.has_value(); }
   const ExpertPlacement& expert_placement() const { return placement_; }
+  // One-token host-expert passes that went through the decode pipeline so far (tests, logs).
+  int64_t pipelined_host_passes() const;
 
   // Tensor parallelism (model/tp_shard.h). With a communicator, this model is one rank's
   // shard: the partial outputs of its row-parallel projections are summed over the ranks
@@ -218,6 +220,8 @@ class Model {
   // A pass of `tokens` tokens might stream (stream_moe_experts decides): the host copies its
   // routing before its input.
   bool may_stream_experts(int64_t tokens) const;
+  // This layer's experts have a staging area on the main backend (a decode pass may share).
+  bool streams_layer(std::span<const MlpWeights> experts) const;
   bool stream_moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const int32_t> host_ids,
                           std::span<const MlpWeights> experts, Tensor& y, const std::function<void()>& device_work,
                           bool decide = true);
@@ -293,6 +297,15 @@ class Model {
   // Routed experts per token of a one-token host-layer pass run on the main backend
   // (ExpertStreamCost::device_share; needs the staging area, stream_).
   int device_share_ = 0;
+  // Expert offload's decode pipeline (host_moe_experts): a one-token pass's host experts run on
+  // a pool of spinning workers while this thread queues the device's work of the layer and of
+  // the next one, the next behind a device-side wait for the host's signal
+  // (Backend::wait_host_signal), which the pass raises when it ends; it is joined
+  // (finish_host_pass) at the next host pass or when forward_rank's layer loop ends. Null:
+  // passes run in place (a host main backend, no page-locked staging, QWEN36_HOST_PIPELINE=0).
+  struct HostPipeline;
+  std::shared_ptr<HostPipeline> pipeline_;
+  void finish_host_pass();
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

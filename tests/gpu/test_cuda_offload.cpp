@@ -4,11 +4,14 @@
 // GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU; and the
 // GPU's share of decode passes (QWEN36_MOE_DEVICE_SHARE).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/scoped_env.h"
@@ -55,6 +58,46 @@ TEST_F(CudaOffload, PinAndUpload) {
   gpu_->unpin_host_memory(host.data(), host.size());
   EXPECT_TRUE(gpu_->pin_host_memory(host.data(), host.size()));
   gpu_->unpin_host_memory(host.data(), host.size());
+  // Pinned for the device to write too (Model's routing staging): copies land there and go back.
+  std::vector<uint8_t> back(host.size(), 0);
+  EXPECT_TRUE(gpu_->pin_host_memory(back.data(), back.size(), /*device_writes=*/true));
+  gpu_->copy_to_host(Tensor(dp, DType::U8, {int64_t(back.size())}), back.data());
+  EXPECT_TRUE(back == want);
+  gpu_->upload(back.data() + 1, dp, back.size() - 1);
+  EXPECT_TRUE(to_host(*gpu_, dp + 0, 4096) == std::vector<uint8_t>(want.begin() + 1, want.begin() + 4097));
+  gpu_->unpin_host_memory(back.data(), back.size());
+}
+
+// Backend::wait_host_signal holds the ops queued after it (an upload from page-locked memory)
+// until the host raises the signal, so they read what the host wrote after queuing them; and a
+// thread held in a copy to the host (it waits for the stream) is let go when another raises it.
+TEST_F(CudaOffload, HostSignalHoldsQueuedWork) {
+  std::atomic<uint64_t>* signal = gpu_->host_signal();
+  ASSERT_NE(signal, nullptr);
+  std::vector<float> host(4096, 1.0f);
+  ASSERT_TRUE(gpu_->pin_host_memory(host.data(), host.size() * sizeof(float)));
+  std::unique_ptr<DeviceBuffer> d = gpu_->alloc(host.size() * sizeof(float));
+  uint64_t v = signal->load() + 1;
+  gpu_->wait_host_signal(v);
+  gpu_->upload(host.data(), d->data(), host.size() * sizeof(float));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::fill(host.begin(), host.end(), 2.0f);
+  signal->store(v, std::memory_order_release);
+  std::vector<float> got(host.size());
+  gpu_->copy_to_host(Tensor(d->data(), DType::F32, {int64_t(got.size())}), got.data());
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 2.0f; }));
+  v = signal->load() + 1;
+  gpu_->wait_host_signal(v);
+  gpu_->upload(host.data(), d->data(), sizeof(float));
+  std::thread raiser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    host[0] = 3.0f;
+    signal->store(v, std::memory_order_release);
+  });
+  gpu_->copy_to_host(Tensor(d->data(), DType::F32, {1}), got.data());
+  raiser.join();
+  EXPECT_EQ(got[0], 3.0f);
+  gpu_->unpin_host_memory(host.data(), host.size() * sizeof(float));
 }
 
 // The tiny MoE written as a Q4_K_M GGUF (read-only private mapping when loaded).
@@ -175,6 +218,34 @@ TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
   EXPECT_TRUE(part(shared, false) == part(host, false)) << "prefill passes are not split";
   EXPECT_LE(e_share, 1.5 * e_host + 1e-4);
   EXPECT_LE(rel_err(part(shared, true), part(host, true)), 1.5 * e_host + 1e-4);
+}
+
+// The decode pipeline (host experts on the pool's workers while the next layer is queued behind
+// a device-side wait) computes what the passes in place compute: the same kernels and host
+// arithmetic on the same inputs, so bitwise the same logits, with and without a device share.
+// Its passes must have run (a pass count), else the comparison would be vacuous.
+TEST_F(CudaOffload, PipelinedDecodeIsBitwiseInPlace) {
+  const auto [c, path, all] = host_placed();
+  for (const char* share : {"0", "1"}) {
+    ScopedEnv s("QWEN36_MOE_DEVICE_SHARE", share);
+    std::vector<float> in_place, piped;
+    int64_t passes = 0;
+    {
+      ScopedEnv off("QWEN36_HOST_PIPELINE", "0");
+      std::unique_ptr<Backend> be = make_cuda_backend();
+      Model m(load_model_weights(path), *be, all);
+      in_place = run(m, *be, c);
+      EXPECT_EQ(m.pipelined_host_passes(), 0);
+    }
+    {
+      std::unique_ptr<Backend> be = make_cuda_backend();
+      Model m(load_model_weights(path), *be, all);
+      piped = run(m, *be, c);
+      passes = m.pipelined_host_passes();
+    }
+    EXPECT_EQ(passes, 4 * c.n_layers) << "share " << share;  // 4 decode steps, every layer's experts on the host
+    EXPECT_TRUE(piped == in_place) << "share " << share;
+  }
 }
 
 }  // namespace

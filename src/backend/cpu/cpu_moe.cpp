@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include "backend/cpu/cpu_moe_pass.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "quant/cpu_dot.h"
@@ -97,117 +98,131 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
   return act_in != DType::F32;
 }
 
-// Each token's weighted sum is an explicit fused multiply-add (what -O3 made of `o += w * y`
-// with FMA anyway), so a bitwise comparison does not depend on how a caller was compiled.
-// Every routed expert of the pass in one parallel region: x quantized once per token, the
-// gate/up rows of all experts as one work list, SwiGLU and its quantization per pair, the down
-// rows as one work list, then each token's sum in ascending expert order. The same dot
-// products, roundings and sum order as one matmul per expert (so the result is bitwise the
-// same), but a few barriers instead of three fork-joins per expert: with ~250 experts a pass
-// and 32 threads, the fork-joins took ~5 s per 35B-A3B layer for 64 tokens on the H200 host.
-void moe_experts_fused(const Tensor& x, std::span<const MlpWeights> experts, const Pairs& p, DType act_in,
-                       DType act_mid, Tensor& out) {
-  const int64_t D = x.cols(), T = x.rows(), E = int64_t(experts.size()), P = int64_t(p.tok.size());
+}  // namespace
+
+std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                                       std::span<const MlpWeights> experts, Tensor& out) {
+  const int64_t D = x.cols(), T = x.rows(), E = int64_t(experts.size());
+  Pairs p = route_pairs(weights, ids, E);
+  DType act_in, act_mid;
+  if (p.tok.empty() || !integer_experts(experts, p, act_in, act_mid)) return nullptr;
+  std::unique_ptr<MoePass> m(new MoePass());
   int64_t I = -1;  // every routed expert's intermediate size (the first one's)
   for (int64_t e = 0; e < E; ++e) {
     if (p.off[size_t(e)] == p.off[size_t(e) + 1]) continue;
-    const MlpWeights& m = experts[size_t(e)];
-    if (I < 0) I = m.gate_proj.rows();
-    QWEN36_CHECK(m.gate_proj.rows() == I && m.up_proj.rows() == I && m.gate_proj.cols() == D &&
-                     m.down_proj.rows() == D && m.down_proj.cols() == I,
-                 "moe_experts: expert {} is {} / {} / {} for hidden {}", e, m.gate_proj.shape_str(),
-                 m.up_proj.shape_str(), m.down_proj.shape_str(), D);
+    const MlpWeights& w = experts[size_t(e)];
+    if (I < 0) I = w.gate_proj.rows();
+    QWEN36_CHECK(w.gate_proj.rows() == I && w.up_proj.rows() == I && w.gate_proj.cols() == D &&
+                     w.down_proj.rows() == D && w.down_proj.cols() == I,
+                 "moe_experts: expert {} is {} / {} / {} for hidden {}", e, w.gate_proj.shape_str(),
+                 w.up_proj.shape_str(), w.down_proj.shape_str(), D);
+    for (int64_t r = 0; r < I; r += kRows) m->mid_items_.emplace_back(e, r);
+    for (int64_t r = 0; r < D; r += kRows) m->out_items_.emplace_back(e, r);
   }
-  const size_t xrow = dtype_row_bytes(act_in, D), arow = dtype_row_bytes(act_mid, I);
-  std::vector<std::byte> xq(size_t(T) * xrow), aq(size_t(P) * arow);
-  std::vector<float> gate(size_t(P * I)), up(size_t(P * I)), y(size_t(P * D));
-  // Work lists: (expert, first row) of kRows rows each.
-  constexpr int64_t kRows = 16;
-  std::vector<std::pair<int64_t, int64_t>> mid_items, out_items;
-  for (int64_t e = 0; e < E; ++e) {
-    if (p.off[size_t(e)] == p.off[size_t(e) + 1]) continue;
-    for (int64_t r = 0; r < I; r += kRows) mid_items.emplace_back(e, r);
-    for (int64_t r = 0; r < D; r += kRows) out_items.emplace_back(e, r);
-  }
+  const int64_t P = int64_t(p.tok.size());
+  m->experts_ = experts;
+  m->x_ = x.as<const float>();
+  m->out_ = out.as<float>();
+  m->T_ = T, m->D_ = D, m->I_ = I, m->dots_ = P * (2 * I + D);
+  m->act_in_ = act_in, m->act_mid_ = act_mid;
+  m->xrow_ = dtype_row_bytes(act_in, D), m->arow_ = dtype_row_bytes(act_mid, I);
+  m->xq_.resize(size_t(T) * m->xrow_);
+  m->aq_.resize(size_t(P) * m->arow_);
+  m->gate_.resize(size_t(P * I)), m->up_.resize(size_t(P * I)), m->y_.resize(size_t(P * D));
   // A token's pairs in ascending expert order (the pair list is expert-major).
-  std::vector<int64_t> tok_off(size_t(T + 1), 0), tok_pairs(static_cast<size_t>(P));
-  for (int64_t q = 0; q < P; ++q) ++tok_off[size_t(p.tok[size_t(q)]) + 1];
-  for (int64_t t = 0; t < T; ++t) tok_off[size_t(t + 1)] += tok_off[size_t(t)];
-  {
-    std::vector<int64_t> fill(tok_off.begin(), tok_off.end() - 1);
-    for (int64_t q = 0; q < P; ++q) tok_pairs[size_t(fill[size_t(p.tok[size_t(q)])]++)] = q;
-  }
-  const float* xp = x.as<const float>();
-  float* op = out.as<float>();
-  const int64_t n_mid = int64_t(mid_items.size()), n_out = int64_t(out_items.size());
-  // About 1024 row dots (~50 µs on one AVX-512 core for 35B-A3B rows) per thread: a decode
-  // step's 8 experts (24,576 dots) take up to 24 threads. A decode pass only streams the routed
-  // weights, so it wants every core's share of the memory bandwidth: on the H200 machine's
-  // 16-core host, reading touched memory ran at 59 GB/s with 12 threads and 77 GB/s with 16.
-  // (With more threads than free cores the barriers stall: 2 threads on a busy 2-core machine
-  // took 27 ms where one took 1.3.)
-  const int64_t dots = P * (2 * I + D);
-  const int threads = int(std::clamp<int64_t>(dots / 1024, 1, omp_get_max_threads()));
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) quantize_activation(act_in, xp + t * D, xq.data() + size_t(t) * xrow, D);
-    // One item (16 rows of gate and up, ~37 KB of a 35B-A3B expert) at a time: a one-token
-    // pass has only ~10 items a thread, and in fours the last ones left threads idle.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < n_mid; ++it) {
-      const auto [e, r0] = mid_items[size_t(it)];
-      const MlpWeights& m = experts[size_t(e)];
-      for (int64_t r = r0; r < std::min(r0 + kRows, I); ++r)
-        for (int64_t q = p.off[size_t(e)]; q < p.off[size_t(e) + 1]; ++q) {
-          const std::byte* a = xq.data() + size_t(p.tok[size_t(q)]) * xrow;
-          gate[size_t(q * I + r)] = dot_row(m.gate_proj.dtype, m.gate_proj.row(r), a, D);
-          up[size_t(q * I + r)] = dot_row(m.up_proj.dtype, m.up_proj.row(r), a, D);
-        }
-    }
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < P; ++q) {
-      Tensor g(gate.data() + q * I, DType::F32, {1, I});
-      const Tensor u(up.data() + q * I, DType::F32, {1, I});
-      swiglu(g, u, g);
-      quantize_activation(act_mid, g.as<const float>(), aq.data() + size_t(q) * arow, I);
-    }
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t it = 0; it < n_out; ++it) {
-      const auto [e, r0] = out_items[size_t(it)];
-      const Tensor& w = experts[size_t(e)].down_proj;
-      for (int64_t r = r0; r < std::min(r0 + kRows, D); ++r)
-        for (int64_t q = p.off[size_t(e)]; q < p.off[size_t(e) + 1]; ++q)
-          y[size_t(q * D + r)] = dot_row(w.dtype, w.row(r), aq.data() + size_t(q) * arow, I);
-    }
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* o = op + t * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t i = tok_off[size_t(t)]; i < tok_off[size_t(t) + 1]; ++i) {
-        const int64_t q = tok_pairs[size_t(i)];
-        const float wq = p.w[size_t(q)];
-        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(wq, y[size_t(q * D + d)], o[d]);
-      }
-    }
+  m->tok_off_.assign(size_t(T + 1), 0);
+  m->tok_pairs_.resize(size_t(P));
+  for (int64_t q = 0; q < P; ++q) ++m->tok_off_[size_t(p.tok[size_t(q)]) + 1];
+  for (int64_t t = 0; t < T; ++t) m->tok_off_[size_t(t + 1)] += m->tok_off_[size_t(t)];
+  std::vector<int64_t> fill(m->tok_off_.begin(), m->tok_off_.end() - 1);
+  for (int64_t q = 0; q < P; ++q) m->tok_pairs_[size_t(fill[size_t(p.tok[size_t(q)])]++)] = q;
+  m->off_ = std::move(p.off), m->tok_ = std::move(p.tok), m->w_ = std::move(p.w);
+  const int64_t n[kPhases] = {T, int64_t(m->mid_items_.size()), P, int64_t(m->out_items_.size()), T};
+  std::copy(n, n + kPhases, m->n_items_);
+  return m;
+}
+
+void MoePass::run(int phase, int64_t item) noexcept {
+  switch (phase) {
+    case 0:
+      return quantize_activation(act_in_, x_ + item * D_, xq_.data() + size_t(item) * xrow_, D_);
+    case 1:
+      return gate_up(item);
+    case 2:
+      return mid(item);
+    case 3:
+      return down(item);
+    default:
+      return sum(item);
   }
 }
 
-}  // namespace
+void MoePass::gate_up(int64_t item) noexcept {
+  const auto [e, r0] = mid_items_[size_t(item)];
+  const MlpWeights& m = experts_[size_t(e)];
+  for (int64_t r = r0; r < std::min(r0 + kRows, I_); ++r)
+    for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q) {
+      const std::byte* a = xq_.data() + size_t(tok_[size_t(q)]) * xrow_;
+      gate_[size_t(q * I_ + r)] = dot_row(m.gate_proj.dtype, m.gate_proj.row(r), a, D_);
+      up_[size_t(q * I_ + r)] = dot_row(m.up_proj.dtype, m.up_proj.row(r), a, D_);
+    }
+}
 
+void MoePass::mid(int64_t q) noexcept {
+  Tensor g(gate_.data() + q * I_, DType::F32, {1, I_});
+  const Tensor u(up_.data() + q * I_, DType::F32, {1, I_});
+  swiglu(g, u, g);
+  quantize_activation(act_mid_, g.as<const float>(), aq_.data() + size_t(q) * arow_, I_);
+}
+
+void MoePass::down(int64_t item) noexcept {
+  const auto [e, r0] = out_items_[size_t(item)];
+  const Tensor& w = experts_[size_t(e)].down_proj;
+  for (int64_t r = r0; r < std::min(r0 + kRows, D_); ++r)
+    for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q)
+      y_[size_t(q * D_ + r)] = dot_row(w.dtype, w.row(r), aq_.data() + size_t(q) * arow_, I_);
+}
+
+// Each token's weighted sum is an explicit fused multiply-add (what -O3 made of `o += w * y`
+// with FMA anyway), so a bitwise comparison does not depend on how a caller was compiled.
+void MoePass::sum(int64_t t) noexcept {
+  float* o = out_ + t * D_;
+  std::fill(o, o + D_, 0.0f);
+  for (int64_t i = tok_off_[size_t(t)]; i < tok_off_[size_t(t) + 1]; ++i) {
+    const int64_t q = tok_pairs_[size_t(i)];
+    const float wq = w_[size_t(q)];
+    for (int64_t d = 0; d < D_; ++d) o[d] = std::fma(wq, y_[size_t(q * D_ + d)], o[d]);
+  }
+}
+
+// Every routed expert of the pass in one parallel region, MoePass's phases with a barrier
+// between them: the same dot products, roundings and sum order as one matmul per expert (so
+// the result is bitwise the same), but a few barriers instead of three fork-joins per expert:
+// with ~250 experts a pass and 32 threads, the fork-joins took ~5 s per 35B-A3B layer for 64
+// tokens on the H200 host. Items go one at a time: a one-token pass has only ~10 gate / up
+// items a thread, and in fours the last ones left threads idle. (With more threads than free
+// cores the barriers stall: 2 threads on a busy 2-core machine took 27 ms where one took 1.3;
+// hence never more than omp_get_max_threads.)
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out) {
   const int64_t D = x.cols(), T = x.rows();
   QWEN36_CHECK(out.numel() == T * D && ids.rows() == T && weights.numel() == ids.numel() && ids.dtype == DType::I32,
                "moe_experts: x {} weights {} ids {} out {}", x.shape_str(), weights.shape_str(), ids.shape_str(),
                out.shape_str());
+  if (const std::unique_ptr<MoePass> pass = MoePass::make(x, weights, ids, experts, out)) {
+    const int threads = int(std::clamp<int64_t>(pass->useful_threads(), 1, omp_get_max_threads()));
+#pragma omp parallel num_threads(threads)
+    for (int phase = 0; phase < MoePass::kPhases; ++phase) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < pass->items(phase); ++it) pass->run(phase, it);
+    }
+    return;
+  }
   const Pairs p = route_pairs(weights, ids, int64_t(experts.size()));
   if (p.tok.empty()) {  // every chosen expert is another rank's (expert parallelism)
     std::fill(out.as<float>(), out.as<float>() + T * D, 0.0f);
     return;
   }
-  DType act_in, act_mid;
-  if (integer_experts(experts, p, act_in, act_mid)) return moe_experts_fused(x, experts, p, act_in, act_mid, out);
   std::fill(out.as<float>(), out.as<float>() + T * D, 0.0f);
   std::vector<float> xs, gate, up, act, y;
   // Ascending expert order, matching the reference's accumulation order.

@@ -3,12 +3,14 @@
 // host synchronise it.
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 #include <unordered_map>
 
@@ -159,6 +161,12 @@ void check_weight_dtype(const Tensor& w, const char* op) {
 
 namespace {
 
+// Backend::wait_host_signal: one thread spinning on the page-locked word until the host raises
+// it; each read crosses the bus, so it naps between reads.
+__global__ void wait_host_value(const volatile unsigned long long* signal, unsigned long long value) {
+  while (*signal < value) __nanosleep(256);
+}
+
 class CudaBuffer final : public DeviceBuffer {
  public:
   CudaBuffer(size_t bytes, cudaStream_t s) : size_(bytes), stream_(s) {
@@ -204,7 +212,7 @@ class PinnedHostRanges {
     for (const auto& r : ranges_) cudaHostUnregister(reinterpret_cast<void*>(r.first));
     cudaGetLastError();  // a range whose memory is gone already: nothing left to do
   }
-  bool pin(const void* p, size_t bytes, int device) {
+  bool pin(const void* p, size_t bytes, int device, bool writable) {
     if (bytes == 0) return true;
     uintptr_t cur = 0, end = 0;
     page_range(p, bytes, &cur, &end);
@@ -224,8 +232,9 @@ class PinnedHostRanges {
       }
       const uintptr_t stop = it == ranges_.end() ? end : std::min(end, it->first);
       void* q = reinterpret_cast<void*>(cur);
-      cudaError_t e = cudaHostRegister(q, stop - cur, read_only_ ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
-      if (e != cudaSuccess && read_only_) {  // a driver refusing the flag for this memory: try without
+      const bool ro = read_only_ && !writable;
+      cudaError_t e = cudaHostRegister(q, stop - cur, ro ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+      if (e != cudaSuccess && ro) {  // a driver refusing the flag for this memory: try without
         cudaGetLastError();
         e = cudaHostRegister(q, stop - cur, cudaHostRegisterDefault);
       }
@@ -333,6 +342,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
+    if (signal_) cudaFreeHost(signal_);
     if (profile_) print_profile();
     drop_graphs();
     for (auto& kv : ctx_.constants) cudaFree(kv.second);
@@ -384,10 +394,10 @@ class CudaBackend final : public Backend {
   }
   // Streaming host memory in (expert offload): page-locked ranges, and uploads queued on the
   // op stream (async from pinned memory; a pageable source is staged by the driver).
-  bool pin_host_memory(const void* p, size_t bytes) override {
+  bool pin_host_memory(const void* p, size_t bytes, bool device_writes) override {
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
-    return pinned_.pin(p, bytes, device);
+    return pinned_.pin(p, bytes, device, device_writes);
   }
   void unpin_host_memory(const void* p, size_t bytes) override { pinned_.unpin(p, bytes); }
   void upload(const void* src, void* dst, size_t bytes) override {
@@ -398,6 +408,22 @@ class CudaBackend final : public Backend {
       if (!pinned && n >= cuda::HostBounce::kMinBytes && !ctx_.capturing && bounce_.upload(piece, to, n, ctx_.stream)) return;
       CUDA_CHECK(cudaMemcpyAsync(to, piece, n, cudaMemcpyHostToDevice, ctx_.stream));
     });
+  }
+  std::atomic<uint64_t>* host_signal() override {
+    if (!signal_) {
+      void* p = nullptr;
+      CUDA_CHECK(cudaHostAlloc(&p, sizeof(std::atomic<uint64_t>), cudaHostAllocMapped));
+      signal_ = new (p) std::atomic<uint64_t>(0);
+      void* d = nullptr;
+      CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
+      signal_dev_ = static_cast<const unsigned long long*>(d);
+    }
+    return signal_;
+  }
+  void wait_host_signal(uint64_t value) override {
+    QWEN36_CHECK(signal_ != nullptr && !ctx_.capturing, "wait_host_signal: no host_signal() yet, or a recording");
+    wait_host_value<<<1, 1, 0, ctx_.stream>>>(signal_dev_, value);
+    CUDA_CHECK(cudaGetLastError());
   }
   void upload_batch(std::span<const UploadPiece> pieces) override {
     if (ctx_.capturing || !batch_copies_ || pieces.size() < 2) return Backend::upload_batch(pieces);
@@ -745,6 +771,8 @@ class CudaBackend final : public Backend {
   std::vector<const void*> batch_src_;
   std::vector<size_t> batch_bytes_;
   cuda::HostBounce bounce_;      // upload()'s path for large pageable ranges
+  std::atomic<uint64_t>* signal_ = nullptr;  // host_signal(): page-locked, mapped
+  const unsigned long long* signal_dev_ = nullptr;
 };
 
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
