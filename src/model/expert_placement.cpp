@@ -169,11 +169,15 @@ ExpertStreamCost expert_stream_cost() {
   };
   positive("QWEN36_MOE_HOST_GFLOPS", &c.host_flops, 1e9);
   positive("QWEN36_MOE_PCIE_GBS", &c.pinned_bytes_per_s, 1e9);
-  if (const char* e = std::getenv("QWEN36_MOE_PIN"); e && *e) {
+  auto flag = [](const char* name, bool* out) {
+    const char* e = std::getenv(name);
+    if (!e || !*e) return;
     const std::string v = e;
-    QWEN36_CHECK(v == "0" || v == "1", "QWEN36_MOE_PIN=\"{}\": expected 0 or 1", v);
-    c.pin = v == "1";
-  }
+    QWEN36_CHECK(v == "0" || v == "1", "{}=\"{}\": expected 0 or 1", name, v);
+    *out = v == "1";
+  };
+  flag("QWEN36_MOE_PIN", &c.pin);
+  flag("QWEN36_HOST_PIPELINE", &c.pipeline);
   if (const char* e = std::getenv("QWEN36_MOE_DEVICE_SHARE"); e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);

@@ -106,6 +106,10 @@ struct ExpertStreamCost {
   // 3; --n-cpu-moe 40: 53.6 / 52.1 / 53.9 / 53.9 with 0 / 2 / 3 / 4 (the host's fixed costs per
   // pass dominate there).
   int device_share = 3;
+  // Decode passes of host layers through the pipeline (Model::HostPipeline: the host's experts
+  // on a worker pool while the next layer is queued): QWEN36_HOST_PIPELINE=1 (the default) or 0
+  // (each pass in place, the fallback).
+  bool pipeline = true;
 };
 ExpertStreamCost expert_stream_cost();
 

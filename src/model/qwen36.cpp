@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdlib>
 #include <set>
 #include <unordered_map>
 
@@ -28,13 +27,6 @@
 #include "core/error.h"
 
 namespace qwen36 {
-
-namespace {
-bool env_is_zero(const char* name) {
-  const char* e = std::getenv(name);
-  return e && e[0] == '0' && e[1] == '\0';
-}
-}  // namespace
 
 // Expert offload's decode pipeline (qwen36.h; host_moe_experts, finish_host_pass).
 struct Model::HostPipeline {
@@ -156,8 +148,7 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   host_ = make_cpu_backend(host_threads);
   staging_ = std::make_shared<HostStaging>();
   if (backend_.free_memory() != 0) staging_->pin(backend_, w_.config.n_experts_per_tok, w_.config.hidden_size);
-  // QWEN36_HOST_PIPELINE=0: decode passes in place (the fallback, and the comparison for it).
-  if (staging_->pinned && !env_is_zero("QWEN36_HOST_PIPELINE")) {
+  if (staging_->pinned && cost.pipeline) {
     if (std::atomic<uint64_t>* signal = backend_.host_signal()) {
       pipeline_ = std::make_shared<HostPipeline>();
       pipeline_->signal = signal;
@@ -482,7 +473,7 @@ void Model::host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpW
   }
   queue_device();
   const double t_out = ms();
-  cpu::moe_experts(hx, host_w, host_ids, experts, hy);
+  host_->moe_experts(hx, host_w, host_ids, experts, hy);
   const double t_host = ms();
   if (pinned)
     backend_.upload(host_y, sum.data, sum_bytes);

@@ -942,22 +942,8 @@ TEST_F(CpuOps, MoeExpertsWeightedSwigluSum) {
 TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertMatmuls) {
   Rng r(61);
   const int64_t E = 6, D = 256, I = 512, k = 2;
-  std::vector<std::vector<std::byte>> bytes(size_t(E * 3));
-  std::vector<MlpWeights> experts(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t shapes[3][2] = {{I, D}, {I, D}, {D, I}};
-    const DType types[3] = {DType::Q4_K, DType::Q4_K, DType::Q6_K};
-    Tensor* dst[3] = {&experts[size_t(e)].gate_proj, &experts[size_t(e)].up_proj, &experts[size_t(e)].down_proj};
-    for (int m = 0; m < 3; ++m) {
-      const size_t idx = size_t(e * 3 + m);
-      const auto f = r.vec(size_t(shapes[m][0] * shapes[m][1]), -0.5f, 0.5f);
-      const size_t rb = dtype_row_bytes(types[m], shapes[m][1]);
-      bytes[idx].resize(rb * size_t(shapes[m][0]));
-      for (int64_t row = 0; row < shapes[m][0]; ++row)
-        quantize_row(types[m], f.data() + row * shapes[m][1], bytes[idx].data() + size_t(row) * rb, shapes[m][1]);
-      *dst[m] = Tensor(bytes[idx].data(), types[m], {shapes[m][0], shapes[m][1]});
-    }
-  }
+  const test::QuantExperts q = test::quant_experts(r, E, D, I);
+  const std::vector<MlpWeights>& experts = q.mlp;
   for (int64_t T : {1, 9}) {
     auto x = r.vec(size_t(T * D), -2, 2);
     std::vector<int32_t> ids(size_t(T * k));

@@ -1,7 +1,7 @@
 #pragma once
 // defines: helpers shared by the CPU-op tests: a deterministic generator (Rng), tensors over
 //          std::vector storage, independent bf16/f16 decoders, and a closeness check that
-//          reports the worst element.
+//          reports the worst element; GGUF-quantized random experts.
 //
 // The decoders are written here on purpose (not core/dtype.h): the tests must not trust the
 // code they check.
@@ -10,11 +10,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/weights.h"
+#include "quant/quant.h"
 
 namespace qwen36::test {
 
@@ -117,6 +120,34 @@ inline void expect_close(const std::vector<float>& actual, const std::vector<flo
   ASSERT_EQ(actual.size(), expected.size()) << what;
   std::vector<double> e(expected.begin(), expected.end());
   expect_close(actual.data(), e.data(), actual.size(), atol, rtol, what);
+}
+
+// E routed experts of Q4_K gate / up and Q6_K down (the 35B-A3B Q4_K_M experts' types),
+// hidden D, intermediate I, quantized from uniform(-0.5, 0.5) rows of r; the tensors point
+// into `bytes`.
+struct QuantExperts {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<MlpWeights> mlp;
+};
+inline QuantExperts quant_experts(Rng& r, int64_t E, int64_t D, int64_t I) {
+  QuantExperts q;
+  q.bytes.resize(size_t(E * 3));
+  q.mlp.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t shapes[3][2] = {{I, D}, {I, D}, {D, I}};
+    const DType types[3] = {DType::Q4_K, DType::Q4_K, DType::Q6_K};
+    Tensor* dst[3] = {&q.mlp[size_t(e)].gate_proj, &q.mlp[size_t(e)].up_proj, &q.mlp[size_t(e)].down_proj};
+    for (int m = 0; m < 3; ++m) {
+      std::vector<std::byte>& b = q.bytes[size_t(e * 3 + m)];
+      const auto f = r.vec(size_t(shapes[m][0] * shapes[m][1]), -0.5f, 0.5f);
+      const size_t rb = dtype_row_bytes(types[m], shapes[m][1]);
+      b.resize(rb * size_t(shapes[m][0]));
+      for (int64_t row = 0; row < shapes[m][0]; ++row)
+        quantize_row(types[m], f.data() + row * shapes[m][1], b.data() + size_t(row) * rb, shapes[m][1]);
+      *dst[m] = Tensor(b.data(), types[m], {shapes[m][0], shapes[m][1]});
+    }
+  }
+  return q;
 }
 
 }  // namespace qwen36::test

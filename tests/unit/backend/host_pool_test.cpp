@@ -19,34 +19,9 @@
 namespace qwen36 {
 namespace {
 
+using test::quant_experts;
+using test::QuantExperts;
 using test::Rng;
-
-struct QuantExperts {
-  std::vector<std::vector<std::byte>> bytes;
-  std::vector<MlpWeights> mlp;
-};
-
-// Q4_K gate / up, Q6_K down (the 35B-A3B Q4_K_M experts' types), random rows.
-QuantExperts quant_experts(Rng& r, int64_t E, int64_t D, int64_t I) {
-  QuantExperts q;
-  q.bytes.resize(size_t(E * 3));
-  q.mlp.resize(size_t(E));
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t shapes[3][2] = {{I, D}, {I, D}, {D, I}};
-    const DType types[3] = {DType::Q4_K, DType::Q4_K, DType::Q6_K};
-    Tensor* dst[3] = {&q.mlp[size_t(e)].gate_proj, &q.mlp[size_t(e)].up_proj, &q.mlp[size_t(e)].down_proj};
-    for (int m = 0; m < 3; ++m) {
-      std::vector<std::byte>& b = q.bytes[size_t(e * 3 + m)];
-      const auto f = r.vec(size_t(shapes[m][0] * shapes[m][1]), -0.5f, 0.5f);
-      const size_t rb = dtype_row_bytes(types[m], shapes[m][1]);
-      b.resize(rb * size_t(shapes[m][0]));
-      for (int64_t row = 0; row < shapes[m][0]; ++row)
-        quantize_row(types[m], f.data() + row * shapes[m][1], b.data() + size_t(row) * rb, shapes[m][1]);
-      *dst[m] = Tensor(b.data(), types[m], {shapes[m][0], shapes[m][1]});
-    }
-  }
-  return q;
-}
 
 TEST(HostPool, PassesMatchOpenMpBitwise) {
   Rng r(83);
