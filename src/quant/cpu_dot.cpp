@@ -62,6 +62,25 @@ struct Table {
   std::string_view name[kTypes] = {};
 };
 
+}  // namespace
+
+DotIsa dot_isa() {
+  static const DotIsa isa = [] {
+    const char* cap_env = std::getenv("QWEN36_CPU_ISA");
+    const std::string_view cap = cap_env ? cap_env : "";
+    if (cap == "scalar") return DotIsa::Scalar;
+#if defined(__x86_64__)
+    if (cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+      return DotIsa::Avx512Vnni;
+#endif
+    return DotIsa::Avx2;
+  }();
+  return isa;
+}
+
+namespace {
+
 Table make_table() {
   Table t;
   for (int i = 0; i < kTypes; ++i) t.name[i] = "scalar";
@@ -70,18 +89,12 @@ Table make_table() {
     t.fn[int(d)] = f;
     t.name[int(d)] = name;
   };
-  // QWEN36_CPU_ISA=scalar|avx2 caps the kernels (benchmarks, and ruling out a SIMD bug).
-  const char* cap_env = std::getenv("QWEN36_CPU_ISA");
-  const std::string_view cap = cap_env ? cap_env : "";
-  if (cap == "scalar") return t;
+  const DotIsa isa = dot_isa();
+  if (isa == DotIsa::Scalar) return t;
   for (const auto& k : avx2_dot_kernels()) set(k.type, k.fn, "avx2");
   for (const auto& k : hf_avx2_dot_kernels()) set(k.type, k.fn, "avx2");
-#if defined(__x86_64__)
-  if (cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+  if (isa == DotIsa::Avx512Vnni)
     for (const auto& k : avx512_dot_kernels()) set(k.type, k.fn, "avx512vnni");
-  }
-#endif
   return t;
 }
 

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "quant/blocks.h"
+#include "quant/cpu_dot_g32.h"
 #include "quant/cpu_dot_k_scales.h"
 #include "quant/cpu_dot_kernels.h"
 
@@ -197,12 +198,14 @@ float dot_q8_k(const void* w, const void* a, int64_t n) {
 // layout (chunk c: the low nibbles of qs[32c, +32) are sub-block 2c, the high ones 2c + 1); Q5_K
 // adds bit 4 of every code from qh (bits 2c and 2c + 1 of each byte). A sub-block's scale
 // reaches its 16 int16 pair sums by a byte shuffle of the decoded scales (index byte 0x80:
-// the zero high byte).
-template <typename Block>
+// the zero high byte). Act: BlockQ8_K (one scale per super-block: the sub-blocks' integer sums
+// add up before one float multiply) or BlockQ8G32 (a scale per sub-block: a float multiply-add
+// per sub-block; the mins against the activations' d · Σq).
+template <typename Block, typename Act>
 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
-  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>, kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const Block*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const auto* y = static_cast<const Act*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   __m256i idx[8];
   for (int j = 0; j < 8; ++j) idx[j] = _mm256_set1_epi16(int16_t(0x8000 | j));
@@ -210,8 +213,15 @@ float dot_k_nibbles(const void* w, const void* a, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m128i sm = k_scales_mins(x[i].scales);
     const __m256i sc = _mm256_broadcastsi128_si256(sm);
-    const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
+    float d, dmin;
+    if constexpr (kG32) {
+      d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_mul_ps(m, _mm256_loadu_ps(y[i].ds)), acc_m);
+    } else {
+      d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
+      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
+    }
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = loadu256(x[i].qh);
     __m256i sumi = _mm256_setzero_si256();
@@ -227,20 +237,31 @@ float dot_k_nibbles(const void* w, const void* a, int64_t n) {
       }
       const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
       const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, idx[2 * c])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, idx[2 * c + 1])));
+      const __m256i slo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, idx[2 * c]));
+      const __m256i shi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, idx[2 * c + 1]));
+      if constexpr (kG32) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[2 * c]), _mm256_cvtepi32_ps(slo), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[2 * c + 1]), _mm256_cvtepi32_ps(shi), acc);
+      } else {
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(slo, shi));
+      }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    if constexpr (!kG32) acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum(acc) - hsum(acc_m);
 }
 
-float dot_q4_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ4_K>(w, a, n); }
-float dot_q5_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ5_K>(w, a, n); }
+float dot_q4_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ4_K, BlockQ8_K>(w, a, n); }
+float dot_q5_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ5_K, BlockQ8_K>(w, a, n); }
 
-float dot_q6_k(const void* w, const void* a, int64_t n) {
+// Q6_K: 16 sub-blocks of 16 with int8 scales, codes 0..63 whose −32 is applied once through
+// the activations' sums per 16 (Q8_K: bsums, BlockQ8G32: hsums). With per-32 activation scales
+// (BlockQ8G32) the 32-value vector m of half h is group 4h + m: its scaled sums take its scale.
+template <typename Act>
+float dot_q6_k_act(const void* w, const void* a, int64_t n) {
+  constexpr bool kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const auto* y = static_cast<const Act*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
   // For a byte shuffle of 8 int16 scales in each 128-bit lane: scale 2m in the low lane's words
   // and 2m + 1 in the high lane's (the two groups of 16 of a 32-value vector).
@@ -252,10 +273,18 @@ float dot_q6_k(const void* w, const void* a, int64_t n) {
   __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    const float d = h2f(x[i].d) * y[i].d;
+    float d;
     // The -32 of every value, applied once: 32 * sum_k sc[k] * (sum of the activations of group k).
-    acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))),
-                              acc_off);
+    if constexpr (kG32) {
+      d = h2f(x[i].d);
+      // Lane j: sub-blocks 2j and 2j + 1, one activation group: times that group's scale.
+      const __m256 dg = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(y[i].d));
+      acc_off = _mm256_fmadd_ps(dg, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].hsums))), acc_off);
+    } else {
+      d = h2f(x[i].d) * y[i].d;
+      acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))),
+                                acc_off);
+    }
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = loadu256(x[i].ql + 64 * h);
@@ -273,12 +302,31 @@ float dot_q6_k(const void* w, const void* a, int64_t n) {
       for (int m = 0; m < 4; ++m) {
         // 32 values = two groups of 16 with their own scales: int16 lanes 0-7 and 8-15.
         const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[i].qs + 128 * h + 32 * m));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, idx[m])));
+        const __m256i s = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, idx[m]));
+        if constexpr (kG32)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[4 * h + m]), _mm256_cvtepi32_ps(s), acc);
+        else
+          sumi = _mm256_add_epi32(sumi, s);
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    if constexpr (!kG32) acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum(acc) - 32.0f * hsum(acc_off);
+}
+
+float dot_q6_k(const void* w, const void* a, int64_t n) { return dot_q6_k_act<BlockQ8_K>(w, a, n); }
+
+// Q8_0 weights against per-32 activations: block b is group b % 8 of activation block b / 8.
+float dot_q8_0_g32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8G32*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ8G32& g = y[b / 8];
+    const __m256i s = dot_s8s8(loadu256(x[b].qs), loadu256(g.qs + 32 * (b % 8)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].d) * g.d[b % 8]), _mm256_cvtepi32_ps(s), acc);
+  }
+  return hsum(acc);
 }
 
 // IQ4_XS: 8 sub-blocks of 32 codes looked up in a 16-entry grid; sub-block ib's 6-bit scale is
@@ -321,9 +369,17 @@ constexpr DotKernel kKernels[] = {
     {DType::Q8_K, dot_q8_k},
 };
 
+constexpr DotKernel kG32Kernels[] = {
+    {DType::Q4_K, dot_k_nibbles<BlockQ4_K, BlockQ8G32>},
+    {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8G32>},
+    {DType::Q6_K, dot_q6_k_act<BlockQ8G32>},
+    {DType::Q8_0, dot_q8_0_g32},
+};
+
 }  // namespace
 
 std::span<const DotKernel> avx2_dot_kernels() { return kKernels; }
+std::span<const DotKernel> avx2_g32_kernels() { return kG32Kernels; }
 
 }  // namespace qwen36
 
@@ -331,6 +387,7 @@ std::span<const DotKernel> avx2_dot_kernels() { return kKernels; }
 
 namespace qwen36 {
 std::span<const DotKernel> avx2_dot_kernels() { return {}; }
+std::span<const DotKernel> avx2_g32_kernels() { return {}; }
 }  // namespace qwen36
 
 #endif

@@ -1,8 +1,12 @@
-// AVX-512 VNNI dot products for the types used in practice (Q8_0, Q4_K, Q5_K, Q6_K). They are
-// compiled for that ISA with a target attribute (the build baseline stays x86-64-v3) and only
-// used when __builtin_cpu_supports reports AVX-512 F/BW/VL/VNNI (cpu_dot.cpp). Same arithmetic as
+// AVX-512 VNNI dot products for the types used in practice (Q8_0, Q4_K, Q5_K, Q6_K), against the
+// CPU's own 8-bit activations (Q8_0 / Q8_K) and the CUDA backend's per-32 ones (cpu_dot_g32.h).
+// They are compiled for that ISA with a target attribute (the build baseline stays x86-64-v3) and
+// only used when __builtin_cpu_supports reports AVX-512 F/BW/VL/VNNI (cpu_dot.cpp). Same arithmetic as
 // the AVX2 kernels, 64 bytes per step; dpwssd fuses the scale multiply with the accumulation.
+#include <type_traits>
+
 #include "quant/blocks.h"
+#include "quant/cpu_dot_g32.h"
 #include "quant/cpu_dot_k_scales.h"
 #include "quant/cpu_dot_kernels.h"
 
@@ -23,28 +27,38 @@ QWEN36_AVX512 inline __m256i loadu256(const void* p) { return _mm256_loadu_si256
 QWEN36_AVX512 inline __m512i join(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
-QWEN36_AVX512 float dot_q8_0(const void* w, const void* a, int64_t n) {
+// Q8_0 weights against Q8_0 activations (block b: y[b]) or per-32 ones (group b % 8 of y[b / 8]).
+template <typename Act>
+QWEN36_AVX512 float dot_q8_0_act(const void* w, const void* a, int64_t n) {
+  constexpr bool kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const auto* y = static_cast<const Act*>(a);
+  auto codes = [y](int64_t b) -> const int8_t* {
+    if constexpr (kG32) return y[b / 8].qs + 32 * (b % 8);
+    else return y[b].qs;
+  };
+  auto scale = [x, y](int64_t b) -> float {
+    if constexpr (kG32) return _cvtsh_ss(x[b].d) * y[b / 8].d[b % 8];
+    else return _cvtsh_ss(x[b].d) * _cvtsh_ss(y[b].d);
+  };
   const int64_t nb = n / kQK;
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 2 <= nb; i += 2) {  // two blocks per 512-bit step
     const __m512i qx = join(loadu256(x[i].qs), loadu256(x[i + 1].qs));
-    const __m512i qy = join(loadu256(y[i].qs), loadu256(y[i + 1].qs));
+    const __m512i qy = join(loadu256(codes(i)), loadu256(codes(i + 1)));
     // |x| (unsigned) times y with x's sign.
     const __m512i sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), _mm512_setzero_si512(), qy);
     const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qx), sy);
-    const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)),
-                                          _mm512_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)));
+    const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(scale(i)), _mm512_set1_ps(scale(i + 1)));
     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
   }
   float sum = _mm512_reduce_add_ps(acc);
   for (; i < nb; ++i) {
-    const __m256i qx = loadu256(x[i].qs), qy = loadu256(y[i].qs);
+    const __m256i qx = loadu256(x[i].qs), qy = loadu256(codes(i));
     const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
     const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(p, p), _mm256_hadd_epi32(p, p));
-    sum += _cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d) * float(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 4));
+    sum += scale(i) * float(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 4));
   }
   return sum;
 }
@@ -63,10 +77,21 @@ QWEN36_AVX512 inline __m512i k_chunk_scale_index(int c) {
   return join(_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi));
 }
 
-QWEN36_AVX512 float dot_q4_k(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const BlockQ4_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+// Per-32 activations (BlockQ8G32): a float vector whose low 8 lanes take group k's scale and
+// high 8 group k + 1's, from the 8 group scales in lanes 0-7 of dd.
+QWEN36_AVX512 inline __m512 pair_scales(__m512 dd, int k) {
+  return _mm512_permutexvar_ps(join(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1)), dd);
+}
+
+// Q4_K and Q5_K (the 5th bit from qh: bits 2c and 2c + 1 of each byte for chunk c) against Q8_K
+// activations (the sub-blocks' scaled integer sums add up, one float multiply per super-block)
+// or per-32 ones (chunk c's 16 int32 lanes are groups 2c and 2c + 1: one multiply-add each).
+template <typename Block, typename Act>
+QWEN36_AVX512 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>, kG32 = std::is_same_v<Act, BlockQ8G32>;
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const Act*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const __m512i idx[4] = {k_chunk_scale_index(0), k_chunk_scale_index(1), k_chunk_scale_index(2),
                           k_chunk_scale_index(3)};
   // Float accumulation stays in vectors; one horizontal sum per row, not per block.
@@ -75,46 +100,36 @@ QWEN36_AVX512 float dot_q4_k(const void* w, const void* a, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m128i sm = k_scales_mins(x[i].scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
+    __m512 dd = _mm512_setzero_ps();
+    if constexpr (kG32) {
+      dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_loadu_ps(y[i].d)));
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin)), _mm256_mul_ps(m, _mm256_loadu_ps(y[i].ds)), acc_m);
+    } else {
+      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin) * y[i].d),
+                              _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
+    }
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = loadu256(x[i].qh);
     __m512i sumi = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       // 64 values: low nibbles (sub-block 2c) then high nibbles (2c+1), as the activations lie.
       const __m256i q = loadu256(x[i].qs + 32 * c);
-      const __m512i qq = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low4);
-      const __m512i p = _mm512_maddubs_epi16(qq, _mm512_loadu_si512(y[i].qs + 64 * c));
-      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
+      __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFifthBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
+      const __m512i p = _mm512_maddubs_epi16(join(lo, hi), _mm512_loadu_si512(y[i].qs + 64 * c));
+      if constexpr (kG32) {
+        const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p, _mm512_shuffle_epi8(sc, idx[c]));
+        acc = _mm512_fmadd_ps(pair_scales(dd, 2 * c), _mm512_cvtepi32_ps(s), acc);
+      } else {
+        sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
+      }
     }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin) * y[i].d),
-                            _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
-  }
-  return _mm512_reduce_add_ps(acc) - hsum(acc_m);
-}
-
-QWEN36_AVX512 float dot_q5_k(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const BlockQ5_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const __m512i idx[4] = {k_chunk_scale_index(0), k_chunk_scale_index(1), k_chunk_scale_index(2),
-                          k_chunk_scale_index(3)};
-  __m512 acc = _mm512_setzero_ps();
-  __m256 acc_m = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const __m128i sm = k_scales_mins(x[i].scales);
-    const __m512i sc = _mm512_broadcast_i32x4(sm);
-    const __m256i qh = loadu256(x[i].qh);
-    __m512i sumi = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q = loadu256(x[i].qs + 32 * c);
-      const __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
-      const __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
-      const __m512i qq = join(_mm256_or_si256(_mm256_and_si256(q, low4), hlo),
-                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), hhi));
-      const __m512i p = _mm512_maddubs_epi16(qq, _mm512_loadu_si512(y[i].qs + 64 * c));
-      sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
-    }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin) * y[i].d),
-                            _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
+    if constexpr (!kG32)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
   }
   return _mm512_reduce_add_ps(acc) - hsum(acc_m);
 }
@@ -126,12 +141,15 @@ QWEN36_AVX512 inline __m512i q6_scale_index(int first) {
   return join(_mm256_set_m128i(word(first + 1), word(first)), _mm256_set_m128i(word(first + 3), word(first + 2)));
 }
 
-QWEN36_AVX512 float dot_q6_k(const void* w, const void* a, int64_t n) {
+template <typename Act>
+QWEN36_AVX512 float dot_q6_k_act(const void* w, const void* a, int64_t n) {
+  constexpr bool kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const auto* y = static_cast<const Act*>(a);
   const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
   // A half's 128 values as two 64-value vectors, [ql0 | ql1] low nibbles and high nibbles; the
   // 2 high bits of each come from qh shifted by 0 / 2 (low nibbles) and 4 / 6 (high nibbles).
+  // With per-32 activations the 256-bit halves of each are one group: 4h, 4h + 1, 4h + 2, 4h + 3.
   const __m512i shift_lo = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2)),
                 shift_hi = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
   const __m512i idx_lo = q6_scale_index(0), idx_hi = q6_scale_index(4);
@@ -139,8 +157,17 @@ QWEN36_AVX512 float dot_q6_k(const void* w, const void* a, int64_t n) {
   __m256 acc_off = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    // The -32 of every value, applied once: 32 * sum_k sc[k] * bsums[k].
-    const __m256i offset = _mm256_madd_epi16(s16, loadu256(y[i].bsums));
+    // The -32 of every value, applied once: 32 * sum_k sc[k] * (sum of the activations of 16-group k)
+    // times the super-block's scale (Q8_K) or, lane j, group j's (per-32).
+    __m256 dv;
+    if constexpr (kG32) {
+      dv = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_loadu_ps(y[i].d));
+      acc_off = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].hsums))), acc_off);
+    } else {
+      dv = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
+      acc_off = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))), acc_off);
+    }
+    const __m512 dd = _mm512_castps256_ps512(dv);
     __m512i sumi = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       const __m512i sc = _mm512_broadcast_i32x4(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
@@ -153,22 +180,34 @@ QWEN36_AVX512 float dot_q6_k(const void* w, const void* a, int64_t n) {
                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), three), 4));
       const __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(y[i].qs + 128 * h));
       const __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(y[i].qs + 128 * h + 64));
-      sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_shuffle_epi8(sc, idx_lo));
-      sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_shuffle_epi8(sc, idx_hi));
+      if constexpr (kG32) {
+        const __m512i s01 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p01, _mm512_shuffle_epi8(sc, idx_lo));
+        const __m512i s23 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p23, _mm512_shuffle_epi8(sc, idx_hi));
+        acc = _mm512_fmadd_ps(pair_scales(dd, 4 * h), _mm512_cvtepi32_ps(s01), acc);
+        acc = _mm512_fmadd_ps(pair_scales(dd, 4 * h + 2), _mm512_cvtepi32_ps(s23), acc);
+      } else {
+        sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_shuffle_epi8(sc, idx_lo));
+        sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_shuffle_epi8(sc, idx_hi));
+      }
     }
-    const float d = _cvtsh_ss(x[i].d) * y[i].d;
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(offset), acc_off);
+    if constexpr (!kG32) acc = _mm512_fmadd_ps(_mm512_set1_ps(_mm256_cvtss_f32(dv)), _mm512_cvtepi32_ps(sumi), acc);
   }
   return _mm512_reduce_add_ps(acc) - 32.0f * hsum(acc_off);
 }
 
-constexpr DotKernel kKernels[] = {
-    {DType::Q8_0, dot_q8_0}, {DType::Q4_K, dot_q4_k}, {DType::Q5_K, dot_q5_k}, {DType::Q6_K, dot_q6_k}};
+constexpr DotKernel kKernels[] = {{DType::Q8_0, dot_q8_0_act<BlockQ8_0>},
+                                   {DType::Q4_K, dot_k_nibbles<BlockQ4_K, BlockQ8_K>},
+                                   {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8_K>},
+                                   {DType::Q6_K, dot_q6_k_act<BlockQ8_K>}};
+constexpr DotKernel kG32Kernels[] = {{DType::Q8_0, dot_q8_0_act<BlockQ8G32>},
+                                     {DType::Q4_K, dot_k_nibbles<BlockQ4_K, BlockQ8G32>},
+                                     {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8G32>},
+                                     {DType::Q6_K, dot_q6_k_act<BlockQ8G32>}};
 
 }  // namespace
 
 std::span<const DotKernel> avx512_dot_kernels() { return kKernels; }
+std::span<const DotKernel> avx512_g32_kernels() { return kG32Kernels; }
 
 }  // namespace qwen36
 
@@ -176,6 +215,7 @@ std::span<const DotKernel> avx512_dot_kernels() { return kKernels; }
 
 namespace qwen36 {
 std::span<const DotKernel> avx512_dot_kernels() { return {}; }
+std::span<const DotKernel> avx512_g32_kernels() { return {}; }
 }  // namespace qwen36
 
 #endif

@@ -18,8 +18,16 @@ struct DotKernel {
   DotFn fn;
 };
 
+// The widest kernel set to use: what the CPU has, capped by QWEN36_CPU_ISA=scalar|avx2 (read
+// once; benchmarks, and ruling out a SIMD bug).
+enum class DotIsa { Scalar, Avx2, Avx512Vnni };
+DotIsa dot_isa();
+
 std::span<const DotKernel> avx2_dot_kernels();
 std::span<const DotKernel> avx512_dot_kernels();  // call only when the CPU has AVX-512 VNNI
 std::span<const DotKernel> hf_avx2_dot_kernels();  // the Hugging Face checkpoint types (cpu_dot_hf.cpp)
+// Kernels against per-32 int8 activations (cpu_dot_g32.h's BlockQ8G32 rows), same rules.
+std::span<const DotKernel> avx2_g32_kernels();
+std::span<const DotKernel> avx512_g32_kernels();  // call only when the CPU has AVX-512 VNNI
 
 }  // namespace qwen36

@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "quant/cpu_dot.h"
+#include "quant/cpu_dot_g32.h"
 
 namespace qwen36::cpu {
 
@@ -98,6 +99,19 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
   return act_in != DType::F32;
 }
 
+// Whether every routed expert's matrices have a kernel against the CUDA backend's per-32
+// activations (cpu_dot_g32.h), D and I multiples of 256.
+bool g32_experts(std::span<const MlpWeights> experts, const Pairs& p, int64_t D, int64_t I) {
+  if (D % 256 != 0 || I % 256 != 0) return false;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const MlpWeights& m = experts[e];
+    if (p.off[e] != p.off[e + 1] && !(dot_g32_supported(m.gate_proj.dtype) && dot_g32_supported(m.up_proj.dtype) &&
+                                      dot_g32_supported(m.down_proj.dtype)))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, const Tensor& ids,
@@ -125,7 +139,9 @@ std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, c
   m->out_ = out.as<float>();
   m->T_ = T, m->D_ = D, m->I_ = I, m->dots_ = P * (2 * I + D);
   m->act_in_ = act_in, m->act_mid_ = act_mid;
-  m->xrow_ = dtype_row_bytes(act_in, D), m->arow_ = dtype_row_bytes(act_mid, I);
+  m->g32_ = g32_experts(experts, p, D, I);
+  m->xrow_ = m->g32_ ? g32_row_bytes(D) : dtype_row_bytes(act_in, D);
+  m->arow_ = m->g32_ ? g32_row_bytes(I) : dtype_row_bytes(act_mid, I);
   m->xq_.resize(size_t(T) * m->xrow_);
   m->aq_.resize(size_t(P) * m->arow_);
   m->gate_.resize(size_t(P * I)), m->up_.resize(size_t(P * I)), m->y_.resize(size_t(P * D));
@@ -145,7 +161,7 @@ std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, c
 void MoePass::run(int phase, int64_t item) noexcept {
   switch (phase) {
     case 0:
-      return quantize_activation(act_in_, x_ + item * D_, xq_.data() + size_t(item) * xrow_, D_);
+      return quantize(act_in_, x_ + item * D_, xq_.data() + size_t(item) * xrow_, D_);
     case 1:
       return gate_up(item);
     case 2:
@@ -157,14 +173,25 @@ void MoePass::run(int phase, int64_t item) noexcept {
   }
 }
 
+void MoePass::quantize(DType act, const float* x, std::byte* dst, int64_t n) const noexcept {
+  if (g32_)
+    quantize_activation_g32(x, dst, n);
+  else
+    quantize_activation(act, x, dst, n);
+}
+
+float MoePass::dot(DType wt, const void* w, const std::byte* a, int64_t n) const noexcept {
+  return g32_ ? dot_row_g32(wt, w, a, n) : dot_row(wt, w, a, n);
+}
+
 void MoePass::gate_up(int64_t item) noexcept {
   const auto [e, r0] = mid_items_[size_t(item)];
   const MlpWeights& m = experts_[size_t(e)];
   for (int64_t r = r0; r < std::min(r0 + kRows, I_); ++r)
     for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q) {
       const std::byte* a = xq_.data() + size_t(tok_[size_t(q)]) * xrow_;
-      gate_[size_t(q * I_ + r)] = dot_row(m.gate_proj.dtype, m.gate_proj.row(r), a, D_);
-      up_[size_t(q * I_ + r)] = dot_row(m.up_proj.dtype, m.up_proj.row(r), a, D_);
+      gate_[size_t(q * I_ + r)] = dot(m.gate_proj.dtype, m.gate_proj.row(r), a, D_);
+      up_[size_t(q * I_ + r)] = dot(m.up_proj.dtype, m.up_proj.row(r), a, D_);
     }
 }
 
@@ -172,7 +199,7 @@ void MoePass::mid(int64_t q) noexcept {
   Tensor g(gate_.data() + q * I_, DType::F32, {1, I_});
   const Tensor u(up_.data() + q * I_, DType::F32, {1, I_});
   swiglu(g, u, g);
-  quantize_activation(act_mid_, g.as<const float>(), aq_.data() + size_t(q) * arow_, I_);
+  quantize(act_mid_, g.as<const float>(), aq_.data() + size_t(q) * arow_, I_);
 }
 
 void MoePass::down(int64_t item) noexcept {
@@ -180,7 +207,7 @@ void MoePass::down(int64_t item) noexcept {
   const Tensor& w = experts_[size_t(e)].down_proj;
   for (int64_t r = r0; r < std::min(r0 + kRows, D_); ++r)
     for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q)
-      y_[size_t(q * D_ + r)] = dot_row(w.dtype, w.row(r), aq_.data() + size_t(q) * arow_, I_);
+      y_[size_t(q * D_ + r)] = dot(w.dtype, w.row(r), aq_.data() + size_t(q) * arow_, I_);
 }
 
 // Each token's weighted sum is an explicit fused multiply-add (what -O3 made of `o += w * y`

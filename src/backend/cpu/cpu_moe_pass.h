@@ -2,6 +2,10 @@
 // defines: cpu::MoePass, one pass of GGUF-quantized routed experts as phases of independent
 // items, so that any team of threads can run it — OpenMP (cpu::moe_experts) or the spinning
 // workers of expert offload's decode pipeline (cpu::HostPool) — with the same bits either way.
+// Activations are quantized as the CUDA backend's int8 expert kernels quantize them (per 32,
+// cpu_dot_g32.h) where the experts' types allow, so that experts expert offload places on the
+// host compute what they would have on the GPU up to float summation order (greedy outputs
+// then follow the all-GPU run's); otherwise to the CPU's own Q8_0 / Q8_K (cpu_dot.h).
 
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +42,8 @@ class MoePass {
 
  private:
   MoePass() = default;
+  void quantize(DType act, const float* x, std::byte* dst, int64_t n) const noexcept;
+  float dot(DType weight, const void* wrow, const std::byte* act, int64_t n) const noexcept;
   void gate_up(int64_t item) noexcept;
   void mid(int64_t pair) noexcept;
   void down(int64_t item) noexcept;
@@ -49,6 +55,7 @@ class MoePass {
   float* out_ = nullptr;
   int64_t T_ = 0, D_ = 0, I_ = 0, dots_ = 0;
   DType act_in_ = DType::F32, act_mid_ = DType::F32;
+  bool g32_ = false;  // per-32 activations (cpu_dot_g32.h) instead of act_in_ / act_mid_
   size_t xrow_ = 0, arow_ = 0;
   // The routed (token, weight) pairs grouped by expert: pairs off_[e] .. off_[e + 1] − 1.
   std::vector<int64_t> off_, tok_;

@@ -19,6 +19,7 @@
 #include "backend/kv_cache.h"
 #include "core/error.h"
 #include "cpu_ops_test_util.h"
+#include "quant/cpu_dot_g32.h"
 #include "quant/quant.h"
 
 namespace qwen36 {
@@ -935,15 +936,27 @@ TEST_F(CpuOps, MoeExpertsWeightedSwigluSum) {
   EXPECT_THROW(be->moe_experts(tx, trw, tids, experts, to), Error);
 }
 
-// GGUF-quantized experts (Q4_K gate/up, Q6_K down: 8-bit activations) take the one-region
-// pass over all routed experts; it must give bitwise what one matmul per expert gives (the
-// same dots, roundings and per-token sum in ascending expert order), at decode and prefill
-// sizes, with experts no token routes to.
-TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertMatmuls) {
+// GGUF-quantized experts (Q4_K gate/up, Q6_K down) take the one-region pass over all routed
+// experts, with the CUDA backend's per-32 int8 activations (cpu_dot_g32.h); it must give
+// bitwise what one expert at a time gives with the same dot products (the same roundings and
+// per-token sum in ascending expert order), at decode and prefill sizes, with experts no token
+// routes to.
+TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertDots) {
   Rng r(61);
   const int64_t E = 6, D = 256, I = 512, k = 2;
   const test::QuantExperts q = test::quant_experts(r, E, D, I);
   const std::vector<MlpWeights>& experts = q.mlp;
+  // Rows of x times the rows of w (quantized per 32), as the pass computes them.
+  auto project = [](const std::vector<float>& x, int64_t n, const Tensor& w) {
+    const int64_t K = w.cols(), N = w.rows();
+    std::vector<std::byte> xq(g32_row_bytes(K));
+    std::vector<float> y(size_t(n * N));
+    for (int64_t i = 0; i < n; ++i) {
+      quantize_activation_g32(x.data() + i * K, xq.data(), K);
+      for (int64_t o = 0; o < N; ++o) y[size_t(i * N + o)] = dot_row_g32(w.dtype, w.row(o), xq.data(), K);
+    }
+    return y;
+  };
   for (int64_t T : {1, 9}) {
     auto x = r.vec(size_t(T * D), -2, 2);
     std::vector<int32_t> ids(size_t(T * k));
@@ -959,14 +972,13 @@ TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertMatmuls) {
           if (ids[size_t(t * k + j)] == e) toks.push_back(t * k + j);
       if (toks.empty()) continue;
       const int64_t n = int64_t(toks.size());
-      std::vector<float> xs(size_t(n * D)), g(size_t(n * I)), u(size_t(n * I)), y(size_t(n * D));
+      std::vector<float> xs(size_t(n * D));
       for (int64_t i = 0; i < n; ++i)
         std::copy_n(x.begin() + (toks[size_t(i)] / k) * D, D, xs.begin() + i * D);
-      Tensor txs = test::f32(xs, {n, D}), tg = test::f32(g, {n, I}), tu = test::f32(u, {n, I}), ty = test::f32(y, {n, D});
-      be->matmul(txs, experts[size_t(e)].gate_proj, tg);
-      be->matmul(txs, experts[size_t(e)].up_proj, tu);
+      std::vector<float> g = project(xs, n, experts[size_t(e)].gate_proj), u = project(xs, n, experts[size_t(e)].up_proj);
+      Tensor tg = test::f32(g, {n, I}), tu = test::f32(u, {n, I});
       be->swiglu(tg, tu, tg);
-      be->matmul(tg, experts[size_t(e)].down_proj, ty);
+      const std::vector<float> y = project(g, n, experts[size_t(e)].down_proj);
       for (int64_t i = 0; i < n; ++i) {
         const float w = rw[size_t(toks[size_t(i)])];
         float* o = want.data() + (toks[size_t(i)] / k) * D;

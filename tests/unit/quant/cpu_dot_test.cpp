@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "core/error.h"
+#include "dot_bench.h"
 #include "quant/cpu_dot.h"
 #include "quant/cpu_dot_kernels.h"
 #include "quant/quant.h"
@@ -148,25 +148,17 @@ TEST(CpuDotBench, WeightGigabytesPerSecond) {
     const auto wf = gaussian(size_t(n * rows), 11, 0.05f), af = gaussian(size_t(n), 12);
     for (int64_t r = 0; r < rows; ++r) quantize_row(wt, wf.data() + r * n, w.data() + size_t(r) * rb, n);
     quantize_activation(at, af.data(), act.data(), n);
-    float first = 0;
-    int reps = 0;
-    bool same = true;
-    const auto t0 = std::chrono::steady_clock::now();
-    double secs = 0;
-    while (secs < 0.05) {
+    const test::PassTiming pt = test::time_passes([&] {
       float s = 0;
       for (int64_t r = 0; r < rows; ++r) s += dot_row(wt, w.data() + size_t(r) * rb, act.data(), n);
-      if (reps == 0) first = s;
-      same = same && s == first;
-      ++reps;
-      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    const double gbs = double(w.size()) * reps / secs / 1e9;
-    const double gelem = double(n * rows) * reps / secs / 1e9;
+      return s;
+    });
+    const double gbs = double(w.size()) * pt.per_second / 1e9;
+    const double gelem = double(n * rows) * pt.per_second / 1e9;
     std::printf("dot %-6s %-10s %6.2f GB/s weights  %6.2f Gelem/s\n", std::string(dtype_name(wt)).c_str(),
                 std::string(dot_kernel_name(wt)).c_str(), gbs, gelem);
-    EXPECT_TRUE(same) << dtype_name(wt);
-    EXPECT_TRUE(std::isfinite(first)) << dtype_name(wt);
+    EXPECT_TRUE(pt.same) << dtype_name(wt);
+    EXPECT_TRUE(std::isfinite(pt.first)) << dtype_name(wt);
   }
 }
 
