@@ -77,15 +77,10 @@ QWEN36_AVX512 inline __m512i k_chunk_scale_index(int c) {
   return join(_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi));
 }
 
-// Per-32 activations (BlockQ8G32): a float vector whose low 8 lanes take group k's scale and
-// high 8 group k + 1's, from the 8 group scales in lanes 0-7 of dd.
-QWEN36_AVX512 inline __m512 pair_scales(__m512 dd, int k) {
-  return _mm512_permutexvar_ps(join(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1)), dd);
-}
-
 // Q4_K and Q5_K (the 5th bit from qh: bits 2c and 2c + 1 of each byte for chunk c) against Q8_K
 // activations (the sub-blocks' scaled integer sums add up, one float multiply per super-block)
-// or per-32 ones (chunk c's 16 int32 lanes are groups 2c and 2c + 1: one multiply-add each).
+// or per-32 ones (chunk c's 16 int32 lanes are groups 2c and 2c + 1: times the activations'
+// dpair[c], summed per super-block, then one multiply by its d).
 template <typename Block, typename Act>
 QWEN36_AVX512 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
   constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>, kG32 = std::is_same_v<Act, BlockQ8G32>;
@@ -100,9 +95,8 @@ QWEN36_AVX512 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m128i sm = k_scales_mins(x[i].scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
-    __m512 dd = _mm512_setzero_ps();
+    __m512 blk = _mm512_setzero_ps();
     if constexpr (kG32) {
-      dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_loadu_ps(y[i].d)));
       const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
       acc_m = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].dmin)), _mm256_mul_ps(m, _mm256_loadu_ps(y[i].ds)), acc_m);
     } else {
@@ -123,12 +117,14 @@ QWEN36_AVX512 float dot_k_nibbles(const void* w, const void* a, int64_t n) {
       const __m512i p = _mm512_maddubs_epi16(join(lo, hi), _mm512_loadu_si512(y[i].qs + 64 * c));
       if constexpr (kG32) {
         const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p, _mm512_shuffle_epi8(sc, idx[c]));
-        acc = _mm512_fmadd_ps(pair_scales(dd, 2 * c), _mm512_cvtepi32_ps(s), acc);
+        blk = _mm512_fmadd_ps(_mm512_loadu_ps(y[i].dpair[c]), _mm512_cvtepi32_ps(s), blk);
       } else {
         sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_shuffle_epi8(sc, idx[c]));
       }
     }
-    if constexpr (!kG32)
+    if constexpr (kG32)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d)), blk, acc);
+    else
       acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
   }
   return _mm512_reduce_add_ps(acc) - hsum(acc_m);
@@ -149,7 +145,8 @@ QWEN36_AVX512 float dot_q6_k_act(const void* w, const void* a, int64_t n) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
   // A half's 128 values as two 64-value vectors, [ql0 | ql1] low nibbles and high nibbles; the
   // 2 high bits of each come from qh shifted by 0 / 2 (low nibbles) and 4 / 6 (high nibbles).
-  // With per-32 activations the 256-bit halves of each are one group: 4h, 4h + 1, 4h + 2, 4h + 3.
+  // With per-32 activations the 256-bit halves of each are one group: 4h, 4h + 1 (dpair[2h]) and
+  // 4h + 2, 4h + 3 (dpair[2h + 1]).
   const __m512i shift_lo = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2)),
                 shift_hi = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
   const __m512i idx_lo = q6_scale_index(0), idx_hi = q6_scale_index(4);
@@ -167,7 +164,7 @@ QWEN36_AVX512 float dot_q6_k_act(const void* w, const void* a, int64_t n) {
       dv = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
       acc_off = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))), acc_off);
     }
-    const __m512 dd = _mm512_castps256_ps512(dv);
+    __m512 blk = _mm512_setzero_ps();
     __m512i sumi = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       const __m512i sc = _mm512_broadcast_i32x4(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
@@ -183,14 +180,17 @@ QWEN36_AVX512 float dot_q6_k_act(const void* w, const void* a, int64_t n) {
       if constexpr (kG32) {
         const __m512i s01 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p01, _mm512_shuffle_epi8(sc, idx_lo));
         const __m512i s23 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p23, _mm512_shuffle_epi8(sc, idx_hi));
-        acc = _mm512_fmadd_ps(pair_scales(dd, 4 * h), _mm512_cvtepi32_ps(s01), acc);
-        acc = _mm512_fmadd_ps(pair_scales(dd, 4 * h + 2), _mm512_cvtepi32_ps(s23), acc);
+        blk = _mm512_fmadd_ps(_mm512_loadu_ps(y[i].dpair[2 * h]), _mm512_cvtepi32_ps(s01), blk);
+        blk = _mm512_fmadd_ps(_mm512_loadu_ps(y[i].dpair[2 * h + 1]), _mm512_cvtepi32_ps(s23), blk);
       } else {
         sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_shuffle_epi8(sc, idx_lo));
         sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_shuffle_epi8(sc, idx_hi));
       }
     }
-    if constexpr (!kG32) acc = _mm512_fmadd_ps(_mm512_set1_ps(_mm256_cvtss_f32(dv)), _mm512_cvtepi32_ps(sumi), acc);
+    if constexpr (kG32)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x[i].d)), blk, acc);
+    else
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(_mm256_cvtss_f32(dv)), _mm512_cvtepi32_ps(sumi), acc);
   }
   return _mm512_reduce_add_ps(acc) - 32.0f * hsum(acc_off);
 }

@@ -1,8 +1,9 @@
 // Expert offload on CUDA, streaming path (Model::host_moe_experts → stream_moe_experts):
 // Backend::pin_host_memory / upload on plain and read-only mmapped host memory, and a tiny
 // MoE (Q4_K_M GGUF, mmapped) whose every layer's experts are on the host and streamed to the
-// GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU; and the
-// GPU's share of decode passes (QWEN36_MOE_DEVICE_SHARE).
+// GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU; the
+// GPU's share of decode passes (QWEN36_MOE_DEVICE_SHARE), whose host part computes what the GPU
+// would; and the decode pipeline.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -179,57 +180,15 @@ TEST_F(CudaOffload, StreamedExpertsMatchDeviceResident) {
   EXPECT_LE(e_dec, 1e-4);
 }
 
-// `steps` greedy tokens after a fixed prompt of `prompt` tokens.
-std::vector<int32_t> greedy(const std::string& path, const ModelConfig& c, const ExpertPlacement* place, int prompt,
-                            int steps) {
-  std::unique_ptr<Backend> be = make_cuda_backend();
-  Model m(load_model_weights(path), *be, place ? *place : ExpertPlacement{});
-  std::vector<int32_t> toks(static_cast<size_t>(prompt));
-  std::mt19937 rng(5);
-  for (int32_t& t : toks) t = int32_t(rng() % uint32_t(c.vocab_size));
-  ModelState st(*be, c, 1, prompt + steps + 1, false);
-  std::vector<float> row(static_cast<size_t>(c.vocab_size));
-  m.forward(ForwardBatch::single(toks, 0, 0), st, row.data());
-  for (int i = 0; i < steps; ++i) {
-    toks.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
-    const int32_t one[1] = {toks.back()};
-    m.forward(ForwardBatch::single(one, int32_t(toks.size()) - 1, 0), st, row.data());
-  }
-  return std::vector<int32_t>(toks.begin() + prompt, toks.end());
-}
-
-// Experts computed on the host (QWEN36_MOE_STREAM=never: every pass, prefill and decode, on the
-// CPU) with the GPU's own activation quantization (cpu_dot_g32.h: the same int8 codes and
-// scales, so the same integer sums), against the model resident on the GPU, tiled (tensor-core
-// kernels) and untiled (GEMVs): the tiny MoE's 80-token prefill (160 pairs) and decode stay on
-// the GPU's int8 paths, so the logits differ only by float summation order (and a code that
-// such a difference moves across a rounding boundary): 1e-4 of the largest logit (with the
-// CPU's Q8_K activations it was 1.07); and 48 greedy tokens are the same, with every layer's
-// experts and with the first half's on the host.
-TEST_F(CudaOffload, HostExpertsFollowTheDevice) {
-  const auto [c, path, all] = host_placed();
-  PlacementOptions half_opts;
-  half_opts.n_cpu_moe = c.n_layers / 2;
-  const ExpertPlacement half = resolve_expert_placement(c, half_opts);
-  ScopedEnv mode("QWEN36_MOE_STREAM", "never");
-  for (const char* no_tile : {"0", "1"}) {
-    ScopedEnv tile("QWEN36_NO_TILE", no_tile);
-    const double e = rel_err(run_placed(path, c, &all), run_placed(path, c, nullptr));
-    std::printf("[ offload ] tiny-moe Q4_K_M, host-computed experts vs resident (%s): %.3g of the largest logit\n",
-                *no_tile == '1' ? "untiled" : "tiled", e);
-    EXPECT_LE(e, 1e-4) << "QWEN36_NO_TILE=" << no_tile;
-    const std::vector<int32_t> want = greedy(path, c, nullptr, 24, 48);
-    EXPECT_EQ(greedy(path, c, &all, 24, 48), want) << "every layer's experts on the host, QWEN36_NO_TILE=" << no_tile;
-    EXPECT_EQ(greedy(path, c, &half, 24, 48), want) << "half the layers', QWEN36_NO_TILE=" << no_tile;
-  }
-}
-
 // Host experts copied into page-locked memory at load (the default with a CUDA main backend);
 // with QWEN36_MOE_DEVICE_SHARE = k − 1 each decode pass's first k − 1 routed experts are
 // uploaded from there and run on the GPU, the last on the CPU. The GPU's share is the resident
-// model's arithmetic, the CPU's the host path's (the same int8 activations, another summation
-// order), so the decode logits lie within 1.5× the host-only run's distance from the resident
-// model of both, plus 1e-4 of float-order noise (stale or misplaced expert bytes are O(1) off). The
+// model's arithmetic, the CPU's the host path's (the same per-32 int8 activations, cpu_dot_g32.h,
+// another summation order), so the host-only run's decode logits are the resident model's to
+// float-order noise (3e-7 of the largest logit on the H200; with the CPU's Q8_K activations,
+// before session 20, 0.05), and the shared run's lie within 1.5× that distance from both, plus 1e-4
+// (stale or misplaced expert bytes are O(1) off). Prefill passes (80 tokens: streamed, the auto
+// choice on both runs) equal the host-only run's. The
 // exact composition is checked on the CPU (offload_test, bitwise against one backend). Prefill
 // (not split; streamed or not by the same auto choice in both runs) equals the host-only run's.
 TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
@@ -254,6 +213,7 @@ TEST_F(CudaOffload, DeviceShareOfDecodePassesMatches) {
               "uploaded to the GPU %.3g\n",
               e_host, int(c.n_experts_per_tok - 1), int(c.n_experts_per_tok), e_share);
   EXPECT_TRUE(part(shared, false) == part(host, false)) << "prefill passes are not split";
+  EXPECT_LE(e_host, 1e-4);
   EXPECT_LE(e_share, 1.5 * e_host + 1e-4);
   EXPECT_LE(rel_err(part(shared, true), part(host, true)), 1.5 * e_host + 1e-4);
 }

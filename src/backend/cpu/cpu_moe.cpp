@@ -3,7 +3,9 @@
 // batch rather than once per token.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string_view>
 #include <vector>
 
 #include <omp.h>
@@ -99,10 +101,24 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
   return act_in != DType::F32;
 }
 
+// QWEN36_MOE_CPU_ACT=q8 gives routed experts the CPU's own Q8_K / Q8_0 activations (llama.cpp's
+// form: one integer sum per 256 values, fewer float operations per weight row) instead of the
+// CUDA backend's per-32 ones (=device, the default); host-placed layers of expert offload then
+// no longer reproduce the all-GPU run. Read once.
+bool device_activations() {
+  static const bool device = [] {
+    const char* e = std::getenv("QWEN36_MOE_CPU_ACT");
+    const std::string_view v = e ? e : "";
+    QWEN36_CHECK(v.empty() || v == "device" || v == "q8", "QWEN36_MOE_CPU_ACT=\"{}\": expected device or q8", v);
+    return v != "q8";
+  }();
+  return device;
+}
+
 // Whether every routed expert's matrices have a kernel against the CUDA backend's per-32
 // activations (cpu_dot_g32.h), D and I multiples of 256.
 bool g32_experts(std::span<const MlpWeights> experts, const Pairs& p, int64_t D, int64_t I) {
-  if (D % 256 != 0 || I % 256 != 0) return false;
+  if (D % 256 != 0 || I % 256 != 0 || !device_activations()) return false;
   for (size_t e = 0; e < experts.size(); ++e) {
     const MlpWeights& m = experts[e];
     if (p.off[e] != p.off[e + 1] && !(dot_g32_supported(m.gate_proj.dtype) && dot_g32_supported(m.up_proj.dtype) &&

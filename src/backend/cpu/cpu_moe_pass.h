@@ -4,8 +4,8 @@
 // workers of expert offload's decode pipeline (cpu::HostPool) — with the same bits either way.
 // Activations are quantized as the CUDA backend's int8 expert kernels quantize them (per 32,
 // cpu_dot_g32.h) where the experts' types allow, so that experts expert offload places on the
-// host compute what they would have on the GPU up to float summation order (greedy outputs
-// then follow the all-GPU run's); otherwise to the CPU's own Q8_0 / Q8_K (cpu_dot.h).
+// host compute what they would have on the GPU up to f32 summation order; otherwise (or with
+// QWEN36_MOE_CPU_ACT=q8) to the CPU's own Q8_0 / Q8_K (cpu_dot.h).
 
 #include <cstddef>
 #include <cstdint>

@@ -54,8 +54,13 @@ constexpr int64_t kMaxPrefillPairs = 32768;  // pairs per prefill pass (bounds t
 // linear in pairs, while a dequantizing prefill pass writes and re-reads every used expert in
 // bf16 (35B-A3B, batch 16 = 128 pairs: 1.09 ms per layer on the H200, ~4x the GEMVs' bytes).
 // Up to kMaxQuantDecodePairs pairs take the GEMVs, in token chunks of ≤ kQuantDecodeChunk pairs
-// (the down GEMV keeps all its pairs' activations in shared memory).
-constexpr int64_t kMaxQuantDecodePairs = 256;
+// (the down GEMV keeps all its pairs' activations in shared memory). The bound is the tiled
+// kernels' (below): both int8 forms up to the same pair count, so a pass of expert offload that
+// streams a host layer's experts (GGUF layout) computes with the activations the resident
+// model's tiled experts would (from 257 pairs on it was the dequantizing path's: activations
+// rounded to bf16 instead of the same int8 codes). The GEMVs' time, H200, one 35B-A3B layer
+// (CudaMoe.Time35BLayerTiled): 936 µs at 512 pairs, 1,873 at 1,024, linear from 468 at 256.
+constexpr int64_t kMaxQuantDecodePairs = 1024;
 constexpr int64_t kQuantDecodeChunk = 128;
 // Tiled experts: the tensor-core kernels, also per pair (cost linear in pairs), up to this many
 // pairs (35B-A3B: batch 128 at top-8). H200, 35B-A3B Q4_K_M: per layer 15 µs at 8 pairs, 114 at
@@ -875,7 +880,7 @@ QuantExperts check_quant_experts(const Tensor& x, const Tensor& ids, std::span<c
   return {gu, dn, tiled, MoeShape{T, D, I, E, k, T * k}};
 }
 
-// Block-quantized experts: decode (T·k ≤ 256) by the quantized GEMVs over the routed pairs
+// Block-quantized experts: up to 1,024 pairs by the quantized GEMVs over the routed pairs
 // (cuda_quant_matmul.cu) or, tiled, the tensor-core pair kernels (cuda_quant_moe_mma.cu), else
 // the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot tile
 // take the per-expert matmul (matmul takes tiled weights too).

@@ -34,7 +34,7 @@ std::vector<BlockQ8G32> quantized(const std::vector<float>& x) {
 
 // The code of v is v · (127 / amax) rounded to nearest even, the product exact (as the GPU's
 // fused multiply-add takes it; two floats' product is exact in double), the scale amax / 127;
-// ds and hsums are the codes' sums. Ties and an all-zero group included.
+// ds and hsums are the codes' sums, dpair the scales again. Ties and an all-zero group included.
 TEST(CpuDotG32, QuantizerIsTheDeviceRounding) {
   std::vector<float> x = gaussian(1024, 3, 2.0f);
   for (int l = 0; l < 32; ++l) x[64 + size_t(l)] = 0.0f;      // group 2: all zero
@@ -60,6 +60,7 @@ TEST(CpuDotG32, QuantizerIsTheDeviceRounding) {
     EXPECT_EQ(blk.hsums[2 * j], sum[0]);
     EXPECT_EQ(blk.hsums[2 * j + 1], sum[1]);
     EXPECT_EQ(blk.ds[j], blk.d[j] * float(sum[0] + sum[1]));
+    for (int l = 0; l < 8; ++l) EXPECT_EQ(blk.dpair[j / 2][8 * (j % 2) + l], blk.d[j]);
   }
   EXPECT_EQ(b[0].d[2], 0.0f);
   EXPECT_GT(ties, 0) << "the test data should reach a rounding tie";
