@@ -103,8 +103,9 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
 
 // QWEN36_MOE_CPU_ACT=q8 gives routed experts the CPU's own Q8_K / Q8_0 activations (llama.cpp's
 // form: one integer sum per 256 values, fewer float operations per weight row) instead of the
-// CUDA backend's per-32 ones (=device, the default); host-placed layers of expert offload then
-// no longer reproduce the all-GPU run. Read once.
+// CUDA backend's per-32 ones (=device, the default); host-placed experts of expert offload then
+// differ from the GPU's kernels by the activation rounding (~5e-3 of an output) rather than by
+// f32 summation order (~1e-7). Read once.
 bool device_activations() {
   static const bool device = [] {
     const char* e = std::getenv("QWEN36_MOE_CPU_ACT");
