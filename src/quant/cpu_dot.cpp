@@ -53,15 +53,6 @@ float dot_scalar(DType wt, const void* w, const void* a, int64_t n) {
   return sum;
 }
 
-// Room for every DType (a table slot without a kernel uses the scalar path).
-constexpr int kTypes = 64;
-static_assert(int(DType::NVFP4_B64) < kTypes);
-
-struct Table {
-  DotFn fn[kTypes] = {};
-  std::string_view name[kTypes] = {};
-};
-
 }  // namespace
 
 DotIsa dot_isa() {
@@ -81,25 +72,20 @@ DotIsa dot_isa() {
 
 namespace {
 
-Table make_table() {
-  Table t;
-  for (int i = 0; i < kTypes; ++i) t.name[i] = "scalar";
-  auto set = [&](DType d, DotFn f, std::string_view name) {
-    if (!f) return;
-    t.fn[int(d)] = f;
-    t.name[int(d)] = name;
-  };
+// A slot without a kernel uses the scalar path.
+DotTable make_table() {
+  DotTable t;
+  for (std::string_view& n : t.name) n = "scalar";
   const DotIsa isa = dot_isa();
   if (isa == DotIsa::Scalar) return t;
-  for (const auto& k : avx2_dot_kernels()) set(k.type, k.fn, "avx2");
-  for (const auto& k : hf_avx2_dot_kernels()) set(k.type, k.fn, "avx2");
-  if (isa == DotIsa::Avx512Vnni)
-    for (const auto& k : avx512_dot_kernels()) set(k.type, k.fn, "avx512vnni");
+  t.add(avx2_dot_kernels(), "avx2");
+  t.add(hf_avx2_dot_kernels(), "avx2");
+  if (isa == DotIsa::Avx512Vnni) t.add(avx512_dot_kernels(), "avx512vnni");
   return t;
 }
 
-const Table& table() {
-  static const Table t = make_table();
+const DotTable& table() {
+  static const DotTable t = make_table();
   return t;
 }
 

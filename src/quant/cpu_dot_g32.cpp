@@ -1,10 +1,9 @@
 // Per-32 int8 activations (the CUDA backend's): quantization, the scalar kernels, dispatch and
-// the reference definition. SIMD kernels: cpu_dot_g32_avx2.cpp, cpu_dot_g32_avx512.cpp.
+// the reference definition. SIMD kernels: cpu_dot_avx2.cpp, cpu_dot_avx512.cpp (avx*_g32_kernels).
 #include "quant/cpu_dot_g32.h"
 
 #include <bit>
 #include <cmath>
-#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -41,7 +40,7 @@ void finish_group(BlockQ8G32& b, int j, float d, int sum0, int sum1) {
 // even) read back from the float's low bits. std::fma and the vector FMA are that single
 // rounding on any CPU; the maximum is exact in any order. The AVX2 form takes a group in four
 // vectors (a decode pass quantizes its 2,048-value row on one thread while the others wait:
-// 2 µs instead of 15 for the scalar loop).
+// 0.7 µs instead of 15 for the scalar loop, development machine).
 void quantize_activation_g32(const float* x, void* dst, int64_t n) {
   QWEN36_CHECK(n % 256 == 0, "quantize_activation_g32: {} values is not a multiple of 256", n);
   auto* b = static_cast<BlockQ8G32*>(dst);
@@ -165,32 +164,22 @@ float dot_q8_0_scalar(const void* w, const void* a, int64_t n) {
   return sum;
 }
 
-constexpr int kTypes = 64;
-
-struct Table {
-  DotFn fn[kTypes] = {};
-  std::string_view name[kTypes] = {};
-};
-
-Table make_table() {
-  Table t;
-  auto set = [&](std::span<const DotKernel> ks, std::string_view name) {
-    for (const DotKernel& k : ks) t.fn[int(k.type)] = k.fn, t.name[int(k.type)] = name;
-  };
+DotTable make_table() {
+  DotTable t;
   const DotKernel scalar[] = {{DType::Q4_K, dot_k_nibbles_scalar<BlockQ4_K>},
                               {DType::Q5_K, dot_k_nibbles_scalar<BlockQ5_K>},
                               {DType::Q6_K, dot_q6_k_scalar},
                               {DType::Q8_0, dot_q8_0_scalar}};
-  set(scalar, "scalar");
+  t.add(scalar, "scalar");
   const DotIsa isa = dot_isa();
   if (isa == DotIsa::Scalar) return t;
-  set(avx2_g32_kernels(), "avx2");
-  if (isa == DotIsa::Avx512Vnni) set(avx512_g32_kernels(), "avx512vnni");
+  t.add(avx2_g32_kernels(), "avx2");
+  if (isa == DotIsa::Avx512Vnni) t.add(avx512_g32_kernels(), "avx512vnni");
   return t;
 }
 
-const Table& table() {
-  static const Table t = make_table();
+const DotTable& table() {
+  static const DotTable t = make_table();
   return t;
 }
 
@@ -217,7 +206,7 @@ double dot_row_g32_reference(DType wt, const void* w, const void* a, int64_t n) 
 }
 
 std::string_view dot_g32_kernel_name(DType wt) {
-  QWEN36_CHECK(dot_g32_supported(wt), "no per-32 int8 activation dot product for weights of type {}", dtype_name(wt));
+  check_args(wt, 0);
   return table().name[int(wt)];
 }
 

@@ -1,11 +1,14 @@
 #pragma once
-// defines: DotFn, DotKernel, avx2_dot_kernels, avx512_dot_kernels (internal to quant/)
+// defines: DotFn, DotKernel, DotTable, DotIsa, dot_isa, the SIMD files' kernel lists (internal
+// to quant/)
 //
-// Each SIMD file lists the weight types it accelerates; cpu_dot.cpp picks, per type, the
-// widest one the CPU supports. A list is empty when the file was compiled for another ISA.
+// Each SIMD file lists the weight types it accelerates; cpu_dot.cpp (and cpu_dot_g32.cpp for
+// per-32 activations) picks, per type, the widest one the CPU supports. A list is empty when the
+// file was compiled for another ISA.
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "core/dtype.h"
 
@@ -17,6 +20,19 @@ struct DotKernel {
   DType type;
   DotFn fn;
 };
+
+// Per weight type, the kernel chosen and the name of its ISA (no kernel: fn is null).
+struct DotTable {
+  static constexpr int kTypes = 64;  // room for every DType
+  DotFn fn[kTypes] = {};
+  std::string_view name[kTypes] = {};
+  // The kernels of `ks` replace earlier choices for their types.
+  void add(std::span<const DotKernel> ks, std::string_view isa) {
+    for (const DotKernel& k : ks)
+      if (k.fn) fn[int(k.type)] = k.fn, name[int(k.type)] = isa;
+  }
+};
+static_assert(int(DType::Q8_0_T16) < DotTable::kTypes);
 
 // The widest kernel set to use: what the CPU has, capped by QWEN36_CPU_ISA=scalar|avx2 (read
 // once; benchmarks, and ruling out a SIMD bug).
