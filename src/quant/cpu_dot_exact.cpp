@@ -1,8 +1,9 @@
 // The device-exact dot products of cpu_dot_exact.h: the scalar definition, the AVX2 kernel
-// (8 rows in the 8 lanes of each vector) and the dispatch. Compiled with -ffp-contract=off
-// (src/quant/CMakeLists.txt): g++ would otherwise fuse a product into a following add, here
-// as in the intrinsics (GCC writes _mm256_mul_ps as a plain vector product), and the sequence
-// of roundings is the whole point.
+// (8 rows in the 8 lanes of each vector), the AVX-512 VNNI one (16 rows) and the dispatch.
+// Compiled with -ffp-contract=off (src/quant/CMakeLists.txt; the AVX-512 functions' target
+// attribute keeps it): g++ would otherwise fuse a product into a following add, here as in the
+// intrinsics (GCC writes _mm256_mul_ps as a plain vector product), and the sequence of
+// roundings is the whole point.
 #include "quant/cpu_dot_exact.h"
 
 #include <algorithm>
@@ -15,7 +16,14 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QWEN36_EXACT_AVX2 1
+// GCC 12's AVX-512 intrinsics pass a deliberately "undefined" vector as the unused merge source,
+// which -W(maybe-)uninitialized reports inside the system header once inlined (as in
+// cpu_dot_avx512.cpp); silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace qwen36 {
@@ -307,16 +315,257 @@ void rows_avx2(DType wt, const uint8_t* w, size_t row_bytes, int rows, const Blo
   }
 }
 
-bool use_avx2() {
-  static const bool avx2 = dot_isa() != DotIsa::Scalar;
-  return avx2;
+#if defined(__GNUC__)
+#define QWEN36_EXACT_AVX512 1
+
+// ---- AVX-512 (F, BW, VL, VNNI): lane r of every vector is row r of 16 ----
+//
+// Compiled for that ISA with a target attribute, as cpu_dot_avx512.cpp's kernels (the build
+// baseline stays x86-64-v3), and used only where dot_isa() reports AVX-512 VNNI. The AVX2
+// structure, 16 rows wide: per row a vector of 64 weight codes (two groups) against the 64
+// activation codes through one dpbusd (unsigned × signed bytes, 4 products per int32 lane,
+// no saturation: exact), a transpose-and-add tree that leaves per row the four 16-value sums in
+// 4 vectors' lanes, and the float steps vertical, each lane doing the definition's operations
+// in its order.
+
+#define QWEN36_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+using Rows16 = const uint8_t* const (&)[16];
+
+// q[L], lane r: the sum of the four int32 lanes of p[r]'s 128-bit lane L (16 of its 64 values).
+// Two levels of unpack-and-add within 128-bit lanes leave u[j] with, in lane L, quarter L of rows
+// 4j .. 4j + 3; a 4 × 4 transpose of 128-bit lanes then puts each quarter in one vector.
+QWEN36_AVX512 inline void quarter_sums(const __m512i (&p)[16], __m512i (&q)[4]) {
+  __m512i u[4];
+  for (int j = 0; j < 4; ++j) {
+    __m512i t[2];
+    for (int i = 0; i < 2; ++i) {  // rows a, b = 4j + 2i, + 1: per lane a0 + a2, b0 + b2, a1 + a3, b1 + b3
+      const __m512i a = p[4 * j + 2 * i], b = p[4 * j + 2 * i + 1];
+      t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    }
+    u[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+  }
+  const __m512i l01 = _mm512_shuffle_i32x4(u[0], u[1], 0x44), l23 = _mm512_shuffle_i32x4(u[2], u[3], 0x44);
+  const __m512i h01 = _mm512_shuffle_i32x4(u[0], u[1], 0xEE), h23 = _mm512_shuffle_i32x4(u[2], u[3], 0xEE);
+  q[0] = _mm512_shuffle_i32x4(l01, l23, 0x88);
+  q[1] = _mm512_shuffle_i32x4(l01, l23, 0xDD);
+  q[2] = _mm512_shuffle_i32x4(h01, h23, 0x88);
+  q[3] = _mm512_shuffle_i32x4(h01, h23, 0xDD);
 }
 
-#else
+// The 16 bytes at `at` of the 16 rows, transposed within 128-bit lanes: h[m], lane L, dword k,
+// byte t holds byte 4m + k of row 4L + t (rows 4L .. 4L + 3 loaded into lane L, then two rounds
+// of unpacks).
+QWEN36_AVX512 inline void transpose_16x16(Rows16 row, size_t at, __m512i (&h)[4]) {
+  __m512i z[4];  // z[j], lane L: row 4L + j
+  for (int j = 0; j < 4; ++j) {
+    z[j] = _mm512_castsi128_si512(load16(row[j] + at));
+    z[j] = _mm512_inserti32x4(z[j], load16(row[4 + j] + at), 1);
+    z[j] = _mm512_inserti32x4(z[j], load16(row[8 + j] + at), 2);
+    z[j] = _mm512_inserti32x4(z[j], load16(row[12 + j] + at), 3);
+  }
+  const __m512i a0 = _mm512_unpacklo_epi8(z[0], z[1]), a1 = _mm512_unpackhi_epi8(z[0], z[1]);  // rows 4L, 4L + 1
+  const __m512i b0 = _mm512_unpacklo_epi8(z[2], z[3]), b1 = _mm512_unpackhi_epi8(z[2], z[3]);  // rows 4L + 2, 4L + 3
+  h[0] = _mm512_unpacklo_epi16(a0, b0);
+  h[1] = _mm512_unpackhi_epi16(a0, b0);
+  h[2] = _mm512_unpacklo_epi16(a1, b1);
+  h[3] = _mm512_unpackhi_epi16(a1, b1);
+}
 
-bool use_avx2() { return false; }
+// _mm512_shuffle_epi8 indices that read a transposed h[m] into int32 lanes, lane r = row r: byte
+// i of each lane from dword s_i (byte 4m + s_i of the row), or zero where s_i < 0.
+QWEN36_AVX512 inline __m512i lane_pick(int s0, int s1, int s2, int s3) {
+  const int s[4] = {s0, s1, s2, s3};
+  int idx[4];
+  for (int t = 0; t < 4; ++t) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t(s[i] < 0 ? 0x80 : 4 * s[i] + t) << (8 * i);
+    idx[t] = int(v);
+  }
+  return _mm512_set4_epi32(idx[3], idx[2], idx[1], idx[0]);
+}
 
+// 16 f16 in the low halves of int32 lanes, as floats.
+QWEN36_AVX512 inline __m512 f16_lanes(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+// The f16 at byte `at` of each of the 16 rows, as floats.
+QWEN36_AVX512 inline __m512 f16_rows16(Rows16 row, size_t at) {
+  auto h = [&](int r) { return int16_t(load_u16(row[r] + at)); };
+  return _mm512_cvtph_ps(_mm256_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7), h(8), h(9), h(10), h(11),
+                                           h(12), h(13), h(14), h(15)));
+}
+// Bytes lo, hi as one 64-byte vector.
+QWEN36_AVX512 inline __m512i join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Q4_K: the headers (d, dmin, scales[12]: 16 bytes) transposed once per super-block and the
+// scales and mins decoded for 16 rows at once (rows8_q4_k's bit moves). Chunk c's 32 bytes go to
+// both halves of a vector and one mask keeps the low nibbles (group 2c) in the low half and the
+// high nibbles, times 16, in the high (group 2c + 1): that group's sums come out 16 times too,
+// exactly (at most 32 · 240 · 128), and an arithmetic shift by 4 divides them back.
+QWEN36_AVX512 void rows16_q4_k(Rows16 row, const BlockQ8G32* act, int64_t S, float* out) {
+  const __m512i m6 = _mm512_set1_epi8(63), m4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
+  const __m512i nibbles = join(_mm256_set1_epi8(15), _mm256_set1_epi8(int8_t(0xF0)));
+  const __m512i pick_d = lane_pick(0, 1, -1, -1), pick_dmin = lane_pick(2, 3, -1, -1);
+  const __m512i pick[4] = {lane_pick(0, -1, -1, -1), lane_pick(1, -1, -1, -1), lane_pick(2, -1, -1, -1),
+                           lane_pick(3, -1, -1, -1)};
+  __m512 v = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const BlockQ8G32& a = act[s];
+    const size_t off = size_t(s) * sizeof(BlockQ4_K);
+    __m512i h[4];
+    transpose_16x16(row, off, h);  // h[0]: d, dmin; h[1 + i]: scales[4i .. 4i + 3]
+    const __m512 d = f16_lanes(_mm512_shuffle_epi8(h[0], pick_d));
+    const __m512 dmin = f16_lanes(_mm512_shuffle_epi8(h[0], pick_dmin));
+    // Per byte (dword k): sc[0] groups k, sc[1] groups 4 + k; mn the same for the mins.
+    const __m512i sc[2] = {
+        _mm512_and_si512(h[1], m6),
+        _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi16(h[1], 2), top2))};
+    const __m512i mn[2] = {_mm512_and_si512(h[2], m6),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(h[3], 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi16(h[2], 2), top2))};
+    __m512 p = _mm512_setzero_ps();
+#pragma GCC unroll 4  // constant c: the offsets and lane picks fold away
+    for (int c = 0; c < 4; ++c) {
+      const __m512i x = _mm512_loadu_si512(a.qs + 64 * c);
+      __m512i prod[16], q[4];
+      for (int r = 0; r < 16; ++r) {
+        const __m512i w = _mm512_broadcast_i64x4(load32(row[r] + off + offsetof(BlockQ4_K, qs) + 32 * c));
+        prod[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, nibbles), x);
+      }
+      quarter_sums(prod, q);
+      const __m512i cg[2] = {_mm512_add_epi32(q[0], q[1]), _mm512_srai_epi32(_mm512_add_epi32(q[2], q[3]), 4)};
+      for (int g = 0; g < 2; ++g) {
+        const int jj = 2 * c + g;
+        const __m512 mx = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(sc[jj / 4], pick[jj % 4])));
+        const __m512 my = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(mn[jj / 4], pick[jj % 4])));
+        p = _mm512_fnmadd_ps(my, _mm512_set1_ps(a.ds[jj]), p);  // fma(−my, fy, p)
+        p = _mm512_fmadd_ps(mx, _mm512_mul_ps(_mm512_set1_ps(a.d[jj]), _mm512_cvtepi32_ps(cg[g])), p);
+      }
+    }
+    v = _mm512_add_ps(v, p);
+  }
+  _mm512_storeu_ps(out, v);
+}
+
+// Q6_K: chunk c (groups 2c, 2c + 1: half c / 2, quarters 2 (c % 2) and + 1) as 64 codes 0..63,
+// ql's 64 bytes of the half (its low nibbles for c even, high for c odd) with qh's 32 in both
+// halves shifted so each quarter's 2 bits land on bits 4-5 (masked shifts: one amount per
+// 256-bit half). The quarter sums are rows8_q6_k's Σ q·x per 16, the −32 · (activation sum)
+// taken off for all 16 rows at once; the scales, transposed per super-block, multiply the exact
+// ca, cb as in rows8_q6_k (sign-extended from the top byte of each lane).
+QWEN36_AVX512 void rows16_q6_k(Rows16 row, const BlockQ8G32* act, int64_t S, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(15), hi2 = _mm512_set1_epi8(0x30);
+  const __m512i pick_top[4] = {lane_pick(-1, -1, -1, 0), lane_pick(-1, -1, -1, 1), lane_pick(-1, -1, -1, 2),
+                               lane_pick(-1, -1, -1, 3)};
+  constexpr __mmask32 kLowHalf = 0x0000FFFF, kHighHalf = 0xFFFF0000;  // 16-bit lanes
+  __m512 v = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const BlockQ8G32& a = act[s];
+    const size_t off = size_t(s) * sizeof(BlockQ6_K);
+    __m512i h[4];
+    transpose_16x16(row, off + offsetof(BlockQ6_K, scales), h);  // h[m]: scales 4m .. 4m + 3
+    const __m512 dg = f16_rows16(row, off + offsetof(BlockQ6_K, d));
+    __m512 p = _mm512_setzero_ps();
+#pragma GCC unroll 4  // constant c: the nibble / shift choices and lane picks fold away
+    for (int c = 0; c < 4; ++c) {
+      const int half = c / 2;
+      const __m512i x = _mm512_loadu_si512(a.qs + 64 * c);
+      __m512i prod[16], q[4];
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* b = row[r] + off;
+        const __m512i ql = _mm512_loadu_si512(b + offsetof(BlockQ6_K, ql) + 64 * half);
+        const __m512i qh = _mm512_broadcast_i64x4(load32(b + offsetof(BlockQ6_K, qh) + 32 * half));
+        // Quarters 0 | 1: qh << 4 | qh << 2; quarters 2 | 3: qh | qh >> 2.
+        const __m512i hb = c % 2 ? _mm512_mask_srli_epi16(qh, kHighHalf, qh, 2)
+                                 : _mm512_mask_slli_epi16(_mm512_slli_epi16(qh, 2), kLowHalf, qh, 4);
+        const __m512i w = _mm512_or_si512(_mm512_and_si512(c % 2 ? _mm512_srli_epi16(ql, 4) : ql, m4),
+                                          _mm512_and_si512(hb, hi2));
+        prod[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+      }
+      quarter_sums(prod, q);
+      for (int g = 0; g < 2; ++g) {
+        const int jj = 2 * c + g;
+        const __m512i ca = _mm512_sub_epi32(q[2 * g], _mm512_set1_epi32(32 * a.hsums[2 * jj]));
+        const __m512i cb = _mm512_sub_epi32(q[2 * g + 1], _mm512_set1_epi32(32 * a.hsums[2 * jj + 1]));
+        // scales[2jj], [2jj + 1] = scales 4c + 2g, + 1: h[c], dwords 2g, 2g + 1.
+        const __m512i sa = _mm512_srai_epi32(_mm512_shuffle_epi8(h[c], pick_top[2 * g]), 24);
+        const __m512i sb = _mm512_srai_epi32(_mm512_shuffle_epi8(h[c], pick_top[2 * g + 1]), 24);
+        const __m512i ci = _mm512_add_epi32(_mm512_mullo_epi32(sa, ca), _mm512_mullo_epi32(sb, cb));
+        p = _mm512_fmadd_ps(_mm512_mul_ps(dg, _mm512_set1_ps(a.d[jj])), _mm512_cvtepi32_ps(ci), p);
+      }
+    }
+    v = _mm512_add_ps(v, p);
+  }
+  _mm512_storeu_ps(out, v);
+}
+
+// Q8_0: blocks 8s + 2c and + 1 in one vector, offset by 128 (the bytes' top bit flipped) to
+// unsigned 0..255 for dpbusd: Σ (q + 128)·x, from which 128 · (the group's activation sum)
+// comes off for all 16 rows at once, as Q6_K's −32.
+QWEN36_AVX512 void rows16_q8_0(Rows16 row, const BlockQ8G32* act, int64_t S, float* out) {
+  const __m512i bias = _mm512_set1_epi8(int8_t(0x80));
+  __m512 v = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const BlockQ8G32& a = act[s];
+    __m512 p = _mm512_setzero_ps();
+#pragma GCC unroll 4  // as the others: constant offsets
+    for (int c = 0; c < 4; ++c) {
+      const size_t off = size_t(8 * s + 2 * c) * sizeof(BlockQ8_0);
+      const __m512i x = _mm512_loadu_si512(a.qs + 64 * c);
+      __m512i prod[16], q[4];
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* b = row[r] + off + offsetof(BlockQ8_0, qs);
+        const __m512i w = join(load32(b), load32(b + sizeof(BlockQ8_0)));
+        prod[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, bias), x);
+      }
+      quarter_sums(prod, q);
+      for (int g = 0; g < 2; ++g) {
+        const int jj = 2 * c + g;
+        const __m512i ci = _mm512_sub_epi32(_mm512_add_epi32(q[2 * g], q[2 * g + 1]),
+                                            _mm512_set1_epi32(128 * (a.hsums[2 * jj] + a.hsums[2 * jj + 1])));
+        const __m512 e = f16_rows16(row, off + size_t(g) * sizeof(BlockQ8_0) + offsetof(BlockQ8_0, d));
+        p = _mm512_fmadd_ps(_mm512_mul_ps(e, _mm512_set1_ps(a.d[jj])), _mm512_cvtepi32_ps(ci), p);
+      }
+    }
+    v = _mm512_add_ps(v, p);
+  }
+  _mm512_storeu_ps(out, v);
+}
+
+// Rows in passes of 16; a short last pass repeats its last row in the spare lanes.
+QWEN36_AVX512 void rows_avx512(DType wt, const uint8_t* w, size_t row_bytes, int rows, const BlockQ8G32* act,
+                               int64_t S, float* out) {
+  auto* const kernel = wt == DType::Q4_K ? rows16_q4_k : wt == DType::Q6_K ? rows16_q6_k : rows16_q8_0;
+  for (int r0 = 0; r0 < rows; r0 += 16) {
+    const uint8_t* row[16];
+    for (int l = 0; l < 16; ++l) row[l] = w + size_t(std::min(r0 + l, rows - 1)) * row_bytes;
+    alignas(64) float v[16];
+    kernel(row, act, S, v);
+    std::memcpy(out + r0, v, sizeof(float) * size_t(std::min(16, rows - r0)));
+  }
+}
+
+#endif  // __GNUC__
+
+#endif  // QWEN36_EXACT_AVX2
+
+// The widest kernel dot_isa() allows (QWEN36_CPU_ISA caps it).
+enum class Kernel { Scalar, Avx2, Avx512 };
+
+Kernel kernel() {
+  static const Kernel k = [] {
+    [[maybe_unused]] const DotIsa isa = dot_isa();
+#ifdef QWEN36_EXACT_AVX512
+    if (isa == DotIsa::Avx512Vnni) return Kernel::Avx512;
 #endif
+#ifdef QWEN36_EXACT_AVX2
+    if (isa != DotIsa::Scalar) return Kernel::Avx2;
+#endif
+    return Kernel::Scalar;
+  }();
+  return k;
+}
 
 }  // namespace
 
@@ -335,16 +584,28 @@ void dot_rows_exact(DType wt, const void* w, size_t row_bytes, int rows, const B
                     float* out) {
   check_args(wt, n);
   QWEN36_CHECK(rows >= 0, "dot_rows_exact: {} rows", rows);
-#ifdef QWEN36_EXACT_AVX2
-  if (use_avx2()) return rows_avx2(wt, static_cast<const uint8_t*>(w), row_bytes, rows, act, n / 256, out);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  switch (kernel()) {
+#ifdef QWEN36_EXACT_AVX512
+    case Kernel::Avx512: return rows_avx512(wt, wb, row_bytes, rows, act, n / 256, out);
 #endif
+#ifdef QWEN36_EXACT_AVX2
+    case Kernel::Avx2: return rows_avx2(wt, wb, row_bytes, rows, act, n / 256, out);
+#endif
+    default: break;
+  }
   const RowFn f = scalar_row(wt);
-  for (int r = 0; r < rows; ++r) out[r] = f(static_cast<const uint8_t*>(w) + size_t(r) * row_bytes, act, n / 256);
+  for (int r = 0; r < rows; ++r) out[r] = f(wb + size_t(r) * row_bytes, act, n / 256);
 }
 
 std::string_view dot_exact_kernel_name(DType wt) {
   check_args(wt, 0);
-  return use_avx2() ? "avx2" : "scalar";
+  switch (kernel()) {
+    case Kernel::Avx512: return "avx512vnni";
+    case Kernel::Avx2: return "avx2";
+    case Kernel::Scalar: break;
+  }
+  return "scalar";
 }
 
 }  // namespace qwen36

@@ -21,11 +21,11 @@
 // tile_row, started from 0 per tile, gives one super-block's p (a tile: 16 rows × 256); v,
 // the tiles added in super-block order from 0, is the order the device's callers must keep.
 // Every product, sum and conversion is one f32 rounding (round to nearest, the ints converted
-// after exact integer sums), fma a single one: the scalar definition and the AVX2 kernel (8 rows
-// in the 8 lanes of a vector, each lane running the same sequence) agree bitwise. Activations
-// are assumed as quantize_activation_g32 writes them (codes within ±127, ds and hsums the codes'
-// sums: the AVX2 kernel and the device's MMA take Q6_K's −32 through hsums, the definition
-// through the codes).
+// after exact integer sums), fma a single one: the scalar definition, the AVX2 kernel (8 rows in
+// the 8 lanes of a vector, each lane running the same sequence) and the AVX-512 VNNI one (16 rows
+// in 16 lanes) agree bitwise. Activations are assumed as quantize_activation_g32 writes them
+// (codes within ±127, ds and hsums the codes' sums: the SIMD kernels and the device's MMA take
+// Q6_K's −32 through hsums, the AVX-512 kernel Q8_0's +128 offset too, the definition neither).
 
 #include <cstddef>
 #include <cstdint>
@@ -42,17 +42,18 @@ bool dot_exact_supported(DType weight);  // Q4_K, Q6_K, Q8_0
 float dot_row_exact(DType weight, const void* wrow, const BlockQ8G32* act, int64_t n);
 
 // `rows` consecutive rows (row r at w + r·row_bytes; the GPU's tiles hold 16) against one
-// activation row: out[r] is bitwise dot_row_exact of row r. The AVX2 kernel takes 8 rows per
-// pass (a short pass costs a full one), so this, with rows a multiple of 8, is the fast call;
-// dot_row_exact alone costs about what 8 rows do.
+// activation row: out[r] is bitwise dot_row_exact of row r. The AVX-512 kernel takes 16 rows per
+// pass, the AVX2 one 8 (a short pass costs a full one), so this, with rows a multiple of 16, is
+// the fast call; dot_row_exact alone costs about what a pass does.
 void dot_rows_exact(DType weight, const void* w, size_t row_bytes, int rows, const BlockQ8G32* act, int64_t n,
                     float* out);
 
-// The plain C++ definition the AVX2 kernel is tested against; QWEN36_CPU_ISA=scalar makes the
-// calls above use it.
+// The plain C++ definition the SIMD kernels are tested against; QWEN36_CPU_ISA=scalar makes the
+// calls above use it (=avx2 caps them at the AVX2 kernel).
 float dot_row_exact_scalar(DType weight, const void* wrow, const BlockQ8G32* act, int64_t n);
 
-// "avx2" or "scalar": the kernel dot_rows_exact uses.
+// "avx512vnni", "avx2" or "scalar": the kernel dot_rows_exact uses (dot_isa()'s choice, as
+// dot_g32_kernel_name).
 std::string_view dot_exact_kernel_name(DType weight);
 
 }  // namespace qwen36

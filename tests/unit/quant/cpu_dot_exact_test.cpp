@@ -1,5 +1,6 @@
-// The device-exact dot products (cpu_dot_exact.h): the AVX2 kernel equals the scalar definition
-// bit for bit at every row count, the definition equals a second implementation written from
+// The device-exact dot products (cpu_dot_exact.h): the dispatched kernel (AVX-512 VNNI where the
+// CPU has it, else AVX2; QWEN36_CPU_ISA=avx2 or =scalar picks the narrower ones) equals the
+// scalar definition bit for bit at every row count, the definition equals a second implementation written from
 // the reference dequantizer bit for bit, and both are the dot product (double reference) to f32
 // rounding. Weights: quantized random rows and hand-made extreme blocks; activations: random,
 // zero, tiny and huge groups.
@@ -172,21 +173,22 @@ float second_implementation(DType wt, const std::byte* w, const BlockQ8G32* act,
   return v;
 }
 
-// (1) At every row count 1..16 (rows with a stride wider than a row, and some extreme), every
-// output of dot_rows_exact is bitwise dot_row_exact's and the scalar definition's; nothing past
-// out[rows) is written.
+// (1) At every row count 1..40 (rows with a stride wider than a row, and some extreme: full and
+// short passes of the 8- and 16-row kernels), every output of dot_rows_exact is bitwise
+// dot_row_exact's and the scalar definition's; nothing past out[rows) is written.
 TEST(CpuDotExact, RowsMatchTheDefinitionBitwise) {
   for (DType wt : kTypes) {
     for (int64_t n : {256, 512, 2048}) {
       const size_t rb = dtype_row_bytes(wt, n), stride = rb + 2 * superblock_bytes(wt);
-      std::vector<std::byte> w(16 * stride);
-      for (int r = 0; r < 16; ++r) {
+      constexpr int kMaxRows = 40;
+      std::vector<std::byte> w(kMaxRows * stride);
+      for (int r = 0; r < kMaxRows; ++r) {
         const auto row = weight_row(wt, n, uint32_t(100 * r + n));
         std::memcpy(w.data() + size_t(r) * stride, row.data(), rb);
       }
       const auto act = activations(n, uint32_t(n) + 5);
-      for (int rows = 1; rows <= 16; ++rows) {
-        std::vector<float> out(17, -1.0f);
+      for (int rows = 1; rows <= kMaxRows; ++rows) {
+        std::vector<float> out(kMaxRows + 1, -1.0f);
         dot_rows_exact(wt, w.data(), stride, rows, act.data(), n, out.data());
         for (int r = 0; r < rows; ++r) {
           const std::byte* row = w.data() + size_t(r) * stride;
@@ -280,10 +282,19 @@ TEST(CpuDotExact, KernelNameAndRejections) {
   for (DType wt : kTypes) {
     EXPECT_TRUE(dot_exact_supported(wt));
     const std::string_view name = dot_exact_kernel_name(wt);
-    EXPECT_TRUE(name == "avx2" || name == "scalar") << name;
-    if (cap && std::string_view(cap) == "scalar") {
-      EXPECT_EQ(name, "scalar");
+    EXPECT_TRUE(name == "avx512vnni" || name == "avx2" || name == "scalar") << name;
+    // The dispatch of dot_row_g32 (dot_isa), whose table has every ISA for these types.
+    EXPECT_EQ(name, dot_g32_kernel_name(wt));
+    if (cap && (std::string_view(cap) == "scalar" || std::string_view(cap) == "avx2")) {
+      EXPECT_EQ(name, cap);
     }
+#if defined(__x86_64__)
+    // On a CPU with AVX-512 VNNI the tests above ran the AVX-512 kernel (unless capped).
+    if (!cap && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+      EXPECT_EQ(name, "avx512vnni");
+    }
+#endif
   }
   EXPECT_FALSE(dot_exact_supported(DType::Q5_K));
   EXPECT_FALSE(dot_exact_supported(DType::Q4_K_T16));
