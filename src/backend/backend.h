@@ -359,6 +359,38 @@ class Backend {
     add_sigmoid_scaled(out, sh_out, s);
   }
 
+  // ---- expert offload's exact combination (Model::host_moe_experts; issue 11) ----
+  // moe_experts as rows and one sum, so that pairs computed elsewhere (the host's experts, with
+  // this backend's arithmetic: cpu::MoePass's exact path for the CUDA backend's tiled kernels)
+  // join the sum exactly where this backend would have added them.
+  // rows [T·k, D]: row t·k + j = down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j] in [0, E),
+  // unweighted, as moe_experts computes it before weighting (other rows untouched). False,
+  // nothing done, when this backend's moe_experts does not sum such rows for these experts.
+  virtual bool moe_expert_rows(const Tensor& /*x*/, const Tensor& /*ids*/, std::span<const MlpWeights> /*experts*/,
+                               Tensor& /*rows*/) {
+    return false;
+  }
+  // sh_row [T, D]: the shared expert's down row as moe_experts_shared folds it into the routed
+  // sum (sh_gate, sh_up, down as there), for T tokens routed top-k to experts of these types and
+  // shapes as this backend would hold them resident. False, nothing done, when
+  // moe_experts_shared would compose instead (swiglu, matmul, add_sigmoid_scaled).
+  virtual bool moe_shared_row(std::span<const MlpWeights> /*experts*/, int64_t /*k*/, const Tensor& /*sh_gate*/,
+                              const Tensor& /*sh_up*/, const Tensor& /*down*/, Tensor& /*sh_row*/) {
+    return false;
+  }
+  // out[t] = Σ_j weights[t, j] · rows[t·k + j] over ids[t, j] in [0, E), fused multiply-adds in j
+  // order from 0, then (sh_row) + sigmoid(s[t]) · sh_row[t]: the sums of moe_experts (and of
+  // moe_experts_shared's fold) for up to moe_row_pairs() pairs.
+  virtual void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E,
+                                const Tensor* sh_row, const Tensor* s, Tensor& out) = 0;
+  // The most pairs (T·k) for which moe_experts on experts that moe_expert_rows takes sums as
+  // moe_combine_rows does.
+  virtual int64_t moe_row_pairs() const { return 0; }
+  // w (GGUF blocks in this backend's memory) repacked into dst (w.nbytes()) in the layout this
+  // backend's expert kernels read (the CUDA backend's tiles); tiled: the view of dst. False,
+  // nothing done, when this backend has no such layout or w does not take it.
+  virtual bool tile_into(const Tensor& /*w*/, void* /*dst*/, Tensor& /*tiled*/) { return false; }
+
   // ---- sampling ----
   // logits [R, V] f32, R = rows.size(). Per row r, with its parameters rows[r]:
   //   1. each of its penalty entries (t, c): logits[r, t] = penalised_logit(logits[r, t], rows[r], c)

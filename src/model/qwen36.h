@@ -198,6 +198,22 @@ class Model {
   // a share of the pass (device_share_).
   void host_moe_experts(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y,
                         Tensor& spare, const std::function<void()>& device_work);
+  // The exact path of a host-placed layer (expert_offload.cpp: the logits bitwise those of
+  // all-GPU execution): whether it takes T tokens of these experts, then the pass. rows
+  // [T·k, hidden] (main backend) receive every pair's row, y the sum; with a shared expert (sh:
+  // its gate / up projections, down matrix, gate logit, and row [T, hidden] as room), its row
+  // is folded into the sum where the main backend's moe_experts_shared would fold it (returns
+  // true); else device_work computes it and the caller adds it, gated.
+  struct HostShared {
+    const Tensor &gate, &up, &down, &logit;
+    Tensor& row;
+  };
+  bool host_rows_exact(std::span<const MlpWeights> experts, int64_t T) const;
+  bool host_moe_rows(const Tensor& x, Tensor& pack, std::span<const MlpWeights> experts, Tensor& y, Tensor& rows,
+                     const HostShared* sh, const std::function<void()>& device_work);
+  // The exact path's device share: slots for its repacked experts (init_offload), and its rows.
+  void init_share_slots();
+  void share_rows(const Tensor& x, std::span<const int32_t> host_ids, std::span<const MlpWeights> experts, Tensor& rows);
   // A host-placed MoE layer's [weights | ids | x] in one buffer of f32 words (the same layout on
   // the device and in HostStaging::pack), 256-byte aligned parts: one copy takes a decode
   // step's routing and input to the host.
@@ -306,6 +322,10 @@ class Model {
   struct HostPipeline;
   std::shared_ptr<HostPipeline> pipeline_;
   void finish_host_pass();
+  // The constructor's part for a placement with host experts (expert_offload.cpp).
+  void init_offload(int host_threads);
+  // Whether a pass may go to the pipeline (forward_rank's one-token layer loop).
+  void set_pipeline_open(bool open);
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <set>
@@ -632,6 +633,17 @@ TiledExperts tile_experts(Backend& gpu, const QuantExperts& ex) {
   return te;
 }
 
+// The E experts of ex (8 distinct ones, repeated) as host matrices of its GGUF blocks, for the
+// CPU's routed experts.
+std::vector<MlpWeights> host_quant_experts(const QuantExperts& ex, int64_t E) {
+  std::vector<MlpWeights> hq;
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t b = size_t(3 * (e % 8));
+    hq.push_back({ex.q[b].t, ex.q[b + 1].t, ex.q[b + 2].t});
+  }
+  return hq;
+}
+
 std::string shape_name(const ExpertTypes& mx, int64_t D, int64_t I, int64_t T) {
   return types_name(mx) + " D=" + std::to_string(D) + " I=" + std::to_string(I) + " T=" + std::to_string(T);
 }
@@ -899,11 +911,7 @@ TEST_F(CudaMoe, CpuExpertsFollowTheGpuInt8Paths) {
   for (const ExpertTypes& mx : {ExpertTypes{DType::Q4_K, DType::Q6_K}, ExpertTypes{DType::Q4_K, DType::Q4_K}}) {
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, mx.gu, mx.dn, E, D, I, /*distinct=*/8);
     const TiledExperts te = tile_experts(*gpu_, ex);
-    std::vector<MlpWeights> hq;
-    for (int64_t e = 0; e < E; ++e) {
-      const size_t b = size_t(3 * (e % 8));
-      hq.push_back({ex.q[b].t, ex.q[b + 1].t, ex.q[b + 2].t});
-    }
+    const std::vector<MlpWeights> hq = host_quant_experts(ex, E);
     for (int64_t T : {1, 5, 16, 128}) {
       HostT x = random_t(rng_, DType::F32, {T, D}), w, ids, cpu(DType::F32, {T, D});
       route(rng_, T, E, k, w, ids, E);
@@ -915,6 +923,40 @@ TEST_F(CudaMoe, CpuExpertsFollowTheGpuInt8Paths) {
                   (long long)T, e_gguf, e_tiled);
       EXPECT_LE(e_gguf, 1e-4) << types_name(mx) << " T=" << T << ": " << worst_at(gguf, want, D);
       EXPECT_LE(e_tiled, 1e-4) << types_name(mx) << " T=" << T << ": " << worst_at(tiled, want, D);
+    }
+  }
+}
+
+// The host's exact path (cpu::MoePass on Q4_K / Q6_K / Q8_0 experts: cpu_dot_exact.h's
+// arithmetic, silu_portable, pairs summed in routing order) against the GPU's tiled pair kernels
+// on the same GGUF matrices: bit for bit, at every token count the tiled kernels take, with the
+// 35B-A3B's shapes and small ones (other warp splits of a row-tile's units), an invalid id among
+// them. What expert offload's "outputs identical to all-GPU execution" rests on.
+TEST_F(CudaMoe, CpuExactExpertsAreTheTiledKernelsBitwise) {
+  struct Case {
+    ExpertTypes mx;
+    int64_t D, I;
+  };
+  const int64_t E = 64, k = 8;
+  for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 2048, 512}, Case{{DType::Q4_K, DType::Q4_K}, 2048, 512},
+                         Case{{DType::Q8_0, DType::Q8_0}, 2048, 512}, Case{{DType::Q4_K, DType::Q6_K}, 512, 256},
+                         Case{{DType::Q8_0, DType::Q4_K}, 2304, 768}}) {
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, E, cs.D, cs.I, /*distinct=*/8);
+    const TiledExperts te = tile_experts(*gpu_, ex);
+    const std::vector<MlpWeights> hq = host_quant_experts(ex, E);
+    for (int64_t T : {1, 3, 16, 128}) {
+      HostT x = random_t(rng_, DType::F32, {T, cs.D}), w, ids, cpu(DType::F32, {T, cs.D});
+      route(rng_, T, E, k, w, ids, E);
+      if (T > 1) ids.t.as<int32_t>()[k + 3] = -1;  // another rank's expert: nothing, on both sides
+      cpu::moe_experts(x.t, w.t, ids.t, hq, cpu.t);
+      const std::vector<float> want = cpu.floats(), got = run_experts(*gpu_, te.d, x, w, ids);
+      int64_t differ = 0, first = -1;
+      for (size_t i = 0; i < want.size(); ++i)
+        if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0 && differ++ == 0) first = int64_t(i);
+      std::printf("[ moe ] exact %s T=%3lld: %lld of %zu outputs differ from the tiled kernels\n",
+                  shape_name(cs.mx, cs.D, cs.I, T).c_str(), (long long)T, (long long)differ, want.size());
+      EXPECT_EQ(differ, 0) << shape_name(cs.mx, cs.D, cs.I, T) << ": first at " << first << ", CPU "
+                           << (first >= 0 ? want[size_t(first)] : 0.0f) << " GPU " << (first >= 0 ? got[size_t(first)] : 0.0f);
     }
   }
 }

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <limits>
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
@@ -102,6 +103,15 @@ class CpuBackend final : public Backend {
                    Tensor& out) override {
     cpu::moe_experts(x, weights, ids, experts, out);
   }
+  bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) override {
+    return cpu::moe_expert_rows(x, ids, experts, rows);
+  }
+  void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E, const Tensor* sh_row,
+                        const Tensor* s, Tensor& out) override {
+    cpu::moe_combine_rows(rows, weights, ids, E, sh_row, s, out);
+  }
+  // cpu::moe_experts sums rows so (MoePass's exact path) at any size.
+  int64_t moe_row_pairs() const override { return std::numeric_limits<int64_t>::max(); }
   void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
                          int32_t k, int32_t* ids, float* vals, float* stats) override {
     cpu::sample_candidates(logits, rows, penalties, k, ids, vals, stats);

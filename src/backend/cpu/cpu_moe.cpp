@@ -4,16 +4,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <numeric>
 #include <string_view>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include "backend/cpu/cpu_moe_pass.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
+#include "core/portable_exp.h"
 #include "quant/cpu_dot.h"
+#include "quant/cpu_dot_exact.h"
 #include "quant/cpu_dot_g32.h"
 
 namespace qwen36::cpu {
@@ -101,20 +105,29 @@ bool integer_experts(std::span<const MlpWeights> experts, const Pairs& p, DType&
   return act_in != DType::F32;
 }
 
+// An environment switch: its value, one of `allowed` (the first when unset).
+std::string_view env_choice(const char* name, std::initializer_list<std::string_view> allowed) {
+  const char* e = std::getenv(name);
+  const std::string_view v = e && *e ? e : *allowed.begin();
+  QWEN36_CHECK(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), "{}=\"{}\": expected one of {}", name,
+               v, fmt::join(allowed, ", "));
+  return v;
+}
+
 // QWEN36_MOE_CPU_ACT=q8 gives routed experts the CPU's own Q8_K / Q8_0 activations (llama.cpp's
 // form: one integer sum per 256 values, fewer float operations per weight row) instead of the
 // CUDA backend's per-32 ones (=device, the default); host-placed experts of expert offload then
-// differ from the GPU's kernels by the activation rounding (~5e-3 of an output) rather than by
-// f32 summation order (~1e-7). Read once.
+// differ from the GPU's kernels by the activation rounding (~5e-3 of an output) rather than
+// not at all.
 bool device_activations() {
-  static const bool device = [] {
-    const char* e = std::getenv("QWEN36_MOE_CPU_ACT");
-    const std::string_view v = e ? e : "";
-    QWEN36_CHECK(v.empty() || v == "device" || v == "q8", "QWEN36_MOE_CPU_ACT=\"{}\": expected device or q8", v);
-    return v != "q8";
-  }();
+  static const bool device = env_choice("QWEN36_MOE_CPU_ACT", {"device", "q8"}) == "device";
   return device;
 }
+
+// QWEN36_MOE_EXACT=0 leaves the exact path (cpu_dot_exact.h) for dot_row_g32's own summation
+// order (and expert offload for its other path: model/expert_offload.cpp). Read at every pass
+// (~0.1 µs), so that tests can compare the two paths in one process.
+bool exact_enabled() { return env_choice("QWEN36_MOE_EXACT", {"1", "0"}) == "1"; }
 
 // Whether every routed expert's matrices have a kernel against the CUDA backend's per-32
 // activations (cpu_dot_g32.h), D and I multiples of 256.
@@ -124,6 +137,18 @@ bool g32_experts(std::span<const MlpWeights> experts, const Pairs& p, int64_t D,
     const MlpWeights& m = experts[e];
     if (p.off[e] != p.off[e + 1] && !(dot_g32_supported(m.gate_proj.dtype) && dot_g32_supported(m.up_proj.dtype) &&
                                       dot_g32_supported(m.down_proj.dtype)))
+      return false;
+  }
+  return true;
+}
+
+// Whether every routed expert's matrices are of a type the GPU tiles (cpu_dot_exact.h).
+bool exact_experts(std::span<const MlpWeights> experts, const Pairs& p) {
+  if (!exact_enabled()) return false;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const MlpWeights& m = experts[e];
+    if (p.off[e] != p.off[e + 1] && !(dot_exact_supported(m.gate_proj.dtype) && dot_exact_supported(m.up_proj.dtype) &&
+                                      dot_exact_supported(m.down_proj.dtype)))
       return false;
   }
   return true;
@@ -157,21 +182,60 @@ std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, c
   m->T_ = T, m->D_ = D, m->I_ = I, m->dots_ = P * (2 * I + D);
   m->act_in_ = act_in, m->act_mid_ = act_mid;
   m->g32_ = g32_experts(experts, p, D, I);
+  m->exact_ = m->g32_ && exact_experts(experts, p);
   m->xrow_ = m->g32_ ? g32_row_bytes(D) : dtype_row_bytes(act_in, D);
   m->arow_ = m->g32_ ? g32_row_bytes(I) : dtype_row_bytes(act_mid, I);
   m->xq_.resize(size_t(T) * m->xrow_);
   m->aq_.resize(size_t(P) * m->arow_);
   m->gate_.resize(size_t(P * I)), m->up_.resize(size_t(P * I)), m->y_.resize(size_t(P * D));
-  // A token's pairs in ascending expert order (the pair list is expert-major).
+  // A token's pairs: in ascending expert order (the pair list is expert-major), or on the exact
+  // path in routing order, as the GPU's down kernel adds them (pair q of (t, j) found as
+  // route_pairs numbered it: tokens ascending within an expert).
   m->tok_off_.assign(size_t(T + 1), 0);
   m->tok_pairs_.resize(size_t(P));
   for (int64_t q = 0; q < P; ++q) ++m->tok_off_[size_t(p.tok[size_t(q)]) + 1];
   for (int64_t t = 0; t < T; ++t) m->tok_off_[size_t(t + 1)] += m->tok_off_[size_t(t)];
-  std::vector<int64_t> fill(m->tok_off_.begin(), m->tok_off_.end() - 1);
-  for (int64_t q = 0; q < P; ++q) m->tok_pairs_[size_t(fill[size_t(p.tok[size_t(q)])]++)] = q;
+  if (m->exact_) {
+    std::vector<int64_t> next(p.off.begin(), p.off.end() - 1);
+    const int64_t k = ids.cols();
+    m->row_of_.resize(size_t(P));
+    for (int64_t t = 0, i = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        if (const int32_t e = ids.as<const int32_t>()[t * k + j]; e >= 0) {
+          const int64_t q = next[size_t(e)]++;
+          m->tok_pairs_[size_t(i++)] = q;
+          m->row_of_[size_t(q)] = t * k + j;
+        }
+  } else {
+    std::vector<int64_t> fill(m->tok_off_.begin(), m->tok_off_.end() - 1);
+    for (int64_t q = 0; q < P; ++q) m->tok_pairs_[size_t(fill[size_t(p.tok[size_t(q)])]++)] = q;
+  }
   m->off_ = std::move(p.off), m->tok_ = std::move(p.tok), m->w_ = std::move(p.w);
   const int64_t n[kPhases] = {T, int64_t(m->mid_items_.size()), P, int64_t(m->out_items_.size()), T};
   std::copy(n, n + kPhases, m->n_items_);
+  return m;
+}
+
+bool MoePass::exact_for(std::span<const MlpWeights> experts) {
+  if (experts.empty() || !device_activations() || !exact_enabled()) return false;
+  return std::all_of(experts.begin(), experts.end(), [&](const MlpWeights& m) {
+    return dot_exact_supported(m.gate_proj.dtype) && dot_exact_supported(m.up_proj.dtype) &&
+           dot_exact_supported(m.down_proj.dtype) && m.gate_proj.cols() % 256 == 0 && m.down_proj.cols() % 256 == 0;
+  });
+}
+
+std::unique_ptr<MoePass> MoePass::make_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts,
+                                            Tensor& rows) {
+  const int64_t T = x.rows(), k = ids.cols();
+  QWEN36_CHECK(rows.dtype == DType::F32 && rows.numel() == T * k * x.cols() && ids.rows() == T,
+               "moe_expert_rows: x {} ids {} rows {}", x.shape_str(), ids.shape_str(), rows.shape_str());
+  std::vector<float> ones(size_t(T * k), 1.0f);  // read by make only (the pairs' weights: unused here)
+  const Tensor w(ones.data(), DType::F32, {T, k});
+  std::unique_ptr<MoePass> m = make(x, w, ids, experts, rows);
+  if (!m || !m->exact_) return nullptr;
+  m->rows_ = true;
+  m->y_ = {};
+  m->n_items_[kPhases - 1] = 0;  // no sums
   return m;
 }
 
@@ -204,6 +268,17 @@ float MoePass::dot(DType wt, const void* w, const std::byte* a, int64_t n) const
 void MoePass::gate_up(int64_t item) noexcept {
   const auto [e, r0] = mid_items_[size_t(item)];
   const MlpWeights& m = experts_[size_t(e)];
+  if (exact_) {
+    const int rows = int(std::min(kRows, I_ - r0));
+    for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q) {
+      const auto* a = reinterpret_cast<const BlockQ8G32*>(xq_.data() + size_t(tok_[size_t(q)]) * xrow_);
+      dot_rows_exact(m.gate_proj.dtype, m.gate_proj.row(r0), dtype_row_bytes(m.gate_proj.dtype, D_), rows, a, D_,
+                     gate_.data() + q * I_ + r0);
+      dot_rows_exact(m.up_proj.dtype, m.up_proj.row(r0), dtype_row_bytes(m.up_proj.dtype, D_), rows, a, D_,
+                     up_.data() + q * I_ + r0);
+    }
+    return;
+  }
   for (int64_t r = r0; r < std::min(r0 + kRows, I_); ++r)
     for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q) {
       const std::byte* a = xq_.data() + size_t(tok_[size_t(q)]) * xrow_;
@@ -215,13 +290,27 @@ void MoePass::gate_up(int64_t item) noexcept {
 void MoePass::mid(int64_t q) noexcept {
   Tensor g(gate_.data() + q * I_, DType::F32, {1, I_});
   const Tensor u(up_.data() + q * I_, DType::F32, {1, I_});
-  swiglu(g, u, g);
+  if (exact_) {
+    float* gv = g.as<float>();
+    for (int64_t i = 0; i < I_; ++i) gv[i] = silu_portable(gv[i]) * up_[size_t(q * I_ + i)];
+  } else {
+    swiglu(g, u, g);
+  }
   quantize(act_mid_, g.as<const float>(), aq_.data() + size_t(q) * arow_, I_);
 }
 
 void MoePass::down(int64_t item) noexcept {
   const auto [e, r0] = out_items_[size_t(item)];
   const Tensor& w = experts_[size_t(e)].down_proj;
+  if (exact_) {
+    const int rows = int(std::min(kRows, D_ - r0));
+    for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q) {
+      float* y = rows_ ? out_ + row_of_[size_t(q)] * D_ : y_.data() + q * D_;
+      dot_rows_exact(w.dtype, w.row(r0), dtype_row_bytes(w.dtype, I_), rows,
+                     reinterpret_cast<const BlockQ8G32*>(aq_.data() + size_t(q) * arow_), I_, y + r0);
+    }
+    return;
+  }
   for (int64_t r = r0; r < std::min(r0 + kRows, D_); ++r)
     for (int64_t q = off_[size_t(e)]; q < off_[size_t(e) + 1]; ++q)
       y_[size_t(q * D_ + r)] = dot(w.dtype, w.row(r), aq_.data() + size_t(q) * arow_, I_);
@@ -236,6 +325,43 @@ void MoePass::sum(int64_t t) noexcept {
     const int64_t q = tok_pairs_[size_t(i)];
     const float wq = w_[size_t(q)];
     for (int64_t d = 0; d < D_; ++d) o[d] = std::fma(wq, y_[size_t(q * D_ + d)], o[d]);
+  }
+}
+
+bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
+  const std::unique_ptr<MoePass> pass = MoePass::make_rows(x, ids, experts, rows);
+  if (!pass) return false;
+  const int threads = int(std::clamp<int64_t>(pass->useful_threads(), 1, omp_get_max_threads()));
+#pragma omp parallel num_threads(threads)
+  for (int phase = 0; phase < MoePass::kPhases; ++phase) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < pass->items(phase); ++it) pass->run(phase, it);
+  }
+  return true;
+}
+
+void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E, const Tensor* sh_row,
+                      const Tensor* s, Tensor& out) {
+  const int64_t T = ids.rows(), k = ids.cols(), D = out.cols();
+  QWEN36_CHECK(rows.numel() == T * k * D && weights.numel() == T * k && out.numel() == T * D &&
+                   (!sh_row || (s && sh_row->numel() == T * D && s->numel() == T)),
+               "moe_combine_rows: rows {} weights {} ids {} out {}", rows.shape_str(), weights.shape_str(),
+               ids.shape_str(), out.shape_str());
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out.as<float>() + t * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids.as<const int32_t>()[t * k + j];
+      if (e < 0 || e >= E) continue;
+      const float w = weights.as<const float>()[t * k + j];
+      const float* y = rows.as<const float>() + (t * k + j) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, y[d], o[d]);
+    }
+    if (sh_row) {
+      const float g = 1.0f / (1.0f + std::exp(-s->as<const float>()[t]));
+      const float* y = sh_row->as<const float>() + t * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = std::fma(g, y[d], o[d]);
+    }
   }
 }
 

@@ -48,6 +48,11 @@ void moe_route(const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Te
 void moe_local_ids(Tensor& ids, int64_t e0, int64_t n);
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
+// Backend::moe_expert_rows (MoePass::make_rows: false where the exact path does not apply) and
+// Backend::moe_combine_rows.
+bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows);
+void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E, const Tensor* sh_row,
+                      const Tensor* s, Tensor& out);
 
 void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
                        int32_t k, int32_t* ids, float* vals, float* stats);

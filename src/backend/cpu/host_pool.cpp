@@ -32,7 +32,11 @@ HostPool::~HostPool() {
 
 void HostPool::submit(MoePass& pass, std::atomic<uint64_t>* signal, uint64_t value) {
   QWEN36_CHECK(pass_ == nullptr, "host pool: a pass is in flight already");
-  QWEN36_CHECK(pass.items(MoePass::kPhases - 1) > 0, "host pool: a pass without items in its last phase");
+  // The signal goes up with the last item of the last phase that has items (a pass of rows,
+  // MoePass::make_rows, has no sums).
+  last_phase_ = MoePass::kPhases - 1;
+  while (last_phase_ >= 0 && pass.items(last_phase_) == 0) --last_phase_;
+  QWEN36_CHECK(last_phase_ >= 0, "host pool: a pass without items");
   pass_ = &pass;
   signal_ = signal, value_ = value;
   for (int p = 0; p < MoePass::kPhases; ++p) {
@@ -48,7 +52,7 @@ void HostPool::work() {
   MoePass& pass = *pass_;
   for (int p = 0; p < MoePass::kPhases; ++p) {
     const int64_t n = pass.items(p);
-    const bool last = p == MoePass::kPhases - 1;
+    const bool last = p == last_phase_;
     for (int64_t it; (it = next_[p].fetch_add(1, std::memory_order_relaxed)) < n;) {
       pass.run(p, it);
       // The last item of the pass (acq_rel: every other item's writes are seen) raises the signal.

@@ -44,6 +44,7 @@ class HostPool {
   std::vector<std::thread> threads_;
   MoePass* pass_ = nullptr;
   std::atomic<uint64_t>* signal_ = nullptr;
+  int last_phase_ = 0;  // the pass's last phase with items: its last item raises the signal
   uint64_t value_ = 0;
   // Bumped by submit (the workers wait for a change) and by the destructor, with stop_ set.
   std::atomic<uint32_t> generation_{0};

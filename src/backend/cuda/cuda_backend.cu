@@ -663,6 +663,25 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "moe_experts");
     cuda::moe_experts(ctx_, x, weights, ids, experts, out);
   }
+  bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) override {
+    Prof p_(*this, "moe_expert_rows");
+    return cuda::moe_expert_rows(ctx_, x, ids, experts, rows);
+  }
+  bool moe_shared_row(std::span<const MlpWeights> experts, int64_t k, const Tensor& sh_gate, const Tensor& sh_up,
+                      const Tensor& down, Tensor& sh_row) override {
+    Prof p_(*this, "moe_shared_row");
+    return cuda::moe_shared_row(ctx_, experts, k, sh_gate, sh_up, down, sh_row);
+  }
+  void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E, const Tensor* sh_row,
+                        const Tensor* s, Tensor& out) override {
+    Prof p_(*this, "moe_combine_rows");
+    cuda::moe_combine_rows(ctx_, rows, weights, ids, E, sh_row, s, out);
+  }
+  int64_t moe_row_pairs() const override { return cuda::moe_row_pairs(); }
+  bool tile_into(const Tensor& w, void* dst, Tensor& tiled) override {
+    Prof p_(*this, "tile_into");
+    return cuda::quant_tile_into(ctx_, w, dst, tiled);
+  }
   void moe_experts_shared(const Tensor& x, const Tensor& weights, const Tensor& ids,
                           std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
                           const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) override {

@@ -401,6 +401,23 @@ __global__ void combine_kernel(const float* y, const int32_t* pair_row, const fl
   }
 }
 
+// Expert offload's exact combination (moe_combine_rows): out[t] = Σ_j w[t, j] · rows[t·k + j] over
+// ids in [0, E), FMAs in j order, then the shared expert's row weighted by its gate's sigmoid —
+// what the tiled down kernel's block does with its rows (cuda_quant_moe_mma.cu), value for value.
+__global__ void combine_rows_kernel(const float* rows, const float* w, const int32_t* ids, int E, const float* sh_row,
+                                    const float* sh_logit, float* out, int64_t D, int k, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      if (const int e = ids[p]; e >= 0 && e < E) acc = fmaf(w[p], rows[p * D + d], acc);
+    }
+    if (sh_row) acc = fmaf(sigmoid_f(sh_logit[t]), sh_row[t * D + d], acc);
+    out[i] = acc;
+  }
+}
+
 // xs[r] = x[row_pair[r] / k]   (the fallback path's f32 rows in expert order)
 __global__ void gather_kernel(const float* x, const int32_t* row_pair, int k, int64_t D, float* xs, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -980,6 +997,63 @@ bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Te
   if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
   return quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn, q.s.E, q.s.I,
                          out, &sh);
+}
+
+// ---- expert offload's exact combination (Backend::moe_expert_rows, moe_shared_row, moe_combine_rows) ----
+
+int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
+
+bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
+  if (experts.empty() || !dtype_is_tiled(experts[0].gate_proj.dtype)) return false;
+  const QuantExperts q = check_quant_experts(x, ids, experts);
+  if (c.exact_matmul || !q.tiled || q.s.P > kMaxTiledMoePairs) return false;
+  if (q.s.T == 0) return true;
+  const ExpertPtrs* table = expert_table(c, experts);
+  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
+  return quant_tiled_moe_rows(c, q.s.T, q.s.D, &x, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn,
+                              q.s.E, q.s.I, &rows, nullptr, nullptr);
+}
+
+namespace {
+// A routed matrix's type as the device holds it once tiled (tile_weights): itself if tiled
+// already, its tiled type if it tiles, else F32 (none).
+DType as_tiled(const Tensor& w) {
+  if (dtype_is_tiled(w.dtype)) return w.dtype;
+  return w.rows() % 16 == 0 && w.cols() % 256 == 0 ? quant_tiled_type(w.dtype) : DType::F32;
+}
+}  // namespace
+
+// moe_experts_shared folds the shared expert for tiled experts up to kMaxSharedFoldTokens tokens
+// when quant_tiled_moe takes the call: the same conditions, judged on the experts as tile_weights
+// would hold them (expert offload's host experts are GGUF blocks in host memory).
+bool moe_shared_row(Ctx& c, std::span<const MlpWeights> experts, int64_t k, const Tensor& sh_gate, const Tensor& sh_up,
+                    const Tensor& down, Tensor& sh_row) {
+  const int64_t T = sh_gate.rows();
+  if (experts.empty() || T < 1 || T > kMaxSharedFoldTokens || T * k > kMaxTiledMoePairs || c.exact_matmul) return false;
+  const MlpWeights& m = experts[0];
+  const DType gu = as_tiled(m.gate_proj), dn = as_tiled(m.down_proj);
+  const int64_t D = m.down_proj.rows(), I = m.down_proj.cols();
+  if (!dtype_is_tiled(gu) || as_tiled(m.up_proj) != gu || dn != down.dtype || !quant_tiled_moe_fits(D, I, k + 1))
+    return false;
+  const Tensor none;
+  const SharedDown sh{sh_gate, sh_up, down, none};
+  return quant_tiled_moe_rows(c, T, D, nullptr, none, nullptr, gu, dn, int64_t(experts.size()), I, nullptr, &sh,
+                              &sh_row);
+}
+
+void moe_combine_rows(Ctx& c, const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E,
+                      const Tensor* sh_row, const Tensor* s, Tensor& out) {
+  const int64_t T = ids.rows(), k = ids.cols(), D = out.cols(), n = T * D;
+  QWEN36_CHECK(rows.dtype == DType::F32 && rows.numel() == T * k * D && weights.numel() == T * k &&
+                   ids.dtype == DType::I32 && out.numel() == n && (!sh_row || (s && sh_row->numel() == n && s->numel() == T)),
+               "moe_combine_rows: rows {} weights {} ids {} out {}", rows.shape_str(), weights.shape_str(),
+               ids.shape_str(), out.shape_str());
+  if (n == 0) return;
+  combine_rows_kernel<<<grid_stride_blocks(n), 256, 0, c.stream>>>(
+      rows.as<const float>(), weights.as<const float>(), ids.as<const int32_t>(), int(E),
+      sh_row ? sh_row->as<const float>() : nullptr, sh_row ? s->as<const float>() : nullptr, out.as<float>(), D,
+      int(k), n);
+  CUDA_LAUNCH_CHECK();
 }
 
 void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,

@@ -358,6 +358,9 @@ bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
+// w (GGUF, device) repacked into dst (w.nbytes(), 16-byte aligned, not overlapping w): the tiled
+// view of dst; false (nothing done) when w does not tile.
+bool quant_tile_into(Ctx&, const Tensor& w, void* dst, Tensor& tiled);
 // kTiledMaxT: the most tokens of one int8 tensor-core launch (8 n8 tiles); beyond it the
 // dequantizing GEMMs. act: x already quantized for that GEMM (by the kernel that produced x;
 // null: quantized here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)
@@ -414,6 +417,15 @@ struct SharedDown {
 // is quant_dequant_experts.
 bool quant_tiled_moe(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
                      DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh = nullptr);
+// Whether quant_tiled_moe takes matrices of D, I with kk pairs a token (the routed, + 1 with a
+// shared expert) as far as its shapes and shared memory go.
+bool quant_tiled_moe_fits(int64_t D, int64_t I, int64_t kk);
+// Expert offload's exact combination: the rows quant_tiled_moe's down kernel weights and sums, unweighted —
+// rows [T, k, D] (row t·k + j for ids[t, j] in [0, E); others untouched) and with sh the shared
+// expert's, sh_row [T, D] (sh.logit unused). ids may be empty (k = 0, x unused): the shared row only.
+bool quant_tiled_moe_rows(Ctx&, int64_t T, int64_t D, const Tensor* x, const Tensor& ids, const void* const* table,
+                          DType gate_up, DType down, int64_t E, int64_t I, Tensor* rows, const SharedDown* sh,
+                          Tensor* sh_row);
 void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);
 
@@ -452,6 +464,14 @@ void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weigh
 void moe_local_ids(Ctx&, Tensor& ids, int64_t e0, int64_t n);
 void moe_experts(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out);
+// Backend::moe_expert_rows / moe_shared_row / moe_combine_rows / moe_row_pairs (expert offload's
+// exact combination; backend.h).
+bool moe_expert_rows(Ctx&, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows);
+bool moe_shared_row(Ctx&, std::span<const MlpWeights> experts, int64_t k, const Tensor& sh_gate, const Tensor& sh_up,
+                    const Tensor& down, Tensor& sh_row);
+void moe_combine_rows(Ctx&, const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E,
+                      const Tensor* sh_row, const Tensor* s, Tensor& out);
+int64_t moe_row_pairs();
 // Backend::moe_experts_shared in the tiled experts' kernels (the shared expert one more pair of
 // every token); false, nothing launched, where they do not take the call.
 bool moe_experts_shared(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids,

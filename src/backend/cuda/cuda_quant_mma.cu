@@ -1037,21 +1037,37 @@ bool quant_tile_ok(const Tensor& w) {
          aligned16(w.data);
 }
 
-bool quant_tile(Ctx& c, Tensor& w) {
-  if (!quant_tile_ok(w)) return false;
-  const DType tt = quant_tiled_type(w.dtype);
+namespace {
+
+void repack(Ctx& c, const Tensor& w, const void* src, void* dst) {
   const size_t bytes = w.nbytes();
-  Temp<uint8_t> src(c, bytes);
-  CUDA_CHECK(cudaMemcpyAsync(src.get(), w.data, bytes, cudaMemcpyDeviceToDevice, c.stream));
-  const size_t rb = w.row_bytes();
   const int S = int(w.cols() / 256);
-  with_tiled_dtype(tt, [&](auto dt) {
+  with_tiled_dtype(quant_tiled_type(w.dtype), [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     const int blocks = int(std::min<size_t>((bytes + 255) / 256, size_t(dev_info().sms) * 64));
-    repack_kernel<D><<<blocks, 256, 0, c.stream>>>(src.get(), rb, S, bytes, static_cast<uint8_t*>(w.data));
+    repack_kernel<D><<<blocks, 256, 0, c.stream>>>(static_cast<const uint8_t*>(src), w.row_bytes(), S, bytes,
+                                                   static_cast<uint8_t*>(dst));
     CUDA_LAUNCH_CHECK();
   });
-  w.dtype = tt;
+}
+
+}  // namespace
+
+bool quant_tile(Ctx& c, Tensor& w) {
+  if (!quant_tile_ok(w)) return false;
+  Temp<uint8_t> src(c, w.nbytes());
+  CUDA_CHECK(cudaMemcpyAsync(src.get(), w.data, w.nbytes(), cudaMemcpyDeviceToDevice, c.stream));
+  repack(c, w, src.get(), w.data);
+  w.dtype = quant_tiled_type(w.dtype);
+  return true;
+}
+
+bool quant_tile_into(Ctx& c, const Tensor& w, void* dst, Tensor& tiled) {
+  if (!quant_tile_ok(w) || !aligned16(dst)) return false;
+  repack(c, w, w.data, dst);
+  tiled = w;
+  tiled.data = dst;
+  tiled.dtype = quant_tiled_type(w.dtype);
   return true;
 }
 

@@ -9,8 +9,11 @@
 // units (gate+up: super-blocks; down: (pair, super-block)) are split wr ways between warps
 // (35B: gate/up K = 2048, 8 warps each one gate and one up tile; down 8 pairs × 2
 // super-blocks, 8 warps of 2 units, the second loading while the first computes, 9 warps with
-// the shared expert), and the pieces meet in shared memory in warp order: no atomics, no
-// cross-block arrivals, bitwise reproducible (eager or graph replay). A block quantizes its
+// the shared expert), and each unit's sum goes to shared memory, where the block adds them in
+// an order that does not depend on the split: a row's tiles in super-block order, a token's
+// pairs in pair order, SiLU by silu_portable — the arithmetic the host reproduces bit for bit
+// (quant/cpu_dot_exact.h, expert offload). No atomics, no cross-block arrivals: bitwise
+// reproducible (eager or graph replay). A block quantizes its
 // rows itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from L2, while its
 // first tiles load) and puts a row in all 8 MMA columns: 7/8 of each MMA is wasted, free next
 // to the tile loads, and there is no quantization launch or token-column bookkeeping. Why per
@@ -25,6 +28,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
+#include "core/portable_exp.h"
 
 namespace qwen36::cuda {
 
@@ -48,48 +52,35 @@ struct MoeArgs {
   const float *sh_gate = nullptr, *sh_up = nullptr;  // [T, K]: its gate and up projections
   const void* sh_down = nullptr;                      // tiled [N, K]
   const float* sh_logit = nullptr;                    // [T]: its gate logit; its weight is the sigmoid
+  // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
+  // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
+  float *rows = nullptr, *sh_row = nullptr;
 };
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
 int moe_block_warps(int wr) { return std::max(kMoeWarps, wr); }
 
-// Shared memory of a block of nw warps: `rows` quantized rows, the warps' partial sums (nm per
-// row), (Q4_K) the warps' scale tables.
+// Shared memory of a block of nw warps: `rows` quantized rows of K, `partials` floats of the
+// tiles' partial sums, (Q4_K) the warps' scale tables.
 template <DType D>
-size_t moe_smem(int K, int rows, int nm, int nw) {
-  return size_t(rows) * (K / 32) * sizeof(ColGroup) + size_t(nw) * nm * 16 * sizeof(float) +
+size_t moe_smem(int K, int rows, size_t partials, int nw) {
+  return size_t(rows) * (K / 32) * sizeof(ColGroup) + partials * sizeof(float) +
          (D == DType::Q4_K_T16 ? size_t(nw) * 16 * kTabStride * sizeof(float2) : 0);
 }
 
-// The warps' partial sums of the block's row-tiles meet in warp order (no atomics: bitwise
-// reproducible); part[m][0 / 1] are this warp's rows g / g + 8 of its row-tile. Returns, for
-// thread i < rpb · 16, the sums of row i % 16 of row-tile i / 16 of the block (nm values).
-template <int NM>
-__device__ __forceinline__ void block_row_sums(float* red, const float (&part)[NM][2], int wr, float (&sum)[NM]) {
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2;
-  if ((lane & 3) == 0) {  // the 4 lanes of a g hold the same values
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      red[(warp * NM + m) * 16 + g] = part[m][0];
-      red[(warp * NM + m) * 16 + g + 8] = part[m][1];
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int m = 0; m < NM; ++m) sum[m] = 0.0f;
-  if (int(threadIdx.x) < int(blockDim.x >> 5) / wr * 16) {
-    const int rl = int(threadIdx.x) >> 4, row = int(threadIdx.x) & 15;
-    for (int q = 0; q < wr; ++q)  // warp order
-#pragma unroll
-      for (int m = 0; m < NM; ++m) sum[m] += red[((rl * wr + q) * NM + m) * 16 + row];
-  }
+// A tile's partial sums of rows g and g + 8 (each lane of a g holds them) into its 16 slots.
+__device__ __forceinline__ void store_partial(float* slot, float p0, float p1) {
+  const int lane = int(threadIdx.x & 31), g = lane >> 2;
+  if ((lane & 3) == 0) slot[g] = p0, slot[g + 8] = p1;
 }
 
 // gate+up. grid (row-tile groups, P), moe_block_warps(wr) warps: block (b, p) computes rows 16·r ..
 // 16·r + 15 of gate and up, r = b · rpb + warp / wr, for pair p's expert, warp w taking
-// super-blocks w % wr, + wr, ... of its row-tile; act = silu(gate) ⊙ up. The block quantizes
-// x's row itself (its first tiles already loading): no quantization launch. An id outside
-// [0, E) gives an act row of zeros.
+// super-blocks w % wr, + wr, ... of its row-tile; act = silu(gate) ⊙ up. The arithmetic is
+// the canonical one the host's twin reproduces bit for bit (quant/cpu_dot_exact.h): each tile's
+// sum (tile_row from 0) into shared memory, a row's tiles added in super-block order, SiLU
+// by silu_portable. The block quantizes x's row itself (its first tiles already loading): no
+// quantization launch. An id outside [0, E) gives an act row of zeros.
 template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
@@ -106,13 +97,14 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const Mo
     return;
   }
   ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
-  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [warp][2][16]
-  float2* tab = reinterpret_cast<float2*>(red + nw * 2 * 16) + warp * 16 * kTabStride;
+  float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [rpb][S][gate, up][16]
+  float2* tab = reinterpret_cast<float2*>(red + rpb * S * 2 * 16) + warp * 16 * kTabStride;
 
   const bool live = r < R;
   const size_t off = size_t(live ? r : 0) * S * B;
   const uint8_t* wg = static_cast<const uint8_t*>(a.table[3 * size_t(e)]) + off;
   const uint8_t* wu = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 1]) + off;
+  float* mine = red + size_t(warp / wr) * S * 2 * 16;
   int s = warp % wr;  // < S: wr ≤ S
   Raw<D> RG, RU;
   if (live) {
@@ -121,33 +113,41 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const Mo
   }
   quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
   __syncthreads();
-  float part[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
   if (live) {
     for (;;) {
-      tile_row<D>(RG, xg + s * 8, lane, tab, part[0][0], part[0][1]);
-      tile_row<D>(RU, xg + s * 8, lane, tab, part[1][0], part[1][1]);
+      float g0 = 0.0f, g1 = 0.0f, u0 = 0.0f, u1 = 0.0f;
+      tile_row<D>(RG, xg + s * 8, lane, tab, g0, g1);
+      tile_row<D>(RU, xg + s * 8, lane, tab, u0, u1);
+      store_partial(mine + (2 * s) * 16, g0, g1);
+      store_partial(mine + (2 * s + 1) * 16, u0, u1);
       s += wr;
       if (s >= S) break;
       load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
       load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
     }
   }
-  float sum[2];
-  block_row_sums<2>(red, part, wr, sum);
-  if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = silu_f(sum[0]) * sum[1];
+  __syncthreads();
+  if (int(threadIdx.x) < rpb * 16 && r_out < R) {
+    const float* pr = red + size_t(threadIdx.x >> 4) * S * 2 * 16 + (threadIdx.x & 15);
+    float gate = 0.0f, up = 0.0f;
+    for (int t = 0; t < S; ++t) gate += pr[(2 * t) * 16], up += pr[(2 * t + 1) * 16];
+    *act = silu_portable(gate) * up;
+  }
 }
 
 // down and the weighted sum over a token's k pairs (k + 1 with a shared expert: its SwiGLU row
 // quantized here from its gate and up projections, its weight the sigmoid of its gate logit;
 // three launches fewer than its own SwiGLU, down GEMM and gated add, and its down tiles load
 // beside the routed ones). grid (row-tile groups, T), moe_block_warps(wr) warps:
-// block (b, t) computes out[t] rows 16·r .. 16·r + 15, r = b · rpb + warp / wr, as Σ_j w[t, j] ·
-// down_e(j) · act[t·k + j]: a row-tile's k·S units (pair j, super-block s; u = j·S + s) are
-// split between its wr warps (u = w % wr, + wr, ...), each unit's product weighted in f32 as it
-// is added, and the warps' sums meet in warp order (no atomics, no y round trip or combine
-// launch). The block quantizes the token's k act rows (contiguous: pairs t·k .. t·k + k − 1).
-// Lane j < k of every warp holds pair j's down matrix (null: id outside [0, E), its units are
-// skipped) and weight; a warp's next unit loads while the current one computes. k ≤ 32.
+// block (b, t) computes out[t] rows 16·r .. 16·r + 15, r = b · rpb + warp / wr. A row-tile's
+// k·S units (pair j, super-block s; u = j·S + s) are split between its wr warps (u = w % wr,
+// + wr, ...), a warp's next unit loading while the current one computes; each unit's sum goes
+// to shared memory, and the block adds them in the canonical order the host's twin reproduces
+// (quant/cpu_dot_exact.h): pair j's row y_j as its tiles added in super-block order, then
+// out = Σ_j w_j · y_j as FMAs in pair order (no atomics, no y round trip or combine launch).
+// The block quantizes the token's k act rows (contiguous: pairs t·k .. t·k + k − 1). Lane j < k
+// of every warp holds pair j's down matrix (null: id outside [0, E), its units are skipped and
+// it adds nothing) and weight. k ≤ 32.
 template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
@@ -160,20 +160,21 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   const int R = a.N >> 4;
   const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
   ColGroup* xg = reinterpret_cast<ColGroup*>(smem);  // [kk][G]
-  float* red = reinterpret_cast<float*>(smem + size_t(kk) * G * sizeof(ColGroup));  // [warp][16]
-  float2* tab = reinterpret_cast<float2*>(red + nw * 16) + warp * 16 * kTabStride;
+  float* red = reinterpret_cast<float*>(smem + size_t(kk) * G * sizeof(ColGroup));  // [rpb][U][16]
+  float2* tab = reinterpret_cast<float2*>(red + rpb * U * 16) + warp * 16 * kTabStride;
 
   const uint8_t* mine = nullptr;  // lane j < kk: pair j's down matrix, and its weight
   float wmine = 0.0f;
+  const bool rows = a.rows != nullptr || a.sh_row != nullptr;
   if (lane < k) {
     const int e = a.ids[size_t(t) * k + lane];
     if (e >= 0 && e < a.E) {
       mine = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 2]);
-      wmine = a.w[size_t(t) * k + lane];
+      if (!rows) wmine = a.w[size_t(t) * k + lane];
     }
   } else if (lane < kk) {
     mine = static_cast<const uint8_t*>(a.sh_down);
-    wmine = sigmoid_f(a.sh_logit[t]);
+    if (!rows) wmine = sigmoid_f(a.sh_logit[t]);
   }
   const unsigned valid = __ballot_sync(0xffffffffu, mine != nullptr);
   const bool live = r < R;
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
                     xg);
   }
   __syncthreads();
-  float part[1][2] = {{0.0f, 0.0f}};
+  float* units = red + size_t(warp / wr) * U * 16;
   if (live) {
     while (u < U) {
       const int un = next(u + wr);
@@ -211,16 +212,27 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
       const int j = u / S;
       float p0 = 0.0f, p1 = 0.0f;
       tile_row<D>(cur, xg + size_t(j) * G + size_t(u - j * S) * 8, lane, tab, p0, p1);
-      const float wj = __shfl_sync(0xffffffffu, wmine, j);
-      part[0][0] = fmaf(wj, p0, part[0][0]);
-      part[0][1] = fmaf(wj, p1, part[0][1]);
+      store_partial(units + size_t(u) * 16, p0, p1);
       cur = nxt;
       u = un;
     }
   }
-  float sum[1];
-  block_row_sums<1>(red, part, wr, sum);
-  if (int(threadIdx.x) < rpb * 16 && r_out < R) a.out[size_t(t) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15)] = sum[0];
+  __syncthreads();
+  const bool writer = int(threadIdx.x) < rpb * 16 && r_out < R;
+  const float* pr = red + size_t(threadIdx.x >> 4) * U * 16 + (threadIdx.x & 15);
+  float acc = 0.0f;
+  for (int j = 0; j < kk; ++j) {
+    const float wj = __shfl_sync(0xffffffffu, wmine, j);  // every lane, before the writers branch off
+    if (!writer || !((valid >> j) & 1u)) continue;
+    float y = 0.0f;
+    for (int s = 0; s < S; ++s) y += pr[(j * S + s) * 16];
+    const size_t col = 16 * size_t(r_out) + (threadIdx.x & 15);
+    if (rows)
+      (j < k ? a.rows + (size_t(t) * k + j) * a.N : a.sh_row + size_t(t) * a.N)[col] = y;
+    else
+      acc = fmaf(wj, y, acc);
+  }
+  if (writer && !rows) a.out[size_t(t) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15)] = acc;
 }
 
 // Warps per row-tile for `units` tiles per row-tile. From 8 units on, as many warps as give each
@@ -241,44 +253,95 @@ void launch_moe(Ctx& c, Kernel kernel, const MoeArgs& a, unsigned grid_y, size_t
 
 }  // namespace
 
-bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
-                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh) {
-  const int64_t T = x.rows(), D = x.cols(), k = ids.cols(), P = T * k, kk = k + (sh != nullptr);
-  if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || P < 1 || P > kMaxMoePairs ||
-      k < 1 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 ||
-      E >= (int64_t(1) << 30) || x.dtype != DType::F32 || !aligned16(x.data) || ids.dtype != DType::I32 ||
-      ids.rows() != T || weights.dtype != DType::F32 || weights.numel() != P || out.dtype != DType::F32 ||
-      out.numel() != T * D)
+namespace {
+
+// A call's warps per row-tile and partial-sum floats per block, gate+up and down.
+struct Split {
+  int gu_wr, dn_wr, gu_nw, dn_nw;
+  size_t gu_partials, dn_partials;
+  Split(int64_t D, int64_t I, int64_t kk)
+      : gu_wr(moe_warps_per_row_tile(int(D / 256))),
+        dn_wr(moe_warps_per_row_tile(int(kk * (I / 256)))),
+        gu_nw(moe_block_warps(gu_wr)),
+        dn_nw(moe_block_warps(dn_wr)),
+        gu_partials(size_t(gu_nw / gu_wr) * (D / 256) * 2 * 16),
+        dn_partials(size_t(dn_nw / dn_wr) * kk * (I / 256) * 16) {}
+};
+
+}  // namespace
+
+// The down block holds its token's kk quantized act rows in shared memory (35B: 7 KB), its
+// lanes the kk pairs' matrices, and every unit's partial sums; no opt-in above the default 48 KB.
+bool quant_tiled_moe_fits(int64_t D, int64_t I, int64_t kk) {
+  if (kk < 1 || kk > 32 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth) return false;
+  const Split sp(D, I, kk);
+  return moe_smem<DType::Q4_K_T16>(int(I), int(kk), sp.dn_partials, sp.dn_nw) <= (size_t(48) << 10) &&
+         moe_smem<DType::Q4_K_T16>(int(D), 1, sp.gu_partials, sp.gu_nw) <= (size_t(48) << 10);
+}
+
+namespace {
+
+// quant_tiled_moe and quant_tiled_moe_rows: out (the weighted sums) or rows / sh_row. T tokens
+// of D; k = 0 (rows, with sh): the shared expert's row only, no gate+up launch.
+bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weights, const Tensor& ids,
+               const void* const* table, DType gate_up, DType down, int64_t E, int64_t I, Tensor* out,
+               const SharedDown* sh, Tensor* rows, Tensor* sh_row) {
+  const int64_t k = ids.empty() ? 0 : ids.cols(), P = T * k, kk = k + (sh != nullptr);
+  const bool by_rows = out == nullptr;
+  if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || T < 1 || kk < 1 || P > kMaxMoePairs ||
+      D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 || E >= (int64_t(1) << 30) ||
+      (k > 0 && (!x || x->dtype != DType::F32 || !aligned16(x->data) || x->rows() != T || x->cols() != D ||
+                 ids.dtype != DType::I32 || ids.rows() != T)) ||
+      (!by_rows && (!weights || weights->dtype != DType::F32 || weights->numel() != P || out->dtype != DType::F32 ||
+                    out->numel() != T * D)) ||
+      (by_rows && k > 0 && (!rows || rows->dtype != DType::F32 || rows->numel() != P * D)) ||
+      (by_rows && sh && (!sh_row || sh_row->dtype != DType::F32 || sh_row->numel() != T * D)))
     return false;
-  // The down block holds its token's kk quantized act rows in shared memory (35B: 7 KB), its
-  // lanes the kk pairs' matrices; no opt-in above the default 48 KB.
-  const int gu_wr = moe_warps_per_row_tile(int(D / 256)), dn_wr = moe_warps_per_row_tile(int(kk * (I / 256)));
-  if (kk > 32 || moe_smem<DType::Q4_K_T16>(int(I), int(kk), 1, moe_block_warps(dn_wr)) > (size_t(48) << 10))
-    return false;
+  if (!quant_tiled_moe_fits(D, I, kk)) return false;
+  const Split sp(D, I, kk);
+  const int gu_wr = sp.gu_wr, dn_wr = sp.dn_wr, gu_nw = sp.gu_nw, dn_nw = sp.dn_nw;
+  const size_t gu_partials = sp.gu_partials, dn_partials = sp.dn_partials;
   // The shared expert: one more pair of the down kernel, of the routed experts' down type and shape.
   if (sh && !(sh->down.dtype == down && sh->down.rows() == D && sh->down.cols() == I && aligned16(sh->down.data) &&
               sh->gate.dtype == DType::F32 && sh->up.dtype == DType::F32 && sh->gate.numel() == T * I &&
               sh->up.numel() == T * I && aligned16(sh->gate.data) && aligned16(sh->up.data) &&
-              sh->logit.dtype == DType::F32 && sh->logit.numel() == T))
+              (by_rows || (sh->logit.dtype == DType::F32 && sh->logit.numel() == T))))
     return false;
-  Temp<float> act(c, size_t(P * I));  // the pairs' SwiGLU rows (35B at 256 pairs: 0.5 MB)
-  const MoeArgs gu{x.as<const float>(), ids.as<const int32_t>(), weights.as<const float>(), table, act.get(),
-                   int(D), int(I), int(k), int(E), gu_wr};
-  MoeArgs dn{act.get(), ids.as<const int32_t>(), weights.as<const float>(), table, out.as<float>(),
-             int(I), int(D), int(k), int(E), dn_wr};
+  Temp<float> act(c, size_t(std::max<int64_t>(P, 1) * I));  // the pairs' SwiGLU rows (35B at 256 pairs: 0.5 MB)
+  const int32_t* id = k > 0 ? ids.as<const int32_t>() : nullptr;
+  const float* w = by_rows ? nullptr : weights->as<const float>();
+  MoeArgs dn{act.get(), id, w, table, by_rows ? nullptr : out->as<float>(), int(I), int(D), int(k), int(E), dn_wr};
   if (sh) {
     dn.sh_gate = sh->gate.as<const float>(), dn.sh_up = sh->up.as<const float>();
-    dn.sh_down = sh->down.data, dn.sh_logit = sh->logit.as<const float>();
+    dn.sh_down = sh->down.data, dn.sh_logit = by_rows ? nullptr : sh->logit.as<const float>();
   }
-  with_tiled_dtype(gate_up, [&](auto dt) {
-    constexpr DType DT = decltype(dt)::value;
-    launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, 2, moe_block_warps(gu_wr)));
-  });
+  if (by_rows) dn.rows = k > 0 ? rows->as<float>() : nullptr, dn.sh_row = sh ? sh_row->as<float>() : nullptr;
+  if (k > 0) {
+    const MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
+    with_tiled_dtype(gate_up, [&](auto dt) {
+      constexpr DType DT = decltype(dt)::value;
+      launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, gu_partials, gu_nw));
+    });
+  }
   with_tiled_dtype(down, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
-    launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(kk), 1, moe_block_warps(dn_wr)));
+    launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(kk), dn_partials, dn_nw));
   });
   return true;
+}
+
+}  // namespace
+
+bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh) {
+  if (ids.empty() || ids.cols() < 1) return false;
+  return tiled_moe(c, x.rows(), x.cols(), &x, &weights, ids, table, gate_up, down, E, I, &out, sh, nullptr, nullptr);
+}
+
+bool quant_tiled_moe_rows(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor& ids, const void* const* table,
+                          DType gate_up, DType down, int64_t E, int64_t I, Tensor* rows, const SharedDown* sh,
+                          Tensor* sh_row) {
+  return tiled_moe(c, T, D, x, nullptr, ids, table, gate_up, down, E, I, nullptr, sh, rows, sh_row);
 }
 
 }  // namespace qwen36::cuda

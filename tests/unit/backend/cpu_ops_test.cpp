@@ -18,7 +18,9 @@
 #include "backend/backend.h"
 #include "backend/kv_cache.h"
 #include "core/error.h"
+#include "core/portable_exp.h"
 #include "cpu_ops_test_util.h"
+#include "quant/cpu_dot_exact.h"
 #include "quant/cpu_dot_g32.h"
 #include "quant/quant.h"
 
@@ -937,55 +939,50 @@ TEST_F(CpuOps, MoeExpertsWeightedSwigluSum) {
 }
 
 // GGUF-quantized experts (Q4_K gate/up, Q6_K down) take the one-region pass over all routed
-// experts, with the CUDA backend's per-32 int8 activations (cpu_dot_g32.h); it must give
-// bitwise what one expert at a time gives with the same dot products (the same roundings and
-// per-token sum in ascending expert order), at decode and prefill sizes, with experts no token
-// routes to.
+// experts on its exact path: the CUDA backend's per-32 int8 activations (cpu_dot_g32.h), its
+// tiled kernels' arithmetic (dot_row_exact, silu_portable) and each token's pairs summed in
+// routing order. It must give bitwise what each pair computed on its own in those terms gives,
+// at decode and prefill sizes, with experts no token routes to; moe_expert_rows gives the
+// pairs' rows themselves, and moe_combine_rows over them the same sums.
 TEST_F(CpuOps, MoeExpertsQuantizedEqualPerExpertDots) {
   Rng r(61);
   const int64_t E = 6, D = 256, I = 512, k = 2;
   const test::QuantExperts q = test::quant_experts(r, E, D, I);
   const std::vector<MlpWeights>& experts = q.mlp;
-  // Rows of x times the rows of w (quantized per 32), as the pass computes them.
-  auto project = [](const std::vector<float>& x, int64_t n, const Tensor& w) {
+  // One row of x times the rows of w (quantized per 32), as the pass computes them.
+  auto project = [](const float* x, const Tensor& w) {
     const int64_t K = w.cols(), N = w.rows();
-    std::vector<std::byte> xq(g32_row_bytes(K));
-    std::vector<float> y(size_t(n * N));
-    for (int64_t i = 0; i < n; ++i) {
-      quantize_activation_g32(x.data() + i * K, xq.data(), K);
-      for (int64_t o = 0; o < N; ++o) y[size_t(i * N + o)] = dot_row_g32(w.dtype, w.row(o), xq.data(), K);
-    }
+    std::vector<BlockQ8G32> xq(static_cast<size_t>(K / 256));
+    std::vector<float> y(static_cast<size_t>(N));
+    quantize_activation_g32(x, xq.data(), K);
+    for (int64_t o = 0; o < N; ++o) y[size_t(o)] = dot_row_exact(w.dtype, w.row(o), xq.data(), K);
     return y;
   };
   for (int64_t T : {1, 9}) {
     auto x = r.vec(size_t(T * D), -2, 2);
     std::vector<int32_t> ids(size_t(T * k));
     for (int64_t t = 0; t < T; ++t) ids[size_t(t * k)] = int32_t((3 * t) % 5), ids[size_t(t * k + 1)] = int32_t((3 * t + 2) % 5);
-    std::vector<float> rw = r.vec(size_t(T * k), 0.05f, 1.0f), out(size_t(T * D), NAN), want(size_t(T * D), 0.0f);
+    std::vector<float> rw = r.vec(size_t(T * k), 0.05f, 1.0f), out(size_t(T * D), NAN), want(size_t(T * D), 0.0f),
+                       rows(size_t(T * k * D), NAN), rows_want(size_t(T * k * D)), summed(size_t(T * D), NAN);
     Tensor tx = test::f32(x, {T, D}), trw = test::f32(rw, {T, k}), tids = test::i32(ids, {T, k}),
-           to = test::f32(out, {T, D});
+           to = test::f32(out, {T, D}), trows = test::f32(rows, {T * k, D}), tsum = test::f32(summed, {T, D});
     be->moe_experts(tx, trw, tids, experts, to);  // expert 5 never routed
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int64_t> toks;
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < k; ++j)
-          if (ids[size_t(t * k + j)] == e) toks.push_back(t * k + j);
-      if (toks.empty()) continue;
-      const int64_t n = int64_t(toks.size());
-      std::vector<float> xs(size_t(n * D));
-      for (int64_t i = 0; i < n; ++i)
-        std::copy_n(x.begin() + (toks[size_t(i)] / k) * D, D, xs.begin() + i * D);
-      std::vector<float> g = project(xs, n, experts[size_t(e)].gate_proj), u = project(xs, n, experts[size_t(e)].up_proj);
-      Tensor tg = test::f32(g, {n, I}), tu = test::f32(u, {n, I});
-      be->swiglu(tg, tu, tg);
-      const std::vector<float> y = project(g, n, experts[size_t(e)].down_proj);
-      for (int64_t i = 0; i < n; ++i) {
-        const float w = rw[size_t(toks[size_t(i)])];
-        float* o = want.data() + (toks[size_t(i)] / k) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(w, y[size_t(i * D + d)], o[d]);  // as moe_experts sums
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {  // routing order
+        const MlpWeights& m = experts[size_t(ids[size_t(t * k + j)])];
+        std::vector<float> g = project(x.data() + t * D, m.gate_proj);
+        const std::vector<float> u = project(x.data() + t * D, m.up_proj);
+        for (int64_t i = 0; i < I; ++i) g[size_t(i)] = silu_portable(g[size_t(i)]) * u[size_t(i)];
+        const std::vector<float> y = project(g.data(), m.down_proj);
+        std::copy(y.begin(), y.end(), rows_want.begin() + (t * k + j) * D);
+        const float w = rw[size_t(t * k + j)];
+        for (int64_t d = 0; d < D; ++d) want[size_t(t * D + d)] = std::fma(w, y[size_t(d)], want[size_t(t * D + d)]);
       }
-    }
     EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0) << "T=" << T;
+    ASSERT_TRUE(be->moe_expert_rows(tx, tids, experts, trows)) << "T=" << T;
+    EXPECT_EQ(std::memcmp(rows.data(), rows_want.data(), rows.size() * sizeof(float)), 0) << "rows, T=" << T;
+    be->moe_combine_rows(trows, trw, tids, E, nullptr, nullptr, tsum);
+    EXPECT_EQ(std::memcmp(summed.data(), want.data(), summed.size() * sizeof(float)), 0) << "combined, T=" << T;
   }
 }
 

@@ -3,6 +3,7 @@
 // have gone to sleep.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -51,6 +52,34 @@ TEST(HostPool, PassesMatchOpenMpBitwise) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(3 * cpu::HostPool::kIdleSpinMs));
   }
   pool.join();  // nothing in flight: a no-op
+}
+
+// A pass of rows (MoePass::make_rows: expert offload's exact path) has no sums; its last item
+// of the down phase raises the signal, and its rows are moe_expert_rows' bitwise.
+TEST(HostPool, RowPassesRaiseTheSignalAndMatchOpenMp) {
+  Rng r(89);
+  const int64_t E = 8, D = 256, I = 512, k = 3;
+  const QuantExperts q = quant_experts(r, E, D, I);
+  cpu::HostPool pool(2);
+  std::atomic<uint64_t> signal{0};
+  for (uint64_t round = 1; round <= 3; ++round) {
+    const int64_t T = round == 2 ? 4 : 1;
+    auto x = r.vec(size_t(T * D), -2, 2);
+    std::vector<int32_t> ids(size_t(T * k));
+    for (int64_t i = 0; i < T * k; ++i) ids[size_t(i)] = int32_t((5 * i + int64_t(round)) % E);
+    std::vector<float> want(size_t(T * k * D), NAN), got(size_t(T * k * D), NAN);
+    Tensor tx = test::f32(x, {T, D}), tids = test::i32(ids, {T, k}), tw = test::f32(want, {T * k, D}),
+           tg = test::f32(got, {T * k, D});
+    ASSERT_TRUE(cpu::moe_expert_rows(tx, tids, q.mlp, tw));
+    const std::unique_ptr<cpu::MoePass> pass = cpu::MoePass::make_rows(tx, tids, q.mlp, tg);
+    ASSERT_NE(pass, nullptr);
+    EXPECT_EQ(pass->items(cpu::MoePass::kPhases - 1), 0);
+    pool.submit(*pass, &signal, round);
+    for (int spins = 0; signal.load() != round && spins < 2000; ++spins) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(signal.load(), round) << "the pass did not raise the signal";
+    pool.join();
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "round " << round;
+  }
 }
 
 // Not this path: bf16 experts (moe_experts' per-expert matmuls), and bad ids are refused.

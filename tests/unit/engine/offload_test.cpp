@@ -207,6 +207,14 @@ class CountingBackend final : public Backend {
   }
   void moe_route(const Tensor& l, int64_t k, bool rn, Tensor& w, Tensor& ids) override { b_->moe_route(l, k, rn, w, ids); }
   void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) override { b_->moe_local_ids(ids, e0, n); }
+  bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> e, Tensor& rows) override {
+    return b_->moe_expert_rows(x, ids, e, rows);
+  }
+  void moe_combine_rows(const Tensor& rows, const Tensor& w, const Tensor& ids, int64_t E, const Tensor* sh_row,
+                        const Tensor* s, Tensor& o) override {
+    b_->moe_combine_rows(rows, w, ids, E, sh_row, s, o);
+  }
+  int64_t moe_row_pairs() const override { return b_->moe_row_pairs(); }
   void moe_experts(const Tensor& x, const Tensor& w, const Tensor& ids, std::span<const MlpWeights> e,
                    Tensor& o) override {
     if (x.rows() == 1) ++one_token_moe[ids.cols()];

@@ -26,13 +26,7 @@ namespace {
 const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 constexpr uint16_t kF16One = 0x3C00, kF16Max = 0x7BFF;
 
-std::vector<float> gaussian(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::gaussian;
 
 // Activations with every kind of 32-group: random (most), all zero, tiny (1e-30: the codes are
 // still exact, d near the bottom of f32's normal range) and huge (1e20). Subnormal groups are

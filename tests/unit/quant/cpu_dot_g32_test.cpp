@@ -18,13 +18,7 @@ namespace {
 
 const DType kTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0};
 
-std::vector<float> gaussian(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::gaussian;
 
 std::vector<BlockQ8G32> quantized(const std::vector<float>& x) {
   std::vector<BlockQ8G32> b(x.size() / 256);

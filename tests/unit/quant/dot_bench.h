@@ -1,9 +1,22 @@
 #pragma once
-// defines: PassTiming, time_passes (the CPU dot product benchmarks' timing loop)
+// defines: PassTiming, time_passes (the CPU dot product benchmarks' timing loop), gaussian (their
+//          and the kernel tests' data)
 
 #include <chrono>
+#include <cstdint>
+#include <random>
+#include <vector>
 
 namespace qwen36::test {
+
+// n values of N(0, scale²), reproducible from seed.
+inline std::vector<float> gaussian(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
 
 struct PassTiming {
   double per_second = 0;  // passes per second
