@@ -386,10 +386,13 @@ class Backend {
   // The most pairs (T·k) for which moe_experts on experts that moe_expert_rows takes sums as
   // moe_combine_rows does.
   virtual int64_t moe_row_pairs() const { return 0; }
-  // w (GGUF blocks in this backend's memory) repacked into dst (w.nbytes()) in the layout this
-  // backend's expert kernels read (the CUDA backend's tiles); tiled: the view of dst. False,
-  // nothing done, when this backend has no such layout or w does not take it.
-  virtual bool tile_into(const Tensor& /*w*/, void* /*dst*/, Tensor& /*tiled*/) { return false; }
+  // ws[i] (GGUF blocks in this backend's memory) repacked into dsts[i] (ws[i].nbytes()) in the
+  // layout this backend's expert kernels read (the CUDA backend's tiles, one launch for a few
+  // experts); tiled[i]: the view of dsts[i]. False, nothing done, when this backend has no such
+  // layout or one of ws does not take it.
+  virtual bool tile_into(std::span<const Tensor> /*ws*/, std::span<void* const> /*dsts*/, std::span<Tensor> /*tiled*/) {
+    return false;
+  }
 
   // ---- sampling ----
   // logits [R, V] f32, R = rows.size(). Per row r, with its parameters rows[r]:

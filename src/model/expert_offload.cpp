@@ -457,20 +457,32 @@ void Model::init_share_slots() {
   st.slot_views.assign(size_t(share), MlpWeights{});
   // Whether the main backend repacks every host layer's experts (tried on expert 0's bytes in
   // the staging area, whatever they are: a byte permutation).
-  auto* base = static_cast<std::byte*>(st.slots->data());
   for (const auto& [key, l] : st.layers)
-    for (int kind = 0; kind < 3; ++kind) {
-      Tensor& dst = ExpertStream::part(st.slot_views[0], kind);
-      if (!backend_.tile_into(ExpertStream::part(l.views[0], kind), base + st.slot_part[size_t(kind)], dst)) {
-        st.slots.reset();
-        return;
-      }
+    if (!tile_share(l.views, std::vector<int32_t>{0})) {
+      st.slots.reset();
+      return;
     }
   std::vector<int32_t> ids(static_cast<size_t>(share));
   for (int64_t j = 0; j < share; ++j) ids[size_t(j)] = int32_t(j);
   st.slot_ids_buf = backend_.alloc(ids.size() * sizeof(int32_t));
   st.slot_ids = Tensor(st.slot_ids_buf->data(), DType::I32, {1, share});
   backend_.copy_from_host(ids.data(), st.slot_ids);
+}
+
+bool Model::tile_share(std::span<const MlpWeights> views, std::span<const int32_t> experts) {
+  ExpertStream& st = *stream_;
+  auto* base = static_cast<std::byte*>(st.slots->data());
+  std::vector<Tensor> src, tiled(3 * experts.size());
+  std::vector<void*> dst;
+  for (size_t j = 0; j < experts.size(); ++j)
+    for (int kind = 0; kind < 3; ++kind) {
+      src.push_back(ExpertStream::part(views[size_t(experts[j])], kind));
+      dst.push_back(base + j * st.slot_bytes + st.slot_part[size_t(kind)]);
+    }
+  if (!backend_.tile_into(src, dst, tiled)) return false;
+  for (size_t j = 0; j < experts.size(); ++j)
+    for (int kind = 0; kind < 3; ++kind) ExpertStream::part(st.slot_views[j], kind) = tiled[3 * j + size_t(kind)];
+  return true;
 }
 
 // The device share's rows: its experts uploaded into the staging area, repacked into the slots,
@@ -484,14 +496,7 @@ void Model::share_rows(const Tensor& x, std::span<const int32_t> host_ids, std::
   for (const int32_t id : host_ids) used[size_t(id)] = 1;
   size_t touched = 0;
   st.upload(backend_, ExpertStream::copies_for(l, used, touched));
-  auto* base = static_cast<std::byte*>(st.slots->data());
-  for (int64_t j = 0; j < share; ++j)
-    for (int kind = 0; kind < 3; ++kind) {
-      std::byte* dst = base + size_t(j) * st.slot_bytes + st.slot_part[size_t(kind)];
-      QWEN36_CHECK(backend_.tile_into(ExpertStream::part(l.views[size_t(host_ids[size_t(j)])], kind), dst,
-                                      ExpertStream::part(st.slot_views[size_t(j)], kind)),
-                   "expert offload: the main backend did not repack expert {}", host_ids[size_t(j)]);
-    }
+  QWEN36_CHECK(tile_share(l.views, host_ids), "expert offload: the main backend did not repack the device share's experts");
   const Tensor ids(st.slot_ids.data, DType::I32, {1, share});
   QWEN36_CHECK(backend_.moe_expert_rows(x, ids, std::span(st.slot_views.data(), size_t(share)), rows),
                "expert offload: the main backend did not compute the device share's rows");

@@ -214,6 +214,9 @@ class Model {
   // The exact path's device share: slots for its repacked experts (init_offload), and its rows.
   void init_share_slots();
   void share_rows(const Tensor& x, std::span<const int32_t> host_ids, std::span<const MlpWeights> experts, Tensor& rows);
+  // views[experts[j]] (a layer's experts in the staging area) repacked into slot j, one launch;
+  // false when the main backend does not repack them.
+  bool tile_share(std::span<const MlpWeights> views, std::span<const int32_t> experts);
   // A host-placed MoE layer's [weights | ids | x] in one buffer of f32 words (the same layout on
   // the device and in HostStaging::pack), 256-byte aligned parts: one copy takes a decode
   // step's routing and input to the host.

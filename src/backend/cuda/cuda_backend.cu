@@ -678,9 +678,9 @@ class CudaBackend final : public Backend {
     cuda::moe_combine_rows(ctx_, rows, weights, ids, E, sh_row, s, out);
   }
   int64_t moe_row_pairs() const override { return cuda::moe_row_pairs(); }
-  bool tile_into(const Tensor& w, void* dst, Tensor& tiled) override {
+  bool tile_into(std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled) override {
     Prof p_(*this, "tile_into");
-    return cuda::quant_tile_into(ctx_, w, dst, tiled);
+    return cuda::quant_tile_into(ctx_, ws, dsts, tiled);
   }
   void moe_experts_shared(const Tensor& x, const Tensor& weights, const Tensor& ids,
                           std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,

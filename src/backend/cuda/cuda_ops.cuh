@@ -358,9 +358,10 @@ bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
-// w (GGUF, device) repacked into dst (w.nbytes(), 16-byte aligned, not overlapping w): the tiled
-// view of dst; false (nothing done) when w does not tile.
-bool quant_tile_into(Ctx&, const Tensor& w, void* dst, Tensor& tiled);
+// ws[i] (GGUF, device) repacked into dsts[i] (ws[i].nbytes(), 16-byte aligned, not overlapping
+// any w), up to 32 matrices a launch: tiled[i] the tiled view of dsts[i]; false (nothing done)
+// when one of them does not tile.
+bool quant_tile_into(Ctx&, std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled);
 // kTiledMaxT: the most tokens of one int8 tensor-core launch (8 n8 tiles); beyond it the
 // dequantizing GEMMs. act: x already quantized for that GEMM (by the kernel that produced x;
 // null: quantized here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)

@@ -185,6 +185,39 @@ __global__ void repack_kernel(const uint8_t* __restrict__ src, size_t rb, int S,
   }
 }
 
+// Several matrices repacked in one launch (quant_tile_into's batches: expert offload's device
+// share, a few experts' gate, up and down per pass): grid.y a job, its dtype chosen per job.
+struct RepackJob {
+  const uint8_t* src;
+  uint8_t* dst;
+  size_t rb, total;
+  int S;
+  DType tiled;
+};
+constexpr int kMaxRepackJobs = 32;
+struct RepackJobs {
+  RepackJob j[kMaxRepackJobs];
+};
+template <DType D>
+__device__ void repack_job(const RepackJob& j) {
+  constexpr int B = TileLayout<D>::kBytes;
+  const size_t step = size_t(gridDim.x) * blockDim.x;
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < j.total; idx += step) {
+    const size_t tile = idx / B;
+    const int off = int(idx - tile * B);
+    j.dst[idx] = tile_byte<D>(j.src, j.rb, int(tile / size_t(j.S)), int(tile % size_t(j.S)), off);
+  }
+}
+__global__ void repack_batch_kernel(const RepackJobs jobs) {
+  const RepackJob& j = jobs.j[blockIdx.y];
+  switch (j.tiled) {
+    case DType::Q4_K_T16: return repack_job<DType::Q4_K_T16>(j);
+    case DType::Q6_K_T16: return repack_job<DType::Q6_K_T16>(j);
+    case DType::Q8_0_T16: return repack_job<DType::Q8_0_T16>(j);
+    default: return;
+  }
+}
+
 // The 16 × 256 weights of one tile to out (row-major, ld elements a row; out at the tile's row 0
 // and first column), each rounded once as quant/dequantize.cpp. A warp per tile: lane L = 4g + t
 // dequantizes rows g and g + 8, weights 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 of each k32
@@ -1062,12 +1095,29 @@ bool quant_tile(Ctx& c, Tensor& w) {
   return true;
 }
 
-bool quant_tile_into(Ctx& c, const Tensor& w, void* dst, Tensor& tiled) {
-  if (!quant_tile_ok(w) || !aligned16(dst)) return false;
-  repack(c, w, w.data, dst);
-  tiled = w;
-  tiled.data = dst;
-  tiled.dtype = quant_tiled_type(w.dtype);
+bool quant_tile_into(Ctx& c, std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled) {
+  if (ws.size() != dsts.size() || ws.size() != tiled.size()) return false;
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (!quant_tile_ok(ws[i]) || !aligned16(dsts[i])) return false;
+  size_t most = 0;
+  for (size_t i0 = 0; i0 < ws.size(); i0 += kMaxRepackJobs) {
+    RepackJobs jobs{};
+    const size_t n = std::min<size_t>(kMaxRepackJobs, ws.size() - i0);
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& w = ws[i0 + i];
+      jobs.j[i] = {static_cast<const uint8_t*>(w.data), static_cast<uint8_t*>(dsts[i0 + i]), w.row_bytes(), w.nbytes(),
+                   int(w.cols() / 256), quant_tiled_type(w.dtype)};
+      most = std::max(most, w.nbytes());
+    }
+    const unsigned blocks = unsigned(std::min<size_t>((most + 255) / 256, size_t(dev_info().sms) * 8));
+    repack_batch_kernel<<<dim3(blocks, unsigned(n)), 256, 0, c.stream>>>(jobs);
+    CUDA_LAUNCH_CHECK();
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    tiled[i] = ws[i];
+    tiled[i].data = dsts[i];
+    tiled[i].dtype = quant_tiled_type(ws[i].dtype);
+  }
   return true;
 }
 

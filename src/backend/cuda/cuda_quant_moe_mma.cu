@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const Mo
   if (int(threadIdx.x) < rpb * 16 && r_out < R) {
     const float* pr = red + size_t(threadIdx.x >> 4) * S * 2 * 16 + (threadIdx.x & 15);
     float gate = 0.0f, up = 0.0f;
+#pragma unroll 8
     for (int t = 0; t < S; ++t) gate += pr[(2 * t) * 16], up += pr[(2 * t + 1) * 16];
     *act = silu_portable(gate) * up;
   }
@@ -161,7 +162,8 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
   ColGroup* xg = reinterpret_cast<ColGroup*>(smem);  // [kk][G]
   float* red = reinterpret_cast<float*>(smem + size_t(kk) * G * sizeof(ColGroup));  // [rpb][U][16]
-  float2* tab = reinterpret_cast<float2*>(red + rpb * U * 16) + warp * 16 * kTabStride;
+  float* wts = red + rpb * U * 16;                                                     // [32]: the pairs' weights
+  float2* tab = reinterpret_cast<float2*>(wts + 32) + warp * 16 * kTabStride;
 
   const uint8_t* mine = nullptr;  // lane j < kk: pair j's down matrix, and its weight
   float wmine = 0.0f;
@@ -177,6 +179,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
     if (!rows) wmine = sigmoid_f(a.sh_logit[t]);
   }
   const unsigned valid = __ballot_sync(0xffffffffu, mine != nullptr);
+  if (warp == 0) wts[lane] = wmine;  // read after the barriers below
   const bool live = r < R;
   // The first unit ≥ u of this warp (u ≡ warp % wr) whose pair is valid; U when none is left.
   auto next = [&](int u) {
@@ -218,21 +221,30 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
     }
   }
   __syncthreads();
-  const bool writer = int(threadIdx.x) < rpb * 16 && r_out < R;
-  const float* pr = red + size_t(threadIdx.x >> 4) * U * 16 + (threadIdx.x & 15);
-  float acc = 0.0f;
-  for (int j = 0; j < kk; ++j) {
-    const float wj = __shfl_sync(0xffffffffu, wmine, j);  // every lane, before the writers branch off
-    if (!writer || !((valid >> j) & 1u)) continue;
+  // Pair j's row y_j: its tiles added in super-block order, a thread per (row-tile row, pair),
+  // into the pair's first slot (only this thread reads the pair's slots of this row).
+  for (int i = int(threadIdx.x); i < rpb * kk * 16; i += int(blockDim.x)) {
+    const int j = (i >> 4) % kk;
+    if (!((valid >> j) & 1u)) continue;
+    float* pr = red + (size_t(i / (kk * 16)) * U + size_t(j) * S) * 16 + (i & 15);
     float y = 0.0f;
-    for (int s = 0; s < S; ++s) y += pr[(j * S + s) * 16];
-    const size_t col = 16 * size_t(r_out) + (threadIdx.x & 15);
-    if (rows)
-      (j < k ? a.rows + (size_t(t) * k + j) * a.N : a.sh_row + size_t(t) * a.N)[col] = y;
-    else
-      acc = fmaf(wj, y, acc);
+    for (int s = 0; s < S; ++s) y += pr[s * 16];
+    pr[0] = y;
   }
-  if (writer && !rows) a.out[size_t(t) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15)] = acc;
+  __syncthreads();
+  if (int(threadIdx.x) >= rpb * 16 || r_out >= R) return;
+  const float* pr = red + size_t(threadIdx.x >> 4) * U * 16 + (threadIdx.x & 15);
+  const size_t col = 16 * size_t(r_out) + (threadIdx.x & 15);
+  if (rows) {
+    for (int j = 0; j < kk; ++j)
+      if ((valid >> j) & 1u) (j < k ? a.rows + (size_t(t) * k + j) * a.N : a.sh_row + size_t(t) * a.N)[col] = pr[j * S * 16];
+    return;
+  }
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int j = 0; j < kk; ++j)
+    if ((valid >> j) & 1u) acc = fmaf(wts[j], pr[j * S * 16], acc);
+  a.out[size_t(t) * a.N + col] = acc;
 }
 
 // Warps per row-tile for `units` tiles per row-tile. From 8 units on, as many warps as give each
@@ -265,7 +277,7 @@ struct Split {
         gu_nw(moe_block_warps(gu_wr)),
         dn_nw(moe_block_warps(dn_wr)),
         gu_partials(size_t(gu_nw / gu_wr) * (D / 256) * 2 * 16),
-        dn_partials(size_t(dn_nw / dn_wr) * kk * (I / 256) * 16) {}
+        dn_partials(size_t(dn_nw / dn_wr) * kk * (I / 256) * 16 + 32) {}  // + the pairs' weights
 };
 
 }  // namespace
