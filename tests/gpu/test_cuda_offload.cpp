@@ -4,6 +4,8 @@
 // GPU each pass (QWEN36_MOE_STREAM=always) against the same model resident on the GPU; the
 // GPU's share of decode passes (QWEN36_MOE_DEVICE_SHARE), whose host part computes what the GPU
 // would; and the decode pipeline.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -30,6 +33,29 @@ namespace {
 namespace fs = std::filesystem;
 
 class CudaOffload : public CudaTest {};
+
+// n floats in whole pages of their own (mmap), for host memory a test registers with the driver.
+class PageFloats {
+ public:
+  PageFloats(size_t n, float v) : n_(n), bytes_((n * sizeof(float) + 4095) / 4096 * 4096) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    p_ = static_cast<float*>(p);
+    std::fill(p_, p_ + n_, v);
+  }
+  ~PageFloats() { munmap(p_, bytes_); }
+  PageFloats(const PageFloats&) = delete;
+  PageFloats& operator=(const PageFloats&) = delete;
+  float* data() { return p_; }
+  size_t size() const { return n_; }
+  float* begin() { return p_; }
+  float* end() { return p_ + n_; }
+  float& operator[](size_t i) { return p_[i]; }
+
+ private:
+  size_t n_, bytes_;
+  float* p_;
+};
 
 std::vector<uint8_t> to_host(Backend& b, void* dev, size_t n) {
   std::vector<uint8_t> v(n);
@@ -78,7 +104,10 @@ TEST_F(CudaOffload, PinAndUpload) {
 TEST_F(CudaOffload, HostSignalHoldsQueuedWork) {
   std::atomic<uint64_t>* signal = gpu_->host_signal();
   ASSERT_NE(signal, nullptr);
-  std::vector<float> host(4096, 1.0f);
+  // Whole pages of its own: registration is by page, and a heap vector's pages may hold other
+  // allocations (the copies into `got` below then straddle registered and unregistered memory,
+  // which CUDA refuses with cudaErrorInvalidValue: seen once, after other tests had shaped the heap).
+  PageFloats host(4096, 1.0f);
   ASSERT_TRUE(gpu_->pin_host_memory(host.data(), host.size() * sizeof(float)));
   std::unique_ptr<DeviceBuffer> d = gpu_->alloc(host.size() * sizeof(float));
   uint64_t v = signal->load() + 1;
