@@ -129,35 +129,51 @@ bool device_activations() {
 // (~0.1 µs), so that tests can compare the two paths in one process.
 bool exact_enabled() { return env_choice("QWEN36_MOE_EXACT", {"1", "0"}) == "1"; }
 
-// Whether every routed expert's matrices have a kernel against the CUDA backend's per-32
-// activations (cpu_dot_g32.h), D and I multiples of 256.
-bool g32_experts(std::span<const MlpWeights> experts, const Pairs& p, int64_t D, int64_t I) {
-  if (D % 256 != 0 || I % 256 != 0 || !device_activations()) return false;
+// Whether all three matrices of every routed expert (one that some pair goes to) are of a type
+// `supported` takes.
+bool routed_experts_are(std::span<const MlpWeights> experts, const Pairs& p, bool (*supported)(DType)) {
   for (size_t e = 0; e < experts.size(); ++e) {
     const MlpWeights& m = experts[e];
-    if (p.off[e] != p.off[e + 1] && !(dot_g32_supported(m.gate_proj.dtype) && dot_g32_supported(m.up_proj.dtype) &&
-                                      dot_g32_supported(m.down_proj.dtype)))
+    if (p.off[e] != p.off[e + 1] &&
+        !(supported(m.gate_proj.dtype) && supported(m.up_proj.dtype) && supported(m.down_proj.dtype)))
       return false;
   }
   return true;
 }
 
+// Whether every routed expert's matrices have a kernel against the CUDA backend's per-32
+// activations (cpu_dot_g32.h), D and I multiples of 256.
+bool g32_experts(std::span<const MlpWeights> experts, const Pairs& p, int64_t D, int64_t I) {
+  return D % 256 == 0 && I % 256 == 0 && device_activations() && routed_experts_are(experts, p, dot_g32_supported);
+}
+
 // Whether every routed expert's matrices are of a type the GPU tiles (cpu_dot_exact.h).
 bool exact_experts(std::span<const MlpWeights> experts, const Pairs& p) {
-  if (!exact_enabled()) return false;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    const MlpWeights& m = experts[e];
-    if (p.off[e] != p.off[e + 1] && !(dot_exact_supported(m.gate_proj.dtype) && dot_exact_supported(m.up_proj.dtype) &&
-                                      dot_exact_supported(m.down_proj.dtype)))
-      return false;
+  return exact_enabled() && routed_experts_are(experts, p, dot_exact_supported);
+}
+
+// Runs a pass's phases on an OpenMP team, a barrier between phases. Items go one at a time: a
+// one-token pass has only ~10 gate / up items a thread, and in fours the last ones left threads
+// idle. (With more threads than free cores the barriers stall: 2 threads on a busy 2-core
+// machine took 27 ms where one took 1.3; hence never more than omp_get_max_threads.)
+void run_on_team(MoePass& pass) {
+  const int threads = int(std::clamp<int64_t>(pass.useful_threads(), 1, omp_get_max_threads()));
+#pragma omp parallel num_threads(threads)
+  for (int phase = 0; phase < MoePass::kPhases; ++phase) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < pass.items(phase); ++it) pass.run(phase, it);
   }
-  return true;
 }
 
 }  // namespace
 
 std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, const Tensor& ids,
                                        std::span<const MlpWeights> experts, Tensor& out) {
+  return make(x, weights, ids, experts, out, /*rows=*/false);
+}
+
+std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                                       std::span<const MlpWeights> experts, Tensor& out, bool rows) {
   const int64_t D = x.cols(), T = x.rows(), E = int64_t(experts.size());
   Pairs p = route_pairs(weights, ids, E);
   DType act_in, act_mid;
@@ -183,11 +199,14 @@ std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, c
   m->act_in_ = act_in, m->act_mid_ = act_mid;
   m->g32_ = g32_experts(experts, p, D, I);
   m->exact_ = m->g32_ && exact_experts(experts, p);
+  if (rows && !m->exact_) return nullptr;
+  m->rows_ = rows;
   m->xrow_ = m->g32_ ? g32_row_bytes(D) : dtype_row_bytes(act_in, D);
   m->arow_ = m->g32_ ? g32_row_bytes(I) : dtype_row_bytes(act_mid, I);
   m->xq_.resize(size_t(T) * m->xrow_);
   m->aq_.resize(size_t(P) * m->arow_);
-  m->gate_.resize(size_t(P * I)), m->up_.resize(size_t(P * I)), m->y_.resize(size_t(P * D));
+  m->gate_.resize(size_t(P * I)), m->up_.resize(size_t(P * I));
+  if (!rows) m->y_.resize(size_t(P * D));  // rows: down writes into out
   // A token's pairs: in ascending expert order (the pair list is expert-major), or on the exact
   // path in routing order, as the GPU's down kernel adds them (pair q of (t, j) found as
   // route_pairs numbered it: tokens ascending within an expert).
@@ -211,7 +230,7 @@ std::unique_ptr<MoePass> MoePass::make(const Tensor& x, const Tensor& weights, c
     for (int64_t q = 0; q < P; ++q) m->tok_pairs_[size_t(fill[size_t(p.tok[size_t(q)])]++)] = q;
   }
   m->off_ = std::move(p.off), m->tok_ = std::move(p.tok), m->w_ = std::move(p.w);
-  const int64_t n[kPhases] = {T, int64_t(m->mid_items_.size()), P, int64_t(m->out_items_.size()), T};
+  const int64_t n[kPhases] = {T, int64_t(m->mid_items_.size()), P, int64_t(m->out_items_.size()), rows ? 0 : T};
   std::copy(n, n + kPhases, m->n_items_);
   return m;
 }
@@ -231,12 +250,7 @@ std::unique_ptr<MoePass> MoePass::make_rows(const Tensor& x, const Tensor& ids, 
                "moe_expert_rows: x {} ids {} rows {}", x.shape_str(), ids.shape_str(), rows.shape_str());
   std::vector<float> ones(size_t(T * k), 1.0f);  // read by make only (the pairs' weights: unused here)
   const Tensor w(ones.data(), DType::F32, {T, k});
-  std::unique_ptr<MoePass> m = make(x, w, ids, experts, rows);
-  if (!m || !m->exact_) return nullptr;
-  m->rows_ = true;
-  m->y_ = {};
-  m->n_items_[kPhases - 1] = 0;  // no sums
-  return m;
+  return make(x, w, ids, experts, rows, /*rows=*/true);
 }
 
 void MoePass::run(int phase, int64_t item) noexcept {
@@ -331,12 +345,7 @@ void MoePass::sum(int64_t t) noexcept {
 bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
   const std::unique_ptr<MoePass> pass = MoePass::make_rows(x, ids, experts, rows);
   if (!pass) return false;
-  const int threads = int(std::clamp<int64_t>(pass->useful_threads(), 1, omp_get_max_threads()));
-#pragma omp parallel num_threads(threads)
-  for (int phase = 0; phase < MoePass::kPhases; ++phase) {
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < pass->items(phase); ++it) pass->run(phase, it);
-  }
+  run_on_team(*pass);
   return true;
 }
 
@@ -365,14 +374,9 @@ void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& i
   }
 }
 
-// Every routed expert of the pass in one parallel region, MoePass's phases with a barrier
-// between them: the same dot products, roundings and sum order as one matmul per expert (so
-// the result is bitwise the same), but a few barriers instead of three fork-joins per expert:
-// with ~250 experts a pass and 32 threads, the fork-joins took ~5 s per 35B-A3B layer for 64
-// tokens on the H200 host. Items go one at a time: a one-token pass has only ~10 gate / up
-// items a thread, and in fours the last ones left threads idle. (With more threads than free
-// cores the barriers stall: 2 threads on a busy 2-core machine took 27 ms where one took 1.3;
-// hence never more than omp_get_max_threads.)
+// Every routed expert of the pass in one parallel region (run_on_team), MoePass's phases with a
+// barrier between them, instead of three fork-joins per expert: with ~250 experts a pass and 32
+// threads, the fork-joins took ~5 s per 35B-A3B layer for 64 tokens on the H200 host.
 void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out) {
   const int64_t D = x.cols(), T = x.rows();
@@ -380,12 +384,7 @@ void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std:
                "moe_experts: x {} weights {} ids {} out {}", x.shape_str(), weights.shape_str(), ids.shape_str(),
                out.shape_str());
   if (const std::unique_ptr<MoePass> pass = MoePass::make(x, weights, ids, experts, out)) {
-    const int threads = int(std::clamp<int64_t>(pass->useful_threads(), 1, omp_get_max_threads()));
-#pragma omp parallel num_threads(threads)
-    for (int phase = 0; phase < MoePass::kPhases; ++phase) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < pass->items(phase); ++it) pass->run(phase, it);
-    }
+    run_on_team(*pass);
     return;
   }
   const Pairs p = route_pairs(weights, ids, int64_t(experts.size()));

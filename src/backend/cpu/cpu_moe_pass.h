@@ -55,6 +55,9 @@ class MoePass {
 
  private:
   MoePass() = default;
+  // make, and with rows make_rows (out is then the rows; nullptr off the exact path).
+  static std::unique_ptr<MoePass> make(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                                       std::span<const MlpWeights> experts, Tensor& out, bool rows);
   void quantize(DType act, const float* x, std::byte* dst, int64_t n) const noexcept;
   float dot(DType weight, const void* wrow, const std::byte* act, int64_t n) const noexcept;
   void gate_up(int64_t item) noexcept;
