@@ -1,7 +1,8 @@
 #pragma once
 // defines: helpers shared by the quantized-weight GPU tests (test_cuda_quant.cpp,
-//          test_cuda_quant_mma.cpp): random quantized rows, int8-exact and int8-rounded
-//          activations (the decode kernels' CPU twin), the double-precision reference product,
+//          test_cuda_quant_mma.cpp, test_cuda_quant_hf.cpp): random quantized rows and HF
+//          blocks, int8-exact and int8-rounded activations (the decode kernels' CPU twin), the
+//          double-precision reference product,
 //          a per-call timer, the worst relative error with its position, and the fused MLP
 //          prefill's check.
 
@@ -15,12 +16,54 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
+#include "quant/hf_blocks.h"
 #include "quant/quant.h"
 
 namespace qwen36::gputest {
 
-// N random rows quantized to t: N(0, 1) values, each 32-block scaled by a factor in [0.1, 2].
+// N x K random blocks of an HF type with every field in its valid range: W4 codes and zeros
+// 0..16 (GPTQ v1's effective zero reaches 16) with f16 or bf16 scales in [0.01, 0.1]; e4m3 codes without NaN and block scales in
+// [0.005, 0.05]; NVFP4 codes, e4m3 group scales in [2^-3, 2^2] and a global scale in [0.005, 0.05].
+inline HostT random_hf(std::mt19937& rng, DType t, int64_t N, int64_t K) {
+  HostT h(t, {N, K});
+  std::uniform_int_distribution<int> byte(0, 255), zero(0, 16), bit(0, 1);
+  std::uniform_real_distribution<float> small(0.01f, 0.1f);
+  const int64_t nb = N * K / dtype_block_elems(t);
+  auto e4m3 = [&](int lo, int hi) {  // a byte with exponent field in [lo, hi]
+    return uint8_t((std::uniform_int_distribution<int>(lo, hi)(rng) << 3) | (byte(rng) & 7));
+  };
+  auto w4 = [&](auto* b) {
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
+      b[i].z = uint8_t(zero(rng));
+      b[i].kind = uint8_t(bit(rng));
+      b[i].s = b[i].kind ? f32_to_bf16(small(rng)) : f32_to_f16(small(rng));
+    }
+  };
+  if (t == DType::W4_G32) w4(reinterpret_cast<BlockW4G32*>(h.bytes.data()));
+  if (t == DType::W4_G128) w4(reinterpret_cast<BlockW4G128*>(h.bytes.data()));
+  if (t == DType::F8_B128) {
+    auto* b = reinterpret_cast<BlockF8B128*>(h.bytes.data());
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].q) q = uint8_t(byte(rng) & 0x80) | e4m3(0, 14);  // subnormals included, no NaN
+      b[i].d = small(rng) * 0.5f;
+    }
+  }
+  if (t == DType::NVFP4_B64) {
+    auto* b = reinterpret_cast<BlockNvfp4B64*>(h.bytes.data());
+    for (int64_t i = 0; i < nb; ++i) {
+      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
+      for (uint8_t& s : b[i].s) s = e4m3(4, 9);
+      b[i].g = small(rng) * 0.5f;
+    }
+  }
+  return h;
+}
+
+// N random rows quantized to t: N(0, 1) values, each 32-block scaled by a factor in [0.1, 2]
+// (the HF checkpoint types, which no quantizer here makes: random_hf).
 inline HostT quantized(std::mt19937& rng, DType t, int64_t N, int64_t K) {
+  if (dtype_is_hf_block(t)) return random_hf(rng, t, N, K);
   HostT h(t, {N, K});
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> scale(0.1f, 2.0f);

@@ -28,45 +28,6 @@ namespace fs = std::filesystem;
 
 constexpr DType kTypes[] = {DType::W4_G32, DType::W4_G128, DType::F8_B128, DType::NVFP4_B64};
 
-// N x K random blocks of an HF type with every field in its valid range: W4 codes and zeros
-// 0..15 with f16 or bf16 scales in [0.01, 0.1]; e4m3 codes without NaN and block scales in
-// [0.005, 0.05]; NVFP4 codes, e4m3 group scales in [2^-3, 2^2] and a global scale in [0.005, 0.05].
-HostT random_hf(std::mt19937& rng, DType t, int64_t N, int64_t K) {
-  HostT h(t, {N, K});
-  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15), bit(0, 1);
-  std::uniform_real_distribution<float> small(0.01f, 0.1f);
-  const int64_t nb = N * K / dtype_block_elems(t);
-  auto e4m3 = [&](int lo, int hi) {  // a byte with exponent field in [lo, hi]
-    return uint8_t((std::uniform_int_distribution<int>(lo, hi)(rng) << 3) | (byte(rng) & 7));
-  };
-  auto w4 = [&](auto* b) {
-    for (int64_t i = 0; i < nb; ++i) {
-      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
-      b[i].z = uint8_t(nib(rng));
-      b[i].kind = uint8_t(bit(rng));
-      b[i].s = b[i].kind ? f32_to_bf16(small(rng)) : f32_to_f16(small(rng));
-    }
-  };
-  if (t == DType::W4_G32) w4(reinterpret_cast<BlockW4G32*>(h.bytes.data()));
-  if (t == DType::W4_G128) w4(reinterpret_cast<BlockW4G128*>(h.bytes.data()));
-  if (t == DType::F8_B128) {
-    auto* b = reinterpret_cast<BlockF8B128*>(h.bytes.data());
-    for (int64_t i = 0; i < nb; ++i) {
-      for (uint8_t& q : b[i].q) q = uint8_t(byte(rng) & 0x80) | e4m3(0, 14);  // subnormals included, no NaN
-      b[i].d = small(rng) * 0.5f;
-    }
-  }
-  if (t == DType::NVFP4_B64) {
-    auto* b = reinterpret_cast<BlockNvfp4B64*>(h.bytes.data());
-    for (int64_t i = 0; i < nb; ++i) {
-      for (uint8_t& q : b[i].qs) q = uint8_t(byte(rng));
-      for (uint8_t& s : b[i].s) s = e4m3(4, 9);
-      b[i].g = small(rng) * 0.5f;
-    }
-  }
-  return h;
-}
-
 // x [T, K] as the FP8 GEMM quantizes it (cuda_fp8_gemm.cu), back in f32: per token and 128
 // columns, scale amax / 448 (e4m3's largest finite), codes e4m3(x · 448 / amax) rounded to
 // nearest even and saturated (core/dtype's f32_to_f8_e4m3 of the same f32 product).

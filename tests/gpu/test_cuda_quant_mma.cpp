@@ -1,7 +1,7 @@
 // The tensor-core GEMM of tiled quantized weights (backend/cuda/cuda_quant_mma.cu) against the
-// CPU reference. Weights: the project's quantizer on random rows (Q4_K, Q6_K, Q8_0), uploaded
-// and repacked on the device (cuda_tile_matrix); the reference is the dequantized GGUF rows
-// (cpu::weight_row_to_f32) times x in double.
+// CPU reference. Weights: the project's quantizer on random rows (Q4_K, Q6_K, Q8_0; random
+// W4_G128 blocks), uploaded and repacked on the device (cuda_tile_matrix); the reference is the
+// dequantized rows (cpu::weight_row_to_f32) times x in double.
 // Tolerances (rel_err: max |Δ| over max(1, max |want|)):
 //  - T ≤ 64: activations rounded to int8 per 32 exactly as the decode GEMV (d = amax/127,
 //    nearest even); the integer products are exact (int32 MMA) and each k32 group's scale is
@@ -11,6 +11,8 @@
 //    rounded to bf16: 1.5e-2, as the bf16 GEMM tests. exact_matmul (f32 dequantization, f32
 //    GEMM, every T): 2e-5 — this checks the tiled dequantizer value by value.
 //  - Tiled vs the GGUF-layout decode GEMV (both int8 twins): 2e-5.
+//  - W4_G128 (AWQ / GPTQ group 128) is one of the tiled types: the same bounds; its own layout's
+//    GEMV keeps f32 activations, so tiled vs untiled compare on int8-exact activations (2e-5).
 //  - SwiGLU: g and u within 2e-5 of their scale, the product within ~4e-5: 1e-4.
 //  - Model level (tiny-dense, q4_k_m mix, tiling on / off): decode steps compare two int8 twins
 //    (differing only in f32 summation order) through 4 layers: logits within 1e-3 of the
@@ -42,7 +44,9 @@ namespace {
 
 class CudaQuantMma : public CudaTest {};
 
-const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
+// W4_G128 (AWQ / GPTQ group 128) tiles too: its blocks come from random_hf (quant_test_util.h).
+const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128};
+const DType kGgufTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 
 // A device copy of w in the tiled layout.
 DevT upload_tiled(Backend& gpu, const HostT& w) {
@@ -100,9 +104,10 @@ TEST_F(CudaQuantMma, Large27BShapeSpotChecked) {
   }
 }
 
-// Tiled vs the same weights in the GGUF layout through the decode GEMV: two int8 twins.
+// Tiled vs the same weights in the GGUF layout through the decode GEMV: two int8 twins. (W4_G128's
+// own layout takes f32 activations: ModelSameWithAndWithoutTiling compares it on int8-exact ones.)
 TEST_F(CudaQuantMma, TiledEqualsGgufLayoutGemv) {
-  for (DType dt : kTypes) {
+  for (DType dt : kGgufTypes) {
     const HostT w = quantized(rng_, dt, 304, 2304);
     const DevT plain = upload(*gpu_, w), tiled = upload_tiled(*gpu_, w);
     for (int64_t T : {1, 5, 8}) {
@@ -175,7 +180,7 @@ TEST_F(CudaQuantMma, DequantizedTilesBitwiseAsCpu) {
 // in bf16 into the down GEMM's input): expect_fused_mlp_prefill.
 TEST_F(CudaQuantMma, MlpPrefillOfTiledWeights) {
   const int64_t H = 1024, I = 768;
-  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+  for (DType dt : {DType::Q4_K, DType::Q6_K, DType::W4_G128}) {
     const HostT wg = quantized(rng_, dt, I, H), wu = quantized(rng_, dt, I, H), wd = quantized(rng_, DType::Q6_K, H, I);
     const DevT dg = upload_tiled(*gpu_, wg), du = upload_tiled(*gpu_, wu), dd = upload_tiled(*gpu_, wd);
     expect_fused_mlp_prefill(*gpu_, rng_, wg, wu, wd, MlpWeights{dg.t, du.t, dd.t}, 300, std::string(dtype_name(dt)));
@@ -382,11 +387,14 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
 // prefill takes the chunked delta rule (tf32 tensor cores) and, untiled, bf16 activations, whose
 // roundings this random model amplifies to ~2% of its logits (measured) — the golden and
 // CudaQuantGguf tests bound prefill against the references.
-TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
+// type: the synthetic model's weights; own_f32: its untiled matrices take f32 activations (the
+// HF types' GEMV), so the matrices compare on int8-exact activations and the decode steps by
+// decode_bound (int8 vs f32 activations) instead of 1e-3 (two int8 twins).
+void same_with_and_without_tiling(Backend* gpu_, std::mt19937& rng_, const char* type, bool own_f32, double decode_bound) {
   const ModelConfig cfg = model_preset("tiny-dense", 4);
   auto make = [&](bool tile) {
     const ScopedEnv no_tile("QWEN36_NO_TILE", tile ? nullptr : "1");
-    auto m = std::make_unique<Model>(make_random_quant_weights_cuda(cfg, "q4_k_m", 11), *gpu_);
+    auto m = std::make_unique<Model>(make_random_quant_weights_cuda(cfg, type, 11), *gpu_);
     return m;
   };
   auto plain = make(false), tiled = make(true);
@@ -402,7 +410,7 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
     auto check = [&](const char* what, int64_t layer, const std::vector<const Tensor*>& a,
                      const std::vector<const Tensor*>& b, int mode) {  // 0: each, 1: multi, 2: swiglu
       const int64_t K = a[0]->cols();
-      const HostT x = random_t(rng_, DType::F32, {1, K});
+      const HostT x = own_f32 ? int8_exact_activations(rng_, 1, K) : random_t(rng_, DType::F32, {1, K});
       DevT dx = upload(*gpu_, x);
       std::vector<DevT> oa, ob;
       std::vector<Tensor*> pa, pb;
@@ -496,17 +504,26 @@ TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) {
   }
   ASSERT_EQ(got.size(), want.size());
   const auto [worst, scale, at] = worst_diff(got, want);
-  std::printf("[ tiny-dense q4_k_m ] tiled vs GGUF layout (T=1 steps): max |dlogit| %.3g of %.3g at row %zu\n",
+  std::printf("[ tiny-dense %s ] tiled vs own layout (T=1 steps): max |dlogit| %.3g of %.3g at row %zu\n", type,
               worst, scale, at / size_t(V));
   for (size_t r = 0; r < n_prompt + 8; ++r) {  // per-row picture, for a failure
     double d = 0, m = 0;
     for (size_t i = r * size_t(V); i < (r + 1) * size_t(V); ++i)
       d = std::max(d, std::abs(double(want[i]) - got[i])), m = std::max(m, double(std::abs(want[i])));
-    std::printf("[ tiny-dense q4_k_m ] row %2zu (%s): max |dlogit| %.3g, max |logit| %.3g\n", r,
+    std::printf("[ tiny-dense %s ] row %2zu (%s): max |dlogit| %.3g, max |logit| %.3g\n", type, r,
                 r < n_prompt ? "prompt" : "generated", d, m);
   }
-  EXPECT_LE(worst / scale, 1e-3) << "worst at row " << at / size_t(V);
-  expect_same_argmax_away_from_ties(got, want, size_t(V), 1e-3 * scale);
+  EXPECT_LE(worst / scale, decode_bound) << type << ": worst at row " << at / size_t(V);
+  expect_same_argmax_away_from_ties(got, want, size_t(V), decode_bound * scale);
+}
+
+TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) { same_with_and_without_tiling(gpu_.get(), rng_, "q4_k_m", false, 1e-3); }
+
+// AWQ (W4_G128): untiled, the HF GEMV with f32 activations; tiled, int8 per 32. Decode steps
+// through 4 layers: within 2e-2 of the largest logit (int8 rounding of every activation row:
+// ~0.4% a product, compounding over the layers).
+TEST_F(CudaQuantMma, AwqModelSameWithAndWithoutTiling) {
+  same_with_and_without_tiling(gpu_.get(), rng_, "awq", true, 2e-2);
 }
 
 // The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,

@@ -349,13 +349,15 @@ bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, 
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
 bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
-// Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 matrices with N % 16 == 0 and
+// Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 / W4_G128 matrices with N % 16 == 0 and
 // K % 256 == 0 repacked on the device into 16-row tiles for the int8 tensor-core GEMM.
-// quant_tiled_type: the tiled DType of a GGUF type (F32: none). quant_tile: repacks w in place
+// quant_tiled_type: the tiled DType of a GGUF or W4_G128 type (F32: none). quant_tile: repacks w in place
 // (w.dtype becomes the tiled type); false when w does not qualify. quant_tiled_matmul: outs[i]
 // = x · ws[i]ᵀ for tiled ws of one width K (T ≤ 64: the tensor-core GEMM, activations quantized
 // once for all; T > 64 or exact_matmul: dequantized slices and cuBLAS).
 DType quant_tiled_type(DType t);
+// The routed-expert kernels (cuda_quant_moe_mma.cu) take the GGUF tiled types (not W4_G128_T16).
+bool quant_tiled_experts_take(DType tiled);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
 // ws[i] (GGUF, device) repacked into dsts[i] (ws[i].nbytes(), 16-byte aligned, not overlapping

@@ -508,7 +508,7 @@ bool quant_tiled_gemm_takes(int64_t T, std::span<const Tensor* const> ws) {
   const DevInfo info = dev_info();
   for (const Tensor* w : ws) {
     bool fits = false;
-    with_tiled_dtype(w->dtype, [&](auto dt) { fits = smem_bytes<decltype(dt)::value>() + 256 <= info.smem_optin; });
+    with_gguf_tiled_dtype(w->dtype, [&](auto dt) { fits = smem_bytes<decltype(dt)::value>() + 256 <= info.smem_optin; });
     if (!fits) return false;  // not a tiled type, or a GPU with less shared memory per block (sm_86 / sm_89)
   }
   return true;
@@ -525,10 +525,10 @@ bool quant_tiled_gemm(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws
   size_t ncnt = 0, nslot = 0;
   for (const Tensor* w : ws) {
     KernelInfo ki;
-    with_tiled_dtype(w->dtype, [&](auto dt) { ki = kernel_info<decltype(dt)::value>(); });
+    with_gguf_tiled_dtype(w->dtype, [&](auto dt) { ki = kernel_info<decltype(dt)::value>(); });
     plans.push_back(plan_gemm(int(w->rows()), Tp, S, info.sms * ki.bps));
     const Plan& p = plans.back();
-    with_tiled_dtype(w->dtype, [&](auto dt) {
+    with_gguf_tiled_dtype(w->dtype, [&](auto dt) {
       log_plan(w->dtype, int(w->rows()), K, T, p, ki, size_t(smem_bytes<decltype(dt)::value>()));
     });
     if (p.splits > 1) {
@@ -555,7 +555,7 @@ bool quant_tiled_gemm(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws
     a.cnt = reinterpret_cast<int*>(base + o_cnt) + cnt_at;
     a.T = T, a.N = int(ws[i]->rows()), a.K = K, a.S = S, a.s_per = p.s_per, a.splits = p.splits;
     if (p.splits > 1) cnt_at += size_t(p.rb) * p.tb;
-    with_tiled_dtype(ws[i]->dtype, [&](auto dt) {
+    with_gguf_tiled_dtype(ws[i]->dtype, [&](auto dt) {
       constexpr DType D = decltype(dt)::value;
       launch_pdl(qgemm_kernel<D>, dim3(unsigned(p.tb), unsigned(p.rb), unsigned(p.splits)), dim3(kWarps * 32),
                  size_t(smem_bytes<D>()), c.stream, a);

@@ -1,6 +1,7 @@
-// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights stored in
-// the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16), T ≤ 64; the repacking of a
-// GGUF matrix into that layout (quant_tile); the tiled → bf16 / f32 dequantization that feeds
+// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K, Q8_0 and W4_G128 (AWQ /
+// GPTQ group 128) weights stored in the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16,
+// Q8_0_T16, W4_G128_T16), T ≤ 64; the repacking of a GGUF or W4_G128 matrix into that layout
+// (quant_tile); the tiled → bf16 / f32 dequantization that feeds
 // cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' dequantization for the MoE
 // prefill (quant_dequant_tiled_experts; their decode on the same tiles: cuda_quant_moe_mma.cu).
 // The register side shared with that file (mma wrappers, tile registers, A fragments, the int8
@@ -20,6 +21,10 @@
 //        a2 / a3); the 16 rows' int8 scales (16 each); the 16 rows' f16 d.
 //      Q8_0 (4352 B): 8 loads, one k32 group each, {a0, a1, a2, a3} as int8; then the f16 d of
 //        the 16 rows' 8 blocks ([row][block]).
+//      W4_G128 (2176 B, the 32 blocks' bytes): the codes as Q4_K; then per row the two groups'
+//        16-bit scales, integer zeros and scale kinds (cuda_quant_tiles.cuh). Its A fragments
+//        are s8 code − zero (3 integer operations a word), so a group is one s8 MMA and one scale as
+//        Q8_0's: the products Σ (q − z) · x are exact, the scale applied in f32.
 //  - Activations (quantize_kernel, a pre-kernel; a thread per 4 weights, a warp per 4 groups of
 //    one token): per 32 to int8 exactly as the decode GEMV (d = amax / 127, nearest even via
 //    1.5 · 2^23), stored as B fragments per (k32 group, n8 tile): lane L's b0, b1 are one 8-byte
@@ -164,6 +169,20 @@ __device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, 
     }
     const int o = off - 3328;
     return src[size_t(16 * r + (o >> 1)) * rb + size_t(s) * 210 + 208 + (o & 1)];
+  } else if constexpr (D == DType::W4_G128_T16) {
+    // Super-block s of a row is its blocks 2s, 2s + 1 (68 bytes: u16 s, u8 z, u8 kind, 64 code
+    // bytes; element e < 64 in the low nibble of code byte e, e ≥ 64 in the high one of e − 64).
+    if (off < 2048) {
+      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1), k = 32 * j + 4 * t + b;
+      const uint8_t* blk = src + size_t(row) * rb + size_t(2 * s + (k >> 7)) * 68 + 4;
+      auto code = [&](int e) { return (blk[e & 63] >> (4 * (e >> 6))) & 15; };
+      return uint8_t(code(k & 127) | code((k & 127) + 16) << 4);
+    }
+    const int o = off - 2048, f = o & 7;
+    const uint8_t* b0 = src + size_t(16 * r + (o >> 3)) * rb + size_t(2 * s) * 68;
+    if (f < 4) return b0[68 * (f >> 1) + (f & 1)];  // s0, s1
+    if (f < 6) return b0[68 * (f - 4) + 2];          // z0, z1
+    return f == 6 ? uint8_t((b0[3] & 1) | (b0[68 + 3] & 1) << 1) : uint8_t(0);
   } else {
     if (off < 4096) {
       const int row = 16 * r + g + 8 * (w & 1), kk = 4 * t + b + 16 * (w >> 1);
@@ -214,6 +233,7 @@ __global__ void repack_batch_kernel(const RepackJobs jobs) {
     case DType::Q4_K_T16: return repack_job<DType::Q4_K_T16>(j);
     case DType::Q6_K_T16: return repack_job<DType::Q6_K_T16>(j);
     case DType::Q8_0_T16: return repack_job<DType::Q8_0_T16>(j);
+    case DType::W4_G128_T16: return repack_job<DType::W4_G128_T16>(j);
     default: return;
   }
 }
@@ -241,11 +261,28 @@ template <DType D, typename O>
 __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O* __restrict__ out, size_t ld, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint4* v = reinterpret_cast<const uint4*>(tile) + lane;  // load i of this lane: v[32 i]
-  if constexpr (D == DType::Q4_K_T16 || D == DType::Q6_K_T16) {
+  if constexpr (nibble_tile(D) || D == DType::Q6_K_T16) {
     uint4 code[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) code[i] = __ldcs(v + 32 * i);
-    if constexpr (D == DType::Q4_K_T16) {
+    if constexpr (D == DType::W4_G128_T16) {
+      using L = TileLayout<D>;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const uint2 h = __ldg(reinterpret_cast<const uint2*>(tile + L::kHeaders) + g + 8 * hi);
+        O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const float sc = w4_scale(h, jj >> 2);
+          const int z = int((h.y >> (8 * (jj >> 2))) & 255u);
+          const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi);
+          // scale · float(q − z), as quant/hf_blocks.cpp: one rounding
+          auto q = [&](int sh) { return sc * float(int((x >> sh) & 15u) - z); };
+          store4(row + 32 * jj, q(0), q(8), q(16), q(24));
+          store4(row + 32 * jj + 16, q(4), q(12), q(20), q(28));
+        }
+      }
+    } else if constexpr (D == DType::Q4_K_T16) {
       using L = TileLayout<D>;
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
@@ -685,8 +722,8 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
           acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
         }
       } else {
-        const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
-        const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+        float e0, e1;
+        s8_scales(R, jj, e0, e1);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
           const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
@@ -964,7 +1001,7 @@ int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) 
 bool use_regs(DType t, bool one, int S) {
   const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
   if (v != kAuto) return v == kRegs;
-  return t == DType::Q8_0_T16 || (t == DType::Q4_K_T16 && !(one && S >= 16));
+  return t == DType::Q8_0_T16 || (nibble_tile(t) && !(one && S >= 16));
 }
 // QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 each GEMM block quantizes the
 // activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
@@ -1060,9 +1097,12 @@ DType quant_tiled_type(DType t) {
     case DType::Q4_K: return DType::Q4_K_T16;
     case DType::Q6_K: return DType::Q6_K_T16;
     case DType::Q8_0: return DType::Q8_0_T16;
+    case DType::W4_G128: return DType::W4_G128_T16;
     default: return DType::F32;
   }
 }
+
+bool quant_tiled_experts_take(DType tiled) { return gguf_tiled(tiled); }
 
 bool quant_tile_ok(const Tensor& w) {
   return quant_tiled_type(w.dtype) != DType::F32 && w.ndim == 2 && w.rows() > 0 && w.rows() % 16 == 0 &&

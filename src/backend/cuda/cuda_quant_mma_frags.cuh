@@ -66,6 +66,11 @@ template <>
 struct Raw<DType::Q8_0_T16> {
   uint4 q[8], d0, d1;
 };
+template <>
+struct Raw<DType::W4_G128_T16> {
+  uint4 q[4];
+  uint2 h0, h1;  // the headers of rows g and g + 8
+};
 
 __device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 // Global, evict-first (the weights are read once per call; x's fragments stay in cache).
@@ -86,6 +91,15 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     R.h = ld4(tile + 2048 + 16 * (lane & 15));
+  } else if constexpr (D == DType::W4_G128_T16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
+    auto ld2 = [](const uint8_t* p) {
+      const uint2* q = reinterpret_cast<const uint2*>(p);
+      return GLOBAL ? (STREAM ? __ldcs(q) : __ldg(q)) : *q;
+    };
+    R.h0 = ld2(tile + 2048 + 8 * g);
+    R.h1 = ld2(tile + 2048 + 8 * (g + 8));
   } else if constexpr (D == DType::Q6_K_T16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
@@ -126,24 +140,51 @@ __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab)
   __syncwarp();
 }
 
+// The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q4_K, Q6_K,
+// W4_G128: word X of rows g, Y of rows g + 8; low nibbles k 4t.., high nibbles k 16 + 4t..).
+__device__ __forceinline__ void nibble_frags(const uint4 (&q)[4], int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
+                                             uint32_t& a3) {
+  const uint4& v = q[jj >> 1];
+  const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+  a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
+}
+
 // The A fragments of k32 group jj (0..7, a compile-time index once unrolled) of a lane's tile
-// registers: Q4_K / Q6_K codes as u8 (Q6_K with its high bits, 0..63), Q8_0 as s8.
+// registers: Q4_K / Q6_K codes as u8 (Q6_K with its high bits, 0..63), Q8_0 as s8, W4_G128 as s8
+// code − zero (−16..15).
 template <DType D>
 __device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
                                         uint32_t& a3) {
   if constexpr (D == DType::Q8_0_T16) {
     a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
   } else {
-    const uint4& v = R.q[jj >> 1];
-    const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
-    a0 = X & 0x0F0F0F0Fu, a1 = Y & 0x0F0F0F0Fu, a2 = (X >> 4) & 0x0F0F0F0Fu, a3 = (Y >> 4) & 0x0F0F0F0Fu;
+    nibble_frags(R.q, jj, a0, a1, a2, a3);
     if constexpr (D == DType::Q6_K_T16) {
       const uint32_t H = pick(R.hb[jj >> 2], jj & 3);
       a0 |= (H << 4) & 0x30303030u;
       a1 |= (H << 2) & 0x30303030u;
       a2 |= H & 0x30303030u;
       a3 |= (H >> 2) & 0x30303030u;
+    } else if constexpr (D == DType::W4_G128_T16) {
+      // Per byte (128 + q − z) ^ 128 = q − z as s8: 128 + q ≥ z, so no byte borrows from the next
+      // (3 integer instructions a word; __vsub4 is an emulated sequence).
+      const uint32_t zg = w4_zeros(R.h0, jj >> 2), zg8 = w4_zeros(R.h1, jj >> 2);
+      auto sub = [](uint32_t q, uint32_t z) { return ((q | 0x80808080u) - z) ^ 0x80808080u; };
+      a0 = sub(a0, zg), a1 = sub(a1, zg8), a2 = sub(a2, zg), a3 = sub(a3, zg8);
     }
+  }
+}
+
+// The f32 scales of k32 group jj of rows g (e0) and g + 8 (e1) for the types whose codes are
+// s8 with one scale per (row, group): Q8_0 (f16 d per 32), W4_G128 (per 128).
+template <DType D>
+__device__ __forceinline__ void s8_scales(const Raw<D>& R, int jj, float& e0, float& e1) {
+  if constexpr (D == DType::Q8_0_T16) {
+    e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
+    e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+  } else {
+    e0 = w4_scale(R.h0, jj >> 2);
+    e1 = w4_scale(R.h1, jj >> 2);
   }
 }
 
@@ -244,8 +285,8 @@ __device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __rest
       acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
       acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
     } else {
-      const float e0 = h2f(uint16_t(pick(R.d0, jj >> 1) >> (16 * (jj & 1))));
-      const float e1 = h2f(uint16_t(pick(R.d1, jj >> 1) >> (16 * (jj & 1))));
+      float e0, e1;
+      s8_scales(R, jj, e0, e1);
       int c[4];
       mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
       acc0 = fmaf(e0 * f.x, float(c[0]), acc0);

@@ -1,7 +1,9 @@
 #pragma once
 // defines (file-local to each .cu that includes it): the byte layout of the device-tiled
-// quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16; the layout is described in the header
-// of cuda_quant_mma.cu) as named offsets, the runtime tiled dtype → compile-time dispatch, and
+// quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16; the layout is described
+// in the header of cuda_quant_mma.cu) as named offsets, the runtime tiled dtype → compile-time
+// dispatch (with_tiled_dtype: every tiled type, the dense GEMM's; with_gguf_tiled_dtype: the
+// three GGUF ones, which the routed-expert kernels and the T > 64 GEMM take), and
 // the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only
 // (cuda_quant_mma.cu, cuda_quant_gemm.cu).
 //
@@ -38,17 +40,37 @@ struct TileLayout<DType::Q8_0_T16> {
   static constexpr int kBytes = 4352;
   static constexpr int kD = 4096;  // [row][block] f16
 };
+// W4_G128 (AWQ / GPTQ group 128): the codes as Q4_K's (2048 B), then per row 8 bytes for the
+// tile's two groups (k 0..127, 128..255): their 16-bit scales s0, s1 (as stored), integer zeros
+// z0, z1, and the scales' kinds (bit g: group g's scale is bf16, else f16), a zero byte.
+template <>
+struct TileLayout<DType::W4_G128_T16> {
+  static constexpr int kBytes = 2176;
+  static constexpr int kHeaders = 2048;  // [row] {u16 s0, u16 s1, u8 z0, u8 z1, u8 kinds, 0}
+};
 static_assert(TileLayout<DType::Q4_K_T16>::kBytes == 16 * 144 && TileLayout<DType::Q6_K_T16>::kBytes == 16 * 210 &&
-              TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34);
+              TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34 && TileLayout<DType::W4_G128_T16>::kBytes == 32 * 68);
+
+// Q4_K and W4_G128 tiles hold their codes alike (4-bit, the same A-fragment order).
+__host__ __device__ constexpr bool nibble_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::W4_G128_T16; }
 
 template <typename F>
-bool with_tiled_dtype(DType t, F&& f) {
+bool with_gguf_tiled_dtype(DType t, F&& f) {
   switch (t) {
     case DType::Q4_K_T16: f(std::integral_constant<DType, DType::Q4_K_T16>{}); return true;
     case DType::Q6_K_T16: f(std::integral_constant<DType, DType::Q6_K_T16>{}); return true;
     case DType::Q8_0_T16: f(std::integral_constant<DType, DType::Q8_0_T16>{}); return true;
     default: return false;
   }
+}
+inline bool gguf_tiled(DType t) { return with_gguf_tiled_dtype(t, [](auto) {}); }
+template <typename F>
+bool with_tiled_dtype(DType t, F&& f) {
+  if (t == DType::W4_G128_T16) {
+    f(std::integral_constant<DType, DType::W4_G128_T16>{});
+    return true;
+  }
+  return with_gguf_tiled_dtype(t, f);
 }
 
 // 16 bytes global → shared without registers (sm_80+), L2 only.
@@ -72,6 +94,14 @@ __device__ __forceinline__ void q4k_scales(const uint4& h, int half, float2 (&ou
 #pragma unroll
   for (int i = 0; i < 4; ++i) out[i] = make_float2(d * float((sc4 >> (8 * i)) & 255u), dmin * float((m4 >> (8 * i)) & 255u));
 }
+
+// W4_G128: a row's header (8 bytes, TileLayout) → group grp's scale as f32 (exact: f16 and bf16
+// widen exactly) and its zero replicated in each byte of a word (subtracted from 4 codes at once).
+__device__ __forceinline__ float w4_scale(const uint2& h, int grp) {
+  const uint32_t s = (h.x >> (16 * grp)) & 0xFFFFu;
+  return (h.y >> (16 + grp)) & 1u ? __uint_as_float(s << 16) : h2f(uint16_t(s));
+}
+__device__ __forceinline__ uint32_t w4_zeros(const uint2& h, int grp) { return ((h.y >> (8 * grp)) & 255u) * 0x01010101u; }
 
 }  // namespace
 }  // namespace qwen36::cuda
