@@ -34,6 +34,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "common/scoped_env.h"
 #include "gpu_test_util.h"
+#include "quant_test_util.h"
 #include "model/presets.h"
 #include "model/qwen36.h"
 #include "model/random_quant_weights.h"
@@ -378,8 +379,10 @@ QuantExperts make_quant_experts(Backend& gpu, std::mt19937& rng, DType gu, DType
       const DType dt = m < 2 ? gu : dn;
       const HostT f = random_t(rng, DType::F32, {rows, cols}, m < 2 ? -a : -b, m < 2 ? a : b);
       HostT q(dt, {rows, cols}), back(DType::F32, {rows, cols});
+      if (dtype_is_hf_block(dt)) q = random_hf(rng, dt, rows, cols);  // AWQ / NVFP4 blocks (no quantizer here)
       for (int64_t r = 0; r < rows; ++r) {
-        quantize_row(dt, f.t.as<const float>() + r * cols, q.bytes.data() + size_t(r) * q.t.row_bytes(), cols);
+        if (!dtype_is_hf_block(dt))
+          quantize_row(dt, f.t.as<const float>() + r * cols, q.bytes.data() + size_t(r) * q.t.row_bytes(), cols);
         cpu::weight_row_to_f32(q.t, r, back.f() + r * cols);
       }
       ex.q.push_back(std::move(q));
@@ -664,7 +667,10 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
                          Case{{DType::Q8_0, DType::Q8_0}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q6_K}, 32, 512, 256},
                          Case{{DType::Q4_K, DType::Q4_K}, 32, 512, 256}, Case{{DType::Q8_0, DType::Q8_0}, 32, 512, 256},
                          Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768}, Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512},
-                         Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}, Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 8}}) {
+                         Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}, Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 8},
+                         Case{{DType::W4_G128, DType::W4_G128}, 16, 2048, 512},
+                         Case{{DType::NVFP4_B64, DType::NVFP4_B64}, 16, 2048, 512},
+                         Case{{DType::W4_G128, DType::NVFP4_B64}, 8, 1024, 512}}) {
     const int64_t k = cs.k;
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);

@@ -11,8 +11,9 @@
 //    rounded to bf16: 1.5e-2, as the bf16 GEMM tests. exact_matmul (f32 dequantization, f32
 //    GEMM, every T): 2e-5 — this checks the tiled dequantizer value by value.
 //  - Tiled vs the GGUF-layout decode GEMV (both int8 twins): 2e-5.
-//  - W4_G128 (AWQ / GPTQ group 128) is one of the tiled types: the same bounds; its own layout's
-//    GEMV keeps f32 activations, so tiled vs untiled compare on int8-exact activations (2e-5).
+//  - W4_G128 (AWQ / GPTQ group 128) and NVFP4 are tiled types too: the same bounds; their own
+//    layout's GEMV keeps f32 activations, so tiled vs untiled compare on int8-exact activations
+//    (2e-5). NVFP4's −0 codes dequantize to +0 (the product with x is the same).
 //  - SwiGLU: g and u within 2e-5 of their scale, the product within ~4e-5: 1e-4.
 //  - Model level (tiny-dense, q4_k_m mix, tiling on / off): decode steps compare two int8 twins
 //    (differing only in f32 summation order) through 4 layers: logits within 1e-3 of the
@@ -44,8 +45,9 @@ namespace {
 
 class CudaQuantMma : public CudaTest {};
 
-// W4_G128 (AWQ / GPTQ group 128) tiles too: its blocks come from random_hf (quant_test_util.h).
-const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128};
+// W4_G128 (AWQ / GPTQ group 128) and NVFP4 tile too: their blocks come from random_hf
+// (quant_test_util.h).
+const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128, DType::NVFP4_B64};
 const DType kGgufTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 
 // A device copy of w in the tiled layout.
@@ -104,8 +106,9 @@ TEST_F(CudaQuantMma, Large27BShapeSpotChecked) {
   }
 }
 
-// Tiled vs the same weights in the GGUF layout through the decode GEMV: two int8 twins. (W4_G128's
-// own layout takes f32 activations: ModelSameWithAndWithoutTiling compares it on int8-exact ones.)
+// Tiled vs the same weights in the GGUF layout through the decode GEMV: two int8 twins. (The HF
+// types' own layout takes f32 activations: HfModelsSameWithAndWithoutTiling compares them on
+// int8-exact ones.)
 TEST_F(CudaQuantMma, TiledEqualsGgufLayoutGemv) {
   for (DType dt : kGgufTypes) {
     const HostT w = quantized(rng_, dt, 304, 2304);
@@ -167,7 +170,9 @@ TEST_F(CudaQuantMma, DequantizedTilesBitwiseAsCpu) {
         int64_t bad = 0, first = -1;
         for (size_t i = 0; i < got.size(); ++i) {
           const float v = f32 ? want[i] : round_bf16(want[i]);
-          if (std::memcmp(&got[i], &v, 4) != 0 && bad++ == 0) first = int64_t(i);
+          // bit for bit, but for the sign of a zero (NVFP4's −0 codes: a sum with +0 products)
+          const bool same = std::memcmp(&got[i], &v, 4) == 0 || (got[i] == 0.0f && v == 0.0f);
+          if (!same && bad++ == 0) first = int64_t(i);
         }
         EXPECT_EQ(bad, 0) << dtype_name(dt) << (f32 ? " f32" : " bf16") << " N=" << s.N << " K=" << s.K
                           << " first at t=" << first / s.N << " n=" << first % s.N << ": "
@@ -180,7 +185,7 @@ TEST_F(CudaQuantMma, DequantizedTilesBitwiseAsCpu) {
 // in bf16 into the down GEMM's input): expect_fused_mlp_prefill.
 TEST_F(CudaQuantMma, MlpPrefillOfTiledWeights) {
   const int64_t H = 1024, I = 768;
-  for (DType dt : {DType::Q4_K, DType::Q6_K, DType::W4_G128}) {
+  for (DType dt : {DType::Q4_K, DType::Q6_K, DType::W4_G128, DType::NVFP4_B64}) {
     const HostT wg = quantized(rng_, dt, I, H), wu = quantized(rng_, dt, I, H), wd = quantized(rng_, DType::Q6_K, H, I);
     const DevT dg = upload_tiled(*gpu_, wg), du = upload_tiled(*gpu_, wu), dd = upload_tiled(*gpu_, wd);
     expect_fused_mlp_prefill(*gpu_, rng_, wg, wu, wd, MlpWeights{dg.t, du.t, dd.t}, 300, std::string(dtype_name(dt)));
@@ -359,7 +364,7 @@ const char* env_or(const char* name, const char* fallback) {
 // (QWEN36_MMA_LOADS): run once per setting to compare.
 TEST_F(CudaQuantMma, Bandwidth27B) {
   const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
-  for (DType dt : {DType::Q4_K, DType::Q6_K})
+  for (DType dt : {DType::Q4_K, DType::Q6_K, DType::W4_G128, DType::NVFP4_B64})
     for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}}) {
       const HostT w = repeated_rows(rng_, dt, N, K);
       std::vector<DevT> dw = cold_tiled_copies(*gpu_, w);
@@ -519,11 +524,11 @@ void same_with_and_without_tiling(Backend* gpu_, std::mt19937& rng_, const char*
 
 TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) { same_with_and_without_tiling(gpu_.get(), rng_, "q4_k_m", false, 1e-3); }
 
-// AWQ (W4_G128): untiled, the HF GEMV with f32 activations; tiled, int8 per 32. Decode steps
-// through 4 layers: within 2e-2 of the largest logit (int8 rounding of every activation row:
-// ~0.4% a product, compounding over the layers).
-TEST_F(CudaQuantMma, AwqModelSameWithAndWithoutTiling) {
-  same_with_and_without_tiling(gpu_.get(), rng_, "awq", true, 2e-2);
+// AWQ (W4_G128) and NVFP4: untiled, the HF GEMV with f32 activations; tiled, int8 per 32.
+// Decode steps through 4 layers: within 2e-2 of the largest logit (int8 rounding of every
+// activation row: ~0.4% a product, compounding over the layers; AWQ measured 1.7e-2).
+TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
+  for (const char* type : {"awq", "nvfp4"}) same_with_and_without_tiling(gpu_.get(), rng_, type, true, 2e-2);
 }
 
 // The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,

@@ -905,7 +905,7 @@ void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const T
 // The projections that only go through matmul / matmul_multi / matmul_swiglu / mlp are repacked
 // into the tiled layout of the tensor-core GEMM (cuda_quant_mma.cu) where type and shape allow,
 // and so are routed experts (per-expert views; each expert's bytes are contiguous, so a view
-// tiles in place) for moe_experts' tensor-core path (GGUF types only): a layer's experts all or none (the op
+// tiles in place) for moe_experts' tensor-core path: a layer's experts all or none (the op
 // takes one layout per layer), and only those in device memory (expert offload leaves a layer's
 // experts on the host for the CPU backend). Never the embedding (rows are read by token) nor
 // anything sharing storage with a tensor not tiled (a tied lm_head). QWEN36_NO_TILE=1 keeps
@@ -928,8 +928,7 @@ void CudaBackend::tile_weights(ModelWeights& w) {
     if (!tile_experts) return;
     for (MlpWeights& e : m.experts) v.insert(v.end(), {&e.gate_proj, &e.up_proj, &e.down_proj});
     if (v.empty() || !std::all_of(v.begin(), v.end(), [](const Tensor* t) {
-          return cuda::quant_tile_ok(*t) && cuda::quant_tiled_experts_take(cuda::quant_tiled_type(t->dtype)) &&
-                 is_device_pointer(t->data);
+          return cuda::quant_tile_ok(*t) && is_device_pointer(t->data);
         }))
       return;
     cand.insert(cand.end(), v.begin(), v.end());

@@ -1019,8 +1019,7 @@ namespace {
 // already, its tiled type if it tiles, else F32 (none).
 DType as_tiled(const Tensor& w) {
   if (dtype_is_tiled(w.dtype)) return w.dtype;
-  const DType t = quant_tiled_type(w.dtype);
-  return w.rows() % 16 == 0 && w.cols() % 256 == 0 && quant_tiled_experts_take(t) ? t : DType::F32;
+  return w.rows() % 16 == 0 && w.cols() % 256 == 0 ? quant_tiled_type(w.dtype) : DType::F32;
 }
 }  // namespace
 

@@ -356,8 +356,6 @@ bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 // = x · ws[i]ᵀ for tiled ws of one width K (T ≤ 64: the tensor-core GEMM, activations quantized
 // once for all; T > 64 or exact_matmul: dequantized slices and cuBLAS).
 DType quant_tiled_type(DType t);
-// The routed-expert kernels (cuda_quant_moe_mma.cu) take the GGUF tiled types (not W4_G128_T16).
-bool quant_tiled_experts_take(DType tiled);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
 // ws[i] (GGUF, device) repacked into dsts[i] (ws[i].nbytes(), 16-byte aligned, not overlapping

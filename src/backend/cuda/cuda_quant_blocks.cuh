@@ -5,7 +5,8 @@
 // given alignment, and with_quant_type (the runtime dtype → compile-time dispatch) — shared by
 // the GEMV / dequantization kernels (cuda_quant_matmul.cu) and the synthetic-weight generator
 // (cuda_quant_random.cu); and quantize_quad, the per-32 int8 activation quantizer of the GGUF
-// GEMV and the tiled GEMMs. Included by .cu files only.
+// GEMV and the tiled GEMMs; exact f16 / e4m3 → f32 bit conversions (h2f, e4m3_f32: the HF
+// blocks' and the tiled NVFP4 scales). Included by .cu files only.
 
 #include <cstdint>
 #include <type_traits>
@@ -48,6 +49,14 @@ __device__ __forceinline__ QuantQuad quantize_quad(float4 v) {
 
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ float2 f16x2_to_f2(uint32_t h) {
+  return __half22float2(__halves2half2(__ushort_as_half(uint16_t(h & 0xFFFFu)), __ushort_as_half(uint16_t(h >> 16))));
+}
+// e4m3 bytes in bits 8-15 and 24-31 → the f16 pair e4m3·2^-8 (exact, subnormals included: the
+// exponent and mantissa bits shifted into the f16's; other bits ignored).
+__device__ __forceinline__ uint32_t e4m3_to_f16x2(uint32_t x) { return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u); }
+// One e4m3 byte as f32, exact.
+__device__ __forceinline__ float e4m3_f32(uint32_t b) { return f16x2_to_f2(e4m3_to_f16x2(b << 8)).x * 256.0f; }
 
 // n 32-bit little-endian words at p, which is known to be kAlign-byte aligned (16, 8, 4 or 2).
 // kPad: the 4 bytes after the words may be read (ring slots have slack), so a 2-aligned p takes

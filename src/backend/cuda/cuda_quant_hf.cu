@@ -58,14 +58,6 @@ template <int e>
 __device__ __forceinline__ float magic_byte(uint32_t w) {
   return __uint_as_float(__byte_perm(w, 0x4B00u, 0x5440u | e));
 }
-__device__ __forceinline__ float2 f16x2_to_f2(uint32_t h) {
-  return __half22float2(__halves2half2(__ushort_as_half(uint16_t(h & 0xFFFFu)), __ushort_as_half(uint16_t(h >> 16))));
-}
-// e4m3 bytes in bits 8-15 and 24-31 → the f16 pair e4m3·2^-8 (exact, subnormals included: the
-// exponent and mantissa bits shifted into the f16's; other bits ignored).
-__device__ __forceinline__ uint32_t e4m3_to_f16x2(uint32_t x) { return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u); }
-// One e4m3 byte as f32, exact.
-__device__ __forceinline__ float e4m3_f32(uint32_t b) { return f16x2_to_f2(e4m3_to_f16x2(b << 8)).x * 256.0f; }
 
 // ---- per-type unit readers ----
 //

@@ -27,7 +27,7 @@
 //    multiplied by cuBLAS with the activations rounded to bf16 once (matmul's bf16 path:
 //    round_activations / gemm_half). With CudaOptions::exact_matmul, every T goes through f32
 //    slices and cublasSgemm with f32 activations instead (reference checks).
-//  - Weights in the device's tiled layout (Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16; prepare_weights makes
+//  - Weights in the device's tiled layout (Q4_K_T16, ..., NVFP4_B64_T16; prepare_weights makes
 //    them) go to cuda_quant_mma.cu's tensor-core GEMM from every entry point here.
 //  - MoE: decode is two GEMV launches over the routed (token, expert) pairs (gate/up + SwiGLU,
 //    then down weighted by the routing); prefill dequantizes the experts that received tokens

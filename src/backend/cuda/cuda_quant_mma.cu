@@ -1,6 +1,6 @@
-// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K, Q8_0 and W4_G128 (AWQ /
-// GPTQ group 128) weights stored in the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16,
-// Q8_0_T16, W4_G128_T16), T ≤ 64; the repacking of a GGUF or W4_G128 matrix into that layout
+// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K, Q8_0, W4_G128 (AWQ / GPTQ
+// group 128) and NVFP4 weights stored in the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16,
+// Q8_0_T16, W4_G128_T16, NVFP4_B64_T16), T ≤ 64; the repacking of a GGUF or HF matrix into that layout
 // (quant_tile); the tiled → bf16 / f32 dequantization that feeds
 // cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' dequantization for the MoE
 // prefill (quant_dequant_tiled_experts; their decode on the same tiles: cuda_quant_moe_mma.cu).
@@ -25,6 +25,11 @@
 //        16-bit scales, integer zeros and scale kinds (cuda_quant_tiles.cuh). Its A fragments
 //        are s8 code − zero (3 integer operations a word), so a group is one s8 MMA and one scale as
 //        Q8_0's: the products Σ (q − z) · x are exact, the scale applied in f32.
+//      NVFP4_B64 (2560 B, the 64 blocks' bytes): e2m1 codes arranged as prmt selectors, then per
+//        row and half tile 8 e4m3 16-group scales and 2 f32 global scales (cuda_quant_tiles.cuh).
+//        Its A fragments are s8 2·e2m1 (two prmt lookups and 4 integer operations a register);
+//        a k32 group is two s8 m16n8k16 MMAs, one per 16-group, whose scales e4m3 · g / 2 the
+//        warp decodes into a table per tile as Q4_K's.
 //  - Activations (quantize_kernel, a pre-kernel; a thread per 4 weights, a warp per 4 groups of
 //    one token): per 32 to int8 exactly as the decode GEMV (d = amax / 127, nearest even via
 //    1.5 · 2^23), stored as B fragments per (k32 group, n8 tile): lane L's b0, b1 are one 8-byte
@@ -169,6 +174,20 @@ __device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, 
     }
     const int o = off - 3328;
     return src[size_t(16 * r + (o >> 1)) * rb + size_t(s) * 210 + 208 + (o & 1)];
+  } else if constexpr (D == DType::NVFP4_B64_T16) {
+    // Super-block s of a row is its blocks 4s .. 4s + 3 (40 bytes: f32 g, 4 e4m3 scales, 32 code
+    // bytes; element e in nibble e % 2 of code byte e / 2). Code byte b of a word holds the
+    // selector nibbles of weights k0, k0 + 1 (TileLayout).
+    if (off < 2048) {
+      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1);
+      const int k0 = 32 * j + (b < 2 ? 4 * t + 2 * b : 16 + 4 * t + 2 * (b - 2));
+      const uint8_t* blk = src + size_t(row) * rb + size_t(4 * s + (k0 >> 6)) * 40 + 8;
+      return blk[(k0 & 63) >> 1];  // k0 even: its pair of nibbles is one code byte, low first
+    }
+    const int o = off - 2048, row = o >> 5, half = (o >> 4) & 1, f = o & 15;
+    const uint8_t* b0 = src + size_t(16 * r + row) * rb + size_t(4 * s + 2 * half) * 40;
+    if (f < 8) return b0[40 * (f >> 2) + 4 + (f & 3)];  // 16-group 8·half + f: block 2·half + f / 4
+    return b0[40 * ((f - 8) >> 2) + ((f - 8) & 3)];     // the two blocks' f32 g
   } else if constexpr (D == DType::W4_G128_T16) {
     // Super-block s of a row is its blocks 2s, 2s + 1 (68 bytes: u16 s, u8 z, u8 kind, 64 code
     // bytes; element e < 64 in the low nibble of code byte e, e ≥ 64 in the high one of e − 64).
@@ -234,6 +253,7 @@ __global__ void repack_batch_kernel(const RepackJobs jobs) {
     case DType::Q6_K_T16: return repack_job<DType::Q6_K_T16>(j);
     case DType::Q8_0_T16: return repack_job<DType::Q8_0_T16>(j);
     case DType::W4_G128_T16: return repack_job<DType::W4_G128_T16>(j);
+    case DType::NVFP4_B64_T16: return repack_job<DType::NVFP4_B64_T16>(j);
     default: return;
   }
 }
@@ -261,11 +281,33 @@ template <DType D, typename O>
 __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O* __restrict__ out, size_t ld, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const uint4* v = reinterpret_cast<const uint4*>(tile) + lane;  // load i of this lane: v[32 i]
-  if constexpr (nibble_tile(D) || D == DType::Q6_K_T16) {
+  if constexpr (nibble_tile(D) || D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16) {
     uint4 code[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) code[i] = __ldcs(v + 32 * i);
-    if constexpr (D == DType::W4_G128_T16) {
+    if constexpr (D == DType::NVFP4_B64_T16) {
+      using L = TileLayout<D>;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const uint4* hp = reinterpret_cast<const uint4*>(tile + L::kHeaders) + 2 * (g + 8 * hi);
+        const uint4 hd[2] = {__ldg(hp), __ldg(hp + 1)};
+        O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const uint4& h = hd[jj >> 2];
+          const int i = jj & 3;
+          const uint32_t sw = i < 2 ? h.x : h.y;  // the scale bytes 2i, 2i + 1 of the half
+          const float sa = e4m3_f32((sw >> (16 * (i & 1))) & 255u), sb = e4m3_f32((sw >> (16 * (i & 1) + 8)) & 255u);
+          const float gs = __uint_as_float(i < 2 ? h.z : h.w);
+          const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi);
+          const uint32_t lo = nvfp4_frag(x), hv = nvfp4_frag(x >> 16);
+          // (e2m1 · e4m3(s)) · g, as quant/hf_blocks.cpp: the first product exact, one rounding
+          auto q = [&](uint32_t w, int b, float s) { return ((float(sext8(w >> (8 * b))) * 0.5f) * s) * gs; };
+          store4(row + 32 * jj, q(lo, 0, sa), q(lo, 1, sa), q(lo, 2, sa), q(lo, 3, sa));
+          store4(row + 32 * jj + 16, q(hv, 0, sb), q(hv, 1, sb), q(hv, 2, sb), q(hv, 3, sb));
+        }
+      }
+    } else if constexpr (D == DType::W4_G128_T16) {
       using L = TileLayout<D>;
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
@@ -543,10 +585,10 @@ __host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = fals
   return size_t(S) * 8 * (sizeof(ColGroup) + (norm ? (regs ? 64 : 32) * sizeof(float) + sizeof(float) : 0));
 }
 
-// Shared memory per warp: the tile ring (smem path only), then (Q4_K) the (S, M) table.
+// Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4) the scale table.
 template <DType D, int RING>
 __host__ __device__ constexpr int warp_smem() {
-  return RING * TileLayout<D>::kBytes + (D == DType::Q4_K_T16 ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
 // Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
@@ -703,6 +745,20 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
           acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
           acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
           acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
+        }
+      } else if constexpr (D == DType::NVFP4_B64_T16) {
+        const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
+          const float4 f = __ldca(xf + (jj * NT + n) * 4);
+          int ca[4], cb[4];
+          mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
+          mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
+          acc[n][0] = fmaf(m0.y * f.x, float(cb[0]), fmaf(m0.x * f.x, float(ca[0]), acc[n][0]));
+          acc[n][2] = fmaf(m1.y * f.x, float(cb[2]), fmaf(m1.x * f.x, float(ca[2]), acc[n][2]));
+          acc[n][1] = fmaf(m0.y * f.z, float(cb[1]), fmaf(m0.x * f.z, float(ca[1]), acc[n][1]));
+          acc[n][3] = fmaf(m1.y * f.z, float(cb[3]), fmaf(m1.x * f.z, float(ca[3]), acc[n][3]));
         }
       } else if constexpr (D == DType::Q6_K_T16) {
         // int8 scales of the group's two 16-halves, rows g and g + 8
@@ -1001,7 +1057,7 @@ int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) 
 bool use_regs(DType t, bool one, int S) {
   const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
   if (v != kAuto) return v == kRegs;
-  return t == DType::Q8_0_T16 || (nibble_tile(t) && !(one && S >= 16));
+  return t == DType::Q8_0_T16 || ((nibble_tile(t) || t == DType::NVFP4_B64_T16) && !(one && S >= 16));
 }
 // QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 each GEMM block quantizes the
 // activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
@@ -1098,11 +1154,10 @@ DType quant_tiled_type(DType t) {
     case DType::Q6_K: return DType::Q6_K_T16;
     case DType::Q8_0: return DType::Q8_0_T16;
     case DType::W4_G128: return DType::W4_G128_T16;
+    case DType::NVFP4_B64: return DType::NVFP4_B64_T16;
     default: return DType::F32;
   }
 }
-
-bool quant_tiled_experts_take(DType tiled) { return gguf_tiled(tiled); }
 
 bool quant_tile_ok(const Tensor& w) {
   return quant_tiled_type(w.dtype) != DType::F32 && w.ndim == 2 && w.rows() > 0 && w.rows() % 16 == 0 &&

@@ -30,6 +30,12 @@ __device__ __forceinline__ void mma_s8s8_k32(int (&c)[4], uint32_t a0, uint32_t 
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
+// d = a · b over 16 k, s8 × s8 (NVFP4's two 16-groups of a k32 group)
+__device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
 // d = a · b + {c0, c1, c0, c1} (k16: rows g, g + 8 share the per-token init)
 __device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b, int c0, int c1) {
   asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%7,%8};\n"
@@ -67,6 +73,10 @@ struct Raw<DType::Q8_0_T16> {
   uint4 q[8], d0, d1;
 };
 template <>
+struct Raw<DType::NVFP4_B64_T16> {
+  uint4 q[4], h;  // h: the half-tile header of row lane % 16, half lane / 16
+};
+template <>
 struct Raw<DType::W4_G128_T16> {
   uint4 q[4];
   uint2 h0, h1;  // the headers of rows g and g + 8
@@ -91,6 +101,10 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     R.h = ld4(tile + 2048 + 16 * (lane & 15));
+  } else if constexpr (D == DType::NVFP4_B64_T16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
+    R.h = ld4(tile + 2048 + 32 * (lane & 15) + 16 * (lane >> 4));
   } else if constexpr (D == DType::W4_G128_T16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
@@ -140,6 +154,18 @@ __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab)
   __syncwarp();
 }
 
+// NVFP4: the tile's two 16-group scales per k32 group (nvfp4_scales) of row lane % 16, groups
+// 4·(lane / 16) .. + 3, into the warp's table as q4k_table.
+__device__ __forceinline__ void nvfp4_table(const uint4& h, int lane, float2* tab) {
+  float2 s[4];
+  nvfp4_scales(h, s);
+  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
+  __syncwarp();  // the previous tile's readers are done
+  dst[0] = make_float4(s[0].x, s[0].y, s[1].x, s[1].y);
+  dst[1] = make_float4(s[2].x, s[2].y, s[3].x, s[3].y);
+  __syncwarp();
+}
+
 // The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q4_K, Q6_K,
 // W4_G128: word X of rows g, Y of rows g + 8; low nibbles k 4t.., high nibbles k 16 + 4t..).
 __device__ __forceinline__ void nibble_frags(const uint4 (&q)[4], int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
@@ -151,12 +177,16 @@ __device__ __forceinline__ void nibble_frags(const uint4 (&q)[4], int jj, uint32
 
 // The A fragments of k32 group jj (0..7, a compile-time index once unrolled) of a lane's tile
 // registers: Q4_K / Q6_K codes as u8 (Q6_K with its high bits, 0..63), Q8_0 as s8, W4_G128 as s8
-// code − zero (−16..15).
+// code − zero (−16..15), NVFP4 as s8 2·e2m1.
 template <DType D>
 __device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
                                         uint32_t& a3) {
   if constexpr (D == DType::Q8_0_T16) {
     a0 = R.q[jj].x, a1 = R.q[jj].y, a2 = R.q[jj].z, a3 = R.q[jj].w;
+  } else if constexpr (D == DType::NVFP4_B64_T16) {
+    const uint4& v = R.q[jj >> 1];
+    const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+    a0 = nvfp4_frag(X), a1 = nvfp4_frag(Y), a2 = nvfp4_frag(X >> 16), a3 = nvfp4_frag(Y >> 16);
   } else {
     nibble_frags(R.q, jj, a0, a1, a2, a3);
     if constexpr (D == DType::Q6_K_T16) {
@@ -239,13 +269,16 @@ __device__ __forceinline__ float4 swiglu4(const float4& g, const float4& u) {
   return make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
 }
 
-// A tile's scales before its groups: Q4_K's (d·sc, dmin·m) table into the warp's shared
-// memory (q4k_table), Q6_K's f16 d of rows g (dg) and g + 8 (dg8); Q8_0's are per group.
+// A tile's scales before its groups: Q4_K's (d·sc, dmin·m) and NVFP4's 16-group scales, tables
+// in the warp's shared memory (q4k_table, nvfp4_table), Q6_K's f16 d of rows g (dg) and g + 8
+// (dg8); Q8_0's and W4_G128's are per group (s8_scales).
 template <DType D>
 __device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_unused]] float2* tab,
                                             [[maybe_unused]] float& dg, [[maybe_unused]] float& dg8) {
   if constexpr (D == DType::Q4_K_T16) {
     q4k_table(R.h, lane, tab);
+  } else if constexpr (D == DType::NVFP4_B64_T16) {
+    nvfp4_table(R.h, lane, tab);
   } else if constexpr (D == DType::Q6_K_T16) {
     dg = h2f(uint16_t(R.d & 0xFFFFu));
     dg8 = h2f(uint16_t(R.d >> 16));
@@ -284,6 +317,14 @@ __device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __rest
       mma_u8s8_k16(cb, a2, a3, bf.y, zb, zb);  // and the second
       acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
       acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
+    } else if constexpr (D == DType::NVFP4_B64_T16) {
+      const int g = lane >> 2;
+      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+      int ca[4], cb[4];
+      mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
+      mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
+      acc0 = fmaf(m0.y * f.x, float(cb[0]), fmaf(m0.x * f.x, float(ca[0]), acc0));
+      acc1 = fmaf(m1.y * f.x, float(cb[2]), fmaf(m1.x * f.x, float(ca[2]), acc1));
     } else {
       float e0, e1;
       s8_scales(R, jj, e0, e1);

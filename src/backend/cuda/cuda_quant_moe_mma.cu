@@ -61,11 +61,11 @@ struct MoeArgs {
 int moe_block_warps(int wr) { return std::max(kMoeWarps, wr); }
 
 // Shared memory of a block of nw warps: `rows` quantized rows of K, `partials` floats of the
-// tiles' partial sums, (Q4_K) the warps' scale tables.
+// tiles' partial sums, (Q4_K, NVFP4) the warps' scale tables.
 template <DType D>
 size_t moe_smem(int K, int rows, size_t partials, int nw) {
   return size_t(rows) * (K / 32) * sizeof(ColGroup) + partials * sizeof(float) +
-         (D == DType::Q4_K_T16 ? size_t(nw) * 16 * kTabStride * sizeof(float2) : 0);
+         (table_tile(D) ? size_t(nw) * 16 * kTabStride * sizeof(float2) : 0);
 }
 
 // A tile's partial sums of rows g and g + 8 (each lane of a g holds them) into its 16 slots.
@@ -300,7 +300,7 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
                const SharedDown* sh, Tensor* rows, Tensor* sh_row) {
   const int64_t k = ids.empty() ? 0 : ids.cols(), P = T * k, kk = k + (sh != nullptr);
   const bool by_rows = out == nullptr;
-  if (c.exact_matmul || !gguf_tiled(gate_up) || !gguf_tiled(down) || T < 1 || kk < 1 || P > kMaxMoePairs ||
+  if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || T < 1 || kk < 1 || P > kMaxMoePairs ||
       D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 || E >= (int64_t(1) << 30) ||
       (k > 0 && (!x || x->dtype != DType::F32 || !aligned16(x->data) || x->rows() != T || x->cols() != D ||
                  ids.dtype != DType::I32 || ids.rows() != T)) ||
@@ -330,12 +330,12 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   if (by_rows) dn.rows = k > 0 ? rows->as<float>() : nullptr, dn.sh_row = sh ? sh_row->as<float>() : nullptr;
   if (k > 0) {
     const MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
-    with_gguf_tiled_dtype(gate_up, [&](auto dt) {
+    with_tiled_dtype(gate_up, [&](auto dt) {
       constexpr DType DT = decltype(dt)::value;
       launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, gu_partials, gu_nw));
     });
   }
-  with_gguf_tiled_dtype(down, [&](auto dt) {
+  with_tiled_dtype(down, [&](auto dt) {
     constexpr DType DT = decltype(dt)::value;
     launch_moe(c, moe_down_kernel<DT>, dn, unsigned(T), moe_smem<DT>(int(I), int(kk), dn_partials, dn_nw));
   });

@@ -1,9 +1,9 @@
 #pragma once
 // defines (file-local to each .cu that includes it): the byte layout of the device-tiled
-// quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16; the layout is described
+// quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16, NVFP4_B64_T16; the layout is described
 // in the header of cuda_quant_mma.cu) as named offsets, the runtime tiled dtype → compile-time
-// dispatch (with_tiled_dtype: every tiled type, the dense GEMM's; with_gguf_tiled_dtype: the
-// three GGUF ones, which the routed-expert kernels and the T > 64 GEMM take), and
+// dispatch (with_tiled_dtype: every tiled type; with_gguf_tiled_dtype: the three GGUF ones, which
+// the T > 64 GEMM of cuda_quant_gemm.cu takes), and
 // the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only
 // (cuda_quant_mma.cu, cuda_quant_gemm.cu).
 //
@@ -48,11 +48,25 @@ struct TileLayout<DType::W4_G128_T16> {
   static constexpr int kBytes = 2176;
   static constexpr int kHeaders = 2048;  // [row] {u16 s0, u16 s1, u8 z0, u8 z1, u8 kinds, 0}
 };
+// NVFP4_B64 (modelopt / compressed-tensors NVFP4): the e2m1 codes (2048 B) with each A register's
+// 4 weights in 16 contiguous bits, the low half of a word for rows g / g + 8 at k 4t.. (a0 / a1),
+// the high half at k 16 + 4t.. (a2 / a3), so a register's nibbles are prmt selectors as they
+// stand (nvfp4_frag); then per row and half h of the tile (k 128h ..): the 8 e4m3 scales of its
+// 16-weight groups and the f32 global scales of its two 64-weight blocks (16 bytes: one lane's load).
+template <>
+struct TileLayout<DType::NVFP4_B64_T16> {
+  static constexpr int kBytes = 2560;
+  static constexpr int kHeaders = 2048;  // [row][half] {8 × e4m3, f32 g, f32 g}
+};
 static_assert(TileLayout<DType::Q4_K_T16>::kBytes == 16 * 144 && TileLayout<DType::Q6_K_T16>::kBytes == 16 * 210 &&
-              TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34 && TileLayout<DType::W4_G128_T16>::kBytes == 32 * 68);
+              TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34 && TileLayout<DType::W4_G128_T16>::kBytes == 32 * 68 &&
+              TileLayout<DType::NVFP4_B64_T16>::kBytes == 64 * 40);
 
 // Q4_K and W4_G128 tiles hold their codes alike (4-bit, the same A-fragment order).
 __host__ __device__ constexpr bool nibble_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::W4_G128_T16; }
+// The tiles whose warp decodes per-(row, k32 group) float pairs into a shared-memory table once
+// (Q4_K's (d·sc, dmin·m), NVFP4's two 16-group scales).
+__host__ __device__ constexpr bool table_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::NVFP4_B64_T16; }
 
 template <typename F>
 bool with_gguf_tiled_dtype(DType t, F&& f) {
@@ -63,14 +77,13 @@ bool with_gguf_tiled_dtype(DType t, F&& f) {
     default: return false;
   }
 }
-inline bool gguf_tiled(DType t) { return with_gguf_tiled_dtype(t, [](auto) {}); }
 template <typename F>
 bool with_tiled_dtype(DType t, F&& f) {
-  if (t == DType::W4_G128_T16) {
-    f(std::integral_constant<DType, DType::W4_G128_T16>{});
-    return true;
+  switch (t) {
+    case DType::W4_G128_T16: f(std::integral_constant<DType, DType::W4_G128_T16>{}); return true;
+    case DType::NVFP4_B64_T16: f(std::integral_constant<DType, DType::NVFP4_B64_T16>{}); return true;
+    default: return with_gguf_tiled_dtype(t, f);
   }
-  return with_gguf_tiled_dtype(t, f);
 }
 
 // 16 bytes global → shared without registers (sm_80+), L2 only.
@@ -102,6 +115,31 @@ __device__ __forceinline__ float w4_scale(const uint2& h, int grp) {
   return (h.y >> (16 + grp)) & 1u ? __uint_as_float(s << 16) : h2f(uint16_t(s));
 }
 __device__ __forceinline__ uint32_t w4_zeros(const uint2& h, int grp) { return ((h.y >> (8 * grp)) & 255u) * 0x01010101u; }
+
+// NVFP4: 4 e2m1 codes as prmt selectors (nibble i: weight i's code, sign bit 3) → 4 s8 values
+// 2·e2m1 ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (exact). A selector nibble with bit 3 set replicates
+// the picked byte's sign, so p is the doubled magnitude for positive codes and 0 for negative
+// ones, m the magnitude for both, and 2p − m the signed value (per byte offset by 128: no byte
+// borrows from the next). −0 becomes 0.
+__device__ __forceinline__ uint32_t nvfp4_frag(uint32_t sel) {
+  constexpr uint32_t kLo = 0x03020100u, kHi = 0x0C080604u;  // 2·{0, 0.5, 1, 1.5 | 2, 3, 4, 6}
+  uint32_t p, m;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p) : "r"(kLo), "r"(kHi), "r"(sel));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m) : "r"(kLo), "r"(kHi), "r"(sel & 0x7777u));
+  return ((p + p + 0x80808080u) - m) ^ 0x80808080u;
+}
+// NVFP4: a row's half-tile header h (TileLayout) → the f32 scales e4m3(s) · g / 2 of its k32
+// groups 4·half + i (i < 4) as (first 16, second 16): the codes are 2·e2m1, so the halving is
+// exact, and each product rounds once.
+__device__ __forceinline__ void nvfp4_scales(const uint4& h, float2 (&out)[4]) {
+  const float g0 = __uint_as_float(h.z) * 128.0f, g1 = __uint_as_float(h.w) * 128.0f;  // · 256 (e4m3 · 2^-8) / 2
+  const float2 b02 = f16x2_to_f2(e4m3_to_f16x2(h.x << 8)), b13 = f16x2_to_f2(e4m3_to_f16x2(h.x));
+  const float2 b46 = f16x2_to_f2(e4m3_to_f16x2(h.y << 8)), b57 = f16x2_to_f2(e4m3_to_f16x2(h.y));
+  out[0] = make_float2(b02.x * g0, b13.x * g0);
+  out[1] = make_float2(b02.y * g0, b13.y * g0);
+  out[2] = make_float2(b46.x * g1, b57.x * g1);
+  out[3] = make_float2(b46.y * g1, b57.y * g1);
+}
 
 }  // namespace
 }  // namespace qwen36::cuda
