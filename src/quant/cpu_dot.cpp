@@ -23,7 +23,7 @@ DType dot_activation_type(DType weight) {
       return DType::Q8_K;
     case DType::I32: case DType::F8_E4M3: case DType::U8: case DType::I64: break;
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16: case DType::W4_G128_T16:
-    case DType::NVFP4_B64_T16:
+    case DType::NVFP4_B64_T16: case DType::W4_G32_T16:
       fail("{} is the CUDA backend's tiled weight layout: the CPU cannot read it", dtype_name(weight));
   }
   fail("no dot product for weights of type {}", dtype_name(weight));

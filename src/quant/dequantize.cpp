@@ -176,7 +176,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::I32: case DType::U8: case DType::I64:
       fail("dequantize_row: {} is not a float type", dtype_name(t));
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16: case DType::W4_G128_T16:
-    case DType::NVFP4_B64_T16:
+    case DType::NVFP4_B64_T16: case DType::W4_G32_T16:
       fail("dequantize_row: {} is the CUDA backend's tiled weight layout: the CPU cannot read it", dtype_name(t));
     case DType::W4_G32: case DType::W4_G128: case DType::F8_B128: case DType::NVFP4_B64:
       dequantize_hf_row(t, src, dst, n);

@@ -390,7 +390,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::I32: case DType::U8: case DType::I64:
       fail("quantize_row: {} is not a float type", dtype_name(t));
     case DType::Q4_K_T16: case DType::Q6_K_T16: case DType::Q8_0_T16: case DType::W4_G128_T16:
-    case DType::NVFP4_B64_T16:
+    case DType::NVFP4_B64_T16: case DType::W4_G32_T16:
       fail("quantize_row: {} is the CUDA backend's tiled weight layout (made on the device)", dtype_name(t));
     case DType::W4_G32: case DType::W4_G128: case DType::F8_B128: case DType::NVFP4_B64:
       fail("quantize_row: {} only comes from Hugging Face checkpoints (format/hf_quant.h)", dtype_name(t));

@@ -670,7 +670,8 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
                          Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2}, Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 8},
                          Case{{DType::W4_G128, DType::W4_G128}, 16, 2048, 512},
                          Case{{DType::NVFP4_B64, DType::NVFP4_B64}, 16, 2048, 512},
-                         Case{{DType::W4_G128, DType::NVFP4_B64}, 8, 1024, 512}}) {
+                         Case{{DType::W4_G128, DType::NVFP4_B64}, 8, 1024, 512},
+                         Case{{DType::W4_G32, DType::W4_G32}, 8, 1024, 512}}) {
     const int64_t k = cs.k;
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);

@@ -11,7 +11,7 @@
 //    rounded to bf16: 1.5e-2, as the bf16 GEMM tests. exact_matmul (f32 dequantization, f32
 //    GEMM, every T): 2e-5 — this checks the tiled dequantizer value by value.
 //  - Tiled vs the GGUF-layout decode GEMV (both int8 twins): 2e-5.
-//  - W4_G128 (AWQ / GPTQ group 128) and NVFP4 are tiled types too: the same bounds; their own
+//  - W4_G128 (AWQ / GPTQ group 128), W4_G32 and NVFP4 are tiled types too: the same bounds; their own
 //    layout's GEMV keeps f32 activations, so tiled vs untiled compare on int8-exact activations
 //    (2e-5). NVFP4's −0 codes dequantize to +0 (the product with x is the same).
 //  - SwiGLU: g and u within 2e-5 of their scale, the product within ~4e-5: 1e-4.
@@ -45,9 +45,9 @@ namespace {
 
 class CudaQuantMma : public CudaTest {};
 
-// W4_G128 (AWQ / GPTQ group 128) and NVFP4 tile too: their blocks come from random_hf
+// W4_G128 (AWQ / GPTQ group 128), W4_G32 and NVFP4 tile too: their blocks come from random_hf
 // (quant_test_util.h).
-const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128, DType::NVFP4_B64};
+const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128, DType::NVFP4_B64, DType::W4_G32};
 const DType kGgufTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 
 // A device copy of w in the tiled layout.
@@ -524,11 +524,11 @@ void same_with_and_without_tiling(Backend* gpu_, std::mt19937& rng_, const char*
 
 TEST_F(CudaQuantMma, ModelSameWithAndWithoutTiling) { same_with_and_without_tiling(gpu_.get(), rng_, "q4_k_m", false, 1e-3); }
 
-// AWQ (W4_G128) and NVFP4: untiled, the HF GEMV with f32 activations; tiled, int8 per 32.
+// AWQ (W4_G128), NVFP4 and W4_G32: untiled, the HF GEMV with f32 activations; tiled, int8 per 32.
 // Decode steps through 4 layers: within 2e-2 of the largest logit (int8 rounding of every
 // activation row: ~0.4% a product, compounding over the layers; AWQ measured 1.7e-2).
 TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
-  for (const char* type : {"awq", "nvfp4"}) same_with_and_without_tiling(gpu_.get(), rng_, type, true, 2e-2);
+  for (const char* type : {"awq", "nvfp4", "w4g32"}) same_with_and_without_tiling(gpu_.get(), rng_, type, true, 2e-2);
 }
 
 // The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,

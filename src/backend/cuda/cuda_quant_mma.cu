@@ -1,6 +1,6 @@
-// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K, Q8_0, W4_G128 (AWQ / GPTQ
-// group 128) and NVFP4 weights stored in the device's tiled layout (DTypes Q4_K_T16, Q6_K_T16,
-// Q8_0_T16, W4_G128_T16, NVFP4_B64_T16), T ≤ 64; the repacking of a GGUF or HF matrix into that layout
+// out[T, N] = x[T, K] · w[N, K]ᵀ on int8 tensor cores for Q4_K, Q6_K, Q8_0, W4_G128 / W4_G32
+// (AWQ / GPTQ / compressed-tensors int4) and NVFP4 weights stored in the device's tiled layout
+// (DTypes *_T16), T ≤ 64; the repacking of a GGUF or HF matrix into that layout
 // (quant_tile); the tiled → bf16 / f32 dequantization that feeds
 // cuBLAS for T > 64 and for exact_matmul; the routed MoE experts' dequantization for the MoE
 // prefill (quant_dequant_tiled_experts; their decode on the same tiles: cuda_quant_moe_mma.cu).
@@ -25,6 +25,9 @@
 //        16-bit scales, integer zeros and scale kinds (cuda_quant_tiles.cuh). Its A fragments
 //        are s8 code − zero (3 integer operations a word), so a group is one s8 MMA and one scale as
 //        Q8_0's: the products Σ (q − z) · x are exact, the scale applied in f32.
+//      W4_G32 (2560 B, the 128 blocks' bytes): the codes as Q4_K (a block's code bytes as they
+//        stand); per row and half tile the 4 groups' scales, zeros and kinds. Computed as Q4_K,
+//        (S, M) = (s, s · z) per (row, group) in the warp's table.
 //      NVFP4_B64 (2560 B, the 64 blocks' bytes): e2m1 codes arranged as prmt selectors, then per
 //        row and half tile 8 e4m3 16-group scales and 2 f32 global scales (cuda_quant_tiles.cuh).
 //        Its A fragments are s8 2·e2m1 (two prmt lookups and 4 integer operations a register);
@@ -188,6 +191,22 @@ __device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, 
     const uint8_t* b0 = src + size_t(16 * r + row) * rb + size_t(4 * s + 2 * half) * 40;
     if (f < 8) return b0[40 * (f >> 2) + 4 + (f & 3)];  // 16-group 8·half + f: block 2·half + f / 4
     return b0[40 * ((f - 8) >> 2) + ((f - 8) & 3)];     // the two blocks' f32 g
+  } else if constexpr (D == DType::W4_G32_T16) {
+    // Super-block s of a row is its blocks 8s .. 8s + 7 (20 bytes: u16 s, u8 z, u8 kind, 16 code
+    // bytes; element e < 16 in the low nibble of code byte e, e + 16 in its high one: the tile's
+    // code byte as it stands).
+    if (off < 2048) {
+      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1);
+      return src[size_t(row) * rb + size_t(8 * s + j) * 20 + 4 + 4 * t + b];
+    }
+    const int o = off - 2048, f = o & 15;
+    const uint8_t* b0 = src + size_t(16 * r + (o >> 5)) * rb + size_t(8 * s + 4 * ((o >> 4) & 1)) * 20;
+    if (f < 8) return b0[20 * (f >> 1) + (f & 1)];  // the 4 scales
+    if (f < 12) return b0[20 * (f - 8) + 2];        // the 4 zeros
+    if (f > 12) return 0;
+    uint8_t kinds = 0;
+    for (int q = 0; q < 4; ++q) kinds |= uint8_t((b0[20 * q + 3] & 1) << q);
+    return kinds;
   } else if constexpr (D == DType::W4_G128_T16) {
     // Super-block s of a row is its blocks 2s, 2s + 1 (68 bytes: u16 s, u8 z, u8 kind, 64 code
     // bytes; element e < 64 in the low nibble of code byte e, e ≥ 64 in the high one of e − 64).
@@ -254,6 +273,7 @@ __global__ void repack_batch_kernel(const RepackJobs jobs) {
     case DType::Q8_0_T16: return repack_job<DType::Q8_0_T16>(j);
     case DType::W4_G128_T16: return repack_job<DType::W4_G128_T16>(j);
     case DType::NVFP4_B64_T16: return repack_job<DType::NVFP4_B64_T16>(j);
+    case DType::W4_G32_T16: return repack_job<DType::W4_G32_T16>(j);
     default: return;
   }
 }
@@ -307,16 +327,28 @@ __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O
           store4(row + 32 * jj + 16, q(hv, 0, sb), q(hv, 1, sb), q(hv, 2, sb), q(hv, 3, sb));
         }
       }
-    } else if constexpr (D == DType::W4_G128_T16) {
+    } else if constexpr (D == DType::W4_G128_T16 || D == DType::W4_G32_T16) {
       using L = TileLayout<D>;
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const uint2 h = __ldg(reinterpret_cast<const uint2*>(tile + L::kHeaders) + g + 8 * hi);
+        [[maybe_unused]] uint2 h;
+        [[maybe_unused]] uint4 hh[2];
+        if constexpr (D == DType::W4_G128_T16) {
+          h = __ldg(reinterpret_cast<const uint2*>(tile + L::kHeaders) + g + 8 * hi);
+        } else {
+          const uint4* hp = reinterpret_cast<const uint4*>(tile + L::kHeaders) + 2 * (g + 8 * hi);
+          hh[0] = __ldg(hp), hh[1] = __ldg(hp + 1);
+        }
         O* row = out + size_t(g + 8 * hi) * ld + 4 * t;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
-          const float sc = w4_scale(h, jj >> 2);
-          const int z = int((h.y >> (8 * (jj >> 2))) & 255u);
+          float sc;
+          int z;
+          if constexpr (D == DType::W4_G128_T16) {
+            sc = w4_scale(h, jj >> 2), z = int((h.y >> (8 * (jj >> 2))) & 255u);
+          } else {
+            sc = w4g32_scale(hh[jj >> 2], jj & 3), z = w4g32_zero(hh[jj >> 2], jj & 3);
+          }
           const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi);
           // scale · float(q − z), as quant/hf_blocks.cpp: one rounding
           auto q = [&](int sh) { return sc * float(int((x >> sh) & 15u) - z); };
@@ -733,7 +765,7 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
     for (int jj = 0; jj < 8; ++jj) {
       uint32_t a0, a1, a2, a3;
       a_frags(R, jj, a0, a1, a2, a3);
-      if constexpr (D == DType::Q4_K_T16) {
+      if constexpr (min_tile(D)) {
         const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -1155,6 +1187,7 @@ DType quant_tiled_type(DType t) {
     case DType::Q8_0: return DType::Q8_0_T16;
     case DType::W4_G128: return DType::W4_G128_T16;
     case DType::NVFP4_B64: return DType::NVFP4_B64_T16;
+    case DType::W4_G32: return DType::W4_G32_T16;
     default: return DType::F32;
   }
 }

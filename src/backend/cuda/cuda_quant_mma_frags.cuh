@@ -77,6 +77,10 @@ struct Raw<DType::NVFP4_B64_T16> {
   uint4 q[4], h;  // h: the half-tile header of row lane % 16, half lane / 16
 };
 template <>
+struct Raw<DType::W4_G32_T16> {
+  uint4 q[4], h;  // as NVFP4's
+};
+template <>
 struct Raw<DType::W4_G128_T16> {
   uint4 q[4];
   uint2 h0, h1;  // the headers of rows g and g + 8
@@ -101,7 +105,7 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     R.h = ld4(tile + 2048 + 16 * (lane & 15));
-  } else if constexpr (D == DType::NVFP4_B64_T16) {
+  } else if constexpr (D == DType::NVFP4_B64_T16 || D == DType::W4_G32_T16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     R.h = ld4(tile + 2048 + 32 * (lane & 15) + 16 * (lane >> 4));
@@ -151,6 +155,22 @@ __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab)
                        dmin * float((m4 >> 8) & 255u));
   dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
                        dmin * float(m4 >> 24));
+  __syncwarp();
+}
+
+// W4_G32: the tile's (S, M) = (s, s · z) of row lane % 16, groups 4·(lane / 16) .. + 3, into the
+// warp's table as q4k_table (s · z is exact in f32: 11 significant bits times at most 16).
+__device__ __forceinline__ void w4g32_table(const uint4& h, int lane, float2* tab) {
+  float2 sm[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float s = w4g32_scale(h, i);
+    sm[i] = make_float2(s, s * float(w4g32_zero(h, i)));
+  }
+  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
+  __syncwarp();  // the previous tile's readers are done
+  dst[0] = make_float4(sm[0].x, sm[0].y, sm[1].x, sm[1].y);
+  dst[1] = make_float4(sm[2].x, sm[2].y, sm[3].x, sm[3].y);
   __syncwarp();
 }
 
@@ -269,14 +289,16 @@ __device__ __forceinline__ float4 swiglu4(const float4& g, const float4& u) {
   return make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
 }
 
-// A tile's scales before its groups: Q4_K's (d·sc, dmin·m) and NVFP4's 16-group scales, tables
-// in the warp's shared memory (q4k_table, nvfp4_table), Q6_K's f16 d of rows g (dg) and g + 8
+// A tile's scales before its groups: Q4_K's (d·sc, dmin·m), W4_G32's (s, s·z) and NVFP4's
+// 16-group scales, tables in the warp's shared memory (q4k_table, w4g32_table, nvfp4_table), Q6_K's f16 d of rows g (dg) and g + 8
 // (dg8); Q8_0's and W4_G128's are per group (s8_scales).
 template <DType D>
 __device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_unused]] float2* tab,
                                             [[maybe_unused]] float& dg, [[maybe_unused]] float& dg8) {
   if constexpr (D == DType::Q4_K_T16) {
     q4k_table(R.h, lane, tab);
+  } else if constexpr (D == DType::W4_G32_T16) {
+    w4g32_table(R.h, lane, tab);
   } else if constexpr (D == DType::NVFP4_B64_T16) {
     nvfp4_table(R.h, lane, tab);
   } else if constexpr (D == DType::Q6_K_T16) {
@@ -301,7 +323,7 @@ __device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __rest
     a_frags(R, jj, a0, a1, a2, a3);
     const uint2 bf = xg[jj].b[t];
     const float4 f = xg[jj].s;
-    if constexpr (D == DType::Q4_K_T16) {
+    if constexpr (min_tile(D)) {
       const int g = lane >> 2;
       const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
       int c[4];

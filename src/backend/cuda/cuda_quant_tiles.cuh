@@ -1,11 +1,11 @@
 #pragma once
 // defines (file-local to each .cu that includes it): the byte layout of the device-tiled
-// quantized matrices (DTypes Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16, NVFP4_B64_T16; the layout is described
-// in the header of cuda_quant_mma.cu) as named offsets, the runtime tiled dtype → compile-time
-// dispatch (with_tiled_dtype: every tiled type; with_gguf_tiled_dtype: the three GGUF ones, which
-// the T > 64 GEMM of cuda_quant_gemm.cu takes), and
-// the cp.async helpers of kernels that stream tiles through shared memory. Included by .cu only
-// (cuda_quant_mma.cu, cuda_quant_gemm.cu).
+// quantized matrices (DTypes *_T16; the layout is described in the header of cuda_quant_mma.cu)
+// as named offsets, the runtime tiled dtype → compile-time dispatch (with_tiled_dtype: every
+// tiled type; with_gguf_tiled_dtype: the three GGUF ones, which the T > 64 GEMM of
+// cuda_quant_gemm.cu takes), the per-type header decoders, and the cp.async helpers of kernels
+// that stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu,
+// cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
 //
 // q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table and dequant_tile compute
 // for a tile's (d·sc, dmin·m); the tile byte offsets name the literals of its tile_byte,
@@ -48,6 +48,16 @@ struct TileLayout<DType::W4_G128_T16> {
   static constexpr int kBytes = 2176;
   static constexpr int kHeaders = 2048;  // [row] {u16 s0, u16 s1, u8 z0, u8 z1, u8 kinds, 0}
 };
+// W4_G32 (GPTQ / compressed-tensors int4 in groups of 32 or 64): the codes as Q4_K's (a block's 16
+// code bytes are the tile's bytes as they stand); then per row and half h of the tile (groups
+// 4h .. 4h + 3) 16 bytes: the 4 groups' 16-bit scales, their integer zeros, their scale kinds
+// (bit i: group 4h + i's scale is bf16, else f16) and 3 zero bytes. Computed as Q4_K: per
+// (row, group) (S, M) = (s, s · z) in the warp's table, w = S · q − M.
+template <>
+struct TileLayout<DType::W4_G32_T16> {
+  static constexpr int kBytes = 2560;
+  static constexpr int kHeaders = 2048;  // [row][half] {4 × u16 s, 4 × u8 z, u8 kinds, 0, 0, 0}
+};
 // NVFP4_B64 (modelopt / compressed-tensors NVFP4): the e2m1 codes (2048 B) with each A register's
 // 4 weights in 16 contiguous bits, the low half of a word for rows g / g + 8 at k 4t.. (a0 / a1),
 // the high half at k 16 + 4t.. (a2 / a3), so a register's nibbles are prmt selectors as they
@@ -60,13 +70,17 @@ struct TileLayout<DType::NVFP4_B64_T16> {
 };
 static_assert(TileLayout<DType::Q4_K_T16>::kBytes == 16 * 144 && TileLayout<DType::Q6_K_T16>::kBytes == 16 * 210 &&
               TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34 && TileLayout<DType::W4_G128_T16>::kBytes == 32 * 68 &&
-              TileLayout<DType::NVFP4_B64_T16>::kBytes == 64 * 40);
+              TileLayout<DType::NVFP4_B64_T16>::kBytes == 64 * 40 && TileLayout<DType::W4_G32_T16>::kBytes == 128 * 20);
 
-// Q4_K and W4_G128 tiles hold their codes alike (4-bit, the same A-fragment order).
-__host__ __device__ constexpr bool nibble_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::W4_G128_T16; }
+// Q4_K, W4_G128 and W4_G32 tiles hold their codes alike (4-bit, the same A-fragment order).
+__host__ __device__ constexpr bool nibble_tile(DType t) {
+  return t == DType::Q4_K_T16 || t == DType::W4_G128_T16 || t == DType::W4_G32_T16;
+}
+// The tiles computed as Q4_K: u8 codes, a scale and a min per (row, k32 group), w = S · q − M.
+__host__ __device__ constexpr bool min_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::W4_G32_T16; }
 // The tiles whose warp decodes per-(row, k32 group) float pairs into a shared-memory table once
-// (Q4_K's (d·sc, dmin·m), NVFP4's two 16-group scales).
-__host__ __device__ constexpr bool table_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::NVFP4_B64_T16; }
+// (the (S, M) of min_tile types, NVFP4's two 16-group scales).
+__host__ __device__ constexpr bool table_tile(DType t) { return min_tile(t) || t == DType::NVFP4_B64_T16; }
 
 template <typename F>
 bool with_gguf_tiled_dtype(DType t, F&& f) {
@@ -82,6 +96,7 @@ bool with_tiled_dtype(DType t, F&& f) {
   switch (t) {
     case DType::W4_G128_T16: f(std::integral_constant<DType, DType::W4_G128_T16>{}); return true;
     case DType::NVFP4_B64_T16: f(std::integral_constant<DType, DType::NVFP4_B64_T16>{}); return true;
+    case DType::W4_G32_T16: f(std::integral_constant<DType, DType::W4_G32_T16>{}); return true;
     default: return with_gguf_tiled_dtype(t, f);
   }
 }
@@ -115,6 +130,12 @@ __device__ __forceinline__ float w4_scale(const uint2& h, int grp) {
   return (h.y >> (16 + grp)) & 1u ? __uint_as_float(s << 16) : h2f(uint16_t(s));
 }
 __device__ __forceinline__ uint32_t w4_zeros(const uint2& h, int grp) { return ((h.y >> (8 * grp)) & 255u) * 0x01010101u; }
+// W4_G32: a row's half-tile header h (TileLayout) → group i's (i < 4) scale as f32 and zero.
+__device__ __forceinline__ float w4g32_scale(const uint4& h, int i) {
+  const uint32_t s = ((i < 2 ? h.x : h.y) >> (16 * (i & 1))) & 0xFFFFu;
+  return (h.w >> i) & 1u ? __uint_as_float(s << 16) : h2f(uint16_t(s));
+}
+__device__ __forceinline__ int w4g32_zero(const uint4& h, int i) { return int((h.z >> (8 * i)) & 255u); }
 
 // NVFP4: 4 e2m1 codes as prmt selectors (nibble i: weight i's code, sign bit 3) → 4 s8 values
 // 2·e2m1 ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (exact). A selector nibble with bit 3 set replicates
