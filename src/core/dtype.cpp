@@ -24,11 +24,10 @@ constexpr DTypeInfo kInfo[] = {
     {"u8", 1, 1},       {"i64", 8, 1},
     {"w4_g32", 20, 32}, {"w4_g128", 68, 128}, {"f8_b128", 132, 128}, {"nvfp4_b64", 40, 64},
     {"q4_k_t16", 144, 256}, {"q6_k_t16", 210, 256}, {"q8_0_t16", 34, 32},
-    {"w4_g128_t16", 68, 128}, {"nvfp4_b64_t16", 40, 64},
-    {"w4_g32_t16", 20, 32},
+    {"w4_g128_t16", 68, 128}, {"nvfp4_b64_t16", 40, 64}, {"w4_g32_t16", 20, 32},
 };
 // One row per DType, in enum order (a type added to dtype.h needs its row here).
-static_assert(std::size(kInfo) == size_t(DType::W4_G32_T16) + 1);
+static_assert(std::size(kInfo) == size_t(kLastDType) + 1);
 const DTypeInfo& info(DType t) { return kInfo[static_cast<size_t>(t)]; }
 }  // namespace
 

@@ -40,10 +40,11 @@ enum class DType : uint8_t {
   W4_G128,
   F8_B128,
   NVFP4_B64,
-  // The CUDA backend's tiled layouts of Q4_K, Q6_K, Q8_0, W4_G128, W4_G32 and NVFP4 matrices (16-row tiles of
-  // 256 weights for its tensor-core GEMM, backend/cuda/cuda_quant_mma.cu): the same bytes per
-  // block as the source type, so sizes are unchanged, but rows are not stored one after another.
-  // Only the CUDA backend makes and reads them; everything else rejects them.
+  // The CUDA backend's tiled layouts of Q4_K, Q6_K, Q8_0, W4_G128, NVFP4 and W4_G32 matrices
+  // (16-row tiles of 256 weights for its tensor-core GEMM, backend/cuda/cuda_quant_mma.cu): the
+  // same bytes per block as the source type, so sizes are unchanged, but rows are not stored one
+  // after another. Only the CUDA backend makes and reads them; everything else rejects them.
+  // They are the enum's last entries (dtype_is_tiled).
   Q4_K_T16,
   Q6_K_T16,
   Q8_0_T16,
@@ -51,6 +52,7 @@ enum class DType : uint8_t {
   NVFP4_B64_T16,
   W4_G32_T16,
 };
+inline constexpr DType kLastDType = DType::W4_G32_T16;
 
 std::string_view dtype_name(DType t);
 // Bytes per block and elements per block (1 for plain types).
@@ -59,12 +61,8 @@ int64_t dtype_block_elems(DType t);
 // Bytes needed for n elements (n must be a multiple of the block size).
 size_t dtype_row_bytes(DType t, int64_t n);
 inline bool dtype_is_quantized(DType t) { return dtype_block_elems(t) > 1; }
-// A device-tiled layout (Q4_K_T16, Q6_K_T16, Q8_0_T16, W4_G128_T16, NVFP4_B64_T16, W4_G32_T16):
-// rows cannot be read on their own.
-inline bool dtype_is_tiled(DType t) {
-  return t == DType::Q4_K_T16 || t == DType::Q6_K_T16 || t == DType::Q8_0_T16 || t == DType::W4_G128_T16 ||
-         t == DType::NVFP4_B64_T16 || t == DType::W4_G32_T16;
-}
+// A device-tiled layout (Q4_K_T16 .. kLastDType): rows cannot be read on their own.
+inline bool dtype_is_tiled(DType t) { return t >= DType::Q4_K_T16 && t <= kLastDType; }
 
 // bf16: the top 16 bits of an IEEE f32. Conversion rounds to nearest even; NaN stays NaN.
 inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }

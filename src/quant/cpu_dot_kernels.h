@@ -32,7 +32,7 @@ struct DotTable {
       if (k.fn) fn[int(k.type)] = k.fn, name[int(k.type)] = isa;
   }
 };
-static_assert(int(DType::W4_G32_T16) < DotTable::kTypes);
+static_assert(int(kLastDType) < DotTable::kTypes);
 
 // The widest kernel set to use: what the CPU has, capped by QWEN36_CPU_ISA=scalar|avx2 (read
 // once; benchmarks, and ruling out a SIMD bug).

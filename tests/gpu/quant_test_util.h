@@ -2,9 +2,8 @@
 // defines: helpers shared by the quantized-weight GPU tests (test_cuda_quant.cpp,
 //          test_cuda_quant_mma.cpp, test_cuda_quant_hf.cpp): random quantized rows and HF
 //          blocks, int8-exact and int8-rounded activations (the decode kernels' CPU twin), the
-//          double-precision reference product,
-//          a per-call timer, the worst relative error with its position, and the fused MLP
-//          prefill's check.
+//          double-precision reference product, a per-call timer, the worst relative error with
+//          its position, and the fused MLP prefill's check.
 
 #include <algorithm>
 #include <chrono>
@@ -21,9 +20,9 @@
 
 namespace qwen36::gputest {
 
-// N x K random blocks of an HF type with every field in its valid range: W4 codes and zeros
-// 0..16 (GPTQ v1's effective zero reaches 16) with f16 or bf16 scales in [0.01, 0.1]; e4m3 codes without NaN and block scales in
-// [0.005, 0.05]; NVFP4 codes, e4m3 group scales in [2^-3, 2^2] and a global scale in [0.005, 0.05].
+// N x K random blocks of an HF type with every field in its valid range: W4 codes 0..15 and
+// zeros 0..16 (GPTQ v1's effective zero reaches 16) with f16 or bf16 scales in [0.01, 0.1]; e4m3
+// codes without NaN and block scales in [0.005, 0.05]; NVFP4 codes, e4m3 group scales in [2^-3, 2^2] and a global scale in [0.005, 0.05].
 inline HostT random_hf(std::mt19937& rng, DType t, int64_t N, int64_t K) {
   HostT h(t, {N, K});
   std::uniform_int_distribution<int> byte(0, 255), zero(0, 16), bit(0, 1);

@@ -41,8 +41,8 @@ ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dt
 // quantizable matrix in that type), or a Hugging Face checkpoint type ("awq" = "w4g128", "w4g32",
 // "nvfp4", "fp8": the Linear layers such checkpoints quantize, the rest bf16).
 ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed);
-// Repacks a Q4_K / Q6_K / Q8_0 / W4_G128 matrix in device memory (N % 16 == 0, K % 256 == 0)
-// into the CUDA backend's tiled layout (dtype becomes Q4_K_T16 / ... / W4_G128_T16), in place and
+// Repacks a Q4_K / Q6_K / Q8_0 / W4_G128 / W4_G32 / NVFP4 matrix in device memory (N % 16 == 0,
+// K % 256 == 0) into the CUDA backend's tiled layout (dtype becomes its *_T16), in place and
 // synchronously; false when the type or shape does not qualify. prepare_weights does this for
 // a model's projections unless QWEN36_NO_TILE=1 (=experts: all but the routed experts, =dense:
 // only them) (backend/cuda/cuda_quant_mma.cu).

@@ -349,16 +349,17 @@ bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, 
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
 bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
-// Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 / W4_G128 matrices with N % 16 == 0 and
-// K % 256 == 0 repacked on the device into 16-row tiles for the int8 tensor-core GEMM.
-// quant_tiled_type: the tiled DType of a GGUF or W4_G128 type (F32: none). quant_tile: repacks w in place
+// Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 / W4_G128 / W4_G32 / NVFP4
+// matrices with N % 16 == 0 and K % 256 == 0 repacked on the device into 16-row tiles for the
+// int8 tensor-core GEMM. quant_tiled_type: the tiled DType of such a type (F32: none).
+// quant_tile: repacks w in place
 // (w.dtype becomes the tiled type); false when w does not qualify. quant_tiled_matmul: outs[i]
 // = x · ws[i]ᵀ for tiled ws of one width K (T ≤ 64: the tensor-core GEMM, activations quantized
 // once for all; T > 64 or exact_matmul: dequantized slices and cuBLAS).
 DType quant_tiled_type(DType t);
 bool quant_tile_ok(const Tensor& w);
 bool quant_tile(Ctx&, Tensor& w);
-// ws[i] (GGUF, device) repacked into dsts[i] (ws[i].nbytes(), 16-byte aligned, not overlapping
+// ws[i] (a tileable type, device) repacked into dsts[i] (ws[i].nbytes(), 16-byte aligned, not overlapping
 // any w), up to 32 matrices a launch: tiled[i] the tiled view of dsts[i]; false (nothing done)
 // when one of them does not tile.
 bool quant_tile_into(Ctx&, std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled);

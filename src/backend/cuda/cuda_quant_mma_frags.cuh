@@ -187,7 +187,7 @@ __device__ __forceinline__ void nvfp4_table(const uint4& h, int lane, float2* ta
 }
 
 // The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q4_K, Q6_K,
-// W4_G128: word X of rows g, Y of rows g + 8; low nibbles k 4t.., high nibbles k 16 + 4t..).
+// W4_G128, W4_G32: word X of rows g, Y of rows g + 8; low nibbles k 4t.., high nibbles k 16 + 4t..).
 __device__ __forceinline__ void nibble_frags(const uint4 (&q)[4], int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
                                              uint32_t& a3) {
   const uint4& v = q[jj >> 1];
@@ -290,8 +290,8 @@ __device__ __forceinline__ float4 swiglu4(const float4& g, const float4& u) {
 }
 
 // A tile's scales before its groups: Q4_K's (d·sc, dmin·m), W4_G32's (s, s·z) and NVFP4's
-// 16-group scales, tables in the warp's shared memory (q4k_table, w4g32_table, nvfp4_table), Q6_K's f16 d of rows g (dg) and g + 8
-// (dg8); Q8_0's and W4_G128's are per group (s8_scales).
+// 16-group scales, tables in the warp's shared memory (q4k_table, w4g32_table, nvfp4_table),
+// Q6_K's f16 d of rows g (dg) and g + 8 (dg8); Q8_0's and W4_G128's are per group (s8_scales).
 template <DType D>
 __device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_unused]] float2* tab,
                                             [[maybe_unused]] float& dg, [[maybe_unused]] float& dg8) {
