@@ -1227,10 +1227,10 @@ bool quant_tile_into(Ctx& c, std::span<const Tensor> ws, std::span<void* const> 
   if (ws.size() != dsts.size() || ws.size() != tiled.size()) return false;
   for (size_t i = 0; i < ws.size(); ++i)
     if (!quant_tile_ok(ws[i]) || !aligned16(dsts[i])) return false;
-  size_t most = 0;
   for (size_t i0 = 0; i0 < ws.size(); i0 += kMaxRepackJobs) {
     RepackJobs jobs{};
     const size_t n = std::min<size_t>(kMaxRepackJobs, ws.size() - i0);
+    size_t most = 0;  // this launch's largest matrix sizes its grid (not an earlier batch's)
     for (size_t i = 0; i < n; ++i) {
       const Tensor& w = ws[i0 + i];
       jobs.j[i] = {static_cast<const uint8_t*>(w.data), static_cast<uint8_t*>(dsts[i0 + i]), w.row_bytes(), w.nbytes(),
