@@ -142,24 +142,32 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
   }
 }
 
-// Q4_K: the tile's (S, M) = (d·sc, dmin·m) of row lane % 16, groups 4·(lane / 16) .. + 3, into
-// the warp's table (16 rows × kTabStride), which every lane then reads by row and group.
+// A lane's 4 float pairs (row lane % 16, k32 groups 4·(lane / 16) .. + 3) into the warp's table
+// (16 rows × kTabStride), which every lane then reads by row and group: the per-tile scale
+// tables of q4k_table, w4g32_table and nvfp4_table.
+__device__ __forceinline__ void store_table(const float2 (&v)[4], int lane, float2* tab) {
+  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
+  __syncwarp();  // the previous tile's readers are done
+  dst[0] = make_float4(v[0].x, v[0].y, v[1].x, v[1].y);
+  dst[1] = make_float4(v[2].x, v[2].y, v[3].x, v[3].y);
+  __syncwarp();
+}
+
+// Q4_K: the tile's (S, M) = (d·sc, dmin·m).
 __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
   const bool up = lane >= 16;
   const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
   const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
   const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
-  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
-  __syncwarp();  // the previous tile's readers are done
-  dst[0] = make_float4(d * float(sc4 & 255u), dmin * float(m4 & 255u), d * float((sc4 >> 8) & 255u),
-                       dmin * float((m4 >> 8) & 255u));
-  dst[1] = make_float4(d * float((sc4 >> 16) & 255u), dmin * float((m4 >> 16) & 255u), d * float(sc4 >> 24),
-                       dmin * float(m4 >> 24));
-  __syncwarp();
+  float2 sm[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    sm[i] = make_float2(d * float((sc4 >> (8 * i)) & 255u), dmin * float((m4 >> (8 * i)) & 255u));
+  store_table(sm, lane, tab);
 }
 
-// W4_G32: the tile's (S, M) = (s, s · z) of row lane % 16, groups 4·(lane / 16) .. + 3, into the
-// warp's table as q4k_table (s · z is exact in f32: 11 significant bits times at most 16).
+// W4_G32: the tile's (S, M) = (s, s · z) (s · z is exact in f32: 11 significant bits times at
+// most 16).
 __device__ __forceinline__ void w4g32_table(const uint4& h, int lane, float2* tab) {
   float2 sm[4];
 #pragma unroll
@@ -167,23 +175,14 @@ __device__ __forceinline__ void w4g32_table(const uint4& h, int lane, float2* ta
     const float s = w4g32_scale(h, i);
     sm[i] = make_float2(s, s * float(w4g32_zero(h, i)));
   }
-  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
-  __syncwarp();  // the previous tile's readers are done
-  dst[0] = make_float4(sm[0].x, sm[0].y, sm[1].x, sm[1].y);
-  dst[1] = make_float4(sm[2].x, sm[2].y, sm[3].x, sm[3].y);
-  __syncwarp();
+  store_table(sm, lane, tab);
 }
 
-// NVFP4: the tile's two 16-group scales per k32 group (nvfp4_scales) of row lane % 16, groups
-// 4·(lane / 16) .. + 3, into the warp's table as q4k_table.
+// NVFP4: the tile's two 16-group scales per k32 group (nvfp4_scales).
 __device__ __forceinline__ void nvfp4_table(const uint4& h, int lane, float2* tab) {
   float2 s[4];
   nvfp4_scales(h, s);
-  float4* dst = reinterpret_cast<float4*>(tab + (lane & 15) * kTabStride + 4 * (lane >> 4));
-  __syncwarp();  // the previous tile's readers are done
-  dst[0] = make_float4(s[0].x, s[0].y, s[1].x, s[1].y);
-  dst[1] = make_float4(s[2].x, s[2].y, s[3].x, s[3].y);
-  __syncwarp();
+  store_table(s, lane, tab);
 }
 
 // The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q4_K, Q6_K,
