@@ -64,9 +64,10 @@
 //    Q4_K's warp decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a
 //    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
 //    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T = 1
-//    (instantiation ONE) the warp runs tile_row (cuda_quant_mma_frags.cuh, the routed experts'
-//    form) against the staged row instead. QWEN36_MMA_VERBOSE=1 prints each launch shape once
-//    (stderr).
+//    (instantiation ONE) the warp runs tile_cols against the staged row instead: the tile's 8
+//    groups in the 8 MMA columns of one accumulator, each lane scaling 2 groups of 2 rows
+//    (the routed experts keep tile_row, whose per-tile order their host twin reproduces).
+//    QWEN36_MMA_VERBOSE=1 prints each launch shape once (stderr).
 //  - T = 1: the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
 //    ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
 //    ranges; the pieces of a row-tile split between warps meet in shared memory after a block
@@ -623,6 +624,83 @@ __host__ __device__ constexpr int warp_smem() {
   return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
+// T = 1: one tile against the staged row (xg: its 8 groups) with the groups in the 8 MMA
+// columns. tile_row gives every MMA column the same row, so the 4 lanes of a g repeat each
+// other's epilogue, 8 groups × 2 rows each, with 4 shared-memory reads a group. Here B's column
+// jj holds group jj (lanes g == jj give their fragment of it, the others zeros), so one
+// accumulator collects all 8 groups' integer products, each in its own column: lane (g, t)
+// ends with groups 2t, 2t + 1 of rows g (c0, c1) and g + 8 (c2, c3) and scales just those, each
+// group's term as tile_row's (the same integers, the same f32 operations). acc0 / acc1: the
+// lane's partial sums of rows g / g + 8 over its groups; finish adds the 4 lanes of a g at the
+// row-tile's end.
+template <DType D>
+__device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
+                                          [[maybe_unused]] float2* tab, const uint32_t (&mask)[8], float& acc0,
+                                          float& acc1) {
+  const int g = lane >> 2, t = lane & 3;
+  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+  tile_scales(R, lane, tab, dg, dg8);
+  const uint2 mine = xg[g].b[t];
+  const float4 fa = xg[2 * t].s, fb = xg[2 * t + 1].s;  // the lane's two groups' {d, d·Σq, offsets}
+  constexpr bool kPair = D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16;  // two k16 MMAs a group
+  constexpr bool kU8 = D == DType::Q4_K_T16 || D == DType::Q6_K_T16 || D == DType::W4_G32_T16;
+  int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t a0, a1, a2, a3;
+    a_frags(R, jj, a0, a1, a2, a3);
+    const uint32_t bx = mine.x & mask[jj], by = mine.y & mask[jj];
+    if constexpr (kPair) {
+      mma_k16_acc<kU8>(ca, a0, a1, bx);  // the first 16 of each group
+      mma_k16_acc<kU8>(cb, a2, a3, by);  // and the second
+    } else {
+      mma_k32_acc<kU8>(ca, a0, a1, a2, a3, bx, by);
+    }
+  }
+  if constexpr (table_tile(D)) {
+    const float4 m0 = *reinterpret_cast<const float4*>(tab + g * kTabStride + 2 * t);
+    const float4 m1 = *reinterpret_cast<const float4*>(tab + (g + 8) * kTabStride + 2 * t);
+    if constexpr (min_tile(D)) {  // (S, M) of groups 2t (x, y) and 2t + 1 (z, w)
+      acc0 = fmaf(m0.x, fa.x * float(ca[0]), fmaf(-m0.y, fa.y, acc0));
+      acc0 = fmaf(m0.z, fb.x * float(ca[1]), fmaf(-m0.w, fb.y, acc0));
+      acc1 = fmaf(m1.x, fa.x * float(ca[2]), fmaf(-m1.y, fa.y, acc1));
+      acc1 = fmaf(m1.z, fb.x * float(ca[3]), fmaf(-m1.w, fb.y, acc1));
+    } else {  // NVFP4: the two 16-groups' scales of groups 2t (x, y) and 2t + 1 (z, w)
+      acc0 = fmaf(m0.y * fa.x, float(cb[0]), fmaf(m0.x * fa.x, float(ca[0]), acc0));
+      acc0 = fmaf(m0.w * fb.x, float(cb[1]), fmaf(m0.z * fb.x, float(ca[1]), acc0));
+      acc1 = fmaf(m1.y * fa.x, float(cb[2]), fmaf(m1.x * fa.x, float(ca[2]), acc1));
+      acc1 = fmaf(m1.w * fb.x, float(cb[3]), fmaf(m1.z * fb.x, float(ca[3]), acc1));
+    }
+  } else if constexpr (D == DType::Q6_K_T16) {
+    // int8 scales of the 16-halves of groups 2t, 2t + 1 (bytes 4t .. 4t + 3 of the row's 16);
+    // the offsets −32·Σq per half (tile_row's MMA C input) added to the integer sums here.
+    const uint32_t w0 = pick(R.sc0, t), w1 = pick(R.sc1, t);
+    const int za = __float_as_int(fa.z), zb = __float_as_int(fa.w), zc = __float_as_int(fb.z),
+              zd = __float_as_int(fb.w);
+    auto v = [&](uint32_t w, int a, int b, int sh) {  // sa·(a + offset) + sb·(b + offset) of one group
+      return sext8(w >> sh) * (a + (sh ? zc : za)) + sext8(w >> (sh + 8)) * (b + (sh ? zd : zb));
+    };
+    acc0 = fmaf(dg * fa.x, float(v(w0, ca[0], cb[0], 0)), acc0);
+    acc0 = fmaf(dg * fb.x, float(v(w0, ca[1], cb[1], 16)), acc0);
+    acc1 = fmaf(dg8 * fa.x, float(v(w1, ca[2], cb[2], 0)), acc1);
+    acc1 = fmaf(dg8 * fb.x, float(v(w1, ca[3], cb[3], 16)), acc1);
+  } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128 (groups 2t, 2t + 1 share it)
+    float e0a, e0b, e1a, e1b;
+    if constexpr (D == DType::Q8_0_T16) {
+      const uint32_t d0 = pick(R.d0, t), d1 = pick(R.d1, t);
+      e0a = h2f(uint16_t(d0 & 0xFFFFu)), e0b = h2f(uint16_t(d0 >> 16));
+      e1a = h2f(uint16_t(d1 & 0xFFFFu)), e1b = h2f(uint16_t(d1 >> 16));
+    } else {
+      e0a = e0b = w4_scale(R.h0, t >> 1);
+      e1a = e1b = w4_scale(R.h1, t >> 1);
+    }
+    acc0 = fmaf(e0a * fa.x, float(ca[0]), acc0);
+    acc0 = fmaf(e0b * fb.x, float(ca[1]), acc0);
+    acc1 = fmaf(e1a * fa.x, float(ca[2]), acc1);
+    acc1 = fmaf(e1b * fb.x, float(ca[3]), acc1);
+  }
+}
+
 // Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
 // the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
 // (ONE) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
@@ -634,7 +712,7 @@ constexpr int min_blocks(int NT, bool ONE) { return ONE ? 1 : NT <= 2 ? 2 : 1; }
 // staging): 2 × 16 floats a warp, slot 0 for its first row-tile, 1 for its last.
 constexpr size_t kOnePieceBytes = 2 * 16 * sizeof(float);
 
-// ONE: T == 1 (NT == 1): each tile is tile_row against token 0's row staged in shared memory,
+// ONE: T == 1 (NT == 1): each tile is tile_cols against token 0's row staged in shared memory,
 // and the split of the tiles (file header) is per block: block b holds whole row-tiles,
 // ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
 // ranges; a row-tile split between warps is summed in shared memory after a block barrier (no
@@ -666,10 +744,11 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
     b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
   }
   [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * B;
+  [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
   constexpr int kWarpSmem = warp_smem<D, RING>();
   // T = 1: token 0's activation row, staged in shared memory once per block as the routed
-  // experts' ColGroups (x_stage_bytes), so that each tile is tile_row against it: the loop's
+  // experts' ColGroups (x_stage_bytes), so that each tile is tile_cols against it: the loop's
   // B-fragment and scale reads are shared-memory loads, not L1 / L2 round trips (ncu: L1 hit
   // rate 46%, 40% of stalls on L1TEX at T = 1 with them read from global). Token 0's fragments
   // are lanes 0-3 of quantize_kernel's (B column 0), its scales entry t = 0.
@@ -734,13 +813,17 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   if constexpr (!REGS) {
 #pragma unroll
     for (int p = 0; p < RING - 1; ++p) {
-      if (b0 + p < b1) issue_tile<B>(ring + p * B, a.w + size_t(b0 + p) * B, lane);
+      if (b0 + p < b1) issue_tile<B>(ring_s + p * B, a.w + size_t(b0 + p) * B + 16 * lane, lane);
       cpa_commit();
     }
   }
 
   int r = int(b0 / S), s = int(b0 - (long long)r * S);
   const int r_first = r;
+  // T = 1 (tile_cols): col_mask[jj] keeps this lane's fragment of the row in MMA jj's B (g == jj).
+  [[maybe_unused]] uint32_t col_mask[8];
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) col_mask[jj] = g == jj ? ~0u : 0u;
   float acc[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -749,7 +832,7 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
   auto compute = [&](const Raw<D>& R) {
     if constexpr (ONE) {
-      tile_row<D>(R, xs + size_t(s) * 8, lane, tab, acc[0][0], acc[0][2]);
+      tile_cols<D>(R, xs + size_t(s) * 8, lane, tab, col_mask, acc[0][0], acc[0][2]);
       return;
     }
     [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
@@ -831,6 +914,13 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   // row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile (arrive).
   auto finish = [&](long long i) {
     if (s == S - 1 || i == b1 - 1) {
+      if constexpr (ONE) {  // tile_cols: the 4 lanes of a g hold a quarter of the groups each
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 1);
+          acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
+        }
+      }
       const long long rs = (long long)r * S;
       const bool whole = rs >= b0 && rs + S <= b1;
       size_t stride = 16;
@@ -938,20 +1028,23 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
     prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
-    // Ring of RING tiles per warp: tile i computes while tiles i + 1 .. i + RING − 1 load.
-    int stage = 0;
+    // Ring of RING tiles per warp: tile i computes while tiles i + 1 .. i + RING − 1 load. The
+    // stage offsets and the next tile's address advance by B (no per-tile index arithmetic).
+    const uint8_t* next = a.w + size_t(b0 + RING - 1) * B + 16 * lane;
+    int cur = 0, fill = (RING - 1) * B;
     for (long long i = b0; i < b1; ++i) {
       __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
-      const int refill = stage == 0 ? RING - 1 : stage - 1;
-      if (i + RING - 1 < b1) issue_tile<B>(ring + refill * B, a.w + size_t(i + RING - 1) * B, lane);
+      if (i + RING - 1 < b1) issue_tile<B>(ring_s + fill, next, lane);
       cpa_commit();  // possibly empty: group k always holds tile b0 + k
       cpa_wait<RING - 1>();
       __syncwarp();  // the headers copied by other lanes are visible
       Raw<D> R;
-      load_tile<D, false>(ring + stage * B, lane, R);
+      load_tile<D, false>(ring + cur, lane, R);
       compute(R);
       finish(i);
-      if (++stage == RING) stage = 0;
+      next += B;
+      fill = cur;  // the stage just read is the next to refill
+      cur = cur == (RING - 1) * B ? 0 : cur + B;
     }
   }
   if constexpr (ONE) {

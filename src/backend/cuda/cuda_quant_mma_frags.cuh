@@ -9,6 +9,7 @@
 // these read is described in the header of cuda_quant_mma.cu. Included by .cu only.
 
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_tiles.cuh"
@@ -43,17 +44,52 @@ __device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b), "r"(c0), "r"(c1));
 }
 
+// c += a · b, U: u8 (else s8) codes times s8 activations; k32 (a0..a3, b0, b1) or k16 (a0, a1, b0).
+template <bool U>
+__device__ __forceinline__ void mma_k32_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  if constexpr (U)
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <bool U>
+__device__ __forceinline__ void mma_k16_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  if constexpr (U)
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
 __device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
 
 
 // A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
-// own fragments come from), the tail (headers) by the first lanes.
+// own fragments come from), the tail (headers) by the first lanes. dst, src: the stage and the
+// tile advanced by this lane's 16 L; the copies address them with immediate offsets (built from
+// a generic pointer per copy, the compiler spent two 64-bit adds on each).
+template <int OFF>
+__device__ __forceinline__ void cpa_16_at(uint32_t dst, const uint8_t* src) {
+  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;\n" ::"r"(dst), "l"(src), "n"(OFF) : "memory");
+}
+template <int B, int... I>
+__device__ __forceinline__ void issue_tile(uint32_t dst, const uint8_t* __restrict__ src, int lane,
+                                           std::integer_sequence<int, I...>) {
+  (cpa_16_at<512 * I>(dst, src), ...);
+  if (16 * lane < B % 512) cpa_16_at<B / 512 * 512>(dst, src);
+}
 template <int B>
-__device__ __forceinline__ void issue_tile(uint8_t* stage, const uint8_t* __restrict__ tile, int lane) {
-#pragma unroll
-  for (int i = 0; i < B / 512; ++i) cpa_16(stage + 512 * i + 16 * lane, tile + 512 * i + 16 * lane);
-  if (16 * lane < B % 512) cpa_16(stage + (B / 512) * 512 + 16 * lane, tile + (B / 512) * 512 + 16 * lane);
+__device__ __forceinline__ void issue_tile(uint32_t dst, const uint8_t* __restrict__ src, int lane) {
+  issue_tile<B>(dst, src, lane, std::make_integer_sequence<int, B / 512>{});
 }
 
 // A lane's registers of one tile.
