@@ -448,24 +448,47 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
   }
 }
 
-// A decode step (every run one token, plain Auto/Recurrent mode) on a backend that records:
-// the first forward of a shape runs eagerly, the second is recorded and every later one is a
-// replay of that recording (embedding to lm_head, no host work between layers), followed by
-// the copies to the host. The key names everything the recorded ops bake in: batch shape,
-// workspace and state addresses; slots, positions and token ids are read on the device from
-// the set_batch tables. Returns false when the step must run the ordinary way.
+// After the first sight of `key` (seen ≥ 1; the first ran eagerly, filling the backend's
+// caches): replays its recording, or records `run` at the second sight and replays that; runs
+// eagerly where the backend cannot record or dropped the recording.
+void Model::replay_or_record(uint64_t key, int seen, const std::function<void()>& run) {
+  if (backend_.replay(key)) return;
+  if (seen == 1 && backend_.begin_capture()) {
+    run();
+    if (!backend_.end_capture(key, !ws_->overflowed) || !backend_.replay(key)) run();
+  } else {
+    run();
+  }
+}
+
+// A decode step (every run one token, or a chain verify run of speculative decoding, `verify`;
+// plain Auto/Recurrent mode) on a backend that records: the first forward of a shape runs
+// eagerly, the second is recorded and every later one is a replay of that recording (embedding
+// to lm_head, no host work between layers), followed by the copies to the host. The key names
+// everything the recorded ops bake in: batch shape (each run's length and kind), workspace and
+// state addresses; slots, positions and token ids are read on the device from the set_batch
+// tables (an op that would need the host instead drops the recording: the step runs eagerly).
+// Returns false when the step must run the ordinary way.
 bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                        SampleRequest* sample) {
+                        SampleRequest* sample, const VerifySave* verify) {
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
   // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
-  if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || int64_t(batch.runs.size()) != T || host_)
+  if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || host_) return false;
+  if (verify && (!verify->trees.empty() || std::any_of(verify->plain.begin(), verify->plain.end(),
+                                                       [](const SeqRun& r) { return r.count != 1; })))
     return false;
+  if (!verify && int64_t(batch.runs.size()) != T) return false;
   uint64_t key = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
   mix(uint64_t(T));
   mix(uint64_t(n));
   mix(uint64_t(batch.deltanet_mode));
+  if (verify) {  // the runs' lengths (the plain ones are length 1), and the verify runs' slots:
+    // the copies of their saved DeltaNet inputs (save_rows) address the slot's rows directly
+    mix(uint64_t(batch.runs.size()) | uint64_t(1) << 63);
+    for (const SeqRun& r : batch.runs) mix(uint64_t(r.count) | (r.count > 1 ? uint64_t(uint32_t(r.slot)) << 32 : 0));
+  }
   mix(logits != nullptr || sample != nullptr);  // the same recording serves both
   mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -486,22 +509,19 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
       Scratch layer_scratch(backend_, *ws_);
+      VerifySave save = verify ? *verify : VerifySave{};
+      if (verify && !attn)  // a DeltaNet layer keeps the verify runs' inputs (forward_rank's rule)
+        save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
       decoder_layer(layer_scratch, w_.layers[size_t(i)], r, attn ? state.k_cache(i) : state.conv_state(i),
-                    attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode);
+                    attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode,
+                    verify && !attn ? &save : nullptr);
     }
     finish(r);
     backend_.get_rows(r.h, batch.output_rows, sel);
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
     if (logits || sample) backend_.matmul(sel, w_.lm_head, out);
   };
-  if (!backend_.replay(key)) {
-    if (seen == 1 && backend_.begin_capture()) {
-      run();
-      if (!backend_.end_capture(key, !ws_->overflowed) || !backend_.replay(key)) run();
-    } else {
-      run();
-    }
-  }
+  replay_or_record(key, seen, run);
   if (hidden) backend_.copy_to_host(sel, hidden);
   // Sampling runs after the replay, not inside it: its penalty tables change every step.
   if (sample)
@@ -560,8 +580,9 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   split_verify_runs(batch, state, plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs);
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
-  if (verify_runs.empty() && tree_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
-      decode_step(batch, state, logits, hidden, sample))
+  const VerifySave chain{plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs, nullptr, nullptr, nullptr};
+  if (tree_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
+      decode_step(batch, state, logits, hidden, sample, verify_runs.empty() ? nullptr : &chain))
     return;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
@@ -689,11 +710,39 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   }
   if (T == 0) return;
   move_tree_kv(state, commits, paths);
+  // The ops read the runs from the batch tables and their temporaries come from the workspace,
+  // so that a chain commit (no tree paths: each run's rows are its slot's first `keep`) can be
+  // recorded and replayed like a decode step, keyed by the runs' slots and lengths: ~8
+  // launches a DeltaNet layer otherwise cost the host more than the device.
+  ws_->begin(backend_);
+  backend_.set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
+  auto run = [&] { commit_layers(state, commits, runs, paths, T); };
+  const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
+  uint64_t key = 0x9e3779b97f4a7c15ull;
+  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
+  mix(uint64_t(T));
+  for (const SeqRun& r : runs) mix(uint64_t(uint32_t(r.slot)) << 32 | uint32_t(r.count));
+  mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
+  for (int64_t i = 0; i < c.n_layers; ++i)
+    if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention)
+      for (const Tensor* t : {&state.spec_conv_input(i), &state.conv_state(i), &state.recurrent_state(i)})
+        mix(reinterpret_cast<uintptr_t>(t->data));
+  const int seen = chain ? ws_->seen[key]++ : 0;
+  if (seen == 0 || !ws_->buf) return run();
+  replay_or_record(key, seen, run);
+}
+
+// commit_speculative_rank's device work: each DeltaNet layer's kept rows replayed through the
+// plain conv and delta rule (from the verify pass's saved inputs), advancing the slots' states.
+void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
+                          std::span<const std::vector<int32_t>> paths, int32_t T) {
+  const ModelConfig& c = w_.config;
+  const int32_t n_max = state.spec_max_tokens();
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
                 C = c.conv_dim();
   for (int64_t i = 0; i < c.n_layers; ++i) {
     if (c.layer_kinds[size_t(i)] == LayerKind::FullAttention) continue;
-    Scratch s(backend_);
+    Scratch s(backend_, *ws_);
     Tensor mixed = s.f32({T, C}), g = s.f32({T, Hv}), beta = s.f32({T, Hv});
     const std::pair<Tensor*, Tensor*> parts[] = {
         {&state.spec_conv_input(i), &mixed}, {&state.spec_g(i), &g}, {&state.spec_beta(i), &beta}};

@@ -265,7 +265,10 @@ class Model {
   void sample_rows(Tensor& logits, SampleRequest& req, bool on_host);
 
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                   SampleRequest* sample = nullptr);
+                   SampleRequest* sample = nullptr, const VerifySave* verify = nullptr);
+  void replay_or_record(uint64_t key, int seen, const std::function<void()>& run);
+  void commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
+                     std::span<const std::vector<int32_t>> paths, int32_t T);
   // A forward pass on every rank: the peers' plain pass, rank0() here (forward / forward_sample).
   void forward_peers(const ForwardBatch& batch, ModelState& state, const std::function<void()>& rank0);
   // This rank's part of the public passes.

@@ -467,6 +467,7 @@ class CudaBackend final : public Backend {
     cudaGraph_t g = nullptr;
     ctx_.capturing = false;
     CUDA_CHECK(cudaStreamEndCapture(ctx_.stream, &g));
+    if (ctx_.capture_failed) cuda::log_graph_dropped(key);
     keep = keep && !ctx_.capture_failed && g != nullptr;
     if (keep) cuda::log_graph_shape(g);
     cudaGraphExec_t exec = nullptr;

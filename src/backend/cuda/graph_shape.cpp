@@ -1,4 +1,4 @@
-// defines: log_graph_shape (see graph_shape.h).
+// defines: log_graph_shape, log_graph_dropped (see graph_shape.h).
 #include "backend/cuda/graph_shape.h"
 
 #include <spdlog/spdlog.h>
@@ -47,6 +47,10 @@ void log_graph_shape(cudaGraph_t g) {
                 n - count(cudaGraphNodeTypeKernel) - count(cudaGraphNodeTypeMemAlloc) - count(cudaGraphNodeTypeMemFree) -
                     count(cudaGraphNodeTypeMemcpy) - count(cudaGraphNodeTypeMemset),
                 ne, kk, prog);
+}
+
+void log_graph_dropped(unsigned long long key) {
+  spdlog::debug("CUDA graph {:016x}: an op needed the host while recording; this shape runs eagerly", key);
 }
 
 }  // namespace qwen36::cuda
