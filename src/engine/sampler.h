@@ -62,13 +62,14 @@ class Sampler {
   // The token sample() would draw from the full row (penalties applied by the backend), or
   // nullopt, without touching the generator, when the candidates do not decide it.
   std::optional<int32_t> sample_from_candidates(const SampleCandidates& c);
+  // Whether any repetition / presence / frequency penalty is set (the history changes the row).
+  bool has_penalties() const;
 
  private:
   using Cand = std::pair<int32_t, float>;
   std::vector<Cand> filtered(std::span<float> logits);  // penalties already applied
   int32_t draw(const std::vector<Cand>& dist);
   void apply_penalties(std::span<float> logits, std::span<const int32_t> history) const;
-  bool has_penalties() const;
   SamplingParams p_;
   std::mt19937_64 rng_;
 };

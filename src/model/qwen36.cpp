@@ -549,8 +549,8 @@ void Model::forward_peers(const ForwardBatch& batch, ModelState& state, const st
 }
 
 void Model::forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden) {
-  QWEN36_CHECK(batch.verify_runs.empty() && batch.capture_layers.empty(),
-               "forward_sample: verify runs and captured layers need forward()");
+  QWEN36_CHECK(batch.verify_trees.empty() && batch.capture_layers.empty(),
+               "forward_sample: tree verify runs and captured layers need forward()");
   if (!peers_) return forward_rank(batch, state, nullptr, hidden, nullptr, &req);
   // Tensor parallel: the other ranks run the plain pass; rank 0 samples on its device as alone,
   // instead of copying every row's logits to the host and sampling there (32 MB and a host scan

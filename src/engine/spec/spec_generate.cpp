@@ -228,6 +228,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
   // Decode rounds.
   const auto t_decode = clock::now();
   std::vector<float> verify_hidden, captured;
+  std::vector<int32_t> greedy_rows;  // device_greedy: each verify row's argmax
   int64_t passes = 0;
   SpecPhases phases;
   auto lap = [t = clock::now()](double& into) mutable {
@@ -302,7 +303,32 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
     batch.capture_layers = capture;
     captured.resize(batch.tokens.size() * F);
-    model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr, F ? captured.data() : nullptr);
+    // Greedy chains without penalties take each row's argmax on the device (Model::forward_sample:
+    // a few candidates per row to the host instead of every row's logits); a row whose
+    // candidates do not decide comes back whole (full_logits) and is decided here.
+    const bool device_greedy = !tree_drafter && F == 0 && std::all_of(active.begin(), active.end(), [](const Live* l) {
+      return l->in->opts.sampling.temperature == 0.0f && !l->sampler.has_penalties();
+    });
+    greedy_rows.assign(device_greedy ? batch.tokens.size() : 0, -1);
+    if (device_greedy) {
+      SampleRequest req;
+      for (size_t si = 0; si < active.size(); ++si)
+        for (int32_t j = 0; j < batch.runs[si].count; ++j)
+          active[si]->sampler.add_candidate_row(active[si]->history, int64_t(V), req.rows, req.penalties, false);
+      req.take = [&](int32_t row, const SampleCandidates& cand) {
+        const std::optional<int32_t> t = active[0]->sampler.sample_from_candidates(cand);  // greedy: any row's sampler
+        if (t) greedy_rows[size_t(row)] = *t;
+        return t.has_value();
+      };
+      req.full_logits = logits.data();
+      model.forward_sample(batch, state, req, want_hidden ? verify_hidden.data() : nullptr);
+      for (size_t row = 0; row < greedy_rows.size(); ++row)
+        if (greedy_rows[row] < 0)
+          greedy_rows[row] = active[0]->sampler.sample_penalised(std::span(logits).subspan(row * V, V));
+    } else {
+      model.forward(batch, state, logits.data(), want_hidden ? verify_hidden.data() : nullptr,
+                    F ? captured.data() : nullptr);
+    }
     ++passes;
     lap(phases.verify);
 
@@ -339,9 +365,11 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       const int32_t m = int32_t(drafts.size());
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
-      const SpecVerdict v = verify_round(std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V),
-                                         int64_t(V), l.draft, l.sampler, l.rng, l.history,
-                                         l.in->opts.sampling.temperature == 0.0f, accept);
+      const SpecVerdict v =
+          device_greedy ? verify_greedy(std::span(greedy_rows).subspan(size_t(run.begin), size_t(m + 1)), drafts, accept)
+                        : verify_round(std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V), int64_t(V),
+                                       l.draft, l.sampler, l.rng, l.history, l.in->opts.sampling.temperature == 0.0f,
+                                       accept);
       const int32_t accepted = v.accepted, next = v.next;
       l.res.metrics.add_round(m, accepted);
       l.k = next_draft_n(spec, l.k, m, accepted);

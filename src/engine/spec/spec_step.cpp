@@ -39,6 +39,19 @@ SpecVerdict verify_round(std::span<float> rows, int64_t vocab, const DraftReques
   return v;
 }
 
+SpecVerdict verify_greedy(std::span<const int32_t> argmax, std::span<const int32_t> drafts,
+                          const std::function<bool(int32_t)>& accept) {
+  const int32_t m = int32_t(drafts.size());
+  QWEN36_CHECK(int64_t(argmax.size()) >= int64_t(m) + 1, "verify: {} rows for {} drafts", argmax.size(), m);
+  SpecVerdict v;
+  for (int32_t i = 0; i <= m; ++i) {
+    v.next = argmax[size_t(i)];
+    if (i == m || !(accept ? accept(i) : drafts[size_t(i)] == v.next)) break;
+    ++v.accepted;
+  }
+  return v;
+}
+
 TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree, Sampler& sampler,
                      std::mt19937_64& rng, std::span<const int32_t> history,
                      const std::function<bool(int32_t)>& accept) {

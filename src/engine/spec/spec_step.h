@@ -48,6 +48,11 @@ SpecVerdict verify_round(std::span<float> rows, int64_t vocab, const DraftReques
                          std::mt19937_64& rng, std::span<const int32_t> history, bool greedy,
                          const std::function<bool(int32_t)>& accept = {});
 
+// verify_round for greedy rows without penalties whose argmax is already known (argmax[i]: row
+// i's, e.g. sampled on the device): the same verdict from m + 1 token ids.
+SpecVerdict verify_greedy(std::span<const int32_t> argmax, std::span<const int32_t> drafts,
+                          const std::function<bool(int32_t)>& accept = {});
+
 // A tree round's verdict (DDTree, engine/spec/draft_tree.h): the target's own token after every
 // node's path, drawn from `rows` ([tree.size(), vocab]; node n's row is the distribution after
 // history + n's path below the root; `history` ends with the root, the pending token) as
