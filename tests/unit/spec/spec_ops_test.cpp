@@ -5,15 +5,21 @@
 // - at model level, a verify run of n tokens followed by commit(keep) leaves every DeltaNet
 //   conv and recurrent state where `keep` plain decode steps leave it, for keep = 0..n, and
 //   the verify logits equal the decode logits;
+// - verify_greedy (argmax ids, e.g. from the device) gives verify_round's greedy verdict;
 // - n-gram lookup.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <vector>
 
 #include "../backend/cpu_ops_test_util.h"
 #include "core/error.h"
+#include "engine/sampler.h"
 #include "engine/spec/ngram_drafter.h"
+#include "engine/spec/spec_step.h"
 #include "spec_test_util.h"
 
 namespace qwen36 {
@@ -141,6 +147,42 @@ TEST(VerifyCommit, RejectsVerifyRunsWithoutSpeculationBuffers) {
   st.enable_speculation(3);
   std::vector<float> logits(64);
   EXPECT_NO_THROW(model->forward(b, st, logits.data()));
+}
+
+// Every number of leading matching drafts (0..m), with and without an accept override (the
+// benchmarks' simulated decisions): the same accepted count and next token from the rows'
+// argmax ids as from the rows themselves.
+TEST(VerifyGreedy, SameVerdictAsVerifyRoundOnTheRows) {
+  const int64_t V = 37;
+  const int32_t m = 4;
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> rows(size_t((m + 1) * V));
+    for (float& x : rows) x = u(gen);
+    std::vector<int32_t> argmax(size_t(m + 1));
+    for (int32_t i = 0; i <= m; ++i) {
+      const float* r = rows.data() + size_t(i) * size_t(V);
+      argmax[size_t(i)] = int32_t(std::max_element(r, r + V) - r);
+    }
+    for (int32_t match = 0; match <= m; ++match) {
+      DraftRequest d;
+      for (int32_t i = 0; i < m; ++i)
+        d.tokens.push_back(i < match ? argmax[size_t(i)] : (argmax[size_t(i)] + 1 + trial) % int32_t(V));
+      const std::vector<int32_t> history = {1, 2, 3};
+      for (const bool override_accept : {false, true}) {
+        std::function<bool(int32_t)> accept;
+        if (override_accept) accept = [&](int32_t i) { return i < m - match; };
+        std::vector<float> copy = rows;
+        Sampler sampler(SamplingParams::greedy());
+        std::mt19937_64 rng(1);
+        const SpecVerdict want = verify_round(copy, V, d, sampler, rng, history, true, accept);
+        const SpecVerdict got = verify_greedy(argmax, d.tokens, accept);
+        EXPECT_EQ(got.accepted, want.accepted) << "trial " << trial << " match " << match << " override " << override_accept;
+        EXPECT_EQ(got.next, want.next) << "trial " << trial << " match " << match << " override " << override_accept;
+      }
+    }
+  }
 }
 
 TEST(Ngram, ProposesTheContinuationOfTheLatestLongestMatch) {
