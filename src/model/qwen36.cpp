@@ -718,6 +718,7 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   backend_.set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
   auto run = [&] { commit_layers(state, commits, runs, paths, T); };
   const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
+  if (!chain) return run();  // a tree commit's row copies follow its path: not recorded
   uint64_t key = 0x9e3779b97f4a7c15ull;
   auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
   mix(uint64_t(T));
@@ -727,7 +728,7 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
     if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention)
       for (const Tensor* t : {&state.spec_conv_input(i), &state.conv_state(i), &state.recurrent_state(i)})
         mix(reinterpret_cast<uintptr_t>(t->data));
-  const int seen = chain ? ws_->seen[key]++ : 0;
+  const int seen = ws_->seen[key]++;
   if (seen == 0 || !ws_->buf) return run();
   replay_or_record(key, seen, run);
 }

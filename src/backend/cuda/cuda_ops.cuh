@@ -363,6 +363,10 @@ bool quant_tile(Ctx&, Tensor& w);
 // any w), up to 32 matrices a launch: tiled[i] the tiled view of dsts[i]; false (nothing done)
 // when one of them does not tile.
 bool quant_tile_into(Ctx&, std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled);
+// out [T, N] = x [T, K] · wᵀ for a tiled w: row slices (multiples of 16) dequantized to bf16 (f32
+// with exact_matmul), one cuBLAS GEMM each; xh: x already rounded to bf16, or null
+// (cuda_quant_tile_layout.cu; the T > 64 and exact path of quant_tiled_matmul).
+void quant_tiled_dequant_gemm(Ctx&, const Tensor& w, const float* x, float* out, int T, int N, int K, const void* xh);
 // kTiledMaxT: the most tokens of one int8 tensor-core launch (8 n8 tiles); beyond it the
 // dequantizing GEMMs. act: x already quantized for that GEMM (by the kernel that produced x;
 // null: quantized here). quant_act_bytes: its size; quantize_act: x [T, K] (with `up`: silu(x) · up, the SwiGLU)
