@@ -281,6 +281,32 @@ class Backend {
                                const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
                                std::span<const SeqRun> runs, Tensor& out);
 
+  // The DeltaNet mixer of a chain verify pass (speculative decoding) in one op: the runs in
+  // `verify` (some of `runs`, the batch's) only read their state, as the _readonly ops below,
+  // and keep their inputs for the commit: rows [0, count) of the run's slot in conv_in
+  // [slots, n, C] (mixed before the conv), g_in and beta_in [slots, n, Hv]; every other run
+  // is one token that advances its state, as in deltanet_decode, whose arguments the rest are.
+  // Returns false, having done nothing, where the backend has no fused form for the batch: the
+  // model then composes the plain and read-only ops (Model::deltanet_block) — the reference
+  // this op is tested against.
+  virtual bool deltanet_verify(Tensor& /*mixed*/, const Tensor& /*z*/, const Tensor& /*a*/, const Tensor& /*b*/,
+                               const DeltaNetWeights& /*w*/, float /*eps*/, Tensor& /*conv_state*/,
+                               Tensor& /*ssm_state*/, std::span<const SeqRun> /*runs*/,
+                               std::span<const SeqRun> /*verify*/, Tensor& /*conv_in*/, Tensor& /*g_in*/,
+                               Tensor& /*beta_in*/, Tensor& /*out*/) {
+    return false;
+  }
+  // The commit of a chain verify pass (Model::commit_speculative) in one op: each run's state
+  // advances through rows [0, count) of its slot's saved inputs (deltanet_verify's conv_in, g_in,
+  // beta_in), as causal_conv1d_silu and gated_delta_rule (Recurrent) over those rows would;
+  // mixed [T, C] (T the runs' tokens) is scratch. False, having done nothing, where the backend
+  // has no fused form: the model composes those ops (Model::commit_layers), the reference.
+  virtual bool deltanet_commit(const DeltaNetWeights& /*w*/, Tensor& /*conv_state*/, Tensor& /*ssm_state*/,
+                               std::span<const SeqRun> /*runs*/, const Tensor& /*conv_in*/, const Tensor& /*g_in*/,
+                               const Tensor& /*beta_in*/, Tensor& /*mixed*/) {
+    return false;
+  }
+
   // ---- speculative verify: DeltaNet without advancing the state ----
   // The verify pass of speculative decoding runs k drafts that may be rejected. The recurrent
   // and conv state cannot be truncated afterwards, so verify runs only READ them: the

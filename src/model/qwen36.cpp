@@ -188,9 +188,14 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   // and the gated norm in one backend op.
   const bool decode = !save && mode != DeltaRuleMode::Chunked && int64_t(runs.size()) == T &&
                       std::all_of(runs.begin(), runs.end(), [](const SeqRun& r) { return r.count == 1; });
+  // A chain verify pass (no trees): conv, gates, delta rule, norm and the saved inputs in one
+  // backend op where the backend fuses them; otherwise the composition below is the reference.
+  const bool fused_verify = save && save->trees.empty() && mode != DeltaRuleMode::Chunked &&
+                            backend_.deltanet_verify(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs,
+                                                     save->verify, *save->conv_input, *save->g, *save->beta, o);
   if (decode) {
     backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
-  } else {
+  } else if (!fused_verify) {
     if (save) {  // verify runs only read their state; their inputs are kept for the commit
       save_rows(backend_, mixed, *save->conv_input, save->saved);  // before the conv overwrites mixed
       if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
@@ -448,6 +453,21 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
   }
 }
 
+// A recording's key (FNV-1a over 64-bit words): everything the recorded ops bake in. A tensor
+// counts by its address and shape: a state freed and another allocated in its place may share
+// some addresses and not others.
+namespace {
+struct RecordingKey {
+  uint64_t value;
+  explicit RecordingKey(uint64_t seed) : value(seed) {}
+  void mix(uint64_t v) { value = (value ^ v) * 1099511628211ull; }
+  void mix(const Tensor& t) {
+    mix(reinterpret_cast<uintptr_t>(t.data));
+    for (int d = 0; d < t.ndim; ++d) mix(uint64_t(t.dim(d)));
+  }
+};
+}  // namespace
+
 // After the first sight of `key` (seen ≥ 1; the first ran eagerly, filling the backend's
 // caches): replays its recording, or records `run` at the second sight and replays that; runs
 // eagerly where the backend cannot record or dropped the recording.
@@ -479,26 +499,30 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
                                                        [](const SeqRun& r) { return r.count != 1; })))
     return false;
   if (!verify && int64_t(batch.runs.size()) != T) return false;
-  uint64_t key = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
-  mix(uint64_t(T));
-  mix(uint64_t(n));
-  mix(uint64_t(batch.deltanet_mode));
+  RecordingKey key(1469598103934665603ull);
+  key.mix(uint64_t(T));
+  key.mix(uint64_t(n));
+  key.mix(uint64_t(batch.deltanet_mode));
   if (verify) {  // the runs' lengths (the plain ones are length 1), and the verify runs' slots:
     // the copies of their saved DeltaNet inputs (save_rows) address the slot's rows directly
-    mix(uint64_t(batch.runs.size()) | uint64_t(1) << 63);
-    for (const SeqRun& r : batch.runs) mix(uint64_t(r.count) | (r.count > 1 ? uint64_t(uint32_t(r.slot)) << 32 : 0));
-  }
-  mix(logits != nullptr || sample != nullptr);  // the same recording serves both
-  mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
-    for (const Tensor* t : {attn ? &state.k_cache(i) : &state.conv_state(i), attn ? &state.v_cache(i) : &state.recurrent_state(i)}) {
-      mix(reinterpret_cast<uintptr_t>(t->data));
-      for (int d = 0; d < t->ndim; ++d) mix(uint64_t(t->dim(d)));
+    key.mix(uint64_t(batch.runs.size()) | uint64_t(1) << 63);
+    // (a verify run of one token reads its state as a longer one: marked by bit 31)
+    for (const SeqRun& r : batch.runs) {
+      const bool v = std::any_of(verify->verify.begin(), verify->verify.end(),
+                                 [&](const SeqRun& x) { return x.begin == r.begin; });
+      key.mix(uint64_t(r.count) | (v ? uint64_t(1) << 31 | uint64_t(uint32_t(r.slot)) << 32 : 0));
     }
   }
-  const int seen = ws_->seen[key]++;
+  key.mix(uint64_t(logits != nullptr || sample != nullptr));  // the same recording serves both
+  key.mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
+    key.mix(attn ? state.k_cache(i) : state.conv_state(i));
+    key.mix(attn ? state.v_cache(i) : state.recurrent_state(i));
+    if (verify && !attn)  // the verify runs' saved inputs are copied into these
+      for (const Tensor* t : {&state.spec_conv_input(i), &state.spec_g(i), &state.spec_beta(i)}) key.mix(*t);
+  }
+  const int seen = ws_->seen[key.value]++;
   if (seen == 0 || !ws_->buf) return false;  // first sight: eager (fills the backend's caches)
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
@@ -521,7 +545,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
     if (logits || sample) backend_.matmul(sel, w_.lm_head, out);
   };
-  replay_or_record(key, seen, run);
+  replay_or_record(key.value, seen, run);
   if (hidden) backend_.copy_to_host(sel, hidden);
   // Sampling runs after the replay, not inside it: its penalty tables change every step.
   if (sample)
@@ -719,18 +743,18 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   auto run = [&] { commit_layers(state, commits, runs, paths, T); };
   const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
   if (!chain) return run();  // a tree commit's row copies follow its path: not recorded
-  uint64_t key = 0x9e3779b97f4a7c15ull;
-  auto mix = [&](uint64_t v) { key = (key ^ v) * 1099511628211ull; };
-  mix(uint64_t(T));
-  for (const SeqRun& r : runs) mix(uint64_t(uint32_t(r.slot)) << 32 | uint32_t(r.count));
-  mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
+  RecordingKey key(0x9e3779b97f4a7c15ull);
+  key.mix(uint64_t(T));
+  for (const SeqRun& r : runs) key.mix(uint64_t(uint32_t(r.slot)) << 32 | uint32_t(r.count));
+  key.mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i)
     if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention)
-      for (const Tensor* t : {&state.spec_conv_input(i), &state.conv_state(i), &state.recurrent_state(i)})
-        mix(reinterpret_cast<uintptr_t>(t->data));
-  const int seen = ws_->seen[key]++;
+      for (const Tensor* t : {&state.spec_conv_input(i), &state.spec_g(i), &state.spec_beta(i), &state.conv_state(i),
+                              &state.recurrent_state(i)})
+        key.mix(*t);
+  const int seen = ws_->seen[key.value]++;
   if (seen == 0 || !ws_->buf) return run();
-  replay_or_record(key, seen, run);
+  replay_or_record(key.value, seen, run);
 }
 
 // commit_speculative_rank's device work: each DeltaNet layer's kept rows replayed through the
@@ -741,10 +765,17 @@ void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits
   const int32_t n_max = state.spec_max_tokens();
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
                 C = c.conv_dim();
+  // Chains (each run's rows its slot's first `keep`) in one backend op where it fuses them.
+  const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
   for (int64_t i = 0; i < c.n_layers; ++i) {
     if (c.layer_kinds[size_t(i)] == LayerKind::FullAttention) continue;
     Scratch s(backend_, *ws_);
-    Tensor mixed = s.f32({T, C}), g = s.f32({T, Hv}), beta = s.f32({T, Hv});
+    Tensor mixed = s.f32({T, C});
+    const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;
+    if (chain && backend_.deltanet_commit(d, state.conv_state(i), state.recurrent_state(i), runs,
+                                          state.spec_conv_input(i), state.spec_g(i), state.spec_beta(i), mixed))
+      continue;
+    Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
     const std::pair<Tensor*, Tensor*> parts[] = {
         {&state.spec_conv_input(i), &mixed}, {&state.spec_g(i), &g}, {&state.spec_beta(i), &beta}};
     for (const auto& [buf, dst] : parts) {
@@ -767,7 +798,6 @@ void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits
         }
       }
     }
-    const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;
     backend_.causal_conv1d_silu(mixed, d.conv1d, state.conv_state(i), runs);
     Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
     Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});

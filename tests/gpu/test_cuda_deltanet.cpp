@@ -44,6 +44,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
+#include "deltanet_test_util.h"
 #include "gpu_test_util.h"
 
 namespace qwen36::cuda {  // cuda_delta_chunked.cu: test instrumentation of the chunked form
@@ -334,35 +335,6 @@ TEST_F(CudaDeltaNet, TimingConvPrefill4096) {
 
 // ---- fused decode ----
 
-struct DecodeShape {
-  const char* name;
-  int64_t Hk, Hv, dk, dv;
-};
-constexpr int64_t kConvK = 4;
-constexpr float kEps = 1e-6f;
-
-// The small DeltaNet weights the decode op reads, on the host and the device.
-struct DecodeWeights {
-  HostT conv, a_neg_exp, dt_bias, norm;
-  DevT dconv, da, ddt, dnorm;
-  DecodeWeights(Backend& gpu, std::mt19937& rng, const DecodeShape& s) {
-    const int64_t C = 2 * s.Hk * s.dk + s.Hv * s.dv;
-    conv = random_t(rng, DType::F32, {C, kConvK}, -0.5f, 0.5f);
-    a_neg_exp = random_t(rng, DType::F32, {s.Hv}, -2.0f, 1.0f);
-    for (int64_t h = 0; h < s.Hv; ++h) a_neg_exp.f()[h] = -std::exp(a_neg_exp.f()[h]);  // −exp(A_log)
-    dt_bias = random_t(rng, DType::F32, {s.Hv});
-    norm = random_t(rng, DType::F32, {s.dv}, 0.9f, 1.1f);
-    dconv = upload(gpu, conv), da = upload(gpu, a_neg_exp), ddt = upload(gpu, dt_bias), dnorm = upload(gpu, norm);
-  }
-  DeltaNetWeights host() const { return make(conv.t, a_neg_exp.t, dt_bias.t, norm.t); }
-  DeltaNetWeights dev() const { return make(dconv.t, da.t, ddt.t, dnorm.t); }
-  static DeltaNetWeights make(const Tensor& c, const Tensor& a, const Tensor& dt, const Tensor& n) {
-    DeltaNetWeights w;
-    w.conv1d = c, w.a_neg_exp = a, w.dt_bias = dt, w.norm = n;
-    return w;
-  }
-};
-
 // Decode steps of one-token runs in the given slots (steps[i]: step i's slots in batch order),
 // GPU deltanet_decode vs the CPU backend's composition; record: each step is recorded into a
 // graph (the batch tables set first, as decode_step does) and replayed. repeats > 1: each step
@@ -424,9 +396,6 @@ void check_decode(Backend& gpu, std::mt19937& rng, const DecodeShape& s,
   }
 }
 
-const DecodeShape kDec27B{"27B (Hk 16, Hv 48, d 128)", 16, 48, 128, 128};
-const DecodeShape kDec35B{"35B (Hk 16, Hv 32, d 128)", 16, 32, 128, 128};
-const DecodeShape kDecD64{"d64 (Hk 2, Hv 4, d 64)", 2, 4, 64, 64};
 const DecodeShape kDecDv48{"dv48 (Hk 2, Hv 4, dk 64, dv 48: composed)", 2, 4, 64, 48};
 // batches of 4, 1 and 5 runs in shuffled slots; slot 6 is never used and must stay as it was
 const std::vector<std::vector<int32_t>> kDecodeSteps{{3, 0, 5, 1}, {2}, {1, 5, 0, 3, 2}};

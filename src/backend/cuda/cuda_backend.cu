@@ -651,6 +651,19 @@ class CudaBackend final : public Backend {
     }
     Backend::deltanet_decode(mixed, z, a, b, w, eps, conv_state, ssm_state, runs, out);
   }
+  bool deltanet_verify(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
+                       float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
+                       std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in, Tensor& beta_in,
+                       Tensor& out) override {
+    Prof p_(*this, "deltanet_verify");
+    return cuda::deltanet_verify(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, runs, verify, conv_in, g_in,
+                                 beta_in, out);
+  }
+  bool deltanet_commit(const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
+                       const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in, Tensor& mixed) override {
+    Prof p_(*this, "deltanet_commit");
+    return cuda::deltanet_commit(ctx_, w, conv_state, ssm_state, runs, conv_in, g_in, beta_in, mixed);
+  }
   void moe_local_ids(Tensor& ids, int64_t e0, int64_t n) override {
     Prof p_(*this, "moe_local_ids");
     cuda::moe_local_ids(ctx_, ids, e0, n);

@@ -1,6 +1,7 @@
 // Gated DeltaNet on the GPU: causal depthwise conv + SiLU with carried state, the gates, the
-// gated delta rule, their read-only forms (speculative verify) and the fused decode step.
-// CPU twins: backend/cpu/cpu_deltanet.cpp, cpu_deltanet_readonly.cpp; Backend::deltanet_decode.
+// gated delta rule, their read-only forms (speculative verify), the fused decode step and the
+// fused chain verify pass. CPU twins: backend/cpu/cpu_deltanet.cpp, cpu_deltanet_readonly.cpp;
+// Backend::deltanet_decode; for deltanet_verify, the composition in Model::deltanet_block.
 //
 // The delta rule has two forms. Runs of at least kAutoChunkedMin tokens (Auto) or of any
 // length (Chunked) take the chunked WY/UT form of cuda_delta_chunked.cu (head dims 64/64 and
@@ -22,10 +23,21 @@
 // across the block), the update, and the gated RMSNorm of the head, which spans the slices:
 // the last of a head's blocks to finish (counter per head) normalises all dv columns. (2) is
 // launched programmatically dependent: it loads its state slice while (1) finishes.
+//
+// Fused chain verify (Backend::deltanet_verify): the same two kernels, each block stepping
+// through its run's k + 1 tokens with the conv window and the state slice in registers, not
+// written back for a verify run, whose raw inputs, g and β go to the commit's buffers as they
+// are read — instead of ~10 launches a layer (saving copies, conv, q/k/v column copies, gates,
+// L2 norm, delta rule, gated norm).
+// Fused chain commit (Backend::deltanet_commit): the same kernels again, reading each run's
+// saved raw inputs, g and β instead of the pass's, advancing the conv window and the state
+// through the kept tokens and storing them once; no outputs. The arithmetic is a decode step's
+// throughout, so a verify pass and its commit leave the state a decode step would, bit for bit.
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <initializer_list>
+#include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
@@ -48,22 +60,20 @@ constexpr int kAutoChunkedMin = 64;
 
 // One thread per (run, channel): the run's tokens in order, window in registers. Read-only
 // (speculative verify): the state is not written back.
-__global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const SeqRun* runs, int64_t C, int K,
-                                   bool write_state) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  const SeqRun r = runs[blockIdx.y];
-  const int S = K - 1;
-  float* st = state + (int64_t(r.slot) * C + c) * S;
-  float hist[kMaxConvK + 1], wc[kMaxConvK];
+// A channel's conv window (its last K − 1 inputs) and weights in registers; step() takes the
+// next input and returns conv + SiLU — every conv kernel's arithmetic, in one order.
+struct ConvWindow {
+  float hist[kMaxConvK], wc[kMaxConvK];
+  int K;
+  __device__ __forceinline__ ConvWindow(const float* __restrict__ st, const float* __restrict__ w, int k) : K(k) {
 #pragma unroll
-  for (int i = 0; i < kMaxConvK; ++i) {
-    hist[i] = i < S ? st[i] : 0.0f;
-    wc[i] = i < K ? w[c * K + i] : 0.0f;
+    for (int i = 0; i < kMaxConvK; ++i) {
+      hist[i] = i < K - 1 ? st[i] : 0.0f;
+      wc[i] = i < K ? w[i] : 0.0f;
+    }
   }
-  for (int t = 0; t < r.count; ++t) {
-    float* xp = x + int64_t(r.begin + t) * C + c;
-    const float xin = *xp;
+  __device__ __forceinline__ float step(float xin) {
+    const int S = K - 1;
     float acc = 0;
 #pragma unroll
     for (int j = 0; j < kMaxConvK; ++j)
@@ -71,12 +81,27 @@ __global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const
 #pragma unroll
     for (int j = 0; j < kMaxConvK; ++j)
       if (j < S) hist[j] = j + 1 < S ? hist[j + 1] : xin;
-    *xp = silu_f(acc);
+    return silu_f(acc);
   }
-  if (!write_state) return;
+  __device__ __forceinline__ void store(float* __restrict__ st) const {
 #pragma unroll
-  for (int i = 0; i < kMaxConvK; ++i)
-    if (i < S) st[i] = hist[i];
+    for (int i = 0; i < kMaxConvK; ++i)
+      if (i < K - 1) st[i] = hist[i];
+  }
+};
+
+__global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const SeqRun* runs, int64_t C, int K,
+                                   bool write_state) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const SeqRun r = runs[blockIdx.y];
+  float* st = state + (int64_t(r.slot) * C + c) * (K - 1);
+  ConvWindow cw(st, w + c * K, K);
+  for (int t = 0; t < r.count; ++t) {
+    float* xp = x + int64_t(r.begin + t) * C + c;
+    *xp = cw.step(*xp);
+  }
+  if (write_state) cw.store(st);
 }
 
 // a, b: rows of G ≥ Hv values (Backend::deltanet_gates), g, beta: rows of Hv.
@@ -175,83 +200,97 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
   }
 }
 
-// ---- fused decode step ----
+// ---- fused decode step and chain verify pass ----
 constexpr int kDecPrepThreads = 256;  // prep kernel: a key head's q and k channels (2·dk ≤ 256), or 256 v channels
 constexpr int kDecThreads = 128;      // state kernel: 8 column groups (4 columns each) × 16 row groups
 constexpr int kDecCols = 32;          // state columns per block
+constexpr int kVerifyMaxRuns = 64;    // a verify pass's runs: bits of FusedArgs::readonly
 
-// Conv + SiLU of one channel of a one-token run; the channel's window (K−1 inputs) advances.
-// The per-channel kernel's arithmetic, in its order.
-__device__ __forceinline__ float conv_one(float xin, const float* __restrict__ wc, float* __restrict__ st, int K) {
-  const int S = K - 1;
-  float hist[kMaxConvK], acc = 0;
-#pragma unroll
-  for (int j = 0; j < kMaxConvK; ++j) hist[j] = j < S ? st[j] : 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxConvK; ++j)
-    if (j < K) acc += wc[j] * (j < S ? hist[j] : xin);
-#pragma unroll
-  for (int j = 0; j < kMaxConvK; ++j)
-    if (j < S) st[j] = j + 1 < S ? hist[j + 1] : xin;
-  return silu_f(acc);
-}
+// Both kernels take a block's run from blockIdx.x and step through its tokens. Decode: one
+// token per run, advancing its state. Verify: runs of k + 1 tokens that only read their state
+// (bit i of `readonly`), their raw inputs, g and β saved for the commit, beside plain one-token
+// runs. Commit: runs of the kept tokens, from those saved inputs, advancing the state; no
+// outputs (mixed is the kernels' scratch).
+enum class Fused { Decode, Verify, Commit };
 
-// grid (T, Hk + ⌈Hv·dv/256⌉). Block (t, y < Hk): key head y's q and k channels, one per
+struct FusedArgs {
+  float* mixed;                                // [T, C]: raw inputs; after prep, [q̂ | k̂ | v] per row
+  const float *z, *a, *b;                      // [T, Hv, dv], [T, gs], [T, gs] (not Commit)
+  const float *conv_w, *a_neg_exp, *dt_bias, *norm;  // the layer's small weights
+  float* conv_state;                           // [slots, C, K − 1]
+  StateRef state;                              // [slots, Hv, dk, dv]
+  float* out;                                  // [T, Hv, dv] (not Commit)
+  const SeqRun* runs;
+  int* counters;    // [T, Hv]: slices of the (token, head) finished
+  float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
+  // Verify: the read-only runs' inputs, saved; Commit: read. Rows [0, count) of the run's slot.
+  float *conv_in, *g_in, *beta_in;  // [slots, n_save, C], [slots, n_save, Hv] ×2
+  uint64_t readonly;
+  int n_save;
+  int C, K, Hk, dk, Hv, dv;
+  int gs;  // a's and b's row length (Hv, or a shard's padded gate rows)
+  float scale, eps;
+};
+
+// grid (runs, Hk + ⌈Hv·dv/256⌉). Block (i, y < Hk): key head y's q and k channels, one per
 // thread, conv + SiLU, then L2-normalised (q̂ also scaled by 1/√dk) in place; block
-// (t, y ≥ Hk): 256 v channels, conv + SiLU in place. Block (t, 0) also zeroes token t's head
-// counters for the state kernel. A plain launch: launched programmatically dependent (waiting,
-// then letting the state kernel start) it cost the 27B Q4_K_M 2% at batch 16 (tg64 1,252 →
-// 1,226 tok/s on the H200; no gain at batch 1).
-__global__ void __launch_bounds__(kDecPrepThreads)
-    decode_prep_kernel(float* __restrict__ mixed, const float* __restrict__ w, float* __restrict__ conv_state,
-                       const SeqRun* __restrict__ runs, int* __restrict__ counters, int C, int K, int Hk, int dk,
-                       int Hv, float scale) {
+// (i, y ≥ Hk): 256 v channels, conv + SiLU in place; token by token through run i. Block (i, 0)
+// also zeroes the run's head counters for the state kernel. A plain launch: launched
+// programmatically dependent (waiting, then letting the state kernel start) it cost the 27B
+// Q4_K_M 2% at batch 16 (tg64 1,252 → 1,226 tok/s on the H200; no gain at batch 1).
+template <Fused M>
+__global__ void __launch_bounds__(kDecPrepThreads) fused_prep_kernel(FusedArgs p) {
   griddep_trigger();  // the state kernel may start loading its state slices
-  const int t = int(blockIdx.x), y = int(blockIdx.y), tid = int(threadIdx.x);
-  const SeqRun r = runs[t];
-  float* x = mixed + int64_t(r.begin) * C;
-  float* st = conv_state + int64_t(r.slot) * C * (K - 1);
-  if (y == 0)
-    for (int h = tid; h < Hv; h += kDecPrepThreads) counters[t * Hv + h] = 0;
+  const int i = int(blockIdx.x), y = int(blockIdx.y), tid = int(threadIdx.x);
+  const SeqRun r = p.runs[i];
+  const bool ro = M == Fused::Verify && (p.readonly >> i & 1);
+  const int n = M == Fused::Decode ? 1 : r.count;
+  const int C = p.C, K = p.K, Hk = p.Hk, dk = p.dk;
+  float* x = p.mixed + int64_t(r.begin) * C;
+  float* st = p.conv_state + int64_t(r.slot) * C * (K - 1);
+  float* saved = M == Fused::Decode ? nullptr : p.conv_in + int64_t(r.slot) * p.n_save * C;
+  // token j's raw input of channel ch (a commit's, saved by its verify pass), saved as read when read-only
+  auto input = [&](int j, int ch) {
+    const float xin = M == Fused::Commit ? saved[int64_t(j) * C + ch] : x[int64_t(j) * C + ch];
+    if (ro) saved[int64_t(j) * C + ch] = xin;
+    return xin;
+  };
+  if (M != Fused::Commit && y == 0)
+    for (int e = tid; e < n * p.Hv; e += kDecPrepThreads) p.counters[int64_t(r.begin) * p.Hv + e] = 0;
   if (y >= Hk) {
     const int ch = 2 * Hk * dk + (y - Hk) * kDecPrepThreads + tid;
-    if (ch < C) x[ch] = conv_one(x[ch], w + int64_t(ch) * K, st + int64_t(ch) * (K - 1), K);
+    if (ch >= C) return;
+    ConvWindow cw(st + int64_t(ch) * (K - 1), p.conv_w + int64_t(ch) * K, K);
+    for (int j = 0; j < n; ++j) x[int64_t(j) * C + ch] = cw.step(input(j, ch));
+    if (!ro) cw.store(st + int64_t(ch) * (K - 1));
     return;
   }
-  __shared__ float part[2][kDecPrepThreads / 32];
+  __shared__ float part[2][2][kDecPrepThreads / 32];  // [token parity][q, k][warp]
   const bool is_q = tid < dk, active = tid < 2 * dk;
   const int ch = is_q ? y * dk + tid : Hk * dk + y * dk + (tid - dk);
-  const float val = active ? conv_one(x[ch], w + int64_t(ch) * K, st + int64_t(ch) * (K - 1), K) : 0.0f;
-  const float sq = warp_sum(active && is_q ? val * val : 0.0f);
-  const float sk = warp_sum(active && !is_q ? val * val : 0.0f);
-  if ((tid & 31) == 0) {
-    part[0][tid >> 5] = sq;
-    part[1][tid >> 5] = sk;
-  }
-  __syncthreads();
-  float tq = 0, tk = 0;
+  ConvWindow cw(st + int64_t(active ? ch : 0) * (K - 1), p.conv_w + int64_t(active ? ch : 0) * K, K);
+  for (int j = 0; j < n; ++j) {
+    float* xj = x + int64_t(j) * C;
+    const float val = active ? cw.step(input(j, ch)) : 0.0f;
+    const float sq = warp_sum(active && is_q ? val * val : 0.0f);
+    const float sk = warp_sum(active && !is_q ? val * val : 0.0f);
+    float(*pj)[kDecPrepThreads / 32] = part[j & 1];  // written again two tokens on, past a barrier
+    if ((tid & 31) == 0) {
+      pj[0][tid >> 5] = sq;
+      pj[1][tid >> 5] = sk;
+    }
+    __syncthreads();
+    float tq = 0, tk = 0;
 #pragma unroll
-  for (int i = 0; i < kDecPrepThreads / 32; ++i) {
-    tq += part[0][i];
-    tk += part[1][i];
+    for (int w = 0; w < kDecPrepThreads / 32; ++w) {
+      tq += pj[0][w];
+      tk += pj[1][w];
+    }
+    // as l2norm_qk_kernel: q̂ = q / ‖q‖ · scale, k̂ = k / ‖k‖
+    if (active) xj[ch] = is_q ? (val * (1.0f / sqrtf(tq + 1e-6f))) * p.scale : val * (1.0f / sqrtf(tk + 1e-6f));
   }
-  if (!active) return;
-  // as l2norm_qk_kernel: q̂ = q / ‖q‖ · scale, k̂ = k / ‖k‖
-  x[ch] = is_q ? (val * (1.0f / sqrtf(tq + 1e-6f))) * scale : val * (1.0f / sqrtf(tk + 1e-6f));
+  if (active && !ro) cw.store(st + int64_t(ch) * (K - 1));
 }
-
-struct DecodeArgs {
-  const float *mixed, *z, *a, *b;            // mixed after the prep kernel: [q̂ | k̂ | v] per row
-  const float *a_neg_exp, *dt_bias, *norm;   // the layer's small weights
-  StateRef state;                            // [slots, Hv, dk, dv]
-  float* out;                                // [T, Hv, dv]
-  const SeqRun* runs;
-  int* counters;    // [T, Hv]: slices of the head finished
-  float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
-  int C, Hk, Hv, dv;
-  int gs;  // a's and b's row length (Hv, or a shard's padded gate rows)
-  float eps;
-};
 
 // Σ over the block's 16 row groups of each thread's 4 column partials (in place: every
 // thread gets the sums of its own columns). red: [4 warps][32 columns] of shared memory.
@@ -273,80 +312,118 @@ __device__ __forceinline__ void sum_row_groups(float (&x)[4], float (*red)[kDecC
   }
 }
 
-// grid (T, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
+// The gates of (token row, head h), as deltanet_gates: g = a_neg_exp · softplus(a + dt_bias), β = σ(b).
+struct Gates {
+  float g, beta;
+};
+__device__ __forceinline__ Gates gates_of(const FusedArgs& p, int64_t row, int h) {
+  const int64_t i = row * p.gs + h;
+  const float ga = p.a[i] + p.dt_bias[h];
+  return {p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))), sigmoid_f(p.b[i])};
+}
+
+// grid (runs, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
 // col0 + 4cg .. +3 of rows rg + 16i (i < DK/16) of the head's state: a warp's 16-byte loads
-// cover 4 rows × 128 contiguous bytes.
-template <int DK>
-__global__ void __launch_bounds__(kDecThreads) decode_state_kernel(DecodeArgs p) {
+// cover 4 rows × 128 contiguous bytes. The slice stays in registers through the run's tokens.
+template <int DK, Fused M>
+__global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
   static_assert(kDecThreads == 128 && DK % 16 == 0, "16 row groups of 8 threads");
   constexpr int R = DK / 16;
-  const int t = int(blockIdx.x), h = int(blockIdx.y), slice = int(blockIdx.z), ns = int(gridDim.z);
+  const int i = int(blockIdx.x), h = int(blockIdx.y), slice = int(blockIdx.z), ns = int(gridDim.z);
   const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
   const int dv = p.dv, col = slice * kDecCols + 4 * cg;
-  const SeqRun r = p.runs[t];
-  const int64_t hrow = int64_t(r.begin) * p.Hv + h;  // (token, head) row of z, out
-  // Before the prep kernel's results: the state slice, the gates (a, b come from before it).
+  const SeqRun r = p.runs[i];
+  const bool ro = M == Fused::Verify && (p.readonly >> i & 1);
+  const int n = M == Fused::Decode ? 1 : r.count;
+  // Before the prep kernel's results: the state slice, the first token's gates (a, b or the
+  // saved g, β come from before it).
   const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
   float4 s[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) s[i] = p.state.load4(S + int64_t(rg + 16 * i) * dv);
-  const int64_t grow = int64_t(r.begin) * p.gs + h;  // (token, head) of a, b
-  const float ga = p.a[grow] + p.dt_bias[h];
-  const float decay = expf(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))));  // e^g, g as deltanet_gates
-  const float bt = sigmoid_f(p.b[grow]);
+  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  const int64_t saved_row = int64_t(r.slot) * p.n_save;  // (Verify, Commit) token 0's row of g_in, beta_in
+  auto gates = [&](int j) {
+    if constexpr (M == Fused::Commit) {
+      const int64_t si = (saved_row + j) * p.Hv + h;
+      return Gates{p.g_in[si], p.beta_in[si]};
+    }
+    return gates_of(p, int64_t(r.begin) + j, h);
+  };
+  Gates gt = gates(0);
   griddep_trigger();
   griddep_wait();
 
   __shared__ float qs[DK], ks[DK], red[2][kDecThreads / 32][kDecCols];
   __shared__ int last;
-  const float* xr = p.mixed + int64_t(r.begin) * p.C;
   const int kh = h / (p.Hv / p.Hk);
-  for (int i = tid; i < DK; i += kDecThreads) {
-    qs[i] = xr[kh * DK + i];
-    ks[i] = xr[(p.Hk + kh) * DK + i];
-  }
-  const float4 v4 = *reinterpret_cast<const float4*>(xr + 2 * p.Hk * DK + h * dv + col);
-  __syncthreads();
-  float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // u = Sᵀk̂ after the decay
+  for (int j = 0; j < n; ++j) {
+    const int64_t row = int64_t(r.begin) + j;
+    if (j > 0) {
+      __syncthreads();  // the previous token's reads of qs, ks and last are done
+      gt = gates(j);
+    }
+    if (ro && slice == 0 && tid == 0) {
+      const int64_t si = (saved_row + j) * p.Hv + h;
+      p.g_in[si] = gt.g;
+      p.beta_in[si] = gt.beta;
+    }
+    const float decay = expf(gt.g), bt = gt.beta;
+    const float* xr = p.mixed + row * p.C;
+    for (int e = tid; e < DK; e += kDecThreads) {
+      qs[e] = xr[kh * DK + e];
+      ks[e] = xr[(p.Hk + kh) * DK + e];
+    }
+    const float4 v4 = *reinterpret_cast<const float4*>(xr + 2 * p.Hk * DK + h * dv + col);
+    __syncthreads();
+    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // u = Sᵀk̂ after the decay
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const float k = ks[rg + 16 * i];
-    s[i].x *= decay, s[i].y *= decay, s[i].z *= decay, s[i].w *= decay;
-    u[0] += s[i].x * k, u[1] += s[i].y * k, u[2] += s[i].z * k, u[3] += s[i].w * k;
-  }
-  sum_row_groups(u, red[0]);
-  const float d0 = (v4.x - u[0]) * bt, d1 = (v4.y - u[1]) * bt, d2 = (v4.z - u[2]) * bt, d3 = (v4.w - u[3]) * bt;
-  float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // o = Sᵀq̂ after the update
+    for (int k = 0; k < R; ++k) {
+      const float kk = ks[rg + 16 * k];
+      s[k].x *= decay, s[k].y *= decay, s[k].z *= decay, s[k].w *= decay;
+      u[0] += s[k].x * kk, u[1] += s[k].y * kk, u[2] += s[k].z * kk, u[3] += s[k].w * kk;
+    }
+    sum_row_groups(u, red[0]);
+    const float d0 = (v4.x - u[0]) * bt, d1 = (v4.y - u[1]) * bt, d2 = (v4.z - u[2]) * bt, d3 = (v4.w - u[3]) * bt;
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // o = Sᵀq̂ after the update
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const float k = ks[rg + 16 * i], q = qs[rg + 16 * i];
-    s[i].x += k * d0, s[i].y += k * d1, s[i].z += k * d2, s[i].w += k * d3;
-    o[0] += s[i].x * q, o[1] += s[i].y * q, o[2] += s[i].z * q, o[3] += s[i].w * q;
-    p.state.store4(S + int64_t(rg + 16 * i) * dv, s[i]);
-  }
-  sum_row_groups(o, red[1]);
+    for (int k = 0; k < R; ++k) {
+      const float kk = ks[rg + 16 * k], q = qs[rg + 16 * k];
+      s[k].x += kk * d0, s[k].y += kk * d1, s[k].z += kk * d2, s[k].w += kk * d3;
+      if constexpr (M != Fused::Commit) o[0] += s[k].x * q, o[1] += s[k].y * q, o[2] += s[k].z * q, o[3] += s[k].w * q;
+      if (p.state.bf16 && n > 1) {  // as stored and loaded again by the next decode step (model/state.h)
+        s[k].x = p.state.stored(s[k].x), s[k].y = p.state.stored(s[k].y);
+        s[k].z = p.state.stored(s[k].z), s[k].w = p.state.stored(s[k].w);
+      }
+    }
+    if constexpr (M == Fused::Commit) continue;  // the verify pass gave the outputs
+    sum_row_groups(o, red[1]);
 
-  // The gated RMSNorm spans the head's dv/32 slices: each writes its raw o and Σo²; the last
-  // to finish normalises the whole head (an acquire-release count; the prep kernel zeroed the counter).
-  const int64_t hs = int64_t(t) * p.Hv + h;  // counter and partials of this (token, head)
-  if (tid < 32) {
-    float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
-    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-    if (tid < 8) *reinterpret_cast<float4*>(p.out + hrow * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
-    if (tid == 0) p.partials[hs * ns + slice] = ss;
+    // The gated RMSNorm spans the head's dv/32 slices: each writes its raw o and Σo²; the last
+    // to finish normalises the whole head (an acquire-release count; the prep kernel zeroed the counter).
+    const int64_t hs = row * p.Hv + h;  // counter and partials of this (token, head), out's row
+    if (tid < 32) {
+      float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
+      ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+      ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+      if (tid < 8) *reinterpret_cast<float4*>(p.out + hs * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
+      if (tid == 0) p.partials[hs * ns + slice] = ss;
+    }
+    __syncthreads();  // the block's stores come before thread 0's release
+    if (tid == 0) last = atomic_add_acq_rel(p.counters + hs, 1) == ns - 1;
+    __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
+    if (last) {
+      float ss = 0;
+      for (int e = 0; e < ns; ++e) ss += __ldcg(p.partials + hs * ns + e);
+      const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
+      float* orow = p.out + hs * dv;
+      const float* zr = p.z + hs * dv;
+      for (int e = tid; e < dv; e += kDecThreads) orow[e] = p.norm[e] * (__ldcg(orow + e) * inv) * silu_f(zr[e]);
+    }
   }
-  __syncthreads();  // the block's stores come before thread 0's release
-  if (tid == 0) last = atomic_add_acq_rel(p.counters + hs, 1) == ns - 1;
-  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
-  if (!last) return;
-  float ss = 0;
-  for (int i = 0; i < ns; ++i) ss += __ldcg(p.partials + hs * ns + i);
-  const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-  float* orow = p.out + hrow * dv;
-  const float* zr = p.z + hrow * dv;
-  for (int j = tid; j < dv; j += kDecThreads) orow[j] = p.norm[j] * (__ldcg(orow + j) * inv) * silu_f(zr[j]);
+  if (ro) return;  // a verify run's state stays as it was
+#pragma unroll
+  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
 }
 
 void check_conv(const Tensor& x, const Tensor& w, const Tensor& conv_state, std::span<const SeqRun> runs) {
@@ -489,59 +566,146 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
   launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), dr, runs.size(), out, Hk, dk, INT_MAX, false);
 }
 
-bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
-                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
-                     std::span<const SeqRun> runs, Tensor& out) {
-  if (out.ndim != 3 || ssm_state.ndim != 4 || conv_state.ndim != 3) return false;
+// One call of the fused kernels: its mode and, beyond deltanet_decode's, the verify runs and
+// the saved-input buffers; the pass's tensors (z, a, b, out: null for a commit).
+struct FusedCall {
+  Fused mode;
+  Tensor& mixed;
+  const Tensor *z, *a, *b;
+  Tensor* out;
+  std::span<const SeqRun> runs, verify;
+  Tensor *conv_in, *g_in, *beta_in;  // written by a verify pass, read by a commit
+};
+
+// Launches a FusedCall; false: shapes, dtypes or runs the kernels do not handle, nothing launched.
+static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, float eps, Tensor& conv_state,
+                         Tensor& ssm_state) {
+  static constexpr const char* kOps[] = {"deltanet_decode", "deltanet_verify", "deltanet_commit"};
+  const char* op = kOps[int(f.mode)];
+  const bool pass = f.mode != Fused::Commit, saves = f.mode != Fused::Decode;
+  Tensor& mixed = f.mixed;
+  const std::span<const SeqRun> runs = f.runs;
+  if (ssm_state.ndim != 4 || conv_state.ndim != 3 || mixed.ndim != 2 || runs.empty() || runs.size() > 65535)
+    return false;
   const int64_t T = mixed.rows(), C = mixed.cols(), K = w.conv1d.cols();
-  const int64_t Hv = out.dim(1), dv = out.dim(2), dk = ssm_state.dim(2), Hk = (C - Hv * dv) / (2 * dk);
+  const int64_t Hv = ssm_state.dim(1), dk = ssm_state.dim(2), dv = ssm_state.dim(3), Hk = (C - Hv * dv) / (2 * dk);
   const bool dk_ok = dk == 16 || dk == 32 || dk == 64 || dk == 128;  // 2·dk ≤ the prep kernel's 256 threads
   if (!dk_ok || dv % kDecCols != 0 || dv / kDecCols > 64 || K < 1 || K > kMaxConvK || Hk <= 0 || Hv % Hk != 0 ||
-      2 * Hk * dk + Hv * dv != C || T == 0 || T > 65535 || int64_t(runs.size()) != T)
+      2 * Hk * dk + Hv * dv != C || T == 0 || (pass && f.out->ndim != 3))
     return false;
-  const std::initializer_list<const Tensor*> f32s{&mixed,    &z,           &a,          &b,     &out, &conv_state,
-                                                  &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
+  std::vector<const Tensor*> f32s{&mixed, &conv_state, &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
+  if (pass) f32s.insert(f32s.end(), {f.z, f.a, f.b, f.out});
+  if (saves) f32s.insert(f32s.end(), {f.conv_in, f.g_in, f.beta_in});
   for (const Tensor* t : f32s)
     if (t->dtype != DType::F32) return false;
   if (ssm_state.dtype != DType::F32 && ssm_state.dtype != DType::BF16) return false;
-  const int64_t G = a.numel() / T;  // a's and b's row length: Hv or more (Backend::deltanet_decode)
-  QWEN36_CHECK(z.numel() == T * Hv * dv && G >= Hv && a.numel() == T * G && b.numel() == T * G && out.dim(0) == T,
-               "deltanet_decode: z {} a {} b {} out {} for {} tokens", z.shape_str(), a.shape_str(), b.shape_str(),
-               out.shape_str(), T);
-  QWEN36_CHECK(ssm_state.dim(1) == Hv && ssm_state.dim(3) == dv && conv_state.dim(1) == C && conv_state.dim(2) == K - 1,
-               "deltanet_decode: states {} {} for {} channels, {} heads of {}", conv_state.shape_str(),
-               ssm_state.shape_str(), C, Hv, dv);
+  const int64_t G = pass ? f.a->numel() / T : Hv;  // a's and b's row length: Hv or more (Backend::deltanet_decode)
+  if (pass)
+    QWEN36_CHECK(f.z->numel() == T * Hv * dv && G >= Hv && f.a->numel() == T * G && f.b->numel() == T * G &&
+                     f.out->dim(0) == T && f.out->dim(1) == Hv && f.out->dim(2) == dv,
+                 "{}: z {} a {} b {} out {} for {} tokens", op, f.z->shape_str(), f.a->shape_str(), f.b->shape_str(),
+                 f.out->shape_str(), T);
+  QWEN36_CHECK(conv_state.dim(1) == C && conv_state.dim(2) == K - 1, "{}: states {} {} for {} channels, {} heads of {}",
+               op, conv_state.shape_str(), ssm_state.shape_str(), C, Hv, dv);
   QWEN36_CHECK(w.conv1d.rows() == C && w.a_neg_exp.numel() == Hv && w.dt_bias.numel() == Hv && w.norm.numel() == dv,
-               "deltanet_decode: weights conv {} a {} dt {} norm {}", w.conv1d.shape_str(), w.a_neg_exp.shape_str(),
+               "{}: weights conv {} a {} dt {} norm {}", op, w.conv1d.shape_str(), w.a_neg_exp.shape_str(),
                w.dt_bias.shape_str(), w.norm.shape_str());
-  for (const SeqRun& r : runs)
-    QWEN36_CHECK(r.count == 1 && r.begin >= 0 && r.begin < T && r.slot >= 0 && r.slot < conv_state.dim(0) &&
-                     r.slot < ssm_state.dim(0),
-                 "deltanet_decode: run (slot {}, begin {}, {} tokens) in a batch of {}", r.slot, r.begin, r.count, T);
+  int64_t n_save = 0;
+  if (saves) {
+    const Tensor &ci = *f.conv_in, &gi = *f.g_in, &bi = *f.beta_in;
+    n_save = ci.ndim == 3 ? ci.dim(1) : 0;
+    QWEN36_CHECK(n_save > 0 && ci.dim(2) == C && gi.ndim == 3 && bi.ndim == 3 && gi.dim(1) == n_save &&
+                     gi.dim(2) == Hv && bi.dim(1) == n_save && bi.dim(2) == Hv && gi.dim(0) == ci.dim(0) &&
+                     bi.dim(0) == ci.dim(0),
+                 "{}: saved inputs {} / {} / {} for {} channels, {} heads", op, ci.shape_str(), gi.shape_str(),
+                 bi.shape_str(), C, Hv);
+  }
+  // Which runs only read their state: the verify runs, found in `runs` by their first row.
+  uint64_t readonly = 0;
+  if (f.mode == Fused::Verify) {
+    if (runs.size() > size_t(kVerifyMaxRuns)) return false;
+    for (const SeqRun& v : f.verify) {
+      const auto it = std::find_if(runs.begin(), runs.end(), [&](const SeqRun& r) { return r.begin == v.begin; });
+      QWEN36_CHECK(it != runs.end() && it->slot == v.slot && it->count == v.count,
+                   "{}: verify run (slot {}, begin {}, {} tokens) is not one of the batch's runs", op, v.slot, v.begin,
+                   v.count);
+      readonly |= uint64_t(1) << (it - runs.begin());
+    }
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const SeqRun& r = runs[i];
+    const bool many = f.mode == Fused::Commit || (readonly >> i & 1);  // runs of several tokens allowed
+    if (r.count != 1 && !many) return false;  // a plain run of many tokens (a prefill): not fused
+    QWEN36_CHECK(r.count >= 1 && r.begin >= 0 && r.begin + r.count <= T && r.slot >= 0 &&
+                     r.slot < conv_state.dim(0) && r.slot < ssm_state.dim(0) &&
+                     (!saves || (r.count <= n_save && r.slot < f.conv_in->dim(0))),
+                 "{}: run (slot {}, begin {}, {} tokens) in a batch of {}", op, r.slot, r.begin, r.count, T);
+    rows += r.count;
+  }
+  QWEN36_CHECK(rows == T, "{}: runs of {} tokens in a batch of {}", op, rows, T);
   Temp<SeqRun> tmp(c, 0);
   const SeqRun* dr = dev_runs(c, runs, tmp);
   if (!dr) return true;  // recording could not upload the runs: marked failed, nothing runs
   const int ns = int(dv / kDecCols);
-  Temp<float> scratch(c, size_t(T * Hv * (1 + ns)));  // head counters (int), then the slices' Σo²
-  int* counters = reinterpret_cast<int*>(scratch.get());
-  const dim3 pgrid{unsigned(T), unsigned(Hk + blocks_for(Hv * dv, kDecPrepThreads))};
-  decode_prep_kernel<<<pgrid, kDecPrepThreads, 0, c.stream>>>(mixed.as<float>(), w.conv1d.as<const float>(),
-                                                               conv_state.as<float>(), dr, counters, int(C), int(K),
-                                                               int(Hk), int(dk), int(Hv), 1.0f / std::sqrt(float(dk)));
-  CUDA_LAUNCH_CHECK();
-  const DecodeArgs p{mixed.as<const float>(), z.as<const float>(), a.as<const float>(), b.as<const float>(),
-                     w.a_neg_exp.as<const float>(), w.dt_bias.as<const float>(), w.norm.as<const float>(),
-                     state_ref(ssm_state), out.as<float>(), dr, counters, scratch.get() + T * Hv,
-                     int(C), int(Hk), int(Hv), int(dv), int(G), eps};
-  const dim3 sgrid{unsigned(T), unsigned(Hv), unsigned(ns)};
-  switch (dk) {
-    case 16: launch_pdl(decode_state_kernel<16>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    case 32: launch_pdl(decode_state_kernel<32>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    case 64: launch_pdl(decode_state_kernel<64>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    default: launch_pdl(decode_state_kernel<128>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+  Temp<float> scratch(c, pass ? size_t(T * Hv * (1 + ns)) : 0);  // head counters (int), then the slices' Σo²
+  FusedArgs p{};
+  p.mixed = mixed.as<float>();
+  if (pass) p.z = f.z->as<const float>(), p.a = f.a->as<const float>(), p.b = f.b->as<const float>();
+  if (pass) p.out = f.out->as<float>();
+  p.conv_w = w.conv1d.as<const float>(), p.a_neg_exp = w.a_neg_exp.as<const float>();
+  p.dt_bias = w.dt_bias.as<const float>(), p.norm = w.norm.as<const float>();
+  p.conv_state = conv_state.as<float>(), p.state = state_ref(ssm_state), p.runs = dr;
+  p.counters = reinterpret_cast<int*>(scratch.get()), p.partials = pass ? scratch.get() + T * Hv : nullptr;
+  if (saves) p.conv_in = f.conv_in->as<float>(), p.g_in = f.g_in->as<float>(), p.beta_in = f.beta_in->as<float>();
+  p.readonly = readonly, p.n_save = int(n_save);
+  p.C = int(C), p.K = int(K), p.Hk = int(Hk), p.dk = int(dk), p.Hv = int(Hv), p.dv = int(dv), p.gs = int(G);
+  p.scale = 1.0f / std::sqrt(float(dk)), p.eps = eps;
+  const unsigned nr = unsigned(runs.size());
+  const dim3 pgrid{nr, unsigned(Hk + blocks_for(Hv * dv, kDecPrepThreads))}, sgrid{nr, unsigned(Hv), unsigned(ns)};
+  auto launch = [&](auto mode) {
+    constexpr Fused M = decltype(mode)::value;
+    fused_prep_kernel<M><<<pgrid, kDecPrepThreads, 0, c.stream>>>(p);
+    CUDA_LAUNCH_CHECK();
+    switch (dk) {
+      case 16: launch_pdl(fused_state_kernel<16, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      case 32: launch_pdl(fused_state_kernel<32, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      case 64: launch_pdl(fused_state_kernel<64, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      default: launch_pdl(fused_state_kernel<128, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+    }
+    CUDA_LAUNCH_CHECK();
+  };
+  switch (f.mode) {
+    case Fused::Decode: launch(std::integral_constant<Fused, Fused::Decode>{}); break;
+    case Fused::Verify: launch(std::integral_constant<Fused, Fused::Verify>{}); break;
+    case Fused::Commit: launch(std::integral_constant<Fused, Fused::Commit>{}); break;
   }
-  CUDA_LAUNCH_CHECK();
   return true;
+}
+
+bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, Tensor& out) {
+  if (int64_t(runs.size()) != mixed.rows()) return false;
+  const FusedCall f{Fused::Decode, mixed, &z, &a, &b, &out, runs, {}, nullptr, nullptr, nullptr};
+  return launch_fused(c, f, w, eps, conv_state, ssm_state);
+}
+
+bool deltanet_verify(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in,
+                     Tensor& beta_in, Tensor& out) {
+  const FusedCall f{Fused::Verify, mixed, &z, &a, &b, &out, runs, verify, &conv_in, &g_in, &beta_in};
+  return launch_fused(c, f, w, eps, conv_state, ssm_state);
+}
+
+bool deltanet_commit(Ctx& c, const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in,
+                     Tensor& mixed) {
+  // (a commit's kernels only read the saved inputs)
+  const FusedCall f{Fused::Commit, mixed,  nullptr,  nullptr, nullptr, nullptr, runs, {}, const_cast<Tensor*>(&conv_in),
+                    const_cast<Tensor*>(&g_in), const_cast<Tensor*>(&beta_in)};
+  return launch_fused(c, f, w, 0.0f, conv_state, ssm_state);
 }
 
 }  // namespace qwen36::cuda

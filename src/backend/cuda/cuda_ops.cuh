@@ -462,6 +462,14 @@ void gated_delta_rule_readonly(Ctx&, const Tensor& q, const Tensor& k, const Ten
 // handle (the caller then composes the plain ops).
 bool deltanet_decode(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
                      float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs, Tensor& out);
+// Backend::deltanet_verify in the same two launches; false: not taken (nothing launched).
+bool deltanet_verify(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
+                     float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
+                     std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in, Tensor& beta_in, Tensor& out);
+// Backend::deltanet_commit in the same two launches; false: not taken (nothing launched).
+bool deltanet_commit(Ctx&, const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in,
+                     Tensor& mixed);
 
 void sample_candidates(Ctx&, Tensor& logits, std::span<const SampleRowParams> rows,
                        std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals, float* stats);
