@@ -3,7 +3,7 @@
 
   export CUDA_INJECTION64_PATH=build/.../libqwen36_kernel_trace.so QWEN36_TRACE_OUT=trace.csv
   qwen36 bench --backend cuda --synthetic qwen3.6-27b --type q4_k_m -p "" -n 16 -r 1 -b 1
-  scripts/trace-step.py trace.csv [--steps 8] [--sequence 40]
+  scripts/trace-step.py trace.csv [--steps 8] [--sequence 40] [--min-kernels N] [--max-kernels M]
 
 A graph launch's kernels share the launch's correlation id. The step graph is the graph id
 launched most often among launches of at least --min-kernels kernels; its last --steps launches
@@ -53,6 +53,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=8, help="last N launches of the step graph (default 8)")
     ap.add_argument("--min-kernels", type=int, default=50, help="a step graph has at least this many kernels")
+    ap.add_argument("--max-kernels", type=int, default=1 << 30, help="and at most this many (e.g. a commit's graph)")
     ap.add_argument("--graph", type=int, help="the graph id to read (default: the most launched)")
     ap.add_argument("--sequence", type=int, default=0, help="print the first N kernels of the last step")
     args = ap.parse_args()
@@ -62,9 +63,9 @@ def main():
         for r in csv.DictReader(f):
             if r["graph_id"] != "0":
                 launches[int(r["correlation"])].append(r)
-    big = {c: ks for c, ks in launches.items() if len(ks) >= args.min_kernels}
+    big = {c: ks for c, ks in launches.items() if args.min_kernels <= len(ks) <= args.max_kernels}
     if not big:
-        sys.exit(f"{args.csv}: no graph launch of {args.min_kernels}+ kernels")
+        sys.exit(f"{args.csv}: no graph launch of {args.min_kernels}..{args.max_kernels} kernels")
     per_graph = collections.Counter(ks[0]["graph_id"] for ks in big.values())
     graph = str(args.graph) if args.graph is not None else per_graph.most_common(1)[0][0]
     steps = sorted((ks for ks in big.values() if ks[0]["graph_id"] == graph), key=lambda ks: int(ks[0]["start_ns"]))

@@ -205,6 +205,8 @@ constexpr int kDecPrepThreads = 256;  // prep kernel: a key head's q and k chann
 constexpr int kDecThreads = 128;      // state kernel: 8 column groups (4 columns each) × 16 row groups
 constexpr int kDecCols = 32;          // state columns per block
 constexpr int kVerifyMaxRuns = 64;    // a verify pass's runs: bits of FusedArgs::readonly
+constexpr int kPrepChunk = 8;         // prep kernel: tokens whose inputs a thread requests at once
+constexpr int kFusedMaxTokens = 64;   // a run's tokens in a verify pass or a commit (the state kernel's gates)
 
 // Both kernels take a block's run from blockIdx.x and step through its tokens. Decode: one
 // token per run, advancing its state. Verify: runs of k + 1 tokens that only read their state
@@ -255,13 +257,23 @@ __global__ void __launch_bounds__(kDecPrepThreads) fused_prep_kernel(FusedArgs p
     if (ro) saved[int64_t(j) * C + ch] = xin;
     return xin;
   };
-  if (M != Fused::Commit && y == 0)
-    for (int e = tid; e < n * p.Hv; e += kDecPrepThreads) p.counters[int64_t(r.begin) * p.Hv + e] = 0;
+  if (M != Fused::Commit && y == 0)  // the state kernel's head counters of the run (at its first row)
+    for (int e = tid; e < p.Hv; e += kDecPrepThreads) p.counters[int64_t(r.begin) * p.Hv + e] = 0;
+  // The inputs of up to kPrepChunk tokens are requested together: one memory round trip per
+  // chunk, not per token (a verify pass's and a commit's runs step through k + 1 tokens).
   if (y >= Hk) {
     const int ch = 2 * Hk * dk + (y - Hk) * kDecPrepThreads + tid;
     if (ch >= C) return;
     ConvWindow cw(st + int64_t(ch) * (K - 1), p.conv_w + int64_t(ch) * K, K);
-    for (int j = 0; j < n; ++j) x[int64_t(j) * C + ch] = cw.step(input(j, ch));
+    for (int j0 = 0; j0 < n; j0 += kPrepChunk) {
+      float xin[kPrepChunk];
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (j0 + u < n) xin[u] = input(j0 + u, ch);
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (j0 + u < n) x[int64_t(j0 + u) * C + ch] = cw.step(xin[u]);
+    }
     if (!ro) cw.store(st + int64_t(ch) * (K - 1));
     return;
   }
@@ -269,9 +281,18 @@ __global__ void __launch_bounds__(kDecPrepThreads) fused_prep_kernel(FusedArgs p
   const bool is_q = tid < dk, active = tid < 2 * dk;
   const int ch = is_q ? y * dk + tid : Hk * dk + y * dk + (tid - dk);
   ConvWindow cw(st + int64_t(active ? ch : 0) * (K - 1), p.conv_w + int64_t(active ? ch : 0) * K, K);
+  float xin[kPrepChunk];
   for (int j = 0; j < n; ++j) {
+    if (j % kPrepChunk == 0)  // block-uniform
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (active && j + u < n) xin[u] = input(j + u, ch);
     float* xj = x + int64_t(j) * C;
-    const float val = active ? cw.step(input(j, ch)) : 0.0f;
+    float xj_in = xin[0];
+#pragma unroll
+    for (int u = 1; u < kPrepChunk; ++u)
+      if (j % kPrepChunk == u) xj_in = xin[u];  // (a register array indexed by constants only)
+    const float val = active ? cw.step(xj_in) : 0.0f;
     const float sq = warp_sum(active && is_q ? val * val : 0.0f);
     const float sk = warp_sum(active && !is_q ? val * val : 0.0f);
     float(*pj)[kDecPrepThreads / 32] = part[j & 1];  // written again two tokens on, past a barrier
@@ -313,117 +334,126 @@ __device__ __forceinline__ void sum_row_groups(float (&x)[4], float (*red)[kDecC
 }
 
 // The gates of (token row, head h), as deltanet_gates: g = a_neg_exp · softplus(a + dt_bias), β = σ(b).
-struct Gates {
-  float g, beta;
-};
-__device__ __forceinline__ Gates gates_of(const FusedArgs& p, int64_t row, int h) {
+__device__ __forceinline__ float2 gates_of(const FusedArgs& p, int64_t row, int h) {
   const int64_t i = row * p.gs + h;
   const float ga = p.a[i] + p.dt_bias[h];
-  return {p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))), sigmoid_f(p.b[i])};
+  return make_float2(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))), sigmoid_f(p.b[i]));
 }
 
 // grid (runs, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
 // col0 + 4cg .. +3 of rows rg + 16i (i < DK/16) of the head's state: a warp's 16-byte loads
 // cover 4 rows × 128 contiguous bytes. The slice stays in registers through the run's tokens.
+// A token's chain is its two reductions: its gates are loaded for all tokens before the wait,
+// the next token's q̂, k̂, v are requested while this one computes, and the gated RMSNorm of the
+// head (which spans the slices) is done once for all the run's tokens, by the head's last block
+// to finish (one acquire-release count per block; the prep kernel zeroed the counter).
 template <int DK, Fused M>
 __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
-  static_assert(kDecThreads == 128 && DK % 16 == 0, "16 row groups of 8 threads");
+  static_assert(kDecThreads == 128 && DK % 16 == 0 && DK <= kDecThreads, "16 row groups of 8 threads");
   constexpr int R = DK / 16;
+  constexpr bool kOut = M != Fused::Commit;  // a pass's outputs (a commit has none)
   const int i = int(blockIdx.x), h = int(blockIdx.y), slice = int(blockIdx.z), ns = int(gridDim.z);
   const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
   const int dv = p.dv, col = slice * kDecCols + 4 * cg;
   const SeqRun r = p.runs[i];
   const bool ro = M == Fused::Verify && (p.readonly >> i & 1);
   const int n = M == Fused::Decode ? 1 : r.count;
-  // Before the prep kernel's results: the state slice, the first token's gates (a, b or the
-  // saved g, β come from before it).
+  __shared__ float2 gts[kFusedMaxTokens];  // (g, β) of each token
+  __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
+  __shared__ int last;
+  // Before the prep kernel's results: the state slice and the gates (a, b or the saved g, β
+  // come from before it); a verify run's gates are saved for its commit.
   const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
   float4 s[R];
 #pragma unroll
   for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
-  const int64_t saved_row = int64_t(r.slot) * p.n_save;  // (Verify, Commit) token 0's row of g_in, beta_in
-  auto gates = [&](int j) {
+  for (int j = tid; j < n; j += kDecThreads) {
+    const int64_t si = (int64_t(r.slot) * p.n_save + j) * p.Hv + h;  // (Verify, Commit) token j in g_in, beta_in
     if constexpr (M == Fused::Commit) {
-      const int64_t si = (saved_row + j) * p.Hv + h;
-      return Gates{p.g_in[si], p.beta_in[si]};
+      gts[j] = make_float2(p.g_in[si], p.beta_in[si]);
+    } else {
+      gts[j] = gates_of(p, int64_t(r.begin) + j, h);
+      if (ro && slice == 0) p.g_in[si] = gts[j].x, p.beta_in[si] = gts[j].y;
     }
-    return gates_of(p, int64_t(r.begin) + j, h);
-  };
-  Gates gt = gates(0);
+  }
   griddep_trigger();
   griddep_wait();
 
-  __shared__ float qs[DK], ks[DK], red[2][kDecThreads / 32][kDecCols];
-  __shared__ int last;
   const int kh = h / (p.Hv / p.Hk);
+  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * dv + col;
+  // token j's q̂, k̂ element (thread tid < DK) and v columns, from the prep kernel's rows
+  auto fetch = [&](int j, float& q, float& k, float4& v) {
+    const float* xr = p.mixed + (int64_t(r.begin) + j) * p.C;
+    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
+    v = *reinterpret_cast<const float4*>(xr + v_off);
+  };
+  float nq = 0.0f, nk = 0.0f;
+  float4 v4;
+  fetch(0, nq, nk, v4);
+  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
   for (int j = 0; j < n; ++j) {
     const int64_t row = int64_t(r.begin) + j;
-    if (j > 0) {
-      __syncthreads();  // the previous token's reads of qs, ks and last are done
-      gt = gates(j);
-    }
-    if (ro && slice == 0 && tid == 0) {
-      const int64_t si = (saved_row + j) * p.Hv + h;
-      p.g_in[si] = gt.g;
-      p.beta_in[si] = gt.beta;
-    }
-    const float decay = expf(gt.g), bt = gt.beta;
-    const float* xr = p.mixed + row * p.C;
-    for (int e = tid; e < DK; e += kDecThreads) {
-      qs[e] = xr[kh * DK + e];
-      ks[e] = xr[(p.Hk + kh) * DK + e];
-    }
-    const float4 v4 = *reinterpret_cast<const float4*>(xr + 2 * p.Hk * DK + h * dv + col);
-    __syncthreads();
+    const float* q_s = qs[j & 1];
+    const float* k_s = ks[j & 1];
+    __syncthreads();  // token j's q̂, k̂ (and gts) are in; the previous token's reads of the other buffer are done
+    const float4 vj = v4;
+    if (j + 1 < n) fetch(j + 1, nq, nk, v4);  // in flight while token j computes
+    const float decay = expf(gts[j].x), bt = gts[j].y;
     float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // u = Sᵀk̂ after the decay
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      const float kk = ks[rg + 16 * k];
+      const float kk = k_s[rg + 16 * k];
       s[k].x *= decay, s[k].y *= decay, s[k].z *= decay, s[k].w *= decay;
       u[0] += s[k].x * kk, u[1] += s[k].y * kk, u[2] += s[k].z * kk, u[3] += s[k].w * kk;
     }
     sum_row_groups(u, red[0]);
-    const float d0 = (v4.x - u[0]) * bt, d1 = (v4.y - u[1]) * bt, d2 = (v4.z - u[2]) * bt, d3 = (v4.w - u[3]) * bt;
+    const float d0 = (vj.x - u[0]) * bt, d1 = (vj.y - u[1]) * bt, d2 = (vj.z - u[2]) * bt, d3 = (vj.w - u[3]) * bt;
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // o = Sᵀq̂ after the update
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      const float kk = ks[rg + 16 * k], q = qs[rg + 16 * k];
+      const float kk = k_s[rg + 16 * k], q = q_s[rg + 16 * k];
       s[k].x += kk * d0, s[k].y += kk * d1, s[k].z += kk * d2, s[k].w += kk * d3;
-      if constexpr (M != Fused::Commit) o[0] += s[k].x * q, o[1] += s[k].y * q, o[2] += s[k].z * q, o[3] += s[k].w * q;
+      if constexpr (kOut) o[0] += s[k].x * q, o[1] += s[k].y * q, o[2] += s[k].z * q, o[3] += s[k].w * q;
       if (p.state.bf16 && n > 1) {  // as stored and loaded again by the next decode step (model/state.h)
         s[k].x = p.state.stored(s[k].x), s[k].y = p.state.stored(s[k].y);
         s[k].z = p.state.stored(s[k].z), s[k].w = p.state.stored(s[k].w);
       }
     }
-    if constexpr (M == Fused::Commit) continue;  // the verify pass gave the outputs
-    sum_row_groups(o, red[1]);
-
-    // The gated RMSNorm spans the head's dv/32 slices: each writes its raw o and Σo²; the last
-    // to finish normalises the whole head (an acquire-release count; the prep kernel zeroed the counter).
-    const int64_t hs = row * p.Hv + h;  // counter and partials of this (token, head), out's row
-    if (tid < 32) {
-      float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
-      ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
-      ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-      ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-      if (tid < 8) *reinterpret_cast<float4*>(p.out + hs * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
-      if (tid == 0) p.partials[hs * ns + slice] = ss;
+    if constexpr (kOut) {
+      sum_row_groups(o, red[1]);
+      // this slice's raw o and Σo² of (token, head): normalised below, once the head is whole
+      const int64_t hs = row * p.Hv + h;
+      if (tid < 32) {
+        float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+        if (tid < 8) *reinterpret_cast<float4*>(p.out + hs * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
+        if (tid == 0) p.partials[hs * ns + slice] = ss;
+      }
     }
-    __syncthreads();  // the block's stores come before thread 0's release
-    if (tid == 0) last = atomic_add_acq_rel(p.counters + hs, 1) == ns - 1;
-    __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
-    if (last) {
-      float ss = 0;
-      for (int e = 0; e < ns; ++e) ss += __ldcg(p.partials + hs * ns + e);
-      const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-      float* orow = p.out + hs * dv;
-      const float* zr = p.z + hs * dv;
-      for (int e = tid; e < dv; e += kDecThreads) orow[e] = p.norm[e] * (__ldcg(orow + e) * inv) * silu_f(zr[e]);
-    }
+    if (j + 1 < n && tid < DK) qs[(j + 1) & 1][tid] = nq, ks[(j + 1) & 1][tid] = nk;
   }
-  if (ro) return;  // a verify run's state stays as it was
+  if (!ro) {
 #pragma unroll
-  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+    for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  }
+  if constexpr (!kOut) return;
+  // The gated RMSNorm spans the head's dv/32 slices: the last of its blocks to finish (an
+  // acquire-release count on the run's first token's counter) normalises all the run's rows.
+  __syncthreads();  // the block's stores come before thread 0's release
+  if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(r.begin) * p.Hv + h, 1) == ns - 1;
+  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
+  if (!last) return;
+  for (int j = 0; j < n; ++j) {
+    const int64_t hs = (int64_t(r.begin) + j) * p.Hv + h;
+    float ss = 0;
+    for (int e = 0; e < ns; ++e) ss += __ldcg(p.partials + hs * ns + e);
+    const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
+    float* orow = p.out + hs * dv;
+    const float* zr = p.z + hs * dv;
+    for (int e = tid; e < dv; e += kDecThreads) orow[e] = p.norm[e] * (__ldcg(orow + e) * inv) * silu_f(zr[e]);
+  }
 }
 
 void check_conv(const Tensor& x, const Tensor& w, const Tensor& conv_state, std::span<const SeqRun> runs) {
@@ -636,7 +666,7 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
   for (size_t i = 0; i < runs.size(); ++i) {
     const SeqRun& r = runs[i];
     const bool many = f.mode == Fused::Commit || (readonly >> i & 1);  // runs of several tokens allowed
-    if (r.count != 1 && !many) return false;  // a plain run of many tokens (a prefill): not fused
+    if ((r.count != 1 && !many) || r.count > kFusedMaxTokens) return false;  // e.g. a prefill's run: not fused
     QWEN36_CHECK(r.count >= 1 && r.begin >= 0 && r.begin + r.count <= T && r.slot >= 0 &&
                      r.slot < conv_state.dim(0) && r.slot < ssm_state.dim(0) &&
                      (!saves || (r.count <= n_save && r.slot < f.conv_in->dim(0))),
