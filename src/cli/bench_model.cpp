@@ -48,7 +48,7 @@ BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const s
     const ModelConfig cfg = model_preset(o.synthetic, o.layers);
     if (dt == DType::I32) {  // block-quantized: a mix (CPU, CUDA), one block type or an HF type (CUDA)
 #ifdef QWEN36_HAVE_CUDA
-      if (cuda) w = make_random_quant_weights_cuda(cfg, o.type, 42);
+      if (cuda) w = make_random_quant_weights_cuda(cfg, o.type, 42, o.with_mtp);
 #endif
       if (!cuda) {
         const auto mix = parse_quant_mix(o.type);
@@ -60,7 +60,7 @@ BenchWeights load_bench_weights(const BenchWeightsOptions& o, bool cuda, const s
       }
     } else {
 #ifdef QWEN36_HAVE_CUDA
-      w = cuda ? make_random_weights_cuda(cfg, dt, 42) : make_random_weights(cfg, dt, 42, o.with_mtp);
+      w = cuda ? make_random_weights_cuda(cfg, dt, 42, o.with_mtp) : make_random_weights(cfg, dt, 42, o.with_mtp);
 #else
       w = make_random_weights(cfg, dt, 42, o.with_mtp);
 #endif

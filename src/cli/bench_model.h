@@ -32,7 +32,7 @@ struct BenchWeightsOptions {
   std::string synthetic;  // a preset name (model/presets.h)
   std::string type = "bf16";  // synthetic matrices: bf16, f16, f32, a quant mix, or (cuda) one block type
   int64_t layers = 0;     // override the preset's layer count (0: keep)
-  bool with_mtp = false;  // synthetic, CPU or dense: give the model a random MTP head
+  bool with_mtp = false;  // synthetic: give the model a random MTP head (its preset has one)
 };
 struct BenchWeights {
   ModelWeights weights;

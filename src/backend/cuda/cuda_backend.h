@@ -34,13 +34,16 @@ double cuda_copy_bandwidth_gbs(size_t bytes, int reps);
 // cuBLAS bf16 GEMM n×n×n (f32 accumulation, bf16 out), best of `reps`: TFLOP/s.
 double cuda_bf16_gemm_tflops(int n, int reps);
 // Random weights generated directly in device memory (same structure and scales as
-// make_random_weights; values differ). prepare_weights of the CUDA backend keeps them in place.
-ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dtype, uint64_t seed);
+// make_random_weights; values differ); with_mtp: also the MTP head, where the config has one.
+// prepare_weights of the CUDA backend keeps them in place.
+ModelWeights make_random_weights_cuda(const ModelConfig& config, DType matrix_dtype, uint64_t seed,
+                                      bool with_mtp = false);
 // The same with block-quantized matrices: `type` is a quantization mix ("q4_k_m", "q8_0", ...;
 // per-tensor types as `qwen36 quantize` gives them), a block type ("q4_k", "iq4_xs", ...: every
 // quantizable matrix in that type), or a Hugging Face checkpoint type ("awq" = "w4g128", "w4g32",
 // "nvfp4", "fp8": the Linear layers such checkpoints quantize, the rest bf16).
-ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed);
+ModelWeights make_random_quant_weights_cuda(const ModelConfig& config, const std::string& type, uint64_t seed,
+                                            bool with_mtp = false);
 // Repacks a Q4_K / Q6_K / Q8_0 / W4_G128 / W4_G32 / NVFP4 matrix in device memory (N % 16 == 0,
 // K % 256 == 0) into the CUDA backend's tiled layout (dtype becomes its *_T16), in place and
 // synchronously; false when the type or shape does not qualify. prepare_weights does this for

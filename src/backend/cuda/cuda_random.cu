@@ -184,7 +184,7 @@ DType quant_block_type(const std::string& name) {
 }
 
 ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
-                   const std::unordered_map<std::string, DType>* types) {
+                   const std::unordered_map<std::string, DType>* types, bool with_mtp) {
   c.validate();
   ModelWeights w;
   w.config = c;
@@ -198,6 +198,17 @@ ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
     b.set_layer(i);
     w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)]));
   }
+  if (with_mtp && c.mtp_layers > 0) {  // the MTP head (GGUF nextn names, as the CPU model's plan): real drafting in benches
+    const int64_t H = c.hidden_size;
+    b.set_layer(c.n_layers);
+    MtpWeights m;
+    m.fc = b.matrix("nextn.eh_proj.weight", {H, 2 * H}, 1.0f / std::sqrt(float(2 * H)));
+    m.pre_fc_norm_embedding = b.f32({H}, 1.0f, 0.1f);
+    m.pre_fc_norm_hidden = b.f32({H}, 1.0f, 0.1f);
+    m.norm = b.f32({H}, 1.0f, 0.1f);
+    m.layer = random_layer(b, c, LayerKind::FullAttention);
+    w.mtp = std::move(m);
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
   validate_weights(w);
   return w;
@@ -205,10 +216,10 @@ ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
 
 }  // namespace
 
-ModelWeights make_random_weights_cuda(const ModelConfig& c, DType matrix_dtype, uint64_t seed) {
+ModelWeights make_random_weights_cuda(const ModelConfig& c, DType matrix_dtype, uint64_t seed, bool with_mtp) {
   QWEN36_CHECK(matrix_dtype == DType::F32 || matrix_dtype == DType::F16 || matrix_dtype == DType::BF16,
                "random weights: dtype {} is not supported here", dtype_name(matrix_dtype));
-  return build(c, matrix_dtype, seed, nullptr);
+  return build(c, matrix_dtype, seed, nullptr, with_mtp);
 }
 
 // A Hugging Face checkpoint type by its bench name (awq / w4g128, w4g32, nvfp4, fp8); F32 when none.
@@ -220,7 +231,8 @@ DType hf_synthetic_type(const std::string& name) {
   return DType::F32;
 }
 
-ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::string& type, uint64_t seed) {
+ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::string& type, uint64_t seed,
+                                            bool with_mtp) {
   if (const DType hf = hf_synthetic_type(type); hf != DType::F32) {
     // The Linear layers such checkpoints quantize (attention, GDN qkv / z / out, MLPs and
     // experts; rows of whole blocks); embeddings, lm_head, routers, the shared-expert gate and
@@ -233,7 +245,7 @@ ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::str
                         n.find("ssm_alpha") != n.npos || n.find("ssm_beta") != n.npos;
       by_name[n] = !skip && t.shape.size() >= 2 && t.shape.back() % dtype_block_elems(hf) == 0 ? hf : DType::BF16;
     }
-    return build(c, DType::BF16, seed, &by_name);
+    return build(c, DType::BF16, seed, &by_name, with_mtp);
   }
   // The per-tensor types `qwen36 quantize` would give the CPU synthetic model of the same
   // preset (model/random_quant_weights.cpp): a mix's rules, or for a block type every matrix
@@ -249,7 +261,7 @@ ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::str
     if (!mix && dtype_is_quantized(t) && plan.tensors[i].cols() % dtype_block_elems(pure) == 0) t = pure;
     by_name[plan.tensors[i].name] = t;
   }
-  return build(c, DType::BF16, seed, &by_name);
+  return build(c, DType::BF16, seed, &by_name, with_mtp);
 }
 
 }  // namespace qwen36
