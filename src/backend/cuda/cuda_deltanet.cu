@@ -200,7 +200,7 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
   }
 }
 
-// ---- fused decode step and chain verify pass ----
+// ---- fused decode step, chain verify pass and commit ----
 constexpr int kDecPrepThreads = 256;  // prep kernel: a key head's q and k channels (2·dk ≤ 256), or 256 v channels
 constexpr int kDecThreads = 128;      // state kernel: 8 column groups (4 columns each) × 16 row groups
 constexpr int kDecCols = 32;          // state columns per block
@@ -223,7 +223,7 @@ struct FusedArgs {
   StateRef state;                              // [slots, Hv, dk, dv]
   float* out;                                  // [T, Hv, dv] (not Commit)
   const SeqRun* runs;
-  int* counters;    // [T, Hv]: slices of the (token, head) finished
+  int* counters;    // [T, Hv]: at (a run's first row, head), the head's slices finished (not Commit)
   float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
   // Verify: the read-only runs' inputs, saved; Commit: read. Rows [0, count) of the run's slot.
   float *conv_in, *g_in, *beta_in;  // [slots, n_save, C], [slots, n_save, Hv] ×2
