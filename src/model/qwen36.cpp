@@ -507,10 +507,11 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     // the copies of their saved DeltaNet inputs (save_rows) address the slot's rows directly
     key.mix(uint64_t(batch.runs.size()) | uint64_t(1) << 63);
     // (a verify run of one token reads its state as a longer one: marked by bit 31)
-    for (const SeqRun& r : batch.runs) {
-      const bool v = std::any_of(verify->verify.begin(), verify->verify.end(),
-                                 [&](const SeqRun& x) { return x.begin == r.begin; });
-      key.mix(uint64_t(r.count) | (v ? uint64_t(1) << 31 | uint64_t(uint32_t(r.slot)) << 32 : 0));
+    std::vector<bool> is_verify(batch.runs.size(), false);
+    for (int32_t i : batch.verify_runs) is_verify[size_t(i)] = true;
+    for (size_t i = 0; i < batch.runs.size(); ++i) {
+      const SeqRun& r = batch.runs[i];
+      key.mix(uint64_t(r.count) | (is_verify[i] ? uint64_t(1) << 31 | uint64_t(uint32_t(r.slot)) << 32 : 0));
     }
   }
   key.mix(uint64_t(logits != nullptr || sample != nullptr));  // the same recording serves both
@@ -740,8 +741,8 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   // launches a DeltaNet layer otherwise cost the host more than the device.
   ws_->begin(backend_);
   backend_.set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
-  auto run = [&] { commit_layers(state, commits, runs, paths, T); };
   const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
+  auto run = [&] { commit_layers(state, commits, runs, paths, T, chain); };
   if (!chain) return run();  // a tree commit's row copies follow its path: not recorded
   RecordingKey key(0x9e3779b97f4a7c15ull);
   key.mix(uint64_t(T));
@@ -760,18 +761,17 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
 // commit_speculative_rank's device work: each DeltaNet layer's kept rows replayed through the
 // plain conv and delta rule (from the verify pass's saved inputs), advancing the slots' states.
 void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
-                          std::span<const std::vector<int32_t>> paths, int32_t T) {
+                          std::span<const std::vector<int32_t>> paths, int32_t T, bool chain) {
   const ModelConfig& c = w_.config;
   const int32_t n_max = state.spec_max_tokens();
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
                 C = c.conv_dim();
-  // Chains (each run's rows its slot's first `keep`) in one backend op where it fuses them.
-  const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
   for (int64_t i = 0; i < c.n_layers; ++i) {
     if (c.layer_kinds[size_t(i)] == LayerKind::FullAttention) continue;
     Scratch s(backend_, *ws_);
     Tensor mixed = s.f32({T, C});
     const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;
+    // chain: each run's rows are its slot's first `keep`, in one backend op where it fuses them
     if (chain && backend_.deltanet_commit(d, state.conv_state(i), state.recurrent_state(i), runs,
                                           state.spec_conv_input(i), state.spec_g(i), state.spec_beta(i), mixed))
       continue;

@@ -267,8 +267,9 @@ class Model {
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
                    SampleRequest* sample = nullptr, const VerifySave* verify = nullptr);
   void replay_or_record(uint64_t key, int seen, const std::function<void()>& run);
+  // chain: no commit has a tree path (every run's rows are its slot's first `keep`).
   void commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
-                     std::span<const std::vector<int32_t>> paths, int32_t T);
+                     std::span<const std::vector<int32_t>> paths, int32_t T, bool chain);
   // A forward pass on every rank: the peers' plain pass, rank0() here (forward / forward_sample).
   void forward_peers(const ForwardBatch& batch, ModelState& state, const std::function<void()>& rank0);
   // This rank's part of the public passes.

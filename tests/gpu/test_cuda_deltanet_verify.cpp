@@ -114,12 +114,7 @@ void check_verify(Backend& gpu, std::mt19937& rng, const DecodeShape& s, const V
   for (const SeqRun& r : vb.runs) T += r.count;
   const DecodeWeights w(gpu, rng, s);
   HostT conv = random_t(rng, DType::F32, {slots, C, kConvK - 1});
-  HostT st = random_t(rng, DType::F32, {slots, s.Hv, s.dk, s.dv}, -0.5f, 0.5f);
-  if (state_type == DType::BF16) {
-    HostT b16(DType::BF16, {slots, s.Hv, s.dk, s.dv});
-    for (int64_t i = 0; i < st.t.numel(); ++i) b16.t.as<uint16_t>()[i] = f32_to_bf16(st.t.as<float>()[i]);
-    st = std::move(b16);
-  }
+  HostT st = random_t(rng, state_type, {slots, s.Hv, s.dk, s.dv}, -0.5f, 0.5f);
   HostT mixed = random_t(rng, DType::F32, {T, C}), z = random_t(rng, DType::F32, {T, s.Hv, s.dv});
   HostT a = random_t(rng, DType::F32, {T, s.Hv}, -3.0f, 3.0f), b = random_t(rng, DType::F32, {T, s.Hv}, -3.0f, 3.0f);
   // the saved-input buffers start random: rows the pass does not own must keep their values
