@@ -163,6 +163,12 @@ class Backend {
   // ---- elementwise and normalisation ----
   // out[t] = table[ids[t]]                                  table (vocab, D) any dtype → out [T, D]
   virtual void embed(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
+  // embed with the ids an I32 tensor in this backend's memory (tokens an op of this backend
+  // chose: argmax_rows), so a chain of steps needs no host round trip. The default reads them
+  // as host memory (a host backend's).
+  virtual void embed_ids(const Tensor& table, const Tensor& ids, Tensor& out) {
+    embed(table, std::span<const int32_t>(ids.as<int32_t>(), size_t(ids.numel())), out);
+  }
   // out = x * rsqrt(mean(x²) + eps) * w, per row of length D = w.numel()   x, out [R, D]
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // out = (w * x * rsqrt(mean(x²) + eps)) * silu(z), per row    x, z, out [R, D]; w (D)
@@ -435,6 +441,11 @@ class Backend {
   virtual void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows,
                                  std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals,
                                  float* stats);
+  // ids[r] = the id of row r's largest logit, the lowest such id on ties; NaN never wins (0 when
+  // the row holds nothing else)                        logits [R, V] f32 → ids [R] I32, backend memory
+  // Recordable (a step of greedy drafting on the device: Model::mtp_draft_greedy). The default
+  // runs the CPU reference on a host copy.
+  virtual void argmax_rows(const Tensor& logits, Tensor& ids);
 };
 
 inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const Tensor&, std::span<const SeqRun>) {

@@ -24,66 +24,10 @@
 #include "backend/cpu/host_pool.h"
 #include "backend/kv_cache.h"
 #include "model/host_expert_copy.h"
+#include "model/model_scratch.h"
 #include "core/error.h"
 
 namespace qwen36 {
-
-// Reusable activation memory of the forward passes: one backend buffer used as a stack.
-// Scratch frames take from its top and give back on destruction (a layer's activations are
-// released before the next layer). What does not fit comes from a separate allocation and
-// the buffer is grown to the high-water mark at the next forward, so a repeated batch shape
-// reuses the same addresses (a condition of replaying a recorded decode step).
-struct Model::Workspace {
-  std::unique_ptr<DeviceBuffer> buf;
-  size_t top = 0, high = 0;
-  bool overflowed = false;                 // this forward needed memory outside buf
-  std::unordered_map<uint64_t, int> seen;  // decode-step key → forwards seen (recorded at the 2nd)
-  void begin(Backend& b) {
-    top = 0;
-    overflowed = false;
-    if (high > (buf ? buf->size() : 0)) {
-      buf.reset();
-      buf = b.alloc(high + high / 8);
-      seen.clear();
-    }
-  }
-};
-
-class Model::Scratch {
- public:
-  explicit Scratch(Backend& b) : backend_(b) {}
-  Scratch(Backend& b, Workspace& ws) : backend_(b), ws_(&ws), mark_(ws.top) {}
-  ~Scratch() {
-    if (ws_) ws_->top = mark_;
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  Tensor f32(std::initializer_list<int64_t> shape) { return make(DType::F32, shape); }
-  Tensor i32(std::initializer_list<int64_t> shape) { return make(DType::I32, shape); }
-
- private:
-  Tensor make(DType t, std::initializer_list<int64_t> shape) {
-    Tensor x(nullptr, t, shape);
-    const size_t n = (x.nbytes() + 255) / 256 * 256;
-    if (ws_) {
-      ws_->high = std::max(ws_->high, ws_->top + n);
-      if (ws_->buf && ws_->top + n <= ws_->buf->size()) {
-        x.data = static_cast<std::byte*>(ws_->buf->data()) + ws_->top;
-        ws_->top += n;
-        return x;
-      }
-      ws_->top += n;  // counted, so that the next forward's buffer holds it
-      ws_->overflowed = true;
-    }
-    buffers_.push_back(backend_.alloc(x.nbytes()));
-    x.data = buffers_.back()->data();
-    return x;
-  }
-  Backend& backend_;
-  Workspace* ws_ = nullptr;
-  size_t mark_ = 0;
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
-};
 
 ForwardBatch ForwardBatch::single(std::span<const int32_t> tokens, int32_t pos0, int32_t slot, bool all_logits) {
   ForwardBatch b;
@@ -453,21 +397,6 @@ static void split_verify_runs(const ForwardBatch& b, const ModelState& state, st
   }
 }
 
-// A recording's key (FNV-1a over 64-bit words): everything the recorded ops bake in. A tensor
-// counts by its address and shape: a state freed and another allocated in its place may share
-// some addresses and not others.
-namespace {
-struct RecordingKey {
-  uint64_t value;
-  explicit RecordingKey(uint64_t seed) : value(seed) {}
-  void mix(uint64_t v) { value = (value ^ v) * 1099511628211ull; }
-  void mix(const Tensor& t) {
-    mix(reinterpret_cast<uintptr_t>(t.data));
-    for (int d = 0; d < t.ndim; ++d) mix(uint64_t(t.dim(d)));
-  }
-};
-}  // namespace
-
 // After the first sight of `key` (seen ≥ 1; the first ran eagerly, filling the backend's
 // caches): replays its recording, or records `run` at the second sight and replays that; runs
 // eagerly where the backend cannot record or dropped the recording.
@@ -807,47 +736,6 @@ void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits
     Tensor o = s.f32({T, Hv, dv});  // outputs were produced by the verify pass; discarded
     backend_.gated_delta_rule(q, k, v, g, beta, state.recurrent_state(i), runs, o, DeltaRuleMode::Recurrent);
   }
-}
-
-void Model::mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens,
-                        std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
-                        std::span<const int32_t> output_rows) {
-  if (!peers_) return mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows);
-  // Every rank's hidden state is the same (the residual stream is replicated): rank 0's serves all.
-  PeerPass p;
-  p.kind = PeerPass::Kind::Mtp;
-  p.hidden = hidden, p.next_tokens = next_tokens, p.runs = runs, p.output_rows = output_rows;
-  peers_->run(state, p, [&] { mtp_forward_rank(hidden, next_tokens, runs, state, logits, mtp_hidden, output_rows); });
-}
-
-void Model::mtp_forward_rank(std::span<const float> hidden, std::span<const int32_t> next_tokens,
-                             std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
-                             std::span<const int32_t> output_rows) {
-  QWEN36_CHECK(w_.mtp.has_value(), "this checkpoint has no MTP head");
-  QWEN36_CHECK(state.has_mtp(), "the model state was created without an MTP cache");
-  const ModelConfig& c = w_.config;
-  const MtpWeights& m = *w_.mtp;
-  const int64_t n = int64_t(next_tokens.size()), H = c.hidden_size;
-  QWEN36_CHECK(int64_t(hidden.size()) == n * H, "mtp_forward: {} hidden values for {} tokens", hidden.size(), n);
-  if (n == 0) return;
-  Scratch s(backend_);
-  Tensor e = s.f32({n, H}), hin = s.f32({n, H}), cat = s.f32({n, 2 * H});
-  backend_.embed(w_.embed_tokens, next_tokens, e);
-  backend_.copy_from_host(hidden.data(), hin);
-  backend_.rms_norm(e, m.pre_fc_norm_embedding, c.rms_norm_eps, e);
-  backend_.rms_norm(hin, m.pre_fc_norm_hidden, c.rms_norm_eps, hin);
-  backend_.copy_cols(e, 0, cat, 0, H);  // embedding first, then the hidden state
-  backend_.copy_cols(hin, 0, cat, H, H);
-  Residual r = residual(s, n);
-  backend_.matmul(cat, m.fc, r.h);
-  decoder_layer(s, m.layer, r, state.mtp_k_cache(), state.mtp_v_cache(), runs, DeltaRuleMode::Auto);
-  finish(r);
-  const Tensor& h = r.h;
-  std::vector<int32_t> rows(output_rows.begin(), output_rows.end());
-  if (rows.empty())
-    for (int32_t i = 0; i < int32_t(n); ++i) rows.push_back(i);
-  for (int32_t row : rows) QWEN36_CHECK(row >= 0 && row < int32_t(n), "mtp_forward: output row {} out of range", row);
-  head(s, h, m.norm, rows, logits, mtp_hidden);
 }
 
 }  // namespace qwen36

@@ -157,6 +157,14 @@ class Model {
   void mtp_forward(std::span<const float> hidden, std::span<const int32_t> next_tokens, std::span<const SeqRun> runs,
                    ModelState& state, float* logits, float* mtp_hidden = nullptr,
                    std::span<const int32_t> output_rows = {});
+  // Greedy MTP drafting for chains that take every draft as the argmax (temperature 0, no
+  // penalties): run i of `runs` is chain i's pending rows, as mtp_forward's (its last row gives
+  // draft 1); steps 2..`steps` chain on the backend (the previous draft and MTP output, one
+  // position on). drafts: host [steps, runs] (chain i's draft j + 1 at j · runs + i), the argmax
+  // (lowest id on ties) of the logits mtp_forward would return at each step. One wait for the
+  // host per call; each step recorded like a decode step. Not with tensor-parallel peers.
+  void mtp_draft_greedy(std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                        std::span<const SeqRun> runs, ModelState& state, int32_t steps, int32_t* drafts);
 
  private:
   class Scratch;
@@ -258,6 +266,9 @@ class Model {
   // One decoder layer: h += mixer(norm(h)); h += ffn(norm(h)) (the second add left pending).
   void decoder_layer(Scratch& s, const LayerWeights& l, Residual& r, Tensor& cache_a, Tensor& cache_b,
                      std::span<const SeqRun> runs, DeltaRuleMode mode, const VerifySave* save = nullptr);
+  // The MTP layer over e (next tokens' embeddings) and hin (hidden rows), both [n, H] and normed
+  // in place: fc over [e | hin], one decoder layer on the MTP's KV cache → the residual stream.
+  Tensor mtp_layer(Scratch& s, Tensor& e, Tensor& hin, std::span<const SeqRun> runs, ModelState& state);
   void head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<const int32_t> rows, float* logits,
             float* hidden, SampleRequest* sample = nullptr);
   // The candidates of logits [rows, vocab] (backend memory, or host memory when on_host) for

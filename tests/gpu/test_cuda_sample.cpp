@@ -4,7 +4,8 @@
 // (they are the same IEEE operations and copies; the order is a total one); Σexp within 1e-5
 // relative: the GPU sums ≤ 248320 f32 terms in [0, 1] with expf (≤ 2 ulp) in registers, a
 // 512-thread tree and ≤ 63 chunks (~log2(n)·2^-24 ≈ 1e-6), the CPU in double. Then the time of
-// one call (kernels + the copy of the candidates) for R = 1, 16, 64 at V = 248320.
+// one call (kernels + the copy of the candidates) for R = 1, 16, 64 at V = 248320. Also
+// argmax_rows (exact against cpu::argmax_rows) and embed_ids over the ids it leaves.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -115,6 +116,48 @@ TEST_F(CudaSample, MatchesCpu) {
         }
   check(*gpu_, rng_, {3, 200, 200, Values::Ties});  // k = V: the whole row, next = −inf
   check(*gpu_, rng_, {2, 257, 256, Values::Zeros});
+}
+
+// Backend::argmax_rows against cpu::argmax_rows (exact: a selection, no arithmetic) on the
+// sampling test's rows (normal values, runs of equal values, ±0), with NaN and −inf planted,
+// rows of NaN only, and vocabularies that leave slices empty or ragged; then embed_ids of the
+// chosen ids against embed of the same ids on the host (a table row copy: exact).
+TEST_F(CudaSample, ArgmaxRowsMatchesCpu) {
+  for (int64_t V : {1, 31, 1000, 248320})
+    for (int64_t R : {1, 3, 64})
+      for (Values v : {Values::Normal, Values::Ties, Values::Zeros}) {
+        const std::string what = "R=" + std::to_string(R) + " V=" + std::to_string(V) + " values=" +
+                                 std::to_string(int(v));
+        std::normal_distribution<float> n(0, 3);
+        HostT h(DType::F32, {R, V});
+        for (int64_t i = 0; i < R * V; ++i) {  // as make_inputs, with NaN and −inf planted, row 1 all NaN
+          const float z = n(rng_);
+          float& x = h.f()[i];
+          x = v == Values::Normal ? z : v == Values::Ties ? std::round(z * 4) / 4 : -std::abs(z) - 1;
+          if (v == Values::Zeros && rng_() % 8 == 0) x = rng_() % 2 ? 0.0f : -0.0f;
+          if (rng_() % 89 == 0) x = -std::numeric_limits<float>::infinity();
+          if (rng_() % 97 == 0 || i / V == 1) x = std::nanf("");
+        }
+        DevT d = upload(*gpu_, h);
+        HostT want(DType::I32, {R});
+        cpu::argmax_rows(h.t, want.t);
+        DevT ids = upload(*gpu_, want);
+        gpu_->fill_zero(ids.t);
+        gpu_->argmax_rows(d.t, ids.t);
+        std::vector<int32_t> got(static_cast<size_t>(R));
+        gpu_->copy_to_host(ids.t, got.data());
+        const int32_t* w = want.t.as<int32_t>();
+        EXPECT_EQ(got, std::vector<int32_t>(w, w + R)) << what;
+
+        if (V != 1000) continue;  // embed_ids: the chosen ids as rows of a [V, 64] table
+        HostT table = random_t(rng_, DType::BF16, {V, 64});
+        DevT dt = upload(*gpu_, table);
+        HostT e(DType::F32, {R, 64});
+        DevT de = upload(*gpu_, e);
+        gpu_->embed_ids(dt.t, ids.t, de.t);
+        cpu::embed(table.t, std::span<const int32_t>(w, size_t(R)), e.t);
+        EXPECT_EQ(download(*gpu_, de.t), e.floats()) << what << ": embed_ids";
+      }
 }
 
 TEST_F(CudaSample, Timing) {

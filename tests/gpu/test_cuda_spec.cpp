@@ -3,11 +3,13 @@
 // on the golden fixtures that carry real MTP weights. The verify pass runs the DeltaNet read-only ops and the commit
 // replays the accepted tokens through the recurrent ones; every row's GEMV and attention sums
 // are in the same order as a one-token step's, so the logits agree and so must the argmax.
+// Greedy MTP drafting chained on the device drafts what the per-step path drafts.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
+#include "common/mtp_draft_check.h"
 #include "engine/generate.h"
 #include "engine/spec/spec_generate.h"
 #include "format/model_loader.h"
@@ -62,6 +64,11 @@ TEST_P(CudaSpec, GreedyWithDraftsEqualsPlainGreedy) {
       }
   }
 }
+
+// Greedy MTP rounds chained on the device (Model::mtp_draft_greedy: embed_ids, argmax_rows, each
+// step recorded and replayed) draft exactly what mtp_forward and the host's argmax draft, and
+// leave the same MTP caches (tests/common/mtp_draft_check.h).
+TEST_P(CudaSpec, DeviceChainDraftsEqualMtpForward) { test::expect_device_chain_drafts_equal(*model_, *backend_, GetParam()); }
 
 // DDTree rounds (DFlash drafts, tree verify through CUDA's ancestor-mask attention and the
 // composed DeltaNet tree ops, the path commit moving bf16 K/V rows): greedy output equals plain

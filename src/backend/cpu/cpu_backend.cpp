@@ -116,6 +116,7 @@ class CpuBackend final : public Backend {
                          int32_t k, int32_t* ids, float* vals, float* stats) override {
     cpu::sample_candidates(logits, rows, penalties, k, ids, vals, stats);
   }
+  void argmax_rows(const Tensor& logits, Tensor& ids) override { cpu::argmax_rows(logits, ids); }
 };
 
 }  // namespace

@@ -56,6 +56,7 @@ void moe_combine_rows(const Tensor& rows, const Tensor& weights, const Tensor& i
 
 void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
                        int32_t k, int32_t* ids, float* vals, float* stats);
+void argmax_rows(const Tensor& logits, Tensor& ids);
 
 // Scalar helpers shared by the CPU ops, matching torch's float32 definitions.
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

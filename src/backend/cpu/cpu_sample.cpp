@@ -1,5 +1,5 @@
-// The reference of Backend::sample_candidates (cpu::sample_candidates) and the Backend
-// default, which runs it on a host copy of the logits. Sampler::sample_from_candidates
+// The references of Backend::sample_candidates and Backend::argmax_rows (cpu::) and the Backend
+// defaults, which run them on a host copy of the logits. Sampler::sample_from_candidates
 // (engine/sampler.cpp) relies on the exact definitions in backend/backend.h: penalties by
 // penalised_logit, candidates ordered (logit desc, id asc), x = logit / T with IEEE division.
 #include <algorithm>
@@ -48,7 +48,30 @@ void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, st
   }
 }
 
+void argmax_rows(const Tensor& logits, Tensor& ids) {
+  const int64_t R = logits.rows(), V = logits.cols();
+  QWEN36_CHECK(logits.dtype == DType::F32 && ids.dtype == DType::I32 && ids.numel() == R,
+               "argmax_rows: logits {} → ids {}", logits.shape_str(), ids.shape_str());
+  for (int64_t r = 0; r < R; ++r) {
+    const float* l = logits.as<float>() + r * V;
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (l[i] > l[best] || (std::isnan(l[best]) && !std::isnan(l[i]))) best = int32_t(i);  // ties keep the lower id
+    ids.as<int32_t>()[r] = best;
+  }
+}
+
 }  // namespace cpu
+
+void Backend::argmax_rows(const Tensor& logits, Tensor& ids) {
+  std::vector<float> host(size_t(logits.numel()));
+  std::vector<int32_t> best(size_t(ids.numel()));
+  copy_to_host(logits, host.data());
+  const Tensor h(host.data(), DType::F32, {logits.rows(), logits.cols()});
+  Tensor b(best.data(), DType::I32, {int64_t(best.size())});
+  cpu::argmax_rows(h, b);
+  copy_from_host(best.data(), ids);
+}
 
 void Backend::sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows,
                                 std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals,

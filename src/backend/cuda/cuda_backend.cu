@@ -491,6 +491,11 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "embed");
     cuda::embed(ctx_, table, ids, out);
   }
+  void embed_ids(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    Prof p_(*this, "embed");
+    QWEN36_CHECK(ids.dtype == DType::I32, "embed_ids: ids {} are not I32", ids.shape_str());
+    cuda::embed_rows(ctx_, table, ids.as<int32_t>(), ids.numel(), out);
+  }
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
     Prof p_(*this, "rms_norm");
     cuda::rms_norm(ctx_, x, w, eps, out);
@@ -709,6 +714,10 @@ class CudaBackend final : public Backend {
                          int32_t k, int32_t* ids, float* vals, float* stats) override {
     Prof p_(*this, "sample_candidates");
     cuda::sample_candidates(ctx_, logits, rows, penalties, k, ids, vals, stats);
+  }
+  void argmax_rows(const Tensor& logits, Tensor& ids) override {
+    Prof p_(*this, "argmax_rows");
+    cuda::argmax_rows(ctx_, logits, ids);
   }
 
  private:

@@ -311,17 +311,23 @@ int norm_threads(int64_t D) { return int(std::clamp<int64_t>((D / 8 + 31) / 32 *
 }  // namespace
 
 void embed(Ctx& c, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
-  if (dtype_is_quantized(table.dtype)) return quant_embed(c, table, ids, out);  // cuda_quant_matmul.cu
-  check_weight_dtype(table, "embed");
-  const int64_t D = table.cols(), V = table.rows();
-  check_f32(out, "embed");
-  QWEN36_CHECK(out.numel() == int64_t(ids.size()) * D, "embed: out {} for {} ids of width {}", out.shape_str(),
-               ids.size(), D);
-  for (int32_t id : ids) QWEN36_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary (0..{})", id, V - 1);
-  if (ids.empty()) return;
+  for (int32_t id : ids)
+    QWEN36_CHECK(id >= 0 && id < table.rows(), "token id {} is outside the vocabulary (0..{})", id, table.rows() - 1);
+  if (ids.empty()) return embed_rows(c, table, nullptr, 0, out);
   Temp<int32_t> tmp(c, 0);
   const int32_t* dids = dev_i32(c, ids, tmp);
-  embed_kernel<<<unsigned(ids.size()), 256, 0, c.stream>>>(table.data, table.dtype, dids, out.as<float>(), D);
+  if (!dids) return;  // recording a graph that needed an upload: the recording is dropped
+  embed_rows(c, table, dids, int64_t(ids.size()), out);
+}
+
+void embed_rows(Ctx& c, const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
+  if (dtype_is_quantized(table.dtype)) return quant_embed_rows(c, table, ids, n, out);  // cuda_quant_matmul.cu
+  check_weight_dtype(table, "embed");
+  const int64_t D = table.cols();
+  check_f32(out, "embed");
+  QWEN36_CHECK(out.numel() == n * D, "embed: out {} for {} ids of width {}", out.shape_str(), n, D);
+  if (n == 0) return;
+  embed_kernel<<<unsigned(n), 256, 0, c.stream>>>(table.data, table.dtype, ids, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
 }
 

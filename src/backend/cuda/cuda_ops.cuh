@@ -257,6 +257,8 @@ void check_weight_dtype(const Tensor& w, const char* op);
 
 // ---- ops (semantics: backend/backend.h) ----
 void embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+// embed over n ids already in device memory (Backend::embed_ids; checked where they were chosen).
+void embed_rows(Ctx&, const Tensor& table, const int32_t* ids, int64_t n, Tensor& out);
 void rms_norm(Ctx&, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void gated_rms_norm(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
 void add(Ctx&, Tensor& y, const Tensor& x);
@@ -313,7 +315,7 @@ bool quant_tiled_dequant_rows(Ctx&, const Tensor& w, int64_t r0, int64_t n, __nv
 // Block-quantized (GGUF) weights (cuda_quant_matmul.cu); matmul and embed forward them here.
 bool quant_supported(DType t);
 void quant_matmul(Ctx&, const Tensor& x, const Tensor& w, Tensor& out);
-void quant_embed(Ctx&, const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+void quant_embed_rows(Ctx&, const Tensor& table, const int32_t* ids, int64_t n, Tensor& out);
 // n weights of random blocks of type t at dst (std ≈ sigma, mean ≈ 0), on the default stream.
 void quant_random_fill(DType t, void* dst, int64_t n, float sigma, uint64_t seed);
 // Fused decode forms for quantized weights (Backend::matmul_multi / matmul_swiglu, T ≤ 8):
@@ -473,6 +475,7 @@ bool deltanet_commit(Ctx&, const DeltaNetWeights& w, Tensor& conv_state, Tensor&
 
 void sample_candidates(Ctx&, Tensor& logits, std::span<const SampleRowParams> rows,
                        std::span<const PenaltyEntry> penalties, int32_t k, int32_t* ids, float* vals, float* stats);
+void argmax_rows(Ctx&, const Tensor& logits, Tensor& ids);
 
 void moe_route(Ctx&, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids);
 void moe_local_ids(Ctx&, Tensor& ids, int64_t e0, int64_t n);

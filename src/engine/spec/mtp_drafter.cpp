@@ -1,5 +1,6 @@
 #include "engine/spec/mtp_drafter.h"
 
+#include <algorithm>
 #include <random>
 
 #include "core/error.h"
@@ -7,7 +8,8 @@
 
 namespace qwen36 {
 
-MtpDrafter::MtpDrafter(Model& model, ModelState& state) : model_(model), state_(state) {
+MtpDrafter::MtpDrafter(Model& model, ModelState& state, bool device_chain)
+    : model_(model), state_(state), device_chain_(device_chain) {
   QWEN36_CHECK(model.has_mtp(), "--spec mtp: this checkpoint has no MTP head");
   QWEN36_CHECK(state.has_mtp(), "MTP drafting needs a model state created with an MTP cache");
 }
@@ -71,6 +73,23 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
                       std::mt19937_64(r.rng_seed)});
     pending_.erase(it);  // those rows are now in the MTP cache
   }
+  if (chains.empty()) return;
+  // Every chain greedy, unpenalised and of one length (the usual round): the chain runs on the
+  // backend and only the drafts come back (Model::mtp_draft_greedy; the same tokens).
+  const int32_t k0 = chains.front().req->k;
+  const bool on_device = device_chain_ && !model_.peers() && std::all_of(chains.begin(), chains.end(), [&](const Chain& ch) {
+    const SamplingParams& p = *ch.req->sampling;
+    return ch.req->k == k0 && p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f;
+  });
+  if (on_device) {
+    const size_t n = chains.size();
+    std::vector<int32_t> drafts(size_t(k0) * n);
+    model_.mtp_draft_greedy(hid, toks, runs, state_, k0, drafts.data());
+    for (size_t c = 0; c < n; ++c)
+      for (int32_t j = 0; j < k0; ++j) chains[c].req->tokens.push_back(drafts[size_t(j) * n + c]);
+    return;
+  }
   std::vector<float> logits, mtp_hidden;
   // Each step: run the rows, then turn each chain's last row into its next draft (only those
   // rows get logits: catching up over a long prompt must not pay the vocabulary per row).
@@ -92,7 +111,6 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
       ch.hidden.assign(mtp_hidden.begin() + ptrdiff_t(row * size_t(H)), mtp_hidden.begin() + ptrdiff_t((row + 1) * size_t(H)));
     }
   };
-  if (chains.empty()) return;
   std::vector<int32_t> last_rows;
   for (const SeqRun& r : runs) last_rows.push_back(r.begin + r.count - 1);
   run_step(last_rows);

@@ -18,7 +18,8 @@
 // length and re-pairs the last of them with its own next prompt token, so the MTP cache of a
 // reused slot is what a cold run would build.
 //
-// Drafts: greedy argmax under temperature 0; otherwise sampled from the MTP distribution
+// Drafts: greedy argmax under temperature 0 (a round whose chains all draft so, of one length,
+// chains on the backend: Model::mtp_draft_greedy); otherwise sampled from the MTP distribution
 // after the request's penalties and filters, with that distribution returned as q.
 
 #include <map>
@@ -31,7 +32,9 @@ namespace qwen36 {
 class MtpDrafter final : public Drafter {
  public:
   // `state` must have been created with_mtp; the drafter uses its MTP KV cache.
-  MtpDrafter(Model& model, ModelState& state);
+  // device_chain: greedy rounds run Model::mtp_draft_greedy (false: every round through
+  // mtp_forward and the host's sampler; tests compare the two).
+  MtpDrafter(Model& model, ModelState& state, bool device_chain = true);
   const char* name() const override { return "mtp"; }
   bool wants_hidden() const override { return true; }
   void reset(int32_t slot) override;
@@ -48,6 +51,7 @@ class MtpDrafter final : public Drafter {
   Model& model_;
   ModelState& state_;
   std::map<int32_t, Pending> pending_;  // by slot
+  bool device_chain_;
 };
 
 }  // namespace qwen36
