@@ -77,11 +77,12 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
   // Every chain greedy, unpenalised and of one length (the usual round): the chain runs on the
   // backend and only the drafts come back (Model::mtp_draft_greedy; the same tokens).
   const int32_t k0 = chains.front().req->k;
-  const bool on_device = device_chain_ && !model_.peers() && std::all_of(chains.begin(), chains.end(), [&](const Chain& ch) {
+  auto greedy_k0 = [&](const Chain& ch) {
     const SamplingParams& p = *ch.req->sampling;
     return ch.req->k == k0 && p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
            p.frequency_penalty == 0.0f;
-  });
+  };
+  const bool on_device = device_chain_ && !model_.peers() && std::all_of(chains.begin(), chains.end(), greedy_k0);
   if (on_device) {
     const size_t n = chains.size();
     std::vector<int32_t> drafts(size_t(k0) * n);
