@@ -59,8 +59,8 @@ Tensor Model::mtp_layer(Scratch& s, Tensor& e, Tensor& hin, std::span<const SeqR
 
 // Step 0 runs every pending row (the catch-up of mtp_forward), steps 1.. one row per chain.
 // Each step is one recording once seen twice (replay_or_record, as a decode step): its rows'
-// tokens, slots and positions come from set_batch's tables, step 0's hidden rows from a copy
-// made before it, a later step's token and hidden row from the step before, on the backend. The
+// tokens, slots and positions come from set_batch's tables, step 0's hidden rows from an upload
+// queued before it, a later step's token and hidden row from the step before, on the backend. The
 // host waits once, for the drafts, where mtp_forward's path (MtpDrafter's sampled drafts) waits
 // at every step for a vocabulary of logits per chain and sends the hidden row back.
 void Model::mtp_draft_greedy(std::span<const float> hidden, std::span<const int32_t> next_tokens,
@@ -123,9 +123,9 @@ void Model::mtp_draft_greedy(std::span<const float> hidden, std::span<const int3
     // whatever the number of pending rows: their recordings serve every round.
     Scratch rows_in(backend_, *ws_);
     Tensor in = out[(j + 1) % 2];  // the step before's output
-    if (j == 0) {
+    if (j == 0) {  // queued behind the commit before it: the host goes on to queue step 0
       in = rows_in.f32({n, H});
-      backend_.copy_from_host(hidden.data(), in);
+      backend_.upload(hidden.data(), in.data, in.nbytes());  // `hidden` outlives the wait for the drafts
     }
     RecordingKey key(0x6d74702d64726674ull);
     for (uint64_t v : {uint64_t(j), uint64_t(steps), uint64_t(R)}) key.mix(v);
