@@ -3,7 +3,8 @@
 //          tests/gpu/test_cuda_spec.cpp on CUDA)
 //
 // MtpDrafter's greedy rounds chained on the backend (Model::mtp_draft_greedy) against the same
-// drafter through mtp_forward and the host's sampler: three sequences drafting together for
+// drafter through mtp_forward and the host's sampler: three sequences drafting together (k
+// drafts each, or each its own k) for
 // five rounds (the first catching up over the prompt, the others over two accepted rows, so a
 // backend that records steps runs each eagerly, records it and replays it), on two states fed
 // the same target rows. The drafts must be equal token for token, and so must the MTP K/V
@@ -23,13 +24,16 @@
 
 namespace qwen36::test {
 
-inline void expect_device_chain_drafts_equal(Model& model, Backend& backend, const std::string& what) {
+// ks: drafts wanted per sequence each round (all equal: the MTP caches are compared too; else
+// the backend runs the longest chain's steps for all, whose extra rows the caches then differ by).
+inline void expect_device_chain_drafts_equal(Model& model, Backend& backend, const std::string& what,
+                                             const std::vector<int32_t>& ks = {3, 3, 3}) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size, H = c.hidden_size;
   std::vector<std::vector<int32_t>> prompts = {{5, 17, 3, 99, 42}, {7, 7, 250, 8, 1, 64, 33, 12, 9}, {400, 2}};
   for (auto& p : prompts)
     for (int32_t& t : p) t = int32_t(t % V);  // the fixtures' vocabularies are small
-  const int32_t S = int32_t(prompts.size()), k = 3;
+  const int32_t S = int32_t(prompts.size());
   struct Side {
     std::unique_ptr<ModelState> state;
     std::unique_ptr<MtpDrafter> drafter;
@@ -66,13 +70,13 @@ inline void expect_device_chain_drafts_equal(Model& model, Backend& backend, con
       std::vector<DraftRequest> reqs(static_cast<size_t>(S));
       for (int32_t s = 0; s < S; ++s) {
         reqs[size_t(s)].slot = s;
-        reqs[size_t(s)].k = k;
+        reqs[size_t(s)].k = ks[size_t(s)];
         reqs[size_t(s)].history = history[size_t(s)];
         reqs[size_t(s)].sampling = &greedy;
       }
       sides[d].drafter->propose(reqs);
       for (int32_t s = 0; s < S; ++s) {
-        ASSERT_EQ(int32_t(reqs[size_t(s)].tokens.size()), k) << what << " round " << round;
+        ASSERT_EQ(int32_t(reqs[size_t(s)].tokens.size()), ks[size_t(s)]) << what << " round " << round;
         sides[d].drafts.push_back(reqs[size_t(s)].tokens);
         first[size_t(s)] = reqs[size_t(s)].tokens[0];
       }
@@ -84,7 +88,10 @@ inline void expect_device_chain_drafts_equal(Model& model, Backend& backend, con
       run_target(s, {pending, first[size_t(s)]});
     }
   }
+  EXPECT_EQ(sides[0].drafter->device_rounds(), 5) << what << ": rounds drafted on the backend";
+  EXPECT_EQ(sides[1].drafter->device_rounds(), 0) << what;
   EXPECT_EQ(sides[0].drafts, sides[1].drafts) << what << ": drafts chained on the backend differ from mtp_forward's";
+  if (std::any_of(ks.begin(), ks.end(), [&](int32_t k) { return k != ks[0]; })) return;
   for (auto cache : {&ModelState::mtp_k_cache, &ModelState::mtp_v_cache}) {
     std::vector<std::byte> a((sides[0].state.get()->*cache)().nbytes()), b(a.size());
     backend.copy_to_host((sides[0].state.get()->*cache)(), a.data());

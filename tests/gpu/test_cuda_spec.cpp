@@ -67,9 +67,10 @@ TEST_P(CudaSpec, GreedyWithDraftsEqualsPlainGreedy) {
 
 // Greedy MTP rounds chained on the device (Model::mtp_draft_greedy: embed_ids, argmax_rows, each
 // step recorded and replayed) draft exactly what mtp_forward and the host's argmax draft, and
-// leave the same MTP caches (tests/common/mtp_draft_check.h).
+// leave the same MTP caches (tests/common/mtp_draft_check.h); chains of different lengths too.
 TEST_P(CudaSpec, DeviceChainDraftsEqualMtpForward) {
   test::expect_device_chain_drafts_equal(*model_, *backend_, GetParam());
+  test::expect_device_chain_drafts_equal(*model_, *backend_, GetParam() + " k 2/5/1", {2, 5, 1});
 }
 
 // DDTree rounds (DFlash drafts, tree verify through CUDA's ancestor-mask attention and the

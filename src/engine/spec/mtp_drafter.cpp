@@ -74,21 +74,26 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
     pending_.erase(it);  // those rows are now in the MTP cache
   }
   if (chains.empty()) return;
-  // Every chain greedy, unpenalised and of one length (the usual round): the chain runs on the
-  // backend and only the drafts come back (Model::mtp_draft_greedy; the same tokens).
-  const int32_t k0 = chains.front().req->k;
-  auto greedy_k0 = [&](const Chain& ch) {
+  // Every chain greedy and unpenalised (the usual round): the chains run on the backend and only
+  // the drafts come back (Model::mtp_draft_greedy; the same tokens). All run the longest chain's
+  // steps, a shorter one keeping its first k drafts: its extra rows write MTP positions past its
+  // drafts, which step 1 of a later round rewrites before any read (as a rejected draft's), and
+  // which the context must hold.
+  int32_t steps = 0;
+  for (const Chain& ch : chains) steps = std::max(steps, ch.req->k);
+  auto greedy_fits = [&](const Chain& ch) {
     const SamplingParams& p = *ch.req->sampling;
-    return ch.req->k == k0 && p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-           p.frequency_penalty == 0.0f;
+    return p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f && int64_t(ch.pos) - 1 + steps <= state_.capacity();
   };
-  const bool on_device = device_chain_ && !model_.peers() && std::all_of(chains.begin(), chains.end(), greedy_k0);
+  const bool on_device = device_chain_ && !model_.peers() && std::all_of(chains.begin(), chains.end(), greedy_fits);
   if (on_device) {
     const size_t n = chains.size();
-    std::vector<int32_t> drafts(size_t(k0) * n);
-    model_.mtp_draft_greedy(hid, toks, runs, state_, k0, drafts.data());
+    std::vector<int32_t> drafts(size_t(steps) * n);
+    model_.mtp_draft_greedy(hid, toks, runs, state_, steps, drafts.data());
+    ++device_rounds_;
     for (size_t c = 0; c < n; ++c)
-      for (int32_t j = 0; j < k0; ++j) chains[c].req->tokens.push_back(drafts[size_t(j) * n + c]);
+      for (int32_t j = 0; j < chains[c].req->k; ++j) chains[c].req->tokens.push_back(drafts[size_t(j) * n + c]);
     return;
   }
   std::vector<float> logits, mtp_hidden;

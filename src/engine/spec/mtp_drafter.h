@@ -18,8 +18,8 @@
 // length and re-pairs the last of them with its own next prompt token, so the MTP cache of a
 // reused slot is what a cold run would build.
 //
-// Drafts: greedy argmax under temperature 0 (a round whose chains all draft so, of one length,
-// chains on the backend: Model::mtp_draft_greedy); otherwise sampled from the MTP distribution
+// Drafts: greedy argmax under temperature 0 (a round whose chains all draft so runs its chains on
+// the backend: Model::mtp_draft_greedy); otherwise sampled from the MTP distribution
 // after the request's penalties and filters, with that distribution returned as q.
 
 #include <map>
@@ -41,6 +41,8 @@ class MtpDrafter final : public Drafter {
   void resume(int32_t slot, int32_t reused, int32_t next_token) override;
   void observe(int32_t slot, int32_t pos0, std::span<const float> hidden, std::span<const int32_t> next_tokens) override;
   void propose(std::span<DraftRequest> requests) override;
+  // Rounds drafted by Model::mtp_draft_greedy so far (tests, logs).
+  int64_t device_rounds() const { return device_rounds_; }
 
  private:
   struct Pending {  // committed target rows not yet run through the MTP
@@ -52,6 +54,7 @@ class MtpDrafter final : public Drafter {
   ModelState& state_;
   std::map<int32_t, Pending> pending_;  // by slot
   bool device_chain_;
+  int64_t device_rounds_ = 0;
 };
 
 }  // namespace qwen36

@@ -35,8 +35,18 @@ TEST(MtpDraft, DeviceChainEqualsMtpForwardOnRandomModels) {
   }
 }
 
+TEST(MtpDraft, GreedyChainsOfDifferentLengthsOnTheBackend) {
+  // The backend runs the longest chain's steps for every chain; each keeps its first k drafts,
+  // which are the per-step path's (its rows run beside the same chains at every step it drafts).
+  auto backend = make_cpu_backend(1);
+  auto model = test::random_model(*backend, 512, 47);
+  test::expect_device_chain_drafts_equal(*model, *backend, "random-dense k 2/5/1", {2, 5, 1});
+  Model fixture(load_model_weights((fs::path(QWEN36_TEST_DATA) / "golden" / "moe-mtp").string()), *backend);
+  test::expect_device_chain_drafts_equal(fixture, *backend, "moe-mtp k 4/1/2", {4, 1, 2});
+}
+
 TEST(MtpDraft, MixedRoundsFallBackToMtpForward) {
-  // Chains of different lengths, or a sampled one, take the per-step path: still k drafts each.
+  // A sampled chain takes the round through the per-step path: still k drafts each.
   auto backend = make_cpu_backend(1);
   auto model = test::random_model(*backend, 512, 43);
   ModelState st(*backend, model->config(), 2, 64, true);
@@ -53,6 +63,7 @@ TEST(MtpDraft, MixedRoundsFallBackToMtpForward) {
   EXPECT_EQ(reqs[0].tokens.size(), 2u);
   EXPECT_EQ(reqs[1].tokens.size(), 4u);
   EXPECT_EQ(reqs[1].q.size(), 4u);  // sampled drafts carry their distributions
+  EXPECT_EQ(drafter.device_rounds(), 0);
 }
 
 TEST(ArgmaxRows, Reference) {
