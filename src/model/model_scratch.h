@@ -1,12 +1,14 @@
 #pragma once
 // defines: Model::Workspace, Model::Scratch (the forward passes' activation memory),
-//          RecordingKey (what a recorded step bakes in)
+//          RecordingKey (what a recorded step bakes in), check_runs (a pass's runs against its
+//          tokens and state)
 //
 // Internal to the model's .cpp files (qwen36.cpp, mtp.cpp): the private members they share.
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -83,5 +85,10 @@ struct RecordingKey {
     for (int d = 0; d < t.ndim; ++d) mix(uint64_t(t.dim(d)));
   }
 };
+
+// The runs cover `tokens` rows in order without gaps, name slots of `state`, and stay inside
+// its context with `ahead` positions more (chained drafting steps past the last row); throws
+// Error naming what does not hold (qwen36.cpp).
+void check_runs(std::span<const SeqRun> runs, int64_t tokens, const ModelState& state, int32_t ahead = 0);
 
 }  // namespace qwen36

@@ -72,18 +72,9 @@ void Model::mtp_draft_greedy(std::span<const float> hidden, std::span<const int3
   const int64_t n = int64_t(next_tokens.size()), H = c.hidden_size, R = int64_t(runs.size());
   QWEN36_CHECK(int64_t(hidden.size()) == n * H, "mtp_draft_greedy: {} hidden values for {} tokens", hidden.size(), n);
   QWEN36_CHECK(steps >= 1 && R >= 1, "mtp_draft_greedy: {} steps for {} chains", steps, R);
-  std::vector<int32_t> last;  // each chain's last row: where its drafting starts
-  int32_t covered = 0;
-  for (const SeqRun& r : runs) {
-    QWEN36_CHECK(r.begin == covered && r.count > 0, "mtp_draft_greedy: runs must cover the rows in order");
-    QWEN36_CHECK(r.slot >= 0 && r.slot < state.slots(), "slot {} out of range (state has {})", r.slot, state.slots());
-    QWEN36_CHECK(r.pos0 >= 0 && int64_t(r.pos0) + r.count - 1 + steps <= state.capacity(),
-                 "MTP drafting would reach position {}, past the context size {}", r.pos0 + r.count - 1 + steps,
-                 state.capacity());
-    covered += r.count;
-    last.push_back(r.begin + r.count - 1);
-  }
-  QWEN36_CHECK(covered == n, "mtp_draft_greedy: runs cover {} of {} rows", covered, n);
+  check_runs(runs, n, state, steps - 1);  // step j writes each chain's MTP position pos0 + count − 1 + j
+  std::vector<int32_t> last;               // each chain's last row: where its drafting starts
+  for (const SeqRun& r : runs) last.push_back(r.begin + r.count - 1);
 
   ws_->begin(backend_);
   Scratch s(backend_, *ws_);

@@ -347,16 +347,21 @@ void Model::sample_rows(Tensor& logits, SampleRequest& req, bool on_host) {
   }
 }
 
-static void check_batch(const ForwardBatch& b, const ModelState& state) {
+void check_runs(std::span<const SeqRun> runs, int64_t tokens, const ModelState& state, int32_t ahead) {
   int64_t covered = 0;
-  for (const SeqRun& r : b.runs) {
+  for (const SeqRun& r : runs) {
     QWEN36_CHECK(r.begin == covered && r.count > 0, "batch runs must cover the tokens in order without gaps");
     QWEN36_CHECK(r.slot >= 0 && r.slot < state.slots(), "slot {} out of range (state has {})", r.slot, state.slots());
-    QWEN36_CHECK(r.pos0 >= 0 && r.pos0 + r.count <= state.capacity(),
-                 "sequence would reach position {}, past the context size {}", r.pos0 + r.count, state.capacity());
+    QWEN36_CHECK(r.pos0 >= 0 && int64_t(r.pos0) + r.count + ahead <= state.capacity(),
+                 "sequence would reach position {}, past the context size {}", int64_t(r.pos0) + r.count + ahead,
+                 state.capacity());
     covered += r.count;
   }
-  QWEN36_CHECK(covered == int64_t(b.tokens.size()), "batch runs cover {} of {} tokens", covered, b.tokens.size());
+  QWEN36_CHECK(covered == tokens, "batch runs cover {} of {} tokens", covered, tokens);
+}
+
+static void check_batch(const ForwardBatch& b, const ModelState& state) {
+  check_runs(b.runs, int64_t(b.tokens.size()), state);
   for (int32_t r : b.output_rows)
     QWEN36_CHECK(r >= 0 && r < int32_t(b.tokens.size()), "output row {} out of range", r);
   for (int32_t r : b.hidden_rows)

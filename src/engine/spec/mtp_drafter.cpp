@@ -69,8 +69,7 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
     runs.push_back({r.slot, p.pos0, int32_t(toks.size()), n});
     hid.insert(hid.end(), p.hidden.begin(), p.hidden.end());
     toks.insert(toks.end(), p.next_tokens.begin(), p.next_tokens.end());
-    chains.push_back({&r, p.pos0 + n, {}, std::vector<int32_t>(r.history.begin(), r.history.end()),
-                      std::mt19937_64(r.rng_seed)});
+    chains.push_back({&r, p.pos0 + n, {}, {}, {}});  // history and rng: the host path's, set there
     pending_.erase(it);  // those rows are now in the MTP cache
   }
   if (chains.empty()) return;
@@ -95,6 +94,10 @@ void MtpDrafter::propose(std::span<DraftRequest> requests) {
     for (size_t c = 0; c < n; ++c)
       for (int32_t j = 0; j < chains[c].req->k; ++j) chains[c].req->tokens.push_back(drafts[size_t(j) * n + c]);
     return;
+  }
+  for (Chain& ch : chains) {
+    ch.history.assign(ch.req->history.begin(), ch.req->history.end());
+    ch.rng.seed(ch.req->rng_seed);
   }
   std::vector<float> logits, mtp_hidden;
   // Each step: run the rows, then turn each chain's last row into its next draft (only those
