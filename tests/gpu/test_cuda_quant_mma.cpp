@@ -38,6 +38,8 @@ namespace qwen36::cuda {
 // select it ("regs" | "smem" | "auto", "fused" | "kernel" | "auto"); nullptr reads the
 // environment again.
 void mma_select_variant(const char* loads, const char* t1_quant);
+// The same for QWEN36_MMA_STAGED ("on" | "off" | "auto"): 2 ≤ T ≤ 4 on the staged kernels or not.
+void mma_select_staged(const char* staged);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -73,7 +75,7 @@ struct Shape {
 // row-tile summed over 9 warps); 16 rows of 68 super-blocks (one row-tile over 68 warps); 2400
 // row-tiles of 4 super-blocks (more tiles than warps: ranges start and end mid row-tile).
 const Shape kShapes[] = {{16, 256}, {48, 512}, {48, 2304}, {16, 17408}, {38400, 1024}};
-const int64_t kTs[] = {1, 3, 8, 9, 17, 64};
+const int64_t kTs[] = {1, 2, 3, 4, 8, 9, 17, 64};
 
 TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
   for (DType dt : kTypes)
@@ -92,12 +94,63 @@ TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
     }
 }
 
+// 2 ≤ T ≤ 4 run the staged kernels: the tokens' rows in shared memory, the T = 1 kernel's split
+// of the tiles wherever the staged rows leave it the same warps per block (here: K ≤ 5120, every
+// type). At T = 2 each token is tile_cols as at T = 1, so its outputs are bitwise those of the
+// same token alone: a k = 1 verify pass or a batch of two computes every token as one-token
+// decode does. At T = 3, 4 (tile_pairs) the groups' terms are added in another order: within
+// 2e-5 of the token alone. The multi-token kernel (QWEN36_MMA_STAGED=off) sums in yet another
+// order: within 2e-5 of the staged result (each within 2e-5 of the int8 twin,
+// EqualsDotWithInt8Activations).
+TEST_F(CudaQuantMma, StagedTokensAsOneToken) {
+  const Shape shapes[] = {{2048, 4096}, {6144, 5120}, {48, 2304}, {16, 1024}};
+  const char* const quant[] = {"fused", "kernel"};
+  struct Restore {
+    ~Restore() {
+      cuda::mma_select_variant(nullptr, nullptr);
+      cuda::mma_select_staged(nullptr);
+    }
+  } restore;
+  for (DType dt : kTypes)
+    for (const Shape& s : shapes) {
+      const HostT w = quantized(rng_, dt, s.N, s.K);
+      const DevT dw = upload_tiled(*gpu_, w);
+      for (const char* q : quant)
+        for (int64_t T : {2, 3, 4}) {
+          cuda::mma_select_variant(nullptr, q);
+          cuda::mma_select_staged("on");
+          const HostT x = random_t(rng_, DType::F32, {T, s.K});
+          const std::vector<float> got = run(*gpu_, dw, x);
+          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                                   " K=" + std::to_string(s.K) + " T=" + std::to_string(T) + " quant=" + q;
+          for (int64_t c = 0; c < T; ++c) {
+            HostT row(DType::F32, {1, s.K});
+            std::memcpy(row.t.data, x.t.as<float>() + c * s.K, size_t(s.K) * sizeof(float));
+            const std::vector<float> alone = run(*gpu_, dw, row);
+            const std::vector<float> mine(got.begin() + c * s.N, got.begin() + (c + 1) * s.N);
+            if (T == 2) {
+              int64_t differ = 0;
+              for (int64_t n = 0; n < s.N; ++n) differ += mine[size_t(n)] != alone[size_t(n)];
+              EXPECT_EQ(differ, 0) << what << ": token " << c << " differs from the same token alone";
+            } else {
+              std::string where;
+              EXPECT_LE(worst_rel_err(mine, alone, 1, s.N, 1, &where), 2e-5) << what << " token " << c << " " << where;
+            }
+          }
+          cuda::mma_select_staged("off");
+          const std::vector<float> multi = run(*gpu_, dw, x);
+          std::string where;
+          EXPECT_LE(worst_rel_err(multi, got, T, s.N, 1, &where), 2e-5) << what << " multi-token kernel " << where;
+        }
+    }
+}
+
 // The 27B MLP's shape, rows spot-checked.
 TEST_F(CudaQuantMma, Large27BShapeSpotChecked) {
   for (DType dt : kTypes) {
     const HostT w = repeated_rows(rng_, dt, 17408, 5120);
     const DevT dw = upload_tiled(*gpu_, w);
-    for (int64_t T : {1, 8, 64}) {
+    for (int64_t T : {1, 2, 4, 8, 64}) {
       const HostT x = random_t(rng_, DType::F32, {T, 5120});
       const std::vector<float> got = run(*gpu_, dw, x), want = reference(w, int8_activations(x), T, 997);
       std::string where;
@@ -304,9 +357,9 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       const DevT dw = upload_tiled(*gpu_, w);
       const int64_t step = s.N >= 2048 ? 61 : 1;
       for (const auto& v : variants) {
-        for (int64_t T : {1, 5, 17, 64}) {  // NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
-          // the T = 1 switches change nothing else
-          if (T != 1 && std::strcmp(v[1], "kernel") == 0) continue;
+        for (int64_t T : {1, 3, 5, 17, 64}) {  // staged ×2, NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
+          // the quantization switch changes only the staged kernels (T ≤ 4)
+          if (T > 4 && std::strcmp(v[1], "kernel") == 0) continue;
           cuda::mma_select_variant(v[0], v[1]);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
           const HostT zeros(DType::F32, {T, s.N});

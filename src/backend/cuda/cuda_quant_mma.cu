@@ -62,12 +62,13 @@
 //      2 requested before griddep_wait; the maximum shared-memory carveout.
 //    Q4_K's warp decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a
 //    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
-//    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T = 1
-//    (instantiation ONE) the warp runs tile_cols against the staged row instead: the tile's 8
-//    groups in the 8 MMA columns of one accumulator, each lane scaling 2 groups of 2 rows
-//    (the routed experts keep tile_row, whose per-tile order their host twin reproduces).
+//    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T ≤ 4 (the staged
+//    kernels, instantiations ROWS = T) the warp runs tile_cols against each token's staged row
+//    instead: the tile's 8 groups in the 8 MMA columns of one accumulator per token, each lane
+//    scaling 2 groups of 2 rows (the routed experts keep tile_row, whose per-tile order their
+//    host twin reproduces). A token's result does not depend on the other tokens of the call.
 //    QWEN36_MMA_VERBOSE=1 prints each launch shape once (stderr).
-//  - T = 1: the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
+//  - T ≤ 4 (staged): the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
 //    ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
 //    ranges; the pieces of a row-tile split between warps meet in shared memory after a block
 //    barrier and are summed in warp order. The grid split below kept the tiles perfectly balanced
@@ -75,7 +76,9 @@
 //    ~40% of an 18 MB GEMM's stall samples); a block's barrier costs ~nothing, and its row-tile
 //    granularity at most one row-tile's tiles over the block's warps (2176 row-tiles over 132
 //    blocks: 17 vs 16.5). H200, 27B Q4_K_M tg128 b1 140.2 → 151.2 t/s, 35B-A3B 348.9 → 368.9.
-//  - T > 1, a row-tile split between warps: each writes its piece to a workspace slot; after its
+//    Up to 4 tokens' rows are staged so (4 × 26 KB at K = 17408); more would leave too little
+//    shared memory for the warps' rings beside them.
+//  - T > 4 (and QWEN36_MMA_STAGED=off), a row-tile split between warps: each writes its piece to a workspace slot; after its
 //    last tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter,
 //    one per split row-tile, indexed by the warp holding the row-tile's first tile; never
 //    mid-stream, where the atomic's round trip stalled the loads in flight); the last to arrive
@@ -127,7 +130,7 @@ namespace qwen36::cuda {
 namespace {
 
 constexpr int kWarps = 8;     // warps per block of the GEMM (at most; fewer for small matrices)
-constexpr int kOneWarps = 16; // the same for the one-token kernels (ONE), which split row-tiles in blocks
+constexpr int kOneWarps = 16; // the same for the staged kernels (ROWS), which split row-tiles in blocks
 constexpr int kStages = 3;    // tiles in each warp's shared-memory ring: 2 loading while 1 computes
 
 // ================================================================================================
@@ -289,6 +292,14 @@ __device__ __forceinline__ long long range_begin(int w, long long total, int nw)
 __host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = false, bool regs = false) {
   return size_t(S) * 8 * (sizeof(ColGroup) + (norm ? (regs ? 64 : 32) * sizeof(float) + sizeof(float) : 0));
 }
+// The same for `rows` tokens (the norm only with one).
+__host__ __device__ constexpr size_t staged_bytes(long long S, int rows, bool norm = false, bool regs = false) {
+  return x_stage_bytes(S, norm, regs) + size_t(rows > 1 ? rows - 1 : 0) * x_stage_bytes(S);
+}
+// Tokens up to which a call takes the staged kernels (mma_kernel's ROWS), and up to which those
+// run tile_cols per token (beyond: tile_pairs).
+constexpr int kMaxStagedRows = 4;
+constexpr int kColsRows = 2;
 
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4) the scale table.
 template <DType D, int RING>
@@ -296,118 +307,223 @@ __host__ __device__ constexpr int warp_smem() {
   return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
-// T = 1: one tile against the staged row (xg: its 8 groups) with the groups in the 8 MMA
-// columns. tile_row gives every MMA column the same row, so the 4 lanes of a g repeat each
-// other's epilogue, 8 groups × 2 rows each, with 4 shared-memory reads a group. Here B's column
-// jj holds group jj (lanes g == jj give their fragment of it, the others zeros), so one
-// accumulator collects all 8 groups' integer products, each in its own column: lane (g, t)
-// ends with groups 2t, 2t + 1 of rows g (c0, c1) and g + 8 (c2, c3) and scales just those, each
-// group's term as tile_row's (the same integers, the same f32 operations). acc0 / acc1: the
+// Up to 4 tokens: one tile against each token's staged row (token c's 8 groups at xg + c·xrow)
+// with the groups in the 8 MMA columns. tile_row gives every MMA column the same row, so the 4
+// lanes of a g repeat each other's epilogue, 8 groups × 2 rows each, with 4 shared-memory reads a
+// group. Here B's column jj holds group jj (lanes g == jj give their fragment of it, the others
+// zeros), so one accumulator per token collects all 8 groups' integer products, each in its own
+// column: lane (g, t) ends with groups 2t, 2t + 1 of rows g (c0, c1) and g + 8 (c2, c3) and
+// scales just those, each group's term as tile_row's (the same integers, the same f32
+// operations). The A fragments are unpacked once for all the tokens. acc[c][0] / acc[c][1]: the
 // lane's partial sums of rows g / g + 8 over its groups; finish adds the 4 lanes of a g at the
 // row-tile's end.
-template <DType D>
-__device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
-                                          [[maybe_unused]] float2* tab, const uint32_t (&mask)[8], float& acc0,
-                                          float& acc1) {
+template <DType D, int TT>
+__device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xg, int xrow, int lane,
+                                          [[maybe_unused]] float2* tab, const uint32_t (&mask)[8],
+                                          float (&acc)[TT][2]) {
   const int g = lane >> 2, t = lane & 3;
   [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
   tile_scales(R, lane, tab, dg, dg8);
-  const uint2 mine = xg[g].b[t];
-  const float4 fa = xg[2 * t].s, fb = xg[2 * t + 1].s;  // the lane's two groups' {d, d·Σq, offsets}
   constexpr bool kPair = D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16;  // two k16 MMAs a group
   constexpr bool kU8 = D == DType::Q4_K_T16 || D == DType::Q6_K_T16 || D == DType::W4_G32_T16;
-  int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+  uint2 mine[TT];
+  int ca[TT][4], cb[TT][4];
+#pragma unroll
+  for (int c = 0; c < TT; ++c) {
+    mine[c] = xg[c * xrow + g].b[t];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ca[c][e] = cb[c][e] = 0;
+  }
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     uint32_t a0, a1, a2, a3;
     a_frags(R, jj, a0, a1, a2, a3);
-    const uint32_t bx = mine.x & mask[jj], by = mine.y & mask[jj];
-    if constexpr (kPair) {
-      mma_k16_acc<kU8>(ca, a0, a1, bx);  // the first 16 of each group
-      mma_k16_acc<kU8>(cb, a2, a3, by);  // and the second
-    } else {
-      mma_k32_acc<kU8>(ca, a0, a1, a2, a3, bx, by);
+#pragma unroll
+    for (int c = 0; c < TT; ++c) {
+      const uint32_t bx = mine[c].x & mask[jj], by = mine[c].y & mask[jj];
+      if constexpr (kPair) {
+        mma_k16_acc<kU8>(ca[c], a0, a1, bx);  // the first 16 of each group
+        mma_k16_acc<kU8>(cb[c], a2, a3, by);  // and the second
+      } else {
+        mma_k32_acc<kU8>(ca[c], a0, a1, a2, a3, bx, by);
+      }
     }
   }
-  if constexpr (table_tile(D)) {
-    const float4 m0 = *reinterpret_cast<const float4*>(tab + g * kTabStride + 2 * t);
-    const float4 m1 = *reinterpret_cast<const float4*>(tab + (g + 8) * kTabStride + 2 * t);
-    if constexpr (min_tile(D)) {  // (S, M) of groups 2t (x, y) and 2t + 1 (z, w)
-      acc0 = fmaf(m0.x, fa.x * float(ca[0]), fmaf(-m0.y, fa.y, acc0));
-      acc0 = fmaf(m0.z, fb.x * float(ca[1]), fmaf(-m0.w, fb.y, acc0));
-      acc1 = fmaf(m1.x, fa.x * float(ca[2]), fmaf(-m1.y, fa.y, acc1));
-      acc1 = fmaf(m1.z, fb.x * float(ca[3]), fmaf(-m1.w, fb.y, acc1));
-    } else {  // NVFP4: the two 16-groups' scales of groups 2t (x, y) and 2t + 1 (z, w)
-      acc0 = fmaf(m0.y * fa.x, float(cb[0]), fmaf(m0.x * fa.x, float(ca[0]), acc0));
-      acc0 = fmaf(m0.w * fb.x, float(cb[1]), fmaf(m0.z * fb.x, float(ca[1]), acc0));
-      acc1 = fmaf(m1.y * fa.x, float(cb[2]), fmaf(m1.x * fa.x, float(ca[2]), acc1));
-      acc1 = fmaf(m1.w * fb.x, float(cb[3]), fmaf(m1.z * fb.x, float(ca[3]), acc1));
+#pragma unroll
+  for (int c = 0; c < TT; ++c) {
+    float& acc0 = acc[c][0];
+    float& acc1 = acc[c][1];
+    const float4 fa = xg[c * xrow + 2 * t].s, fb = xg[c * xrow + 2 * t + 1].s;  // {d, d·Σq, offsets}
+    if constexpr (table_tile(D)) {
+      const float4 m0 = *reinterpret_cast<const float4*>(tab + g * kTabStride + 2 * t);
+      const float4 m1 = *reinterpret_cast<const float4*>(tab + (g + 8) * kTabStride + 2 * t);
+      if constexpr (min_tile(D)) {  // (S, M) of groups 2t (x, y) and 2t + 1 (z, w)
+        acc0 = fmaf(m0.x, fa.x * float(ca[c][0]), fmaf(-m0.y, fa.y, acc0));
+        acc0 = fmaf(m0.z, fb.x * float(ca[c][1]), fmaf(-m0.w, fb.y, acc0));
+        acc1 = fmaf(m1.x, fa.x * float(ca[c][2]), fmaf(-m1.y, fa.y, acc1));
+        acc1 = fmaf(m1.z, fb.x * float(ca[c][3]), fmaf(-m1.w, fb.y, acc1));
+      } else {  // NVFP4: the two 16-groups' scales of groups 2t (x, y) and 2t + 1 (z, w)
+        acc0 = fmaf(m0.y * fa.x, float(cb[c][0]), fmaf(m0.x * fa.x, float(ca[c][0]), acc0));
+        acc0 = fmaf(m0.w * fb.x, float(cb[c][1]), fmaf(m0.z * fb.x, float(ca[c][1]), acc0));
+        acc1 = fmaf(m1.y * fa.x, float(cb[c][2]), fmaf(m1.x * fa.x, float(ca[c][2]), acc1));
+        acc1 = fmaf(m1.w * fb.x, float(cb[c][3]), fmaf(m1.z * fb.x, float(ca[c][3]), acc1));
+      }
+    } else if constexpr (D == DType::Q6_K_T16) {
+      // int8 scales of the 16-halves of groups 2t, 2t + 1 (bytes 4t .. 4t + 3 of the row's 16);
+      // the offsets −32·Σq per half (tile_row's MMA C input) added to the integer sums here.
+      const uint32_t w0 = pick(R.sc0, t), w1 = pick(R.sc1, t);
+      const int za = __float_as_int(fa.z), zb = __float_as_int(fa.w), zc = __float_as_int(fb.z),
+                zd = __float_as_int(fb.w);
+      auto v = [&](uint32_t w, int a, int b, int sh) {  // sa·(a + offset) + sb·(b + offset) of one group
+        return sext8(w >> sh) * (a + (sh ? zc : za)) + sext8(w >> (sh + 8)) * (b + (sh ? zd : zb));
+      };
+      acc0 = fmaf(dg * fa.x, float(v(w0, ca[c][0], cb[c][0], 0)), acc0);
+      acc0 = fmaf(dg * fb.x, float(v(w0, ca[c][1], cb[c][1], 16)), acc0);
+      acc1 = fmaf(dg8 * fa.x, float(v(w1, ca[c][2], cb[c][2], 0)), acc1);
+      acc1 = fmaf(dg8 * fb.x, float(v(w1, ca[c][3], cb[c][3], 16)), acc1);
+    } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128 (groups 2t, 2t + 1 share it)
+      float e0a, e0b, e1a, e1b;
+      if constexpr (D == DType::Q8_0_T16) {
+        const uint32_t d0 = pick(R.d0, t), d1 = pick(R.d1, t);
+        e0a = h2f(uint16_t(d0 & 0xFFFFu)), e0b = h2f(uint16_t(d0 >> 16));
+        e1a = h2f(uint16_t(d1 & 0xFFFFu)), e1b = h2f(uint16_t(d1 >> 16));
+      } else {
+        e0a = e0b = w4_scale(R.h0, t >> 1);
+        e1a = e1b = w4_scale(R.h1, t >> 1);
+      }
+      acc0 = fmaf(e0a * fa.x, float(ca[c][0]), acc0);
+      acc0 = fmaf(e0b * fb.x, float(ca[c][1]), acc0);
+      acc1 = fmaf(e1a * fa.x, float(ca[c][2]), acc1);
+      acc1 = fmaf(e1b * fb.x, float(ca[c][3]), acc1);
     }
-  } else if constexpr (D == DType::Q6_K_T16) {
-    // int8 scales of the 16-halves of groups 2t, 2t + 1 (bytes 4t .. 4t + 3 of the row's 16);
-    // the offsets −32·Σq per half (tile_row's MMA C input) added to the integer sums here.
-    const uint32_t w0 = pick(R.sc0, t), w1 = pick(R.sc1, t);
-    const int za = __float_as_int(fa.z), zb = __float_as_int(fa.w), zc = __float_as_int(fb.z),
-              zd = __float_as_int(fb.w);
-    auto v = [&](uint32_t w, int a, int b, int sh) {  // sa·(a + offset) + sb·(b + offset) of one group
-      return sext8(w >> sh) * (a + (sh ? zc : za)) + sext8(w >> (sh + 8)) * (b + (sh ? zd : zb));
-    };
-    acc0 = fmaf(dg * fa.x, float(v(w0, ca[0], cb[0], 0)), acc0);
-    acc0 = fmaf(dg * fb.x, float(v(w0, ca[1], cb[1], 16)), acc0);
-    acc1 = fmaf(dg8 * fa.x, float(v(w1, ca[2], cb[2], 0)), acc1);
-    acc1 = fmaf(dg8 * fb.x, float(v(w1, ca[3], cb[3], 16)), acc1);
-  } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128 (groups 2t, 2t + 1 share it)
-    float e0a, e0b, e1a, e1b;
-    if constexpr (D == DType::Q8_0_T16) {
-      const uint32_t d0 = pick(R.d0, t), d1 = pick(R.d1, t);
-      e0a = h2f(uint16_t(d0 & 0xFFFFu)), e0b = h2f(uint16_t(d0 >> 16));
-      e1a = h2f(uint16_t(d1 & 0xFFFFu)), e1b = h2f(uint16_t(d1 >> 16));
+  }
+}
+
+// 3 ≤ TT ≤ 4 tokens: tile_cols per token would take 8·TT MMAs a tile, each with one useful
+// column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
+// multi-token kernel). Here the groups go in pairs with the tokens in the columns: MMA 2i's
+// columns 0-3 are tokens 0-3 of group 2i, MMA 2i + 1's columns 4-7 the same tokens of group
+// 2i + 1, both into one int accumulator (disjoint columns: lane (g, t) gives its B fragment, of
+// token g % 4 and the groups of parity g / 4, to one MMA of each pair and zeros to the other).
+// After the pair, lane (g, t) holds group 2i + t / 2 of tokens e0 = 2 (t % 2), e0 + 1 for rows g
+// (c0, c1) and g + 8 (c2, c3) and scales just those: 8 MMAs and 4 epilogues of 4 terms a tile,
+// each term as the multi-token kernel's (the same integers, the same f32 operations). acc: the
+// lane's sums of (row g, e0), (g, e0 + 1), (g + 8, e0), (g + 8, e0 + 1) over its groups; finish
+// adds the lanes t, t ^ 2 (the two group parities) at the row-tile's end.
+template <DType D, int TT>
+__device__ __forceinline__ void tile_pairs(const Raw<D>& R, const ColGroup* __restrict__ xg, int xrow, int lane,
+                                           [[maybe_unused]] float2* tab, float (&acc)[4]) {
+  static_assert(TT >= 1 && TT <= 4, "four token columns a group");
+  const int g = lane >> 2, t = lane & 3, h = t >> 1;
+  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+  tile_scales(R, lane, tab, dg, dg8);
+  constexpr bool kPair = D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16;  // two k16 MMAs a group
+  constexpr bool kU8 = D == DType::Q4_K_T16 || D == DType::Q6_K_T16 || D == DType::W4_G32_T16;
+  // B: token g % 4 (its row clamped to the staged ones; a padding token's fragment is masked)
+  const int bt = g & 3;
+  const ColGroup* const xb = xg + (bt < TT ? bt : TT - 1) * xrow + (g >> 2);  // group 2i + g / 4 at xb[2i]
+  const uint32_t m_even = bt < TT && g < 4 ? ~0u : 0u, m_odd = bt < TT && g >= 4 ? ~0u : 0u;
+  // the epilogue's tokens e0, e0 + 1 (clamped: a padding token's sums are never written)
+  const int e0 = 2 * (t & 1);
+  const ColGroup* const xf0 = xg + (e0 < TT ? e0 : TT - 1) * xrow + h;  // group 2i + h at xf0[2i]
+  const ColGroup* const xf1 = xg + (e0 + 1 < TT ? e0 + 1 : TT - 1) * xrow + h;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t a0, a1, a2, a3, o0, o1, o2, o3;
+    a_frags(R, 2 * i, a0, a1, a2, a3);
+    a_frags(R, 2 * i + 1, o0, o1, o2, o3);
+    const uint2 bf = xb[2 * i].b[t];
+    int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+    if constexpr (kPair) {
+      mma_k16_acc<kU8>(ca, a0, a1, bf.x & m_even);  // the first 16 of each group
+      mma_k16_acc<kU8>(cb, a2, a3, bf.y & m_even);  // and the second
+      mma_k16_acc<kU8>(ca, o0, o1, bf.x & m_odd);
+      mma_k16_acc<kU8>(cb, o2, o3, bf.y & m_odd);
     } else {
-      e0a = e0b = w4_scale(R.h0, t >> 1);
-      e1a = e1b = w4_scale(R.h1, t >> 1);
+      mma_k32_acc<kU8>(ca, a0, a1, a2, a3, bf.x & m_even, bf.y & m_even);
+      mma_k32_acc<kU8>(ca, o0, o1, o2, o3, bf.x & m_odd, bf.y & m_odd);
     }
-    acc0 = fmaf(e0a * fa.x, float(ca[0]), acc0);
-    acc0 = fmaf(e0b * fb.x, float(ca[1]), acc0);
-    acc1 = fmaf(e1a * fa.x, float(ca[2]), acc1);
-    acc1 = fmaf(e1b * fb.x, float(ca[3]), acc1);
+    const float4 f0 = xf0[2 * i].s, f1 = xf1[2 * i].s;  // {d, d·Σq, offsets} of e0, e0 + 1
+    if constexpr (table_tile(D)) {
+      const int grp = 2 * i + h;
+      const float2 m0 = tab[g * kTabStride + grp], m1 = tab[(g + 8) * kTabStride + grp];
+      if constexpr (min_tile(D)) {  // (S, M)
+        acc[0] = fmaf(m0.x, f0.x * float(ca[0]), fmaf(-m0.y, f0.y, acc[0]));
+        acc[1] = fmaf(m0.x, f1.x * float(ca[1]), fmaf(-m0.y, f1.y, acc[1]));
+        acc[2] = fmaf(m1.x, f0.x * float(ca[2]), fmaf(-m1.y, f0.y, acc[2]));
+        acc[3] = fmaf(m1.x, f1.x * float(ca[3]), fmaf(-m1.y, f1.y, acc[3]));
+      } else {  // NVFP4: the two 16-groups' scales
+        acc[0] = fmaf(m0.y * f0.x, float(cb[0]), fmaf(m0.x * f0.x, float(ca[0]), acc[0]));
+        acc[1] = fmaf(m0.y * f1.x, float(cb[1]), fmaf(m0.x * f1.x, float(ca[1]), acc[1]));
+        acc[2] = fmaf(m1.y * f0.x, float(cb[2]), fmaf(m1.x * f0.x, float(ca[2]), acc[2]));
+        acc[3] = fmaf(m1.y * f1.x, float(cb[3]), fmaf(m1.x * f1.x, float(ca[3]), acc[3]));
+      }
+    } else if constexpr (D == DType::Q6_K_T16) {
+      // int8 scales of group 2i + h's 16-halves, rows g and g + 8; the offsets −32·Σq per half
+      // (the multi-token kernel's MMA C input) added to the integer sums here.
+      const uint32_t w0 = pick(R.sc0, i) >> (16 * h), w1 = pick(R.sc1, i) >> (16 * h);
+      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+      const int za0 = __float_as_int(f0.z), zb0 = __float_as_int(f0.w), za1 = __float_as_int(f1.z),
+                zb1 = __float_as_int(f1.w);
+      acc[0] = fmaf(dg * f0.x, float(sa0 * (ca[0] + za0) + sb0 * (cb[0] + zb0)), acc[0]);
+      acc[1] = fmaf(dg * f1.x, float(sa0 * (ca[1] + za1) + sb0 * (cb[1] + zb1)), acc[1]);
+      acc[2] = fmaf(dg8 * f0.x, float(sa1 * (ca[2] + za0) + sb1 * (cb[2] + zb0)), acc[2]);
+      acc[3] = fmaf(dg8 * f1.x, float(sa1 * (ca[3] + za1) + sb1 * (cb[3] + zb1)), acc[3]);
+    } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128
+      float e0s, e1s;
+      if constexpr (D == DType::Q8_0_T16) {
+        e0s = h2f(uint16_t(pick(R.d0, i) >> (16 * h)));
+        e1s = h2f(uint16_t(pick(R.d1, i) >> (16 * h)));
+      } else {
+        e0s = w4_scale(R.h0, i >> 1);
+        e1s = w4_scale(R.h1, i >> 1);
+      }
+      acc[0] = fmaf(e0s * f0.x, float(ca[0]), acc[0]);
+      acc[1] = fmaf(e0s * f1.x, float(ca[1]), acc[1]);
+      acc[2] = fmaf(e1s * f0.x, float(ca[2]), acc[2]);
+      acc[3] = fmaf(e1s * f1.x, float(ca[3]), acc[3]);
+    }
   }
 }
 
 // Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
 // the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
-// (ONE) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
+// (ROWS) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
 // registers rather than spilling (plan_mma sizes the grid by occupancy).
-constexpr int max_threads(bool ONE) { return (ONE ? kOneWarps : kWarps) * 32; }
-constexpr int min_blocks(int NT, bool ONE) { return ONE ? 1 : NT <= 2 ? 2 : 1; }
+constexpr int max_threads(int ROWS) { return (ROWS ? kOneWarps : kWarps) * 32; }
+constexpr int min_blocks(int NT, int ROWS) { return ROWS ? 1 : NT <= 2 ? 2 : 1; }
 
-// ONE: a block's warps leave the pieces of its split row-tiles here (shared memory after the
-// staging): 2 × 16 floats a warp, slot 0 for its first row-tile, 1 for its last.
-constexpr size_t kOnePieceBytes = 2 * 16 * sizeof(float);
+// ROWS: a block's warps leave the pieces of its split row-tiles here (shared memory after the
+// staging): 2 × 16 floats a warp and token, slot 0 for its first row-tile, 1 for its last.
+constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(rows); }
 
-// ONE: T == 1 (NT == 1): each tile is tile_cols against token 0's row staged in shared memory,
-// and the split of the tiles (file header) is per block: block b holds whole row-tiles,
+// ROWS = T ≤ kMaxStagedRows (NT == 1): each tile is tile_cols against the T tokens' rows staged
+// in shared memory, and the split of the tiles (file header) is per block: block b holds whole row-tiles,
 // ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
 // ranges; a row-tile split between warps is summed in shared memory after a block barrier (no
 // workspace, fence or atomic). RING: the load path (file header): 0, each lane holds the next
 // tile's 16-byte loads in registers while the current one computes (two register sets in turn,
 // global loads evict-first); else the per-warp cp.async shared-memory ring of RING tiles. Blocks
-// have 1 .. kWarps (ONE: kOneWarps) warps (small matrices spread over every SM).
-template <DType D, int NT, bool ONE, int RING>
-__global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_kernel(const MmaArgs a) {
+// have 1 .. kWarps (ROWS: kOneWarps) warps (small matrices spread over every SM). ROWS = 0: the
+// multi-token kernel (grid split, activations read from the workspace).
+template <DType D, int NT, int ROWS, int RING>
+__global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_kernel(const MmaArgs a) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
+  static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
   constexpr bool REGS = RING == 0;
+  constexpr bool STAGED = ROWS > 0;  // the rows staged, the split per block
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
   const int w = int(blockIdx.x) * wpb + wib;
-  if (!ONE && w >= a.nwarps) return;  // T = 1's staging and sums have block barriers
+  if (!STAGED && w >= a.nwarps) return;  // the staged kernels' staging and sums have block barriers
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
-  // ONE: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
+  // STAGED: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
   // (fewer tiles than warps) and the warp still takes the block's barriers.
   [[maybe_unused]] long long q0 = 0, q1 = 0, nb = 0;
   long long b0, b1;
-  if constexpr (ONE) {
+  if constexpr (STAGED) {
     const long long R = a.total / S;
     q0 = (long long)blockIdx.x * R / gridDim.x, q1 = (long long)(blockIdx.x + 1) * R / gridDim.x;
     nb = (q1 - q0) * S;
@@ -419,62 +535,77 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
   constexpr int kWarpSmem = warp_smem<D, RING>();
-  // T = 1: token 0's activation row, staged in shared memory once per block as the routed
-  // experts' ColGroups (x_stage_bytes), so that each tile is tile_cols against it: the loop's
-  // B-fragment and scale reads are shared-memory loads, not L1 / L2 round trips (ncu: L1 hit
-  // rate 46%, 40% of stalls on L1TEX at T = 1 with them read from global). Token 0's fragments
-  // are lanes 0-3 of quantize_kernel's (B column 0), its scales entry t = 0.
+  // ROWS: the tokens' activation rows, staged in shared memory once per block as the routed
+  // experts' ColGroups (x_stage_bytes; token c's at xs + c·S·8), so that each tile is tile_cols
+  // against them: the loop's B-fragment and scale reads are shared-memory loads, not L1 / L2
+  // round trips (ncu: L1 hit rate 46%, 40% of stalls on L1TEX at T = 1 with them read from
+  // global). Token c's fragments are lanes 4c .. 4c + 3 of quantize_kernel's (B column c), its
+  // scales half (c & 1) of entry t = c / 2.
   ColGroup* const xs = reinterpret_cast<ColGroup*>(smem + size_t(wpb) * kWarpSmem);
-  // NormIn: after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested before
-  // griddep_wait (prefetch_norm).
+  const int xrow = S * 8;
+  // NormIn (T = 1): after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested
+  // before griddep_wait (prefetch_norm).
   float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S));
   float* const gss = reinterpret_cast<float*>(vrow + 8 * S * 8);
   float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
-  [[maybe_unused]] float* const bpart =
-      reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S, a.norm.y != nullptr, REGS));
+  [[maybe_unused]] float* const bpart = reinterpret_cast<float*>(
+      reinterpret_cast<uint8_t*>(xs) + staged_bytes(S, ROWS, a.norm.y != nullptr, REGS));
   [[maybe_unused]] float4 wq[kNormW];
   auto prefetch_norm = [&]() {
-    if constexpr (ONE)
+    if constexpr (STAGED)
       if (a.norm.y) prefetch_norm_w<REGS>(a.norm, S * 8, wq, wrow);
   };
   auto stage_x = [&]() {
-    if constexpr (ONE) {
+    if constexpr (STAGED) {
       const int G = S * 8;
-      if (a.norm.y) {  // the layer's norm, computed here (NormIn)
+      if (a.norm.y) {  // the layer's norm, computed here (NormIn; T = 1)
         norm_row<REGS>(a.norm, G, wq, wrow, vrow, gss, xs, blockIdx.x == 0 && a.norm.y_out);
         __syncthreads();
         return;
       }
-      if (a.x) {  // no quantize_kernel before this launch: every block quantizes the row itself
-        quantize_row(a.x, G, xs);
+      if (a.x) {  // no quantize_kernel before this launch: every block quantizes the rows itself
+#pragma unroll
+        for (int c = 0; c < ROWS; ++c) quantize_row(a.x + size_t(c) * G * 32, G, xs + c * xrow);
         __syncthreads();
         return;
       }
       // All of a thread's loads are issued before its first store: one L2 round trip for K up to
       // 8192 at 256 threads. (A load-store loop waited for each load in turn: ncu put 17-23% of
       // a T = 1 GEMM's stall samples on those stores, ~4 round trips after griddep_wait.)
+      // Word i of the fragments: token i / 4G, group (i mod 4G) / 4, lane 4·token + i mod 4;
+      // scale entry j: token j / G, group j mod G.
       constexpr int kB = 8, kS = 3;  // fragment words and scale entries a thread per round
-      const int nb = G * 4, nt = int(blockDim.x), tid = int(threadIdx.x);
-      for (int r = 0; r * kB * nt < nb || r * kS * nt < G; ++r) {
+      const int nb = G * 4 * ROWS, ns = G * ROWS, nt = int(blockDim.x), tid = int(threadIdx.x);
+      for (int r = 0; r * kB * nt < nb || r * kS * nt < ns; ++r) {
         uint2 b[kB];
         float4 f[kS];
         int4 z[kS];
 #pragma unroll
         for (int u = 0; u < kB; ++u)
-          if (const int i = (r * kB + u) * nt + tid; i < nb) b[u] = __ldcg(a.xb + size_t(i >> 2) * 32 + (i & 3));
+          if (const int i = (r * kB + u) * nt + tid; i < nb) {
+            const int c = i / (4 * G), k = i - c * 4 * G;
+            b[u] = __ldcg(a.xb + size_t(k >> 2) * 32 + 4 * c + (k & 3));
+          }
 #pragma unroll
         for (int u = 0; u < kS; ++u)
-          if (const int j = (r * kS + u) * nt + tid; j < G) {
-            f[u] = __ldcg(a.xf + size_t(j) * 4);
-            z[u] = __ldcg(a.xi + size_t(j) * 4);
+          if (const int j = (r * kS + u) * nt + tid; j < ns) {
+            const int c = j / G, k = j - c * G;
+            f[u] = __ldcg(a.xf + size_t(k) * 4 + (c >> 1));
+            z[u] = __ldcg(a.xi + size_t(k) * 4 + (c >> 1));
           }
 #pragma unroll
         for (int u = 0; u < kB; ++u)
-          if (const int i = (r * kB + u) * nt + tid; i < nb) xs[i >> 2].b[i & 3] = b[u];
+          if (const int i = (r * kB + u) * nt + tid; i < nb) {
+            const int c = i / (4 * G), k = i - c * 4 * G;
+            xs[c * xrow + (k >> 2)].b[k & 3] = b[u];
+          }
 #pragma unroll
         for (int u = 0; u < kS; ++u)
-          if (const int j = (r * kS + u) * nt + tid; j < G)
-            xs[j].s = make_float4(f[u].x, f[u].y, __int_as_float(z[u].x), __int_as_float(z[u].z));
+          if (const int j = (r * kS + u) * nt + tid; j < ns) {
+            const int c = j / G, k = j - c * G;
+            xs[c * xrow + k].s = c & 1 ? make_float4(f[u].z, f[u].w, __int_as_float(z[u].y), __int_as_float(z[u].w))
+                                       : make_float4(f[u].x, f[u].y, __int_as_float(z[u].x), __int_as_float(z[u].z));
+          }
       }
       __syncthreads();  // every warp of the block is live (plan_mma), so all reach it
     }
@@ -499,12 +630,20 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   float acc[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  // ROWS ≤ 2: tile_cols per token (token c's rows g, g + 8); more: tile_pairs (acc[0]).
+  constexpr bool kPairs = ROWS > kColsRows;
+  [[maybe_unused]] float sacc[STAGED && !kPairs ? ROWS : 1][2];
+#pragma unroll
+  for (int c = 0; c < (STAGED && !kPairs ? ROWS : 1); ++c) sacc[c][0] = sacc[c][1] = 0.0f;
 
   // One tile: every k32 group against every n8 tile of tokens (T = 1: against the staged row;
   // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
   auto compute = [&](const Raw<D>& R) {
-    if constexpr (ONE) {
-      tile_cols<D>(R, xs + size_t(s) * 8, lane, tab, col_mask, acc[0][0], acc[0][2]);
+    if constexpr (kPairs) {
+      tile_pairs<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, acc[0]);
+      return;
+    } else if constexpr (STAGED) {
+      tile_cols<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, col_mask, sacc);
       return;
     }
     [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
@@ -586,32 +725,51 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
   // row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile (arrive).
   auto finish = [&](long long i) {
     if (s == S - 1 || i == b1 - 1) {
-      if constexpr (ONE) {  // tile_cols: the 4 lanes of a g hold a quarter of the groups each
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 1);
-          acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
-        }
-      }
       const long long rs = (long long)r * S;
       const bool whole = rs >= b0 && rs + S <= b1;
       size_t stride = 16;
       const int slot = r == r_first ? 0 : 1;
       float* base = whole ? out_of(a, r, stride)
-                    : ONE ? bpart + (wib * 2 + slot) * 16
+                    : STAGED ? bpart + (wib * 2 + slot) * 16 * ROWS
                           : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
+      if constexpr (kPairs) {  // tile_pairs: lanes t, t ^ 2 hold the two group parities
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+        for (int e = 0; e < 4; ++e) acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = 8 * n + 2 * t + e;
-          if (c < T) {
-            base[size_t(c) * stride + g] = acc[n][e];
-            base[size_t(c) * stride + g + 8] = acc[n][2 + e];
+        for (int e = 0; e < 2; ++e)
+          if (const int c = 2 * t + e; t < 2 && c < ROWS) {
+            base[size_t(c) * stride + g] = acc[0][e];
+            base[size_t(c) * stride + g + 8] = acc[0][2 + e];
           }
-        }
+        acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+      } else if constexpr (STAGED) {  // tile_cols: the 4 lanes of a g hold a quarter of the groups each
 #pragma unroll
-      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int c = 0; c < ROWS; ++c) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 1);
+            sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 2);
+          }
+          if (t == c) {  // token c's rows, by lane t = c of each g
+            base[size_t(c) * stride + g] = sacc[c][0];
+            base[size_t(c) * stride + g + 8] = sacc[c][1];
+          }
+          sacc[c][0] = sacc[c][1] = 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * n + 2 * t + e;
+            if (c < T) {
+              base[size_t(c) * stride + g] = acc[n][e];
+              base[size_t(c) * stride + g + 8] = acc[n][2 + e];
+            }
+          }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+      }
     }
     if (++s == S) s = 0, ++r;
   };
@@ -719,21 +877,24 @@ __global__ void __launch_bounds__(max_threads(ONE), min_blocks(NT, ONE)) mma_ker
       cur = cur == (RING - 1) * B ? 0 : cur + B;
     }
   }
-  if constexpr (ONE) {
-    // The block's split row-tiles, each summed by one warp's lanes 0-15 in warp order (bitwise
-    // the same every run) from the pieces in shared memory.
+  if constexpr (STAGED) {
+    // The block's split row-tiles, each summed by one warp's lanes (entry e: token e / 16, row
+    // e mod 16) in warp order (bitwise the same every run) from the pieces in shared memory.
     __syncthreads();
-    for (long long rr = q0 + wib; rr < q1 && lane < 16; rr += wpb) {
+    for (long long rr = q0 + wib; rr < q1; rr += wpb) {
       const long long ls = (rr - q0) * S;  // the row-tile's first tile in the block's nb
       const int v0 = warp_of(ls, nb, wpb), v1 = warp_of(ls + S - 1, nb, wpb);
       if (v0 == v1) continue;  // whole: written by finish
-      float sum = 0.0f;
-      for (int v = v0; v <= v1; ++v) {
-        const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or last
-        sum += bpart[(v * 2 + slot) * 16 + lane];
-      }
       size_t stride = 0;
-      out_of(a, int(rr), stride)[lane] = sum;
+      float* const o = out_of(a, int(rr), stride);
+      for (int e = lane; e < 16 * ROWS; e += 32) {
+        float sum = 0.0f;
+        for (int v = v0; v <= v1; ++v) {
+          const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or last
+          sum += bpart[(v * 2 + slot) * 16 * ROWS + e];
+        }
+        o[size_t(e >> 4) * stride + (e & 15)] = sum;
+      }
     }
   } else {
     arrive_all();
@@ -747,7 +908,7 @@ struct MmaPlan {
   size_t smem = 0;
 };
 
-template <DType D, int NT, bool ONE, int RING>
+template <DType D, int NT, int ROWS, int RING>
 MmaPlan plan_mma(long long total, int S, bool norm) {
   constexpr bool REGS = RING == 0;
   struct PerDev {
@@ -759,7 +920,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
-  auto* kern = mma_kernel<D, NT, ONE, RING>;
+  auto* kern = mma_kernel<D, NT, ROWS, RING>;
   once_per_device(done, [&] {
     if constexpr (REGS) {
       // Round 1's launch: blocks of kWarps, the (S, M) table the only shared memory, the
@@ -779,9 +940,9 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
                                                              size_t(pd.wpb) * warp_smem<D, RING>()));
     pd.bps = std::max(bps, 1);
-    // T = 1 stages the activations in shared memory (sized by K): allow any size up to the
-    // device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
-    if constexpr (ONE)
+    // The staged kernels keep the activations in shared memory (sized by K and T): allow any size
+    // up to the device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
+    if constexpr (ROWS > 0)
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, info.smem_optin));
     cudaFuncAttributes fa{};
     CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
@@ -789,10 +950,10 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     pd.local = int(fa.localSizeBytes);
   });
   MmaPlan p;
-  if constexpr (ONE) {
+  if constexpr (ROWS > 0) {
     // Blocks of up to kOneWarps warps, as many as shared memory takes next to the staging; as
     // many blocks as are resident, none with fewer row-tiles than another but one.
-    const size_t xs = x_stage_bytes(S, norm, REGS), per_warp = size_t(warp_smem<D, RING>()) + kOnePieceBytes;
+    const size_t xs = staged_bytes(S, ROWS, norm, REGS), per_warp = size_t(warp_smem<D, RING>()) + piece_bytes(ROWS);
     int wpb = kOneWarps;
     while (wpb > 1 && xs + size_t(wpb) * per_warp > size_t(info.smem_optin)) --wpb;
     static std::mutex mu;
@@ -851,13 +1012,15 @@ int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) 
 // 1), Q6_K with the shared-memory ring (round 2); at T = 1 with the split in blocks, Q4_K rows of
 // S ≥ 16 super-blocks with the ring (27B Q4_K_M tg128 b1 151.1 → 154.1 t/s), shorter ones still
 // with registers (the 35B-A3B's, K = 2048: 370.6 → 365.5 with the ring).
-bool use_regs(DType t, bool one, int S) {
+// The staged kernels (2 ≤ T ≤ 4 too) follow the one-token rule.
+bool use_regs(DType t, bool staged, int S) {
   const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
   if (v != kAuto) return v == kRegs;
-  return t == DType::Q8_0_T16 || ((nibble_tile(t) || t == DType::NVFP4_B64_T16) && !(one && S >= 16));
+  return t == DType::Q8_0_T16 || ((nibble_tile(t) || t == DType::NVFP4_B64_T16) && !(staged && S >= 16));
 }
-// QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 each GEMM block quantizes the
-// activation row into its shared memory itself, or quantize_kernel does it once before the GEMM
+// QWEN36_MMA_T1_QUANT = fused | kernel (unset: fused): at T = 1 (and in every staged kernel) each
+// GEMM block quantizes the activation rows into its shared memory itself, or quantize_kernel
+// does it once before the GEMM
 // (one launch more per call; each block then copies 48 bytes per group instead of reading 128
 // and quantizing). While quantize_row waited for its loads one at a time the launch was the
 // cheaper (27B Q4_K_M tg b1 122.3 vs 120.1 t/s fused); with its loads batched fused is:
@@ -865,13 +1028,18 @@ bool use_regs(DType t, bool one, int S) {
 // start, two rounds).
 std::atomic<int> g_t1_quant{-1};
 bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused", "kernel") != kKernel; }
+// QWEN36_MMA_STAGED = on | off (unset: on): 2 ≤ T ≤ kMaxStagedRows take the staged kernels (the
+// tokens' rows in shared memory, the split per block, tile_cols per token), or the multi-token
+// kernel (grid split, B fragments and scales read through L1).
+std::atomic<int> g_staged{-1};
+bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != 2; }
 
-// Calls f(type, NT, ONE, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
-// ONE (T == 1, only with NT = 1) and the load path (RING: 0 registers, else the ring's depth).
-// (A ring of 4 or 5 tiles measured slower than 3 for Q4_K at T = 1 on the H200: 27B Q4_K_M
-// tg128 b1 154.1, 152.5, 141.5 t/s.)
+// Calls f(type, NT, ROWS, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
+// ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path (RING: 0
+// registers, else the ring's depth). (A ring of 4 or 5 tiles measured slower than 3 for Q4_K at
+// T = 1 on the H200: 27B Q4_K_M tg128 b1 154.1, 152.5, 141.5 t/s.)
 template <typename F>
-void with_mma(DType t, int NT, bool one, bool regs, F&& f) {
+void with_mma(DType t, int NT, int rows, bool regs, F&& f) {
   with_tiled_dtype(t, [&](auto dt) {
     auto go = [&](auto nt, auto o) {
       if (regs)
@@ -879,18 +1047,21 @@ void with_mma(DType t, int NT, bool one, bool regs, F&& f) {
       else
         f(dt, nt, o, std::integral_constant<int, kStages>{});
     };
-    using B0 = std::false_type;
-    using B1 = std::true_type;
+    using NT1 = std::integral_constant<int, 1>;
+    static_assert(kMaxStagedRows == 4);
     switch (NT) {
       case 1:
-        if (one)
-          go(std::integral_constant<int, 1>{}, B1{});
-        else
-          go(std::integral_constant<int, 1>{}, B0{});
+        switch (rows) {
+          case 1: go(NT1{}, std::integral_constant<int, 1>{}); break;
+          case 2: go(NT1{}, std::integral_constant<int, 2>{}); break;
+          case 3: go(NT1{}, std::integral_constant<int, 3>{}); break;
+          case 4: go(NT1{}, std::integral_constant<int, 4>{}); break;
+          default: go(NT1{}, std::integral_constant<int, 0>{}); break;
+        }
         break;
-      case 2: go(std::integral_constant<int, 2>{}, B0{}); break;
-      case 4: go(std::integral_constant<int, 4>{}, B0{}); break;
-      default: go(std::integral_constant<int, 8>{}, B0{}); break;
+      case 2: go(std::integral_constant<int, 2>{}, std::integral_constant<int, 0>{}); break;
+      case 4: go(std::integral_constant<int, 4>{}, std::integral_constant<int, 0>{}); break;
+      default: go(std::integral_constant<int, 8>{}, std::integral_constant<int, 0>{}); break;
     }
   });
 }
@@ -929,11 +1100,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 namespace {
 
-// T = 1 fits the one-token kernels: x staged in shared memory (with a NormIn also v and the group
-// sums) next to up to 8 warps' rings (Q8_0: 3 × 4352 B each) and tables; beyond the opt-in limit
-// (K of several 10^5) the general kernel, dead columns and all.
-bool one_fits(int64_t K, bool norm) {
-  return size_t(kWarps) * (kStages * 4352 + 16 * kTabStride * sizeof(float2)) + x_stage_bytes(K / 256, norm, true) <=
+// T tokens fit the staged kernels: their rows in shared memory (with a NormIn also v and the
+// group sums) next to up to 8 warps' rings (Q8_0: 3 × 4352 B each), tables and pieces; beyond the
+// opt-in limit (K of several 10^5 at T = 1) the general kernel, dead columns and all.
+bool staged_fits(int64_t K, int64_t T, bool norm) {
+  return size_t(kWarps) * (kStages * 4352 + 16 * kTabStride * sizeof(float2) + piece_bytes(int(T))) +
+             staged_bytes(K / 256, int(T), norm, true) <=
          size_t(dev_info().smem_optin);
 }
 
@@ -966,8 +1138,12 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     return true;
   }
   const int NT = act_n_tiles(T);
-  const bool one = T == 1 && one_fits(K, norm != nullptr);
+  const bool one = T == 1 && staged_fits(K, 1, norm != nullptr);
   QWEN36_CHECK(!norm || one, "matmul: the norm-computing GEMM takes one token whose row fits shared memory");
+  // The tokens staged in shared memory (mma_kernel's ROWS; 0: the multi-token kernel).
+  int rows = one                                                                      ? 1
+             : T <= kMaxStagedRows && use_staged() && staged_fits(K, T, false) ? int(T)
+                                                                                      : 0;
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
   struct Group {
@@ -978,57 +1154,82 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   };
   std::vector<Group> groups;
   int max_warps = 1;
-  for (size_t i = 0; i < ws.size();) {
-    size_t e = i + 1;
-    while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
-           static_cast<const uint8_t*>(ws[e - 1]->data) + ws[e - 1]->nbytes() == ws[e]->data)
-      ++e;
-    Group gr;
-    MmaArgs& a = gr.a;
-    a.w = static_cast<const uint8_t*>(ws[i]->data);
-    a.S = int(K / 256);
-    a.T = int(T);
-    a.nmat = int(e - i);
-    int rt = 0;
-    for (int m = 0; m < kMaxMats; ++m) {
-      const size_t mm = i + size_t(std::min(m, a.nmat - 1));
-      if (m < a.nmat) rt += int(ws[mm]->rows() / 16);
-      a.out[m] = outs[mm]->as<float>();
-      a.rt_end[m] = rt;
-      a.n[m] = int(ws[mm]->rows());
-    }
-    a.total = (long long)rt * a.S;
-    gr.t = ws[i]->dtype;
-    gr.regs = use_regs(gr.t, one, a.S);
-    bool same_split = true;
-    with_mma(gr.t, NT, one, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
-      auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>;
-      gr.p = plan(a.total, a.S, norm != nullptr);
-      if (norm) {
-        const MmaPlan q = plan(a.total, a.S, false);
-        same_split = gr.p.nwarps == q.nwarps && gr.p.grid == q.grid;
+  // tile_pairs' rows take shared memory from the warps' rings: where that leaves a block fewer
+  // warps than one token's (a down projection's K = 17408 at 4 tokens: 12 or 14 of 16), the
+  // call takes the multi-token kernel, which keeps 16 warps per SM (H200: ≈ even at 4 tokens
+  // with the fewer warps, bench/RESULTS.md session 27).
+  bool narrower = false;
+  auto plan_groups = [&]() -> bool {
+    groups.clear();
+    max_warps = 1;
+    for (size_t i = 0; i < ws.size();) {
+      size_t e = i + 1;
+      while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
+             static_cast<const uint8_t*>(ws[e - 1]->data) + ws[e - 1]->nbytes() == ws[e]->data)
+        ++e;
+      Group gr;
+      MmaArgs& a = gr.a;
+      a.w = static_cast<const uint8_t*>(ws[i]->data);
+      a.S = int(K / 256);
+      a.T = int(T);
+      a.nmat = int(e - i);
+      int rt = 0;
+      for (int m = 0; m < kMaxMats; ++m) {
+        const size_t mm = i + size_t(std::min(m, a.nmat - 1));
+        if (m < a.nmat) rt += int(ws[mm]->rows() / 16);
+        a.out[m] = outs[mm]->as<float>();
+        a.rt_end[m] = rt;
+        a.n[m] = int(ws[mm]->rows());
       }
-    });
-    if (!same_split) return false;
-    log_plan(gr.t, a.nmat, (long long)rt * 16, K, T, NT, gr.regs, gr.p, a.total);
-    a.nwarps = gr.p.nwarps;
-    max_warps = std::max(max_warps, a.nwarps);
-    groups.push_back(gr);
-    i = e;
+      a.total = (long long)rt * a.S;
+      gr.t = ws[i]->dtype;
+      gr.regs = use_regs(gr.t, rows > 0, a.S);
+      bool same_split = true;
+      with_mma(gr.t, NT, rows, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+        auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>;
+        gr.p = plan(a.total, a.S, norm != nullptr);
+        if (norm) {
+          const MmaPlan q = plan(a.total, a.S, false);
+          same_split = gr.p.nwarps == q.nwarps && gr.p.grid == q.grid;
+        }
+      });
+      if (!same_split) return false;
+      if (rows > kColsRows)
+        with_mma(gr.t, NT, 1, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+          const MmaPlan q =
+              plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>(a.total, a.S,
+                                                                                                          false);
+          narrower = narrower || gr.p.nwarps < q.nwarps;
+        });
+      a.nwarps = gr.p.nwarps;
+      max_warps = std::max(max_warps, a.nwarps);
+      groups.push_back(gr);
+      i = e;
+    }
+    return true;
+  };
+  if (!plan_groups()) return false;
+  if (narrower) {
+    rows = 0;
+    plan_groups();
   }
-  // One workspace: the activations once for every matrix (none when T = 1 quantizes in the
-  // GEMM or the kernel before quantized them: act) and, at T > 1, the split row-tiles' pieces
-  // and the arrival counters (shared by the groups: each launch runs after the one before; T = 1
-  // sums its split row-tiles inside its blocks). The scratch stack's counters are zero already
-  // and left so; a workspace's own are cleared by quantize_kernel, or with act by a memset.
+  for (const Group& gr : groups)
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.p, gr.a.total);
+  // One workspace: the activations once for every matrix (none when the staged kernels quantize
+  // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
+  // split row-tiles' pieces and the arrival counters (shared by the groups: each launch runs
+  // after the one before; the staged kernels sum their split row-tiles inside their blocks). The
+  // scratch stack's counters are zero already and left so; a workspace's own are cleared by
+  // quantize_kernel, or with act by a memset.
+  const bool staged = rows > 0;
   int* const counters =
-      !one && c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
-  const bool own_cnt = !one && !counters;
-  const bool fused = !act && !norm && one && use_fused_t1();
+      !staged && c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
+  const bool own_cnt = !staged && !counters;
+  const bool fused = !act && !norm && staged && use_fused_t1();
   const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_part = fused || act || norm ? 0 : L.bytes;
-  const size_t o_cnt = o_part + (one ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float)));
+  const size_t o_cnt = o_part + (staged ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float)));
   Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_warps) * sizeof(int)) : 0));
   uint8_t* const base = ws_mem.get();
   const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
@@ -1048,7 +1249,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
-    with_mma(gr.t, NT, one, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+    with_mma(gr.t, NT, rows, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
       launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>,
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
@@ -1067,7 +1268,7 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
                              std::span<Tensor* const> outs) {
   const int64_t K = x.cols();
   if (c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
-      !one_fits(K, true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
+      !staged_fits(K, 1, true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
       !aligned16(norm.y_out) || !aligned16(norm.x))
     return false;
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
@@ -1090,5 +1291,7 @@ void mma_select_variant(const char* loads, const char* t1_quant) {
   g_loads.store(loads ? parse_variant(loads, "regs", "smem") : -1);
   g_t1_quant.store(t1_quant ? parse_variant(t1_quant, "fused", "kernel") : -1);
 }
+// The same for QWEN36_MMA_STAGED ("on" | "off" | "auto").
+void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_variant(staged, "on", "off") : -1); }
 
 }  // namespace qwen36::cuda
