@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   const int xrow = S * 8;
   // NormIn (T = 1): after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested
   // before griddep_wait (prefetch_norm).
-  float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S));
+  float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S) * ROWS);
   float* const gss = reinterpret_cast<float*>(vrow + 8 * S * 8);
   float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
   [[maybe_unused]] float* const bpart = reinterpret_cast<float*>(
@@ -558,9 +558,17 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   auto stage_x = [&]() {
     if constexpr (STAGED) {
       const int G = S * 8;
-      if (a.norm.y) {  // the layer's norm, computed here (NormIn; T = 1)
-        norm_row<REGS>(a.norm, G, wq, wrow, vrow, gss, xs, blockIdx.x == 0 && a.norm.y_out);
-        __syncthreads();
+      if (a.norm.y) {  // the layer's norm of each token, computed here (NormIn)
+        const bool writer = blockIdx.x == 0 && a.norm.y_out;
+#pragma unroll 1
+        for (int c = 0; c < ROWS; ++c) {  // v and the group sums are reused: a barrier between rows
+          const size_t off = size_t(c) * G * 32;
+          NormIn n = a.norm;
+          n.y += off, n.delta += off;
+          if (writer) n.y_out += off, n.x += off;
+          norm_row<REGS>(n, G, wq, wrow, vrow, gss, xs + c * xrow, writer);
+          __syncthreads();
+        }
         return;
       }
       if (a.x) {  // no quantize_kernel before this launch: every block quantizes the rows itself
@@ -1139,11 +1147,11 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   }
   const int NT = act_n_tiles(T);
   const bool one = T == 1 && staged_fits(K, 1, norm != nullptr);
-  QWEN36_CHECK(!norm || one, "matmul: the norm-computing GEMM takes one token whose row fits shared memory");
   // The tokens staged in shared memory (mma_kernel's ROWS; 0: the multi-token kernel).
-  int rows = one                                                                      ? 1
-             : T <= kMaxStagedRows && use_staged() && staged_fits(K, T, false) ? int(T)
-                                                                                      : 0;
+  int rows = one                                                                                ? 1
+             : T <= kMaxStagedRows && use_staged() && staged_fits(K, T, norm != nullptr) ? int(T)
+                                                                                                : 0;
+  if (norm && rows == 0) return false;  // the norm is computed by the staged kernels only
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
   // place a layer's projections so) are one stacked tiled matrix: one launch for up to 4.
   struct Group {
@@ -1210,6 +1218,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   };
   if (!plan_groups()) return false;
   if (narrower) {
+    if (norm) return false;
     rows = 0;
     plan_groups();
   }
@@ -1267,8 +1276,8 @@ void quant_tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> 
 bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs) {
   const int64_t K = x.cols();
-  if (c.exact_matmul || ws.empty() || x.rows() != 1 || x.dtype != DType::F32 || K % 256 != 0 ||
-      !staged_fits(K, 1, true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
+  if (c.exact_matmul || ws.empty() || x.rows() < 1 || x.rows() > kMaxStagedRows || x.dtype != DType::F32 ||
+      K % 256 != 0 || !staged_fits(K, x.rows(), true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
       !aligned16(norm.y_out) || !aligned16(norm.x))
     return false;
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
