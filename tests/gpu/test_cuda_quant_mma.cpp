@@ -38,7 +38,7 @@ namespace qwen36::cuda {
 // select it ("regs" | "smem" | "auto", "fused" | "kernel" | "auto"); nullptr reads the
 // environment again.
 void mma_select_variant(const char* loads, const char* t1_quant);
-// The same for QWEN36_MMA_STAGED ("on" | "off" | "auto"): 2 ≤ T ≤ 4 on the staged kernels or not.
+// The same for QWEN36_MMA_STAGED ("on" | "off" | "auto"): 2 ≤ T ≤ 3 on the staged kernels or not.
 void mma_select_staged(const char* staged);
 }  // namespace qwen36::cuda
 
@@ -94,11 +94,11 @@ TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
     }
 }
 
-// 2 ≤ T ≤ 4 run the staged kernels: the tokens' rows in shared memory, the T = 1 kernel's split
+// 2 ≤ T ≤ 3 run the staged kernels (T = 3 for rows of 16 super-blocks or more): the tokens' rows in shared memory, the T = 1 kernel's split
 // of the tiles wherever the staged rows leave it the same warps per block (here: K ≤ 5120, every
 // type). At T = 2 each token is tile_cols as at T = 1, so its outputs are bitwise those of the
 // same token alone: a k = 1 verify pass or a batch of two computes every token as one-token
-// decode does. At T = 3, 4 (tile_pairs) the groups' terms are added in another order: within
+// decode does. At T = 3 (tile_pairs) the groups' terms are added in another order: within
 // 2e-5 of the token alone. The multi-token kernel (QWEN36_MMA_STAGED=off) sums in yet another
 // order: within 2e-5 of the staged result (each within 2e-5 of the int8 twin,
 // EqualsDotWithInt8Activations).
@@ -116,7 +116,7 @@ TEST_F(CudaQuantMma, StagedTokensAsOneToken) {
       const HostT w = quantized(rng_, dt, s.N, s.K);
       const DevT dw = upload_tiled(*gpu_, w);
       for (const char* q : quant)
-        for (int64_t T : {2, 3, 4}) {
+        for (int64_t T : {2, 3}) {  // T = 3 staged where a row has ≥ 16 super-blocks
           cuda::mma_select_variant(nullptr, q);
           cuda::mma_select_staged("on");
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
@@ -358,8 +358,8 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
       const int64_t step = s.N >= 2048 ? 61 : 1;
       for (const auto& v : variants) {
         for (int64_t T : {1, 3, 5, 17, 64}) {  // staged ×2, NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
-          // the quantization switch changes only the staged kernels (T ≤ 4)
-          if (T > 4 && std::strcmp(v[1], "kernel") == 0) continue;
+          // the quantization switch changes only the staged kernels (T ≤ 3)
+          if (T > 3 && std::strcmp(v[1], "kernel") == 0) continue;
           cuda::mma_select_variant(v[0], v[1]);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
           const HostT zeros(DType::F32, {T, s.N});
@@ -588,7 +588,7 @@ TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
 // add_rms_norm_mlp: cuda_quant_norm.cu) against the composition they replace (Backend's own
 // definitions: add_rms_norm_into, quantize_kernel, the GEMM, swiglu, quantize_kernel, the GEMM) on
 // the same backend: the same float values reach the same quantizer and GEMM, so the outputs, the
-// residual stream and the normalised x are bitwise equal. At T ≤ 4 (here 1 and 3) the GEMM
+// residual stream and the normalised x are bitwise equal. At T ≤ 3 (here 1, and 3 at K = 8192) the GEMM
 // blocks compute the norm themselves (quant_tiled_matmul_norm): K = 1024 on blocks of 1 to 8 warps (the 16-row
 // matrix: one warp a block, past the norm weight's share in registers of the shared-memory ring
 // kernels); K = 8192, where a Q6_K GEMM with the norm's shared memory would fit fewer blocks per
@@ -607,8 +607,8 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
       const DevT d = upload_tiled(*gpu_, quantized(rng_, dt, K, I));
       m.gate_proj = g.t, m.up_proj = u.t, m.down_proj = d.t;
       const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
-      for (int64_t T : {1, 3, 5, 40}) {  // the norm in the staged GEMMs at T ≤ 4
-        if (K > 1024 && T > 4) continue;
+      for (int64_t T : {1, 3, 5, 40}) {  // the norm in the staged GEMMs at T ≤ 3
+        if (K > 1024 && T > 3) continue;
         const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
         const DevT dd = upload(*gpu_, delta);
         struct Run {

@@ -376,7 +376,7 @@ void quant_tiled_dequant_gemm(Ctx&, const Tensor& w, const float* x, float* out,
 inline constexpr int64_t kTiledMaxT = 64;
 void quant_tiled_matmul(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                         const void* act = nullptr);
-// Up to 4 tokens whose GEMM blocks compute their rows x = rms_norm(y + delta) · w themselves (each
+// Up to 3 tokens whose GEMM blocks compute their rows x = rms_norm(y + delta) · w themselves (each
 // block for itself, in the order of the norm kernel: bitwise its x), the first block also writing y_out
 // = y + delta and x: the layer's residual add and norm without a launch of their own. y_out must
 // not overlap y, which every block reads.
@@ -389,7 +389,7 @@ struct NormIn {
   float* x = nullptr;
 };
 // quant_tiled_matmul for those tokens (x: where x goes): false (nothing done) when the form does
-// not apply (T > 4, the rows too long for shared memory, or their shared memory would change the
+// not apply (T > 3 or short rows at T = 3, the rows too long for shared memory, or their shared memory would change the
 // plain call's grid or warps per block).
 bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs);

@@ -62,13 +62,13 @@
 //      2 requested before griddep_wait; the maximum shared-memory carveout.
 //    Q4_K's warp decodes the tile's 16 × 8 (d·sc, dmin·m) into shared memory once (each lane a
 //    row and 4 groups). Per k32 group and n8 tile of tokens: one MMA into a fresh int32 C (Q6_K:
-//    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T ≤ 4 (the staged
+//    two m16n8k16, one per 16-scale), then a float epilogue per C element; at T ≤ 3 (the staged
 //    kernels, instantiations ROWS = T) the warp runs tile_cols against each token's staged row
 //    instead: the tile's 8 groups in the 8 MMA columns of one accumulator per token, each lane
 //    scaling 2 groups of 2 rows (the routed experts keep tile_row, whose per-tile order their
 //    host twin reproduces). A token's result does not depend on the other tokens of the call.
 //    QWEN36_MMA_VERBOSE=1 prints each launch shape once (stderr).
-//  - T ≤ 4 (staged): the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
+//  - T ≤ 3 (staged): the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
 //    ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
 //    ranges; the pieces of a row-tile split between warps meet in shared memory after a block
 //    barrier and are summed in warp order. The grid split below kept the tiles perfectly balanced
@@ -76,9 +76,9 @@
 //    ~40% of an 18 MB GEMM's stall samples); a block's barrier costs ~nothing, and its row-tile
 //    granularity at most one row-tile's tiles over the block's warps (2176 row-tiles over 132
 //    blocks: 17 vs 16.5). H200, 27B Q4_K_M tg128 b1 140.2 → 151.2 t/s, 35B-A3B 348.9 → 368.9.
-//    Up to 4 tokens' rows are staged so (4 × 26 KB at K = 17408); more would leave too little
-//    shared memory for the warps' rings beside them.
-//  - T > 4 (and QWEN36_MMA_STAGED=off), a row-tile split between warps: each writes its piece to a workspace slot; after its
+//    Up to 3 tokens' rows are staged so (3 × 26 KB at K = 17408), 2 for rows of fewer than 16
+//    super-blocks (the H200's measurements: kMaxStagedRows).
+//  - T > 3 (and QWEN36_MMA_STAGED=off), a row-tile split between warps: each writes its piece to a workspace slot; after its
 //    last tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter,
 //    one per split row-tile, indexed by the warp holding the row-tile's first tile; never
 //    mid-stream, where the atomic's round trip stalled the loads in flight); the last to arrive
@@ -296,10 +296,15 @@ __host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = fals
 __host__ __device__ constexpr size_t staged_bytes(long long S, int rows, bool norm = false, bool regs = false) {
   return x_stage_bytes(S, norm, regs) + size_t(rows > 1 ? rows - 1 : 0) * x_stage_bytes(S);
 }
-// Tokens up to which a call takes the staged kernels (mma_kernel's ROWS), and up to which those
-// run tile_cols per token (beyond: tile_pairs).
-constexpr int kMaxStagedRows = 4;
+// Tokens up to which a call takes the staged kernels (mma_kernel's ROWS), up to which those run
+// tile_cols per token (beyond: tile_pairs), and the super-blocks a row needs for tile_pairs.
+// H200 (bench/RESULTS.md, session 27), staged against the multi-token kernel: 2 tokens +18%
+// (27B Q4_K_M b2) and +11% (35B-A3B b2); 3 tokens +4% (27B MTP k = 2); 4 tokens −1 to −5% on
+// the 27B, −7 to −10% on the 35B-A3B (its K = 2048: 8 super-blocks a row-tile): 3 tokens at
+// most, 2 for short rows.
+constexpr int kMaxStagedRows = 3;
 constexpr int kColsRows = 2;
+constexpr int kPairsMinS = 16;
 
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4) the scale table.
 template <DType D, int RING>
@@ -307,7 +312,7 @@ __host__ __device__ constexpr int warp_smem() {
   return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
-// Up to 4 tokens: one tile against each token's staged row (token c's 8 groups at xg + c·xrow)
+// Up to 3 tokens: one tile against each token's staged row (token c's 8 groups at xg + c·xrow)
 // with the groups in the 8 MMA columns. tile_row gives every MMA column the same row, so the 4
 // lanes of a g repeat each other's epilogue, 8 groups × 2 rows each, with 4 shared-memory reads a
 // group. Here B's column jj holds group jj (lanes g == jj give their fragment of it, the others
@@ -399,7 +404,7 @@ __device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __res
   }
 }
 
-// 3 ≤ TT ≤ 4 tokens: tile_cols per token would take 8·TT MMAs a tile, each with one useful
+// 3 (≤ 4) tokens: tile_cols per token would take 8·TT MMAs a tile, each with one useful
 // column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
 // multi-token kernel). Here the groups go in pairs with the tokens in the columns: MMA 2i's
 // columns 0-3 are tokens 0-3 of group 2i, MMA 2i + 1's columns 4-7 the same tokens of group
@@ -1020,7 +1025,7 @@ int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) 
 // 1), Q6_K with the shared-memory ring (round 2); at T = 1 with the split in blocks, Q4_K rows of
 // S ≥ 16 super-blocks with the ring (27B Q4_K_M tg128 b1 151.1 → 154.1 t/s), shorter ones still
 // with registers (the 35B-A3B's, K = 2048: 370.6 → 365.5 with the ring).
-// The staged kernels (2 ≤ T ≤ 4 too) follow the one-token rule.
+// The staged kernels (2 ≤ T ≤ 3 too) follow the one-token rule.
 bool use_regs(DType t, bool staged, int S) {
   const int v = variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem");
   if (v != kAuto) return v == kRegs;
@@ -1056,14 +1061,13 @@ void with_mma(DType t, int NT, int rows, bool regs, F&& f) {
         f(dt, nt, o, std::integral_constant<int, kStages>{});
     };
     using NT1 = std::integral_constant<int, 1>;
-    static_assert(kMaxStagedRows == 4);
+    static_assert(kMaxStagedRows == 3);
     switch (NT) {
       case 1:
         switch (rows) {
           case 1: go(NT1{}, std::integral_constant<int, 1>{}); break;
           case 2: go(NT1{}, std::integral_constant<int, 2>{}); break;
           case 3: go(NT1{}, std::integral_constant<int, 3>{}); break;
-          case 4: go(NT1{}, std::integral_constant<int, 4>{}); break;
           default: go(NT1{}, std::integral_constant<int, 0>{}); break;
         }
         break;
@@ -1149,7 +1153,9 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const bool one = T == 1 && staged_fits(K, 1, norm != nullptr);
   // The tokens staged in shared memory (mma_kernel's ROWS; 0: the multi-token kernel).
   int rows = one                                                                                ? 1
-             : T <= kMaxStagedRows && use_staged() && staged_fits(K, T, norm != nullptr) ? int(T)
+             : T <= kMaxStagedRows && (T <= kColsRows || K / 256 >= kPairsMinS) && use_staged() &&
+                     staged_fits(K, T, norm != nullptr)
+                 ? int(T)
                                                                                                 : 0;
   if (norm && rows == 0) return false;  // the norm is computed by the staged kernels only
   // Matrices stored back to back with one type (prepare_weights and the synthetic generator
@@ -1163,7 +1169,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   std::vector<Group> groups;
   int max_warps = 1;
   // tile_pairs' rows take shared memory from the warps' rings: where that leaves a block fewer
-  // warps than one token's (a down projection's K = 17408 at 4 tokens: 12 or 14 of 16), the
+  // warps than one token's (a Q6_K down projection's K = 17408 at 3 tokens: 14 of 16), the
   // call takes the multi-token kernel, which keeps 16 warps per SM (H200: ≈ even at 4 tokens
   // with the fewer warps, bench/RESULTS.md session 27).
   bool narrower = false;

@@ -3,13 +3,13 @@
 // the norm kernel quantizes its output for the int8 GEMM after it, and the MLP's SwiGLU is
 // computed by the quantization before the down projection, so no kernel runs between a producer
 // and its GEMM only to quantize. A decode step of the 27B loses three launches (and kernel
-// boundaries) per layer: ~190 of its ~960. At T ≤ 4, with the residual stream's next buffer
+// boundaries) per layer: ~190 of its ~960. At T ≤ 3, with the residual stream's next buffer
 // other than its current one (the model's two buffers), there is no norm launch either: every
 // block of the first GEMMs computes the norm of the rows itself (quant_tiled_matmul_norm); the
-// 27B's decode step loses 127 launches more (bench/RESULTS.md, session 12; T = 2-4 since
+// 27B's decode step loses 127 launches more (bench/RESULTS.md, session 12; T = 2-3 since
 // session 27: a speculative verify pass, a small batch). The values are those
 // of the composed ops exactly: the same float operations feed the same quantize_quad.
-// QWEN36_ACT_QUANT=kernel: the composed ops instead; =norm-kernel: the norm launch at T ≤ 4 too
+// QWEN36_ACT_QUANT=kernel: the composed ops instead; =norm-kernel: the norm launch at T ≤ 3 too
 // (the A/B of the measurements in bench/RESULTS.md).
 #include <algorithm>
 #include <cstdlib>
@@ -22,7 +22,7 @@ namespace qwen36::cuda {
 namespace {
 
 // QWEN36_ACT_QUANT: unset, the forms of this file; "kernel", the composed ops; "norm-kernel", the
-// norm launch at T ≤ 4 too.
+// norm launch at T ≤ 3 too.
 const char* act_quant_env() {
   static const char* v = std::getenv("QWEN36_ACT_QUANT");
   return v ? v : "";
@@ -30,7 +30,7 @@ const char* act_quant_env() {
 bool enabled() { return std::strcmp(act_quant_env(), "kernel") != 0; }
 
 // The norm computed by the GEMM blocks: y_out another buffer (quant_tiled_matmul_norm checks the
-// rest: up to 4 tokens, their rows fitting shared memory).
+// rest: up to 3 tokens, their rows fitting shared memory).
 NormIn norm_in(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
   return {y.as<const float>(), delta.as<const float>(), w.as<const float>(), eps, y_out.as<float>(), x.as<float>()};
 }
