@@ -389,8 +389,8 @@ struct NormIn {
   float* x = nullptr;
 };
 // quant_tiled_matmul for those tokens (x: where x goes): false (nothing done) when the form does
-// not apply (T > 3 or short rows at T = 3, the rows too long for shared memory, or their shared memory would change the
-// plain call's grid or warps per block).
+// not apply (T > 3 or short rows at T = 3, the rows too long for shared memory, or their shared
+// memory would change the plain call's grid or warps per block).
 bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs);
 size_t quant_act_bytes(int64_t T, int64_t K);

@@ -68,8 +68,8 @@
 //    scaling 2 groups of 2 rows (the routed experts keep tile_row, whose per-tile order their
 //    host twin reproduces). A token's result does not depend on the other tokens of the call.
 //    QWEN36_MMA_VERBOSE=1 prints each launch shape once (stderr).
-//  - T ≤ 3 (staged): the split is per block. Each block (up to 16 warps, one per SM) holds whole row-tiles,
-//    ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
+//  - T ≤ 3 (staged): the split is per block. Each block (up to 16 warps, one per SM) holds whole
+//    row-tiles, ⌊R / grid⌋ or one more of the R, and its warps split those tiles in balanced contiguous
 //    ranges; the pieces of a row-tile split between warps meet in shared memory after a block
 //    barrier and are summed in warp order. The grid split below kept the tiles perfectly balanced
 //    but put a workspace store, a fenced atomic and an L2 round trip on every warp's tail (ncu:
@@ -78,8 +78,8 @@
 //    blocks: 17 vs 16.5). H200, 27B Q4_K_M tg128 b1 140.2 → 151.2 t/s, 35B-A3B 348.9 → 368.9.
 //    Up to 3 tokens' rows are staged so (3 × 26 KB at K = 17408), 2 for rows of fewer than 16
 //    super-blocks (the H200's measurements: kMaxStagedRows).
-//  - T > 3 (and QWEN36_MMA_STAGED=off), a row-tile split between warps: each writes its piece to a workspace slot; after its
-//    last tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter,
+//  - T > 3 (and QWEN36_MMA_STAGED=off), a row-tile split between warps: each writes its piece
+//    to a workspace slot; after its last tile lane 0 counts the warp's arrivals (an acquire-release atomic add on an int counter,
 //    one per split row-tile, indexed by the warp holding the row-tile's first tile; never
 //    mid-stream, where the atomic's round trip stalled the loads in flight); the last to arrive
 //    sums the pieces in a fixed order (warp order) and writes out (no float atomics: bitwise
@@ -404,7 +404,7 @@ __device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __res
   }
 }
 
-// 3 (≤ 4) tokens: tile_cols per token would take 8·TT MMAs a tile, each with one useful
+// 3 tokens (the function takes up to 4): tile_cols per token would take 8·TT MMAs a tile, each with one useful
 // column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
 // multi-token kernel). Here the groups go in pairs with the tokens in the columns: MMA 2i's
 // columns 0-3 are tokens 0-3 of group 2i, MMA 2i + 1's columns 4-7 the same tokens of group
@@ -1005,7 +1005,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
 
 // The variant switches, read from the environment once (a test may override them):
 // QWEN36_MMA_LOADS = regs | smem (unset: per type and shape, use_regs).
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2 };
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOff = 2 };
 int parse_variant(const char* v, const char* a, const char* b) {
   if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAuto;
   if (std::strcmp(v, a) == 0) return 1;
@@ -1045,7 +1045,7 @@ bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused",
 // tokens' rows in shared memory, the split per block, tile_cols per token), or the multi-token
 // kernel (grid split, B fragments and scales read through L1).
 std::atomic<int> g_staged{-1};
-bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != 2; }
+bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != kOff; }
 
 // Calls f(type, NT, ROWS, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
 // ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path (RING: 0
@@ -1283,8 +1283,8 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
                              std::span<Tensor* const> outs) {
   const int64_t K = x.cols();
   if (c.exact_matmul || ws.empty() || x.rows() < 1 || x.rows() > kMaxStagedRows || x.dtype != DType::F32 ||
-      K % 256 != 0 || !staged_fits(K, x.rows(), true) || !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) ||
-      !aligned16(norm.y_out) || !aligned16(norm.x))
+      K % 256 != 0 || !staged_fits(K, x.rows(), true) || !aligned16(norm.y) || !aligned16(norm.delta) ||
+      !aligned16(norm.w) || !aligned16(norm.y_out) || !aligned16(norm.x))
     return false;
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
 }
