@@ -40,6 +40,9 @@ namespace qwen36::cuda {
 void mma_select_variant(const char* loads, const char* t1_quant);
 // The same for QWEN36_MMA_STAGED ("on" | "off" | "auto"): 2 ≤ T ≤ 3 on the staged kernels or not.
 void mma_select_staged(const char* staged);
+// The same for QWEN36_MMA_PAIR ("on" | "off" | "auto"), and the pair launches made so far.
+void mma_select_pair(const char* pair);
+long long mma_pair_launches();
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -595,6 +598,82 @@ TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
 // SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
 // 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
 // tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
+// One token's two groups of two types (a DeltaNet layer's Q6_K qkv with its Q4_K z, b, a
+// stored back to back) are one launch, in either order, plain or with the layer's norm: each
+// output against the int8 twin, and the norm's outputs bitwise those of the two launches.
+TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
+  struct Restore {
+    ~Restore() { cuda::mma_select_pair(nullptr); }
+  } restore;
+  for (const int64_t K : {2048, 5120}) {  // rows of 8 super-blocks (Q4_K on registers) and of 20 (the ring)
+    const HostT hq = quantized(rng_, DType::Q6_K, 1040, K);
+    const DevT dq = upload_tiled(*gpu_, hq);
+    const int64_t rows[] = {512, 16, 16};  // z, b, a: one stacked Q4_K matrix
+    std::vector<HostT> hz;
+    HostT all(DType::Q4_K, {512 + 16 + 16, K});
+    size_t at = 0;
+    for (int64_t n : rows) {
+      hz.push_back(quantized(rng_, DType::Q4_K, n, K));
+      std::memcpy(all.bytes.data() + at, hz.back().bytes.data(), hz.back().bytes.size());
+      at += hz.back().bytes.size();
+    }
+    const DevT dz = upload_tiled(*gpu_, all);
+    std::vector<Tensor> views;
+    size_t off = 0;
+    for (int64_t n : rows) {
+      views.emplace_back(static_cast<uint8_t*>(dz.t.data) + off, dz.t.dtype, std::initializer_list<int64_t>{n, K});
+      off += views.back().nbytes();
+    }
+    const HostT* hw[] = {&hq, &hz[0], &hz[1], &hz[2]};
+    const int64_t n_of[] = {1040, 512, 16, 16};
+    const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
+    const HostT h = random_t(rng_, DType::F32, {1, K}), delta = random_t(rng_, DType::F32, {1, K});
+    const DevT dd = upload(*gpu_, delta);
+    for (const bool q6_first : {true, false}) {
+      for (const bool with_norm : {false, true}) {
+        struct Run {
+          DevT h2, x;
+          std::vector<DevT> out;
+        };
+        auto run = [&](const char* pair) {
+          cuda::mma_select_pair(pair);
+          const DevT dh = upload(*gpu_, h);
+          Run r{upload(*gpu_, HostT(DType::F32, {1, K})), upload(*gpu_, h), {}};
+          for (int64_t n : n_of) r.out.push_back(upload(*gpu_, HostT(DType::F32, {1, n})));
+          std::vector<const Tensor*> ws = {&dq.t, &views[0], &views[1], &views[2]};
+          std::vector<Tensor*> outs = {&r.out[0].t, &r.out[1].t, &r.out[2].t, &r.out[3].t};
+          if (!q6_first) {  // the Q4_K group first
+            std::rotate(ws.begin(), ws.begin() + 1, ws.end());
+            std::rotate(outs.begin(), outs.begin() + 1, outs.end());
+          }
+          const long long before = cuda::mma_pair_launches();
+          if (with_norm)
+            gpu_->add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+          else
+            gpu_->matmul_multi(r.x.t, ws, outs);
+          EXPECT_EQ(cuda::mma_pair_launches() - before, std::strcmp(pair, "on") == 0 ? 1 : 0)
+              << "K=" << K << " pair " << pair << (with_norm ? " with the norm" : "");
+          return r;
+        };
+        const Run paired = run("on"), apart = run("off");
+        HostT xh(DType::F32, {1, K});
+        const std::vector<float> xv = download(*gpu_, paired.x.t);
+        std::copy(xv.begin(), xv.end(), xh.f());
+        const HostT xq = int8_activations(xh);
+        for (size_t i = 0; i < 4; ++i) {
+          std::string where;
+          EXPECT_LE(worst_rel_err(download(*gpu_, paired.out[i].t), reference(*hw[i], xq, 1), 1, n_of[i], 1, &where), 2e-5)
+              << "K=" << K << " matrix " << i << (with_norm ? " with the norm " : " ") << where;
+        }
+        if (with_norm) {
+          EXPECT_EQ(download(*gpu_, paired.x.t), download(*gpu_, apart.x.t)) << "normalised x, K=" << K;
+          EXPECT_EQ(download(*gpu_, paired.h2.t), download(*gpu_, apart.h2.t)) << "residual stream, K=" << K;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
   for (const int64_t K : {1024, 8192}) {
     const int64_t I = 768;

@@ -510,18 +510,18 @@ constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(
 // tile's 16-byte loads in registers while the current one computes (two register sets in turn,
 // global loads evict-first); else the per-warp cp.async shared-memory ring of RING tiles. Blocks
 // have 1 .. kWarps (ROWS: kOneWarps) warps (small matrices spread over every SM). ROWS = 0: the
-// multi-token kernel (grid split, activations read from the workspace).
+// multi-token kernel (grid split, activations read from the workspace). mma_block is block `bid`
+// of the `nblocks` that run the call's group a (mma_kernel: the grid; mma_pair_kernel: a share).
 template <DType D, int NT, int ROWS, int RING>
-__global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_kernel(const MmaArgs a) {
+__device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
   static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
   constexpr bool REGS = RING == 0;
   constexpr bool STAGED = ROWS > 0;  // the rows staged, the split per block
   constexpr int B = TileLayout<D>::kBytes;
-  extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
-  const int w = int(blockIdx.x) * wpb + wib;
+  const int w = bid * wpb + wib;
   if (!STAGED && w >= a.nwarps) return;  // the staged kernels' staging and sums have block barriers
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
   // STAGED: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   long long b0, b1;
   if constexpr (STAGED) {
     const long long R = a.total / S;
-    q0 = (long long)blockIdx.x * R / gridDim.x, q1 = (long long)(blockIdx.x + 1) * R / gridDim.x;
+    q0 = (long long)bid * R / nblocks, q1 = (long long)(bid + 1) * R / nblocks;
     nb = (q1 - q0) * S;
     b0 = q0 * S + range_begin(wib, nb, wpb), b1 = q0 * S + range_begin(wib + 1, nb, wpb);
   } else {
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
     if constexpr (STAGED) {
       const int G = S * 8;
       if (a.norm.y) {  // the layer's norm of each token, computed here (NormIn)
-        const bool writer = blockIdx.x == 0 && a.norm.y_out;
+        const bool writer = bid == 0 && a.norm.y_out;
 #pragma unroll 1
         for (int c = 0; c < ROWS; ++c) {  // v and the group sums are reused: a barrier between rows
           const size_t off = size_t(c) * G * 32;
@@ -596,26 +596,26 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
 #pragma unroll
         for (int u = 0; u < kB; ++u)
           if (const int i = (r * kB + u) * nt + tid; i < nb) {
-            const int c = i / (4 * G), k = i - c * 4 * G;
+            const int c = ROWS == 1 ? 0 : i / (4 * G), k = i - c * 4 * G;  // no division at T = 1
             b[u] = __ldcg(a.xb + size_t(k >> 2) * 32 + 4 * c + (k & 3));
           }
 #pragma unroll
         for (int u = 0; u < kS; ++u)
           if (const int j = (r * kS + u) * nt + tid; j < ns) {
-            const int c = j / G, k = j - c * G;
+            const int c = ROWS == 1 ? 0 : j / G, k = j - c * G;
             f[u] = __ldcg(a.xf + size_t(k) * 4 + (c >> 1));
             z[u] = __ldcg(a.xi + size_t(k) * 4 + (c >> 1));
           }
 #pragma unroll
         for (int u = 0; u < kB; ++u)
           if (const int i = (r * kB + u) * nt + tid; i < nb) {
-            const int c = i / (4 * G), k = i - c * 4 * G;
+            const int c = ROWS == 1 ? 0 : i / (4 * G), k = i - c * 4 * G;
             xs[c * xrow + (k >> 2)].b[k & 3] = b[u];
           }
 #pragma unroll
         for (int u = 0; u < kS; ++u)
           if (const int j = (r * kS + u) * nt + tid; j < ns) {
-            const int c = j / G, k = j - c * G;
+            const int c = ROWS == 1 ? 0 : j / G, k = j - c * G;
             xs[c * xrow + k].s = c & 1 ? make_float4(f[u].z, f[u].w, __int_as_float(z[u].y), __int_as_float(z[u].w))
                                        : make_float4(f[u].x, f[u].y, __int_as_float(z[u].x), __int_as_float(z[u].z));
           }
@@ -914,12 +914,40 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   }
 }
 
+template <DType D, int NT, int ROWS, int RING>
+__global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_kernel(const MmaArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  mma_block<D, NT, ROWS, RING>(a, int(blockIdx.x), int(gridDim.x), smem);
+}
+
+// One token, two groups of different types that read the same x (a DeltaNet layer's Q6_K qkv
+// and Q4_K z, b, a; an attention layer's Q4_K q, k and Q6_K v): one launch, blocks [0, grid1)
+// the first group's and the rest the second's, their counts in proportion to the groups' bytes
+// (plan_pair), so both end together: no kernel boundary between them, and the second group's
+// blocks do not wait for the first's last one. Each block is exactly a staged block of its
+// group's own launch (the same norm or quantization of x, the same per-block split).
+template <DType D1, int RING1, DType D2, int RING2>
+__global__ void __launch_bounds__(max_threads(1), 1)
+    mma_pair_kernel(const MmaArgs a1, const MmaArgs a2, int grid1) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (int(blockIdx.x) < grid1)
+    mma_block<D1, 1, 1, RING1>(a1, int(blockIdx.x), grid1, smem);
+  else
+    mma_block<D2, 1, 1, RING2>(a2, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
+}
+
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
 // resources.
 struct MmaPlan {
   int nwarps = 0, wpb = 0, grid = 0, bps = 0, regs = 0, local = 0;
   size_t smem = 0;
 };
+
+// A staged block's shared memory: the rows' staging, then per warp its ring / table and pieces.
+template <DType D, int ROWS, int RING>
+size_t staged_smem(int S, int wpb, bool norm) {
+  return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
+}
 
 template <DType D, int NT, int ROWS, int RING>
 MmaPlan plan_mma(long long total, int S, bool norm) {
@@ -966,16 +994,16 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   if constexpr (ROWS > 0) {
     // Blocks of up to kOneWarps warps, as many as shared memory takes next to the staging; as
     // many blocks as are resident, none with fewer row-tiles than another but one.
-    const size_t xs = staged_bytes(S, ROWS, norm, REGS), per_warp = size_t(warp_smem<D, RING>()) + piece_bytes(ROWS);
+    const size_t xs = staged_bytes(S, ROWS, norm, REGS);
     int wpb = kOneWarps;
-    while (wpb > 1 && xs + size_t(wpb) * per_warp > size_t(info.smem_optin)) --wpb;
+    while (wpb > 1 && staged_smem<D, ROWS, RING>(S, wpb, norm) > size_t(info.smem_optin)) --wpb;
     static std::mutex mu;
     static std::map<std::tuple<int, size_t, int>, int> by_size;
     std::lock_guard<std::mutex> lock(mu);
     auto [it, fresh] = by_size.try_emplace({dev, xs, wpb}, 0);
     if (fresh) {
-      const size_t smem = xs + size_t(wpb) * per_warp;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, wpb * 32, smem));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, wpb * 32,
+                                                               staged_smem<D, ROWS, RING>(S, wpb, norm)));
       it->second = std::max(it->second, 1);
     }
     const long long rows = total / S;
@@ -984,7 +1012,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     // No more warps than the smallest block has tiles, where that leaves several.
     p.wpb = int(std::clamp<long long>(rows / p.grid * S, 1, wpb));
     p.nwarps = p.grid * p.wpb;
-    p.smem = xs + size_t(p.wpb) * per_warp;
+    p.smem = staged_smem<D, ROWS, RING>(S, p.wpb, norm);
     p.regs = pd.regs, p.local = pd.local;
     return p;
   }
@@ -1046,6 +1074,60 @@ bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused",
 // kernel (grid split, B fragments and scales read through L1).
 std::atomic<int> g_staged{-1};
 bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != kOff; }
+// QWEN36_MMA_PAIR = on | off (unset: on): one token's two groups of two types (mma_pair_kernel's)
+// in one launch, or one launch each. g_pair_launches counts the pair launches (a test hook).
+std::atomic<int> g_pair{-1};
+bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff; }
+std::atomic<long long> g_pair_launches{0};
+
+// Calls f(D1, RING1, D2, RING2) as compile-time constants for the pairs mma_pair_kernel is
+// built for: a Q6_K group (its ring) and a Q4_K one (use_regs: registers for rows of fewer than
+// 16 super-blocks, else the ring), the llama.cpp Q4_K_M mix's DeltaNet qkv / z, b, a and
+// attention v / q, k. False for any other pair.
+template <typename F>
+bool with_pair(DType t1, bool regs1, DType t2, bool regs2, F&& f) {
+  if (t1 != DType::Q6_K_T16 || regs1 || t2 != DType::Q4_K_T16) return false;
+  using Q6 = std::integral_constant<DType, DType::Q6_K_T16>;
+  using Q4 = std::integral_constant<DType, DType::Q4_K_T16>;
+  using Ring = std::integral_constant<int, kStages>;
+  if (regs2)
+    f(Q6{}, Ring{}, Q4{}, std::integral_constant<int, 0>{});
+  else
+    f(Q6{}, Ring{}, Q4{}, Ring{});
+  return true;
+}
+
+// The pair's launch: one block per SM (the staged kernels' occupancy), the first group's share
+// of the blocks in proportion to its bytes, the warps per block as many as the fuller group's
+// blocks have tiles (up to kOneWarps, as shared memory allows for both types). Returns the
+// first group's blocks (p.grid the total), or 0 where the pair does not apply.
+int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool regs2, bool norm, MmaPlan& p) {
+  int grid1 = 0;
+  with_pair(t1, regs1, t2, regs2, [&](auto d1, auto r1, auto d2, auto r2) {
+    constexpr DType D1 = decltype(d1)::value, D2 = decltype(d2)::value;
+    constexpr int R1 = decltype(r1)::value, R2 = decltype(r2)::value;
+    const DevInfo info = dev_info();
+    const int S = a1.S, G = info.sms;
+    const long long n1 = a1.total / S, n2 = a2.total / S;  // row-tiles
+    const double b1 = double(a1.total) * TileLayout<D1>::kBytes, b2 = double(a2.total) * TileLayout<D2>::kBytes;
+    if (G < 2 || n1 < 1 || n2 < 1) return;
+    const int g1 = int(std::clamp<long long>(std::llround(G * b1 / (b1 + b2)), 1, std::min<long long>(n1, G - 1)));
+    const int g2 = int(std::min<long long>(G - g1, n2));
+    auto smem = [&](int w) { return std::max(staged_smem<D1, 1, R1>(S, w, norm), staged_smem<D2, 1, R2>(S, w, norm)); };
+    int wpb = int(std::clamp<long long>(std::max(n1 / g1, n2 / g2) * S, 1, kOneWarps));
+    while (wpb > 1 && smem(wpb) > size_t(info.smem_optin)) --wpb;
+    static std::atomic<uint64_t> done{0};
+    once_per_device(done, [&] {
+      CUDA_CHECK(cudaFuncSetAttribute(mma_pair_kernel<D1, R1, D2, R2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      info.smem_optin));
+    });
+    p.grid = g1 + g2, p.wpb = wpb, p.smem = smem(wpb), p.bps = 1;
+    p.nwarps = p.grid * wpb;
+    a1.nwarps = g1 * wpb, a2.nwarps = g2 * wpb;
+    grid1 = g1;
+  });
+  return grid1;
+}
 
 // Calls f(type, NT, ROWS, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
 // ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path (RING: 0
@@ -1228,8 +1310,17 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     rows = 0;
     plan_groups();
   }
+  // One token's two groups of two types (the Q6_K one first): one launch (mma_pair_kernel).
+  MmaPlan pair;
+  int pair_grid1 = 0;
+  if (rows == 1 && groups.size() == 2 && groups[0].t != groups[1].t && use_pair()) {
+    if (groups[1].t == DType::Q6_K_T16) std::swap(groups[0], groups[1]);
+    pair_grid1 = plan_pair(groups[0].a, groups[0].t, groups[0].regs, groups[1].a, groups[1].t, groups[1].regs,
+                           norm != nullptr, pair);
+  }
   for (const Group& gr : groups)
-    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.p, gr.a.total);
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs,
+             pair.grid > 0 ? pair : gr.p, gr.a.total);
   // One workspace: the activations once for every matrix (none when the staged kernels quantize
   // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
   // split row-tiles' pieces and the arrival counters (shared by the groups: each launch runs
@@ -1255,7 +1346,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_warps) * sizeof(int), c.stream));
   for (Group& gr : groups) {
     gr.a.x = fused ? xp : nullptr;
-    if (norm) {  // the first launch writes y_out and x
+    if (norm) {  // the first group writes y_out and x
       gr.a.norm = *norm;
       if (&gr != &groups.front()) gr.a.norm.y_out = gr.a.norm.x = nullptr;
     }
@@ -1264,11 +1355,21 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
+  }
+  if (pair.grid > 0) {
+    with_pair(groups[0].t, groups[0].regs, groups[1].t, groups[1].regs, [&](auto d1, auto r1, auto d2, auto r2) {
+      launch_pdl(mma_pair_kernel<decltype(d1)::value, decltype(r1)::value, decltype(d2)::value, decltype(r2)::value>,
+                 dim3(unsigned(pair.grid)), dim3(unsigned(pair.wpb * 32)), pair.smem, c.stream, groups[0].a,
+                 groups[1].a, pair_grid1);
+    });
+    g_pair_launches.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  for (const Group& gr : groups)
     with_mma(gr.t, NT, rows, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
       launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>,
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
-  }
   return true;
 }
 
@@ -1308,5 +1409,8 @@ void mma_select_variant(const char* loads, const char* t1_quant) {
 }
 // The same for QWEN36_MMA_STAGED ("on" | "off" | "auto").
 void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_variant(staged, "on", "off") : -1); }
+// The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
+void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }
+long long mma_pair_launches() { return g_pair_launches.load(); }
 
 }  // namespace qwen36::cuda
