@@ -598,9 +598,10 @@ TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
 // SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
 // 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
 // tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
-// One token's two groups of two types (a DeltaNet layer's Q6_K qkv with its Q4_K z, b, a
-// stored back to back) are one launch, in either order, plain or with the layer's norm: each
-// output against the int8 twin, and the norm's outputs bitwise those of the two launches.
+// A staged call's two groups of two types (a DeltaNet layer's Q6_K qkv with its Q4_K z, b, a
+// stored back to back) are one launch, in either order, plain or with the layer's norm, for 1-3
+// tokens (3 only on rows of >= 16 super-blocks, as the staged kernels): each output against
+// the int8 twin, and the norm's outputs bitwise those of the two launches.
 TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
   struct Restore {
     ~Restore() { cuda::mma_select_pair(nullptr); }
@@ -627,47 +628,51 @@ TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
     const HostT* hw[] = {&hq, &hz[0], &hz[1], &hz[2]};
     const int64_t n_of[] = {1040, 512, 16, 16};
     const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
-    const HostT h = random_t(rng_, DType::F32, {1, K}), delta = random_t(rng_, DType::F32, {1, K});
-    const DevT dd = upload(*gpu_, delta);
-    for (const bool q6_first : {true, false}) {
-      for (const bool with_norm : {false, true}) {
-        struct Run {
-          DevT h2, x;
-          std::vector<DevT> out;
-        };
-        auto run = [&](const char* pair) {
-          cuda::mma_select_pair(pair);
-          const DevT dh = upload(*gpu_, h);
-          Run r{upload(*gpu_, HostT(DType::F32, {1, K})), upload(*gpu_, h), {}};
-          for (int64_t n : n_of) r.out.push_back(upload(*gpu_, HostT(DType::F32, {1, n})));
-          std::vector<const Tensor*> ws = {&dq.t, &views[0], &views[1], &views[2]};
-          std::vector<Tensor*> outs = {&r.out[0].t, &r.out[1].t, &r.out[2].t, &r.out[3].t};
-          if (!q6_first) {  // the Q4_K group first
-            std::rotate(ws.begin(), ws.begin() + 1, ws.end());
-            std::rotate(outs.begin(), outs.begin() + 1, outs.end());
+    for (const int64_t T : {1, 2, 3}) {
+      const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
+      const DevT dd = upload(*gpu_, delta);
+      const long long launches = T < 3 || K / 256 >= 16 ? 1 : 0;
+      for (const bool q6_first : {true, false}) {
+        for (const bool with_norm : {false, true}) {
+          struct Run {
+            DevT h2, x;
+            std::vector<DevT> out;
+          };
+          auto run = [&](const char* pair) {
+            cuda::mma_select_pair(pair);
+            const DevT dh = upload(*gpu_, h);
+            Run r{upload(*gpu_, HostT(DType::F32, {T, K})), upload(*gpu_, h), {}};
+            for (int64_t n : n_of) r.out.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+            std::vector<const Tensor*> ws = {&dq.t, &views[0], &views[1], &views[2]};
+            std::vector<Tensor*> outs = {&r.out[0].t, &r.out[1].t, &r.out[2].t, &r.out[3].t};
+            if (!q6_first) {  // the Q4_K group first
+              std::rotate(ws.begin(), ws.begin() + 1, ws.end());
+              std::rotate(outs.begin(), outs.begin() + 1, outs.end());
+            }
+            const long long before = cuda::mma_pair_launches();
+            if (with_norm)
+              gpu_->add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+            else
+              gpu_->matmul_multi(r.x.t, ws, outs);
+            EXPECT_EQ(cuda::mma_pair_launches() - before, std::strcmp(pair, "on") == 0 ? launches : 0)
+                << "K=" << K << " T=" << T << " pair " << pair << (with_norm ? " with the norm" : "");
+            return r;
+          };
+          const Run paired = run("on"), apart = run("off");
+          HostT xh(DType::F32, {T, K});
+          const std::vector<float> xv = download(*gpu_, paired.x.t);
+          std::copy(xv.begin(), xv.end(), xh.f());
+          const HostT xq = int8_activations(xh);
+          for (size_t i = 0; i < 4; ++i) {
+            std::string where;
+            const std::vector<float> got = download(*gpu_, paired.out[i].t), want = reference(*hw[i], xq, T);
+            EXPECT_LE(worst_rel_err(got, want, T, n_of[i], 1, &where), 2e-5)
+                << "K=" << K << " T=" << T << " matrix " << i << (with_norm ? " with the norm " : " ") << where;
           }
-          const long long before = cuda::mma_pair_launches();
-          if (with_norm)
-            gpu_->add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
-          else
-            gpu_->matmul_multi(r.x.t, ws, outs);
-          EXPECT_EQ(cuda::mma_pair_launches() - before, std::strcmp(pair, "on") == 0 ? 1 : 0)
-              << "K=" << K << " pair " << pair << (with_norm ? " with the norm" : "");
-          return r;
-        };
-        const Run paired = run("on"), apart = run("off");
-        HostT xh(DType::F32, {1, K});
-        const std::vector<float> xv = download(*gpu_, paired.x.t);
-        std::copy(xv.begin(), xv.end(), xh.f());
-        const HostT xq = int8_activations(xh);
-        for (size_t i = 0; i < 4; ++i) {
-          std::string where;
-          EXPECT_LE(worst_rel_err(download(*gpu_, paired.out[i].t), reference(*hw[i], xq, 1), 1, n_of[i], 1, &where), 2e-5)
-              << "K=" << K << " matrix " << i << (with_norm ? " with the norm " : " ") << where;
-        }
-        if (with_norm) {
-          EXPECT_EQ(download(*gpu_, paired.x.t), download(*gpu_, apart.x.t)) << "normalised x, K=" << K;
-          EXPECT_EQ(download(*gpu_, paired.h2.t), download(*gpu_, apart.h2.t)) << "residual stream, K=" << K;
+          if (with_norm) {
+            EXPECT_EQ(download(*gpu_, paired.x.t), download(*gpu_, apart.x.t)) << "normalised x, K=" << K << " T=" << T;
+            EXPECT_EQ(download(*gpu_, paired.h2.t), download(*gpu_, apart.h2.t)) << "residual stream, K=" << K;
+          }
         }
       }
     }

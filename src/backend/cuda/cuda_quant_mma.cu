@@ -96,7 +96,10 @@
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
 //    the smallest unit of work; such a matrix is one DRAM round trip plus two launches.
 //    Up to 4 matrices of one type stored back to back (a layer's projections) are one stacked
-//    matrix: one quantization of x, then one GEMM launch per such group.
+//    matrix: one quantization of x, then one GEMM launch per such group; at T ≤ 3 a call's two
+//    groups of Q6_K and Q4_K (the Q4_K_M mix's DeltaNet qkv and z, b, a; attention v and q, k)
+//    are one launch, its blocks shared between them in proportion to their bytes
+//    (mma_pair_kernel; QWEN36_MMA_PAIR=off: a launch each).
 //    Instruction count at T ≤ 8 (per lane, per 16 weights of a group): Q4_K 6 unpack + 2 LDS +
 //    2 LDG + 1 MMA + 16 epilogue ≈ 27 (8 fewer at T = 1; + ~50 per tile for the copy, the
 //    shared-memory reads and scales): ~2 per weight; Q6_K ~2.6; Q8_0 ~1.3. Each more n8 tile
@@ -920,20 +923,21 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   mma_block<D, NT, ROWS, RING>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
-// One token, two groups of different types that read the same x (a DeltaNet layer's Q6_K qkv
+// A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet layer's Q6_K qkv
 // and Q4_K z, b, a; an attention layer's Q4_K q, k and Q6_K v): one launch, blocks [0, grid1)
 // the first group's and the rest the second's, their counts in proportion to the groups' bytes
 // (plan_pair), so both end together: no kernel boundary between them, and the second group's
 // blocks do not wait for the first's last one. Each block is exactly a staged block of its
 // group's own launch (the same norm or quantization of x, the same per-block split).
-template <DType D1, int RING1, DType D2, int RING2>
-__global__ void __launch_bounds__(max_threads(1), 1)
+template <DType D1, int RING1, DType D2, int RING2, int ROWS>
+__global__ void __launch_bounds__(max_threads(ROWS), 1)
     mma_pair_kernel(const MmaArgs a1, const MmaArgs a2, int grid1) {
+  static_assert(ROWS > 0, "the staged kernels' blocks");
   extern __shared__ __align__(16) uint8_t smem[];
   if (int(blockIdx.x) < grid1)
-    mma_block<D1, 1, 1, RING1>(a1, int(blockIdx.x), grid1, smem);
+    mma_block<D1, 1, ROWS, RING1>(a1, int(blockIdx.x), grid1, smem);
   else
-    mma_block<D2, 1, 1, RING2>(a2, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
+    mma_block<D2, 1, ROWS, RING2>(a2, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
 }
 
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
@@ -1074,26 +1078,33 @@ bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused",
 // kernel (grid split, B fragments and scales read through L1).
 std::atomic<int> g_staged{-1};
 bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != kOff; }
-// QWEN36_MMA_PAIR = on | off (unset: on): one token's two groups of two types (mma_pair_kernel's)
+// QWEN36_MMA_PAIR = on | off (unset: on): a staged call's two groups of two types (mma_pair_kernel)
 // in one launch, or one launch each. g_pair_launches counts the pair launches (a test hook).
 std::atomic<int> g_pair{-1};
 bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff; }
 std::atomic<long long> g_pair_launches{0};
 
-// Calls f(D1, RING1, D2, RING2) as compile-time constants for the pairs mma_pair_kernel is
-// built for: a Q6_K group (its ring) and a Q4_K one (use_regs: registers for rows of fewer than
-// 16 super-blocks, else the ring), the llama.cpp Q4_K_M mix's DeltaNet qkv / z, b, a and
-// attention v / q, k. False for any other pair.
+// Calls f(D1, RING1, D2, RING2, ROWS) as compile-time constants for the pairs mma_pair_kernel
+// is built for: a Q6_K group (its ring) and a Q4_K one (use_regs: registers for rows of fewer
+// than 16 super-blocks, else the ring), the llama.cpp Q4_K_M mix's DeltaNet qkv / z, b, a and
+// attention v / q, k, with 1 to kMaxStagedRows staged tokens. False for any other pair.
 template <typename F>
-bool with_pair(DType t1, bool regs1, DType t2, bool regs2, F&& f) {
-  if (t1 != DType::Q6_K_T16 || regs1 || t2 != DType::Q4_K_T16) return false;
+bool with_pair(DType t1, bool regs1, DType t2, bool regs2, int rows, F&& f) {
+  if (t1 != DType::Q6_K_T16 || regs1 || t2 != DType::Q4_K_T16 || rows < 1 || rows > kMaxStagedRows) return false;
   using Q6 = std::integral_constant<DType, DType::Q6_K_T16>;
   using Q4 = std::integral_constant<DType, DType::Q4_K_T16>;
   using Ring = std::integral_constant<int, kStages>;
-  if (regs2)
-    f(Q6{}, Ring{}, Q4{}, std::integral_constant<int, 0>{});
-  else
-    f(Q6{}, Ring{}, Q4{}, Ring{});
+  using Regs = std::integral_constant<int, 0>;
+  static_assert(kMaxStagedRows == 3);
+  auto go = [&](auto o) {
+    if (regs2)
+      f(Q6{}, Ring{}, Q4{}, Regs{}, o);
+    else
+      f(Q6{}, Ring{}, Q4{}, Ring{}, o);
+  };
+  if (rows == 1) go(std::integral_constant<int, 1>{});
+  if (rows == 2) go(std::integral_constant<int, 2>{});
+  if (rows == 3) go(std::integral_constant<int, 3>{});
   return true;
 }
 
@@ -1101,11 +1112,12 @@ bool with_pair(DType t1, bool regs1, DType t2, bool regs2, F&& f) {
 // of the blocks in proportion to its bytes, the warps per block as many as the fuller group's
 // blocks have tiles (up to kOneWarps, as shared memory allows for both types). Returns the
 // first group's blocks (p.grid the total), or 0 where the pair does not apply.
-int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool regs2, bool norm, MmaPlan& p) {
+int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool regs2, int rows, bool norm,
+              MmaPlan& p) {
   int grid1 = 0;
-  with_pair(t1, regs1, t2, regs2, [&](auto d1, auto r1, auto d2, auto r2) {
+  with_pair(t1, regs1, t2, regs2, rows, [&](auto d1, auto r1, auto d2, auto r2, auto o) {
     constexpr DType D1 = decltype(d1)::value, D2 = decltype(d2)::value;
-    constexpr int R1 = decltype(r1)::value, R2 = decltype(r2)::value;
+    constexpr int R1 = decltype(r1)::value, R2 = decltype(r2)::value, ROWS = decltype(o)::value;
     const DevInfo info = dev_info();
     const int S = a1.S, G = info.sms;
     const long long n1 = a1.total / S, n2 = a2.total / S;  // row-tiles
@@ -1113,13 +1125,15 @@ int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool reg
     if (G < 2 || n1 < 1 || n2 < 1) return;
     const int g1 = int(std::clamp<long long>(std::llround(G * b1 / (b1 + b2)), 1, std::min<long long>(n1, G - 1)));
     const int g2 = int(std::min<long long>(G - g1, n2));
-    auto smem = [&](int w) { return std::max(staged_smem<D1, 1, R1>(S, w, norm), staged_smem<D2, 1, R2>(S, w, norm)); };
+    auto smem = [&](int w) {
+      return std::max(staged_smem<D1, ROWS, R1>(S, w, norm), staged_smem<D2, ROWS, R2>(S, w, norm));
+    };
     int wpb = int(std::clamp<long long>(std::max(n1 / g1, n2 / g2) * S, 1, kOneWarps));
     while (wpb > 1 && smem(wpb) > size_t(info.smem_optin)) --wpb;
     static std::atomic<uint64_t> done{0};
     once_per_device(done, [&] {
-      CUDA_CHECK(cudaFuncSetAttribute(mma_pair_kernel<D1, R1, D2, R2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      info.smem_optin));
+      CUDA_CHECK(cudaFuncSetAttribute(mma_pair_kernel<D1, R1, D2, R2, ROWS>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, info.smem_optin));
     });
     p.grid = g1 + g2, p.wpb = wpb, p.smem = smem(wpb), p.bps = 1;
     p.nwarps = p.grid * wpb;
@@ -1310,12 +1324,12 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     rows = 0;
     plan_groups();
   }
-  // One token's two groups of two types (the Q6_K one first): one launch (mma_pair_kernel).
+  // A staged call's two groups of two types (the Q6_K one first): one launch (mma_pair_kernel).
   MmaPlan pair;
   int pair_grid1 = 0;
-  if (rows == 1 && groups.size() == 2 && groups[0].t != groups[1].t && use_pair()) {
+  if (rows >= 1 && groups.size() == 2 && groups[0].t != groups[1].t && use_pair()) {
     if (groups[1].t == DType::Q6_K_T16) std::swap(groups[0], groups[1]);
-    pair_grid1 = plan_pair(groups[0].a, groups[0].t, groups[0].regs, groups[1].a, groups[1].t, groups[1].regs,
+    pair_grid1 = plan_pair(groups[0].a, groups[0].t, groups[0].regs, groups[1].a, groups[1].t, groups[1].regs, rows,
                            norm != nullptr, pair);
   }
   for (const Group& gr : groups)
@@ -1357,11 +1371,13 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.cnt = cnt;
   }
   if (pair.grid > 0) {
-    with_pair(groups[0].t, groups[0].regs, groups[1].t, groups[1].regs, [&](auto d1, auto r1, auto d2, auto r2) {
-      launch_pdl(mma_pair_kernel<decltype(d1)::value, decltype(r1)::value, decltype(d2)::value, decltype(r2)::value>,
-                 dim3(unsigned(pair.grid)), dim3(unsigned(pair.wpb * 32)), pair.smem, c.stream, groups[0].a,
-                 groups[1].a, pair_grid1);
-    });
+    with_pair(groups[0].t, groups[0].regs, groups[1].t, groups[1].regs, rows,
+              [&](auto d1, auto r1, auto d2, auto r2, auto o) {
+                launch_pdl(mma_pair_kernel<decltype(d1)::value, decltype(r1)::value, decltype(d2)::value,
+                                           decltype(r2)::value, decltype(o)::value>,
+                           dim3(unsigned(pair.grid)), dim3(unsigned(pair.wpb * 32)), pair.smem, c.stream, groups[0].a,
+                           groups[1].a, pair_grid1);
+              });
     g_pair_launches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }

@@ -123,34 +123,8 @@ struct Raw<DType::W4_G128_T16> {
 };
 
 __device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
-// Global, streamed: the weights are read once per call, so they are not allocated in L1 (which
-// keeps x's fragments, read again by every warp of an SM: the multi-token kernel reads them
-// from there) and are first to be evicted from L2 (a cache policy: the eviction-priority
-// qualifier alone takes only 256-bit loads).
-__device__ __forceinline__ uint64_t stream_policy() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(stream_policy()));
-  return v;
-}
-__device__ __forceinline__ uint2 ldcs2(const uint2* p) {
-  uint2 v;
-  asm("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-      : "=r"(v.x), "=r"(v.y)
-      : "l"(p), "l"(stream_policy()));
-  return v;
-}
-__device__ __forceinline__ unsigned short ldcs_u16(const unsigned short* p) {
-  unsigned short v;
-  asm("ld.global.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(stream_policy()));
-  return v;
-}
+// Global, evict-first (the weights are read once per call; x's fragments stay in cache).
+__device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 
 // Global through the read-only path, default eviction (MoE experts: pairs sharing an expert
 // read the same tiles, possibly from L2).
@@ -176,7 +150,7 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
     for (int i = 0; i < 4; ++i) R.q[i] = ld4(tile + 512 * i + 16 * lane);
     auto ld2 = [](const uint8_t* p) {
       const uint2* q = reinterpret_cast<const uint2*>(p);
-      return GLOBAL ? (STREAM ? ldcs2(q) : __ldg(q)) : *q;
+      return GLOBAL ? (STREAM ? __ldcs(q) : __ldg(q)) : *q;
     };
     R.h0 = ld2(tile + 2048 + 8 * g);
     R.h1 = ld2(tile + 2048 + 8 * (g + 8));
@@ -190,7 +164,7 @@ __device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, Raw<D>&
     if constexpr (GLOBAL) {
       const unsigned short* dp = reinterpret_cast<const unsigned short*>(tile + 3328);
       if constexpr (STREAM)
-        R.d = uint32_t(ldcs_u16(dp + g)) | uint32_t(ldcs_u16(dp + g + 8)) << 16;
+        R.d = uint32_t(__ldcs(dp + g)) | uint32_t(__ldcs(dp + g + 8)) << 16;
       else
         R.d = uint32_t(__ldg(dp + g)) | uint32_t(__ldg(dp + g + 8)) << 16;
     } else {
