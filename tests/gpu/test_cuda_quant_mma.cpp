@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <span>
 
 #include "backend/cpu/cpu_ops.h"
 #include "common/scoped_env.h"
@@ -278,27 +279,42 @@ TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
   }
 }
 
+// Random matrices of `rows` rows each stored back to back in one tiled device matrix (as
+// prepare_weights lays out a layer's projections), and views of them apart.
+struct Stacked {
+  std::vector<HostT> host;
+  DevT dev;
+  std::vector<Tensor> views;
+};
+Stacked stacked(Backend& gpu, std::mt19937& rng, DType dt, std::span<const int64_t> rows, int64_t K) {
+  Stacked st;
+  int64_t total = 0;
+  for (int64_t n : rows) total += n;
+  HostT all(dt, {total, K});
+  size_t at = 0;
+  for (int64_t n : rows) {
+    st.host.push_back(quantized(rng, dt, n, K));
+    std::memcpy(all.bytes.data() + at, st.host.back().bytes.data(), st.host.back().bytes.size());
+    at += st.host.back().bytes.size();
+  }
+  st.dev = upload_tiled(gpu, all);
+  size_t off = 0;
+  for (int64_t n : rows) {
+    st.views.emplace_back(static_cast<uint8_t*>(st.dev.t.data) + off, st.dev.t.dtype, std::initializer_list<int64_t>{n, K});
+    off += st.views.back().nbytes();
+  }
+  return st;
+}
+
 // Matrices stored back to back (as prepare_weights lays out a layer's projections) run as one
 // stacked matrix in one launch: three of 48, 304 and 16 rows tiled together, viewed apart.
 TEST_F(CudaQuantMma, StackedMatricesOneLaunch) {
   const int64_t K = 768;
   const int64_t rows[] = {48, 304, 16};
   for (DType dt : kTypes) {
-    std::vector<HostT> hw;
-    HostT all(dt, {48 + 304 + 16, K});
-    size_t at = 0;
-    for (int64_t n : rows) {
-      hw.push_back(quantized(rng_, dt, n, K));
-      std::memcpy(all.bytes.data() + at, hw.back().bytes.data(), hw.back().bytes.size());
-      at += hw.back().bytes.size();
-    }
-    const DevT dall = upload_tiled(*gpu_, all);
-    std::vector<Tensor> views;
-    size_t off = 0;
-    for (int64_t n : rows) {
-      views.emplace_back(static_cast<uint8_t*>(dall.t.data) + off, dall.t.dtype, std::initializer_list<int64_t>{n, K});
-      off += views.back().nbytes();
-    }
+    const Stacked st = stacked(*gpu_, rng_, dt, rows, K);
+    const std::vector<HostT>& hw = st.host;
+    const std::vector<Tensor>& views = st.views;
     for (int64_t T : {1, 9, 40}) {
       const HostT x = random_t(rng_, DType::F32, {T, K}), xq = int8_activations(x);
       DevT dx = upload(*gpu_, x);
@@ -610,21 +626,9 @@ TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
     const HostT hq = quantized(rng_, DType::Q6_K, 1040, K);
     const DevT dq = upload_tiled(*gpu_, hq);
     const int64_t rows[] = {512, 16, 16};  // z, b, a: one stacked Q4_K matrix
-    std::vector<HostT> hz;
-    HostT all(DType::Q4_K, {512 + 16 + 16, K});
-    size_t at = 0;
-    for (int64_t n : rows) {
-      hz.push_back(quantized(rng_, DType::Q4_K, n, K));
-      std::memcpy(all.bytes.data() + at, hz.back().bytes.data(), hz.back().bytes.size());
-      at += hz.back().bytes.size();
-    }
-    const DevT dz = upload_tiled(*gpu_, all);
-    std::vector<Tensor> views;
-    size_t off = 0;
-    for (int64_t n : rows) {
-      views.emplace_back(static_cast<uint8_t*>(dz.t.data) + off, dz.t.dtype, std::initializer_list<int64_t>{n, K});
-      off += views.back().nbytes();
-    }
+    const Stacked st = stacked(*gpu_, rng_, DType::Q4_K, rows, K);
+    const std::vector<HostT>& hz = st.host;
+    const std::vector<Tensor>& views = st.views;
     const HostT* hw[] = {&hq, &hz[0], &hz[1], &hz[2]};
     const int64_t n_of[] = {1040, 512, 16, 16};
     const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
