@@ -98,8 +98,8 @@ TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
     }
 }
 
-// 2 ≤ T ≤ 3 run the staged kernels (T = 3 for rows of 16 super-blocks or more): the tokens' rows in shared memory, the T = 1 kernel's split
-// of the tiles wherever the staged rows leave it the same warps per block (here: K ≤ 5120, every
+// 2 ≤ T ≤ 3 run the staged kernels (T = 3 for rows of 16 super-blocks or more): the tokens' rows
+// in shared memory, the T = 1 kernel's split of the tiles wherever the staged rows leave it the same warps per block (here: K ≤ 5120, every
 // type). At T = 2 each token is tile_cols as at T = 1, so its outputs are bitwise those of the
 // same token alone: a k = 1 verify pass or a batch of two computes every token as one-token
 // decode does. At T = 3 (tile_pairs) the groups' terms are added in another order: within
@@ -603,17 +603,6 @@ TEST_F(CudaQuantMma, HfModelsSameWithAndWithoutTiling) {
   for (const char* type : {"awq", "nvfp4", "w4g32"}) same_with_and_without_tiling(gpu_.get(), rng_, type, true, 2e-2);
 }
 
-// The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,
-// add_rms_norm_mlp: cuda_quant_norm.cu) against the composition they replace (Backend's own
-// definitions: add_rms_norm_into, quantize_kernel, the GEMM, swiglu, quantize_kernel, the GEMM) on
-// the same backend: the same float values reach the same quantizer and GEMM, so the outputs, the
-// residual stream and the normalised x are bitwise equal. At T ≤ 3 (here 1, and 3 at K = 8192) the GEMM
-// blocks compute the norm themselves (quant_tiled_matmul_norm): K = 1024 on blocks of 1 to 8 warps (the 16-row
-// matrix: one warp a block, past the norm weight's share in registers of the shared-memory ring
-// kernels); K = 8192, where a Q6_K GEMM with the norm's shared memory would fit fewer blocks per
-// SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
-// 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
-// tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
 // A staged call's two groups of two types (a DeltaNet layer's Q6_K qkv with its Q4_K z, b, a
 // stored back to back) are one launch, in either order, plain or with the layer's norm, for 1-3
 // tokens (3 only on rows of >= 16 super-blocks, as the staged kernels): each output against
@@ -683,6 +672,17 @@ TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
   }
 }
 
+// The layer forms whose producers quantize for the tiled GEMM (add_rms_norm_matmul_multi,
+// add_rms_norm_mlp: cuda_quant_norm.cu) against the composition they replace (Backend's own
+// definitions: add_rms_norm_into, quantize_kernel, the GEMM, swiglu, quantize_kernel, the GEMM) on
+// the same backend: the same float values reach the same quantizer and GEMM, so the outputs, the
+// residual stream and the normalised x are bitwise equal. At T ≤ 3 (here 1, and 3 at K = 8192) the GEMM
+// blocks compute the norm themselves (quant_tiled_matmul_norm): K = 1024 on blocks of 1 to 8 warps (the 16-row
+// matrix: one warp a block, past the norm weight's share in registers of the shared-memory ring
+// kernels); K = 8192, where a Q6_K GEMM with the norm's shared memory would fit fewer blocks per
+// SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
+// 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
+// tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
 TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
   for (const int64_t K : {1024, 8192}) {
     const int64_t I = 768;

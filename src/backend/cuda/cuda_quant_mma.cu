@@ -407,8 +407,8 @@ __device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __res
   }
 }
 
-// 3 tokens (the function takes up to 4): tile_cols per token would take 8·TT MMAs a tile, each with one useful
-// column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
+// 3 tokens (the function takes up to 4): tile_cols per token would take 8·TT MMAs a tile, each
+// with one useful column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
 // multi-token kernel). Here the groups go in pairs with the tokens in the columns: MMA 2i's
 // columns 0-3 are tokens 0-3 of group 2i, MMA 2i + 1's columns 4-7 the same tokens of group
 // 2i + 1, both into one int accumulator (disjoint columns: lane (g, t) gives its B fragment, of
@@ -923,12 +923,12 @@ __global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_k
   mma_block<D, NT, ROWS, RING>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
-// A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet layer's Q6_K qkv
-// and Q4_K z, b, a; an attention layer's Q4_K q, k and Q6_K v): one launch, blocks [0, grid1)
-// the first group's and the rest the second's, their counts in proportion to the groups' bytes
-// (plan_pair), so both end together: no kernel boundary between them, and the second group's
-// blocks do not wait for the first's last one. Each block is exactly a staged block of its
-// group's own launch (the same norm or quantization of x, the same per-block split).
+// A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet
+// layer's Q6_K qkv and Q4_K z, b, a; an attention layer's Q4_K q, k and Q6_K v): one launch,
+// blocks [0, grid1) the first group's and the rest the second's, their counts in proportion to
+// the groups' bytes (plan_pair), so both end together: no kernel boundary between them, and the
+// second group's blocks do not wait for the first's last one. Each block is exactly a staged
+// block of its group's own launch (the same norm or quantization of x, the same per-block split).
 template <DType D1, int RING1, DType D2, int RING2, int ROWS>
 __global__ void __launch_bounds__(max_threads(ROWS), 1)
     mma_pair_kernel(const MmaArgs a1, const MmaArgs a2, int grid1) {
@@ -1328,9 +1328,10 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   MmaPlan pair;
   int pair_grid1 = 0;
   if (rows >= 1 && groups.size() == 2 && groups[0].t != groups[1].t && use_pair()) {
-    if (groups[1].t == DType::Q6_K_T16) std::swap(groups[0], groups[1]);
-    pair_grid1 = plan_pair(groups[0].a, groups[0].t, groups[0].regs, groups[1].a, groups[1].t, groups[1].regs, rows,
-                           norm != nullptr, pair);
+    const size_t q6 = groups[1].t == DType::Q6_K_T16 ? 1 : 0;
+    Group &g1 = groups[q6], &g2 = groups[1 - q6];
+    pair_grid1 = plan_pair(g1.a, g1.t, g1.regs, g2.a, g2.t, g2.regs, rows, norm != nullptr, pair);
+    if (pair_grid1 > 0 && q6 == 1) std::swap(groups[0], groups[1]);  // without a pair, the call's order stays
   }
   for (const Group& gr : groups)
     log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs,
