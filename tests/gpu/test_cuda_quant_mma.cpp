@@ -44,6 +44,9 @@ void mma_select_staged(const char* staged);
 // The same for QWEN36_MMA_PAIR ("on" | "off" | "auto"), and the pair launches made so far.
 void mma_select_pair(const char* pair);
 long long mma_pair_launches();
+// The same for QWEN36_MMA_XS ("on" | "off" | "auto"), and the XS launches made so far.
+void mma_select_xs(const char* xs);
+long long mma_xs_launches();
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -147,6 +150,47 @@ TEST_F(CudaQuantMma, StagedTokensAsOneToken) {
           EXPECT_LE(worst_rel_err(multi, got, T, s.N, 1, &where), 2e-5) << what << " multi-token kernel " << where;
         }
     }
+}
+
+// The multi-token kernel (4 ≤ T ≤ 16 here) with the activations copied into each block's shared
+// memory (XS) reads the same fragments and scales as from the workspace, in the same order, on
+// the same warps for these shapes (tiles ≥ 16 warps per SM or ≤ 8: plan_mma): bitwise the same
+// outputs as without the copy, and within 2e-5 of the int8 twin. Shapes: the 27B's attention
+// and MLP (K = 5120, 17408: at 16 tokens the copy of K = 17408 does not fit, the call reads
+// through L1), the 35B-A3B's K = 2048, one row-tile over 68 warps, 2400 row-tiles of 4 super-blocks.
+TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
+  const Shape shapes[] = {{6144, 5120}, {5120, 17408}, {2048, 2048}, {16, 17408}, {38400, 1024}};
+  struct Restore {
+    ~Restore() { cuda::mma_select_xs(nullptr); }
+  } restore;
+  long long xs_calls = 0;
+  for (DType dt : kTypes)
+    for (const Shape& s : shapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const DevT dw = upload_tiled(*gpu_, w);
+      const int64_t step = s.N >= 2048 ? 61 : 1;
+      for (int64_t T : {4, 8, 9, 16}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K) + " T=" + std::to_string(T);
+        cuda::mma_select_xs("on");
+        const long long before = cuda::mma_xs_launches();
+        const std::vector<float> shared = run(*gpu_, dw, x);
+        xs_calls += cuda::mma_xs_launches() - before;
+        cuda::mma_select_xs("off");
+        const long long off_before = cuda::mma_xs_launches();
+        const std::vector<float> global = run(*gpu_, dw, x);
+        EXPECT_EQ(cuda::mma_xs_launches(), off_before) << what << ": QWEN36_MMA_XS=off launched the copy";
+        size_t diff = 0;
+        for (size_t i = 0; i < shared.size(); ++i) diff += std::memcmp(&shared[i], &global[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << what << ": outputs differ with the activations in shared memory";
+        std::string where;
+        EXPECT_LE(worst_rel_err(shared, reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
+            << what << " " << where;
+      }
+    }
+  EXPECT_GT(xs_calls, 0) << "no call took the shared-memory copy of the activations";
 }
 
 // The 27B MLP's shape, rows spot-checked.

@@ -91,6 +91,12 @@
 //    5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) The split per block, tried at T > 1,
 //    was slower at 16 tokens (bench/RESULTS.md, session 13). Launches per call: quantize (not at
 //    fused T = 1), then one GEMM per group.
+//    XS (up to 16 tokens, where it fits: K ≤ ~8192 at 9-16 tokens, ≤ 17408 at up to 8): each
+//    block first copies the activations' fragments and scales of the super-blocks its tiles read
+//    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
+//    already requested) and the loop reads them there; blocks of 16 warps, one per SM, the same
+//    warps and ranges as without it (QWEN36_MMA_XS=off: through L1, whose hit rate was 60% on a
+//    27B gate + up at 16 tokens and 32% on a down projection).
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -299,6 +305,18 @@ __host__ __device__ constexpr size_t x_stage_bytes(long long S, bool norm = fals
 __host__ __device__ constexpr size_t staged_bytes(long long S, int rows, bool norm = false, bool regs = false) {
   return x_stage_bytes(S, norm, regs) + size_t(rows > 1 ? rows - 1 : 0) * x_stage_bytes(S);
 }
+// XS (the multi-token kernel, up to 16 tokens): the call's quantized activations as
+// quantize_kernel laid them out (ActLayout: the B fragments, {d, d·Σq} and, for Q6_K, the
+// 16-halves' offsets of every (k32 group, n8 tile)), copied into each block's shared memory once
+// after griddep_wait, so that the loop's activation reads are shared-memory loads in the same
+// order as from the workspace (ncu, 27B gate + up at 16 tokens through L1: hit rate 60%, 32% on a
+// down projection, and the kernel latency-bound on those misses).
+template <DType D>
+__host__ __device__ constexpr size_t xs_bytes(long long S, int NT) {
+  const size_t frags = size_t(S) * 8 * size_t(NT);
+  return frags * 32 * sizeof(uint2) + frags * 4 * sizeof(float4) + (D == DType::Q6_K_T16 ? frags * 4 * sizeof(int4) : 0);
+}
+
 // Tokens up to which a call takes the staged kernels (mma_kernel's ROWS), up to which those run
 // tile_cols per token (beyond: tile_pairs), and the super-blocks a row needs for tile_pairs.
 // H200 (bench/RESULTS.md, session 27), staged against the multi-token kernel: 2 tokens +18%
@@ -498,8 +516,8 @@ __device__ __forceinline__ void tile_pairs(const Raw<D>& R, const ColGroup* __re
 // the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
 // (ROWS) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
 // registers rather than spilling (plan_mma sizes the grid by occupancy).
-constexpr int max_threads(int ROWS) { return (ROWS ? kOneWarps : kWarps) * 32; }
-constexpr int min_blocks(int NT, int ROWS) { return ROWS ? 1 : NT <= 2 ? 2 : 1; }
+constexpr int max_threads(int ROWS, bool XS = false) { return (ROWS || XS ? kOneWarps : kWarps) * 32; }
+constexpr int min_blocks(int NT, int ROWS, bool XS = false) { return ROWS || XS ? 1 : NT <= 2 ? 2 : 1; }
 
 // ROWS: a block's warps leave the pieces of its split row-tiles here (shared memory after the
 // staging): 2 × 16 floats a warp and token, slot 0 for its first row-tile, 1 for its last.
@@ -515,17 +533,33 @@ constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(
 // have 1 .. kWarps (ROWS: kOneWarps) warps (small matrices spread over every SM). ROWS = 0: the
 // multi-token kernel (grid split, activations read from the workspace). mma_block is block `bid`
 // of the `nblocks` that run the call's group a (mma_kernel: the grid; mma_pair_kernel: a share).
-template <DType D, int NT, int ROWS, int RING>
+// An activation load of the multi-token kernel: through L1 from the workspace, or (XS) from the
+// block's shared-memory copy.
+template <bool XS, typename V>
+__device__ __forceinline__ V ldx(const V* p) {
+  if constexpr (XS)
+    return *p;
+  else
+    return __ldca(p);
+}
+
+// XS: the multi-token kernel (ROWS = 0, up to 16 tokens, register prefetch) reading the
+// activations from its block's shared-memory copy (xs_bytes); the grid split and every sum as
+// without it, so the outputs are bitwise the same for the same warps.
+template <DType D, int NT, int ROWS, int RING, bool XS = false>
 __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
   static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
+  static_assert(!XS || (ROWS == 0 && RING == 0 && NT <= 2), "XS: the register-prefetch multi-token kernel, ≤ 16 tokens");
   constexpr bool REGS = RING == 0;
   constexpr bool STAGED = ROWS > 0;  // the rows staged, the split per block
   constexpr int B = TileLayout<D>::kBytes;
   griddep_trigger();
   const int lane = int(threadIdx.x & 31), wib = int(threadIdx.x >> 5), wpb = int(blockDim.x >> 5);
   const int w = bid * wpb + wib;
-  if (!STAGED && w >= a.nwarps) return;  // the staged kernels' staging and sums have block barriers
+  // The staged kernels' staging and sums have block barriers; XS's copy too (its blocks are
+  // whole: plan_mma).
+  if (!STAGED && !XS && w >= a.nwarps) return;
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
   // STAGED: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
   // (fewer tiles than warps) and the warp still takes the block's barriers.
@@ -551,6 +585,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   // scales half (c & 1) of entry t = c / 2.
   ColGroup* const xs = reinterpret_cast<ColGroup*>(smem + size_t(wpb) * kWarpSmem);
   const int xrow = S * 8;
+  // XS: the block's copy of the activations (stage_x), in the workspace's layout, where xs is.
+  [[maybe_unused]] const uint2* const xs_b = reinterpret_cast<const uint2*>(xs);
+  [[maybe_unused]] const float4* const xs_f = reinterpret_cast<const float4*>(xs_b + size_t(S) * 8 * NT * 32);
+  [[maybe_unused]] const int4* const xs_i = reinterpret_cast<const int4*>(xs_f + size_t(S) * 8 * NT * 4);
   // NormIn (T = 1): after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested
   // before griddep_wait (prefetch_norm).
   float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S) * ROWS);
@@ -564,7 +602,27 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       if (a.norm.y) prefetch_norm_w<REGS>(a.norm, S * 8, wq, wrow);
   };
   auto stage_x = [&]() {
-    if constexpr (STAGED) {
+    if constexpr (XS) {
+      // The workspace's fragments and scales as they lie, in 16-byte copies: of the super-blocks
+      // [s0, s1) that the block's tiles read (all of them where its range holds a whole row-tile
+      // or wraps past one's end; a small matrix's blocks may hold a few tiles of one).
+      const long long B0 = range_begin(bid * wpb, a.total, a.nwarps), B1 = range_begin((bid + 1) * wpb, a.total, a.nwarps);
+      long long s0 = 0, s1 = S;
+      if (B1 - B0 < S && B0 % S <= (B1 - 1) % S) s0 = B0 % S, s1 = (B1 - 1) % S + 1;
+      const size_t per = size_t(8) * NT;  // (group, n8 tile) fragments of a super-block
+      auto copy = [&](const void* dst, const void* src, size_t unit) {  // unit: bytes a fragment
+        uint8_t* d = reinterpret_cast<uint8_t*>(const_cast<void*>(dst)) + size_t(s0) * per * unit;
+        const uint8_t* g = static_cast<const uint8_t*>(src) + size_t(s0) * per * unit;
+        const size_t bytes = size_t(s1 - s0) * per * unit;
+        for (size_t o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x) cpa_16(d + o, g + o);
+      };
+      copy(xs_b, a.xb, 32 * sizeof(uint2));
+      copy(xs_f, a.xf, 4 * sizeof(float4));
+      if constexpr (D == DType::Q6_K_T16) copy(xs_i, a.xi, 4 * sizeof(int4));
+      cpa_commit();
+      cpa_wait<0>();
+      __syncthreads();  // every warp of the block is live (plan_mma: whole blocks)
+    } else if constexpr (STAGED) {
       const int G = S * 8;
       if (a.norm.y) {  // the layer's norm of each token, computed here (NormIn)
         const bool writer = bid == 0 && a.norm.y_out;
@@ -668,9 +726,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // every load is one instruction with an immediate offset (indexing from a.xb per load, the
     // compiler rebuilt each 64-bit address: 3 integer instructions per load, ~15% of the
     // instructions of a tile at 16 tokens).
-    const uint2* __restrict__ xb = a.xb + size_t(s) * (8 * NT * 32) + lane;
-    const float4* __restrict__ xf = a.xf + size_t(s) * (8 * NT * 4) + t;
-    [[maybe_unused]] const int4* __restrict__ xi = a.xi + size_t(s) * (8 * NT * 4) + t;
+    // (XS: the same offsets into the block's copy, read as shared-memory loads.)
+    const uint2* __restrict__ xb = (XS ? xs_b : a.xb) + size_t(s) * (8 * NT * 32) + lane;
+    const float4* __restrict__ xf = (XS ? xs_f : a.xf) + size_t(s) * (8 * NT * 4) + t;
+    [[maybe_unused]] const int4* __restrict__ xi = (XS ? xs_i : a.xi) + size_t(s) * (8 * NT * 4) + t;
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
       uint32_t a0, a1, a2, a3;
@@ -679,8 +738,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
-          const float4 f = __ldca(xf + (jj * NT + n) * 4);
+          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
           int c[4];
           mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
           acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
@@ -692,8 +751,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
-          const float4 f = __ldca(xf + (jj * NT + n) * 4);
+          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
           int ca[4], cb[4];
           mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
           mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
@@ -708,9 +767,9 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
-          const float4 f = __ldca(xf + (jj * NT + n) * 4);
-          const int4 z = __ldca(xi + (jj * NT + n) * 4);
+          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
+          const int4 z = ldx<XS>(xi + (jj * NT + n) * 4);
           int ca[4], cb[4];
           mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
           mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
@@ -724,8 +783,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         s8_scales(R, jj, e0, e1);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint2 bf = __ldca(xb + (jj * NT + n) * 32);
-          const float4 f = __ldca(xf + (jj * NT + n) * 4);
+          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
           int c[4];
           mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
           acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
@@ -917,10 +976,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   }
 }
 
-template <DType D, int NT, int ROWS, int RING>
-__global__ void __launch_bounds__(max_threads(ROWS), min_blocks(NT, ROWS)) mma_kernel(const MmaArgs a) {
+template <DType D, int NT, int ROWS, int RING, bool XS>
+__global__ void __launch_bounds__(max_threads(ROWS, XS), min_blocks(NT, ROWS, XS)) mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  mma_block<D, NT, ROWS, RING>(a, int(blockIdx.x), int(gridDim.x), smem);
+  mma_block<D, NT, ROWS, RING, XS>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
 // A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet
@@ -953,7 +1012,7 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
-template <DType D, int NT, int ROWS, int RING>
+template <DType D, int NT, int ROWS, int RING, bool XS = false>
 MmaPlan plan_mma(long long total, int S, bool norm) {
   constexpr bool REGS = RING == 0;
   struct PerDev {
@@ -965,9 +1024,14 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
-  auto* kern = mma_kernel<D, NT, ROWS, RING>;
+  auto* kern = mma_kernel<D, NT, ROWS, RING, XS>;
   once_per_device(done, [&] {
-    if constexpr (REGS) {
+    if constexpr (XS) {
+      // Blocks of up to kOneWarps (the copy of the activations takes most of an SM's shared memory:
+      // one block each), as many warps per SM as the kernel without it.
+      pd.wpb = kOneWarps;
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, info.smem_optin));
+    } else if constexpr (REGS) {
       // Round 1's launch: blocks of kWarps, the (S, M) table the only shared memory, the
       // default carveout (the rest of the SM's memory stays L1, which holds x's fragments that
       // every warp of the SM re-reads).
@@ -1020,17 +1084,22 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     p.regs = pd.regs, p.local = pd.local;
     return p;
   }
-  const int bps = pd.bps;
+  const int bps = XS ? 1 : pd.bps;
   // Persistent warps, every one resident; never more warps than tiles (a tile is the unit).
   p.nwarps = int(std::min<long long>(total, (long long)info.sms * bps * pd.wpb));
   // A matrix with fewer tiles than one full block per SM: smaller blocks, one per SM, so that
   // every SM's load path carries a share of the bytes (a 2048 × 512 Q4_K: 256 tiles, 2 warps on
   // each of 128 SMs rather than 8 on 32).
-  p.wpb = std::clamp((p.nwarps + info.sms - 1) / info.sms, 1, pd.wpb);
+  // XS: one block per SM with the warps of the kernel without it (blocks of up to kWarps), so
+  // that its sums are the same: blocks of kOneWarps where there are more than 8 warps per SM.
+  // The same warps wherever the tiles fill 16 warps per SM or at most 8; between, XS rounds
+  // their count down to a multiple of 16 (other splits of the row-tiles, other sums' order).
+  p.wpb = std::clamp((p.nwarps + info.sms - 1) / info.sms, 1, XS ? kWarps : pd.wpb);
   // Whole blocks only (at most wpb − 1 warps fewer, each range still ≥ 1 tile).
   p.nwarps = p.nwarps / p.wpb * p.wpb;
+  if (XS && p.nwarps > info.sms * p.wpb) p.wpb = kOneWarps, p.nwarps = p.nwarps / kOneWarps * kOneWarps;
   p.grid = p.nwarps / p.wpb;
-  p.smem = size_t(p.wpb) * warp_smem<D, RING>();
+  p.smem = size_t(p.wpb) * warp_smem<D, RING>() + (XS ? xs_bytes<D>(S, NT) : 0);
   p.bps = bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
@@ -1083,6 +1152,22 @@ bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") !
 std::atomic<int> g_pair{-1};
 bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff; }
 std::atomic<long long> g_pair_launches{0};
+// QWEN36_MMA_XS = on | off (unset: on): the multi-token kernel (T ≤ 16) with the call's
+// activations copied into each block's shared memory (XS), or read through L1.
+std::atomic<int> g_xs{-1};
+std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
+bool use_xs() { return variant(g_xs, "QWEN36_MMA_XS", "on", "off") != kOff; }
+// XS applies where the copy fits next to 16 warps' tables, and not where QWEN36_MMA_LOADS=smem
+// asks for the shared-memory ring (which XS's copy leaves no room for).
+bool xs_fits(DType t, int S, int NT) {
+  if (NT > 2 || !use_xs() || variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem") == kSmem) return false;
+  size_t need = 0;
+  with_tiled_dtype(t, [&](auto dt) {
+    constexpr DType D = decltype(dt)::value;
+    need = xs_bytes<D>(S, NT) + size_t(kOneWarps) * warp_smem<D, 0>();
+  });
+  return need > 0 && need <= size_t(dev_info().smem_optin);
+}
 
 // Calls f(D1, RING1, D2, RING2, ROWS) as compile-time constants for the pairs mma_pair_kernel
 // is built for: a Q6_K group (its ring) and a Q4_K one (use_regs: registers for rows of fewer
@@ -1147,14 +1232,19 @@ int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool reg
 // ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path (RING: 0
 // registers, else the ring's depth). (A ring of 4 or 5 tiles measured slower than 3 for Q4_K at
 // T = 1 on the H200: 27B Q4_K_M tg128 b1 154.1, 152.5, 141.5 t/s.)
+// xs (NT ≤ 2, rows = 0): the multi-token kernel with the activations in shared memory (XS),
+// always on registers.
 template <typename F>
-void with_mma(DType t, int NT, int rows, bool regs, F&& f) {
+void with_mma(DType t, int NT, int rows, bool regs, bool xs, F&& f) {
   with_tiled_dtype(t, [&](auto dt) {
+    using Off = std::false_type;
     auto go = [&](auto nt, auto o) {
+      if constexpr (decltype(nt)::value <= 2 && decltype(o)::value == 0)
+        if (xs) return f(dt, nt, o, std::integral_constant<int, 0>{}, std::true_type{});
       if (regs)
-        f(dt, nt, o, std::integral_constant<int, 0>{});
+        f(dt, nt, o, std::integral_constant<int, 0>{}, Off{});
       else
-        f(dt, nt, o, std::integral_constant<int, kStages>{});
+        f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{});
     };
     using NT1 = std::integral_constant<int, 1>;
     static_assert(kMaxStagedRows == 3);
@@ -1175,8 +1265,8 @@ void with_mma(DType t, int NT, int rows, bool regs, F&& f) {
 }
 
 // QWEN36_MMA_VERBOSE=1: each (type, rows, K, T, variant) launched, once per process, to stderr.
-void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, const MmaPlan& p,
-              long long total) {
+void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool xs,
+              const MmaPlan& p, long long total) {
   static const bool on = [] {
     const char* v = std::getenv("QWEN36_MMA_VERBOSE");
     return v != nullptr && *v != 0 && std::strcmp(v, "0") != 0;
@@ -1185,7 +1275,7 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
   static std::mutex mu;
   static std::set<std::string> seen;
   char key[160];
-  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d", int(t), nmat, rows, K, T, int(regs));
+  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d %d", int(t), nmat, rows, K, T, int(regs), int(xs));
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert(key).second) return;
   const std::string name(dtype_name(t));
@@ -1193,7 +1283,7 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
                "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s | %d regs, %d B local, "
                "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld tiles, %.2f "
                "tiles/warp\n",
-               name.c_str(), rows, nmat, K, T, NT, regs ? "regs" : "smem",
+               name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem",
                p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
 }
 
@@ -1260,7 +1350,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     MmaArgs a{};
     MmaPlan p;
     DType t = DType::F32;
-    bool regs = true;
+    bool regs = true, xs = false;  // xs: the multi-token kernel with the activations in shared memory
   };
   std::vector<Group> groups;
   int max_warps = 1;
@@ -1293,10 +1383,12 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       }
       a.total = (long long)rt * a.S;
       gr.t = ws[i]->dtype;
-      gr.regs = use_regs(gr.t, rows > 0, a.S);
+      gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
+      gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
       bool same_split = true;
-      with_mma(gr.t, NT, rows, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
-        auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>;
+      with_mma(gr.t, NT, rows, gr.regs, gr.xs, [&](auto dt, auto nt, auto o, auto rg, auto x) {
+        auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
+                             decltype(x)::value>;
         gr.p = plan(a.total, a.S, norm != nullptr);
         if (norm) {
           const MmaPlan q = plan(a.total, a.S, false);
@@ -1305,7 +1397,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       });
       if (!same_split) return false;
       if (rows > kColsRows)
-        with_mma(gr.t, NT, 1, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
+        with_mma(gr.t, NT, 1, gr.regs, false, [&](auto dt, auto nt, auto o, auto rg, auto) {
           const MmaPlan q =
               plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>(a.total, a.S,
                                                                                                           false);
@@ -1334,7 +1426,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     if (pair_grid1 > 0 && q6 == 1) std::swap(groups[0], groups[1]);  // without a pair, the call's order stays
   }
   for (const Group& gr : groups)
-    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs,
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs,
              pair.grid > 0 ? pair : gr.p, gr.a.total);
   // One workspace: the activations once for every matrix (none when the staged kernels quantize
   // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
@@ -1382,11 +1474,14 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     g_pair_launches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
-  for (const Group& gr : groups)
-    with_mma(gr.t, NT, rows, gr.regs, [&](auto dt, auto nt, auto o, auto rg) {
-      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>,
+  for (const Group& gr : groups) {
+    if (gr.xs) g_xs_launches.fetch_add(1, std::memory_order_relaxed);
+    with_mma(gr.t, NT, rows, gr.regs, gr.xs, [&](auto dt, auto nt, auto o, auto rg, auto x) {
+      launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
+                            decltype(x)::value>,
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
+  }
   return true;
 }
 
@@ -1429,5 +1524,8 @@ void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_varia
 // The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
 void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }
 long long mma_pair_launches() { return g_pair_launches.load(); }
+// The same for QWEN36_MMA_XS, and the XS launches made so far.
+void mma_select_xs(const char* xs) { g_xs.store(xs ? parse_variant(xs, "on", "off") : -1); }
+long long mma_xs_launches() { return g_xs_launches.load(); }
 
 }  // namespace qwen36::cuda
