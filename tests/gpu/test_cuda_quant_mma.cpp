@@ -152,6 +152,20 @@ TEST_F(CudaQuantMma, StagedTokensAsOneToken) {
     }
 }
 
+// A matrix of shape s (repeated rows past 8 M weights), its tiled device copy, and the row step
+// at which the large ones' outputs are checked against the reference.
+struct TestMatrix {
+  HostT w;
+  DevT d;
+  int64_t step;
+};
+TestMatrix test_matrix(Backend& gpu, std::mt19937& rng, DType dt, const Shape& s) {
+  const bool big = s.N * s.K > (int64_t(8) << 20);
+  HostT w = big ? repeated_rows(rng, dt, s.N, s.K) : quantized(rng, dt, s.N, s.K);
+  DevT d = upload_tiled(gpu, w);
+  return {std::move(w), std::move(d), s.N >= 2048 ? 61 : 1};
+}
+
 // The multi-token kernel (4 ≤ T ≤ 16 here) with the activations copied into each block's shared
 // memory (XS) reads the same fragments and scales as from the workspace, in the same order, on
 // the same warps for these shapes (tiles ≥ 16 warps per SM or ≤ 8: plan_mma): bitwise the same
@@ -166,10 +180,10 @@ TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
   long long xs_calls = 0;
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
-      const bool big = s.N * s.K > (int64_t(8) << 20);
-      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
-      const DevT dw = upload_tiled(*gpu_, w);
-      const int64_t step = s.N >= 2048 ? 61 : 1;
+      const TestMatrix m = test_matrix(*gpu_, rng_, dt, s);
+      const HostT& w = m.w;
+      const DevT& dw = m.d;
+      const int64_t step = m.step;
       for (int64_t T : {4, 8, 9, 16}) {
         const HostT x = random_t(rng_, DType::F32, {T, s.K});
         const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
@@ -415,10 +429,10 @@ TEST_F(CudaQuantMma, SplitRowTilesBitwiseSameEagerAndGraphReplay) {
   uint64_t key = 0x5157'0000;
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
-      const bool big = s.N * s.K > (int64_t(8) << 20);
-      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
-      const DevT dw = upload_tiled(*gpu_, w);
-      const int64_t step = s.N >= 2048 ? 61 : 1;
+      const TestMatrix m = test_matrix(*gpu_, rng_, dt, s);
+      const HostT& w = m.w;
+      const DevT& dw = m.d;
+      const int64_t step = m.step;
       for (const auto& v : variants) {
         for (int64_t T : {1, 3, 5, 17, 64}) {  // staged ×2, NT = 1, 1, 4, 8: every fixup chunking (kV = 4, 4, 2, 1)
           // the quantization switch changes only the staged kernels (T ≤ 3)

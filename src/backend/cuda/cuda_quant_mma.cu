@@ -91,7 +91,8 @@
 //    5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) The split per block, tried at T > 1,
 //    was slower at 16 tokens (bench/RESULTS.md, session 13). Launches per call: quantize (not at
 //    fused T = 1), then one GEMM per group.
-//    XS (up to 16 tokens, where it fits: K ≤ ~8192 at 9-16 tokens, ≤ 17408 at up to 8): each
+//    XS (9-16 tokens on rows of ≥ 16 super-blocks where it fits, K ≤ ~8192; QWEN36_MMA_XS=on:
+//    any T ≤ 16 where it fits, which is K ≤ 17408 up to 8 tokens): each
 //    block first copies the activations' fragments and scales of the super-blocks its tiles read
 //    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
 //    already requested) and the loop reads them there; blocks of 16 warps, one per SM, the same
@@ -1152,15 +1153,21 @@ bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") !
 std::atomic<int> g_pair{-1};
 bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff; }
 std::atomic<long long> g_pair_launches{0};
-// QWEN36_MMA_XS = on | off (unset: on): the multi-token kernel (T ≤ 16) with the call's
-// activations copied into each block's shared memory (XS), or read through L1.
+// QWEN36_MMA_XS = on | off | auto (unset: auto): the multi-token kernel (T ≤ 16) with the call's
+// activations copied into each block's shared memory (XS), or read through L1. auto: XS for
+// 9-16 tokens on rows of ≥ 16 super-blocks. H200 (bench/RESULTS.md, session 29), XS everywhere
+// against none: 27B Q4_K_M b16 1,292 → 1,330 t/s (+2.9%), b8 even, b4 −1.4%; 35B-A3B (K = 2048
+// mostly) b4 −1.5%, b16 −2.0%.
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
-bool use_xs() { return variant(g_xs, "QWEN36_MMA_XS", "on", "off") != kOff; }
+constexpr int kXsMinS = 16;
 // XS applies where the copy fits next to 16 warps' tables, and not where QWEN36_MMA_LOADS=smem
 // asks for the shared-memory ring (which XS's copy leaves no room for).
 bool xs_fits(DType t, int S, int NT) {
-  if (NT > 2 || !use_xs() || variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem") == kSmem) return false;
+  const int v = variant(g_xs, "QWEN36_MMA_XS", "on", "off");
+  if (NT > 2 || v == kOff || (v == kAuto && (NT != 2 || S < kXsMinS)) ||
+      variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem") == kSmem)
+    return false;
   size_t need = 0;
   with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
