@@ -97,7 +97,8 @@
 //    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
 //    already requested) and the loop reads them there; blocks of 16 warps, one per SM, the same
 //    warps and ranges as without it (QWEN36_MMA_XS=off: through L1, whose hit rate was 60% on a
-//    27B gate + up at 16 tokens and 32% on a down projection).
+//    27B gate + up at 16 tokens and 32% on a down projection). Its lanes also request each
+//    tile's lines into L2 one tile before its register load (QWEN36_MMA_AHEAD).
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -275,6 +276,7 @@ struct MmaArgs {
   int* cnt;            // [nwarps] arrivals at the split row-tile whose first tile warp w holds
   long long total;     // tiles = R · S
   int S, T, nwarps;
+  int ahead;           // XS: tiles past the register sets whose bytes are requested into L2 (0: none)
 };
 constexpr int kMaxMats = 4;
 
@@ -916,8 +918,18 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // never more warps than tiles. Both sets are requested before the wait, so a small
     // matrix's warps (a few tiles each) have two tiles arriving while the kernel before ends.
     Raw<D> A, Bt;
+    // XS with a.ahead: tile j's 128-byte lines requested into L2 (prefetch.global.L2) a.ahead
+    // tiles before its register load, so that load waits on L2, not DRAM (ncu: 31% of the
+    // 16-token kernel's stall cycles on the weights' loads with one register set ahead).
+    auto l2_ahead = [&](long long j) {
+      if constexpr (XS)
+        if (a.ahead > 0 && j < b1)
+          for (int l = lane; l * 128 < B; l += 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + size_t(j) * B + 128 * l));
+    };
     if (b0 < b1) load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
     if (b0 + 1 < b1) load_tile<D, true>(a.w + size_t(b0 + 1) * B, lane, Bt);
+    for (int k = 2; k < 2 + a.ahead; ++k) l2_ahead(b0 + k);
     prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
     stage_x();
@@ -925,10 +937,12 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       compute(A);
       finish(i);
       if (i + 2 < b1) load_tile<D, true>(a.w + size_t(i + 2) * B, lane, A);
+      l2_ahead(i + 2 + a.ahead);
       if (i + 1 >= b1) break;
       compute(Bt);
       finish(i + 1);
       if (i + 3 < b1) load_tile<D, true>(a.w + size_t(i + 3) * B, lane, Bt);
+      l2_ahead(i + 3 + a.ahead);
     }
   } else {
     prefetch_norm();
@@ -1161,6 +1175,16 @@ std::atomic<long long> g_pair_launches{0};
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
 constexpr int kXsMinS = 16;
+// QWEN36_MMA_AHEAD = N (0-8, unset: 1): XS calls request each tile's bytes into L2 N tiles before
+// its register load (MmaArgs::ahead). H200, 27B Q4_K_M tg64 b16, two rounds each: 0 1,316.6 /
+// 1,316.1 t/s, 1 1,331.9 / 1,329.7, 2 1,325.6 / 1,327.4, 3 1,323.8 / 1,318.5, 4 1,310.6 / 1,311.1.
+int xs_ahead() {
+  static const int n = [] {
+    const char* v = std::getenv("QWEN36_MMA_AHEAD");
+    return v && *v ? std::clamp(std::atoi(v), 0, 8) : 1;
+  }();
+  return n;
+}
 // XS applies where the copy fits next to 16 warps' tables, and not where QWEN36_MMA_LOADS=smem
 // asks for the shared-memory ring (which XS's copy leaves no room for).
 bool xs_fits(DType t, int S, int NT) {
@@ -1469,6 +1493,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
+    gr.a.ahead = gr.xs ? xs_ahead() : 0;
   }
   if (pair.grid > 0) {
     with_pair(groups[0].t, groups[0].regs, groups[1].t, groups[1].regs, rows,
