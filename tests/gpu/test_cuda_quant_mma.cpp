@@ -181,26 +181,23 @@ TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
       const TestMatrix m = test_matrix(*gpu_, rng_, dt, s);
-      const HostT& w = m.w;
-      const DevT& dw = m.d;
-      const int64_t step = m.step;
       for (int64_t T : {4, 8, 9, 16}) {
         const HostT x = random_t(rng_, DType::F32, {T, s.K});
         const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
                                  " K=" + std::to_string(s.K) + " T=" + std::to_string(T);
         cuda::mma_select_xs("on");
         const long long before = cuda::mma_xs_launches();
-        const std::vector<float> shared = run(*gpu_, dw, x);
+        const std::vector<float> shared = run(*gpu_, m.d, x);
         xs_calls += cuda::mma_xs_launches() - before;
         cuda::mma_select_xs("off");
         const long long off_before = cuda::mma_xs_launches();
-        const std::vector<float> global = run(*gpu_, dw, x);
+        const std::vector<float> global = run(*gpu_, m.d, x);
         EXPECT_EQ(cuda::mma_xs_launches(), off_before) << what << ": QWEN36_MMA_XS=off launched the copy";
         size_t diff = 0;
         for (size_t i = 0; i < shared.size(); ++i) diff += std::memcmp(&shared[i], &global[i], sizeof(float)) != 0;
         EXPECT_EQ(diff, 0u) << what << ": outputs differ with the activations in shared memory";
         std::string where;
-        EXPECT_LE(worst_rel_err(shared, reference(w, int8_activations(x), T, step), T, s.N, step, &where), 2e-5)
+        EXPECT_LE(worst_rel_err(shared, reference(m.w, int8_activations(x), T, m.step), T, s.N, m.step, &where), 2e-5)
             << what << " " << where;
       }
     }
