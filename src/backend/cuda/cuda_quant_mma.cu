@@ -4,7 +4,8 @@
 // dequantized slices of cuda_quant_tile_layout.cu, which also repacks GGUF / HF matrices into
 // the layout; the routed experts' decode on the same tiles: cuda_quant_moe_mma.cu).
 // The register side shared with that file (mma wrappers, tile registers, A fragments, the int8
-// activation quantizer) is cuda_quant_mma_frags.cuh.
+// activation quantizer) is cuda_quant_mma_frags.cuh; the staged kernels' per-tile computation
+// (tile_cols, tile_pairs) is cuda_quant_staged_tiles.cuh.
 //
 //  - Layout: a [N, K] matrix (N % 16 == 0, K % 256 == 0) is a sequence of tiles (row-tile r of
 //    16 rows, super-block s of 256 weights), s fastest, each tile holding exactly the GGUF bytes
@@ -135,6 +136,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
+#include "backend/cuda/cuda_quant_staged_tiles.cuh"
 
 namespace qwen36::cuda {
 
@@ -336,185 +338,6 @@ __host__ __device__ constexpr int warp_smem() {
   return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
 
-// Up to 3 tokens: one tile against each token's staged row (token c's 8 groups at xg + c·xrow)
-// with the groups in the 8 MMA columns. tile_row gives every MMA column the same row, so the 4
-// lanes of a g repeat each other's epilogue, 8 groups × 2 rows each, with 4 shared-memory reads a
-// group. Here B's column jj holds group jj (lanes g == jj give their fragment of it, the others
-// zeros), so one accumulator per token collects all 8 groups' integer products, each in its own
-// column: lane (g, t) ends with groups 2t, 2t + 1 of rows g (c0, c1) and g + 8 (c2, c3) and
-// scales just those, each group's term as tile_row's (the same integers, the same f32
-// operations). The A fragments are unpacked once for all the tokens. acc[c][0] / acc[c][1]: the
-// lane's partial sums of rows g / g + 8 over its groups; finish adds the 4 lanes of a g at the
-// row-tile's end.
-template <DType D, int TT>
-__device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xg, int xrow, int lane,
-                                          [[maybe_unused]] float2* tab, const uint32_t (&mask)[8],
-                                          float (&acc)[TT][2]) {
-  const int g = lane >> 2, t = lane & 3;
-  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
-  tile_scales(R, lane, tab, dg, dg8);
-  constexpr bool kPair = D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16;  // two k16 MMAs a group
-  constexpr bool kU8 = D == DType::Q4_K_T16 || D == DType::Q6_K_T16 || D == DType::W4_G32_T16;
-  uint2 mine[TT];
-  int ca[TT][4], cb[TT][4];
-#pragma unroll
-  for (int c = 0; c < TT; ++c) {
-    mine[c] = xg[c * xrow + g].b[t];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ca[c][e] = cb[c][e] = 0;
-  }
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    uint32_t a0, a1, a2, a3;
-    a_frags(R, jj, a0, a1, a2, a3);
-#pragma unroll
-    for (int c = 0; c < TT; ++c) {
-      const uint32_t bx = mine[c].x & mask[jj], by = mine[c].y & mask[jj];
-      if constexpr (kPair) {
-        mma_k16_acc<kU8>(ca[c], a0, a1, bx);  // the first 16 of each group
-        mma_k16_acc<kU8>(cb[c], a2, a3, by);  // and the second
-      } else {
-        mma_k32_acc<kU8>(ca[c], a0, a1, a2, a3, bx, by);
-      }
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < TT; ++c) {
-    float& acc0 = acc[c][0];
-    float& acc1 = acc[c][1];
-    const float4 fa = xg[c * xrow + 2 * t].s, fb = xg[c * xrow + 2 * t + 1].s;  // {d, d·Σq, offsets}
-    if constexpr (table_tile(D)) {
-      const float4 m0 = *reinterpret_cast<const float4*>(tab + g * kTabStride + 2 * t);
-      const float4 m1 = *reinterpret_cast<const float4*>(tab + (g + 8) * kTabStride + 2 * t);
-      if constexpr (min_tile(D)) {  // (S, M) of groups 2t (x, y) and 2t + 1 (z, w)
-        acc0 = fmaf(m0.x, fa.x * float(ca[c][0]), fmaf(-m0.y, fa.y, acc0));
-        acc0 = fmaf(m0.z, fb.x * float(ca[c][1]), fmaf(-m0.w, fb.y, acc0));
-        acc1 = fmaf(m1.x, fa.x * float(ca[c][2]), fmaf(-m1.y, fa.y, acc1));
-        acc1 = fmaf(m1.z, fb.x * float(ca[c][3]), fmaf(-m1.w, fb.y, acc1));
-      } else {  // NVFP4: the two 16-groups' scales of groups 2t (x, y) and 2t + 1 (z, w)
-        acc0 = fmaf(m0.y * fa.x, float(cb[c][0]), fmaf(m0.x * fa.x, float(ca[c][0]), acc0));
-        acc0 = fmaf(m0.w * fb.x, float(cb[c][1]), fmaf(m0.z * fb.x, float(ca[c][1]), acc0));
-        acc1 = fmaf(m1.y * fa.x, float(cb[c][2]), fmaf(m1.x * fa.x, float(ca[c][2]), acc1));
-        acc1 = fmaf(m1.w * fb.x, float(cb[c][3]), fmaf(m1.z * fb.x, float(ca[c][3]), acc1));
-      }
-    } else if constexpr (D == DType::Q6_K_T16) {
-      // int8 scales of the 16-halves of groups 2t, 2t + 1 (bytes 4t .. 4t + 3 of the row's 16);
-      // the offsets −32·Σq per half (tile_row's MMA C input) added to the integer sums here.
-      const uint32_t w0 = pick(R.sc0, t), w1 = pick(R.sc1, t);
-      const int za = __float_as_int(fa.z), zb = __float_as_int(fa.w), zc = __float_as_int(fb.z),
-                zd = __float_as_int(fb.w);
-      auto v = [&](uint32_t w, int a, int b, int sh) {  // sa·(a + offset) + sb·(b + offset) of one group
-        return sext8(w >> sh) * (a + (sh ? zc : za)) + sext8(w >> (sh + 8)) * (b + (sh ? zd : zb));
-      };
-      acc0 = fmaf(dg * fa.x, float(v(w0, ca[c][0], cb[c][0], 0)), acc0);
-      acc0 = fmaf(dg * fb.x, float(v(w0, ca[c][1], cb[c][1], 16)), acc0);
-      acc1 = fmaf(dg8 * fa.x, float(v(w1, ca[c][2], cb[c][2], 0)), acc1);
-      acc1 = fmaf(dg8 * fb.x, float(v(w1, ca[c][3], cb[c][3], 16)), acc1);
-    } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128 (groups 2t, 2t + 1 share it)
-      float e0a, e0b, e1a, e1b;
-      if constexpr (D == DType::Q8_0_T16) {
-        const uint32_t d0 = pick(R.d0, t), d1 = pick(R.d1, t);
-        e0a = h2f(uint16_t(d0 & 0xFFFFu)), e0b = h2f(uint16_t(d0 >> 16));
-        e1a = h2f(uint16_t(d1 & 0xFFFFu)), e1b = h2f(uint16_t(d1 >> 16));
-      } else {
-        e0a = e0b = w4_scale(R.h0, t >> 1);
-        e1a = e1b = w4_scale(R.h1, t >> 1);
-      }
-      acc0 = fmaf(e0a * fa.x, float(ca[c][0]), acc0);
-      acc0 = fmaf(e0b * fb.x, float(ca[c][1]), acc0);
-      acc1 = fmaf(e1a * fa.x, float(ca[c][2]), acc1);
-      acc1 = fmaf(e1b * fb.x, float(ca[c][3]), acc1);
-    }
-  }
-}
-
-// 3 tokens (the function takes up to 4): tile_cols per token would take 8·TT MMAs a tile, each
-// with one useful column in 8, which makes the tensor pipe the limit (27B Q4_K_M at 4 tokens: −11% against the
-// multi-token kernel). Here the groups go in pairs with the tokens in the columns: MMA 2i's
-// columns 0-3 are tokens 0-3 of group 2i, MMA 2i + 1's columns 4-7 the same tokens of group
-// 2i + 1, both into one int accumulator (disjoint columns: lane (g, t) gives its B fragment, of
-// token g % 4 and the groups of parity g / 4, to one MMA of each pair and zeros to the other).
-// After the pair, lane (g, t) holds group 2i + t / 2 of tokens e0 = 2 (t % 2), e0 + 1 for rows g
-// (c0, c1) and g + 8 (c2, c3) and scales just those: 8 MMAs and 4 epilogues of 4 terms a tile,
-// each term as the multi-token kernel's (the same integers, the same f32 operations). acc: the
-// lane's sums of (row g, e0), (g, e0 + 1), (g + 8, e0), (g + 8, e0 + 1) over its groups; finish
-// adds the lanes t, t ^ 2 (the two group parities) at the row-tile's end.
-template <DType D, int TT>
-__device__ __forceinline__ void tile_pairs(const Raw<D>& R, const ColGroup* __restrict__ xg, int xrow, int lane,
-                                           [[maybe_unused]] float2* tab, float (&acc)[4]) {
-  static_assert(TT >= 1 && TT <= 4, "four token columns a group");
-  const int g = lane >> 2, t = lane & 3, h = t >> 1;
-  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
-  tile_scales(R, lane, tab, dg, dg8);
-  constexpr bool kPair = D == DType::Q6_K_T16 || D == DType::NVFP4_B64_T16;  // two k16 MMAs a group
-  constexpr bool kU8 = D == DType::Q4_K_T16 || D == DType::Q6_K_T16 || D == DType::W4_G32_T16;
-  // B: token g % 4 (its row clamped to the staged ones; a padding token's fragment is masked)
-  const int bt = g & 3;
-  const ColGroup* const xb = xg + (bt < TT ? bt : TT - 1) * xrow + (g >> 2);  // group 2i + g / 4 at xb[2i]
-  const uint32_t m_even = bt < TT && g < 4 ? ~0u : 0u, m_odd = bt < TT && g >= 4 ? ~0u : 0u;
-  // the epilogue's tokens e0, e0 + 1 (clamped: a padding token's sums are never written)
-  const int e0 = 2 * (t & 1);
-  const ColGroup* const xf0 = xg + (e0 < TT ? e0 : TT - 1) * xrow + h;  // group 2i + h at xf0[2i]
-  const ColGroup* const xf1 = xg + (e0 + 1 < TT ? e0 + 1 : TT - 1) * xrow + h;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t a0, a1, a2, a3, o0, o1, o2, o3;
-    a_frags(R, 2 * i, a0, a1, a2, a3);
-    a_frags(R, 2 * i + 1, o0, o1, o2, o3);
-    const uint2 bf = xb[2 * i].b[t];
-    int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
-    if constexpr (kPair) {
-      mma_k16_acc<kU8>(ca, a0, a1, bf.x & m_even);  // the first 16 of each group
-      mma_k16_acc<kU8>(cb, a2, a3, bf.y & m_even);  // and the second
-      mma_k16_acc<kU8>(ca, o0, o1, bf.x & m_odd);
-      mma_k16_acc<kU8>(cb, o2, o3, bf.y & m_odd);
-    } else {
-      mma_k32_acc<kU8>(ca, a0, a1, a2, a3, bf.x & m_even, bf.y & m_even);
-      mma_k32_acc<kU8>(ca, o0, o1, o2, o3, bf.x & m_odd, bf.y & m_odd);
-    }
-    const float4 f0 = xf0[2 * i].s, f1 = xf1[2 * i].s;  // {d, d·Σq, offsets} of e0, e0 + 1
-    if constexpr (table_tile(D)) {
-      const int grp = 2 * i + h;
-      const float2 m0 = tab[g * kTabStride + grp], m1 = tab[(g + 8) * kTabStride + grp];
-      if constexpr (min_tile(D)) {  // (S, M)
-        acc[0] = fmaf(m0.x, f0.x * float(ca[0]), fmaf(-m0.y, f0.y, acc[0]));
-        acc[1] = fmaf(m0.x, f1.x * float(ca[1]), fmaf(-m0.y, f1.y, acc[1]));
-        acc[2] = fmaf(m1.x, f0.x * float(ca[2]), fmaf(-m1.y, f0.y, acc[2]));
-        acc[3] = fmaf(m1.x, f1.x * float(ca[3]), fmaf(-m1.y, f1.y, acc[3]));
-      } else {  // NVFP4: the two 16-groups' scales
-        acc[0] = fmaf(m0.y * f0.x, float(cb[0]), fmaf(m0.x * f0.x, float(ca[0]), acc[0]));
-        acc[1] = fmaf(m0.y * f1.x, float(cb[1]), fmaf(m0.x * f1.x, float(ca[1]), acc[1]));
-        acc[2] = fmaf(m1.y * f0.x, float(cb[2]), fmaf(m1.x * f0.x, float(ca[2]), acc[2]));
-        acc[3] = fmaf(m1.y * f1.x, float(cb[3]), fmaf(m1.x * f1.x, float(ca[3]), acc[3]));
-      }
-    } else if constexpr (D == DType::Q6_K_T16) {
-      // int8 scales of group 2i + h's 16-halves, rows g and g + 8; the offsets −32·Σq per half
-      // (the multi-token kernel's MMA C input) added to the integer sums here.
-      const uint32_t w0 = pick(R.sc0, i) >> (16 * h), w1 = pick(R.sc1, i) >> (16 * h);
-      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
-      const int za0 = __float_as_int(f0.z), zb0 = __float_as_int(f0.w), za1 = __float_as_int(f1.z),
-                zb1 = __float_as_int(f1.w);
-      acc[0] = fmaf(dg * f0.x, float(sa0 * (ca[0] + za0) + sb0 * (cb[0] + zb0)), acc[0]);
-      acc[1] = fmaf(dg * f1.x, float(sa0 * (ca[1] + za1) + sb0 * (cb[1] + zb1)), acc[1]);
-      acc[2] = fmaf(dg8 * f0.x, float(sa1 * (ca[2] + za0) + sb1 * (cb[2] + zb0)), acc[2]);
-      acc[3] = fmaf(dg8 * f1.x, float(sa1 * (ca[3] + za1) + sb1 * (cb[3] + zb1)), acc[3]);
-    } else {  // Q8_0: f16 d per group; W4_G128: one scale per 128
-      float e0s, e1s;
-      if constexpr (D == DType::Q8_0_T16) {
-        e0s = h2f(uint16_t(pick(R.d0, i) >> (16 * h)));
-        e1s = h2f(uint16_t(pick(R.d1, i) >> (16 * h)));
-      } else {
-        e0s = w4_scale(R.h0, i >> 1);
-        e1s = w4_scale(R.h1, i >> 1);
-      }
-      acc[0] = fmaf(e0s * f0.x, float(ca[0]), acc[0]);
-      acc[1] = fmaf(e0s * f1.x, float(ca[1]), acc[1]);
-      acc[2] = fmaf(e1s * f0.x, float(ca[2]), acc[2]);
-      acc[3] = fmaf(e1s * f1.x, float(ca[3]), acc[3]);
-    }
-  }
-}
-
 // Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
 // the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
 // (ROWS) or two of 8; 32 and 64 tokens (32 accumulators more) one block of 8, taking more
@@ -526,16 +349,6 @@ constexpr int min_blocks(int NT, int ROWS, bool XS = false) { return ROWS || XS 
 // staging): 2 × 16 floats a warp and token, slot 0 for its first row-tile, 1 for its last.
 constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(rows); }
 
-// ROWS = T ≤ kMaxStagedRows (NT == 1): each tile is tile_cols against the T tokens' rows staged
-// in shared memory, and the split of the tiles (file header) is per block: block b holds whole row-tiles,
-// ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
-// ranges; a row-tile split between warps is summed in shared memory after a block barrier (no
-// workspace, fence or atomic). RING: the load path (file header): 0, each lane holds the next
-// tile's 16-byte loads in registers while the current one computes (two register sets in turn,
-// global loads evict-first); else the per-warp cp.async shared-memory ring of RING tiles. Blocks
-// have 1 .. kWarps (ROWS: kOneWarps) warps (small matrices spread over every SM). ROWS = 0: the
-// multi-token kernel (grid split, activations read from the workspace). mma_block is block `bid`
-// of the `nblocks` that run the call's group a (mma_kernel: the grid; mma_pair_kernel: a share).
 // An activation load of the multi-token kernel: through L1 from the workspace, or (XS) from the
 // block's shared-memory copy.
 template <bool XS, typename V>
@@ -546,6 +359,16 @@ __device__ __forceinline__ V ldx(const V* p) {
     return __ldca(p);
 }
 
+// ROWS = T ≤ kMaxStagedRows (NT == 1): each tile is tile_cols against the T tokens' rows staged
+// in shared memory, and the split of the tiles (file header) is per block: block b holds whole row-tiles,
+// ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
+// ranges; a row-tile split between warps is summed in shared memory after a block barrier (no
+// workspace, fence or atomic). RING: the load path (file header): 0, each lane holds the next
+// tile's 16-byte loads in registers while the current one computes (two register sets in turn,
+// global loads evict-first); else the per-warp cp.async shared-memory ring of RING tiles. Blocks
+// have 1 .. kWarps (ROWS: kOneWarps) warps (small matrices spread over every SM). ROWS = 0: the
+// multi-token kernel (grid split, activations read from the workspace). mma_block is block `bid`
+// of the `nblocks` that run the call's group a (mma_kernel: the grid; mma_pair_kernel: a share).
 // XS: the multi-token kernel (ROWS = 0, up to 16 tokens, register prefetch) reading the
 // activations from its block's shared-memory copy (xs_bytes); the grid split and every sum as
 // without it, so the outputs are bitwise the same for the same warps.
@@ -589,9 +412,9 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   ColGroup* const xs = reinterpret_cast<ColGroup*>(smem + size_t(wpb) * kWarpSmem);
   const int xrow = S * 8;
   // XS: the block's copy of the activations (stage_x), in the workspace's layout, where xs is.
-  [[maybe_unused]] const uint2* const xs_b = reinterpret_cast<const uint2*>(xs);
-  [[maybe_unused]] const float4* const xs_f = reinterpret_cast<const float4*>(xs_b + size_t(S) * 8 * NT * 32);
-  [[maybe_unused]] const int4* const xs_i = reinterpret_cast<const int4*>(xs_f + size_t(S) * 8 * NT * 4);
+  [[maybe_unused]] uint2* const xs_b = reinterpret_cast<uint2*>(xs);
+  [[maybe_unused]] float4* const xs_f = reinterpret_cast<float4*>(xs_b + size_t(S) * 8 * NT * 32);
+  [[maybe_unused]] int4* const xs_i = reinterpret_cast<int4*>(xs_f + size_t(S) * 8 * NT * 4);
   // NormIn (T = 1): after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested
   // before griddep_wait (prefetch_norm).
   float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S) * ROWS);
@@ -613,8 +436,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       long long s0 = 0, s1 = S;
       if (B1 - B0 < S && B0 % S <= (B1 - 1) % S) s0 = B0 % S, s1 = (B1 - 1) % S + 1;
       const size_t per = size_t(8) * NT;  // (group, n8 tile) fragments of a super-block
-      auto copy = [&](const void* dst, const void* src, size_t unit) {  // unit: bytes a fragment
-        uint8_t* d = reinterpret_cast<uint8_t*>(const_cast<void*>(dst)) + size_t(s0) * per * unit;
+      auto copy = [&](void* dst, const void* src, size_t unit) {  // unit: bytes a fragment
+        uint8_t* d = static_cast<uint8_t*>(dst) + size_t(s0) * per * unit;
         const uint8_t* g = static_cast<const uint8_t*>(src) + size_t(s0) * per * unit;
         const size_t bytes = size_t(s1 - s0) * per * unit;
         for (size_t o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x) cpa_16(d + o, g + o);
