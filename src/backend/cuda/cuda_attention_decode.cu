@@ -393,20 +393,10 @@ __global__ void __launch_bounds__(D)
   out[(int64_t(t) * H + int64_t(kvh) * G + g) * D + d] = r;
 }
 
-int sm_count() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return sms;
-}
-
 // Splits for `blocks` (token, kv head) rows: one wave of resident blocks in all, no split
 // shorter than kMinSplitPositions at full capacity.
 int tc_splits(int64_t blocks, int64_t cap, int per_sm) {
-  const int64_t want = int64_t(sm_count()) * per_sm / std::max<int64_t>(blocks, 1);
+  const int64_t want = int64_t(dev_info().sms) * per_sm / std::max<int64_t>(blocks, 1);
   const int64_t limit = std::max<int64_t>(1, cap / kMinSplitPositions);
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, limit)));
 }

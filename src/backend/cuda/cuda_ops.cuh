@@ -72,6 +72,22 @@ template <typename... A>
 
 namespace qwen36::cuda {
 
+struct DevInfo {
+  int sms = 0, smem_optin = 0;
+};
+// The current device's SM count and opt-in shared memory per block, cached per device.
+inline DevInfo dev_info() {
+  static DevInfo cache[16];
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  DevInfo& d = cache[dev & 15];
+  if (d.sms == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return d;
+}
+
 struct ExpertTable {
   std::vector<const void*> host;  // [gate, up, down] per expert, to detect a reused span address
   void* dev = nullptr;

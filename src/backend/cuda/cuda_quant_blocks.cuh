@@ -1,6 +1,6 @@
 #pragma once
 // defines (file-local to each .cu that includes it): the GGUF block readers of the CUDA
-// quantized path and dev_info (SM count, opt-in shared memory) —
+// quantized path —
 // QType<D> (block size, element count, per-block decoding), word loads of a
 // given alignment, and with_quant_type (the runtime dtype → compile-time dispatch) — shared by
 // the GEMV / dequantization kernels (cuda_quant_matmul.cu) and the synthetic-weight generator
@@ -355,22 +355,6 @@ bool with_quant_type(DType t, F&& f) {
     case DType::IQ4_XS: f(std::integral_constant<DType, DType::IQ4_XS>{}); return true;
     default: return false;
   }
-}
-
-struct DevInfo {
-  int sms = 0, smem_optin = 0;
-};
-// The current device's SM count and opt-in shared memory per block, cached per device.
-inline DevInfo dev_info() {
-  static DevInfo cache[16];
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  DevInfo& d = cache[dev & 15];
-  if (d.sms == 0) {
-    CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  }
-  return d;
 }
 
 }  // namespace

@@ -151,8 +151,15 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
   float y[4][4];
   if constexpr (D == DType::Q4_K_T16 || D == DType::Q6_K_T16) {
     const uint4 v = lds4(tile + 512 * (jj >> 1) + 16 * lane);
-    const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
-    uint32_t c[4] = {X & 0x0F0F0F0Fu, Y & 0x0F0F0F0Fu, (X >> 4) & 0x0F0F0F0Fu, (Y >> 4) & 0x0F0F0F0Fu};
+    uint32_t c[4];
+    if constexpr (D == DType::Q4_K_T16) {  // group jj's codes in the nibble of its parity (TileLayout)
+      const int sh = 4 * (jj & 1);
+      c[0] = (v.x >> sh) & 0x0F0F0F0Fu, c[1] = (v.y >> sh) & 0x0F0F0F0Fu;
+      c[2] = (v.z >> sh) & 0x0F0F0F0Fu, c[3] = (v.w >> sh) & 0x0F0F0F0Fu;
+    } else {
+      const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+      c[0] = X & 0x0F0F0F0Fu, c[1] = Y & 0x0F0F0F0Fu, c[2] = (X >> 4) & 0x0F0F0F0Fu, c[3] = (Y >> 4) & 0x0F0F0F0Fu;
+    }
     if constexpr (D == DType::Q4_K_T16) {
       const float2 s0 = tab[g * kTabStride + jj], s1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll

@@ -13,20 +13,23 @@
 //    fragments (m16n8k32, u8 / s8; g = lane / 4, t = lane % 4: a0 = row g, k 4t..4t+3; a1 = row
 //    g + 8, same k; a2, a3 = the same at k + 16). Load i of lane L reads tile + 512 i + 16 L:
 //    every warp load is 512 contiguous bytes.
-//      Q4_K (2304 B): 4 loads of codes, words X, Y of k32 groups 2i, 2i + 1 (rows g, g + 8); X's
-//        low nibbles are a0, its high nibbles a2 (3 ops per 8 weights); then the 16 rows' GGUF
-//        headers (d, dmin, 12 scale bytes), unchanged.
-//      Q6_K (3360 B): the low 4 bits as Q4_K (2048 B); 2 loads of high-bit words H (group j =
+//      Q4_K (2304 B): 4 loads of codes; load i's words are a0, a1, a2, a3 of k32 group 2i in
+//        their low nibbles and of group 2i + 1 in their high ones, so each fragment is one AND
+//        (the odd group's as 16·q in place, its scale divided by 16 in the warp's table: exact;
+//        3 ops per 8 weights before, when a word held a0 and a2 of one group); then the 16 rows'
+//        GGUF headers (d, dmin, 12 scale bytes), unchanged.
+//      Q6_K (3360 B): 4 loads of the low 4 bits, words X, Y of k32 groups 2i, 2i + 1 (rows g,
+//        g + 8), X's low nibbles a0, its high nibbles a2; 2 loads of high-bit words H (group j =
 //        4i + word; bits 0-1 / 2-3 / 4-5 / 6-7 of byte b: the high bits of byte b of a0 / a1 /
 //        a2 / a3); the 16 rows' int8 scales (16 each); the 16 rows' f16 d.
 //      Q8_0 (4352 B): 8 loads, one k32 group each, {a0, a1, a2, a3} as int8; then the f16 d of
 //        the 16 rows' 8 blocks ([row][block]).
-//      W4_G128 (2176 B, the 32 blocks' bytes): the codes as Q4_K; then per row the two groups'
-//        16-bit scales, integer zeros and scale kinds (cuda_quant_tiles.cuh). Its A fragments
+//      W4_G128 (2176 B, the 32 blocks' bytes): the codes as Q6_K's low bits; then per row the two
+//        groups' 16-bit scales, integer zeros and scale kinds (cuda_quant_tiles.cuh). Its A fragments
 //        are s8 code − zero (3 integer operations a word), so a group is one s8 MMA and one scale as
 //        Q8_0's: the products Σ (q − z) · x are exact, the scale applied in f32.
-//      W4_G32 (2560 B, the 128 blocks' bytes): the codes as Q4_K (a block's code bytes as they
-//        stand); per row and half tile the 4 groups' scales, zeros and kinds. Computed as Q4_K,
+//      W4_G32 (2560 B, the 128 blocks' bytes): the codes as Q6_K's low bits (a block's code bytes
+//        as they stand); per row and half tile the 4 groups' scales, zeros and kinds. Computed as Q4_K,
 //        (S, M) = (s, s · z) per (row, group) in the warp's table.
 //      NVFP4_B64 (2560 B, the 64 blocks' bytes): e2m1 codes arranged as prmt selectors, then per
 //        row and half tile 8 e4m3 16-group scales and 2 f32 global scales (cuda_quant_tiles.cuh).

@@ -189,7 +189,9 @@ __device__ __forceinline__ void store_table(const float2 (&v)[4], int lane, floa
   __syncwarp();
 }
 
-// Q4_K: the tile's (S, M) = (d·sc, dmin·m).
+// Q4_K: the tile's (S, M) = (d·sc, dmin·m), S of the odd groups divided by 16: their A
+// fragments are the codes' high nibbles in place, 16·q (a_frags), so (S / 16) · (x · 16c) is
+// S · (x · c) exactly (powers of two), and every epilogue computes what it computes with q.
 __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
   const bool up = lane >= 16;
   const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
@@ -198,7 +200,7 @@ __device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab)
   float2 sm[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    sm[i] = make_float2(d * float((sc4 >> (8 * i)) & 255u), dmin * float((m4 >> (8 * i)) & 255u));
+    sm[i] = make_float2(d * float((sc4 >> (8 * i)) & 255u) * (i & 1 ? 0.0625f : 1.0f), dmin * float((m4 >> (8 * i)) & 255u));
   store_table(sm, lane, tab);
 }
 
@@ -221,7 +223,7 @@ __device__ __forceinline__ void nvfp4_table(const uint4& h, int lane, float2* ta
   store_table(s, lane, tab);
 }
 
-// The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q4_K, Q6_K,
+// The low 4 bits of k32 group jj's A fragments from a nibble tile's code registers (Q6_K,
 // W4_G128, W4_G32: word X of rows g, Y of rows g + 8; low nibbles k 4t.., high nibbles k 16 + 4t..).
 __device__ __forceinline__ void nibble_frags(const uint4 (&q)[4], int jj, uint32_t& a0, uint32_t& a1, uint32_t& a2,
                                              uint32_t& a3) {
@@ -242,6 +244,12 @@ __device__ __forceinline__ void a_frags(const Raw<D>& R, int jj, uint32_t& a0, u
     const uint4& v = R.q[jj >> 1];
     const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
     a0 = nvfp4_frag(X), a1 = nvfp4_frag(Y), a2 = nvfp4_frag(X >> 16), a3 = nvfp4_frag(Y >> 16);
+  } else if constexpr (D == DType::Q4_K_T16) {
+    // Group 2i in the low nibbles of load i's words, 2i + 1 in the high ones (TileLayout): one
+    // AND a register; the odd group's fragments are 16·q (u8 ≤ 240), its S in the table S / 16.
+    const uint4& v = R.q[jj >> 1];
+    const uint32_t m = (jj & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+    a0 = v.x & m, a1 = v.y & m, a2 = v.z & m, a3 = v.w & m;
   } else {
     nibble_frags(R.q, jj, a0, a1, a2, a3);
     if constexpr (D == DType::Q6_K_T16) {

@@ -36,10 +36,10 @@ __device__ uint8_t tile_byte(const uint8_t* __restrict__ src, size_t rb, int r, 
   // Position of a code byte: load i, lane L = 4g + t, word w (X/Y of rows g / g + 8), byte b.
   const int i = off >> 9, L = (off >> 4) & 31, w = (off >> 2) & 3, b = off & 3, g = L >> 2, t = L & 3;
   if constexpr (D == DType::Q4_K_T16) {
-    if (off < 2048) {
-      const int row = 16 * r + g + 8 * (w & 1), j = 2 * i + (w >> 1), k = 32 * j + 4 * t + b;
+    if (off < 2048) {  // the low nibble of group 2i's weight, the high nibble of group 2i + 1's
+      const int row = 16 * r + g + 8 * (w & 1), k = 64 * i + 16 * (w >> 1) + 4 * t + b;
       const uint8_t* blk = src + size_t(row) * rb + size_t(s) * 144;
-      return uint8_t(q4k_code(blk, k) | q4k_code(blk, k + 16) << 4);
+      return uint8_t(q4k_code(blk, k) | q4k_code(blk, k + 32) << 4);
     }
     const int o = off - 2048;
     return src[size_t(16 * r + (o >> 4)) * rb + size_t(s) * 144 + (o & 15)];
@@ -253,10 +253,11 @@ __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O
           int sc, m;
           k_scale_min(h, jj, sc, m);
           const float d0 = d * float(sc), mm = dmin * float(m);
-          const uint32_t x = word(code[jj >> 1], 2 * (jj & 1) + hi);
-          auto q = [&](int sh) { return fmaf(d0, float((x >> sh) & 15u), -mm); };
-          store4(row + 32 * jj, q(0), q(8), q(16), q(24));
-          store4(row + 32 * jj + 16, q(4), q(12), q(20), q(28));
+          // the group's first and second 16 (words hi, 2 + hi), in the nibble of its parity
+          const uint32_t x0 = word(code[jj >> 1], hi) >> (4 * (jj & 1)), x1 = word(code[jj >> 1], 2 + hi) >> (4 * (jj & 1));
+          auto q = [&](uint32_t x, int sh) { return fmaf(d0, float((x >> sh) & 15u), -mm); };
+          store4(row + 32 * jj, q(x0, 0), q(x0, 8), q(x0, 16), q(x0, 24));
+          store4(row + 32 * jj + 16, q(x1, 0), q(x1, 8), q(x1, 16), q(x1, 24));
         }
       }
     } else {

@@ -7,8 +7,9 @@
 // that stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu,
 // cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
 //
-// q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table and dequant_tile compute
-// for a tile's (d·sc, dmin·m); the tile byte offsets name the literals of its tile_byte,
+// q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table (whose odd groups' d·sc is
+// divided by 16, exactly) and dequant_tile compute for a tile's (d·sc, dmin·m); the tile byte
+// offsets name the literals of its tile_byte,
 // dequant_tile and load_tile.
 
 #include <cstdint>
@@ -40,16 +41,16 @@ struct TileLayout<DType::Q8_0_T16> {
   static constexpr int kBytes = 4352;
   static constexpr int kD = 4096;  // [row][block] f16
 };
-// W4_G128 (AWQ / GPTQ group 128): the codes as Q4_K's (2048 B), then per row 8 bytes for the
-// tile's two groups (k 0..127, 128..255): their 16-bit scales s0, s1 (as stored), integer zeros
+// W4_G128 (AWQ / GPTQ group 128): the codes as Q6_K's low bits (2048 B), then per row 8 bytes for
+// the tile's two groups (k 0..127, 128..255): their 16-bit scales s0, s1 (as stored), integer zeros
 // z0, z1, and the scales' kinds (bit g: group g's scale is bf16, else f16), a zero byte.
 template <>
 struct TileLayout<DType::W4_G128_T16> {
   static constexpr int kBytes = 2176;
   static constexpr int kHeaders = 2048;  // [row] {u16 s0, u16 s1, u8 z0, u8 z1, u8 kinds, 0}
 };
-// W4_G32 (GPTQ / compressed-tensors int4 in groups of 32 or 64): the codes as Q4_K's (a block's 16
-// code bytes are the tile's bytes as they stand); then per row and half h of the tile (groups
+// W4_G32 (GPTQ / compressed-tensors int4 in groups of 32 or 64): the codes as Q6_K's low bits (a
+// block's 16 code bytes are the tile's bytes as they stand); then per row and half h of the tile (groups
 // 4h .. 4h + 3) 16 bytes: the 4 groups' 16-bit scales, their integer zeros, their scale kinds
 // (bit i: group 4h + i's scale is bf16, else f16) and 3 zero bytes. Computed as Q4_K: per
 // (row, group) (S, M) = (s, s · z) in the warp's table, w = S · q − M.
@@ -72,7 +73,8 @@ static_assert(TileLayout<DType::Q4_K_T16>::kBytes == 16 * 144 && TileLayout<DTyp
               TileLayout<DType::Q8_0_T16>::kBytes == 16 * 8 * 34 && TileLayout<DType::W4_G128_T16>::kBytes == 32 * 68 &&
               TileLayout<DType::NVFP4_B64_T16>::kBytes == 64 * 40 && TileLayout<DType::W4_G32_T16>::kBytes == 128 * 20);
 
-// Q4_K, W4_G128 and W4_G32 tiles hold their codes alike (4-bit, the same A-fragment order).
+// Q4_K, W4_G128 and W4_G32 tiles hold 4-bit codes (Q4_K two groups a load, the others as Q6_K's low
+// bits: TileLayout, cuda_quant_mma.cu's header).
 __host__ __device__ constexpr bool nibble_tile(DType t) {
   return t == DType::Q4_K_T16 || t == DType::W4_G128_T16 || t == DType::W4_G32_T16;
 }
