@@ -372,13 +372,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 // in all, when the capacity is large enough for the context to be worth cutting.
 int decode_splits(int64_t blocks, int64_t cap) {
   if (cap <= kSplitMinCapacity) return 1;
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  const int64_t want = (2 * int64_t(sms) + blocks - 1) / blocks;
+  const int64_t want = (2 * int64_t(dev_info().sms) + blocks - 1) / blocks;
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, cap / kMinSplitPositions)));
 }
 

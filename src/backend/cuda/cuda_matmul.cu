@@ -456,15 +456,6 @@ constexpr bool tile_weight() {
   return std::is_same_v<W, __nv_bfloat16> || std::is_same_v<W, __half>;
 }
 
-int gemv_sm_count() {
-  static int cache[16] = {};
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  int& n = cache[dev & 15];
-  if (n == 0) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 // Warps per block for `tasks` warp tasks (kTileRows weight rows each). More warps per block
 // share each chunk of x among more rows (less L2 traffic for the copies, fewer barriers per
 // row); but a block sweeps K as one, so a matrix too small for two 8-warp blocks per SM gets
@@ -473,7 +464,7 @@ int gemv_sm_count() {
 int tile_warps(int64_t tasks) {
   if (const char* e = std::getenv("QWEN36_GEMV_TILE_WARPS"); e && *e)
     return std::clamp(std::atoi(e), 1, kTileMaxWarps);
-  const int64_t two_per_sm = 2 * int64_t(gemv_sm_count());
+  const int64_t two_per_sm = 2 * int64_t(dev_info().sms);
   return int(std::clamp<int64_t>((tasks + two_per_sm - 1) / two_per_sm, 1, kTileAutoWarps));
 }
 

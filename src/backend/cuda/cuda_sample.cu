@@ -307,10 +307,7 @@ void sample_candidates(Ctx& c, Tensor& logits, std::span<const SampleRowParams> 
   // Balance chunk and merge (S ≈ sqrt(V / q)), but keep the grid to ~4 waves: a block holds
   // an SM (~100 registers × 512 threads), and many rows (R = 64) or a tiny q (greedy, k = 1:
   // sqrt(V / 2) ≈ 350 chunks a row) would otherwise launch thousands of near-empty blocks.
-  int dev = 0, sms = 132;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t s_fill = (4 * int64_t(sms) + R - 1) / R;
+  const int64_t s_fill = (4 * int64_t(dev_info().sms) + R - 1) / R;
   const int S = int(std::clamp<int64_t>(std::min<int64_t>(std::llround(std::sqrt(double(V) / q)), s_fill), s_min, s_max));
 
   Temp<SampleRowParams> d_rows(c, rows);
