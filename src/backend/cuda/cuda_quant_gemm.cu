@@ -152,15 +152,8 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
   if constexpr (D == DType::Q4_K_T16 || D == DType::Q6_K_T16) {
     const uint4 v = lds4(tile + 512 * (jj >> 1) + 16 * lane);
     uint32_t c[4];
-    if constexpr (D == DType::Q4_K_T16) {  // group jj's codes in the nibble of its parity (TileLayout)
-      const int sh = 4 * (jj & 1);
-      c[0] = (v.x >> sh) & 0x0F0F0F0Fu, c[1] = (v.y >> sh) & 0x0F0F0F0Fu;
-      c[2] = (v.z >> sh) & 0x0F0F0F0Fu, c[3] = (v.w >> sh) & 0x0F0F0F0Fu;
-    } else {
-      const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
-      c[0] = X & 0x0F0F0F0Fu, c[1] = Y & 0x0F0F0F0Fu, c[2] = (X >> 4) & 0x0F0F0F0Fu, c[3] = (Y >> 4) & 0x0F0F0F0Fu;
-    }
     if constexpr (D == DType::Q4_K_T16) {
+      q4k_codes(v, jj, c);
       const float2 s0 = tab[g * kTabStride + jj], s1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -171,6 +164,9 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
         y[i][3] = fmaf(s.x, mag<3>(c[i]) - kMag, -s.y);
       }
     } else {
+      // The low 4 bits: words X, Y of groups jj (rows g, g + 8), low nibbles k 4t.., high k 16 + 4t..
+      const uint32_t X = (jj & 1) ? v.z : v.x, Y = (jj & 1) ? v.w : v.y;
+      c[0] = X & 0x0F0F0F0Fu, c[1] = Y & 0x0F0F0F0Fu, c[2] = (X >> 4) & 0x0F0F0F0Fu, c[3] = (Y >> 4) & 0x0F0F0F0Fu;
       // The high 2 bits (file header of cuda_quant_mma.cu): bits 0-1 / 2-3 / 4-5 / 6-7 of each
       // byte of H belong to c[0] / c[1] / c[2] / c[3].
       const uint4 hb = lds4(tile + TileLayout<D>::kHigh + 512 * (jj >> 2) + 16 * lane);

@@ -253,11 +253,11 @@ __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ tile, O
           int sc, m;
           k_scale_min(h, jj, sc, m);
           const float d0 = d * float(sc), mm = dmin * float(m);
-          // the group's first and second 16 (words hi, 2 + hi), in the nibble of its parity
-          const uint32_t x0 = word(code[jj >> 1], hi) >> (4 * (jj & 1)), x1 = word(code[jj >> 1], 2 + hi) >> (4 * (jj & 1));
+          uint32_t cq[4];  // the group's first 16 in cq[hi], its second in cq[2 + hi]
+          q4k_codes(code[jj >> 1], jj, cq);
           auto q = [&](uint32_t x, int sh) { return fmaf(d0, float((x >> sh) & 15u), -mm); };
-          store4(row + 32 * jj, q(x0, 0), q(x0, 8), q(x0, 16), q(x0, 24));
-          store4(row + 32 * jj + 16, q(x1, 0), q(x1, 8), q(x1, 16), q(x1, 24));
+          store4(row + 32 * jj, q(cq[hi], 0), q(cq[hi], 8), q(cq[hi], 16), q(cq[hi], 24));
+          store4(row + 32 * jj + 16, q(cq[2 + hi], 0), q(cq[2 + hi], 8), q(cq[2 + hi], 16), q(cq[2 + hi], 24));
         }
       }
     } else {

@@ -3,8 +3,8 @@
 // quantized matrices (DTypes *_T16; the layout is described in the header of cuda_quant_mma.cu)
 // as named offsets, the runtime tiled dtype → compile-time dispatch (with_tiled_dtype: every
 // tiled type; with_gguf_tiled_dtype: the three GGUF ones, which the T > 64 GEMM of
-// cuda_quant_gemm.cu takes), the per-type header decoders, and the cp.async helpers of kernels
-// that stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu,
+// cuda_quant_gemm.cu takes), the per-type header decoders (and Q4_K's codes), and the cp.async
+// helpers of kernels that stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu,
 // cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
 //
 // q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table (whose odd groups' d·sc is
@@ -112,6 +112,15 @@ __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_gro
 template <int N>
 __device__ __forceinline__ void cpa_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Q4_K: k32 group jj's codes (0..15, a byte each) from load jj / 2 of a tile, v: group jj in the
+// nibble of its parity of every word (TileLayout); c[0..3] are a0..a3's codes (rows g, g + 8; k
+// 4t.. and 16 + 4t..). The dequantizers' reading; the GEMMs' a_frags masks without the shift.
+__device__ __forceinline__ void q4k_codes(const uint4& v, int jj, uint32_t (&c)[4]) {
+  const int sh = 4 * (jj & 1);
+  c[0] = (v.x >> sh) & 0x0F0F0F0Fu, c[1] = (v.y >> sh) & 0x0F0F0F0Fu;
+  c[2] = (v.z >> sh) & 0x0F0F0F0Fu, c[3] = (v.w >> sh) & 0x0F0F0F0Fu;
 }
 
 // Q4_K: from the 16-byte header h of one row (d | dmin, 12 scale bytes), the (d·sc, dmin·m) of
