@@ -87,6 +87,16 @@ class Backend {
   // ---- memory ----
   virtual std::unique_ptr<DeviceBuffer> alloc(size_t bytes) = 0;  // zero-filled
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
+  // copy_to_host without waiting: queued on the ops' stream after the ops queued before it,
+  // returning a ticket at once; wait_download(ticket) returns once that download and every
+  // earlier one has landed in its dst (which must stay valid until then). A host loop can so
+  // read step n's results while step n + 1 runs (Model::decode_greedy). The default (a host
+  // backend) copies at once.
+  virtual uint64_t download(const Tensor& src, void* dst) {
+    copy_to_host(src, dst);
+    return 0;
+  }
+  virtual void wait_download(uint64_t ticket) { (void)ticket; }
   virtual void copy_from_host(const void* src, Tensor& dst) = 0;
   virtual void fill_zero(Tensor& t) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same dtype and element count

@@ -2,9 +2,9 @@
 //
 //   qwen36 bench --synthetic qwen3.6-27b --type bf16 --backend cuda -p 512,4096 -n 128 -b 1,8
 //
-// Tests: ppN = one forward over N prompt tokens (after -d tokens of context); tgN = N decode
-// steps; with -b B, B sequences decode together (one ForwardBatch of B one-token runs), and
-// the aggregate tok/s is reported. Ceilings, measured in the same run:
+// Tests: ppN = one forward over N prompt tokens (after -d tokens of context); tgN = N greedy
+// decode steps as `qwen36 run` takes them (Model::decode_greedy); with -b B, B sequences decode
+// together (B one-token runs a step), and the aggregate tok/s is reported. Ceilings, measured in the same run:
 //  - decode: bytes read per step (weights actually touched + KV cache + DeltaNet state read
 //    and written) × steps/s = GB/s, against the device-to-device copy bandwidth (CUDA) or the
 //    host memory read bandwidth (CPU);
@@ -368,31 +368,20 @@ void run_bench(const BenchOptions& o) {
       std::vector<double> v;
       for (int r = 0; r <= o.repeats; ++r) {
         for (int32_t s = 0; s < int32_t(B); ++s) fill_depth(s);
-        ForwardBatch fb;
-        fb.tokens = random_tokens(B);
-        for (int32_t s = 0; s < int32_t(B); ++s) {
-          fb.runs.push_back({s, int32_t(o.depth), s, 1});
-          fb.output_rows.push_back(s);
-        }
-        // Greedy on the backend (Model::forward_sample, temperature 0): each row's argmax comes
-        // to the host, not its logits.
-        std::vector<int32_t> next(static_cast<size_t>(B));
-        SampleRequest greedy;
-        greedy.rows.assign(size_t(B), SampleRowParams{});
-        greedy.k = 1;
-        greedy.take = [&](int32_t row, const SampleCandidates& cand) {
-          next[size_t(row)] = cand.ids[0];
-          return true;
-        };
-        greedy.full_logits = logits.data();
+        const std::vector<int32_t> first = random_tokens(B);
+        std::vector<SeqRun> runs;
+        for (int32_t s = 0; s < int32_t(B); ++s) runs.push_back({s, int32_t(o.depth), s, 1});
+        // Greedy as `qwen36 run` decodes (Model::decode_greedy): each step's argmax stays on the
+        // backend for the next step, and the host reads it one step behind.
+        int64_t steps_seen = 0;
         sync();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < n; ++i) {
-          for (auto& run : fb.runs) run.pos0 = int32_t(o.depth + i);
-          model.forward_sample(fb, *state_ptr, greedy);
-          fb.tokens = next;
-        }
+        model.decode_greedy(first, runs, *state_ptr, n, [&](int64_t, std::span<const int32_t>) {
+          ++steps_seen;
+          return true;
+        });
         sync();
+        QWEN36_CHECK(steps_seen == n, "bench: {} of {} decode steps reported", steps_seen, n);
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) v.push_back(double(n * B) / t);
       }

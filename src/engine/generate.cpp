@@ -58,26 +58,49 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
   auto t1 = clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  int32_t pos = int32_t(prompt.size());
+  int32_t pos = int32_t(prompt.size());  // where the next decode step writes
   res.stop_reason = "length";
-  while (int32_t(res.tokens.size()) < opts.max_tokens) {
-    if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), tok) != opts.stop_ids.end()) {
+  // Takes the next token; false: generation ends (stop_reason says why).
+  auto take = [&](int32_t t) {
+    if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), t) != opts.stop_ids.end()) {
       res.stop_reason = "eos";
-      break;
+      return false;
     }
-    res.tokens.push_back(tok);
-    history.push_back(tok);
-    if (on_token && !on_token(tok)) {
+    res.tokens.push_back(t);
+    history.push_back(t);
+    if (on_token && !on_token(t)) {
       res.stop_reason = "cancelled";
-      break;
+      return false;
     }
-    if (int32_t(res.tokens.size()) == opts.max_tokens) break;
+    if (int32_t(res.tokens.size()) == opts.max_tokens) return false;
     if (pos + 1 >= state.capacity()) {
       res.stop_reason = "context";
-      break;
+      return false;
     }
-    const int32_t one[1] = {tok};
-    tok = forward_sample(ForwardBatch::single(one, pos++, slot));
+    return true;
+  };
+  const SamplingParams& sp = opts.sampling;
+  const bool argmax = sp.temperature == 0 && sp.repetition_penalty == 1 && sp.presence_penalty == 0 &&
+                      sp.frequency_penalty == 0;
+  if (opts.max_tokens > 0 && take(tok)) {
+    if (argmax) {
+      // The tokens stay on the backend from step to step (Model::decode_greedy); on_token hears
+      // of each one step later than the backend has it, and an end found there leaves at most
+      // one step more run in the slot (reset by the next generate).
+      const int32_t p0 = pos;
+      const int64_t steps = std::min<int64_t>(opts.max_tokens - int64_t(res.tokens.size()), state.capacity() - 1 - p0);
+      const SeqRun run{slot, p0, 0, 1};
+      model.decode_greedy(std::span(&tok, 1), std::span(&run, 1), state, steps,
+                          [&](int64_t j, std::span<const int32_t> ids) {
+                            pos = p0 + int32_t(j) + 1;
+                            return take(ids[0]);
+                          });
+    } else {
+      do {
+        const int32_t one[1] = {tok};
+        tok = forward_sample(ForwardBatch::single(one, pos++, slot));
+      } while (take(tok));
+    }
   }
   res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   return res;

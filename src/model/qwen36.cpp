@@ -424,7 +424,7 @@ void Model::replay_or_record(uint64_t key, int seen, const std::function<void()>
 // tables (an op that would need the host instead drops the recording: the step runs eagerly).
 // Returns false when the step must run the ordinary way.
 bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                        SampleRequest* sample, const VerifySave* verify) {
+                        SampleRequest* sample, const VerifySave* verify, Tensor* chain) {
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
   // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
@@ -449,6 +449,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     }
   }
   key.mix(uint64_t(logits != nullptr || sample != nullptr));  // the same recording serves both
+  key.mix(chain ? reinterpret_cast<uintptr_t>(chain->data) : 0);
   key.mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
@@ -458,13 +459,18 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
       for (const Tensor* t : {&state.spec_conv_input(i), &state.spec_g(i), &state.spec_beta(i)}) key.mix(*t);
   }
   const int seen = ws_->seen[key.value]++;
-  if (seen == 0 || !ws_->buf) return false;  // first sight: eager (fills the backend's caches)
+  // First sight: eager (fills the backend's caches): forward_rank's ops, or a chained step's here.
+  const bool eager = seen == 0 || !ws_->buf;
+  if (eager && !chain) return false;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
   Tensor sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
   auto run = [&] {
     r.has_pending = false;
-    backend_.embed(w_.embed_tokens, batch.tokens, r.h);
+    if (chain)
+      backend_.embed_ids(w_.embed_tokens, *chain, r.h);
+    else
+      backend_.embed(w_.embed_tokens, batch.tokens, r.h);
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const bool attn = c.layer_kinds[size_t(i)] == LayerKind::FullAttention;
       Scratch layer_scratch(backend_, *ws_);
@@ -478,9 +484,13 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     finish(r);
     backend_.get_rows(r.h, batch.output_rows, sel);
     backend_.rms_norm(sel, w_.final_norm, c.rms_norm_eps, sel);
-    if (logits || sample) backend_.matmul(sel, w_.lm_head, out);
+    if (logits || sample || chain) backend_.matmul(sel, w_.lm_head, out);
+    if (chain) backend_.argmax_rows(out, *chain);
   };
-  replay_or_record(key.value, seen, run);
+  if (eager)
+    run();
+  else
+    replay_or_record(key.value, seen, run);
   if (hidden) backend_.copy_to_host(sel, hidden);
   // Sampling runs after the replay, not inside it: its penalty tables change every step.
   if (sample)

@@ -166,6 +166,17 @@ class Model {
   void mtp_draft_greedy(std::span<const float> hidden, std::span<const int32_t> next_tokens,
                         std::span<const SeqRun> runs, ModelState& state, int32_t steps, int32_t* drafts);
 
+  // Greedy decoding (every token the argmax, lowest id on ties: temperature 0, no penalties) of
+  // a batch of one-token runs for `steps` steps: step j runs `runs` at pos0 + j, step 0 on
+  // `tokens` (one per run, in run order), a later step on the previous step's tokens. On a
+  // backend that records decode steps the tokens stay on the backend from step to step, and
+  // step j + 1 is queued before the host reads step j's: on_step(j, tokens) is called for
+  // every step in order, one step behind the backend, and returning false ends the call with
+  // at most that one step more run (its cache rows and state written). Without recordings
+  // (a host backend, tensor-parallel peers, host experts) each step waits for its tokens.
+  void decode_greedy(std::span<const int32_t> tokens, std::span<const SeqRun> runs, ModelState& state,
+                     int64_t steps, const std::function<bool(int64_t, std::span<const int32_t>)>& on_step);
+
  private:
   class Scratch;
   // A verify batch's runs, split, and where a DeltaNet layer saves its verify runs' inputs
@@ -275,8 +286,10 @@ class Model {
   // req; refused rows' logits to req.full_logits.
   void sample_rows(Tensor& logits, SampleRequest& req, bool on_host);
 
+  // chain (decode_greedy): the step's tokens are read from chain (I32, backend memory), and
+  // its output rows' argmax ids written back there; the step runs even at its first sight.
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                   SampleRequest* sample = nullptr, const VerifySave* verify = nullptr);
+                   SampleRequest* sample = nullptr, const VerifySave* verify = nullptr, Tensor* chain = nullptr);
   void replay_or_record(uint64_t key, int seen, const std::function<void()>& run);
   // chain: no commit has a tree path (every run's rows are its slot's first `keep`).
   void commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
@@ -347,6 +360,7 @@ class Model {
   std::shared_ptr<ModelPeers> peers_;
   struct Workspace;
   std::shared_ptr<Workspace> ws_;  // activation memory reused across forward passes
+  std::shared_ptr<DeviceBuffer> chain_ids_;  // decode_greedy's tokens (one address: recordings read it)
 };
 
 }  // namespace qwen36

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
+#include "common/greedy_chain_check.h"
 #include "common/mtp_draft_check.h"
 #include "engine/generate.h"
 #include "engine/spec/spec_generate.h"
@@ -76,6 +77,11 @@ TEST_P(CudaSpec, DeviceChainDraftsEqualMtpForward) {
 // DDTree rounds (DFlash drafts, tree verify through CUDA's ancestor-mask attention and the
 // composed DeltaNet tree ops, the path commit moving bf16 K/V rows): greedy output equals plain
 // greedy decoding, as on the CPU. The DFlash fixture drafts for dense-mtp only.
+// Greedy decoding chained on the device (Model::decode_greedy: the step's recording embeds the
+// tokens the last step's argmax left, the host reads them one step behind) against the
+// step-by-step loop's tokens and states (tests/common/greedy_chain_check.h).
+TEST_P(CudaSpec, GreedyChainEqualsStepwise) { test::expect_greedy_chain_equals_stepwise(*model_, *backend_, GetParam()); }
+
 TEST_P(CudaSpec, TreeDraftingEqualsPlainGreedy) {
   if (GetParam() != "dense-mtp") GTEST_SKIP() << "the DFlash fixture drafts for dense-mtp";
   GenerateOptions g;

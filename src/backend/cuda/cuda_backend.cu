@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -342,6 +343,11 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
+    for (auto* q : {&downloads_, &idle_downloads_})
+      for (const PendingDownload& d : *q) {
+        cudaFreeHost(d.pinned);
+        cudaEventDestroy(d.done);
+      }
     if (signal_) cudaFreeHost(signal_);
     if (profile_) print_profile();
     drop_graphs();
@@ -365,6 +371,33 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     if (profile_) collect_profile();
+  }
+  // Each download lands in a page-locked slot of its own (cudaMemcpyAsync into pageable memory
+  // would wait for the stream) and is copied to dst by wait_download.
+  uint64_t download(const Tensor& src, void* dst) override {
+    QWEN36_CHECK(!ctx_.capturing, "download cannot be recorded");
+    PendingDownload d;
+    if (!idle_downloads_.empty()) d = idle_downloads_.back(), idle_downloads_.pop_back();
+    if (!d.done) CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+    if (d.cap < src.nbytes()) {
+      if (d.pinned) CUDA_CHECK(cudaFreeHost(d.pinned));
+      d.cap = std::max<size_t>(src.nbytes(), 4096);
+      CUDA_CHECK(cudaMallocHost(&d.pinned, d.cap));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d.pinned, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_.stream));
+    CUDA_CHECK(cudaEventRecord(d.done, ctx_.stream));
+    d.ticket = ++download_tickets_, d.dst = dst, d.bytes = src.nbytes();
+    downloads_.push_back(d);
+    return d.ticket;
+  }
+  void wait_download(uint64_t ticket) override {
+    while (!downloads_.empty() && downloads_.front().ticket <= ticket) {
+      PendingDownload d = downloads_.front();
+      downloads_.pop_front();
+      CUDA_CHECK(cudaEventSynchronize(d.done));
+      std::memcpy(d.dst, d.pinned, d.bytes);
+      idle_downloads_.push_back(d);
+    }
   }
   void copy_from_host(const void* src, Tensor& dst) override {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, ctx_.stream));
@@ -814,6 +847,15 @@ class CudaBackend final : public Backend {
   std::vector<size_t> batch_bytes_;
   cuda::HostBounce bounce_;      // upload()'s path for large pageable ranges
   std::atomic<uint64_t>* signal_ = nullptr;  // host_signal(): page-locked, mapped
+  struct PendingDownload {  // download(): its page-locked slot and the event after its copy
+    uint64_t ticket = 0;
+    cudaEvent_t done = nullptr;
+    void* pinned = nullptr;
+    size_t cap = 0, bytes = 0;
+    void* dst = nullptr;
+  };
+  std::deque<PendingDownload> downloads_, idle_downloads_;  // queued (in ticket order); reusable
+  uint64_t download_tickets_ = 0;
   const unsigned long long* signal_dev_ = nullptr;
 };
 
