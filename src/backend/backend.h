@@ -88,10 +88,11 @@ class Backend {
   virtual std::unique_ptr<DeviceBuffer> alloc(size_t bytes) = 0;  // zero-filled
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   // copy_to_host without waiting: queued on the ops' stream after the ops queued before it,
-  // returning a ticket at once; wait_download(ticket) returns once that download and every
-  // earlier one has landed in its dst (which must stay valid until then). A host loop can so
-  // read step n's results while step n + 1 runs (Model::decode_greedy). The default (a host
-  // backend) copies at once.
+  // returning a ticket at once; wait_download(ticket) returns once that download has landed in
+  // its dst, which must stay valid until then. A download that is never waited for never
+  // writes its dst (an exception between the two leaves nothing behind). A host loop can so read
+  // step n's results while step n + 1 runs (Model::decode_greedy). The default (a host backend)
+  // copies at once.
   virtual uint64_t download(const Tensor& src, void* dst) {
     copy_to_host(src, dst);
     return 0;

@@ -74,10 +74,7 @@ void Model::decode_greedy(std::span<const int32_t> tokens, std::span<const SeqRu
     ticket[j % 2] = backend_.download(ids, host[j % 2].data());
     if (j > 0) {
       backend_.wait_download(ticket[(j - 1) % 2]);
-      if (!on_step(j - 1, host[(j - 1) % 2])) {
-        backend_.wait_download(ticket[j % 2]);  // nothing may land in `host` after the return
-        return;
-      }
+      if (!on_step(j - 1, host[(j - 1) % 2])) return;  // step j's download is never read
     }
   }
   backend_.wait_download(ticket[(steps - 1) % 2]);

@@ -311,7 +311,7 @@ void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<cons
   Tensor sel = s.f32({n, c.hidden_size});
   backend_.get_rows(h, rows, sel);
   backend_.rms_norm(sel, norm, c.rms_norm_eps, sel);
-  if (hidden) backend_.copy_to_host(sel, hidden);
+  const uint64_t hidden_copy = hidden ? backend_.download(sel, hidden) : 0;  // one wait with the logits
   if (logits || sample) {
     Tensor out = s.f32({n, c.vocab_size});
     backend_.matmul(sel, w_.lm_head, out);
@@ -320,6 +320,7 @@ void Model::head(Scratch& s, const Tensor& h, const Tensor& norm, std::span<cons
     else
       backend_.copy_to_host(out, logits);
   }
+  if (hidden) backend_.wait_download(hidden_copy);
 }
 
 void Model::sample_rows(Tensor& logits, SampleRequest& req, bool on_host) {
@@ -491,12 +492,14 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     run();
   else
     replay_or_record(key.value, seen, run);
-  if (hidden) backend_.copy_to_host(sel, hidden);
+  // The hidden rows come with the logits or candidates: one wait for the host, not two.
+  const uint64_t hidden_copy = hidden ? backend_.download(sel, hidden) : 0;
   // Sampling runs after the replay, not inside it: its penalty tables change every step.
   if (sample)
     sample_rows(out, *sample, /*on_host=*/false);
   else if (logits)
     backend_.copy_to_host(out, logits);
+  if (hidden) backend_.wait_download(hidden_copy);
   return true;
 }
 

@@ -373,7 +373,8 @@ class CudaBackend final : public Backend {
     if (profile_) collect_profile();
   }
   // Each download lands in a page-locked slot of its own (cudaMemcpyAsync into pageable memory
-  // would wait for the stream) and is copied to dst by wait_download.
+  // would wait for the stream) and is copied to dst by wait_download; slots of earlier tickets
+  // never waited for are recycled then, uncopied.
   uint64_t download(const Tensor& src, void* dst) override {
     QWEN36_CHECK(!ctx_.capturing, "download cannot be recorded");
     PendingDownload d;
@@ -395,7 +396,7 @@ class CudaBackend final : public Backend {
       PendingDownload d = downloads_.front();
       downloads_.pop_front();
       CUDA_CHECK(cudaEventSynchronize(d.done));
-      std::memcpy(d.dst, d.pinned, d.bytes);
+      if (d.ticket == ticket) std::memcpy(d.dst, d.pinned, d.bytes);
       idle_downloads_.push_back(d);
     }
   }
