@@ -42,6 +42,8 @@ constexpr int kHeads = 8;     // query heads per kv head served (the n of the PÂ
 constexpr int kMaxWarps = 8;
 constexpr int kMaxSplits = 128;
 constexpr int kMinSplitPositions = 256;  // at full capacity, no split is shorter than this
+constexpr int kFacCols = kMaxWarps + 2;  // the merge's static table per head: each warp's weight, L, M
+constexpr size_t kStaticSmem = size_t(kHeads) * kFacCols * sizeof(float);
 
 template <int D, KvKind K>
 struct Cfg {
@@ -305,19 +307,34 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     }
   }
   __syncthreads();
+  // Each head's weight per warp, f = 2^(m_w âˆ’ M) (0 for a warp without positions), its sum L and
+  // max M, once per head (they were recomputed for every output: ~60% of a short context's
+  // instructions, ncu); the outputs then take a load and an FFMA per warp, the same products
+  // summed in the same order.
+  __shared__ float fac[kHeads][kFacCols];  // [g][w] f, [g][nwarps] L, [g][nwarps + 1] M
+  if (int(threadIdx.x) < G) {
+    const int g = int(threadIdx.x);
+    float M = -INFINITY;
+    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes)[g]);
+    float L = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      const float* pw = reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes);
+      const float f = pw[g] == -INFINITY ? 0.0f : exp2f(pw[g] - M);
+      fac[g][w] = f;
+      L += pw[kHeads + g] * f;
+    }
+    fac[g][nwarps] = L;
+    fac[g][nwarps + 1] = M;
+  }
+  __syncthreads();
   const bool single = nsplit == 1;
   float* pp = single ? nullptr : part + ((int64_t(blockIdx.x) * KVH + kvh) * nsplit + split) * int64_t(G) * (D + 2);
   for (int i = int(threadIdx.x); i < G * D; i += int(blockDim.x)) {
     const int g = i / D, d = i % D;
-    float M = -INFINITY;
-    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes)[g]);
-    float L = 0, O = 0;
-    for (int w = 0; w < nwarps; ++w) {
-      const float* pw = reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes);
-      const float f = pw[g] == -INFINITY ? 0.0f : exp2f(pw[g] - M);  // a warp without positions
-      L += pw[kHeads + g] * f;
-      O += pw[2 * kHeads + g * D + d] * f;
-    }
+    const float L = fac[g][nwarps], M = fac[g][nwarps + 1];
+    float O = 0;
+    for (int w = 0; w < nwarps; ++w)
+      O += reinterpret_cast<const float*>(smem + C::kQBytes + w * wbytes)[2 * kHeads + g * D + d] * fac[g][w];
     if (!single) {
       if (d == 0) {
         pp[g] = M;
@@ -418,11 +435,12 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     Plan p{C::kPreferredStages, C::kWarps, 1, 0};
-    while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nst > 2) --p.nst;
-    while (C::block_bytes(p.nst, p.nwarps) > size_t(optin) && p.nwarps > 1) --p.nwarps;
+    const size_t room = size_t(optin) - kStaticSmem;  // the dynamic part's share
+    while (C::block_bytes(p.nst, p.nwarps) > room && p.nst > 2) --p.nst;
+    while (C::block_bytes(p.nst, p.nwarps) > room && p.nwarps > 1) --p.nwarps;
     p.smem = C::block_bytes(p.nst, p.nwarps);
-    QWEN36_CHECK(p.smem <= size_t(optin), "attention decode: {} bytes of shared memory needed, the device has {}",
-                 p.smem, optin);
+    QWEN36_CHECK(p.smem <= room, "attention decode: {} bytes of shared memory needed, the device has {}",
+                 p.smem + kStaticSmem, optin);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p.per_sm, kernel, p.nwarps * 32, p.smem));
     p.per_sm = std::max(p.per_sm, 1);
