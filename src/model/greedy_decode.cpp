@@ -25,6 +25,8 @@ void Model::decode_greedy(std::span<const int32_t> tokens, std::span<const SeqRu
   for (int32_t t : tokens)
     QWEN36_CHECK(t >= 0 && t < w_.config.vocab_size, "decode_greedy: token {} is outside the vocabulary", t);
   if (steps <= 0) return;
+  QWEN36_CHECK(steps <= state.capacity(), "decode_greedy: {} steps do not fit a context of {}", steps,
+               state.capacity());
   check_runs(runs, R, state, int32_t(steps - 1));  // the last step writes position pos0 + steps − 1
 
   ForwardBatch batch;

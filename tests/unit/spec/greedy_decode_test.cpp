@@ -47,6 +47,7 @@ TEST(GreedyDecode, RefusesBadRuns) {
   EXPECT_THROW(model->decode_greedy(two, std::vector<SeqRun>{{0, 0, 0, 2}}, state, 2, never), Error);
   EXPECT_THROW(model->decode_greedy(std::vector<int32_t>{1, 512}, ok, state, 2, never), Error);  // vocabulary
   EXPECT_THROW(model->decode_greedy(two, ok, state, 17, never), Error);  // past the context of 16
+  EXPECT_THROW(model->decode_greedy(two, ok, state, int64_t(1) << 33, never), Error);
 }
 
 // generate() with temperature 0 (the chain) and with top_k = 1 at temperature 1 (the sampler's
