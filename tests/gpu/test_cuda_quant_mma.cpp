@@ -47,6 +47,8 @@ long long mma_pair_launches();
 // The same for QWEN36_MMA_XS ("on" | "off" | "auto"), and the XS launches made so far.
 void mma_select_xs(const char* xs);
 long long mma_xs_launches();
+// The launches of a one-token norm GEMM with f32 projections in its launch so far.
+long long mma_norm_gemv_launches();
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -790,6 +792,57 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
         same("mlp output", a.y, b.y);
       }
     }
+  }
+}
+
+// At one token, f32 projections of the norm's x (the MoE router and the shared expert's gate
+// logit, beside that expert's tiled gate / up) run in the norm GEMM's launch, on blocks that
+// compute the norm themselves (quant_tiled_matmul_norm_gemv): every output bitwise the composed
+// ops' (add_rms_norm, then matmul_multi's GEMV), the launch taken for the types it is built for
+// (W4_G128: the separate GEMV launch, the same values).
+TEST_F(CudaQuantMma, NormGemmWithF32ProjectionsBitwiseAsComposed) {
+  const int64_t K = 2048, I = 512;
+  for (DType dt : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128}) {
+    // the expert's gate and up as the model stores them: one stacked matrix (one GEMM group)
+    const DevT gu = upload_tiled(*gpu_, quantized(rng_, dt, 2 * I, K));
+    const DevT router = upload(*gpu_, random_t(rng_, DType::F32, {256, K}));
+    const DevT gate1 = upload(*gpu_, random_t(rng_, DType::F32, {1, K}));
+    const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
+    const HostT h = random_t(rng_, DType::F32, {1, K}), delta = random_t(rng_, DType::F32, {1, K});
+    const DevT dd = upload(*gpu_, delta);
+    struct Run {
+      DevT h2, x, logits, sg, ogu;
+    };
+    auto run = [&](bool fused) {
+      const DevT dh = upload(*gpu_, h);
+      Run r{upload(*gpu_, HostT(DType::F32, {1, K})), upload(*gpu_, HostT(DType::F32, {1, K})),
+            upload(*gpu_, HostT(DType::F32, {1, 256})), upload(*gpu_, HostT(DType::F32, {1, 1})),
+            upload(*gpu_, HostT(DType::F32, {1, 2 * I}))};
+      const Tensor* ws[] = {&router.t, &gate1.t, &gu.t};
+      Tensor* outs[] = {&r.logits.t, &r.sg.t, &r.ogu.t};
+      if (fused)
+        gpu_->add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+      else
+        gpu_->Backend::add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+      return r;
+    };
+    const long long before = cuda::mma_norm_gemv_launches();
+    const Run a = run(true);
+    const long long launched = cuda::mma_norm_gemv_launches() - before;
+    const Run b = run(false);
+    EXPECT_EQ(launched, dt == DType::W4_G128 ? 0 : 1) << dtype_name(dt);
+    auto same = [&](const char* what, const DevT& p, const DevT& q) {
+      const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
+      size_t diff = 0;
+      for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << ": " << diff << " of " << vp.size()
+                          << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
+    };
+    same("residual stream", a.h2, b.h2);
+    same("normalised x", a.x, b.x);
+    same("router logits", a.logits, b.logits);
+    same("shared gate logit", a.sg, b.sg);
+    same("gate / up projection", a.ogu, b.ogu);
   }
 }
 

@@ -409,6 +409,12 @@ struct NormIn {
 // memory would change the plain call's grid or warps per block).
 bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                              std::span<Tensor* const> outs);
+// The same at T = 1 with f32 projections of x (fws, fouts: the MoE router and shared expert gate)
+// in the GEMM's launch, on blocks of their own that compute the norm too: false (nothing done)
+// where that form does not apply (other types or shapes, no SM left beside the GEMM's blocks).
+bool quant_tiled_matmul_norm_gemv(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
+                                  std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
+                                  std::span<Tensor* const> fouts);
 size_t quant_act_bytes(int64_t T, int64_t K);
 void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
 // The layer forms of Backend::add_rms_norm_matmul_multi (add_rms_norm + matmul_multi) and

@@ -206,7 +206,8 @@ void launch_quantize(Ctx& c, const float* x, const float* up, int T, int K, uint
 // prefetch kernels copy all of it into shared memory (wrow, cp.async: their registers are taken,
 // 5 quads held across the wait spilled), the shared-memory ring kernels hold a thread's first
 // kNormW quads in registers (wq: their shared memory is taken; the ring's cp.async groups are
-// counted). `writer` (one block of the call) stores y_out and x.
+// counted). `writer` (one block of the call) stores y_out and x; xrow, if given, gets x too (the
+// f32 projections of norm_gemv_block read it there).
 constexpr int kNormW = 5;  // w quads in registers per thread: K = 5120 at 256 threads
 template <bool kSmemW>
 __device__ __forceinline__ void prefetch_norm_w(const NormIn& n, int G, float4 (&wq)[kNormW], float4* wrow) {
@@ -224,7 +225,8 @@ __device__ __forceinline__ void prefetch_norm_w(const NormIn& n, int G, float4 (
 template <bool kSmemW>
 __device__ __forceinline__ void norm_row(const NormIn& n, int G, const float4 (&wq)[kNormW],
                                          const float4* __restrict__ wrow, float4* __restrict__ vrow,
-                                         float* __restrict__ gss, ColGroup* __restrict__ xs, bool writer) {
+                                         float* __restrict__ gss, ColGroup* __restrict__ xs, bool writer,
+                                         float4* __restrict__ xrow = nullptr) {
   constexpr int kR = 4;  // quads' loads in flight per thread (y and delta each)
   const int nq = G * 8, nt = int(blockDim.x), tid = int(threadIdx.x);
   const float4* y = reinterpret_cast<const float4*>(n.y);
@@ -254,6 +256,7 @@ __device__ __forceinline__ void norm_row(const NormIn& n, int G, const float4 (&
     const float4 v = vrow[id];
     const float4 x = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
     if (writer) reinterpret_cast<float4*>(n.x)[id] = x;
+    if (xrow) xrow[id] = x;
     store_col_quad(xs, id, quantize_quad(x));
   };
   if constexpr (kSmemW) {
@@ -840,6 +843,101 @@ __global__ void __launch_bounds__(max_threads(ROWS), 1)
     mma_block<D2, 1, ROWS, RING2>(a2, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
 }
 
+// f32 matrices beside a one-token GEMM that computes the norm (NormIn): the MoE router and the
+// shared expert's gate logit beside that expert's gate / up projections. Matrix m holds rows
+// [r_end[m − 1], r_end[m]) of one index space and writes out[m] ([1, rows]).
+struct GemvRows {
+  const float* w[kMaxMats];
+  float* out[kMaxMats];
+  int r_end[kMaxMats], nmat;
+};
+
+// Shared memory of a norm_gemv_block for S super-blocks: the quantized row norm_row writes (unused
+// here), v, the group sums, the norm's weight and x in f32.
+__host__ __device__ constexpr size_t norm_gemv_bytes(long long S) {
+  return x_stage_bytes(S) + size_t(S) * 256 * 3 * sizeof(float) + size_t(S) * 8 * sizeof(float);
+}
+
+// Block bid of nblocks: the rows of g times x, x the token's norm as the GEMM blocks of the same
+// launch compute it (norm_row; its f32 values kept in shared memory), so the f32 projections need
+// no launch of their own after the norm's (the 35B-A3B's router GEMV: 2.2 µs a layer on the
+// chain). Warp w of the blocks takes rows w, w + warps, ...; each lane adds its 8-weight chunks
+// lane, lane + 32, ... of the row in gemv_multi_kernel's order and form (cuda_matmul.cu: the
+// chunk's 8 products summed, then added), the warp's lanes by warp_sum: the values of
+// matmul_multi after the norm, bit for bit. A warp's first row's first chunks are requested
+// before griddep_wait (the weights depend on no kernel).
+constexpr int kGemvAhead = 4;  // 8-weight chunks of the first row a lane requests before the wait
+__device__ __forceinline__ void norm_gemv_block(const MmaArgs& a, const GemvRows& g, int bid, int nblocks,
+                                                uint8_t* smem) {
+  griddep_trigger();
+  const int S = a.S, G = S * 8, K = G * 32, K8 = K / 8, lane = int(threadIdx.x & 31), wpb = int(blockDim.x >> 5);
+  const int nw = nblocks * wpb, w0 = bid * wpb + int(threadIdx.x >> 5), R = g.r_end[g.nmat - 1];
+  ColGroup* const xs = reinterpret_cast<ColGroup*>(smem);
+  float4* const vrow = reinterpret_cast<float4*>(smem + x_stage_bytes(S));
+  float* const gss = reinterpret_cast<float*>(vrow + K / 4);
+  float4* const wrow = reinterpret_cast<float4*>(gss + G);
+  float* const xf = reinterpret_cast<float*>(wrow + K / 4);
+  auto row_of = [&](int r, float*& out) {  // compile-time indices only (as out_of)
+    const float* w = g.w[0];
+    float* o = g.out[0];
+    int r0 = 0;
+#pragma unroll
+    for (int m = 1; m < kMaxMats; ++m)
+      if (m < g.nmat && r >= g.r_end[m - 1]) w = g.w[m], o = g.out[m], r0 = g.r_end[m - 1];
+    out = o + (r - r0);
+    return w + size_t(r - r0) * K;
+  };
+  float4 ahead[kGemvAhead][2];
+  if (w0 < R) {
+    float* o;
+    const float* w = row_of(w0, o);
+#pragma unroll
+    for (int u = 0; u < kGemvAhead; ++u)
+      if (const int i = lane + 32 * u; i < K8) {
+        ahead[u][0] = __ldcs(reinterpret_cast<const float4*>(w + size_t(i) * 8));
+        ahead[u][1] = __ldcs(reinterpret_cast<const float4*>(w + size_t(i) * 8) + 1);
+      }
+  }
+  float4 wq[kNormW];
+  prefetch_norm_w<true>(a.norm, G, wq, wrow);
+  griddep_wait();  // y and delta come from the kernels before
+  norm_row<true>(a.norm, G, wq, wrow, vrow, gss, xs, false, reinterpret_cast<float4*>(xf));
+  __syncthreads();
+  bool first = true;
+  for (int r = w0; r < R; r += nw) {
+    float* o;
+    const float* w = row_of(r, o);
+    float acc = 0.0f;
+    auto chunk = [&](int i, const float4& a0, const float4& a1) {
+      const float4 x0 = reinterpret_cast<const float4*>(xf)[2 * i], x1 = reinterpret_cast<const float4*>(xf)[2 * i + 1];
+      acc += a0.x * x0.x + a0.y * x0.y + a0.z * x0.z + a0.w * x0.w + a1.x * x1.x + a1.y * x1.y + a1.z * x1.z + a1.w * x1.w;
+    };
+    int i = lane;
+    if (first) {
+#pragma unroll
+      for (int u = 0; u < kGemvAhead; ++u, i += 32)
+        if (i < K8) chunk(i, ahead[u][0], ahead[u][1]);
+      first = false;
+    }
+    for (; i < K8; i += 32)
+      chunk(i, __ldcs(reinterpret_cast<const float4*>(w + size_t(i) * 8)),
+            __ldcs(reinterpret_cast<const float4*>(w + size_t(i) * 8) + 1));
+    acc = warp_sum(acc);
+    if (lane == 0) *o = acc;
+  }
+}
+
+// A one-token GEMM with the norm (blocks [0, grid1): mma_block as its own launch would run them)
+// and the f32 projections of the same x (the others: norm_gemv_block) in one launch.
+template <DType D, int RING>
+__global__ void __launch_bounds__(max_threads(1), 1) mma_norm_gemv_kernel(const MmaArgs a, const GemvRows g, int grid1) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (int(blockIdx.x) < grid1)
+    mma_block<D, 1, 1, RING>(a, int(blockIdx.x), grid1, smem);
+  else
+    norm_gemv_block(a, g, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
+}
+
 // The launch shape of one GEMM over `total` tiles, and (for QWEN36_MMA_VERBOSE) the kernel's
 // resources.
 struct MmaPlan {
@@ -1000,6 +1098,7 @@ std::atomic<long long> g_pair_launches{0};
 // mostly) b4 −1.5%, b16 −2.0%.
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
+std::atomic<long long> g_norm_gemv_launches{0};  // mma_norm_gemv_kernel launches so far (a test hook)
 constexpr int kXsMinS = 16;
 // QWEN36_MMA_AHEAD = N (0-8, unset: 1): XS calls request each tile's bytes into L2 N tiles before
 // its register load (MmaArgs::ahead). H200, 27B Q4_K_M tg64 b16, two rounds each: 0 1,316.6 /
@@ -1168,8 +1267,27 @@ bool staged_fits(int64_t K, int64_t T, bool norm) {
 // output goes, the call's first launch writing it). False (nothing done) only with norm: when the
 // norm's shared memory would change the grid or the warps per block from the same call without
 // it, whose split of the row-tiles between warps (and so its sums' order) the form must keep.
+// Calls f(D, RING) as compile-time constants for the one-token GEMMs that mma_norm_gemv_kernel is
+// built for (Q4_K, Q6_K, Q8_0 on either load path); false for another type.
+template <typename F>
+bool with_norm_gemv(DType t, bool regs, F&& f) {
+  auto go = [&](auto d) {
+    if (regs)
+      f(d, std::integral_constant<int, 0>{});
+    else
+      f(d, std::integral_constant<int, kStages>{});
+    return true;
+  };
+  switch (t) {
+    case DType::Q4_K_T16: return go(std::integral_constant<DType, DType::Q4_K_T16>{});
+    case DType::Q6_K_T16: return go(std::integral_constant<DType, DType::Q6_K_T16>{});
+    case DType::Q8_0_T16: return go(std::integral_constant<DType, DType::Q8_0_T16>{});
+    default: return false;
+  }
+}
+
 bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                  const void* act, const NormIn* norm) {
+                  const void* act, const NormIn* norm, const GemvRows* gemv = nullptr) {
   QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(x.dtype == DType::F32 && x.cols() == K && aligned16(x.data), "matmul: activations must be f32 rows of {}", K);
@@ -1282,6 +1400,19 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     pair_grid1 = plan_pair(g1.a, g1.t, g1.regs, g2.a, g2.t, g2.regs, rows, norm != nullptr, pair);
     if (pair_grid1 > 0 && q6 == 1) std::swap(groups[0], groups[1]);  // without a pair, the call's order stays
   }
+  // f32 projections of the same x (quant_tiled_matmul_norm_gemv): blocks of their own beside the
+  // GEMM's, on SMs it leaves idle (the 35B-A3B's shared gate / up: 64 row-tiles, 64 blocks).
+  int gemv_blocks = 0;
+  size_t gemv_smem = 0;
+  if (gemv) {
+    if (rows != 1 || !norm || groups.size() != 1) return false;
+    const Group& gr = groups[0];
+    const int R = gemv->r_end[gemv->nmat - 1];
+    gemv_blocks = std::min(dev_info().sms - gr.p.grid, (R + gr.p.wpb - 1) / gr.p.wpb);
+    gemv_smem = std::max(gr.p.smem, norm_gemv_bytes(gr.a.S));
+    if (gemv_blocks < 1 || gemv_smem > size_t(dev_info().smem_optin) || !with_norm_gemv(gr.t, gr.regs, [](auto, auto) {}))
+      return false;
+  }
   for (const Group& gr : groups)
     log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs,
              pair.grid > 0 ? pair : gr.p, gr.a.total);
@@ -1320,6 +1451,20 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
     gr.a.ahead = gr.xs ? xs_ahead() : 0;
+  }
+  if (gemv_blocks > 0) {
+    g_norm_gemv_launches.fetch_add(1, std::memory_order_relaxed);
+    const Group& gr = groups[0];
+    with_norm_gemv(gr.t, gr.regs, [&](auto dt, auto rg) {
+      auto* kern = mma_norm_gemv_kernel<decltype(dt)::value, decltype(rg)::value>;
+      static std::atomic<uint64_t> done{0};
+      once_per_device(done, [&] {
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dev_info().smem_optin));
+      });
+      launch_pdl(kern, dim3(unsigned(gr.p.grid + gemv_blocks)), dim3(unsigned(gr.p.wpb * 32)), gemv_smem, c.stream, gr.a,
+                 *gemv, gr.p.grid);
+    });
+    return true;
   }
   if (pair.grid > 0) {
     with_pair(groups[0].t, groups[0].regs, groups[1].t, groups[1].regs, rows,
@@ -1360,6 +1505,30 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
   return tiled_matmul(c, x, ws, outs, nullptr, &norm);
 }
 
+bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
+                                  std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
+                                  std::span<Tensor* const> fouts) {
+  const int64_t K = x.cols();
+  if (fws.empty() || fws.size() > size_t(kMaxMats) || fws.size() != fouts.size() || x.rows() != 1) return false;
+  GemvRows g{};
+  int64_t rows = 0;
+  for (size_t m = 0; m < size_t(kMaxMats); ++m) {
+    const size_t i = std::min(m, fws.size() - 1);
+    const Tensor& w = *fws[i];
+    Tensor& o = *fouts[i];
+    if (w.dtype != DType::F32 || w.cols() != K || !aligned16(w.data) || o.dtype != DType::F32 || o.numel() != w.rows())
+      return false;
+    if (m < fws.size()) rows += w.rows();
+    g.w[m] = w.as<const float>(), g.out[m] = o.as<float>(), g.r_end[m] = int(rows);
+  }
+  g.nmat = int(fws.size());
+  if (rows < 1 || rows > (int64_t(1) << 20) || c.exact_matmul || K % 256 != 0 || !staged_fits(K, 1, true) ||
+      !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) || !aligned16(norm.y_out) ||
+      !aligned16(norm.x))
+    return false;
+  return tiled_matmul(c, x, ws, outs, nullptr, &norm, &g);
+}
+
 size_t quant_act_bytes(int64_t T, int64_t K) { return ActLayout(T, K).bytes; }
 
 void quantize_act(Ctx& c, const float* x, const float* up, int64_t T, int64_t K, void* act) {
@@ -1385,5 +1554,7 @@ long long mma_pair_launches() { return g_pair_launches.load(); }
 // The same for QWEN36_MMA_XS, and the XS launches made so far.
 void mma_select_xs(const char* xs) { g_xs.store(xs ? parse_variant(xs, "on", "off") : -1); }
 long long mma_xs_launches() { return g_xs_launches.load(); }
+// The launches of a one-token norm GEMM with f32 projections beside it so far.
+long long mma_norm_gemv_launches() { return g_norm_gemv_launches.load(); }
 
 }  // namespace qwen36::cuda

@@ -10,7 +10,8 @@
 // session 27: a speculative verify pass, a small batch). The values are those
 // of the composed ops exactly: the same float operations feed the same quantize_quad.
 // QWEN36_ACT_QUANT=kernel: the composed ops instead; =norm-kernel: the norm launch at T ≤ 3 too
-// (the A/B of the measurements in bench/RESULTS.md).
+// (the A/B of the measurements in bench/RESULTS.md). At one token the f32 projections of the same
+// x (the MoE router) run in the norm GEMM's launch (quant_tiled_matmul_norm_gemv).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,16 @@ bool norm_in_gemm(const Tensor& y, const Tensor& delta, const Tensor& y_out, con
          y.dtype == DType::F32 && delta.dtype == DType::F32 && y_out.dtype == DType::F32 && w.dtype == DType::F32;
 }
 
+// QWEN36_NORM_GEMV=off: f32 projections after the norm GEMM in a launch of their own
+// (matmul_untiled) rather than in its launch (quant_tiled_matmul_norm_gemv).
+bool norm_gemv_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_NORM_GEMV");
+    return !(v && std::strcmp(v, "off") == 0);
+  }();
+  return on;
+}
+
 bool any_tiled(std::span<const Tensor* const> ws) {
   return std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); });
 }
@@ -55,6 +66,9 @@ bool norm_quant_matmul_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tenso
   if (norm_in_gemm(y, delta, y_out, w, x)) {
     // The tiled matrices first: their first launch writes x, which the others read.
     const TiledSplit sp(ws, outs);
+    if (!sp.rw.empty() && norm_gemv_on() &&
+        quant_tiled_matmul_norm_gemv(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to, sp.rw, sp.ro))
+      return true;
     if (quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to)) {
       matmul_untiled(c, x, sp.rw, sp.ro);
       return true;
