@@ -266,6 +266,28 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
   }
 }
 
+// The (token, head) row of q (rows < T · nh) or k a warp of the q / k kernels below takes: its
+// token, output o, input x (the q half of qg, or o in place) and norm weight w; live false past
+// the rows.
+struct QkRow {
+  bool live, is_q;
+  int64_t row, t;
+  float* o;
+  const float* x;
+  const float* w;
+  __device__ QkRow(const float* qg, float* q, float* k, const float* qw, const float* kw, int64_t T, int nh, int nkv,
+                   int hd, bool gated) {
+    row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int64_t nq = T * nh;
+    live = row < nq + T * nkv;
+    is_q = row < nq;
+    t = is_q ? row / nh : (row - nq) / nkv;
+    o = is_q ? q + row * hd : k + (row - nq) * hd;
+    x = is_q && gated ? qg + row * 2 * hd : o;
+    w = is_q ? qw : kw;
+  }
+};
+
 // Backend::qk_norm_rope in one launch: a warp per (token, head) row of q (the q halves of qg, or
 // q in place) and then of k, kRowsPerBlock rows a block. The norm is rms_norm_rows_kernel's (the
 // same lane order and warp sum), RoPE rope_kernel's on the row just written (the pair (i, i + half)
@@ -277,14 +299,14 @@ __global__ void qk_norm_rope_kernel(const float* qg, float* q, float* gate, floa
                                     int hd, int half, bool gated) {
   griddep_trigger();
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5), nq = T * nh;
+  const QkRow r(qg, q, k, qw, kw, T, nh, nkv, hd, gated);
   const int lane = int(threadIdx.x & 31);
-  if (row >= nq + T * nkv) return;
-  const bool is_q = row < nq;
-  const int64_t t = is_q ? row / nh : (row - nq) / nkv;
-  float* o = is_q ? q + row * hd : k + (row - nq) * hd;
-  const float* x = is_q && gated ? qg + row * 2 * hd : o;
-  const float* w = is_q ? qw : kw;
+  if (!r.live) return;
+  const int64_t row = r.row, t = r.t;
+  const bool is_q = r.is_q;
+  float* o = r.o;
+  const float* x = r.x;
+  const float* w = r.w;
   if (is_q && gated)
     for (int i = lane; i < hd; i += 32) gate[row * hd + i] = x[hd + i];
   float ss = 0;
@@ -302,6 +324,59 @@ __global__ void qk_norm_rope_kernel(const float* qg, float* q, float* gate, floa
     o[i] = a * cs - b * sn;
     o[i + half] = b * cs + a * sn;
   }
+}
+
+// qk_norm_rope_kernel for head_dim HD and HALF rotated pairs (a multiple of 32; the Qwen3.6
+// attention's 256 and 32): lane l holds its row's values l + 32 j in registers, and RoPE's pair
+// (i, i + HALF) lies in one lane (j, j + HALF / 32), so x is loaded once and o stored once, with no
+// store, __syncwarp and reload of o between the norm and the rotation (H200, a decode step's
+// attention layer: qk_norm_rope_kernel 5.95 µs effective). The same float operations in the same
+// order: bitwise that kernel's values.
+template <int HD, int HALF>
+__global__ void qk_norm_rope_regs_kernel(const float* qg, float* q, float* gate, float* k, const float* qw,
+                                         const float* kw, float eps, const int32_t* pos, const float* inv_freq,
+                                         int64_t T, int nh, int nkv, bool gated) {
+  static_assert(HD % 32 == 0 && HALF % 32 == 0 && HALF > 0 && 2 * HALF <= HD, "pairs within a lane");
+  constexpr int NV = HD / 32, HJ = HALF / 32;
+  griddep_trigger();
+  griddep_wait();  // inputs come from the kernel before (launch_pdl)
+  const QkRow r(qg, q, k, qw, kw, T, nh, nkv, HD, gated);
+  const int lane = int(threadIdx.x & 31);
+  if (!r.live) return;
+  const int64_t row = r.row;
+  float* o = r.o;
+  const float* x = r.x;
+  const float* w = r.w;
+  float v[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = x[lane + 32 * j];
+  if (r.is_q && gated) {
+    float g[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) g[j] = x[HD + lane + 32 * j];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) gate[row * HD + lane + 32 * j] = g[j];
+  }
+  const int32_t p = pos[r.t];
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) ss += v[j] * v[j];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(HD) + eps);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = v[j] * inv * w[lane + 32 * j];
+  if (p >= 0) {
+#pragma unroll
+    for (int j = 0; j < HJ; ++j) {
+      const float f = float(p) * inv_freq[lane + 32 * j];
+      const float cs = cosf(f), sn = sinf(f);
+      const float a = v[j], b = v[j + HJ];
+      v[j] = a * cs - b * sn;
+      v[j + HJ] = b * cs + a * sn;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NV; ++j) o[lane + 32 * j] = v[j];
 }
 
 // About 8 elements per thread, up to 1024 threads: a decode step's few long rows (hidden
@@ -531,10 +606,13 @@ void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, f
 
 bool qk_norm_rope(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
                   const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
-  static const bool composed = [] {  // QWEN36_QK_NORM_ROPE=composed: the five launches (an A/B switch)
+  // QWEN36_QK_NORM_ROPE=composed: the five launches; =rows: qk_norm_rope_kernel for every shape
+  // (A/B switches)
+  static const char* const mode = [] {
     const char* v = std::getenv("QWEN36_QK_NORM_ROPE");
-    return v && std::strcmp(v, "composed") == 0;
+    return v ? v : "";
   }();
+  const bool composed = std::strcmp(mode, "composed") == 0;
   if (composed || q.ndim != 3 || k.ndim != 3) return false;
   const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), nkv = k.dim(1);
   // The composed ops' rows kernel: head rows of ≤ 512, more than one row of each (else a block a row).
@@ -548,6 +626,14 @@ bool qk_norm_rope(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, 
   RopeInputs in(c);
   if (rotary_dim > 0 && !in.load(c, runs, T, rotary_dim, theta)) return true;  // recording failed: nothing runs
   const int64_t rows = T * (nh + nkv);
+  if (hd == 256 && rotary_dim == 64 && std::strcmp(mode, "rows") != 0) {
+    launch_pdl(qk_norm_rope_regs_kernel<256, 32>, dim3(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+               dim3(32 * kRowsPerBlock), 0, c.stream, qg.as<const float>(), q.as<float>(),
+               gate ? gate->as<float>() : nullptr, k.as<float>(), q_norm.as<const float>(), k_norm.as<const float>(),
+               eps, in.pos, in.freq, T, int(nh), int(nkv), gate != nullptr);
+    CUDA_LAUNCH_CHECK();
+    return true;
+  }
   launch_pdl(qk_norm_rope_kernel, dim3(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(32 * kRowsPerBlock),
              0, c.stream, qg.as<const float>(), q.as<float>(), gate ? gate->as<float>() : nullptr, k.as<float>(),
              q_norm.as<const float>(), k_norm.as<const float>(), eps, in.pos, in.freq, T, int(nh), int(nkv), int(hd),
