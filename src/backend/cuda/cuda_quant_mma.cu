@@ -352,8 +352,9 @@ constexpr int max_threads(int ROWS, bool XS = false) { return (ROWS || XS ? kOne
 constexpr int min_blocks(int NT, int ROWS, bool XS = false) { return ROWS || XS ? 1 : NT <= 2 ? 2 : 1; }
 
 // ROWS: a block's warps leave the pieces of its split row-tiles here (shared memory after the
-// staging): 2 × 16 floats a warp and token, slot 0 for its first row-tile, 1 for its last.
-constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(rows); }
+// staging): 2 × 16 floats a warp and token, slot 0 for its first row-tile, 1 for its last; after
+// all the pieces, each warp's first row-tile (an int a warp, 16 bytes kept per warp).
+constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(rows) + 16; }
 
 // An activation load of the multi-token kernel: through L1 from the workspace, or (XS) from the
 // block's shared-memory copy.
@@ -428,6 +429,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
   [[maybe_unused]] float* const bpart = reinterpret_cast<float*>(
       reinterpret_cast<uint8_t*>(xs) + staged_bytes(S, ROWS, a.norm.y != nullptr, REGS));
+  [[maybe_unused]] int* const wfirst = reinterpret_cast<int*>(bpart + size_t(wpb) * 2 * 16 * ROWS);
   [[maybe_unused]] float4 wq[kNormW];
   auto prefetch_norm = [&]() {
     if constexpr (STAGED)
@@ -529,6 +531,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
 
   int r = int(b0 / S), s = int(b0 - (long long)r * S);
   const int r_first = r;
+  if constexpr (STAGED)
+    if (lane == 0) wfirst[wib] = r_first;  // read by the split row-tiles' sums after the loop
   // T = 1 (tile_cols): col_mask[jj] keeps this lane's fragment of the row in MMA jj's B (g == jj).
   [[maybe_unused]] uint32_t col_mask[8];
 #pragma unroll
@@ -798,7 +802,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   }
   if constexpr (STAGED) {
     // The block's split row-tiles, each summed by one warp's lanes (entry e: token e / 16, row
-    // e mod 16) in warp order (bitwise the same every run) from the pieces in shared memory.
+    // e mod 16) in warp order (bitwise the same every run) from the pieces in shared memory. A
+    // piece's slot comes from its warp's first row-tile as the warp stored it (wfirst): computed
+    // here per warp and entry it took two 64-bit divisions each, a serial chain on every block's
+    // tail (ncu, 35B-A3B out_proj, a row-tile over 16 warps: ~40% of the kernel's stall samples).
     __syncthreads();
     for (long long rr = q0 + wib; rr < q1; rr += wpb) {
       const long long ls = (rr - q0) * S;  // the row-tile's first tile in the block's nb
@@ -809,7 +816,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       for (int e = lane; e < 16 * ROWS; e += 32) {
         float sum = 0.0f;
         for (int v = v0; v <= v1; ++v) {
-          const int slot = q0 + range_begin(v, nb, wpb) / S == rr ? 0 : 1;  // rr is v's first row-tile, or last
+          const int slot = wfirst[v] == rr ? 0 : 1;  // rr is v's first row-tile, or its last
           sum += bpart[(v * 2 + slot) * 16 * ROWS + e];
         }
         o[size_t(e >> 4) * stride + (e & 15)] = sum;
