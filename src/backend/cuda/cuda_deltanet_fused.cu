@@ -1,0 +1,611 @@
+// The Gated DeltaNet's fused decode step, chain verify pass and commit (Backend::deltanet_decode,
+// deltanet_verify, deltanet_commit) on the GPU; the plain ops they fuse are in cuda_deltanet.cu.
+// CPU twins: Backend::deltanet_decode's composition; for deltanet_verify, the composition in
+// Model::deltanet_block.
+//
+// Fused decode (one token per run): a decode step moves ~3 MB of recurrent state per layer
+// (27B) and does little arithmetic, so what costs is launches, latency and too few blocks. On
+// sm_90, one kernel (fused_decode_kernel): a block per (token, value head) in clusters of the
+// value heads that share a key head, conv + SiLU of its channels, q̂ / k̂ normalised, the state
+// in registers (16-byte loads; a thread owns 4 columns × dk/16 rows of a 32-column slice, u =
+// Sᵀk̂ and o = Sᵀq̂ reduced across the slice's threads), the update and the head's gated RMSNorm.
+// Elsewhere (and with QWEN36_DELTANET_DECODE=two), two kernels: (1) per token, conv + SiLU of
+// every channel in place, q̂/k̂ L2-normalised by key head; (2) per (token, value head, slice):
+// gates, the slice's update and the gated RMSNorm of the head, which spans the slices: the last
+// of a head's blocks to finish (counter per head) normalises all dv columns. (2) is launched
+// programmatically dependent: it loads its state slice while (1) finishes. Both forms do the
+// same float operations in the same order (the shared device functions below), bit for bit.
+//
+// Fused chain verify (Backend::deltanet_verify): the two kernels, each block stepping
+// through its run's k + 1 tokens with the conv window and the state slice in registers, not
+// written back for a verify run, whose raw inputs, g and β go to the commit's buffers as they
+// are read — instead of ~10 launches a layer (saving copies, conv, q/k/v column copies, gates,
+// L2 norm, delta rule, gated norm).
+// Fused chain commit (Backend::deltanet_commit): the same kernels again, reading each run's
+// saved raw inputs, g and β instead of the pass's, advancing the conv window and the state
+// through the kept tokens and storing them once; no outputs. The arithmetic is a decode step's
+// throughout, so a verify pass and its commit leave the state a decode step would, bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cuda/cuda_conv_window.cuh"
+#include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_state_ref.cuh"
+
+namespace qwen36::cuda {
+namespace {
+
+constexpr int kDecPrepThreads = 256;  // prep kernel: a key head's q and k channels (2·dk ≤ 256), or 256 v channels
+constexpr int kDecThreads = 128;      // state kernel: 8 column groups (4 columns each) × 16 row groups
+constexpr int kDecCols = 32;          // state columns per block
+constexpr int kDecMaxSlices = 4;      // fused_decode_kernel: a head's 32-column slices (dv ≤ 128)
+constexpr int kVerifyMaxRuns = 64;    // a verify pass's runs: bits of FusedArgs::readonly
+constexpr int kPrepChunk = 8;         // prep kernel: tokens whose inputs a thread requests at once
+constexpr int kFusedMaxTokens = 64;   // a run's tokens in a verify pass or a commit (the state kernel's gates)
+
+// Both kernels take a block's run from blockIdx.x and step through its tokens. Decode: one
+// token per run, advancing its state. Verify: runs of k + 1 tokens that only read their state
+// (bit i of `readonly`), their raw inputs, g and β saved for the commit, beside plain one-token
+// runs. Commit: runs of the kept tokens, from those saved inputs, advancing the state; no
+// outputs (mixed is the kernels' scratch).
+enum class Fused { Decode, Verify, Commit };
+
+struct FusedArgs {
+  float* mixed;                                // [T, C]: raw inputs; after prep, [q̂ | k̂ | v] per row
+  const float *z, *a, *b;                      // [T, Hv, dv], [T, gs], [T, gs] (not Commit)
+  const float *conv_w, *a_neg_exp, *dt_bias, *norm;  // the layer's small weights
+  float* conv_state;                           // [slots, C, K − 1]
+  StateRef state;                              // [slots, Hv, dk, dv]
+  float* out;                                  // [T, Hv, dv] (not Commit)
+  const SeqRun* runs;
+  int* counters;    // [T, Hv]: at (a run's first row, head), the head's slices finished (not Commit)
+  float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
+  // Verify: the read-only runs' inputs, saved; Commit: read. Rows [0, count) of the run's slot.
+  float *conv_in, *g_in, *beta_in;  // [slots, n_save, C], [slots, n_save, Hv] ×2
+  uint64_t readonly;
+  int n_save;
+  int C, K, Hk, dk, Hv, dv;
+  int gs;  // a's and b's row length (Hv, or a shard's padded gate rows)
+  float scale, eps;
+};
+
+// A key head's q / k channel's share of the sums of squares of its q and k: the warp's sums
+// (active: the thread holds a channel; is_q: of q). As l2norm_qk_kernel, q̂ = q / ‖q‖ · scale,
+// k̂ = k / ‖k‖ from the head's totals tq, tk. Both fused decode forms' arithmetic, in one order.
+__device__ __forceinline__ float2 qk_warp_ss(float val, bool active, bool is_q) {
+  return make_float2(warp_sum(active && is_q ? val * val : 0.0f), warp_sum(active && !is_q ? val * val : 0.0f));
+}
+__device__ __forceinline__ float q_hat(float val, float tq, float scale) { return (val * (1.0f / sqrtf(tq + 1e-6f))) * scale; }
+__device__ __forceinline__ float k_hat(float val, float tk) { return val * (1.0f / sqrtf(tk + 1e-6f)); }
+
+// grid (runs, Hk + ⌈Hv·dv/256⌉). Block (i, y < Hk): key head y's q and k channels, one per
+// thread, conv + SiLU, then L2-normalised (q̂ also scaled by 1/√dk) in place; block
+// (i, y ≥ Hk): 256 v channels, conv + SiLU in place; token by token through run i. Block (i, 0)
+// also zeroes the run's head counters for the state kernel. A plain launch: launched
+// programmatically dependent (waiting, then letting the state kernel start) it cost the 27B
+// Q4_K_M 2% at batch 16 (tg64 1,252 → 1,226 tok/s on the H200; no gain at batch 1).
+template <Fused M>
+__global__ void __launch_bounds__(kDecPrepThreads) fused_prep_kernel(FusedArgs p) {
+  griddep_trigger();  // the state kernel may start loading its state slices
+  const int i = int(blockIdx.x), y = int(blockIdx.y), tid = int(threadIdx.x);
+  const SeqRun r = p.runs[i];
+  const bool ro = M == Fused::Verify && (p.readonly >> i & 1);
+  const int n = M == Fused::Decode ? 1 : r.count;
+  const int C = p.C, K = p.K, Hk = p.Hk, dk = p.dk;
+  float* x = p.mixed + int64_t(r.begin) * C;
+  float* st = p.conv_state + int64_t(r.slot) * C * (K - 1);
+  float* saved = M == Fused::Decode ? nullptr : p.conv_in + int64_t(r.slot) * p.n_save * C;
+  // token j's raw input of channel ch (a commit's, saved by its verify pass), saved as read when read-only
+  auto input = [&](int j, int ch) {
+    const float xin = M == Fused::Commit ? saved[int64_t(j) * C + ch] : x[int64_t(j) * C + ch];
+    if (ro) saved[int64_t(j) * C + ch] = xin;
+    return xin;
+  };
+  if (M != Fused::Commit && y == 0)  // the state kernel's head counters of the run (at its first row)
+    for (int e = tid; e < p.Hv; e += kDecPrepThreads) p.counters[int64_t(r.begin) * p.Hv + e] = 0;
+  // The inputs of up to kPrepChunk tokens are requested together: one memory round trip per
+  // chunk, not per token (a verify pass's and a commit's runs step through k + 1 tokens).
+  if (y >= Hk) {
+    const int ch = 2 * Hk * dk + (y - Hk) * kDecPrepThreads + tid;
+    if (ch >= C) return;
+    ConvWindow cw(st + int64_t(ch) * (K - 1), p.conv_w + int64_t(ch) * K, K);
+    for (int j0 = 0; j0 < n; j0 += kPrepChunk) {
+      float xin[kPrepChunk];
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (j0 + u < n) xin[u] = input(j0 + u, ch);
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (j0 + u < n) x[int64_t(j0 + u) * C + ch] = cw.step(xin[u]);
+    }
+    if (!ro) cw.store(st + int64_t(ch) * (K - 1));
+    return;
+  }
+  __shared__ float part[2][2][kDecPrepThreads / 32];  // [token parity][q, k][warp]
+  const bool is_q = tid < dk, active = tid < 2 * dk;
+  const int ch = is_q ? y * dk + tid : Hk * dk + y * dk + (tid - dk);
+  ConvWindow cw(st + int64_t(active ? ch : 0) * (K - 1), p.conv_w + int64_t(active ? ch : 0) * K, K);
+  float xin[kPrepChunk];
+  for (int j = 0; j < n; ++j) {
+    if (j % kPrepChunk == 0)  // block-uniform
+#pragma unroll
+      for (int u = 0; u < kPrepChunk; ++u)
+        if (active && j + u < n) xin[u] = input(j + u, ch);
+    float* xj = x + int64_t(j) * C;
+    float xj_in = xin[0];
+#pragma unroll
+    for (int u = 1; u < kPrepChunk; ++u)
+      if (j % kPrepChunk == u) xj_in = xin[u];  // (a register array indexed by constants only)
+    const float val = active ? cw.step(xj_in) : 0.0f;
+    const float2 ss = qk_warp_ss(val, active, is_q);
+    float(*pj)[kDecPrepThreads / 32] = part[j & 1];  // written again two tokens on, past a barrier
+    if ((tid & 31) == 0) {
+      pj[0][tid >> 5] = ss.x;
+      pj[1][tid >> 5] = ss.y;
+    }
+    __syncthreads();
+    float tq = 0, tk = 0;
+#pragma unroll
+    for (int w = 0; w < kDecPrepThreads / 32; ++w) {
+      tq += pj[0][w];
+      tk += pj[1][w];
+    }
+    if (active) xj[ch] = is_q ? q_hat(val, tq, p.scale) : k_hat(val, tk);
+  }
+  if (active && !ro) cw.store(st + int64_t(ch) * (K - 1));
+}
+
+// Σ over a slice's 16 row groups (its kDecThreads threads) of each thread's 4 column partials
+// (in place: every thread gets the sums of its own columns). red: the slice's [4 warps][32
+// columns] of shared memory.
+__device__ __forceinline__ void sum_row_groups(float (&x)[4], float (*red)[kDecCols]) {
+  const int lane = int(threadIdx.x) & 31, warp = (int(threadIdx.x) >> 5) & 3, cg = lane & 7;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // lanes 8 apart hold the same columns
+    x[c] += __shfl_xor_sync(0xffffffffu, x[c], 8);
+    x[c] += __shfl_xor_sync(0xffffffffu, x[c], 16);
+  }
+  if (lane < 8)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[warp][4 * cg + c] = x[c];
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = 4 * cg + c;
+    x[c] = (red[0][j] + red[1][j]) + (red[2][j] + red[3][j]);
+  }
+}
+
+// The gates of (token row, head h), as deltanet_gates: g = a_neg_exp · softplus(a + dt_bias), β = σ(b).
+__device__ __forceinline__ float2 gates_of(const FusedArgs& p, int64_t row, int h) {
+  const int64_t i = row * p.gs + h;
+  const float ga = p.a[i] + p.dt_bias[h];
+  return make_float2(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))), sigmoid_f(p.b[i]));
+}
+
+// One token through a state slice held as the fused kernels hold it (s[k]: row rg + 16k, the
+// thread's 4 columns): S ← e^g S; u = Sᵀk̂; δ = β(v − u); S += k̂ δᵀ; o = Sᵀq̂ (kOut), u and o
+// summed over the slice's row groups in red[0], red[1]. kf(i), qf(i): k̂ and q̂ of row i. round:
+// the state rounded as a bf16 state stores it (runs of several tokens, as the next decode step
+// would load it; model/state.h). Every fused kernel's arithmetic, in one order.
+template <int R, bool kOut, typename KF, typename QF>
+__device__ __forceinline__ void slice_token(float4 (&s)[R], int rg, KF kf, QF qf, float4 vj, float decay, float bt,
+                                            float (*red)[kDecThreads / 32][kDecCols], const StateRef& st, bool round,
+                                            float (&o)[4]) {
+  float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // u = Sᵀk̂ after the decay
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    const float kk = kf(rg + 16 * k);
+    s[k].x *= decay, s[k].y *= decay, s[k].z *= decay, s[k].w *= decay;
+    u[0] += s[k].x * kk, u[1] += s[k].y * kk, u[2] += s[k].z * kk, u[3] += s[k].w * kk;
+  }
+  sum_row_groups(u, red[0]);
+  const float d0 = (vj.x - u[0]) * bt, d1 = (vj.y - u[1]) * bt, d2 = (vj.z - u[2]) * bt, d3 = (vj.w - u[3]) * bt;
+  o[0] = o[1] = o[2] = o[3] = 0.0f;  // o = Sᵀq̂ after the update
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    const float kk = kf(rg + 16 * k), q = qf(rg + 16 * k);
+    s[k].x += kk * d0, s[k].y += kk * d1, s[k].z += kk * d2, s[k].w += kk * d3;
+    if constexpr (kOut) o[0] += s[k].x * q, o[1] += s[k].y * q, o[2] += s[k].z * q, o[3] += s[k].w * q;
+    if (round) s[k].x = st.stored(s[k].x), s[k].y = st.stored(s[k].y), s[k].z = st.stored(s[k].z), s[k].w = st.stored(s[k].w);
+  }
+  if constexpr (kOut) sum_row_groups(o, red[1]);
+}
+
+// Σo² of a slice's 32 columns, in the first 8 lanes of its first warp (each holds 4 columns' o).
+__device__ __forceinline__ float slice_ss(const float (&o)[4]) {
+  float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+  ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
+  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+  return ss;
+}
+
+// grid (runs, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
+// col0 + 4cg .. +3 of rows rg + 16i (i < DK/16) of the head's state: a warp's 16-byte loads
+// cover 4 rows × 128 contiguous bytes. The slice stays in registers through the run's tokens.
+// A token's chain is its two reductions: its gates are loaded for all tokens before the wait,
+// the next token's q̂, k̂, v are requested while this one computes, and the gated RMSNorm of the
+// head (which spans the slices) is done once for all the run's tokens, by the head's last block
+// to finish (one acquire-release count per block; the prep kernel zeroed the counter).
+template <int DK, Fused M>
+__global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
+  static_assert(kDecThreads == 128 && DK % 16 == 0 && DK <= kDecThreads, "16 row groups of 8 threads");
+  constexpr int R = DK / 16;
+  constexpr bool kOut = M != Fused::Commit;  // a pass's outputs (a commit has none)
+  const int i = int(blockIdx.x), h = int(blockIdx.y), slice = int(blockIdx.z), ns = int(gridDim.z);
+  const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
+  const int dv = p.dv, col = slice * kDecCols + 4 * cg;
+  const SeqRun r = p.runs[i];
+  const bool ro = M == Fused::Verify && (p.readonly >> i & 1);
+  const int n = M == Fused::Decode ? 1 : r.count;
+  __shared__ float2 gts[kFusedMaxTokens];  // (g, β) of each token
+  __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
+  __shared__ int last;
+  // Before the prep kernel's results: the state slice and the gates (a, b or the saved g, β
+  // come from before it); a verify run's gates are saved for its commit.
+  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
+  float4 s[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  for (int j = tid; j < n; j += kDecThreads) {
+    const int64_t si = (int64_t(r.slot) * p.n_save + j) * p.Hv + h;  // (Verify, Commit) token j in g_in, beta_in
+    if constexpr (M == Fused::Commit) {
+      gts[j] = make_float2(p.g_in[si], p.beta_in[si]);
+    } else {
+      gts[j] = gates_of(p, int64_t(r.begin) + j, h);
+      if (ro && slice == 0) p.g_in[si] = gts[j].x, p.beta_in[si] = gts[j].y;
+    }
+  }
+  griddep_trigger();
+  griddep_wait();
+
+  const int kh = h / (p.Hv / p.Hk);
+  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * dv + col;
+  // token j's q̂, k̂ element (thread tid < DK) and v columns, from the prep kernel's rows
+  auto fetch = [&](int j, float& q, float& k, float4& v) {
+    const float* xr = p.mixed + (int64_t(r.begin) + j) * p.C;
+    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
+    v = *reinterpret_cast<const float4*>(xr + v_off);
+  };
+  float nq = 0.0f, nk = 0.0f;
+  float4 v4;
+  fetch(0, nq, nk, v4);
+  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
+  for (int j = 0; j < n; ++j) {
+    const int64_t row = int64_t(r.begin) + j;
+    const float* q_s = qs[j & 1];
+    const float* k_s = ks[j & 1];
+    __syncthreads();  // token j's q̂, k̂ (and gts) are in; the previous token's reads of the other buffer are done
+    const float4 vj = v4;
+    if (j + 1 < n) fetch(j + 1, nq, nk, v4);  // in flight while token j computes
+    float o[4];
+    slice_token<R, kOut>(
+        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(gts[j].x), gts[j].y, red,
+        p.state, p.state.bf16 && n > 1, o);
+    if constexpr (kOut) {
+      // this slice's raw o and Σo² of (token, head): normalised below, once the head is whole
+      const int64_t hs = row * p.Hv + h;
+      if (tid < 32) {
+        const float ss = slice_ss(o);
+        if (tid < 8) *reinterpret_cast<float4*>(p.out + hs * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
+        if (tid == 0) p.partials[hs * ns + slice] = ss;
+      }
+    }
+    if (j + 1 < n && tid < DK) qs[(j + 1) & 1][tid] = nq, ks[(j + 1) & 1][tid] = nk;
+  }
+  if (!ro) {
+#pragma unroll
+    for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  }
+  if constexpr (!kOut) return;
+  // The gated RMSNorm spans the head's dv/32 slices: the last of its blocks to finish (an
+  // acquire-release count on the run's first token's counter) normalises all the run's rows.
+  __syncthreads();  // the block's stores come before thread 0's release
+  if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(r.begin) * p.Hv + h, 1) == ns - 1;
+  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
+  if (!last) return;
+  for (int j = 0; j < n; ++j) {
+    const int64_t hs = (int64_t(r.begin) + j) * p.Hv + h;
+    float ss = 0;
+    for (int e = 0; e < ns; ++e) ss += __ldcg(p.partials + hs * ns + e);
+    const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
+    float* orow = p.out + hs * dv;
+    const float* zr = p.z + hs * dv;
+    for (int e = tid; e < dv; e += kDecThreads) orow[e] = p.norm[e] * (__ldcg(orow + e) * inv) * silu_f(zr[e]);
+  }
+}
+// Thread block cluster barrier halves (sm_90; fused_decode_kernel runs only there): arrive
+// releases this thread's earlier memory operations to the cluster, wait acquires the others'.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// The decode step in one kernel (sm_90; launch_fused takes it for Decode where the shapes
+// allow): grid (runs, Hv) in clusters of the g = Hv / Hk value heads that read one key head,
+// kDecThreads threads per 32-column slice of the head (ns = dv / 32 of them: the state kernel's
+// blocks of a head in one). Block (i, h): conv + SiLU of the key head's q and k channels by
+// threads < 2·dk (the prep kernel's block: the same warps, so the same sums) and of the head's
+// v channels by the next dv threads; the gates; each slice's update with q̂, k̂ normalised from
+// the raw conv outputs in shared memory as they are read; the gated RMSNorm over the slices in
+// the block. So no prep launch, no q̂ / k̂ / v round trip through global memory, and no arrival
+// counter, fence and last block for the norm. The q and k conv windows are the cluster's shared
+// input: every block reads them (before the wait: only this kernel writes conv states, a step
+// earlier), and the cluster barrier orders those reads before the first block (h % g == 0)
+// stores the advanced windows; a block's v windows are its own.
+template <int DK>
+__global__ void __launch_bounds__(kDecMaxSlices* kDecThreads) fused_decode_kernel(FusedArgs p) {
+  static_assert(DK % 16 == 0 && 2 * DK <= kDecMaxSlices * kDecThreads, "q and k channels a thread");
+  constexpr int R = DK / 16, kQkWarps = 2 * DK / 32;
+  const int i = int(blockIdx.x), h = int(blockIdx.y), tid = int(threadIdx.x);
+  const int sl = tid / kDecThreads, t7 = tid % kDecThreads, cg = t7 & 7, rg = t7 >> 3;
+  const int dv = p.dv, ns = dv / kDecCols, col = sl * kDecCols + 4 * cg;
+  const int C = p.C, K = p.K, Hk = p.Hk, g = p.Hv / Hk, kh = h / g;
+  const SeqRun r = p.runs[i];
+  __shared__ float raw[2][DK];                      // q, k of the key head after conv + SiLU
+  __shared__ __align__(16) float vs[kDecMaxSlices * kDecCols];  // v of the head after conv + SiLU
+  __shared__ float ssq[2][kQkWarps];                // [q, k][warp]: the warps' sums of squares
+  __shared__ float red[kDecMaxSlices][2][kDecThreads / 32][kDecCols];
+  __shared__ float sso[kDecMaxSlices];              // Σo² of each slice
+  __shared__ float2 gt;                             // (g, β)
+  // Before the wait: the state slice, the conv window, the norm's weights.
+  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
+  float4 s[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  const bool is_qk = tid < 2 * DK, is_q = tid < DK;
+  const int ch = is_q ? kh * DK + tid
+                 : is_qk ? (Hk + kh) * DK + tid - DK
+                 : tid < 2 * DK + dv ? 2 * Hk * DK + h * dv + tid - 2 * DK : -1;
+  float* const st = p.conv_state + (int64_t(r.slot) * C + max(ch, 0)) * (K - 1);
+  ConvWindow cw(st, p.conv_w + int64_t(max(ch, 0)) * K, K);
+  const float4 nw = *reinterpret_cast<const float4*>(p.norm + col);
+  cluster_arrive();  // this block's reads of the key head's windows are done
+  griddep_trigger();
+  griddep_wait();  // mixed, z, a and b come from the projections before
+  const int64_t row = r.begin, hs = row * p.Hv + h;
+  const float xin = ch >= 0 ? p.mixed[row * C + ch] : 0.0f;
+  const float4 z4 = *reinterpret_cast<const float4*>(p.z + hs * dv + col);
+  if (tid == 0) gt = gates_of(p, row, h);
+  const float val = ch >= 0 ? cw.step(xin) : 0.0f;
+  if (is_qk) {  // whole warps (2·DK a multiple of 32)
+    const float2 ss = qk_warp_ss(val, true, is_q);
+    if ((tid & 31) == 0) ssq[0][tid >> 5] = ss.x, ssq[1][tid >> 5] = ss.y;
+    raw[is_q ? 0 : 1][is_q ? tid : tid - DK] = val;
+  } else if (ch >= 0) {
+    vs[tid - 2 * DK] = val;
+  }
+  cluster_wait();  // every block of the key head has read its q and k windows
+  if (ch >= 0 && (!is_qk || h % g == 0)) cw.store(st);
+  __syncthreads();
+  float tq = 0.0f, tk = 0.0f;  // in warp order, as the prep kernel
+#pragma unroll
+  for (int w = 0; w < kQkWarps; ++w) tq += ssq[0][w], tk += ssq[1][w];
+  float o[4];
+  slice_token<R, true>(
+      s, rg, [&](int e) { return k_hat(raw[1][e], tk); }, [&](int e) { return q_hat(raw[0][e], tq, p.scale); },
+      *reinterpret_cast<const float4*>(vs + col), expf(gt.x), gt.y, red[sl], p.state, false, o);
+#pragma unroll
+  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  if (t7 < 32) {
+    const float ss = slice_ss(o);
+    if (t7 == 0) sso[sl] = ss;
+  }
+  __syncthreads();
+  if (t7 >= 8) return;
+  float ss = 0;  // in slice order, as the state kernel's last block
+  for (int e = 0; e < ns; ++e) ss += sso[e];
+  const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
+  *reinterpret_cast<float4*>(p.out + hs * dv + col) =
+      make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
+                  nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
+}
+
+}  // namespace
+
+// One call of the fused kernels: its mode and, beyond deltanet_decode's, the verify runs and
+// the saved-input buffers; the pass's tensors (z, a, b, out: null for a commit).
+struct FusedCall {
+  Fused mode;
+  Tensor& mixed;
+  const Tensor *z, *a, *b;
+  Tensor* out;
+  std::span<const SeqRun> runs, verify;
+  Tensor *conv_in, *g_in, *beta_in;  // written by a verify pass, read by a commit
+};
+
+// cuda_ops.cuh's launch_pdl in thread block clusters of `cluster` blocks (sm_90; the grid a
+// multiple of it).
+template <typename... KArgs, typename... Args>
+static void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x, attr[0].val.clusterDim.y = cluster.y, attr[0].val.clusterDim.z = cluster.z;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_allowed(reinterpret_cast<const void*>(kernel)) ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Whether a decode step takes fused_decode_kernel: thread block clusters (sm_90) of the value
+// heads of a key head (≤ 8, the portable cluster size), a head's slices in one block (dv ≤ 128)
+// with a thread for each of the key head's q and k channels and the head's v channels; and
+// one wave of blocks (a block of up to 512 threads, ~114 registers each, fills an SM): past
+// it, the state kernel's smaller blocks hide latency better. H200 (bench/RESULTS.md, session
+// 33), one kernel against two: 27B Q4_K_M b1 +1.9% (48 blocks), b4 −2.0% (192), b16 −5%;
+// 35B-A3B b1 +2.9%, b4 +1.6% (128 blocks), b16 −0.9%.
+// QWEN36_DELTANET_DECODE=two keeps the prep and state kernels (an A/B switch).
+static bool decode_in_one_kernel(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_DELTANET_DECODE");
+    int dev = 0, clusters = 0;
+    return !(v && std::strcmp(v, "two") == 0) && cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev) == cudaSuccess && clusters != 0;
+  }();
+  const int64_t ns = dv / kDecCols;
+  return on && Hv / Hk <= 8 && dv % kDecCols == 0 && ns <= kDecMaxSlices && 2 * dk + dv <= ns * kDecThreads &&
+         runs * Hv <= dev_info().sms;
+}
+
+// Launches a FusedCall; false: shapes, dtypes or runs the kernels do not handle, nothing launched.
+static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, float eps, Tensor& conv_state,
+                         Tensor& ssm_state) {
+  static constexpr const char* kOps[] = {"deltanet_decode", "deltanet_verify", "deltanet_commit"};
+  const char* op = kOps[int(f.mode)];
+  const bool pass = f.mode != Fused::Commit, saves = f.mode != Fused::Decode;
+  Tensor& mixed = f.mixed;
+  const std::span<const SeqRun> runs = f.runs;
+  if (ssm_state.ndim != 4 || conv_state.ndim != 3 || mixed.ndim != 2 || runs.empty() || runs.size() > 65535)
+    return false;
+  const int64_t T = mixed.rows(), C = mixed.cols(), K = w.conv1d.cols();
+  const int64_t Hv = ssm_state.dim(1), dk = ssm_state.dim(2), dv = ssm_state.dim(3), Hk = (C - Hv * dv) / (2 * dk);
+  const bool dk_ok = dk == 16 || dk == 32 || dk == 64 || dk == 128;  // 2·dk ≤ the prep kernel's 256 threads
+  if (!dk_ok || dv % kDecCols != 0 || dv / kDecCols > 64 || K < 1 || K > kMaxConvK || Hk <= 0 || Hv % Hk != 0 ||
+      2 * Hk * dk + Hv * dv != C || T == 0 || (pass && f.out->ndim != 3))
+    return false;
+  std::vector<const Tensor*> f32s{&mixed, &conv_state, &w.conv1d, &w.a_neg_exp, &w.dt_bias, &w.norm};
+  if (pass) f32s.insert(f32s.end(), {f.z, f.a, f.b, f.out});
+  if (saves) f32s.insert(f32s.end(), {f.conv_in, f.g_in, f.beta_in});
+  for (const Tensor* t : f32s)
+    if (t->dtype != DType::F32) return false;
+  if (ssm_state.dtype != DType::F32 && ssm_state.dtype != DType::BF16) return false;
+  const int64_t G = pass ? f.a->numel() / T : Hv;  // a's and b's row length: Hv or more (Backend::deltanet_decode)
+  if (pass)
+    QWEN36_CHECK(f.z->numel() == T * Hv * dv && G >= Hv && f.a->numel() == T * G && f.b->numel() == T * G &&
+                     f.out->dim(0) == T && f.out->dim(1) == Hv && f.out->dim(2) == dv,
+                 "{}: z {} a {} b {} out {} for {} tokens", op, f.z->shape_str(), f.a->shape_str(), f.b->shape_str(),
+                 f.out->shape_str(), T);
+  QWEN36_CHECK(conv_state.dim(1) == C && conv_state.dim(2) == K - 1, "{}: states {} {} for {} channels, {} heads of {}",
+               op, conv_state.shape_str(), ssm_state.shape_str(), C, Hv, dv);
+  QWEN36_CHECK(w.conv1d.rows() == C && w.a_neg_exp.numel() == Hv && w.dt_bias.numel() == Hv && w.norm.numel() == dv,
+               "{}: weights conv {} a {} dt {} norm {}", op, w.conv1d.shape_str(), w.a_neg_exp.shape_str(),
+               w.dt_bias.shape_str(), w.norm.shape_str());
+  int64_t n_save = 0;
+  if (saves) {
+    const Tensor &ci = *f.conv_in, &gi = *f.g_in, &bi = *f.beta_in;
+    n_save = ci.ndim == 3 ? ci.dim(1) : 0;
+    QWEN36_CHECK(n_save > 0 && ci.dim(2) == C && gi.ndim == 3 && bi.ndim == 3 && gi.dim(1) == n_save &&
+                     gi.dim(2) == Hv && bi.dim(1) == n_save && bi.dim(2) == Hv && gi.dim(0) == ci.dim(0) &&
+                     bi.dim(0) == ci.dim(0),
+                 "{}: saved inputs {} / {} / {} for {} channels, {} heads", op, ci.shape_str(), gi.shape_str(),
+                 bi.shape_str(), C, Hv);
+  }
+  // Which runs only read their state: the verify runs, found in `runs` by their first row.
+  uint64_t readonly = 0;
+  if (f.mode == Fused::Verify) {
+    if (runs.size() > size_t(kVerifyMaxRuns)) return false;
+    for (const SeqRun& v : f.verify) {
+      const auto it = std::find_if(runs.begin(), runs.end(), [&](const SeqRun& r) { return r.begin == v.begin; });
+      QWEN36_CHECK(it != runs.end() && it->slot == v.slot && it->count == v.count,
+                   "{}: verify run (slot {}, begin {}, {} tokens) is not one of the batch's runs", op, v.slot, v.begin,
+                   v.count);
+      readonly |= uint64_t(1) << (it - runs.begin());
+    }
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const SeqRun& r = runs[i];
+    const bool many = f.mode == Fused::Commit || (readonly >> i & 1);  // runs of several tokens allowed
+    if ((r.count != 1 && !many) || r.count > kFusedMaxTokens) return false;  // e.g. a prefill's run: not fused
+    QWEN36_CHECK(r.count >= 1 && r.begin >= 0 && r.begin + r.count <= T && r.slot >= 0 &&
+                     r.slot < conv_state.dim(0) && r.slot < ssm_state.dim(0) &&
+                     (!saves || (r.count <= n_save && r.slot < f.conv_in->dim(0))),
+                 "{}: run (slot {}, begin {}, {} tokens) in a batch of {}", op, r.slot, r.begin, r.count, T);
+    rows += r.count;
+  }
+  QWEN36_CHECK(rows == T, "{}: runs of {} tokens in a batch of {}", op, rows, T);
+  Temp<SeqRun> tmp(c, 0);
+  const SeqRun* dr = dev_runs(c, runs, tmp);
+  if (!dr) return true;  // recording could not upload the runs: marked failed, nothing runs
+  const int ns = int(dv / kDecCols);
+  const bool one = f.mode == Fused::Decode && decode_in_one_kernel(int64_t(runs.size()), Hk, Hv, dk, dv);
+  Temp<float> scratch(c, pass && !one ? size_t(T * Hv * (1 + ns)) : 0);  // head counters (int), then the slices' Σo²
+  FusedArgs p{};
+  p.mixed = mixed.as<float>();
+  if (pass) p.z = f.z->as<const float>(), p.a = f.a->as<const float>(), p.b = f.b->as<const float>();
+  if (pass) p.out = f.out->as<float>();
+  p.conv_w = w.conv1d.as<const float>(), p.a_neg_exp = w.a_neg_exp.as<const float>();
+  p.dt_bias = w.dt_bias.as<const float>(), p.norm = w.norm.as<const float>();
+  p.conv_state = conv_state.as<float>(), p.state = state_ref(ssm_state), p.runs = dr;
+  p.counters = reinterpret_cast<int*>(scratch.get()), p.partials = pass ? scratch.get() + T * Hv : nullptr;
+  if (saves) p.conv_in = f.conv_in->as<float>(), p.g_in = f.g_in->as<float>(), p.beta_in = f.beta_in->as<float>();
+  p.readonly = readonly, p.n_save = int(n_save);
+  p.C = int(C), p.K = int(K), p.Hk = int(Hk), p.dk = int(dk), p.Hv = int(Hv), p.dv = int(dv), p.gs = int(G);
+  p.scale = 1.0f / std::sqrt(float(dk)), p.eps = eps;
+  const unsigned nr = unsigned(runs.size());
+  if (one) {
+    const dim3 grid{nr, unsigned(Hv)}, block(unsigned(ns * kDecThreads)), cluster{1, unsigned(Hv / Hk), 1};
+    switch (dk) {
+      case 16: launch_pdl_cluster(fused_decode_kernel<16>, grid, block, cluster, 0, c.stream, p); break;
+      case 32: launch_pdl_cluster(fused_decode_kernel<32>, grid, block, cluster, 0, c.stream, p); break;
+      case 64: launch_pdl_cluster(fused_decode_kernel<64>, grid, block, cluster, 0, c.stream, p); break;
+      default: launch_pdl_cluster(fused_decode_kernel<128>, grid, block, cluster, 0, c.stream, p); break;
+    }
+    CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  const dim3 pgrid{nr, unsigned(Hk + blocks_for(Hv * dv, kDecPrepThreads))}, sgrid{nr, unsigned(Hv), unsigned(ns)};
+  auto launch = [&](auto mode) {
+    constexpr Fused M = decltype(mode)::value;
+    fused_prep_kernel<M><<<pgrid, kDecPrepThreads, 0, c.stream>>>(p);
+    CUDA_LAUNCH_CHECK();
+    switch (dk) {
+      case 16: launch_pdl(fused_state_kernel<16, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      case 32: launch_pdl(fused_state_kernel<32, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      case 64: launch_pdl(fused_state_kernel<64, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+      default: launch_pdl(fused_state_kernel<128, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+    }
+    CUDA_LAUNCH_CHECK();
+  };
+  switch (f.mode) {
+    case Fused::Decode: launch(std::integral_constant<Fused, Fused::Decode>{}); break;
+    case Fused::Verify: launch(std::integral_constant<Fused, Fused::Verify>{}); break;
+    case Fused::Commit: launch(std::integral_constant<Fused, Fused::Commit>{}); break;
+  }
+  return true;
+}
+
+bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, Tensor& out) {
+  if (int64_t(runs.size()) != mixed.rows()) return false;
+  const FusedCall f{Fused::Decode, mixed, &z, &a, &b, &out, runs, {}, nullptr, nullptr, nullptr};
+  return launch_fused(c, f, w, eps, conv_state, ssm_state);
+}
+
+bool deltanet_verify(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                     const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in,
+                     Tensor& beta_in, Tensor& out) {
+  const FusedCall f{Fused::Verify, mixed, &z, &a, &b, &out, runs, verify, &conv_in, &g_in, &beta_in};
+  return launch_fused(c, f, w, eps, conv_state, ssm_state);
+}
+
+bool deltanet_commit(Ctx& c, const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state,
+                     std::span<const SeqRun> runs, const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in,
+                     Tensor& mixed) {
+  // (a commit's kernels only read the saved inputs)
+  const FusedCall f{Fused::Commit, mixed,  nullptr,  nullptr, nullptr, nullptr, runs, {}, const_cast<Tensor*>(&conv_in),
+                    const_cast<Tensor*>(&g_in), const_cast<Tensor*>(&beta_in)};
+  return launch_fused(c, f, w, 0.0f, conv_state, ssm_state);
+}
+
+}  // namespace qwen36::cuda
