@@ -458,57 +458,60 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       }
     }
   };
-  // After tile i: a row-tile's piece ends at its last super-block or at the range's end. A
-  // whole row-tile is written out; a piece of a split one goes to the warp's slot 0 (its first
-  // row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile (arrive).
-  auto finish = [&](long long i) {
-    if (s == S - 1 || i == b1 - 1) {
-      const long long rs = (long long)r * S;
-      const bool whole = rs >= b0 && rs + S <= b1;
-      size_t stride = 16;
-      const int slot = r == r_first ? 0 : 1;
-      float* base = whole ? out_of(a, r, stride)
-                    : STAGED ? bpart + (wib * 2 + slot) * 16 * ROWS
-                          : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
-      if constexpr (kPairs) {  // tile_pairs: lanes t, t ^ 2 hold the two group parities
+  // A row-tile's piece ends at its last super-block or at the range's end (flush, with r the
+  // row-tile). A whole row-tile is written out; a piece of a split one goes to the warp's slot 0
+  // (its first row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile
+  // (arrive).
+  auto flush = [&]() {
+    const long long rs = (long long)r * S;
+    const bool whole = rs >= b0 && rs + S <= b1;
+    size_t stride = 16;
+    const int slot = r == r_first ? 0 : 1;
+    float* base = whole ? out_of(a, r, stride)
+                  : STAGED ? bpart + (wib * 2 + slot) * 16 * ROWS
+                        : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
+    if constexpr (kPairs) {  // tile_pairs: lanes t, t ^ 2 hold the two group parities
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
+      for (int e = 0; e < 4; ++e) acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (const int c = 2 * t + e; t < 2 && c < ROWS) {
-            base[size_t(c) * stride + g] = acc[0][e];
-            base[size_t(c) * stride + g + 8] = acc[0][2 + e];
-          }
-        acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-      } else if constexpr (STAGED) {  // tile_cols: the 4 lanes of a g hold a quarter of the groups each
-#pragma unroll
-        for (int c = 0; c < ROWS; ++c) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 1);
-            sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 2);
-          }
-          if (t == c) {  // token c's rows, by lane t = c of each g
-            base[size_t(c) * stride + g] = sacc[c][0];
-            base[size_t(c) * stride + g + 8] = sacc[c][1];
-          }
-          sacc[c][0] = sacc[c][1] = 0.0f;
+      for (int e = 0; e < 2; ++e)
+        if (const int c = 2 * t + e; t < 2 && c < ROWS) {
+          base[size_t(c) * stride + g] = acc[0][e];
+          base[size_t(c) * stride + g + 8] = acc[0][2 + e];
         }
-      } else {
+      acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+    } else if constexpr (STAGED) {  // tile_cols: the 4 lanes of a g hold a quarter of the groups each
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+      for (int c = 0; c < ROWS; ++c) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * n + 2 * t + e;
-            if (c < T) {
-              base[size_t(c) * stride + g] = acc[n][e];
-              base[size_t(c) * stride + g + 8] = acc[n][2 + e];
-            }
-          }
-#pragma unroll
-        for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int e = 0; e < 2; ++e) {
+          sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 1);
+          sacc[c][e] += __shfl_xor_sync(0xffffffffu, sacc[c][e], 2);
+        }
+        if (t == c) {  // token c's rows, by lane t = c of each g
+          base[size_t(c) * stride + g] = sacc[c][0];
+          base[size_t(c) * stride + g + 8] = sacc[c][1];
+        }
+        sacc[c][0] = sacc[c][1] = 0.0f;
       }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * n + 2 * t + e;
+          if (c < T) {
+            base[size_t(c) * stride + g] = acc[n][e];
+            base[size_t(c) * stride + g + 8] = acc[n][2 + e];
+          }
+        }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     }
+  };
+  // After tile i (the register-prefetch loop).
+  auto finish = [&](long long i) {
+    if (s == S - 1 || i == b1 - 1) flush();
     if (++s == S) s = 0, ++r;
   };
   // T > 1: the warp's arrival at split row-tile rr (its pieces written and fenced): the last of the
@@ -614,21 +617,27 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     stage_x();
     // Ring of RING tiles per warp: tile i computes while tiles i + 1 .. i + RING − 1 load. The
     // stage offsets and the next tile's address advance by B (no per-tile index arithmetic).
+    // The tiles go by pieces of row-tiles (to the row-tile's end or the range's): the per-tile
+    // loop has no flush test and counts in 32 bits (a warp's range is far below 2^31 tiles).
     const uint8_t* next = a.w + size_t(b0 + RING - 1) * B + 16 * lane;
     int cur = 0, fill = (RING - 1) * B;
-    for (long long i = b0; i < b1; ++i) {
-      __syncwarp();  // every lane is done reading the stage refilled now (tile i − 1's)
-      if (i + RING - 1 < b1) issue_tile<B>(ring_s + fill, next, lane);
-      cpa_commit();  // possibly empty: group k always holds tile b0 + k
-      cpa_wait<RING - 1>();
-      __syncwarp();  // the headers copied by other lanes are visible
-      Raw<D> R;
-      load_tile<D, false>(ring + cur, lane, R);
-      compute(R);
-      finish(i);
-      next += B;
-      fill = cur;  // the stage just read is the next to refill
-      cur = cur == (RING - 1) * B ? 0 : cur + B;
+    const int n = int(b1 - b0);
+    for (int j = 0; j < n;) {
+      for (const int end = min(n, j + (S - s)); j < end; ++j, ++s) {
+        __syncwarp();  // every lane is done reading the stage refilled now (tile j − 1's)
+        if (j + RING - 1 < n) issue_tile<B>(ring_s + fill, next, lane);
+        cpa_commit();  // possibly empty: group k always holds tile b0 + k
+        cpa_wait<RING - 1>();
+        __syncwarp();  // the headers copied by other lanes are visible
+        Raw<D> R;
+        load_tile<D, false>(ring + cur, lane, R);
+        compute(R);
+        next += B;
+        fill = cur;  // the stage just read is the next to refill
+        cur = cur == (RING - 1) * B ? 0 : cur + B;
+      }
+      flush();
+      if (s == S) s = 0, ++r;
     }
   }
   if constexpr (STAGED) {
