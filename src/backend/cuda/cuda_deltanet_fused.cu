@@ -5,18 +5,20 @@
 //
 // Fused decode (one token per run): a decode step moves ~3 MB of recurrent state per layer
 // (27B) and does little arithmetic, so what costs is launches, latency and too few blocks. On
-// sm_90, one kernel (fused_decode_kernel): a block per (token, value head) in clusters of the
-// value heads that share a key head, conv + SiLU of its channels, q̂ / k̂ normalised, the state
-// in registers (16-byte loads; a thread owns 4 columns × dk/16 rows of a 32-column slice, u =
-// Sᵀk̂ and o = Sᵀq̂ reduced across the slice's threads), the update and the head's gated RMSNorm.
-// Elsewhere (and with QWEN36_DELTANET_DECODE=two), two kernels: (1) per token, conv + SiLU of
-// every channel in place, q̂/k̂ L2-normalised by key head; (2) per (token, value head, slice):
-// gates, the slice's update and the gated RMSNorm of the head, which spans the slices: the last
-// of a head's blocks to finish (counter per head) normalises all dv columns. (2) is launched
-// programmatically dependent: it loads its state slice while (1) finishes. Both forms do the
-// same float operations in the same order (the shared device functions below), bit for bit.
+// sm_90, within one wave of blocks, one kernel (fused_decode_kernel): a block per (token, value
+// head) in clusters of the value heads that share a key head, conv + SiLU of its channels, q̂ /
+// k̂ normalised, the state in registers (16-byte loads; a thread owns 4 columns × dk/16 rows of a
+// 32-column slice, u = Sᵀk̂ and o = Sᵀq̂ reduced across the slice's threads), the update and the
+// head's gated RMSNorm. Elsewhere (larger batches, older GPUs, QWEN36_DELTANET_DECODE=two), two
+// kernels: (1) per token, conv + SiLU of every channel in place, q̂/k̂ L2-normalised by key head;
+// (2) per (token, value head, slice): gates, the slice's update and the gated RMSNorm of the
+// head, which spans the slices: the last of a head's blocks to finish (counter per head)
+// normalises all dv columns. (2) is launched programmatically dependent: it loads its state
+// slice while (1) finishes. Both forms do the same float operations in the same order (the
+// shared device functions below), bit for bit.
 //
-// Fused chain verify (Backend::deltanet_verify): the two kernels, each block stepping
+// Fused chain verify (Backend::deltanet_verify): the two kernels (the one kernel stepping
+// through k + 1 tokens measured slower: bench/RESULTS.md, session 33), each block stepping
 // through its run's k + 1 tokens with the conv window and the state slice in registers, not
 // written back for a verify run, whose raw inputs, g and β go to the commit's buffers as they
 // are read — instead of ~10 launches a layer (saving copies, conv, q/k/v column copies, gates,
