@@ -17,8 +17,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <type_traits>
-#include <vector>
 
 #include "backend/cuda/cuda_conv_window.cuh"
 #include "backend/cuda/cuda_ops.cuh"

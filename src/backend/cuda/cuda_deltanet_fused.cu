@@ -434,7 +434,7 @@ struct FusedCall {
 // multiple of it).
 template <typename... KArgs, typename... Args>
 static void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
-                        cudaStream_t stream, Args&&... args) {
+                               cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
