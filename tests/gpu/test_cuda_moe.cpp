@@ -147,6 +147,65 @@ TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
   check_experts(*gpu_, ex, x, w, ids, kDecodeTol, "bf16 T=5 k=12 decode");
 }
 
+// moe_experts_shared on bf16 / f16 experts up to 4 tokens: the shared expert as one more row of
+// the decode down kernel (its SwiGLU row in shared memory, its down rows loaded with the routed
+// experts'), against the composition on the host in double: the routed sum (cpu::moe_experts)
+// + sigmoid(logit) · down · (silu(gate) ⊙ up). Shapes: one chunk a lane (I = 128), the whole
+// row in one round (I = 512), two rounds (I = 1024), k = 12 (the 16-row variant); at 5 tokens
+// the composed ops (sh_out written). f32 arithmetic, only the summation order differs: kDecodeTol.
+TEST_F(CudaMoe, DecodeSharedExpertMatchesComposition) {
+  struct Case {
+    DType dt;
+    int64_t E, D, I, k;
+  };
+  for (const Case& cs : {Case{DType::BF16, 32, 256, 128, 8}, Case{DType::BF16, 16, 512, 512, 8},
+                         Case{DType::F16, 16, 256, 1024, 8}, Case{DType::BF16, 32, 256, 256, 12}}) {
+    const int64_t E = cs.E, D = cs.D, I = cs.I, k = cs.k;
+    const Experts ex = make_experts(*gpu_, rng_, cs.dt, E, D, I), shx = make_experts(*gpu_, rng_, cs.dt, 1, D, I);
+    const std::string name = label(cs.dt, 0, k, "") + "D=" + std::to_string(D) + " I=" + std::to_string(I);
+    for (int64_t T : {1, 3, 4, 5}) {
+      const bool fused = T <= 4;
+      HostT x = random_t(rng_, DType::F32, {T, D}), w, ids;
+      route(rng_, T, E, k, w, ids, E);
+      HostT g = random_t(rng_, DType::F32, {T, I}, -3.0f, 3.0f), u = random_t(rng_, DType::F32, {T, I}),
+            sl = random_t(rng_, DType::F32, {T, 1}, -4.0f, 4.0f), routed(DType::F32, {T, D});
+      cpu::moe_experts(x.t, w.t, ids.t, ex.h, routed.t);
+      const uint16_t* down = shx.host[2].t.as<const uint16_t>();  // [D, I]
+      auto dv = [&](int64_t j) { return double(cs.dt == DType::BF16 ? bf16_to_f32(down[j]) : f16_to_f32(down[j])); };
+      std::vector<float> want(size_t(T * D));
+      for (int64_t t = 0; t < T; ++t) {
+        const double gate = 1.0 / (1.0 + std::exp(-double(sl.f()[t])));
+        for (int64_t d = 0; d < D; ++d) {
+          double y = 0;
+          for (int64_t i = 0; i < I; ++i) {
+            const double gv = g.f()[t * I + i];
+            y += dv(d * I + i) * (gv / (1.0 + std::exp(-gv)) * u.f()[t * I + i]);
+          }
+          want[size_t(t * D + d)] = float(double(routed.f()[t * D + d]) + gate * y);
+        }
+      }
+      HostT nan_o(DType::F32, {T, D});
+      std::fill(nan_o.f(), nan_o.f() + T * D, std::numeric_limits<float>::quiet_NaN());
+      DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), di = upload(*gpu_, ids), dg = upload(*gpu_, g),
+           du = upload(*gpu_, u), ds = upload(*gpu_, sl), o = upload(*gpu_, nan_o), sh_out = upload(*gpu_, nan_o);
+      gpu_->moe_experts_shared(dx.t, dw.t, di.t, ex.d, dg.t, du.t, shx.d[0].down_proj, ds.t, sh_out.t, o.t);
+      const std::vector<float> got = download(*gpu_, o.t), scratch = download(*gpu_, sh_out.t);
+      const std::string at = name + " T=" + std::to_string(T);
+      EXPECT_LE(rel_err(got, want), kDecodeTol) << at << ": " << worst_at(got, want, D);
+      EXPECT_EQ(std::isnan(scratch[0]), fused) << at << ": the shared expert's down output was "
+                                               << (fused ? "written (composed, not fused)" : "not written");
+      if (!fused || T != 3) continue;
+      ASSERT_TRUE(gpu_->begin_capture());
+      gpu_->moe_experts_shared(dx.t, dw.t, di.t, ex.d, dg.t, du.t, shx.d[0].down_proj, ds.t, sh_out.t, o.t);
+      ASSERT_TRUE(gpu_->end_capture(0x6d6f6512, true)) << "the shared-expert decode could not be recorded";
+      gpu_->copy_from_host(nan_o.t.data, o.t);
+      ASSERT_TRUE(gpu_->replay(0x6d6f6512));
+      EXPECT_EQ(download(*gpu_, o.t), got) << at << ": the replay differs from the eager call";
+      gpu_->drop_recordings();
+    }
+  }
+}
+
 TEST_F(CudaMoe, PrefillTensorCoresMatchCpu) {
   const int64_t E = 64, D = 256, I = 128;
   for (DType dt : {DType::BF16, DType::F16}) {

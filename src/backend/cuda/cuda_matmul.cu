@@ -470,30 +470,44 @@ int tile_warps(int64_t tasks) {
 
 // Few rows (N ≤ Ctx::gemv_split_rows, K % 8 == 0): one block per weight row, its 8 warps split K, so
 // that a small matrix (DeltaNet's a/b projections, k/v projections, MoE router and shared
-// expert) still spreads over every SM with several loads in flight.
+// expert) still spreads over every SM with several loads in flight. A thread's first kSplitAhead
+// weight vectors (all of a row of K ≤ 8192) are requested before griddep_wait, so they stream
+// while the kernel before drains (an out_proj's 16 MB at the 35B-A3B's decode).
+constexpr int kSplitAhead = 4;
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_split_kernel(const W* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, int N, int K) {
   griddep_trigger();
-  griddep_wait();
   const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const W* wr = w + size_t(row) * size_t(K);
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  constexpr int kStep = kGemvWarps * 32;
   const int K8 = K / 8;
-#pragma unroll 2
-  for (int i = threadIdx.x; i < K8; i += kGemvWarps * 32) {
-    Vec8<W> v;
-    v.load(wr + size_t(i) * 8);
-    float f[8];
-    v.unpack(f);
+  Vec8<W> v[kSplitAhead];
+  auto load = [&](int i0) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4 x0 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8));
-      const float4 x1 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8) + 1);
-      acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
-                f[7] * x1.w;
+    for (int u = 0; u < kSplitAhead; ++u)
+      if (i0 + u * kStep < K8) v[u].load(wr + size_t(i0 + u * kStep) * 8);
+  };
+  load(int(threadIdx.x));
+  griddep_wait();
+  for (int i0 = int(threadIdx.x); i0 < K8; i0 += kSplitAhead * kStep) {
+    if (i0 != int(threadIdx.x)) load(i0);
+#pragma unroll
+    for (int u = 0; u < kSplitAhead; ++u) {
+      const int i = i0 + u * kStep;
+      if (i >= K8) break;
+      float f[8];
+      v[u].unpack(f);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4 x0 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8));
+        const float4 x1 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(i) * 8) + 1);
+        acc[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+                  f[7] * x1.w;
+      }
     }
   }
   __shared__ float part[kGemvWarps][T];

@@ -75,6 +75,8 @@ constexpr int64_t kMaxTiledMoePairs = 1024;
 // blocks re-read the shared down matrix and take an extra unit, where one GEMM read it once
 // for all (b8 1,350 → 1,304, b16 1,765 → 1,633).
 constexpr int64_t kMaxSharedFoldTokens = 4;
+// bf16 / f16 experts: the shared expert's SwiGLU row in the down kernel's shared memory, up to I = 12,288.
+constexpr int64_t kMaxDecodeSharedBytes = 48 * 1024;
 
 // One warp per token: softmax over the E router logits, top-k, optional renormalisation. Lane l
 // holds experts l + 32 i (i < NE, NE · 32 ≥ E) in registers: the probabilities as the earlier
@@ -187,7 +189,7 @@ struct W8<float> {
 
 template <typename W>
 __device__ __forceinline__ float dot8(const W8<W>& w, const float* x) {
-  return w.dot(__ldg(reinterpret_cast<const float4*>(x)), __ldg(reinterpret_cast<const float4*>(x) + 1));
+  return w.dot(__ldca(reinterpret_cast<const float4*>(x)), __ldca(reinterpret_cast<const float4*>(x) + 1));
 }
 
 // Loads in flight per lane and row: 8 × 16 bytes for bf16/f16 (the register budget for f32).
@@ -217,11 +219,20 @@ __device__ __forceinline__ float lane_dot(const W* w, const float* x, int n, boo
 }
 
 // grid (ceil(I / 8), P), 256 threads: warp per intermediate row i of pair p = t·k + j; the gate
-// and up rows stream together so 2·U loads per lane are in flight.
+// and up rows stream together so 2·U loads per lane are in flight. U is half of lane_dot's so
+// that a thread needs at most 64 registers: 4 blocks a SM, and a 35B-A3B token's 512 blocks run
+// in one wave (with 8 loads a row, 90 registers, 2 blocks a SM: two waves, ncu). Launched with
+// launch_pdl, as decode_down_kernel: the rows to read depend on ids, so nothing starts before
+// griddep_wait but the blocks themselves (resident while the kernel before drains), and x, an
+// earlier kernel's result, is read through coherent loads.
 template <typename W>
-__global__ void __launch_bounds__(256) decode_gate_up_kernel(const float* x, const int32_t* ids,
+constexpr int kGateUpUnroll = kUnroll<W> / 2;
+template <typename W>
+__global__ void __launch_bounds__(256, 4) decode_gate_up_kernel(const float* x, const int32_t* ids,
                                                              const ExpertPtrs* table, float* act, int D, int I,
                                                              int k, int E, bool vec) {
+  griddep_wait();
+  griddep_trigger();
   const int p = blockIdx.y, i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (i >= I) return;
   const int e = ids[p];
@@ -234,7 +245,7 @@ __global__ void __launch_bounds__(256) decode_gate_up_kernel(const float* x, con
   const float* xt = x + int64_t(p / k) * D;
   float ag = 0, au = 0;
   if (vec) {
-    constexpr int U = kUnroll<W>;
+    constexpr int U = kGateUpUnroll<W>;
     const int nch = D / 8;
     for (int c0 = lane; c0 < nch; c0 += 32 * U) {
       W8<W> rg[U], ru[U];
@@ -248,7 +259,7 @@ __global__ void __launch_bounds__(256) decode_gate_up_kernel(const float* x, con
       for (int v = 0; v < U; ++v)
         if (c0 + 32 * v < nch) {
           const float4* xv = reinterpret_cast<const float4*>(xt + (c0 + 32 * v) * 8);
-          const float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+          const float4 x0 = __ldca(xv), x1 = __ldca(xv + 1);
           ag += rg[v].dot(x0, x1);
           au += ru[v].dot(x0, x1);
         }
@@ -264,46 +275,86 @@ __global__ void __launch_bounds__(256) decode_gate_up_kernel(const float* x, con
   if (lane == 0) act[int64_t(p) * I + i] = silu_f(ag) * au;
 }
 
+// The shared expert as one more row of every token's down sum (Backend::moe_experts_shared at
+// decode): out[t] += sigmoid(logit[t]) · down · (silu(gate[t]) ⊙ up[t]). w null: none.
+struct DecodeShared {
+  const void* w = nullptr;                     // down [D, I], the routed experts' dtype
+  const float *gate = nullptr, *up = nullptr;  // [T, I]: its gate and up projections
+  const float* logit = nullptr;                // [T]: its gate logit
+};
+
 // grid (ceil(D / 8), T), 256 threads: warp per output row d of token t; the block's warps own
 // their rows, so the k experts are summed in registers (j order), no atomics. KMAX (8 or 16)
 // bounds the k rows held in registers (16 costs ~150 registers, half the occupancy).
+// bf16 / f16 rows (vec, k ≤ KMAX) start before griddep_wait: ids come from moe_route and the
+// shared expert's inputs from the router GEMV, kernels before decode_gate_up_kernel, which lets
+// this launch start only after its own griddep_wait (so they are complete; read through L2),
+// and only act is its output. So every expert row's first loads, and the shared expert's
+// SwiGLU row (in shared memory, I floats), overlap the gate + up kernel's tail.
 template <typename W, int KMAX>
 __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, const int32_t* ids, const float* weights,
-                                                          const ExpertPtrs* table, float* out, int D, int I, int k,
-                                                          int E, bool vec) {
+                                                          const ExpertPtrs* table, DecodeShared sh, float* out, int D,
+                                                          int I, int k, int E, bool vec) {
   const int t = blockIdx.y, d = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (d >= D) return;
   const float* a = act + int64_t(t) * k * I;
   float acc = 0;
   if constexpr (sizeof(W) == 2) {
     if (vec && k <= KMAX) {
-      // Every expert's row loads are issued before any is reduced (a row is short, 1 KB at
-      // I = 512: one expert after the other would leave the memory system mostly idle).
-      const W* rows[KMAX];
-      float part[KMAX];
+      // Every row's loads (U chunks of 8 a lane: I = 512 is all of it) are issued before any is
+      // reduced (a row is short, 1 KB at I = 512: one expert after the other would leave the
+      // memory system mostly idle). Row KMAX is the shared expert's.
+      constexpr int R = KMAX + 1, U = KMAX <= 8 ? 2 : 1;
+      extern __shared__ float sh_act[];  // [I] with a shared expert
+      const W* rows[R];
 #pragma unroll
       for (int j = 0; j < KMAX; ++j) {
-        const int e = j < k ? ids[t * k + j] : -1;
-        rows[j] = valid_expert(e, E) ? static_cast<const W*>(table[e].down) + int64_t(d) * I : nullptr;
-        part[j] = 0;
+        const int e = j < k ? __ldcg(ids + t * k + j) : -1;
+        rows[j] = d < D && valid_expert(e, E) ? static_cast<const W*>(table[e].down) + int64_t(d) * I : nullptr;
       }
+      rows[KMAX] = sh.w && d < D ? static_cast<const W*>(sh.w) + int64_t(d) * I : nullptr;
       const int nch = I / 8;
-      for (int c = lane; c < nch; c += 32) {
-        W8<W> r[KMAX];
+      W8<W> r[R][U];
+      auto load = [&](int c0) {
 #pragma unroll
-        for (int j = 0; j < KMAX; ++j)
-          if (rows[j]) r[j].load(rows[j] + c * 8);
+        for (int j = 0; j < R; ++j)
 #pragma unroll
-        for (int j = 0; j < KMAX; ++j)
-          if (rows[j]) part[j] += dot8(r[j], a + j * I + c * 8);
+          for (int u = 0; u < U; ++u)
+            if (rows[j] && c0 + 32 * u < nch) r[j][u].load(rows[j] + (c0 + 32 * u) * 8);
+      };
+      load(lane);
+      if (sh.w)
+        for (int i = int(threadIdx.x); i < I; i += int(blockDim.x))
+          sh_act[i] = silu_f(__ldcg(sh.gate + int64_t(t) * I + i)) * __ldcg(sh.up + int64_t(t) * I + i);
+      griddep_wait();  // act
+      griddep_trigger();
+      __syncthreads();  // sh_act
+      float part[R] = {};
+      for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+        if (c0 != lane) load(c0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int c = c0 + 32 * u;
+          if (c >= nch) break;
+#pragma unroll
+          for (int j = 0; j < KMAX; ++j)
+            if (rows[j]) part[j] += dot8(r[j][u], a + j * I + c * 8);
+          if (rows[KMAX]) {
+            const float4* xs = reinterpret_cast<const float4*>(sh_act + c * 8);
+            part[KMAX] += r[KMAX][u].dot(xs[0], xs[1]);
+          }
+        }
       }
 #pragma unroll
       for (int j = 0; j < KMAX; ++j)
         if (rows[j]) acc += weights[t * k + j] * warp_sum(part[j]);
-      if (lane == 0) out[int64_t(t) * D + d] = acc;
+      if (rows[KMAX]) acc += sigmoid_f(sh.logit[t]) * warp_sum(part[KMAX]);
+      if (lane == 0 && d < D) out[int64_t(t) * D + d] = acc;
       return;
     }
   }
+  griddep_wait();
+  griddep_trigger();
+  if (d >= D) return;
   for (int j = 0; j < k; ++j) {
     const int e = ids[t * k + j];
     if (!valid_expert(e, E)) continue;
@@ -674,18 +725,19 @@ struct MoeShape {
 };
 
 void run_decode(Ctx& c, const MoeShape& s, DType dt, bool vec, const Tensor& x, const Tensor& weights,
-                const Tensor& ids, const ExpertPtrs* table, Tensor& out) {
+                const Tensor& ids, const ExpertPtrs* table, Tensor& out, const DecodeShared& sh = {}) {
   Temp<float> act(c, size_t(s.P * s.I));
   const dim3 g1(unsigned((s.I + 7) / 8), unsigned(s.P)), g2(unsigned((s.D + 7) / 8), unsigned(s.T));
   const int D = int(s.D), I = int(s.I), k = int(s.k), E = int(s.E);
+  const size_t smem = sh.w ? size_t(I) * sizeof(float) : 0;
   auto run = [&](auto tag) {
     using W = decltype(tag);
-    decode_gate_up_kernel<W><<<g1, 256, 0, c.stream>>>(x.as<const float>(), ids.as<const int32_t>(), table, act.get(),
-                                                       D, I, k, E, vec);
+    launch_pdl(decode_gate_up_kernel<W>, g1, dim3(256), 0, c.stream, x.as<const float>(), ids.as<const int32_t>(),
+               table, act.get(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
     auto down = k <= 8 ? decode_down_kernel<W, 8> : decode_down_kernel<W, 16>;
-    down<<<g2, 256, 0, c.stream>>>(act.get(), ids.as<const int32_t>(), weights.as<const float>(), table,
-                                   out.as<float>(), D, I, k, E, vec);
+    launch_pdl(down, g2, dim3(256), smem, c.stream, act.get(), ids.as<const int32_t>(), weights.as<const float>(),
+               table, sh, out.as<float>(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
   };
   if (dt == DType::BF16)
@@ -984,12 +1036,60 @@ void check_moe_call(const Tensor& x, const Tensor& weights, const Tensor& ids, s
   QWEN36_CHECK(int64_t(experts.size()) <= kMaxExperts, "moe_experts: {} experts (CUDA supports ≤ {})", experts.size(),
                kMaxExperts);
 }
+
+// bf16 / f16 / f32 experts (one dtype and shape, checked) and whether the 16-byte kernels take
+// them (vec: x and every matrix 16-byte aligned, D and I multiples of 8).
+struct DenseExperts {
+  DType dt;
+  MoeShape s;
+  bool vec;
+};
+DenseExperts check_dense_experts(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts) {
+  const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
+  const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
+  const DType dt = experts[0].gate_proj.dtype;
+  check_weight_dtype(experts[0].gate_proj, "moe_experts");
+  bool aligned = aligned16(x.data);
+  for (const MlpWeights& m : experts) {
+    QWEN36_CHECK(m.gate_proj.dtype == dt && m.up_proj.dtype == dt && m.down_proj.dtype == dt &&
+                     m.gate_proj.rows() == I && m.gate_proj.cols() == D && m.up_proj.rows() == I &&
+                     m.up_proj.cols() == D && m.down_proj.rows() == D && m.down_proj.cols() == I,
+                 "moe_experts: experts must share one dtype and shape");
+    aligned = aligned && aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data);
+  }
+  QWEN36_CHECK(T * k < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
+               "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
+  return {dt, {T, D, I, E, k, T * k}, aligned && D % 8 == 0 && I % 8 == 0};
+}
+
+// moe_experts_shared on bf16 / f16 experts at decode: the shared expert as one more row of the
+// down kernel's sums (DecodeShared), when the kernel's 16-byte path takes the routed experts
+// and the shared down matrix has their dtype and shape; false (nothing launched) otherwise.
+bool dense_decode_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
+                         std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out) {
+  const DenseExperts de = check_dense_experts(x, ids, experts);
+  const MoeShape& s = de.s;
+  const bool shapes = sh.down.dtype == de.dt && sh.down.rows() == s.D && sh.down.cols() == s.I &&
+                      aligned16(sh.down.data) && sh.gate.dtype == DType::F32 && sh.up.dtype == DType::F32 &&
+                      sh.logit.dtype == DType::F32 && sh.gate.numel() == s.T * s.I && sh.up.numel() == s.T * s.I &&
+                      sh.logit.numel() == s.T;
+  if ((de.dt != DType::BF16 && de.dt != DType::F16) || !de.vec || !shapes || s.k > 16 || s.P > kMaxPairs ||
+      s.I * int64_t(sizeof(float)) > kMaxDecodeSharedBytes)
+    return false;
+  if (s.T == 0) return true;
+  const ExpertPtrs* table = expert_table(c, experts);
+  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
+  run_decode(c, s, de.dt, de.vec, x, weights, ids, table, out,
+             {sh.down.data, sh.gate.as<const float>(), sh.up.as<const float>(), sh.logit.as<const float>()});
+  return true;
+}
 }  // namespace
 
 bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids,
                         std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out) {
   check_moe_call(x, weights, ids, experts, out);
-  if (x.rows() > kMaxSharedFoldTokens || !dtype_is_quantized(experts[0].gate_proj.dtype)) return false;
+  if (x.rows() > kMaxSharedFoldTokens) return false;
+  if (!dtype_is_quantized(experts[0].gate_proj.dtype)) return dense_decode_shared(c, x, weights, ids, experts, sh, out);
   const QuantExperts q = check_quant_experts(x, ids, experts);
   if (q.s.T == 0) return true;
   if (c.exact_matmul || !q.tiled || q.s.P > kMaxTiledMoePairs) return false;
@@ -1059,24 +1159,13 @@ void moe_combine_rows(Ctx& c, const Tensor& rows, const Tensor& weights, const T
 void moe_experts(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                  Tensor& out) {
   check_moe_call(x, weights, ids, experts, out);
-  const int64_t D = x.cols(), T = x.rows(), k = ids.cols();
-  const int64_t E = int64_t(experts.size()), I = experts[0].gate_proj.rows();
-  const DType dt = experts[0].gate_proj.dtype;
-  if (dtype_is_quantized(dt)) return moe_experts_quant(c, x, weights, ids, experts, out);
-  check_weight_dtype(experts[0].gate_proj, "moe_experts");
-  bool aligned = aligned16(x.data);
-  for (const MlpWeights& m : experts) {
-    QWEN36_CHECK(m.gate_proj.dtype == dt && m.up_proj.dtype == dt && m.down_proj.dtype == dt &&
-                     m.gate_proj.rows() == I && m.gate_proj.cols() == D && m.up_proj.rows() == I &&
-                     m.up_proj.cols() == D && m.down_proj.rows() == D && m.down_proj.cols() == I,
-                 "moe_experts: experts must share one dtype and shape");
-    aligned = aligned && aligned16(m.gate_proj.data) && aligned16(m.up_proj.data) && aligned16(m.down_proj.data);
-  }
+  if (dtype_is_quantized(experts[0].gate_proj.dtype)) return moe_experts_quant(c, x, weights, ids, experts, out);
+  const DenseExperts de = check_dense_experts(x, ids, experts);
+  const MoeShape& s = de.s;
+  const int64_t D = s.D, T = s.T, k = s.k, E = s.E, I = s.I;
+  const DType dt = de.dt;
+  const bool vec = de.vec;
   if (T == 0) return;
-  const MoeShape s{T, D, I, E, k, T * k};
-  QWEN36_CHECK(s.P < (int64_t(1) << 30) && D < (int64_t(1) << 30) && I < (int64_t(1) << 30),
-               "moe_experts: x {} with top-{} is too large", x.shape_str(), k);
-  const bool vec = aligned && D % 8 == 0 && I % 8 == 0;
   if (s.P <= kMaxPairs) {
     const ExpertPtrs* table = expert_table(c, experts);
     if (!table) return;  // recording, and the table is new: the recording is dropped anyway
