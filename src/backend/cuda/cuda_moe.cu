@@ -4,11 +4,12 @@
 //    (ties to the lower id, as the CPU), renormalised.
 //  - moe_experts, few (token, expert) pairs (decode, batch decode: T·k ≤ 64; graph-captured,
 //    so no host sync and no shape that depends on device data): two launches that read each
-//    pair's expert from the routing ids through a device table of expert pointers.
-//    gate+up: a warp per (pair, intermediate row) streams the gate and the up row together
-//    (16-byte loads, 8 per row in flight per lane) and applies SwiGLU; down: a warp per
-//    (token, output row) loads the rows of all k experts at once and sums them in j order,
-//    weighted (no atomics). f32 activations, f32 accumulation.
+//    pair's expert from the routing ids through a device table of expert pointers, both
+//    programmatically dependent. gate+up: a warp per (pair, intermediate row) streams the gate
+//    and the up row together (16-byte loads, 4 per row in flight per lane: one wave of blocks)
+//    and applies SwiGLU; down: a warp per (token, output row) loads the rows of all k experts at
+//    once, before its wait, and sums them weighted in j order (no atomics). f32 activations, f32
+//    accumulation.
 //  - many pairs (prefill), bf16/f16 weights: the pairs are grouped by expert on the device
 //    (one block: counts, scan, scatter = a counting sort; no host round trip), then two
 //    grouped tensor-core GEMMs (mma.sync m16n8k16, cp.async 4-stage pipeline) whose 1-D grid
@@ -32,7 +33,9 @@
 //    and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
 //  - moe_experts_shared (Backend's), up to kMaxSharedFoldTokens tokens on tiled experts whose
 //    down type the shared expert's down shares: the shared expert is one more pair of every
-//    token in the tiled down kernel; otherwise the CUDA backend composes the plain ops.
+//    token in the tiled down kernel; on bf16 / f16 experts taking the decode kernels, one more
+//    row of the down kernel's sums (its SwiGLU row computed there); otherwise the CUDA backend
+//    composes the plain ops.
 //  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
 #include <atomic>
@@ -87,8 +90,9 @@ constexpr int64_t kMaxDecodeSharedBytes = 48 * 1024;
 // kept by lane j, which writes it. (The shared-memory form with shuffled (value, index) pairs and
 // lane 0 re-reading its stores took 5.4 µs a 35B-A3B layer.)
 // Launched programmatically dependent (its launch overlaps the router GEMV's tail) but it lets
-// no dependent start early (no griddep_trigger: the kernels after it may read ids before their
-// griddep_wait, to prefetch the experts' weights).
+// no dependent start early (no griddep_trigger): the experts' kernels after it, resident early,
+// measured slower on the H200 (bench/RESULTS.md, sessions 33 and 34: the 35B-A3B Q4_K_M b1
+// −0.7%, bf16 b4 −3%; bf16 b1 +1%). The kernel right after it reads ids after its griddep_wait.
 template <int NE>
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   griddep_wait();  // the logits come from the kernel before
@@ -344,10 +348,12 @@ __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, cons
           }
         }
       }
+      // The lane's rows weighted, then one warp sum (not one per row).
 #pragma unroll
       for (int j = 0; j < KMAX; ++j)
-        if (rows[j]) acc += weights[t * k + j] * warp_sum(part[j]);
-      if (rows[KMAX]) acc += sigmoid_f(sh.logit[t]) * warp_sum(part[KMAX]);
+        if (rows[j]) acc += weights[t * k + j] * part[j];
+      if (rows[KMAX]) acc += sigmoid_f(sh.logit[t]) * part[KMAX];
+      acc = warp_sum(acc);
       if (lane == 0 && d < D) out[int64_t(t) * D + d] = acc;
       return;
     }
@@ -1005,8 +1011,7 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
 }
 
 namespace {
-// A plain launch, and like moe_route's kernel no early start for the kernels after it: they may
-// read ids before their griddep_wait (their weight prefetch).
+// A plain launch: like moe_route's kernel, it lets no kernel after it start early.
 __global__ void local_ids_kernel(int32_t* ids, int64_t n, int e0, int count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int e = ids[i];
