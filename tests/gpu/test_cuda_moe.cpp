@@ -126,6 +126,38 @@ std::string label(DType dt, int64_t T, int64_t k, const char* note) {
   return o.str();
 }
 
+// moe_experts_shared's inputs: x, the routing, the shared expert's gate / up rows and gate logit.
+struct SharedInputs {
+  const HostT &x, &w, &ids, &g, &u, &logit;
+};
+// moe_experts_shared on the device against want (rel_err ≤ tol). fused: the shared expert runs in
+// the expert kernels, which leave the composition's scratch (sh_out, sh_gate) untouched; else they
+// are written. At 3 tokens, fused, a graph replay (recording key) equals the eager call bitwise.
+void check_shared_fold(Backend& gpu, std::span<const MlpWeights> experts, const Tensor& sh_down, const SharedInputs& in,
+                       const std::vector<float>& want, double tol, bool fused, uint64_t key, const std::string& at) {
+  const int64_t T = in.x.t.rows(), D = in.x.t.cols(), I = in.g.t.cols();
+  HostT nan_o(DType::F32, {T, D});
+  std::fill(nan_o.f(), nan_o.f() + T * D, std::numeric_limits<float>::quiet_NaN());
+  DevT dx = upload(gpu, in.x), dw = upload(gpu, in.w), di = upload(gpu, in.ids), dg = upload(gpu, in.g),
+       du = upload(gpu, in.u), ds = upload(gpu, in.logit), o = upload(gpu, nan_o), sh_out = upload(gpu, nan_o);
+  gpu.moe_experts_shared(dx.t, dw.t, di.t, experts, dg.t, du.t, sh_down, ds.t, sh_out.t, o.t);
+  const std::vector<float> got = download(gpu, o.t), scratch = download(gpu, sh_out.t);
+  EXPECT_LE(rel_err(got, want), tol) << at << ": " << worst_at(got, want, D);
+  EXPECT_EQ(std::isnan(scratch[0]), fused) << at << ": the shared expert's down output was "
+                                           << (fused ? "written (composed, not fused)" : "not written");
+  const HostT& g = in.g;
+  EXPECT_EQ(download(gpu, dg.t) == std::vector<float>(g.t.as<const float>(), g.t.as<const float>() + T * I), fused)
+      << at << ": sh_gate";
+  if (!fused || T != 3) return;
+  ASSERT_TRUE(gpu.begin_capture());
+  gpu.moe_experts_shared(dx.t, dw.t, di.t, experts, dg.t, du.t, sh_down, ds.t, sh_out.t, o.t);
+  ASSERT_TRUE(gpu.end_capture(key, true)) << at << ": the shared-expert decode could not be recorded";
+  gpu.copy_from_host(nan_o.t.data, o.t);
+  ASSERT_TRUE(gpu.replay(key));
+  EXPECT_EQ(download(gpu, o.t), got) << at << ": the replay differs from the eager call";
+  gpu.drop_recordings();
+}
+
 TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
   const int64_t E = 64, D = 256, I = 128, k = 8;
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
@@ -184,24 +216,8 @@ TEST_F(CudaMoe, DecodeSharedExpertMatchesComposition) {
           want[size_t(t * D + d)] = float(double(routed.f()[t * D + d]) + gate * y);
         }
       }
-      HostT nan_o(DType::F32, {T, D});
-      std::fill(nan_o.f(), nan_o.f() + T * D, std::numeric_limits<float>::quiet_NaN());
-      DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), di = upload(*gpu_, ids), dg = upload(*gpu_, g),
-           du = upload(*gpu_, u), ds = upload(*gpu_, sl), o = upload(*gpu_, nan_o), sh_out = upload(*gpu_, nan_o);
-      gpu_->moe_experts_shared(dx.t, dw.t, di.t, ex.d, dg.t, du.t, shx.d[0].down_proj, ds.t, sh_out.t, o.t);
-      const std::vector<float> got = download(*gpu_, o.t), scratch = download(*gpu_, sh_out.t);
-      const std::string at = name + " T=" + std::to_string(T);
-      EXPECT_LE(rel_err(got, want), kDecodeTol) << at << ": " << worst_at(got, want, D);
-      EXPECT_EQ(std::isnan(scratch[0]), fused) << at << ": the shared expert's down output was "
-                                               << (fused ? "written (composed, not fused)" : "not written");
-      if (!fused || T != 3) continue;
-      ASSERT_TRUE(gpu_->begin_capture());
-      gpu_->moe_experts_shared(dx.t, dw.t, di.t, ex.d, dg.t, du.t, shx.d[0].down_proj, ds.t, sh_out.t, o.t);
-      ASSERT_TRUE(gpu_->end_capture(0x6d6f6512, true)) << "the shared-expert decode could not be recorded";
-      gpu_->copy_from_host(nan_o.t.data, o.t);
-      ASSERT_TRUE(gpu_->replay(0x6d6f6512));
-      EXPECT_EQ(download(*gpu_, o.t), got) << at << ": the replay differs from the eager call";
-      gpu_->drop_recordings();
+      check_shared_fold(*gpu_, ex.d, shx.d[0].down_proj, {x, w, ids, g, u, sl}, want, kDecodeTol, fused, 0x6d6f6512,
+                        name + " T=" + std::to_string(T));
     }
   }
 }
@@ -839,25 +855,8 @@ TEST_F(CudaMoe, TiledSharedExpertMatchesInt8Twin) {
           want[size_t(t * D + d)] = float(double(want[size_t(t * D + d)]) + gate * y);
         }
       }
-      HostT nan_o(DType::F32, {T, D});
-      std::fill(nan_o.f(), nan_o.f() + T * D, std::numeric_limits<float>::quiet_NaN());
-      DevT dx = upload(*gpu_, x), dw = upload(*gpu_, w), di = upload(*gpu_, ids), dg = upload(*gpu_, g),
-           du = upload(*gpu_, u), ds = upload(*gpu_, sl), o = upload(*gpu_, nan_o), sh_out = upload(*gpu_, nan_o);
-      gpu_->moe_experts_shared(dx.t, dw.t, di.t, te.d, dg.t, du.t, ts.d[0].down_proj, ds.t, sh_out.t, o.t);
-      const std::vector<float> got = download(*gpu_, o.t), scratch = download(*gpu_, sh_out.t);
-      const std::string at = name + " T=" + std::to_string(T);
-      EXPECT_LE(rel_err(got, want), kQuantDecodeTol) << at << ": " << worst_at(got, want, D);
-      EXPECT_EQ(std::isnan(scratch[0]), fused) << at << ": the shared expert's down output was "
-                                               << (fused ? "written (composed, not fused)" : "not written");
-      EXPECT_EQ(download(*gpu_, dg.t) == std::vector<float>(g.f(), g.f() + T * I), fused) << at << ": sh_gate";
-      if (!fused || T != 3) continue;
-      ASSERT_TRUE(gpu_->begin_capture());
-      gpu_->moe_experts_shared(dx.t, dw.t, di.t, te.d, dg.t, du.t, ts.d[0].down_proj, ds.t, sh_out.t, o.t);
-      ASSERT_TRUE(gpu_->end_capture(0x6d6f6511, true)) << "the shared-expert decode could not be recorded";
-      gpu_->copy_from_host(nan_o.t.data, o.t);
-      ASSERT_TRUE(gpu_->replay(0x6d6f6511));
-      EXPECT_EQ(download(*gpu_, o.t), got) << at << ": the replay differs from the eager call";
-      gpu_->drop_recordings();
+      check_shared_fold(*gpu_, te.d, ts.d[0].down_proj, {x, w, ids, g, u, sl}, want, kQuantDecodeTol, fused,
+                        0x6d6f6511, name + " T=" + std::to_string(T));
     }
   }
 }
