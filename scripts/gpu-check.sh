@@ -2,11 +2,13 @@
 # On the GPU machine: build the CUDA preset for sm_90a only (ninja -j16), run the GPU tests
 # and the standard benchmark set, and write every log to OUTDIR.
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
-# QWEN36_CHECK_PARTS picks parts (default all): tests bench serve profiles trace offload tp — e.g.
-# calls of a time-limited runner: "tests bench", then "serve profiles", then "offload", and on
-# a machine with two GPUs "tp".
+# QWEN36_CHECK_PARTS picks parts (default all): tests decode bench serve profiles trace offload tp
+# — e.g. calls of a time-limited runner: "tests decode", then "bench", then "serve profiles", then
+# "offload", and on a machine with two GPUs "tp". "decode" is the decode bars' table in about a
+# minute (one-token and small-batch steps of the four synthetic models, MTP SIMULATED): run it
+# with every change, since a change for one model's step can cost another's.
 set -uo pipefail
-PARTS=" ${QWEN36_CHECK_PARTS:-tests bench serve profiles trace offload tp} "
+PARTS=" ${QWEN36_CHECK_PARTS:-tests decode bench serve profiles trace offload tp} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${1:?usage: scripts/gpu-check.sh OUTDIR [--quick]}
 QUICK=${2:-}
@@ -46,6 +48,15 @@ done
 part tests && grep -E "^\[  (PASSED|FAILED) |Failure|^\[ [a-z0-9-]+ \]" "$OUT/tests.log"
 
 bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 300 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }
+if part decode; then
+  for mt in "qwen3.6-27b bf16" "qwen3.6-35b-a3b bf16" "qwen3.6-27b q4_k_m" "qwen3.6-35b-a3b q4_k_m"; do
+    set -- $mt
+    bench --synthetic "$1" --type "$2" -p "" -n 64 -r 2 -b 1,4
+  done
+  bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 32 -r 2 -b 16
+  bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -r 2 -b 1 --spec mtp --spec-draft-n 3 \
+    --simulate-acceptance 0.92,0.84,0.65,0.5,0.4
+fi
 if ! part bench; then
   :
 elif [ "$QUICK" = "--quick" ]; then
