@@ -4,8 +4,8 @@
 #   scripts/gpu-check.sh OUTDIR [--quick]        (QWEN36_PREBUILT=DIR: run binaries built elsewhere)
 # QWEN36_CHECK_PARTS picks parts (default all): tests decode bench serve profiles trace offload tp
 # — e.g. calls of a time-limited runner: "tests decode", then "bench", then "serve profiles", then
-# "offload", and on a machine with two GPUs "tp". "decode" is the decode bars' table in about a
-# minute (one-token and small-batch steps of the four synthetic models, MTP SIMULATED): run it
+# "offload", and on a machine with two GPUs "tp". "decode" is the decode bars' table in about two
+# minutes (one-token and small-batch steps of the four synthetic models, MTP SIMULATED): run it
 # with every change, since a change for one model's step can cost another's.
 set -uo pipefail
 PARTS=" ${QWEN36_CHECK_PARTS:-tests decode bench serve profiles trace offload tp} "
