@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(256, 4) decode_gate_up_kernel(const float* x, 
                                                              const ExpertPtrs* table, float* act, int D, int I,
                                                              int k, int E, bool vec) {
   griddep_wait();
-  griddep_trigger();
+  griddep_trigger();  // after the wait: decode_down_kernel reads ids (and sh) before its own
   const int p = blockIdx.y, i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (i >= I) return;
   const int e = ids[p];
