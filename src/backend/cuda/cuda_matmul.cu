@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 template <typename W>
 void launch_gemv(Ctx& c, const void* w, const float* x, float* out, int T, int N, int K) {
-  const bool split = N <= c.gemv_split_rows && K % 8 == 0;
+  const bool split = gemv_split_k(c, N, K);
   const dim3 grid(unsigned(split ? N : gemv_blocks(N))), block(kGemvWarps * 32);
   const W* wp = static_cast<const W*>(w);
   if constexpr (tile_weight<W>()) {
@@ -616,6 +616,8 @@ void with_weight_type(DType t, F&& f) {
 }
 
 }  // namespace
+
+bool gemv_split_k(const Ctx& c, int64_t N, int64_t K) { return N <= c.gemv_split_rows && K % 8 == 0; }
 
 bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (ws.empty() || ws.size() > size_t(kMaxMulti) || ws.size() != outs.size() || x.dtype != DType::F32) return false;

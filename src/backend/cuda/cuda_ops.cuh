@@ -363,6 +363,9 @@ void quant_dequant_experts(Ctx&, DType t, const void* const* table, int kind0, i
 // are not ones the one-launch kernels handle; the caller then composes the plain ops.
 bool matmul_multi(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
+// Whether a one-to-eight-token GEMV of N rows of K takes the split-K kernel (a block per row, its
+// warps splitting K: few rows) rather than a warp per row (cuda_matmul.cu's launch_gemv).
+bool gemv_split_k(const Ctx&, int64_t N, int64_t K);
 // Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
