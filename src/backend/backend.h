@@ -209,6 +209,11 @@ class Backend {
     matmul(x, up, up_out);
     swiglu(gate_out, up_out, gate_out);
   }
+  // out = (x ⊙ sigmoid(gate)) · wᵀ, x scaled in place: attention's gated output projection.
+  virtual void gated_matmul(Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) {
+    sigmoid_mul(x, gate);
+    matmul(x, w, out);
+  }
   // out = down · (silu(x · gateᵀ) * (x · upᵀ)): the whole MLP. gate_out and up_out are scratch
   // [T, I] that a fused implementation may leave untouched.
   virtual void mlp(const Tensor& x, const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {

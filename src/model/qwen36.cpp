@@ -95,9 +95,11 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
     backend_.attention(q, k, v, k_cache, v_cache, runs, scale, o);
   }
   Tensor o2(o.data, DType::F32, {T, nh * hd});
-  if (c.attn_output_gate) backend_.sigmoid_mul(o2, gate);
   Tensor y = s.f32({T, c.hidden_size});
-  backend_.matmul(o2, a.o_proj, y);
+  if (c.attn_output_gate)
+    backend_.gated_matmul(o2, gate, a.o_proj, y);
+  else
+    backend_.matmul(o2, a.o_proj, y);
   return y;
 }
 

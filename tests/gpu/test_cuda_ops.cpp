@@ -347,6 +347,31 @@ TEST_F(CudaOps, Elementwise) {
   EXPECT_LE(rel_err(download(*gpu_, o.t), w2.floats()), 1e-6);
 }
 
+// Backend::gated_matmul on the CUDA backend (the gate kernel releasing the projection's launch
+// early or late by release_late_before) is its default composition, sigmoid_mul then matmul, bit
+// for bit: a dense matrix on the warp-per-row GEMV (released late), one on the split-K GEMV and an
+// f32 one (early and late), at 1 and 3 tokens.
+TEST_F(CudaOps, GatedMatmulIsTheComposition) {
+  struct Case {
+    DType dt;
+    int64_t N, K;
+  };
+  for (const Case& cs : {Case{DType::BF16, 2560, 512}, Case{DType::BF16, 256, 512}, Case{DType::F32, 2304, 256}})
+    for (int64_t T : {1, 3}) {
+      const HostT w = random_t(rng_, cs.dt, {cs.N, cs.K}, -0.1f, 0.1f), x = random_t(rng_, DType::F32, {T, cs.K}),
+                  g = random_t(rng_, DType::F32, {T, cs.K}, -4, 4);
+      DevT dw = upload(*gpu_, w), dg = upload(*gpu_, g), dx1 = upload(*gpu_, x), dx2 = upload(*gpu_, x),
+           o1 = upload(*gpu_, HostT(DType::F32, {T, cs.N})), o2 = upload(*gpu_, HostT(DType::F32, {T, cs.N}));
+      gpu_->gated_matmul(dx1.t, dg.t, dw.t, o1.t);
+      gpu_->sigmoid_mul(dx2.t, dg.t);
+      gpu_->matmul(dx2.t, dw.t, o2.t);
+      const std::string at = std::string(dtype_name(cs.dt)) + " " + std::to_string(cs.N) + "x" +
+                             std::to_string(cs.K) + " T=" + std::to_string(T);
+      EXPECT_EQ(download(*gpu_, dx1.t), download(*gpu_, dx2.t)) << at << ": x scaled in place";
+      EXPECT_EQ(download(*gpu_, o1.t), download(*gpu_, o2.t)) << at;
+    }
+}
+
 TEST_F(CudaOps, CopyColsGetRowsSplitQGate) {
   HostT src = random_t(rng_, DType::F32, {5, 40}), dst = random_t(rng_, DType::F32, {5, 30});
   DevT ds = upload(*gpu_, src), dd = upload(*gpu_, dst);

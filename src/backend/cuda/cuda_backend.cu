@@ -550,6 +550,13 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "sigmoid_mul");
     cuda::sigmoid_mul(ctx_, x, gate);
   }
+  void gated_matmul(Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) override {
+    {
+      Prof p_(*this, "sigmoid_mul");
+      cuda::sigmoid_mul(ctx_, x, gate, cuda::release_late_before(ctx_, w));
+    }
+    matmul(x, w, out);
+  }
   void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) override {
     Prof p_(*this, "add_sigmoid_scaled");
     cuda::add_sigmoid_scaled(ctx_, y, x, s);

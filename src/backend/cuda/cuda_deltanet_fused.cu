@@ -475,20 +475,17 @@ static bool decode_in_one_kernel(int64_t runs, int64_t Hk, int64_t Hv, int64_t d
 
 // When the one-kernel decode step releases the launch after it (in the model's step, the out
 // projection): at its start, so that launch's blocks become resident and request their weights
-// while this kernel runs; after the state update when out_proj is a dense matrix on the
-// warp-per-row GEMV (bf16 / f16 / f32, not gemv_split_k: less than a wave of blocks). Released
-// early, those blocks all land on the SMs this kernel's blocks do not fill (each holds a whole
-// SM): H200, 27B bf16, 48 of 132 SMs; the out_proj 18 → 22 µs and the layers' down projections
-// after it 44 → 67 µs, tg64 b1 65.8 t/s against 72.0 released late, while late release costs the
-// 35B-A3B bf16 (split-K out_proj of 2048 blocks) 0.9% and the Q4_K_M models (tiled GEMMs)
-// 1.6-2.8%. QWEN36_FUSED_TRIGGER=early|late overrides.
+// while this kernel runs, unless release_late_before says after the state update. Released early
+// before a dense GEMV, its blocks all landed on the SMs this kernel's blocks do not fill (each
+// holds a whole SM): H200, 27B bf16, 48 of 132 SMs; the out_proj 18 → 22 µs and the layers' down
+// projections after it 44 → 67 µs, tg64 b1 65.8 t/s against 72.0 released late, while late
+// release costs the 35B-A3B bf16 (split-K out_proj of 2048 blocks) 0.9% and the Q4_K_M models
+// (tiled GEMMs) 1.6-2.8%. QWEN36_FUSED_TRIGGER=early|late overrides.
 static bool late_release(const Ctx& c, const DeltaNetWeights& w) {
   static const char* force = std::getenv("QWEN36_FUSED_TRIGGER");
   if (force && std::string_view(force) == "early") return false;
   if (force && std::string_view(force) == "late") return true;
-  const DType t = w.out_proj.dtype;
-  return (t == DType::BF16 || t == DType::F16 || t == DType::F32) &&
-         !gemv_split_k(c, w.out_proj.rows(), w.out_proj.cols());
+  return release_late_before(c, w.out_proj);
 }
 
 // Launches a FusedCall; false: shapes, dtypes or runs the kernels do not handle, nothing launched.

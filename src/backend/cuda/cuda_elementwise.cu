@@ -207,10 +207,13 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* o, int64_t 
   griddep_wait();
   QWEN36_GRID_STRIDE(i, n) o[i] = silu_f(g[i]) * u[i];
 }
-__global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n) {
-  griddep_trigger();
+// late: the dependent launch is released after the work, not at the start (release_late_before;
+// Backend::gated_matmul: the attention output projection after it).
+__global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n, bool late) {
+  if (!late) griddep_trigger();
   griddep_wait();
   QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
+  if (late) griddep_trigger();
 }
 // Row-wise kernels index (row, column) from a 2-D grid, not from a flat index: a 64-bit
 // division per element made a prefill's column copies compute-bound (~80 µs for 4096 rows).
@@ -499,11 +502,12 @@ void swiglu(Ctx& c, const Tensor& gate, const Tensor& up, Tensor& out) {
   CUDA_LAUNCH_CHECK();
 }
 
-void sigmoid_mul(Ctx& c, Tensor& x, const Tensor& gate) {
+void sigmoid_mul(Ctx& c, Tensor& x, const Tensor& gate, bool release_late) {
   check_same(x, gate, "sigmoid_mul");
   const int64_t n = x.numel();
   if (!n) return;
-  launch_pdl(sigmoid_mul_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), gate.as<const float>(), n);
+  launch_pdl(sigmoid_mul_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), gate.as<const float>(), n,
+             release_late);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -619,6 +619,11 @@ void with_weight_type(DType t, F&& f) {
 
 bool gemv_split_k(const Ctx& c, int64_t N, int64_t K) { return N <= c.gemv_split_rows && K % 8 == 0; }
 
+bool release_late_before(const Ctx& c, const Tensor& w) {
+  const DType t = w.dtype;
+  return (t == DType::BF16 || t == DType::F16 || t == DType::F32) && !gemv_split_k(c, w.rows(), w.cols());
+}
+
 bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (ws.empty() || ws.size() > size_t(kMaxMulti) || ws.size() != outs.size() || x.dtype != DType::F32) return false;
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);

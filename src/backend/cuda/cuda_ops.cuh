@@ -285,7 +285,8 @@ void add_rms_norm(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float e
 bool add_rms_norm_quant(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                         Tensor& out, void* act);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
-void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate);
+// release_late: the launch after it starts only after its work (release_late_before).
+void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate, bool release_late = false);
 void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
 void copy_cols(Ctx&, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width);
 // Backend::qk_norm_rope in one launch; false (nothing done) for shapes it does not take.
@@ -366,6 +367,14 @@ bool matmul_swiglu(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, 
 // Whether a one-to-eight-token GEMV of N rows of K takes the split-K kernel (a block per row, its
 // warps splitting K: few rows) rather than a warp per row (cuda_matmul.cu's launch_gemv).
 bool gemv_split_k(const Ctx&, int64_t N, int64_t K);
+// Whether a kernel computing x for matmul(x, w) at decode should let that launch start only after
+// its own work rather than at its start: w dense (bf16 / f16 / f32) on the warp-per-row GEMV. That
+// GEMV's grid is less than a wave of blocks; released early, they become resident only where the
+// releasing kernel (and the one before it) leave room, settle unevenly over the SMs, and the
+// unevenness carries down the layer's programmatically dependent launches (H200, 27B bf16: the
+// MLP down GEMVs 64-70 µs against 44; bench/RESULTS.md sessions 34 and 35). Tiled and other
+// quantized weights and the split-K GEMV (a grid of many small blocks) gain from the early start.
+bool release_late_before(const Ctx&, const Tensor& w);
 // Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
