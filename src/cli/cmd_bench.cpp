@@ -78,6 +78,16 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return v;
 }
 
+// -p / -n: lengths ≥ 0, where 0 runs no test (llama-bench's `-n 0`).
+std::vector<int64_t> parse_lengths(const std::string& s, const char* flag) {
+  std::vector<int64_t> v;
+  for (int64_t n : parse_list(s)) {
+    QWEN36_CHECK(n >= 0, "bench: {} takes lengths ≥ 0 (0: no such test), got {}", flag, n);
+    if (n > 0) v.push_back(n);
+  }
+  return v;
+}
+
 // --simulate-acceptance: probabilities in [0, 1].
 std::vector<double> parse_probs(const std::string& s) {
   std::vector<double> v;
@@ -240,9 +250,9 @@ void run_bench(const BenchOptions& o) {
     // test is one sequence of depth + p, a decode test b sequences of depth + n (+ drafts).
     OffloadOptions off = o.offload;
     MemoryRequest pre, dec;
-    for (int64_t p : parse_list(o.prompts)) pre.ctx = std::max(pre.ctx, std::max<int64_t>(1, o.depth) + p);
+    for (int64_t p : parse_lengths(o.prompts, "-p")) pre.ctx = std::max(pre.ctx, std::max<int64_t>(1, o.depth) + p);
     pre.batch_tokens = std::min<int64_t>(std::max<int64_t>(pre.ctx, 1), 4096);
-    for (int64_t n : parse_list(o.gens)) dec.ctx = std::max(dec.ctx, std::max<int64_t>(1, o.depth) + n + 24);
+    for (int64_t n : parse_lengths(o.gens, "-n")) dec.ctx = std::max(dec.ctx, std::max<int64_t>(1, o.depth) + n + 24);
     for (int64_t b : parse_list(o.batches)) dec.slots = std::max<int32_t>(dec.slots, int32_t(b));
     const int64_t rows = spec_method == SpecMethod::None ? 1 : 17;  // a verify pass: up to 16 drafts + 1
     dec.batch_tokens = std::max<int64_t>(dec.slots * rows, std::min<int64_t>(dec.ctx, 4096));
@@ -263,7 +273,8 @@ void run_bench(const BenchOptions& o) {
                o.synthetic.empty() ? o.model : "this synthetic model");
   const DType kv_type = resolve_cache_type(o.cache, *backend);
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
-  const std::vector<int64_t> prompts = parse_list(o.prompts), gens = parse_list(o.gens), batches = parse_list(o.batches);
+  const std::vector<int64_t> prompts = parse_lengths(o.prompts, "-p"), gens = parse_lengths(o.gens, "-n"),
+                             batches = parse_list(o.batches);
   // A state per test, sized for it (a 32-slot state of the longest prompt would not fit).
   std::unique_ptr<ModelState> state_ptr;
   // rows: tokens of the widest decode pass per slot (k + 1 when verifying k drafts).
@@ -534,8 +545,9 @@ void register_bench(CLI::App& app) {
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
   cmd->add_option("--layers", o->layers, "Override the synthetic preset's layer count");
-  cmd->add_option("-p,--n-prompt", o->prompts, "Prompt lengths, comma-separated (empty: none)")->capture_default_str();
-  cmd->add_option("-n,--n-gen", o->gens, "Decode lengths, comma-separated (empty: none)")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", o->prompts, "Prompt lengths, comma-separated (empty or 0: none)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->gens, "Decode lengths, comma-separated (empty or 0: none)")->capture_default_str();
   cmd->add_option("-b,--batch", o->batches, "Sequences decoding together, comma-separated")->capture_default_str();
   cmd->add_option("-d,--depth", o->depth, "Context tokens before each test")->capture_default_str();
   cmd->add_option("-r,--repeats", o->repeats, "Timed repeats (after one warm-up)")->capture_default_str();

@@ -195,6 +195,26 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
   EXPECT_EQ(real.find("simulated acceptance"), std::string::npos);
 }
 
+// `-n 0` / `-p 0` run no such test, as llama-bench's; a negative length is a one-line error.
+TEST(SpecBenchCli, ZeroLengthRunsNoTest) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  const std::string base = std::string(QWEN36_BIN) + " bench --synthetic tiny-dense --type q8_0 -t 1 -r 1 -o json";
+  std::string out = test::run_command(base + " -p 16 -n 0 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << out;
+  auto rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_EQ(rows[0]["test"].get<std::string>(), "pp16");
+  out = test::run_command(base + " -p 0 -n 8 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << out;
+  rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_EQ(rows[0]["test"].get<std::string>(), "tg8");
+  out = test::run_command(base + " -p 16 -n -4 2>&1", &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("-n takes lengths ≥ 0"), std::string::npos) << out;
+}
+
 TEST(SpecBenchCli, ConfigErrorsAreOneLine) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
