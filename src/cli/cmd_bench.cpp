@@ -211,6 +211,9 @@ void run_bench(const BenchOptions& o) {
                "--simulate-acceptance / --simulate-accept-length need --spec mtp, ngram or dflash");
   const std::vector<double> sim_probs = !o.simulate.empty() ? parse_probs(o.simulate) : std::vector<double>{};
   const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
+  // The tests' lists, checked before anything loads.
+  const std::vector<int64_t> prompts = parse_lengths(o.prompts, "-p"), gens = parse_lengths(o.gens, "-n"),
+                             batches = parse_list(o.batches);
   for (int64_t k : spec_ks) QWEN36_CHECK(k >= 1 && k <= 16, "--spec-draft-n {} is out of range (1..16)", k);
   const bool dflash_spec = spec_method == SpecMethod::Dflash;
   QWEN36_CHECK(!dflash_spec || (o.block_size >= 2 && o.block_size <= 17), "--block-size {} is outside 2..17",
@@ -250,10 +253,10 @@ void run_bench(const BenchOptions& o) {
     // test is one sequence of depth + p, a decode test b sequences of depth + n (+ drafts).
     OffloadOptions off = o.offload;
     MemoryRequest pre, dec;
-    for (int64_t p : parse_lengths(o.prompts, "-p")) pre.ctx = std::max(pre.ctx, std::max<int64_t>(1, o.depth) + p);
+    for (int64_t p : prompts) pre.ctx = std::max(pre.ctx, std::max<int64_t>(1, o.depth) + p);
     pre.batch_tokens = std::min<int64_t>(std::max<int64_t>(pre.ctx, 1), 4096);
-    for (int64_t n : parse_lengths(o.gens, "-n")) dec.ctx = std::max(dec.ctx, std::max<int64_t>(1, o.depth) + n + 24);
-    for (int64_t b : parse_list(o.batches)) dec.slots = std::max<int32_t>(dec.slots, int32_t(b));
+    for (int64_t n : gens) dec.ctx = std::max(dec.ctx, std::max<int64_t>(1, o.depth) + n + 24);
+    for (int64_t b : batches) dec.slots = std::max<int32_t>(dec.slots, int32_t(b));
     const int64_t rows = spec_method == SpecMethod::None ? 1 : 17;  // a verify pass: up to 16 drafts + 1
     dec.batch_tokens = std::max<int64_t>(dec.slots * rows, std::min<int64_t>(dec.ctx, 4096));
     dec.output_rows = dec.slots * rows;
@@ -273,8 +276,6 @@ void run_bench(const BenchOptions& o) {
                o.synthetic.empty() ? o.model : "this synthetic model");
   const DType kv_type = resolve_cache_type(o.cache, *backend);
   const int64_t n_attn = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::FullAttention);
-  const std::vector<int64_t> prompts = parse_lengths(o.prompts, "-p"), gens = parse_lengths(o.gens, "-n"),
-                             batches = parse_list(o.batches);
   // A state per test, sized for it (a 32-slot state of the longest prompt would not fit).
   std::unique_ptr<ModelState> state_ptr;
   // rows: tokens of the widest decode pass per slot (k + 1 when verifying k drafts).

@@ -196,7 +196,7 @@ TEST(SpecBenchCli, SimulatedLinesAreLabelled) {
 }
 
 // `-n 0` / `-p 0` run no such test, as llama-bench's; a negative length is a one-line error.
-TEST(SpecBenchCli, ZeroLengthRunsNoTest) {
+TEST(BenchCli, ZeroLengthRunsNoTest) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   int status = -1;
   const std::string base = std::string(QWEN36_BIN) + " bench --synthetic tiny-dense --type q8_0 -t 1 -r 1 -o json";
