@@ -279,6 +279,11 @@ class Backend {
   // Depthwise causal conv over time then SiLU, in place on x [T, C]; w [C, K];
   // conv_state [slots, C, K-1] holds each sequence's last K-1 inputs and is updated.
   virtual void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) = 0;
+  // The same with x's [q | k | v] column blocks (widths from q, k, v [T, ·]) written to q, k, v:
+  // x is scratch (its contents afterwards are unspecified). The default runs causal_conv1d_silu
+  // and copies the blocks out; a device backend writes them from its conv kernel directly.
+  virtual void causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
+                                        Tensor& q, Tensor& k, Tensor& v);
   // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      g, beta [T, Hv]; a, b [T, Hv],
   // or [T, G > Hv] whose first Hv columns count (a shard's padded projections, ModelConfig::gate_rows)
   virtual void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
@@ -464,6 +469,19 @@ class Backend {
   virtual void argmax_rows(const Tensor& logits, Tensor& ids);
 };
 
+inline void Backend::causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state,
+                                              std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t T = x.rows(), nq = T ? q.numel() / T : 0, nk = T ? k.numel() / T : 0, nv = T ? v.numel() / T : 0;
+  if (q.numel() != T * nq || k.numel() != T * nk || v.numel() != T * nv || nq + nk + nv != x.cols())
+    throw std::runtime_error("causal_conv1d_silu_split: q " + q.shape_str() + ", k " + k.shape_str() + ", v " +
+                             v.shape_str() + " do not split x " + x.shape_str());
+  causal_conv1d_silu(x, w, conv_state, runs);
+  Tensor q2(q.data, DType::F32, {T, nq}), k2(k.data, DType::F32, {T, nk}), v2(v.data, DType::F32, {T, nv});
+  copy_cols(x, 0, q2, 0, nq);
+  copy_cols(x, nq, k2, 0, nk);
+  copy_cols(x, nq + nk, v2, 0, nv);
+}
+
 inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const Tensor&, std::span<const SeqRun>) {
   // std::runtime_error, not Error: core/error.h (fmt) cannot be compiled by nvcc, which reads this header
   throw std::runtime_error("causal_conv1d_silu_readonly (speculative decoding) is not implemented on the " + name() + " backend");
@@ -484,21 +502,17 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
   for (const SeqRun& r : runs)
     if (r.count != 1) throw std::runtime_error("deltanet_decode: a run of " + std::to_string(r.count) + " tokens");
   if (T == 0) return;
-  causal_conv1d_silu(mixed, w.conv1d, conv_state, runs);
-  // g, beta, and (T > 1) contiguous copies of q, k, v
+  // g, beta, and (T > 1) contiguous q, k, v
   std::unique_ptr<DeviceBuffer> tmp = alloc(size_t(2 * T * Hv + (T > 1 ? T * C : 0)) * sizeof(float));
   float* p = static_cast<float*>(tmp->data());
   Tensor g(p, DType::F32, {T, Hv}), beta(p + T * Hv, DType::F32, {T, Hv});
   float* qkv = T > 1 ? p + 2 * T * Hv : mixed.as<float>();  // one row: the column blocks are contiguous
-  if (T > 1) {  // [q (T·Hk·dk) | k (T·Hk·dk) | v (T·Hv·dv)]
-    Tensor q2(qkv, DType::F32, {T, Hk * dk}), k2(qkv + T * Hk * dk, DType::F32, {T, Hk * dk}),
-        v2(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv * dv});
-    copy_cols(mixed, 0, q2, 0, Hk * dk);
-    copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
-    copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
-  }
   Tensor q(qkv, DType::F32, {T, Hk, dk}), k(qkv + T * Hk * dk, DType::F32, {T, Hk, dk}),
       v(qkv + 2 * T * Hk * dk, DType::F32, {T, Hv, dv});
+  if (T > 1)
+    causal_conv1d_silu_split(mixed, w.conv1d, conv_state, runs, q, k, v);
+  else
+    causal_conv1d_silu(mixed, w.conv1d, conv_state, runs);
   deltanet_gates(a, b, w.a_neg_exp, w.dt_bias, g, beta);
   gated_delta_rule(q, k, v, g, beta, ssm_state, runs, out, DeltaRuleMode::Recurrent);
   gated_rms_norm(out, z, w.norm, eps, out);

@@ -103,6 +103,15 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
   return y;
 }
 
+// mixed's [q | k | v] column blocks → q, k, v [T, ·, ·] (contiguous, as gated_delta_rule takes them).
+static void copy_qkv(Backend& b, const Tensor& mixed, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t T = mixed.rows(), nq = q.numel() / T, nk = k.numel() / T, nv = v.numel() / T;
+  Tensor q2(q.data, DType::F32, {T, nq}), k2(k.data, DType::F32, {T, nk}), v2(v.data, DType::F32, {T, nv});
+  b.copy_cols(mixed, 0, q2, 0, nq);
+  b.copy_cols(mixed, nq, k2, 0, nk);
+  b.copy_cols(mixed, nq + nk, v2, 0, nv);
+}
+
 // Rows [begin, begin + count) of src [T, C] for each run → rows [0, count) of the run's slot
 // in buf [slots, n, C] (a verify run's saved DeltaNet inputs).
 static void save_rows(Backend& b, const Tensor& src, Tensor& buf, std::span<const SeqRun> runs) {
@@ -142,16 +151,6 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   if (decode) {
     backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
   } else if (!fused_verify) {
-    if (save) {  // verify runs only read their state; their inputs are kept for the commit
-      save_rows(backend_, mixed, *save->conv_input, save->saved);  // before the conv overwrites mixed
-      if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
-      if (!save->verify.empty()) backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
-      for (const TreeRun& t : save->trees)
-        backend_.causal_conv1d_silu_tree_readonly(mixed, d.conv1d, conv_state, t.run, t.parent);
-    } else {
-      backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
-    }
-
     Tensor q, k, v;
     if (T == 1) {  // one row: its [q | k | v] channel slices are already contiguous tensors
       float* m = mixed.as<float>();
@@ -160,11 +159,18 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
       v = Tensor(m + 2 * Hk * dk, DType::F32, {T, Hv, dv});
     } else {
       q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
-      Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}),
-          v2(v.data, DType::F32, {T, Hv * dv});
-      backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
-      backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
-      backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+    }
+    if (save) {  // verify runs only read their state; their inputs are kept for the commit
+      save_rows(backend_, mixed, *save->conv_input, save->saved);  // before the conv overwrites mixed
+      if (!save->plain.empty()) backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, save->plain);
+      if (!save->verify.empty()) backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
+      for (const TreeRun& t : save->trees)
+        backend_.causal_conv1d_silu_tree_readonly(mixed, d.conv1d, conv_state, t.run, t.parent);
+      if (T > 1) copy_qkv(backend_, mixed, q, k, v);
+    } else if (T == 1) {
+      backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
+    } else {
+      backend_.causal_conv1d_silu_split(mixed, d.conv1d, conv_state, runs, q, k, v);
     }
 
     Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
@@ -747,12 +753,8 @@ void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits
         }
       }
     }
-    backend_.causal_conv1d_silu(mixed, d.conv1d, state.conv_state(i), runs);
     Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});
-    Tensor q2(q.data, DType::F32, {T, Hk * dk}), k2(k.data, DType::F32, {T, Hk * dk}), v2(v.data, DType::F32, {T, Hv * dv});
-    backend_.copy_cols(mixed, 0, q2, 0, Hk * dk);
-    backend_.copy_cols(mixed, Hk * dk, k2, 0, Hk * dk);
-    backend_.copy_cols(mixed, 2 * Hk * dk, v2, 0, Hv * dv);
+    backend_.causal_conv1d_silu_split(mixed, d.conv1d, state.conv_state(i), runs, q, k, v);
     Tensor o = s.f32({T, Hv, dv});  // outputs were produced by the verify pass; discarded
     backend_.gated_delta_rule(q, k, v, g, beta, state.recurrent_state(i), runs, o, DeltaRuleMode::Recurrent);
   }

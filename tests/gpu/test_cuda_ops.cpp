@@ -246,59 +246,112 @@ TEST_F(CudaOps, FusedMatmulMultiAndSwiglu) {
     }
 }
 
-// Prefill forms: a group stored back to back (as prepare_weights lays out a checkpoint) is one
-// GEMM with bf16/f16-rounded activations (1.5e-2, as the plain prefill GEMM); the SwiGLU
-// reads gate/up products rounded to the 16-bit type (a further 2^-8 relative: same bound).
+// Prefill forms: a group stored back to back (as prepare_weights lays out a checkpoint) has its
+// activations rounded to bf16/f16 once; matrices of 256 rows or more are GEMMs of their own
+// into their outputs, runs of smaller ones share one GEMM and are copied out (the row sets
+// cover both; 1.5e-2, as the plain prefill GEMM). The SwiGLU reads gate/up products rounded to
+// the 16-bit type (a further 2^-8 relative: same bound); I = 100 takes its scalar kernel, I = 96
+// (whole 16-byte words) the 8-wide one.
 TEST_F(CudaOps, FusedMatmulPrefillOverContiguousWeights) {
+  const std::vector<std::vector<int64_t>> row_sets{{200, 48, 48, 7}, {300, 48, 48, 264, 7}};
   for (DType dt : {DType::BF16, DType::F16})
-    for (int64_t T : {9, 100}) {
-      const int64_t K = 256;
-      const std::vector<int64_t> rows{200, 48, 48, 7};
-      int64_t total = 0;
-      for (int64_t n : rows) total += n;
-      HostT x = random_t(rng_, DType::F32, {T, K}), all = random_t(rng_, dt, {total, K});
-      DevT dx = upload(*gpu_, x), dall = upload(*gpu_, all);
-      std::vector<Tensor> dw;
-      std::vector<HostT> want;
-      std::vector<DevT> dout;
-      int64_t r0 = 0;
-      for (int64_t n : rows) {
-        HostT w(dt, {n, K});
-        std::memcpy(w.t.data, static_cast<const uint8_t*>(all.t.data) + size_t(r0 * K) * 2, size_t(n * K) * 2);
-        want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, n});
-        cpu::matmul(x.t, w.t, want.back().t);
-        dw.emplace_back(static_cast<uint8_t*>(dall.t.data) + size_t(r0 * K) * 2, dt, std::initializer_list<int64_t>{n, K});
-        dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
-        r0 += n;
+    for (int64_t T : {9, 100})
+      for (const std::vector<int64_t>& rows : row_sets) {
+        const int64_t K = 256;
+        int64_t total = 0;
+        for (int64_t n : rows) total += n;
+        HostT x = random_t(rng_, DType::F32, {T, K}), all = random_t(rng_, dt, {total, K});
+        DevT dx = upload(*gpu_, x), dall = upload(*gpu_, all);
+        std::vector<Tensor> dw;
+        std::vector<HostT> want;
+        std::vector<DevT> dout;
+        int64_t r0 = 0;
+        for (int64_t n : rows) {
+          HostT w(dt, {n, K});
+          std::memcpy(w.t.data, static_cast<const uint8_t*>(all.t.data) + size_t(r0 * K) * 2, size_t(n * K) * 2);
+          want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, n});
+          cpu::matmul(x.t, w.t, want.back().t);
+          dw.emplace_back(static_cast<uint8_t*>(dall.t.data) + size_t(r0 * K) * 2, dt, std::initializer_list<int64_t>{n, K});
+          dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+          r0 += n;
+        }
+        std::vector<const Tensor*> ws;
+        std::vector<Tensor*> outs;
+        for (size_t i = 0; i < rows.size(); ++i) ws.push_back(&dw[i]), outs.push_back(&dout[i].t);
+        gpu_->matmul_multi(dx.t, ws, outs);
+        for (size_t i = 0; i < rows.size(); ++i)
+          EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 1.5e-2)
+              << dtype_name(dt) << " T=" << T << " matrix " << i << " of " << rows.size();
+
+        for (int64_t I : {100, 96}) {  // gate = rows [0, I), up = rows [I, 2I) of the same block
+          const size_t bytes = size_t(I * K) * 2;
+          HostT g(dt, {I, K}), u(dt, {I, K});
+          std::memcpy(g.t.data, all.t.data, bytes);
+          std::memcpy(u.t.data, static_cast<const uint8_t*>(all.t.data) + bytes, bytes);
+          HostT gw(DType::F32, {T, I}), uw(DType::F32, {T, I});
+          cpu::matmul(x.t, g.t, gw.t);
+          cpu::matmul(x.t, u.t, uw.t);
+          cpu::swiglu(gw.t, uw.t, gw.t);
+          const Tensor dg(dall.t.data, dt, {I, K}), du(static_cast<uint8_t*>(dall.t.data) + bytes, dt, {I, K});
+          DevT go = upload(*gpu_, HostT(DType::F32, {T, I})), uo = upload(*gpu_, HostT(DType::F32, {T, I}));
+          gpu_->matmul_swiglu(dx.t, dg, du, go.t, uo.t);
+          EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " I=" << I;
+
+          // the whole MLP: the SwiGLU result enters the down GEMM in the 16-bit type, as the
+          // composed path's matmul would round it
+          HostT down = random_t(rng_, dt, {K, I}), mw(DType::F32, {T, K});
+          cpu::matmul(gw.t, down.t, mw.t);
+          DevT ddown = upload(*gpu_, down), mo = upload(*gpu_, HostT(DType::F32, {T, K}));
+          MlpWeights m{dg, du, ddown.t};
+          gpu_->mlp(dx.t, m, go.t, uo.t, mo.t);
+          EXPECT_LE(rel_err(download(*gpu_, mo.t), mw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " I=" << I << " mlp";
+        }
       }
-      const Tensor* ws[] = {&dw[0], &dw[1], &dw[2], &dw[3]};
-      Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
-      gpu_->matmul_multi(dx.t, ws, outs);
-      for (size_t i = 0; i < 4; ++i)
-        EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " matrix " << i;
+}
 
-      // gate = rows [0, 100), up = rows [100, 200) of the same block
-      HostT g(dt, {100, K}), u(dt, {100, K});
-      std::memcpy(g.t.data, all.t.data, size_t(100 * K) * 2);
-      std::memcpy(u.t.data, static_cast<const uint8_t*>(all.t.data) + size_t(100 * K) * 2, size_t(100 * K) * 2);
-      HostT gw(DType::F32, {T, 100}), uw(DType::F32, {T, 100});
-      cpu::matmul(x.t, g.t, gw.t);
-      cpu::matmul(x.t, u.t, uw.t);
-      cpu::swiglu(gw.t, uw.t, gw.t);
-      const Tensor dg(dall.t.data, dt, {100, K}), du(static_cast<uint8_t*>(dall.t.data) + size_t(100 * K) * 2, dt, {100, K});
-      DevT go = upload(*gpu_, HostT(DType::F32, {T, 100})), uo = upload(*gpu_, HostT(DType::F32, {T, 100}));
-      gpu_->matmul_swiglu(dx.t, dg, du, go.t, uo.t);
-      EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " swiglu";
+// The layer forms at prefill over bf16 weights (the norm writing x's bf16 rounding for the
+// GEMMs: no rounding kernel) are their compositions, add_rms_norm_into then matmul_multi / mlp,
+// bit for bit: the same floats rounded the same way, the same GEMMs. x and y_out too.
+TEST_F(CudaOps, NormPrefillFormsAreTheComposition) {
+  const int64_t T = 100, D = 256, I = 96;
+  const std::vector<int64_t> rows{300, 48, 48};
+  HostT y = random_t(rng_, DType::F32, {T, D}, -3, 3), d = random_t(rng_, DType::F32, {T, D}, -3, 3),
+        nw = random_t(rng_, DType::F32, {D}, 0.5f, 1.5f), all = random_t(rng_, DType::BF16, {396, D});
+  DevT dy = upload(*gpu_, y), dd = upload(*gpu_, d), dnw = upload(*gpu_, nw), dall = upload(*gpu_, all);
+  std::vector<Tensor> dw;
+  for (int64_t r0 = 0; int64_t n : rows) {
+    dw.emplace_back(static_cast<uint8_t*>(dall.t.data) + size_t(r0 * D) * 2, DType::BF16, std::initializer_list<int64_t>{n, D});
+    r0 += n;
+  }
+  const Tensor* ws[] = {&dw[0], &dw[1], &dw[2]};
+  auto fresh = [&](int64_t cols) { return upload(*gpu_, HostT(DType::F32, {T, cols})); };
+  // the composition
+  DevT y1 = fresh(D), x1 = fresh(D), a1 = fresh(300), b1 = fresh(48), c1 = fresh(48);
+  Tensor* outs1[] = {&a1.t, &b1.t, &c1.t};
+  gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
+  gpu_->matmul_multi(x1.t, ws, outs1);
+  // the layer form
+  DevT y2 = fresh(D), x2 = fresh(D), a2 = fresh(300), b2 = fresh(48), c2 = fresh(48);
+  Tensor* outs2[] = {&a2.t, &b2.t, &c2.t};
+  gpu_->add_rms_norm_matmul_multi(dy.t, dd.t, y2.t, dnw.t, 1e-6f, x2.t, ws, outs2);
+  EXPECT_EQ(download(*gpu_, y2.t), download(*gpu_, y1.t));
+  EXPECT_EQ(download(*gpu_, x2.t), download(*gpu_, x1.t));
+  EXPECT_EQ(download(*gpu_, a2.t), download(*gpu_, a1.t));
+  EXPECT_EQ(download(*gpu_, b2.t), download(*gpu_, b1.t));
+  EXPECT_EQ(download(*gpu_, c2.t), download(*gpu_, c1.t));
 
-      // the whole MLP: the SwiGLU result enters the down GEMM in the 16-bit type, as the
-      // composed path's matmul would round it
-      HostT down = random_t(rng_, dt, {K, 100}), mw(DType::F32, {T, K});
-      cpu::matmul(gw.t, down.t, mw.t);
-      DevT ddown = upload(*gpu_, down), mo = upload(*gpu_, HostT(DType::F32, {T, K}));
-      MlpWeights m{dg, du, ddown.t};
-      gpu_->mlp(dx.t, m, go.t, uo.t, mo.t);
-      EXPECT_LE(rel_err(download(*gpu_, mo.t), mw.floats()), 1.5e-2) << dtype_name(dt) << " T=" << T << " mlp";
-    }
+  // the MLP: gate = rows [0, I), up = rows [I, 2I) of the block, down its own matrix
+  const Tensor dg(dall.t.data, DType::BF16, {I, D}), du(static_cast<uint8_t*>(dall.t.data) + size_t(I * D) * 2,
+                                                        DType::BF16, {I, D});
+  DevT ddown = upload(*gpu_, random_t(rng_, DType::BF16, {D, I}));
+  const MlpWeights m{dg, du, ddown.t};
+  DevT g1 = fresh(I), u1 = fresh(I), o1 = fresh(D), g2 = fresh(I), u2 = fresh(I), o2 = fresh(D);
+  gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
+  gpu_->mlp(x1.t, m, g1.t, u1.t, o1.t);
+  gpu_->add_rms_norm_mlp(dy.t, dd.t, y2.t, dnw.t, 1e-6f, x2.t, m, g2.t, u2.t, o2.t);
+  EXPECT_EQ(download(*gpu_, y2.t), download(*gpu_, y1.t));
+  EXPECT_EQ(download(*gpu_, x2.t), download(*gpu_, x1.t));
+  EXPECT_EQ(download(*gpu_, o2.t), download(*gpu_, o1.t));
 }
 
 TEST_F(CudaOps, AddRmsNorm) {
@@ -345,6 +398,12 @@ TEST_F(CudaOps, Elementwise) {
   cpu::add_sigmoid_scaled(w2.t, x.t, s.t);
   gpu_->add_sigmoid_scaled(o.t, dx.t, ds.t);
   EXPECT_LE(rel_err(download(*gpu_, o.t), w2.floats()), 1e-6);
+  // a prefill-sized gate (the float4 kernel)
+  HostT bx = random_t(rng_, DType::F32, {40, 2048}, -4, 4), bg = random_t(rng_, DType::F32, {40, 2048}, -4, 4);
+  DevT dbx = upload(*gpu_, bx), dbg = upload(*gpu_, bg);
+  cpu::sigmoid_mul(bx.t, bg.t);
+  gpu_->sigmoid_mul(dbx.t, dbg.t);
+  EXPECT_LE(rel_err(download(*gpu_, dbx.t), bx.floats()), 1e-6);
 }
 
 // Backend::gated_matmul on the CUDA backend (the gate kernel releasing the projection's launch

@@ -609,7 +609,9 @@ class CudaBackend final : public Backend {
     {
       Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
                               : std::string());
-      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs)) return;
+      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
+          cuda::norm_matmul_multi_prefill(ctx_, y, delta, y_out, w, eps, x, ws, outs))
+        return;
     }
     Backend::add_rms_norm_matmul_multi(y, delta, y_out, w, eps, x, ws, outs);
   }
@@ -619,7 +621,9 @@ class CudaBackend final : public Backend {
       Prof p_(*this, profile_ ? "add_rms_norm + mlp " + std::to_string(m.gate_proj.rows()) + "x" +
                                     std::to_string(m.gate_proj.cols())
                               : std::string());
-      if (cuda::norm_quant_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, up_out, out)) return;
+      if (cuda::norm_quant_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, up_out, out) ||
+          cuda::norm_mlp_prefill(ctx_, y, delta, y_out, w, eps, x, m, out))
+        return;
     }
     Backend::add_rms_norm_mlp(y, delta, y_out, w, eps, x, m, gate_out, up_out, out);
   }
@@ -666,6 +670,11 @@ class CudaBackend final : public Backend {
   void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) override {
     Prof p_(*this, "conv1d");
     cuda::causal_conv1d_silu(ctx_, x, w, conv_state, runs);
+  }
+  void causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
+                                Tensor& q, Tensor& k, Tensor& v) override {
+    Prof p_(*this, "conv1d");
+    cuda::causal_conv1d_silu_split(ctx_, x, w, conv_state, runs, q, k, v);
   }
   void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias, Tensor& g,
                       Tensor& beta) override {

@@ -135,13 +135,15 @@ constexpr int kVecMaxGroups = 4 * kVec * 1024 / 32;  // k32 groups of the longes
 // With an ActOut, the normalised row is also quantized for the tiled int8 GEMM that reads it next
 // (the codes and scales quantize_act would store from `out`: the same float values, quantized by
 // the same quantize_quad): the row is token blockIdx.x of act.T.
+// With kHalf, it is also written rounded to bf16 into xh (rows D apart) for a prefill GEMM.
 struct ActOut {
   uint8_t* xb = nullptr;
   float* xf = nullptr;
   int* xi = nullptr;
   int T = 0, NT = 1;
+  __nv_bfloat16* xh = nullptr;
 };
-template <bool kQuant>
+template <bool kQuant, bool kHalf = false>
 __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, float4* y_out, const float4* w, float eps,
                                         float4* out, int64_t D4, ActOut act) {
   __shared__ float gss[kVecMaxGroups];
@@ -181,6 +183,13 @@ __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, fl
     if (i < D4) {
       r = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z, v[j].w * inv * g[j].w);
       o[i] = r;
+      if constexpr (kHalf) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(r.x, r.y), hi = __floats2bfloat162_rn(r.z, r.w);
+        uint2 packed;
+        packed.x = reinterpret_cast<const uint32_t&>(lo);
+        packed.y = reinterpret_cast<const uint32_t&>(hi);
+        reinterpret_cast<uint2*>(act.xh + int64_t(blockIdx.x) * 4 * D4)[i] = packed;
+      }
     }
     if constexpr (kQuant) {  // every lane: quantize_quad reduces over 8 lanes (D4 % 8 == 0: whole groups)
       const QuantQuad qq = quantize_quad(r);
@@ -213,6 +222,19 @@ __global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n, bool lat
   if (!late) griddep_trigger();
   griddep_wait();
   QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
+  if (late) griddep_trigger();
+}
+// The same as float4s (n4 = n / 4 whole ones): a prefill's gate (27B, 4096 × 6144) at the
+// copy bandwidth where the scalar form took 2.3 times as long.
+__global__ void sigmoid_mul4_kernel(float4* x, const float4* g, int64_t n4, bool late) {
+  if (!late) griddep_trigger();
+  griddep_wait();
+  QWEN36_GRID_STRIDE(i, n4) {
+    const float4 gv = g[i];
+    float4 xv = x[i];
+    xv.x *= sigmoid_f(gv.x), xv.y *= sigmoid_f(gv.y), xv.z *= sigmoid_f(gv.z), xv.w *= sigmoid_f(gv.w);
+    x[i] = xv;
+  }
   if (late) griddep_trigger();
 }
 // Row-wise kernels index (row, column) from a 2-D grid, not from a flat index: a 64-bit
@@ -444,8 +466,10 @@ void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float
   add_rms_norm_quant(c, y, delta, y, w, eps, out, nullptr);
 }
 
-bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                        Tensor& out, void* act) {
+namespace {
+// add_rms_norm_quant and add_rms_norm_half: out also quantized into act, or rounded into xh.
+bool add_rms_norm_with(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                       Tensor& out, void* act, __nv_bfloat16* xh) {
   const int64_t D = w.numel(), R = y.numel() / std::max<int64_t>(D, 1);
   check_f32(y, "add_rms_norm");
   check_f32(delta, "add_rms_norm delta");
@@ -461,6 +485,7 @@ bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_
   const int threads = int(std::clamp<int64_t>((D4 + kVec - 1) / kVec + 31, 32, 1024) / 32 * 32);
   const bool vec = D % 4 == 0 && aligned && D4 <= int64_t(threads) * kVec;
   if (act && (!vec || D % 32 != 0 || R < 1 || R > kTiledMaxT)) return false;  // the quantizing form: whole k32 groups
+  if (xh && (!vec || reinterpret_cast<uintptr_t>(xh) % 8 != 0)) return false;
   if (R == 0) return true;
   if (act) {
     const ActLayout L(R, D);
@@ -470,6 +495,12 @@ bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_
     launch_pdl(add_rms_norm_vec_kernel<true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
                y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
                out.as<float4>(), D4, q);
+  } else if (xh) {
+    ActOut h;
+    h.xh = xh;
+    launch_pdl(add_rms_norm_vec_kernel<false, true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
+               y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
+               out.as<float4>(), D4, h);
   } else if (vec) {
     launch_pdl(add_rms_norm_vec_kernel<false>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
                y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
@@ -482,6 +513,18 @@ bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_
   }
   CUDA_LAUNCH_CHECK();
   return true;
+}
+
+}  // namespace
+
+bool add_rms_norm_quant(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                        Tensor& out, void* act) {
+  return add_rms_norm_with(c, y, delta, y_out, w, eps, out, act, nullptr);
+}
+
+bool add_rms_norm_half(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                       Tensor& out, __nv_bfloat16* xh) {
+  return add_rms_norm_with(c, y, delta, y_out, w, eps, out, nullptr, xh);
 }
 
 void add(Ctx& c, Tensor& y, const Tensor& x) {
@@ -506,8 +549,15 @@ void sigmoid_mul(Ctx& c, Tensor& x, const Tensor& gate, bool release_late) {
   check_same(x, gate, "sigmoid_mul");
   const int64_t n = x.numel();
   if (!n) return;
-  launch_pdl(sigmoid_mul_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), gate.as<const float>(), n,
-             release_late);
+  // Decode-sized gates (a row or a few) keep the scalar kernel: its 24 blocks a row are part of
+  // the release timing session 35 tuned before the output projection.
+  if (n >= (int64_t(1) << 16) && n % 4 == 0 &&
+      (reinterpret_cast<uintptr_t>(x.data) | reinterpret_cast<uintptr_t>(gate.data)) % 16 == 0)
+    launch_pdl(sigmoid_mul4_kernel, dim3(grid_for(n / 4)), dim3(256), 0, c.stream, x.as<float4>(), gate.as<const float4>(),
+               n / 4, release_late);
+  else
+    launch_pdl(sigmoid_mul_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), gate.as<const float>(), n,
+               release_late);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -4,10 +4,10 @@
 //
 // Weights of one group are stored back to back (prepare_weights uploads them in
 // weight_tensors order; the synthetic generator allocates them from one arena), so the group
-// is one [ΣN, K] matrix: the activations are rounded to bf16/f16 once and ONE GEMM computes
-// every projection. That matters most for the small ones: cuBLAS runs DeltaNet's 48-row a/b
-// projections at T = 4096 in ~160 µs each (13 TFLOP/s) on their own, and for free inside the
-// 16480-row group. Groups that are not contiguous take the composed path.
+// is one [ΣN, K] matrix: the activations are rounded to bf16/f16 once, and consecutive small
+// projections share one GEMM. That matters for the small ones: cuBLAS runs DeltaNet's 48-row
+// a/b projections at T = 4096 in ~160 µs each (13 TFLOP/s) on their own. Groups that are not
+// contiguous take the composed path.
 #include <algorithm>
 
 #include "backend/cuda/cuda_fp8_gemm.cuh"
@@ -45,6 +45,31 @@ __global__ void swiglu_halves_kernel(const H* __restrict__ gu, O* __restrict__ o
     }
 }
 
+// The same element by element, 8 columns a thread: 16-byte loads and stores where the scalar
+// form's 2-byte accesses left a prefill's SwiGLU at a third of the copy bandwidth (27B,
+// T = 4096: 330 µs for 428 MB). Needs I and ld_out multiples of 8 and 16-byte aligned rows.
+template <typename O>
+struct alignas(16) Pack8 {  // eight outputs: one 16-byte store (bf16 / f16) or two (f32)
+  O v[8];
+};
+
+template <typename H, typename O>
+__global__ void swiglu_halves8_kernel(const H* __restrict__ gu, O* __restrict__ out, int64_t I, int64_t T,
+                                      int64_t ld_out) {
+  const int64_t I8 = I / 8;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y)
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < I8; j += int64_t(gridDim.x) * blockDim.x) {
+      const uint4 gw = reinterpret_cast<const uint4*>(gu + t * 2 * I)[j];
+      const uint4 uw = reinterpret_cast<const uint4*>(gu + t * 2 * I + I)[j];
+      const H* g = reinterpret_cast<const H*>(&gw);
+      const H* u = reinterpret_cast<const H*>(&uw);
+      Pack8<O> o;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) store_as(o.v[i], silu_f(to_f32(g[i])) * to_f32(u[i]));
+      reinterpret_cast<Pack8<O>*>(out + t * ld_out)[j] = o;
+    }
+}
+
 // gu [T, N] = xh · w[N, K]ᵀ, all in one 16-bit type (f32 accumulation).
 void gemm_half_out(Ctx& c, const void* w, const void* xh, bool bf, int64_t T, int64_t N, int64_t K, void* gu) {
   const float one = 1.0f, zero = 0.0f;
@@ -63,6 +88,17 @@ void gate_up_gemm(Ctx& c, const Tensor& x, const Tensor& gate, void* xh, void* g
 
 template <typename O>
 void launch_swiglu_halves(Ctx& c, bool bf, const void* gu, O* out, int64_t I, int64_t T, int64_t ld_out) {
+  const bool vec = I % 8 == 0 && ld_out % 8 == 0 && reinterpret_cast<uintptr_t>(gu) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vec) {
+    const dim3 grid(unsigned(blocks_for(I / 8, 128)), unsigned(std::min<int64_t>(T, 65535)));
+    if (bf)
+      swiglu_halves8_kernel<<<grid, 128, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(gu), out, I, T, ld_out);
+    else
+      swiglu_halves8_kernel<<<grid, 128, 0, c.stream>>>(static_cast<const __half*>(gu), out, I, T, ld_out);
+    CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid(unsigned(blocks_for(I, 256)), unsigned(std::min<int64_t>(T, 65535)));
   if (bf)
     swiglu_halves_kernel<<<grid, 256, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(gu), out, I, T, ld_out);
@@ -108,9 +144,9 @@ bool mlp_prefill_quant(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out
   return true;
 }
 
-}  // namespace
-
-bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+// matmul_multi_prefill's case: T > 8 tokens of f32 x, a group of 16-bit matrices back to back.
+bool multi_prefill_takes(const Ctx& c, const Tensor& x, std::span<const Tensor* const> ws,
+                         std::span<Tensor* const> outs) {
   if (c.exact_matmul || ws.size() < 2 || ws.size() != outs.size() || x.dtype != DType::F32 || !contiguous_half(ws))
     return false;
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
@@ -119,19 +155,53 @@ bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const
     if (outs[i]->dtype != DType::F32 || outs[i]->numel() != T * ws[i]->rows()) return false;
     N += ws[i]->rows();
   }
-  if (T <= 8 || x.cols() != K || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31)) return false;
+  return T > 8 && x.cols() == K && N < (int64_t(1) << 31) && K < (int64_t(1) << 31);
+}
+
+// mlp_prefill's 16-bit case: gate and up back to back, down of their type.
+bool mlp_half_takes(const Ctx& c, const Tensor& x, const MlpWeights& m, const Tensor& out) {
+  const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
+  const Tensor& down = m.down_proj;
+  if (c.exact_matmul || x.dtype != DType::F32 || out.dtype != DType::F32 || m.gate_proj.empty() ||
+      !contiguous_half(ws) || m.up_proj.rows() != m.gate_proj.rows() || down.dtype != m.gate_proj.dtype)
+    return false;
+  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / std::max<int64_t>(K, 1);
+  return T > 8 && x.cols() == K && down.cols() == I && out.numel() == T * H && 2 * I < (int64_t(1) << 31);
+}
+
+}  // namespace
+
+bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                          const void* xh_in) {
+  if (!multi_prefill_takes(c, x, ws, outs)) return false;
+  const int64_t K = ws[0]->cols(), T = x.numel() / K;
   const bool bf = ws[0]->dtype == DType::BF16;
-  Temp<uint16_t> xh(c, size_t(T * K));
-  round_activations(c, x.as<const float>(), xh.get(), T * K, bf);
-  Temp<float> all(c, size_t(T * N));
-  gemm_half(c, ws[0]->data, xh.get(), bf, int(T), int(N), int(K), all.get(), int(N));
-  const Tensor whole(all.get(), DType::F32, {T, N});
-  int64_t col = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const int64_t n = ws[i]->rows();
-    Tensor dst(outs[i]->data, DType::F32, {T, n});
-    copy_cols(c, whole, col, dst, 0, n);
-    col += n;
+  Temp<uint16_t> xr(c, xh_in ? 0 : size_t(T * K));
+  if (!xh_in) round_activations(c, x.as<const float>(), xr.get(), T * K, bf);
+  const void* xh = xh_in ? xh_in : xr.get();
+  // A matrix of kDirectRows rows or more is its own GEMM, written straight into its output; a
+  // run of smaller ones (DeltaNet's 48-row b / a) is one GEMM into a temporary, copied out.
+  // (One GEMM for the whole group, copied out column by column, moved the group's output
+  // through memory twice more: 27B, T = 4096, ~9 ms a forward.)
+  constexpr int64_t kDirectRows = 256;
+  for (size_t i = 0; i < ws.size();) {
+    size_t j = i + 1;
+    int64_t n = ws[i]->rows();
+    if (n < kDirectRows)
+      while (j < ws.size() && ws[j]->rows() < kDirectRows) n += ws[j++]->rows();
+    if (j == i + 1) {
+      gemm_half(c, ws[i]->data, xh, bf, int(T), int(n), int(K), outs[i]->as<float>(), int(n));
+    } else {
+      Temp<float> all(c, size_t(T * n));
+      gemm_half(c, ws[i]->data, xh, bf, int(T), int(n), int(K), all.get(), int(n));
+      const Tensor whole(all.get(), DType::F32, {T, n});
+      int64_t col = 0;
+      for (size_t k = i; k < j; col += ws[k++]->rows()) {
+        Tensor dst(outs[k]->data, DType::F32, {T, ws[k]->rows()});
+        copy_cols(c, whole, col, dst, 0, ws[k]->rows());
+      }
+    }
+    i = j;
   }
   return true;
 }
@@ -151,20 +221,19 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
   return true;
 }
 
-bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
-  if (!c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
+bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out, const void* xh_in) {
+  if (!xh_in && !c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
       (fp8_mlp(c, x, m, out) || mlp_prefill_quant(c, x, m, out)))
     return true;
-  const Tensor* ws[] = {&m.gate_proj, &m.up_proj};
+  if (!mlp_half_takes(c, x, m, out)) return false;
   const Tensor& down = m.down_proj;
-  if (c.exact_matmul || x.dtype != DType::F32 || out.dtype != DType::F32 || m.gate_proj.empty() ||
-      !contiguous_half(ws) || m.up_proj.rows() != m.gate_proj.rows() || down.dtype != m.gate_proj.dtype)
-    return false;
-  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / std::max<int64_t>(K, 1);
-  if (T <= 8 || x.cols() != K || down.cols() != I || out.numel() != T * H || 2 * I >= (int64_t(1) << 31)) return false;
+  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / K;
   const bool bf = m.gate_proj.dtype == DType::BF16;
-  Temp<uint16_t> xh(c, size_t(T * K)), gu(c, size_t(T * 2 * I)), act(c, size_t(T * I));
-  gate_up_gemm(c, x, m.gate_proj, xh.get(), gu.get());
+  Temp<uint16_t> xr(c, xh_in ? 0 : size_t(T * K)), gu(c, size_t(T * 2 * I)), act(c, size_t(T * I));
+  if (xh_in)
+    gemm_half_out(c, m.gate_proj.data, xh_in, bf, T, 2 * I, K, gu.get());
+  else
+    gate_up_gemm(c, x, m.gate_proj, xr.get(), gu.get());
   // The SwiGLU result goes to the down projection in its 16-bit type: what matmul() would
   // round it to, without the f32 round trip through memory.
   if (bf)
@@ -173,6 +242,20 @@ bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
     launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T, I);
   gemm_half(c, down.data, act.get(), bf, int(T), int(H), int(I), out.as<float>(), int(H));
   return true;
+}
+
+bool norm_matmul_multi_prefill(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                               Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (!multi_prefill_takes(c, x, ws, outs) || ws[0]->dtype != DType::BF16) return false;
+  Temp<__nv_bfloat16> xh(c, size_t(x.numel()));
+  return add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get()) && matmul_multi_prefill(c, x, ws, outs, xh.get());
+}
+
+bool norm_mlp_prefill(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                      const MlpWeights& m, Tensor& out) {
+  if (!mlp_half_takes(c, x, m, out) || m.gate_proj.dtype != DType::BF16) return false;
+  Temp<__nv_bfloat16> xh(c, size_t(x.numel()));
+  return add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get()) && mlp_prefill(c, x, m, out, xh.get());
 }
 
 }  // namespace qwen36::cuda

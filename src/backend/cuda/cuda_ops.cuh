@@ -284,6 +284,10 @@ void add_rms_norm(Ctx&, Tensor& y, const Tensor& delta, const Tensor& w, float e
 // (act null: not); false (nothing done) when act is given and the shape has no quantizing form.
 bool add_rms_norm_quant(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                         Tensor& out, void* act);
+// The same with out also rounded to bf16 into xh (rows × cols, 8-byte aligned) for the prefill
+// GEMMs that read it; false (nothing done) where the shape has no vector form.
+bool add_rms_norm_half(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                       Tensor& out, __nv_bfloat16* xh);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 // release_late: the launch after it starts only after its work (release_late_before).
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate, bool release_late = false);
@@ -376,9 +380,18 @@ bool gemv_split_k(const Ctx&, int64_t N, int64_t K);
 // quantized weights and the split-K GEMV (a grid of many small blocks) gain from the early start.
 bool release_late_before(const Ctx&, const Tensor& w);
 // Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
-bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+// xh: x already rounded to the weights' 16-bit type (null: rounded here).
+bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                          const void* xh = nullptr);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
-bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
+bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out, const void* xh = nullptr);
+// Backend::add_rms_norm_matmul_multi / add_rms_norm_mlp at prefill over bf16 weights: the norm
+// writes x and its bf16 rounding in one pass (add_rms_norm_half), the GEMMs read the latter (no
+// rounding kernel); false (nothing done) where these forms do not apply.
+bool norm_matmul_multi_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
+                               Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool norm_mlp_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                      const MlpWeights& m, Tensor& out);
 // Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 / W4_G128 / W4_G32 / NVFP4
 // matrices with N % 16 == 0 and K % 256 == 0 repacked on the device into 16-row tiles for the
 // int8 tensor-core GEMM. quant_tiled_type: the tiled DType of such a type (F32: none).
@@ -486,6 +499,12 @@ void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
 void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
 // The same for runs of many tokens, parallel over tokens (cuda_conv1d.cu); false: not taken.
 bool conv1d_silu_prefill(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
+// causal_conv1d_silu with x's [q | k | v] channel groups written to q, k, v (x's contents then
+// unspecified): the prefill kernel writes them directly; elsewhere in place, then copied.
+void causal_conv1d_silu_split(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
+                              Tensor& q, Tensor& k, Tensor& v);
+bool conv1d_silu_prefill_split(Ctx&, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                               std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v);
 void deltanet_gates(Ctx&, const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
                     Tensor& g, Tensor& beta);
 void gated_delta_rule(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
