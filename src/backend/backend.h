@@ -209,10 +209,20 @@ class Backend {
     matmul(x, up, up_out);
     swiglu(gate_out, up_out, gate_out);
   }
-  // out = (x ⊙ sigmoid(gate)) · wᵀ, x scaled in place: attention's gated output projection.
+  // out = (x ⊙ sigmoid(gate)) · wᵀ: attention's gated output projection. x is scratch (the
+  // default scales it in place; a fused form may leave it as it was).
   virtual void gated_matmul(Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) {
     sigmoid_mul(x, gate);
     matmul(x, w, out);
+  }
+  // out = gated_rms_norm(x, z, norm, eps) · wᵀ, x [T, H, D] read as [T, H·D] by w [N, H·D]:
+  // DeltaNet's gated norm and output projection. x is scratch as above (the default normalises
+  // it in place).
+  virtual void gated_norm_matmul(Tensor& x, const Tensor& z, const Tensor& norm, float eps, const Tensor& w,
+                                 Tensor& out) {
+    gated_rms_norm(x, z, norm, eps, x);
+    const int64_t K = w.cols(), T = K ? x.numel() / K : 0;
+    matmul(Tensor(x.data, x.dtype, {T, K}), w, out);
   }
   // out = down · (silu(x · gateᵀ) * (x · upᵀ)): the whole MLP. gate_out and up_out are scratch
   // [T, I] that a fused implementation may leave untouched.

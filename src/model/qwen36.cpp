@@ -148,6 +148,9 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   const bool fused_verify = save && save->trees.empty() && mode != DeltaRuleMode::Chunked &&
                             backend_.deltanet_verify(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs,
                                                      save->verify, *save->conv_input, *save->g, *save->beta, o);
+  // The composed path's gated norm goes with out_proj as one op where out_proj reads the heads in
+  // order (a device backend then writes the GEMM's input from the norm).
+  bool norm_in_projection = false;
   if (decode) {
     backend_.deltanet_decode(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, o);
   } else if (!fused_verify) {
@@ -185,7 +188,13 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
     } else {
       backend_.gated_delta_rule(q, k, v, g, beta, ssm_state, runs, o, mode);
     }
-    backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
+    norm_in_projection = d.out_proj_heads.empty();
+    if (!norm_in_projection) backend_.gated_rms_norm(o, z, d.norm, c.rms_norm_eps, o);  // per head over dv, gated by silu(z)
+  }
+  Tensor y = s.f32({T, c.hidden_size});
+  if (norm_in_projection) {
+    backend_.gated_norm_matmul(o, z, d.norm, c.rms_norm_eps, d.out_proj, y);
+    return y;
   }
   Tensor o2(o.data, DType::F32, {T, Hv * dv});
   if (!d.out_proj_heads.empty()) {  // out_proj reads its heads in another order (GGUF)
@@ -197,7 +206,6 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
     Tensor dst(o2.data, DType::F32, {T * Hv, dv});
     backend_.get_rows(heads, rows, dst);
   }
-  Tensor y = s.f32({T, c.hidden_size});
   backend_.matmul(o2, d.out_proj, y);
   return y;
 }

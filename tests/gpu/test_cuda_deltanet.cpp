@@ -28,7 +28,8 @@
 //
 // Conv1d prefill (cuda_conv1d.cu) vs cpu::causal_conv1d_silu: multi-chunk runs, K 2/4/8,
 // 4 channels a thread and 1, outputs at 1e-6, the state exactly; the same with the [q | k | v]
-// blocks written apart (causal_conv1d_silu_split); a 4096 × 10240 timing print.
+// blocks written apart (causal_conv1d_silu_split: widths of whole float4s and not, decode-sized
+// runs too); a 4096 × 10240 timing print.
 //
 // Read-only ops (speculative verify) vs the CPU read-only ops, the state compared bit for bit
 // with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit).
@@ -281,7 +282,7 @@ TEST_F(CudaDeltaNet, Timing27BPrefill4096) {
   }
 }
 
-// ---- conv1d prefill (cuda_conv1d.cu: halo kernel + in-place chunk kernel) ----
+// ---- conv1d prefill (cuda_conv1d.cu: halo kernel + chunk kernel, in place or split) ----
 
 // Runs over several 64-token chunks and on chunk boundaries, a run shorter than K−1 (its new
 // state keeps old entries), kernel widths 2, 4 and 8, C not a multiple of the 128-thread
@@ -289,66 +290,48 @@ TEST_F(CudaDeltaNet, Timing27BPrefill4096) {
 // twin's order on both sides; only expf in the SiLU differs, ≲ 1e-7), the state exactly (copies).
 TEST_F(CudaDeltaNet, ConvPrefillMatchesCpu) {
   const int64_t slots = 5;
+  // the last step's runs are decode-sized: the per-channel kernel (and the split op's copies)
   const std::vector<std::vector<SeqRun>> steps{{{3, 0, 0, 130}, {0, 0, 130, 2}, {4, 0, 132, 64}},
-                                               {{0, 2, 0, 200}, {3, 130, 200, 65}, {1, 0, 265, 9}}};
-  for (const auto& [K, C] : {std::pair<int64_t, int64_t>{2, 300}, {4, 300}, {8, 300}, {4, 302}}) {  // 302: 1 channel a thread
+                                               {{0, 2, 0, 200}, {3, 130, 200, 65}, {1, 0, 265, 9}},
+                                               {{0, 202, 0, 3}, {3, 195, 3, 5}}};
+  // C = 302: one channel a thread; the split op's first two blocks 64 wide (whole float4s) or 62
+  for (const auto& [K, C] : {std::pair<int64_t, int64_t>{2, 300}, {4, 300}, {8, 300}, {4, 302}}) {
+    const int64_t wq = C % 4 == 0 ? 64 : 62, widths[3] = {wq, wq, C - 2 * wq};
     const HostT w = random_t(rng_, DType::F32, {C, K}, -0.5f, 0.5f);
     HostT st = random_t(rng_, DType::F32, {slots, C, K - 1});
-    DevT dw = upload(*gpu_, w), dst = upload(*gpu_, st);
+    DevT dw = upload(*gpu_, w), dst = upload(*gpu_, st), dst_split = upload(*gpu_, st);
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<SeqRun>& runs = steps[step];
       int64_t T = 0;
       for (const SeqRun& r : runs) T += r.count;
       HostT x = random_t(rng_, DType::F32, {T, C}, -2.0f, 2.0f);
-      DevT dx = upload(*gpu_, x);
+      DevT dx = upload(*gpu_, x), dx_split = upload(*gpu_, x);
+      std::array<DevT, 3> parts{upload(*gpu_, HostT(DType::F32, {T, widths[0]})),
+                                upload(*gpu_, HostT(DType::F32, {T, widths[1]})),
+                                upload(*gpu_, HostT(DType::F32, {T, widths[2]}))};
       cpu::causal_conv1d_silu(x.t, w.t, st.t, runs);
       gpu_->causal_conv1d_silu(dx.t, dw.t, dst.t, runs);
+      gpu_->causal_conv1d_silu_split(dx_split.t, dw.t, dst_split.t, runs, parts[0].t, parts[1].t, parts[2].t);
       const Worst wo = worst_of(download(*gpu_, dx.t), x.floats());
       const Worst ws = worst_of(download(*gpu_, dst.t), st.floats());
-      std::printf("[ deltanet ] conv1d prefill K %lld step %zu: out err %.2e, state err %.2e\n", (long long)K, step,
-                  wo.err, ws.err);
+      std::printf("[ deltanet ] conv1d prefill K %lld C %lld step %zu: out err %.2e, state err %.2e\n", (long long)K,
+                  (long long)C, step, wo.err, ws.err);
       EXPECT_LE(wo.err, 1e-6) << "K " << K << " step " << step << ": output row " << wo.at / C << ", channel "
                               << wo.at % C << ": got " << wo.got << ", want " << wo.want;
       EXPECT_EQ(ws.err, 0.0) << "K " << K << " step " << step << ": state slot " << ws.at / (C * (K - 1))
                              << ", channel " << ws.at / (K - 1) % C << ", entry " << ws.at % (K - 1) << ": got "
                              << ws.got << ", want " << ws.want;
-    }
-  }
-}
-
-// The conv writing x's [q | k | v] column blocks to three tensors (causal_conv1d_silu_split)
-// against the CPU conv in place and the blocks copied out: prefill runs (widths of whole
-// float4s, and not), and decode-sized runs (the per-channel kernel, then copies).
-TEST_F(CudaDeltaNet, ConvSplitMatchesCpu) {
-  const int64_t K = 4, slots = 5;
-  const std::vector<std::vector<SeqRun>> steps{{{3, 0, 0, 130}, {0, 0, 130, 2}, {4, 0, 132, 64}},
-                                               {{0, 2, 0, 3}, {3, 130, 3, 5}}};
-  for (const std::array<int64_t, 3>& widths : {std::array<int64_t, 3>{64, 64, 172}, {62, 62, 176}}) {
-    const int64_t C = widths[0] + widths[1] + widths[2];
-    const HostT w = random_t(rng_, DType::F32, {C, K}, -0.5f, 0.5f);
-    HostT st = random_t(rng_, DType::F32, {slots, C, K - 1});
-    DevT dw = upload(*gpu_, w), dst = upload(*gpu_, st);
-    for (size_t step = 0; step < steps.size(); ++step) {
-      const std::vector<SeqRun>& runs = steps[step];
-      int64_t T = 0;
-      for (const SeqRun& r : runs) T += r.count;
-      HostT x = random_t(rng_, DType::F32, {T, C}, -2.0f, 2.0f);
-      DevT dx = upload(*gpu_, x);
-      std::array<DevT, 3> parts{upload(*gpu_, HostT(DType::F32, {T, widths[0]})),
-                                upload(*gpu_, HostT(DType::F32, {T, widths[1]})),
-                                upload(*gpu_, HostT(DType::F32, {T, widths[2]}))};
-      cpu::causal_conv1d_silu(x.t, w.t, st.t, runs);
-      gpu_->causal_conv1d_silu_split(dx.t, dw.t, dst.t, runs, parts[0].t, parts[1].t, parts[2].t);
+      // the split op: each block of the CPU's output columns, and the same state
       const std::vector<float> all = x.floats();
       for (size_t p = 0, col = 0; p < 3; col += size_t(widths[p++])) {
         std::vector<float> want;
         for (int64_t t = 0; t < T; ++t)
           want.insert(want.end(), all.begin() + t * C + int64_t(col), all.begin() + t * C + int64_t(col) + widths[p]);
-        const Worst wo = worst_of(download(*gpu_, parts[p].t), want);
-        EXPECT_LE(wo.err, 1e-6) << "widths " << widths[0] << "/" << widths[1] << "/" << widths[2] << " step " << step
-                                << " block " << p << ": row " << wo.at / widths[p] << ", column " << wo.at % widths[p];
+        const Worst wp = worst_of(download(*gpu_, parts[p].t), want);
+        EXPECT_LE(wp.err, 1e-6) << "split, K " << K << " C " << C << " step " << step << " block " << p << ": row "
+                                << wp.at / widths[p] << ", column " << wp.at % widths[p];
       }
-      EXPECT_EQ(worst_of(download(*gpu_, dst.t), st.floats()).err, 0.0) << "step " << step << ": the conv state";
+      EXPECT_EQ(worst_of(download(*gpu_, dst_split.t), st.floats()).err, 0.0) << "split, K " << K << " step " << step;
     }
   }
 }

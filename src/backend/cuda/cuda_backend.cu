@@ -553,9 +553,18 @@ class CudaBackend final : public Backend {
   void gated_matmul(Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) override {
     {
       Prof p_(*this, "sigmoid_mul");
+      if (cuda::gated_matmul_prefill(ctx_, x, gate, w, out)) return;
       cuda::sigmoid_mul(ctx_, x, gate, cuda::release_late_before(ctx_, w));
     }
     matmul(x, w, out);
+  }
+  void gated_norm_matmul(Tensor& x, const Tensor& z, const Tensor& norm, float eps, const Tensor& w,
+                         Tensor& out) override {
+    {
+      Prof p_(*this, "gated_norm + matmul");
+      if (cuda::gated_norm_matmul_prefill(ctx_, x, z, norm, eps, w, out)) return;
+    }
+    Backend::gated_norm_matmul(x, z, norm, eps, w, out);
   }
   void add_sigmoid_scaled(Tensor& y, const Tensor& x, const Tensor& s) override {
     Prof p_(*this, "add_sigmoid_scaled");

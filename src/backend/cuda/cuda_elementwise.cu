@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_ops.cuh"
@@ -82,8 +83,9 @@ __global__ void rms_norm_kernel(const float* x, const float* z, const float* w, 
 // a warp per row, 8 rows per block. A block per row would be a 32-thread block each, ~200k
 // of them in a 4096-token prefill, and the block scheduler, not memory, sets the pace.
 constexpr int kRowsPerBlock = 8;
-template <bool Gated>
-__global__ void rms_norm_rows_kernel(const float* x, const float* z, const float* w, float eps, float* out, int64_t D,
+// O: float, or bf16 where the rows feed a prefill GEMM (gated_rms_norm_half).
+template <bool Gated, typename O = float>
+__global__ void rms_norm_rows_kernel(const float* x, const float* z, const float* w, float eps, O* out, int64_t D,
                                      int64_t R) {
   griddep_trigger();
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
@@ -95,12 +97,17 @@ __global__ void rms_norm_rows_kernel(const float* x, const float* z, const float
   for (int64_t i = lane; i < D; i += 32) ss += xr[i] * xr[i];
   ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss / float(D) + eps);
-  float* o = out + row * D;
+  O* o = out + row * D;
   for (int64_t i = lane; i < D; i += 32) {
+    float v;
     if constexpr (Gated)
-      o[i] = w[i] * (xr[i] * inv) * silu_f(z[row * D + i]);
+      v = w[i] * (xr[i] * inv) * silu_f(z[row * D + i]);
     else
-      o[i] = xr[i] * inv * w[i];
+      v = xr[i] * inv * w[i];
+    if constexpr (std::is_same_v<O, float>)
+      o[i] = v;
+    else
+      o[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -223,6 +230,20 @@ __global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n, bool lat
   griddep_wait();
   QWEN36_GRID_STRIDE(i, n) x[i] *= sigmoid_f(g[i]);
   if (late) griddep_trigger();
+}
+// x ⊙ sigmoid(gate) rounded to bf16 into out (n4 float4s in, 4 bf16 each out): the attention
+// gate of a prefill feeding its output projection's GEMM (gated_matmul_prefill), the float
+// operations of sigmoid_mul's.
+__global__ void sigmoid_mul_half4_kernel(const float4* x, const float4* g, uint2* out, int64_t n4) {
+  griddep_trigger();
+  griddep_wait();
+  QWEN36_GRID_STRIDE(i, n4) {
+    const float4 gv = g[i];
+    float4 xv = x[i];
+    xv.x *= sigmoid_f(gv.x), xv.y *= sigmoid_f(gv.y), xv.z *= sigmoid_f(gv.z), xv.w *= sigmoid_f(gv.w);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(xv.x, xv.y), hi = __floats2bfloat162_rn(xv.z, xv.w);
+    out[i] = make_uint2(reinterpret_cast<const uint32_t&>(lo), reinterpret_cast<const uint32_t&>(hi));
+  }
 }
 // The same as float4s (n4 = n / 4 whole ones): a prefill's gate (27B, 4096 × 6144) at the
 // copy bandwidth where the scalar form took 2.3 times as long.
@@ -460,6 +481,31 @@ void gated_rms_norm(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, f
     launch_pdl(rms_norm_kernel<true>, dim3(unsigned(R)), dim3(unsigned(norm_threads(D))), 0, c.stream, x.as<const float>(),
                z.as<const float>(), w.as<const float>(), eps, out.as<float>(), D);
   CUDA_LAUNCH_CHECK();
+}
+
+bool gated_rms_norm_half(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& w, float eps, __nv_bfloat16* out) {
+  const int64_t D = w.numel(), R = D ? x.numel() / D : 0;
+  check_f32(x, "gated_rms_norm");
+  check_same(x, z, "gated_rms_norm gate");
+  if (D > 512 || R < 2 || x.numel() != R * D) return false;  // the rows kernel's shapes
+  launch_pdl(rms_norm_rows_kernel<true, __nv_bfloat16>, dim3(unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock)),
+             dim3(32 * kRowsPerBlock), 0, c.stream, x.as<const float>(), z.as<const float>(), w.as<const float>(), eps,
+             out, D, R);
+  CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool sigmoid_mul_half(Ctx& c, const Tensor& x, const Tensor& gate, __nv_bfloat16* out) {
+  check_same(x, gate, "sigmoid_mul");
+  const int64_t n = x.numel();
+  if (n % 4 != 0 || (reinterpret_cast<uintptr_t>(x.data) | reinterpret_cast<uintptr_t>(gate.data) |
+                     reinterpret_cast<uintptr_t>(out)) % 16 != 0)
+    return false;
+  if (n == 0) return true;
+  launch_pdl(sigmoid_mul_half4_kernel, dim3(grid_for(n / 4)), dim3(256), 0, c.stream, x.as<const float4>(),
+             gate.as<const float4>(), reinterpret_cast<uint2*>(out), n / 4);
+  CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void add_rms_norm(Ctx& c, Tensor& y, const Tensor& delta, const Tensor& w, float eps, Tensor& out) {

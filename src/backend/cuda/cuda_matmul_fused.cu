@@ -258,4 +258,35 @@ bool norm_mlp_prefill(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_ou
   return add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get()) && mlp_prefill(c, x, m, out, xh.get());
 }
 
+namespace {
+
+// x [T, K] (any shape of T·K floats) through a bf16 matrix w [N, K] into out [T, N] at T > 8.
+bool half_prefill_takes(const Ctx& c, const Tensor& x, const Tensor& w, const Tensor& out) {
+  const int64_t K = w.cols(), N = w.rows(), T = K ? x.numel() / K : 0;
+  return !c.exact_matmul && w.dtype == DType::BF16 && x.dtype == DType::F32 && out.dtype == DType::F32 && T > 8 &&
+         x.numel() == T * K && out.numel() == T * N && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) &&
+         T < (int64_t(1) << 31);
+}
+
+}  // namespace
+
+bool gated_matmul_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) {
+  if (!half_prefill_takes(c, x, w, out)) return false;
+  const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
+  Temp<__nv_bfloat16> xh(c, size_t(T * K));
+  if (!sigmoid_mul_half(c, x, gate, xh.get())) return false;
+  gemm_half(c, w.data, xh.get(), true, int(T), int(N), int(K), out.as<float>(), int(N));
+  return true;
+}
+
+bool gated_norm_matmul_prefill(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& norm, float eps, const Tensor& w,
+                               Tensor& out) {
+  if (!half_prefill_takes(c, x, w, out)) return false;
+  const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
+  Temp<__nv_bfloat16> xh(c, size_t(T * K));
+  if (!gated_rms_norm_half(c, x, z, norm, eps, xh.get())) return false;
+  gemm_half(c, w.data, xh.get(), true, int(T), int(N), int(K), out.as<float>(), int(N));
+  return true;
+}
+
 }  // namespace qwen36::cuda

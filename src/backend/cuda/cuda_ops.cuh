@@ -288,6 +288,11 @@ bool add_rms_norm_quant(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_ou
 // GEMMs that read it; false (nothing done) where the shape has no vector form.
 bool add_rms_norm_half(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                        Tensor& out, __nv_bfloat16* xh);
+// gated_rms_norm's rows (D ≤ 512, more than one) rounded to bf16 into out, and x ⊙ sigmoid(gate)
+// likewise (whole float4s, 16-byte aligned), for the prefill GEMM that reads them; false
+// (nothing done) for other shapes.
+bool gated_rms_norm_half(Ctx&, const Tensor& x, const Tensor& z, const Tensor& w, float eps, __nv_bfloat16* out);
+bool sigmoid_mul_half(Ctx&, const Tensor& x, const Tensor& gate, __nv_bfloat16* out);
 void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 // release_late: the launch after it starts only after its work (release_late_before).
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate, bool release_late = false);
@@ -392,6 +397,12 @@ bool norm_matmul_multi_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tenso
                                Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool norm_mlp_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                       const MlpWeights& m, Tensor& out);
+// Backend::gated_matmul and gated_norm_matmul at prefill over a bf16 matrix: the gate (norm)
+// kernel writes the GEMM's bf16 input, no f32 intermediate or rounding kernel; false (nothing
+// done) where these forms do not apply.
+bool gated_matmul_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out);
+bool gated_norm_matmul_prefill(Ctx&, const Tensor& x, const Tensor& z, const Tensor& norm, float eps, const Tensor& w,
+                               Tensor& out);
 // Tiled quantized weights (cuda_quant_mma.cu): Q4_K / Q6_K / Q8_0 / W4_G128 / W4_G32 / NVFP4
 // matrices with N % 16 == 0 and K % 256 == 0 repacked on the device into 16-row tiles for the
 // int8 tensor-core GEMM. quant_tiled_type: the tiled DType of such a type (F32: none).
