@@ -294,6 +294,8 @@ class Backend {
   // and copies the blocks out; a device backend writes them from its conv kernel directly.
   virtual void causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
                                         Tensor& q, Tensor& k, Tensor& v);
+  // x's [q | k | v] column blocks (widths from q, k, v [T, ·]) copied to q, k, v.
+  void copy_column_blocks(const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
   // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      g, beta [T, Hv]; a, b [T, Hv],
   // or [T, G > Hv] whose first Hv columns count (a shard's padded projections, ModelConfig::gate_rows)
   virtual void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,
@@ -479,17 +481,21 @@ class Backend {
   virtual void argmax_rows(const Tensor& logits, Tensor& ids);
 };
 
-inline void Backend::causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state,
-                                              std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v) {
+inline void Backend::copy_column_blocks(const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
   const int64_t T = x.rows(), nq = T ? q.numel() / T : 0, nk = T ? k.numel() / T : 0, nv = T ? v.numel() / T : 0;
   if (q.numel() != T * nq || k.numel() != T * nk || v.numel() != T * nv || nq + nk + nv != x.cols())
-    throw std::runtime_error("causal_conv1d_silu_split: q " + q.shape_str() + ", k " + k.shape_str() + ", v " +
+    throw std::runtime_error("copy_column_blocks: q " + q.shape_str() + ", k " + k.shape_str() + ", v " +
                              v.shape_str() + " do not split x " + x.shape_str());
-  causal_conv1d_silu(x, w, conv_state, runs);
   Tensor q2(q.data, DType::F32, {T, nq}), k2(k.data, DType::F32, {T, nk}), v2(v.data, DType::F32, {T, nv});
   copy_cols(x, 0, q2, 0, nq);
   copy_cols(x, nq, k2, 0, nk);
   copy_cols(x, nq + nk, v2, 0, nv);
+}
+
+inline void Backend::causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state,
+                                              std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v) {
+  causal_conv1d_silu(x, w, conv_state, runs);
+  copy_column_blocks(x, q, k, v);
 }
 
 inline void Backend::causal_conv1d_silu_readonly(Tensor&, const Tensor&, const Tensor&, std::span<const SeqRun>) {

@@ -103,15 +103,6 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
   return y;
 }
 
-// mixed's [q | k | v] column blocks → q, k, v [T, ·, ·] (contiguous, as gated_delta_rule takes them).
-static void copy_qkv(Backend& b, const Tensor& mixed, Tensor& q, Tensor& k, Tensor& v) {
-  const int64_t T = mixed.rows(), nq = q.numel() / T, nk = k.numel() / T, nv = v.numel() / T;
-  Tensor q2(q.data, DType::F32, {T, nq}), k2(k.data, DType::F32, {T, nk}), v2(v.data, DType::F32, {T, nv});
-  b.copy_cols(mixed, 0, q2, 0, nq);
-  b.copy_cols(mixed, nq, k2, 0, nk);
-  b.copy_cols(mixed, nq + nk, v2, 0, nv);
-}
-
 // Rows [begin, begin + count) of src [T, C] for each run → rows [0, count) of the run's slot
 // in buf [slots, n, C] (a verify run's saved DeltaNet inputs).
 static void save_rows(Backend& b, const Tensor& src, Tensor& buf, std::span<const SeqRun> runs) {
@@ -169,7 +160,7 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
       if (!save->verify.empty()) backend_.causal_conv1d_silu_readonly(mixed, d.conv1d, conv_state, save->verify);
       for (const TreeRun& t : save->trees)
         backend_.causal_conv1d_silu_tree_readonly(mixed, d.conv1d, conv_state, t.run, t.parent);
-      if (T > 1) copy_qkv(backend_, mixed, q, k, v);
+      if (T > 1) backend_.copy_column_blocks(mixed, q, k, v);  // contiguous, as gated_delta_rule takes them
     } else if (T == 1) {
       backend_.causal_conv1d_silu(mixed, d.conv1d, conv_state, runs);
     } else {

@@ -682,8 +682,11 @@ class CudaBackend final : public Backend {
   }
   void causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
                                 Tensor& q, Tensor& k, Tensor& v) override {
-    Prof p_(*this, "conv1d");
-    cuda::causal_conv1d_silu_split(ctx_, x, w, conv_state, runs, q, k, v);
+    {
+      Prof p_(*this, "conv1d");
+      if (cuda::causal_conv1d_silu_split(ctx_, x, w, conv_state, runs, q, k, v)) return;
+    }
+    Backend::causal_conv1d_silu_split(x, w, conv_state, runs, q, k, v);
   }
   void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias, Tensor& g,
                       Tensor& beta) override {

@@ -227,20 +227,14 @@ void causal_conv1d_silu(Ctx& c, Tensor& x, const Tensor& w, Tensor& conv_state, 
   launch_conv(c, x, w, conv_state.as<float>(), runs, true);
 }
 
-void causal_conv1d_silu_split(Ctx& c, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
-                              Tensor& q, Tensor& k, Tensor& v) {
+bool causal_conv1d_silu_split(Ctx& c, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                              std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v) {
   check_conv(x, w, conv_state, runs);
   const int64_t T = x.rows(), nq = T ? q.numel() / T : 0, nk = T ? k.numel() / T : 0, nv = T ? v.numel() / T : 0;
   QWEN36_CHECK(q.numel() == T * nq && k.numel() == T * nk && v.numel() == T * nv && nq + nk + nv == x.cols(),
                "causal_conv1d_silu_split: q {} k {} v {} do not split x {}", q.shape_str(), k.shape_str(), v.shape_str(),
                x.shape_str());
-  if (runs.empty() || x.cols() == 0) return;
-  if (conv1d_silu_prefill_split(c, x, w, conv_state, runs, q, k, v)) return;
-  launch_conv(c, x, w, conv_state.as<float>(), runs, true);  // in place, then copied
-  Tensor q2(q.data, DType::F32, {T, nq}), k2(k.data, DType::F32, {T, nk}), v2(v.data, DType::F32, {T, nv});
-  copy_cols(c, x, 0, q2, 0, nq);
-  copy_cols(c, x, nq, k2, 0, nk);
-  copy_cols(c, x, nq + nk, v2, 0, nv);
+  return conv1d_silu_prefill_split(c, x, w, conv_state, runs, q, k, v);
 }
 
 void causal_conv1d_silu_readonly(Ctx& c, Tensor& x, const Tensor& w, const Tensor& conv_state,

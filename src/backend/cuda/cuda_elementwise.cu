@@ -24,6 +24,16 @@ int grid_for(int64_t n) { return int(std::min<int64_t>(blocks_for(n, 256), 65535
 #define QWEN36_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
+// Four floats rounded to bf16 as one 8-byte word (the layout of 4 consecutive bf16).
+__device__ __forceinline__ uint2 pack_bf16x4(float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  return make_uint2(reinterpret_cast<const uint32_t&>(lo), reinterpret_cast<const uint32_t&>(hi));
+}
+// x ⊙ sigmoid(g), lane by lane (sigmoid_mul's float operations).
+__device__ __forceinline__ float4 sigmoid_scaled(float4 x, float4 g) {
+  return make_float4(x.x * sigmoid_f(g.x), x.y * sigmoid_f(g.y), x.z * sigmoid_f(g.z), x.w * sigmoid_f(g.w));
+}
+
 __global__ void embed_kernel(const void* table, DType dt, const int32_t* ids, float* out, int64_t D) {
   const int64_t row = ids[blockIdx.x];
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
@@ -190,13 +200,7 @@ __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, fl
     if (i < D4) {
       r = make_float4(v[j].x * inv * g[j].x, v[j].y * inv * g[j].y, v[j].z * inv * g[j].z, v[j].w * inv * g[j].w);
       o[i] = r;
-      if constexpr (kHalf) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(r.x, r.y), hi = __floats2bfloat162_rn(r.z, r.w);
-        uint2 packed;
-        packed.x = reinterpret_cast<const uint32_t&>(lo);
-        packed.y = reinterpret_cast<const uint32_t&>(hi);
-        reinterpret_cast<uint2*>(act.xh + int64_t(blockIdx.x) * 4 * D4)[i] = packed;
-      }
+      if constexpr (kHalf) reinterpret_cast<uint2*>(act.xh + int64_t(blockIdx.x) * 4 * D4)[i] = pack_bf16x4(r);
     }
     if constexpr (kQuant) {  // every lane: quantize_quad reduces over 8 lanes (D4 % 8 == 0: whole groups)
       const QuantQuad qq = quantize_quad(r);
@@ -237,25 +241,14 @@ __global__ void sigmoid_mul_kernel(float* x, const float* g, int64_t n, bool lat
 __global__ void sigmoid_mul_half4_kernel(const float4* x, const float4* g, uint2* out, int64_t n4) {
   griddep_trigger();
   griddep_wait();
-  QWEN36_GRID_STRIDE(i, n4) {
-    const float4 gv = g[i];
-    float4 xv = x[i];
-    xv.x *= sigmoid_f(gv.x), xv.y *= sigmoid_f(gv.y), xv.z *= sigmoid_f(gv.z), xv.w *= sigmoid_f(gv.w);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(xv.x, xv.y), hi = __floats2bfloat162_rn(xv.z, xv.w);
-    out[i] = make_uint2(reinterpret_cast<const uint32_t&>(lo), reinterpret_cast<const uint32_t&>(hi));
-  }
+  QWEN36_GRID_STRIDE(i, n4) out[i] = pack_bf16x4(sigmoid_scaled(x[i], g[i]));
 }
 // The same as float4s (n4 = n / 4 whole ones): a prefill's gate (27B, 4096 × 6144) at the
 // copy bandwidth where the scalar form took 2.3 times as long.
 __global__ void sigmoid_mul4_kernel(float4* x, const float4* g, int64_t n4, bool late) {
   if (!late) griddep_trigger();
   griddep_wait();
-  QWEN36_GRID_STRIDE(i, n4) {
-    const float4 gv = g[i];
-    float4 xv = x[i];
-    xv.x *= sigmoid_f(gv.x), xv.y *= sigmoid_f(gv.y), xv.z *= sigmoid_f(gv.z), xv.w *= sigmoid_f(gv.w);
-    x[i] = xv;
-  }
+  QWEN36_GRID_STRIDE(i, n4) x[i] = sigmoid_scaled(x[i], g[i]);
   if (late) griddep_trigger();
 }
 // Row-wise kernels index (row, column) from a 2-D grid, not from a flat index: a 64-bit

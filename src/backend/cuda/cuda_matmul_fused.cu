@@ -169,21 +169,16 @@ bool mlp_half_takes(const Ctx& c, const Tensor& x, const MlpWeights& m, const Te
   return T > 8 && x.cols() == K && down.cols() == I && out.numel() == T * H && 2 * I < (int64_t(1) << 31);
 }
 
-}  // namespace
-
-bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                          const void* xh_in) {
-  if (!multi_prefill_takes(c, x, ws, outs)) return false;
-  const int64_t K = ws[0]->cols(), T = x.numel() / K;
-  const bool bf = ws[0]->dtype == DType::BF16;
-  Temp<uint16_t> xr(c, xh_in ? 0 : size_t(T * K));
-  if (!xh_in) round_activations(c, x.as<const float>(), xr.get(), T * K, bf);
-  const void* xh = xh_in ? xh_in : xr.get();
-  // A matrix of kDirectRows rows or more is its own GEMM, written straight into its output; a
-  // run of smaller ones (DeltaNet's 48-row b / a) is one GEMM into a temporary, copied out.
-  // (One GEMM for the whole group, copied out column by column, moved the group's output
-  // through memory twice more: 27B, T = 4096, ~9 ms a forward.)
+// The group's GEMMs from x's activations xh, already in the weights' 16-bit type. A matrix of
+// kDirectRows rows or more is its own GEMM, written straight into its output; a run of smaller
+// ones (DeltaNet's 48-row b / a) is one GEMM into a temporary, copied out. (One GEMM for the
+// whole group, copied out column by column, moved the group's output through memory twice
+// more: 27B, T = 4096, ~9 ms a forward.)
+void multi_prefill_gemms(Ctx& c, const Tensor& x, const void* xh, std::span<const Tensor* const> ws,
+                         std::span<Tensor* const> outs) {
   constexpr int64_t kDirectRows = 256;
+  const bool bf = ws[0]->dtype == DType::BF16;
+  const int64_t K = ws[0]->cols(), T = x.numel() / K;
   for (size_t i = 0; i < ws.size();) {
     size_t j = i + 1;
     int64_t n = ws[i]->rows();
@@ -203,6 +198,49 @@ bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const
     }
     i = j;
   }
+}
+
+// mlp_prefill's 16-bit form, x rounded to the weights' type here or already in xh (non-null).
+void mlp_half(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out, const void* xh) {
+  const Tensor& down = m.down_proj;
+  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / K;
+  const bool bf = m.gate_proj.dtype == DType::BF16;
+  Temp<uint16_t> xr(c, xh ? 0 : size_t(T * K)), gu(c, size_t(T * 2 * I)), act(c, size_t(T * I));
+  if (xh)
+    gemm_half_out(c, m.gate_proj.data, xh, bf, T, 2 * I, K, gu.get());
+  else
+    gate_up_gemm(c, x, m.gate_proj, xr.get(), gu.get());
+  // The SwiGLU result goes to the down projection in its 16-bit type: what matmul() would
+  // round it to, without the f32 round trip through memory.
+  if (bf)
+    launch_swiglu_halves(c, true, gu.get(), reinterpret_cast<__nv_bfloat16*>(act.get()), I, T, I);
+  else
+    launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T, I);
+  gemm_half(c, down.data, act.get(), bf, int(T), int(H), int(I), out.as<float>(), int(H));
+}
+
+// x [T, K] (any shape of T·K floats) through a bf16 matrix w [N, K] into out [T, N] at T > 8,
+// x written to the GEMM's bf16 input by write_input(xh) (false: not its shape, nothing done).
+template <typename F>
+bool half_input_prefill(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out, F&& write_input) {
+  const int64_t K = w.cols(), N = w.rows(), T = K ? x.numel() / K : 0;
+  if (c.exact_matmul || w.dtype != DType::BF16 || x.dtype != DType::F32 || out.dtype != DType::F32 || T <= 8 ||
+      x.numel() != T * K || out.numel() != T * N || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) ||
+      T >= (int64_t(1) << 31))
+    return false;
+  Temp<__nv_bfloat16> xh(c, size_t(T * K));
+  if (!write_input(xh.get())) return false;
+  gemm_half(c, w.data, xh.get(), true, int(T), int(N), int(K), out.as<float>(), int(N));
+  return true;
+}
+
+}  // namespace
+
+bool matmul_multi_prefill(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+  if (!multi_prefill_takes(c, x, ws, outs)) return false;
+  Temp<uint16_t> xh(c, size_t(x.numel()));
+  round_activations(c, x.as<const float>(), xh.get(), x.numel(), ws[0]->dtype == DType::BF16);
+  multi_prefill_gemms(c, x, xh.get(), ws, outs);
   return true;
 }
 
@@ -221,26 +259,12 @@ bool matmul_swiglu_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Te
   return true;
 }
 
-bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out, const void* xh_in) {
-  if (!xh_in && !c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
+bool mlp_prefill(Ctx& c, const Tensor& x, const MlpWeights& m, Tensor& out) {
+  if (!c.exact_matmul && x.dtype == DType::F32 && out.dtype == DType::F32 && !m.gate_proj.empty() &&
       (fp8_mlp(c, x, m, out) || mlp_prefill_quant(c, x, m, out)))
     return true;
   if (!mlp_half_takes(c, x, m, out)) return false;
-  const Tensor& down = m.down_proj;
-  const int64_t K = m.gate_proj.cols(), I = m.gate_proj.rows(), H = down.rows(), T = x.numel() / K;
-  const bool bf = m.gate_proj.dtype == DType::BF16;
-  Temp<uint16_t> xr(c, xh_in ? 0 : size_t(T * K)), gu(c, size_t(T * 2 * I)), act(c, size_t(T * I));
-  if (xh_in)
-    gemm_half_out(c, m.gate_proj.data, xh_in, bf, T, 2 * I, K, gu.get());
-  else
-    gate_up_gemm(c, x, m.gate_proj, xr.get(), gu.get());
-  // The SwiGLU result goes to the down projection in its 16-bit type: what matmul() would
-  // round it to, without the f32 round trip through memory.
-  if (bf)
-    launch_swiglu_halves(c, true, gu.get(), reinterpret_cast<__nv_bfloat16*>(act.get()), I, T, I);
-  else
-    launch_swiglu_halves(c, false, gu.get(), reinterpret_cast<__half*>(act.get()), I, T, I);
-  gemm_half(c, down.data, act.get(), bf, int(T), int(H), int(I), out.as<float>(), int(H));
+  mlp_half(c, x, m, out, nullptr);
   return true;
 }
 
@@ -248,45 +272,28 @@ bool norm_matmul_multi_prefill(Ctx& c, const Tensor& y, const Tensor& delta, Ten
                                Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (!multi_prefill_takes(c, x, ws, outs) || ws[0]->dtype != DType::BF16) return false;
   Temp<__nv_bfloat16> xh(c, size_t(x.numel()));
-  return add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get()) && matmul_multi_prefill(c, x, ws, outs, xh.get());
+  if (!add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get())) return false;
+  multi_prefill_gemms(c, x, xh.get(), ws, outs);
+  return true;
 }
 
 bool norm_mlp_prefill(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                       const MlpWeights& m, Tensor& out) {
   if (!mlp_half_takes(c, x, m, out) || m.gate_proj.dtype != DType::BF16) return false;
   Temp<__nv_bfloat16> xh(c, size_t(x.numel()));
-  return add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get()) && mlp_prefill(c, x, m, out, xh.get());
+  if (!add_rms_norm_half(c, y, delta, y_out, w, eps, x, xh.get())) return false;
+  mlp_half(c, x, m, out, xh.get());
+  return true;
 }
-
-namespace {
-
-// x [T, K] (any shape of T·K floats) through a bf16 matrix w [N, K] into out [T, N] at T > 8.
-bool half_prefill_takes(const Ctx& c, const Tensor& x, const Tensor& w, const Tensor& out) {
-  const int64_t K = w.cols(), N = w.rows(), T = K ? x.numel() / K : 0;
-  return !c.exact_matmul && w.dtype == DType::BF16 && x.dtype == DType::F32 && out.dtype == DType::F32 && T > 8 &&
-         x.numel() == T * K && out.numel() == T * N && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) &&
-         T < (int64_t(1) << 31);
-}
-
-}  // namespace
 
 bool gated_matmul_prefill(Ctx& c, const Tensor& x, const Tensor& gate, const Tensor& w, Tensor& out) {
-  if (!half_prefill_takes(c, x, w, out)) return false;
-  const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
-  Temp<__nv_bfloat16> xh(c, size_t(T * K));
-  if (!sigmoid_mul_half(c, x, gate, xh.get())) return false;
-  gemm_half(c, w.data, xh.get(), true, int(T), int(N), int(K), out.as<float>(), int(N));
-  return true;
+  return half_input_prefill(c, x, w, out, [&](__nv_bfloat16* xh) { return sigmoid_mul_half(c, x, gate, xh); });
 }
 
 bool gated_norm_matmul_prefill(Ctx& c, const Tensor& x, const Tensor& z, const Tensor& norm, float eps, const Tensor& w,
                                Tensor& out) {
-  if (!half_prefill_takes(c, x, w, out)) return false;
-  const int64_t K = w.cols(), N = w.rows(), T = x.numel() / K;
-  Temp<__nv_bfloat16> xh(c, size_t(T * K));
-  if (!gated_rms_norm_half(c, x, z, norm, eps, xh.get())) return false;
-  gemm_half(c, w.data, xh.get(), true, int(T), int(N), int(K), out.as<float>(), int(N));
-  return true;
+  return half_input_prefill(c, x, w, out,
+                            [&](__nv_bfloat16* xh) { return gated_rms_norm_half(c, x, z, norm, eps, xh); });
 }
 
 }  // namespace qwen36::cuda

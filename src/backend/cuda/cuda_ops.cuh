@@ -385,11 +385,9 @@ bool gemv_split_k(const Ctx&, int64_t N, int64_t K);
 // quantized weights and the split-K GEMV (a grid of many small blocks) gain from the early start.
 bool release_late_before(const Ctx&, const Tensor& w);
 // Their prefill forms for weights stored back to back (cuda_matmul_fused.cu).
-// xh: x already rounded to the weights' 16-bit type (null: rounded here).
-bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                          const void* xh = nullptr);
+bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
-bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out, const void* xh = nullptr);
+bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
 // Backend::add_rms_norm_matmul_multi / add_rms_norm_mlp at prefill over bf16 weights: the norm
 // writes x and its bf16 rounding in one pass (add_rms_norm_half), the GEMMs read the latter (no
 // rounding kernel); false (nothing done) where these forms do not apply.
@@ -510,9 +508,9 @@ void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
 void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
 // The same for runs of many tokens, parallel over tokens (cuda_conv1d.cu); false: not taken.
 bool conv1d_silu_prefill(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
-// causal_conv1d_silu with x's [q | k | v] channel groups written to q, k, v (x's contents then
-// unspecified): the prefill kernel writes them directly; elsewhere in place, then copied.
-void causal_conv1d_silu_split(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
+// Backend::causal_conv1d_silu_split where the prefill kernel takes the runs (x left as it was),
+// shapes checked; false (nothing done) elsewhere: the conv in place, then copies.
+bool causal_conv1d_silu_split(Ctx&, const Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
                               Tensor& q, Tensor& k, Tensor& v);
 bool conv1d_silu_prefill_split(Ctx&, const Tensor& x, const Tensor& w, Tensor& conv_state,
                                std::span<const SeqRun> runs, Tensor& q, Tensor& k, Tensor& v);
