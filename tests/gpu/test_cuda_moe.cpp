@@ -177,6 +177,16 @@ TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
   x = random_t(rng_, DType::F32, {5, 256});
   route(rng_, 5, 32, 12, w, ids, 32);
   check_experts(*gpu_, ex, x, w, ids, kDecodeTol, "bf16 T=5 k=12 decode");
+  // x too long for the gate + up kernel's shared memory (D = 16384): read through L1 instead;
+  // k act rows too long for the down kernel's (k = 12, I = 1024): likewise.
+  const Experts wide = make_experts(*gpu_, rng_, DType::BF16, 4, 16384, 64);
+  x = random_t(rng_, DType::F32, {2, 16384});
+  route(rng_, 2, 4, 2, w, ids, 4);
+  check_experts(*gpu_, wide, x, w, ids, kDecodeTol, "bf16 D=16384 decode (x unstaged)");
+  const Experts tall = make_experts(*gpu_, rng_, DType::F16, 16, 256, 1024);
+  x = random_t(rng_, DType::F32, {1, 256});
+  route(rng_, 1, 16, 12, w, ids, 16);
+  check_experts(*gpu_, tall, x, w, ids, kDecodeTol, "f16 k=12 I=1024 decode (act unstaged)");
 }
 
 // moe_experts_shared on bf16 / f16 experts up to 4 tokens: the shared expert as one more row of
@@ -184,14 +194,16 @@ TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
 // experts'), against the composition on the host in double: the routed sum (cpu::moe_experts)
 // + sigmoid(logit) · down · (silu(gate) ⊙ up). Shapes: one chunk a lane (I = 128), the whole
 // row in one round (I = 512), two rounds (I = 1024), k = 12 (the 16-row variant); at 5 tokens
-// the composed ops (sh_out written). f32 arithmetic, only the summation order differs: kDecodeTol.
+// the composed ops (sh_out written); k = 12 at I = 1024, the act rows too long for the down kernel's
+// shared memory. f32 arithmetic, only the summation order differs: kDecodeTol.
 TEST_F(CudaMoe, DecodeSharedExpertMatchesComposition) {
   struct Case {
     DType dt;
     int64_t E, D, I, k;
   };
   for (const Case& cs : {Case{DType::BF16, 32, 256, 128, 8}, Case{DType::BF16, 16, 512, 512, 8},
-                         Case{DType::F16, 16, 256, 1024, 8}, Case{DType::BF16, 32, 256, 256, 12}}) {
+                         Case{DType::F16, 16, 256, 1024, 8}, Case{DType::BF16, 32, 256, 256, 12},
+                         Case{DType::F16, 16, 256, 1024, 12}}) {
     const int64_t E = cs.E, D = cs.D, I = cs.I, k = cs.k;
     const Experts ex = make_experts(*gpu_, rng_, cs.dt, E, D, I), shx = make_experts(*gpu_, rng_, cs.dt, 1, D, I);
     const std::string name = label(cs.dt, 0, k, "") + "D=" + std::to_string(D) + " I=" + std::to_string(I);

@@ -8,7 +8,8 @@
 //    programmatically dependent. gate+up: a warp per (pair, intermediate row) streams the gate
 //    and the up row together (16-byte loads, 4 per row in flight per lane: one wave of blocks)
 //    and applies SwiGLU; down: a warp per (token, output row) loads the rows of all k experts at
-//    once, before its wait, and sums them weighted in j order (no atomics). f32 activations, f32
+//    once, before its wait, and sums them weighted in j order (no atomics). Each block copies
+//    the activations it dots (x, the k act rows) into shared memory once. f32 activations, f32
 //    accumulation.
 //  - many pairs (prefill), bf16/f16 weights: the pairs are grouped by expert on the device
 //    (one block: counts, scan, scatter = a counting sort; no host round trip), then two
@@ -222,53 +223,92 @@ __device__ __forceinline__ float lane_dot(const W* w, const float* x, int n, boo
   return acc;
 }
 
-// grid (ceil(I / 8), P), 256 threads: warp per intermediate row i of pair p = t·k + j; the gate
+// A row of n floats (n % 8 == 0) staged in shared memory for lanes that each dot 8 consecutive
+// weights (chunk c = elements 8c .. 8c + 7): the chunk's halves sit apart, at 4c and n/2 + 4c,
+// so a warp's float4 reads of consecutive chunks are consecutive 16-byte words (no bank
+// conflicts; read in place, lane l's two float4 lie 32 bytes apart: two-way conflicts).
+// float4 number q of the row goes to staged_pos(q, n).
+__device__ __forceinline__ int staged_pos(int q, int n) { return (q & 1) * (n / 2) + (q >> 1) * 4; }
+__device__ __forceinline__ float4 staged_lo(const float* row, int c) {
+  return *reinterpret_cast<const float4*>(row + 4 * c);
+}
+__device__ __forceinline__ float4 staged_hi(const float* row, int c, int n) {
+  return *reinterpret_cast<const float4*>(row + n / 2 + 4 * c);
+}
+// The block's threads copy `rows` rows of n floats (16-byte aligned) from src into dst, staged.
+__device__ __forceinline__ void stage_rows(const float* src, float* dst, int rows, int n) {
+  const int q4 = n / 4;
+  for (int q = int(threadIdx.x); q < rows * q4; q += int(blockDim.x)) {
+    const int r = q / q4, qq = q - r * q4;
+    *reinterpret_cast<float4*>(dst + r * n + staged_pos(qq, n)) = __ldcg(reinterpret_cast<const float4*>(src) + q);
+  }
+}
+
+// grid (ceil(I / 8), P), 256 threads: warp per intermediate row i of pair p; the gate
 // and up rows stream together so 2·U loads per lane are in flight. U is half of lane_dot's so
 // that a thread needs at most 64 registers: 4 blocks a SM, and a 35B-A3B token's 512 blocks run
 // in one wave (with 8 loads a row, 90 registers, 2 blocks a SM: two waves, ncu). Launched with
 // launch_pdl, as decode_down_kernel: the rows to read depend on ids, so nothing starts before
 // griddep_wait but the blocks themselves (resident while the kernel before drains), and x, an
-// earlier kernel's result, is read through coherent loads.
+// earlier kernel's result, is read through coherent loads. STAGE (vec rows): the token's x is
+// copied into shared memory once a block, after the block's first row loads are issued, instead
+// of every warp reading it through L1.
 template <typename W>
 constexpr int kGateUpUnroll = kUnroll<W> / 2;
-template <typename W>
+template <typename W, bool STAGE>
 __global__ void __launch_bounds__(256, 4) decode_gate_up_kernel(const float* x, const int32_t* ids,
                                                              const ExpertPtrs* table, float* act, int D, int I,
                                                              int k, int E, bool vec) {
   griddep_wait();
   griddep_trigger();  // after the wait: decode_down_kernel reads ids (and sh) before its own
   const int p = blockIdx.y, i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (i >= I) return;
-  const int e = ids[p];
+  const int e = ids[p];  // the block's pair: valid or not for all its threads
   if (!valid_expert(e, E)) {
-    if (lane == 0) act[int64_t(p) * I + i] = 0;
+    if (lane == 0 && i < I) act[int64_t(p) * I + i] = 0;
     return;
   }
-  const W* g = static_cast<const W*>(table[e].gate) + int64_t(i) * D;
-  const W* u = static_cast<const W*>(table[e].up) + int64_t(i) * D;
+  const bool row = i < I;  // the last block's spare warps still stage x
+  const W* g = static_cast<const W*>(table[e].gate) + int64_t(row ? i : 0) * D;
+  const W* u = static_cast<const W*>(table[e].up) + int64_t(row ? i : 0) * D;
   const float* xt = x + int64_t(p / k) * D;
   float ag = 0, au = 0;
-  if (vec) {
+  if (vec) {  // STAGE only with vec
     constexpr int U = kGateUpUnroll<W>;
     const int nch = D / 8;
-    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
-      W8<W> rg[U], ru[U];
+    W8<W> rg[U], ru[U];
+    auto load = [&](int c0) {
 #pragma unroll
       for (int v = 0; v < U; ++v)
-        if (c0 + 32 * v < nch) {
+        if (row && c0 + 32 * v < nch) {
           rg[v].load(g + (c0 + 32 * v) * 8);
           ru[v].load(u + (c0 + 32 * v) * 8);
         }
+    };
+    load(lane);
+    extern __shared__ float4 gate_up_smem[];
+    float* xs = reinterpret_cast<float*>(gate_up_smem);
+    if constexpr (STAGE) {
+      stage_rows(xt, xs, 1, D);
+      __syncthreads();
+    }
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+      if (c0 != lane) load(c0);
 #pragma unroll
       for (int v = 0; v < U; ++v)
-        if (c0 + 32 * v < nch) {
-          const float4* xv = reinterpret_cast<const float4*>(xt + (c0 + 32 * v) * 8);
-          const float4 x0 = __ldca(xv), x1 = __ldca(xv + 1);
+        if (row && c0 + 32 * v < nch) {
+          const int c = c0 + 32 * v;
+          float4 x0, x1;
+          if constexpr (STAGE) {
+            x0 = staged_lo(xs, c), x1 = staged_hi(xs, c, D);
+          } else {
+            const float4* xv = reinterpret_cast<const float4*>(xt + c * 8);
+            x0 = __ldca(xv), x1 = __ldca(xv + 1);
+          }
           ag += rg[v].dot(x0, x1);
           au += ru[v].dot(x0, x1);
         }
     }
-  } else {
+  } else if (row) {
     for (int d = lane; d < D; d += 32) {
       ag += to_f32(g[d]) * xt[d];
       au += to_f32(u[d]) * xt[d];
@@ -276,7 +316,7 @@ __global__ void __launch_bounds__(256, 4) decode_gate_up_kernel(const float* x, 
   }
   ag = warp_sum(ag);
   au = warp_sum(au);
-  if (lane == 0) act[int64_t(p) * I + i] = silu_f(ag) * au;
+  if (lane == 0 && row) act[int64_t(p) * I + i] = silu_f(ag) * au;
 }
 
 // The shared expert as one more row of every token's down sum (Backend::moe_experts_shared at
@@ -294,8 +334,11 @@ struct DecodeShared {
 // shared expert's inputs from the router GEMV, kernels before decode_gate_up_kernel, which lets
 // this launch start only after its own griddep_wait (so they are complete; read through L2),
 // and only act is its output. So every expert row's first loads, and the shared expert's
-// SwiGLU row (in shared memory, I floats), overlap the gate + up kernel's tail.
-template <typename W, int KMAX>
+// SwiGLU row (in shared memory, I floats), overlap the gate + up kernel's tail. STAGE: the
+// token's k act rows are copied into shared memory once a block after the wait (staged, with
+// the shared expert's row), where every warp read them from L1 / L2 itself: after the wait the
+// kernel was a chain of dependent act loads in each warp (ncu: 0.23 eligible warps a scheduler).
+template <typename W, int KMAX, bool STAGE>
 __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, const int32_t* ids, const float* weights,
                                                           const ExpertPtrs* table, DecodeShared sh, float* out, int D,
                                                           int I, int k, int E, bool vec) {
@@ -308,7 +351,9 @@ __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, cons
       // reduced (a row is short, 1 KB at I = 512: one expert after the other would leave the
       // memory system mostly idle). Row KMAX is the shared expert's.
       constexpr int R = KMAX + 1, U = KMAX <= 8 ? 2 : 1;
-      extern __shared__ float sh_act[];  // [I] with a shared expert
+      extern __shared__ float4 down_smem[];
+      float* sh_act = reinterpret_cast<float*>(down_smem);  // [I] with a shared expert (staged with STAGE)
+      float* act_s = sh_act + I;                           // STAGE: [k, I] staged
       const W* rows[R];
 #pragma unroll
       for (int j = 0; j < KMAX; ++j) {
@@ -328,10 +373,12 @@ __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, cons
       load(lane);
       if (sh.w)
         for (int i = int(threadIdx.x); i < I; i += int(blockDim.x))
-          sh_act[i] = silu_f(__ldcg(sh.gate + int64_t(t) * I + i)) * __ldcg(sh.up + int64_t(t) * I + i);
+          sh_act[STAGE ? staged_pos(i / 4, I) + i % 4 : i] =
+              silu_f(__ldcg(sh.gate + int64_t(t) * I + i)) * __ldcg(sh.up + int64_t(t) * I + i);
       griddep_wait();  // act
       griddep_trigger();
-      __syncthreads();  // sh_act
+      if constexpr (STAGE) stage_rows(a, act_s, k, I);
+      __syncthreads();  // sh_act, act_s
       float part[R] = {};
       for (int c0 = lane; c0 < nch; c0 += 32 * U) {
         if (c0 != lane) load(c0);
@@ -341,10 +388,19 @@ __global__ void __launch_bounds__(256) decode_down_kernel(const float* act, cons
           if (c >= nch) break;
 #pragma unroll
           for (int j = 0; j < KMAX; ++j)
-            if (rows[j]) part[j] += dot8(r[j][u], a + j * I + c * 8);
+            if (rows[j]) {
+              if constexpr (STAGE)
+                part[j] += r[j][u].dot(staged_lo(act_s + j * I, c), staged_hi(act_s + j * I, c, I));
+              else
+                part[j] += dot8(r[j][u], a + j * I + c * 8);
+            }
           if (rows[KMAX]) {
-            const float4* xs = reinterpret_cast<const float4*>(sh_act + c * 8);
-            part[KMAX] += r[KMAX][u].dot(xs[0], xs[1]);
+            if constexpr (STAGE) {
+              part[KMAX] += r[KMAX][u].dot(staged_lo(sh_act, c), staged_hi(sh_act, c, I));
+            } else {
+              const float4* xs = reinterpret_cast<const float4*>(sh_act + c * 8);
+              part[KMAX] += r[KMAX][u].dot(xs[0], xs[1]);
+            }
           }
         }
       }
@@ -730,20 +786,31 @@ struct MoeShape {
   int64_t T, D, I, E, k, P;
 };
 
+// The decode kernels stage their activations in shared memory (vec rows) up to these sizes
+// (above: read through L1 by every warp). H200, 35B-A3B bf16 tg64: b1 382.5 -> 390.1, b4 619.7 ->
+// 655.3 with both (gate + up alone 384.5, down alone 386.2).
+constexpr int64_t kMaxStagedX = 48 * 1024;    // gate + up: the token's x
+constexpr int64_t kMaxStagedAct = 48 * 1024;  // down: k act rows and the shared expert's
+
 void run_decode(Ctx& c, const MoeShape& s, DType dt, bool vec, const Tensor& x, const Tensor& weights,
                 const Tensor& ids, const ExpertPtrs* table, Tensor& out, const DecodeShared& sh = {}) {
   Temp<float> act(c, size_t(s.P * s.I));
   const dim3 g1(unsigned((s.I + 7) / 8), unsigned(s.P)), g2(unsigned((s.D + 7) / 8), unsigned(s.T));
   const int D = int(s.D), I = int(s.I), k = int(s.k), E = int(s.E);
-  const size_t smem = sh.w ? size_t(I) * sizeof(float) : 0;
+  const bool stage_x = vec && s.D * int64_t(sizeof(float)) <= kMaxStagedX;
+  const int64_t staged_act = (s.k + 1) * s.I * int64_t(sizeof(float));  // with the shared expert's row
+  const bool stage_act = vec && dt != DType::F32 && staged_act <= kMaxStagedAct;
+  const size_t smem_down = stage_act ? size_t(staged_act) : sh.w ? size_t(I) * sizeof(float) : 0;
   auto run = [&](auto tag) {
     using W = decltype(tag);
-    launch_pdl(decode_gate_up_kernel<W>, g1, dim3(256), 0, c.stream, x.as<const float>(), ids.as<const int32_t>(),
-               table, act.get(), D, I, k, E, vec);
+    launch_pdl(stage_x ? decode_gate_up_kernel<W, true> : decode_gate_up_kernel<W, false>, g1, dim3(256),
+               stage_x ? size_t(D) * sizeof(float) : 0, c.stream, x.as<const float>(), ids.as<const int32_t>(), table,
+               act.get(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
-    auto down = k <= 8 ? decode_down_kernel<W, 8> : decode_down_kernel<W, 16>;
-    launch_pdl(down, g2, dim3(256), smem, c.stream, act.get(), ids.as<const int32_t>(), weights.as<const float>(),
-               table, sh, out.as<float>(), D, I, k, E, vec);
+    auto down = k <= 8 ? (stage_act ? decode_down_kernel<W, 8, true> : decode_down_kernel<W, 8, false>)
+                       : (stage_act ? decode_down_kernel<W, 16, true> : decode_down_kernel<W, 16, false>);
+    launch_pdl(down, g2, dim3(256), smem_down, c.stream, act.get(), ids.as<const int32_t>(),
+               weights.as<const float>(), table, sh, out.as<float>(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
   };
   if (dt == DType::BF16)
