@@ -214,36 +214,39 @@ TEST_F(CudaOps, RmsNormAndGated) {
 // several matrices sharing x (mixed sizes, as DeltaNet's 10240/6144/48/48-row projections),
 // and gate/up with the SwiGLU. f32 accumulation like the plain GEMV: 2e-5.
 TEST_F(CudaOps, FusedMatmulMultiAndSwiglu) {
+  // K = 1024 at one token, bf16 / f16: the one-wave multi GEMV requesting whole rows before its wait.
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (int64_t T : {1, 3, 8}) {
-      const int64_t K = 264;
-      HostT x = random_t(rng_, DType::F32, {T, K});
-      DevT dx = upload(*gpu_, x);
-      std::vector<HostT> w, want;
-      std::vector<DevT> dw, dout;
-      for (int64_t N : {300, 7, 48, 1}) {
-        w.push_back(random_t(rng_, dt, {N, K}));
-        want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, N});
-        cpu::matmul(x.t, w.back().t, want.back().t);
-        dw.push_back(upload(*gpu_, w.back()));
-        dout.push_back(upload(*gpu_, HostT(DType::F32, {T, N})));
-      }
-      const Tensor* ws[] = {&dw[0].t, &dw[1].t, &dw[2].t, &dw[3].t};
-      Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
-      gpu_->matmul_multi(dx.t, ws, outs);
-      for (size_t i = 0; i < 4; ++i)
-        EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 2e-5) << dtype_name(dt) << " T=" << T << " matrix " << i;
+    for (int64_t T : {1, 3, 8})
+      for (int64_t K : {264, 1024}) {
+        HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x);
+        std::vector<HostT> w, want;
+        std::vector<DevT> dw, dout;
+        for (int64_t N : {300, 7, 48, 1}) {
+          w.push_back(random_t(rng_, dt, {N, K}));
+          want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, N});
+          cpu::matmul(x.t, w.back().t, want.back().t);
+          dw.push_back(upload(*gpu_, w.back()));
+          dout.push_back(upload(*gpu_, HostT(DType::F32, {T, N})));
+        }
+        const Tensor* ws[] = {&dw[0].t, &dw[1].t, &dw[2].t, &dw[3].t};
+        Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
+        gpu_->matmul_multi(dx.t, ws, outs);
+        for (size_t i = 0; i < 4; ++i)
+          EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 2e-5)
+              << dtype_name(dt) << " T=" << T << " K=" << K << " matrix " << i;
 
-      HostT g = random_t(rng_, dt, {130, K}), u = random_t(rng_, dt, {130, K});
-      HostT gw(DType::F32, {T, 130}), uw(DType::F32, {T, 130});
-      cpu::matmul(x.t, g.t, gw.t);
-      cpu::matmul(x.t, u.t, uw.t);
-      cpu::swiglu(gw.t, uw.t, gw.t);
-      DevT dg = upload(*gpu_, g), du = upload(*gpu_, u), go = upload(*gpu_, HostT(DType::F32, {T, 130})),
-           uo = upload(*gpu_, HostT(DType::F32, {T, 130}));
-      gpu_->matmul_swiglu(dx.t, dg.t, du.t, go.t, uo.t);
-      EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 2e-5) << dtype_name(dt) << " T=" << T << " swiglu";
-    }
+        HostT g = random_t(rng_, dt, {130, K}), u = random_t(rng_, dt, {130, K});
+        HostT gw(DType::F32, {T, 130}), uw(DType::F32, {T, 130});
+        cpu::matmul(x.t, g.t, gw.t);
+        cpu::matmul(x.t, u.t, uw.t);
+        cpu::swiglu(gw.t, uw.t, gw.t);
+        DevT dg = upload(*gpu_, g), du = upload(*gpu_, u), go = upload(*gpu_, HostT(DType::F32, {T, 130})),
+             uo = upload(*gpu_, HostT(DType::F32, {T, 130}));
+        gpu_->matmul_swiglu(dx.t, dg.t, du.t, go.t, uo.t);
+        EXPECT_LE(rel_err(download(*gpu_, go.t), gw.floats()), 2e-5)
+            << dtype_name(dt) << " T=" << T << " K=" << K << " swiglu";
+      }
 }
 
 // Prefill forms: a group stored back to back (as prepare_weights lays out a checkpoint) has its

@@ -952,6 +952,12 @@ std::vector<Tensor*> weight_tensors(ModelWeights& w) {
 
 void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) {
   QWEN36_CHECK(weights_ == nullptr, "CUDA backend: prepare_weights called twice (one model per backend)");
+  for (const LayerWeights& l : w.layers)
+    if (!l.moe.experts.empty()) {
+      const DType t = l.moe.experts[0].gate_proj.dtype;
+      ctx_.route_release_early = t == DType::BF16 || t == DType::F16;
+      break;
+    }
   std::vector<Tensor*> all = weight_tensors(w);
   // Kept tensors stay host pointers (routed experts a host backend computes); tile_weights
   // tiles a layer's experts only when all of them are in device memory, so these keep the

@@ -69,11 +69,12 @@ constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
 
 // This lane's share of Σ_k w_r[k] · x[t, k] for R weight rows w_r (R = 1, or the MLP's gate and
 // up rows: 2) and the T activation rows (the caller reduces over the warp): 16-byte weight
-// loads, kUnroll per row in flight per lane, activations from L1. The R rows stream together:
+// loads, U (kUnroll unless the caller asks for more) per row in flight per lane, activations from
+// L1. The chunks are summed in the same order whatever U: the results do not depend on it. The R rows stream together:
 // one after the other a warp had a bubble between them and half the loads in flight (the 27B
 // bf16 gate + up GEMV ran at 89% of the copy bandwidth, the single-row ones at 93–94%); each
 // row's sum keeps its order, so the results are those of R calls.
-template <typename W, int T, int R>
+template <typename W, int T, int R, int U = kUnroll>
 __device__ __forceinline__ void lane_dot(const W* const (&wr)[R], const float* __restrict__ x, int K, int lane,
                                          float (&acc)[R][T]) {
   auto fma8 = [&](const float (&f)[8], int c, float (&a)[T]) {
@@ -100,27 +101,27 @@ __device__ __forceinline__ void lane_dot(const W* const (&wr)[R], const float* _
   int i = lane;
   // The weights do not depend on the kernel before this one: the first loads are issued,
   // then (under programmatic dependent launch) the wait for that kernel's results.
-  Vec8<W> v[R][kUnroll];
+  Vec8<W> v[R][U];
   auto load = [&]() {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[r][u].load(wr[r] + size_t(i + 32 * u) * 8);
+      for (int u = 0; u < U; ++u) v[r][u].load(wr[r] + size_t(i + 32 * u) * 8);
   };
-  bool more = i + 32 * (kUnroll - 1) < K8;
+  bool more = i + 32 * (U - 1) < K8;
   if (more) load();
   griddep_wait();
   while (more) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         float f[8];
         v[r][u].unpack(f);
         fma8(f, (i + 32 * u) * 8, acc[r]);
       }
-    i += 32 * kUnroll;
-    more = i + 32 * (kUnroll - 1) < K8;
+    i += 32 * U;
+    more = i + 32 * (U - 1) < K8;
     if (more) load();
   }
   for (; i < K8; i += 32)
@@ -133,14 +134,14 @@ __device__ __forceinline__ void lane_dot(const W* const (&wr)[R], const float* _
       fma8(f, i * 8, acc[r]);
     }
 }
-template <typename W, int T>
+template <typename W, int T, int U = kUnroll>
 __device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* __restrict__ x, int K, int lane,
                                          float (&acc)[T]) {
   const W* const rows[1] = {wr};
   float a[1][T];
 #pragma unroll
   for (int t = 0; t < T; ++t) a[0][t] = acc[t];
-  lane_dot<W, T, 1>(rows, x, K, lane, a);
+  lane_dot<W, T, 1, U>(rows, x, K, lane, a);
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = a[0][t];
 }
@@ -176,7 +177,7 @@ struct MultiRows {
   int total;  // end[n - 1], kept apart: indexing the arrays with a runtime value would copy
               // the parameters to each thread's stack
 };
-template <typename W, int T>
+template <typename W, int T, int U = kUnroll>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
   griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  lane_dot<W, T>(static_cast<const W*>(wp) + size_t(local) * size_t(K), x, K, lane, acc);
+  lane_dot<W, T, U>(static_cast<const W*>(wp) + size_t(local) * size_t(K), x, K, lane, acc);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float v = warp_sum(acc[t]);
@@ -657,9 +658,16 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         return;
       }
     }
-    with_batch(int(T), [&](auto tc) {
-      launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
-    });
+    // One token over a grid of at most two blocks a SM (the 35B-A3B's router + shared expert
+    // GEMV, 161 blocks) whose rows are whole rounds of twice the loads: all of a row (K = 2048)
+    // requested before griddep_wait, no second round trip after it (35B-A3B bf16 b1 390.4 ->
+    // 391.8, session 37). Larger grids keep kUnroll: more registers, fewer resident warps.
+    if (T == 1 && sizeof(W) == 2 && grid.x <= unsigned(2 * dev_info().sms) && K % (8 * 32 * 2 * kUnroll) == 0)
+      launch_pdl(gemv_multi_kernel<W, 1, 2 * kUnroll>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
+    else
+      with_batch(int(T), [&](auto tc) {
+        launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
+      });
   });
   CUDA_LAUNCH_CHECK();
   return true;

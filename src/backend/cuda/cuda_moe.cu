@@ -90,12 +90,15 @@ constexpr int64_t kMaxDecodeSharedBytes = 48 * 1024;
 // unsigned integers once non-negative, 1 + their bits, a taken expert 0); the round's expert is
 // kept by lane j, which writes it. (The shared-memory form with shuffled (value, index) pairs and
 // lane 0 re-reading its stores took 5.4 µs a 35B-A3B layer.)
-// Launched programmatically dependent (its launch overlaps the router GEMV's tail) but it lets
-// no dependent start early (no griddep_trigger): the experts' kernels after it, resident early,
-// measured slower on the H200 (bench/RESULTS.md, sessions 33 and 34: the 35B-A3B Q4_K_M b1
-// −0.7%, bf16 b4 −3%; bf16 b1 +1%). The kernel right after it reads ids after its griddep_wait.
-template <int NE>
+// Launched programmatically dependent (its launch overlaps the router GEMV's tail); it lets its
+// dependents start early (EARLY: griddep_trigger first) only for one token before the bf16 /
+// f16 decode kernels (Ctx::route_release_early): there the experts' kernels resident early
+// gain (H200, 35B-A3B bf16 b1 391.8 -> 395.9, session 37), elsewhere they measured slower
+// (sessions 33, 34, 37: Q4_K_M b1 -0.5 to -0.7%, bf16 b4 -3%). The kernel right after it reads
+// ids after its griddep_wait.
+template <int NE, bool EARLY = false>
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
+  if constexpr (EARLY) griddep_trigger();
   griddep_wait();  // the logits come from the kernel before
   const int t = blockIdx.x, lane = threadIdx.x;
   const float* l = logits + int64_t(t) * E;
@@ -1069,7 +1072,7 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
   if (E <= 128)
     launch(route_kernel<4>);
   else if (E <= 256)
-    launch(route_kernel<8>);
+    launch(c.route_release_early && T == 1 ? route_kernel<8, true> : route_kernel<8>);
   else if (E <= 512)
     launch(route_kernel<16>);
   else

@@ -111,6 +111,9 @@ struct Ctx {
   cublasHandle_t cublas = nullptr;
   bool exact_matmul = false;
   int64_t gemv_split_rows = 2048;  // GEMVs of at most this many rows split K across a block
+  // A one-token moe_route lets the experts' kernels start at once (set for bf16 / f16 experts:
+  // their decode kernels gain, the int8 tiled ones lose; bench/RESULTS.md, session 37).
+  bool route_release_early = false;
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
   std::unordered_map<const void*, ExpertTable> expert_tables;
   BatchTables batch;
