@@ -168,25 +168,19 @@ TEST_F(CudaMoe, DecodeMatchesCpu) {  // T·k ≤ 64: the fused decode kernels
       check_experts(*gpu_, ex, x, w, ids, kDecodeTol, label(dt, T, k, "decode"));
     }
   }
+  auto shape = [&](DType dt, int64_t ne, int64_t d, int64_t i, int64_t T, int64_t top, const char* what) {
+    const Experts ex = make_experts(*gpu_, rng_, dt, ne, d, i);
+    HostT x = random_t(rng_, DType::F32, {T, d}), w, ids;
+    route(rng_, T, ne, top, w, ids, ne);
+    check_experts(*gpu_, ex, x, w, ids, kDecodeTol, what);
+  };
   // Shapes not multiple of 8: the scalar loops; k = 12 > 8: the 16-row register variant.
-  const Experts odd = make_experts(*gpu_, rng_, DType::BF16, 8, 100, 36);
-  HostT x = random_t(rng_, DType::F32, {2, 100}), w, ids;
-  route(rng_, 2, 8, 4, w, ids, 8);
-  check_experts(*gpu_, odd, x, w, ids, kDecodeTol, "bf16 D=100 I=36 decode");
-  const Experts ex = make_experts(*gpu_, rng_, DType::BF16, 32, 256, 128);
-  x = random_t(rng_, DType::F32, {5, 256});
-  route(rng_, 5, 32, 12, w, ids, 32);
-  check_experts(*gpu_, ex, x, w, ids, kDecodeTol, "bf16 T=5 k=12 decode");
+  shape(DType::BF16, 8, 100, 36, 2, 4, "bf16 D=100 I=36 decode");
+  shape(DType::BF16, 32, 256, 128, 5, 12, "bf16 T=5 k=12 decode");
   // x too long for the gate + up kernel's shared memory (D = 16384): read through L1 instead;
   // k act rows too long for the down kernel's (k = 12, I = 1024): likewise.
-  const Experts wide = make_experts(*gpu_, rng_, DType::BF16, 4, 16384, 64);
-  x = random_t(rng_, DType::F32, {2, 16384});
-  route(rng_, 2, 4, 2, w, ids, 4);
-  check_experts(*gpu_, wide, x, w, ids, kDecodeTol, "bf16 D=16384 decode (x unstaged)");
-  const Experts tall = make_experts(*gpu_, rng_, DType::F16, 16, 256, 1024);
-  x = random_t(rng_, DType::F32, {1, 256});
-  route(rng_, 1, 16, 12, w, ids, 16);
-  check_experts(*gpu_, tall, x, w, ids, kDecodeTol, "f16 k=12 I=1024 decode (act unstaged)");
+  shape(DType::BF16, 4, 16384, 64, 2, 2, "bf16 D=16384 decode (x unstaged)");
+  shape(DType::F16, 16, 256, 1024, 1, 12, "f16 k=12 I=1024 decode (act unstaged)");
 }
 
 // moe_experts_shared on bf16 / f16 experts up to 4 tokens: the shared expert as one more row of
