@@ -66,14 +66,16 @@ struct Vec8<float> {
 
 constexpr int kGemvWarps = 8;  // rows per block
 constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
+// One-token GEMVs of at most two blocks a SM: a lane's whole row of K = 2048 (bf16) in one round.
+constexpr int kWholeRowUnroll = 2 * kUnroll;
 
 // This lane's share of Σ_k w_r[k] · x[t, k] for R weight rows w_r (R = 1, or the MLP's gate and
 // up rows: 2) and the T activation rows (the caller reduces over the warp): 16-byte weight
-// loads, U (kUnroll unless the caller asks for more) per row in flight per lane, activations from
-// L1. The chunks are summed in the same order whatever U: the results do not depend on it. The R rows stream together:
-// one after the other a warp had a bubble between them and half the loads in flight (the 27B
-// bf16 gate + up GEMV ran at 89% of the copy bandwidth, the single-row ones at 93–94%); each
-// row's sum keeps its order, so the results are those of R calls.
+// loads, U per row in flight per lane (kUnroll, or kWholeRowUnroll), activations from L1. The
+// chunks are summed in the same order whatever U, so the results do not depend on it. The R
+// rows stream together: one after the other a warp had a bubble between them and half the loads
+// in flight (the 27B bf16 gate + up GEMV ran at 89% of the copy bandwidth, the single-row ones at
+// 93–94%); each row's sum keeps its order, so the results are those of R calls.
 template <typename W, int T, int R, int U = kUnroll>
 __device__ __forceinline__ void lane_dot(const W* const (&wr)[R], const float* __restrict__ x, int K, int lane,
                                          float (&acc)[R][T]) {
@@ -659,15 +661,19 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       }
     }
     // One token over a grid of at most two blocks a SM (the 35B-A3B's router + shared expert
-    // GEMV, 161 blocks) whose rows are whole rounds of twice the loads: all of a row (K = 2048)
-    // requested before griddep_wait, no second round trip after it (35B-A3B bf16 b1 390.4 ->
-    // 391.8, session 37). Larger grids keep kUnroll: more registers, fewer resident warps.
-    if (T == 1 && sizeof(W) == 2 && grid.x <= unsigned(2 * dev_info().sms) && K % (8 * 32 * 2 * kUnroll) == 0)
-      launch_pdl(gemv_multi_kernel<W, 1, 2 * kUnroll>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
-    else
-      with_batch(int(T), [&](auto tc) {
-        launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
-      });
+    // GEMV, 161 blocks) whose rows are whole rounds of kWholeRowUnroll loads: all of a row (K =
+    // 2048) requested before griddep_wait, no second round trip after it (35B-A3B bf16 b1 390.4
+    // -> 391.8, session 37). Larger grids keep kUnroll: more registers, fewer resident warps.
+    if constexpr (sizeof(W) == 2) {
+      if (T == 1 && grid.x <= unsigned(2 * dev_info().sms) && K % (8 * 32 * kWholeRowUnroll) == 0) {
+        launch_pdl(gemv_multi_kernel<W, 1, kWholeRowUnroll>, grid, block, 0, c.stream, m, x.as<const float>(),
+                   int(K));
+        return;
+      }
+    }
+    with_batch(int(T), [&](auto tc) {
+      launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
+    });
   });
   CUDA_LAUNCH_CHECK();
   return true;
