@@ -810,8 +810,9 @@ void run_decode(Ctx& c, const MoeShape& s, DType dt, bool vec, const Tensor& x, 
                stage_x ? size_t(D) * sizeof(float) : 0, c.stream, x.as<const float>(), ids.as<const int32_t>(), table,
                act.get(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
-    auto down = k <= 8 ? (stage_act ? decode_down_kernel<W, 8, true> : decode_down_kernel<W, 8, false>)
-                       : (stage_act ? decode_down_kernel<W, 16, true> : decode_down_kernel<W, 16, false>);
+    auto down = k <= 8 ? decode_down_kernel<W, 8, false> : decode_down_kernel<W, 16, false>;
+    if constexpr (sizeof(W) == 2)  // f32 rows take the plain loop, which stages nothing
+      if (stage_act) down = k <= 8 ? decode_down_kernel<W, 8, true> : decode_down_kernel<W, 16, true>;
     launch_pdl(down, g2, dim3(256), smem_down, c.stream, act.get(), ids.as<const int32_t>(),
                weights.as<const float>(), table, sh, out.as<float>(), D, I, k, E, vec);
     CUDA_LAUNCH_CHECK();
