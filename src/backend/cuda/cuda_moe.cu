@@ -1066,18 +1066,21 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
   QWEN36_CHECK(E <= kMaxExperts && k <= 32, "moe_route: top-{} of {} experts (CUDA supports ≤ {}, top-k ≤ 32)", k,
                E, kMaxExperts);
   if (T == 0) return;
-  auto launch = [&](auto kernel) {
-    launch_pdl(kernel, dim3(unsigned(T)), dim3(32), 0, c.stream, logits.as<const float>(), int(E), int(k), renorm,
-               weights.as<float>(), ids.as<int32_t>());
+  // The early release goes with the decode kernels, whatever the expert count.
+  const bool early = c.route_release_early && T == 1;
+  auto launch = [&](auto ne) {
+    constexpr int NE = decltype(ne)::value;
+    launch_pdl(early ? route_kernel<NE, true> : route_kernel<NE>, dim3(unsigned(T)), dim3(32), 0, c.stream,
+               logits.as<const float>(), int(E), int(k), renorm, weights.as<float>(), ids.as<int32_t>());
   };
   if (E <= 128)
-    launch(route_kernel<4>);
+    launch(std::integral_constant<int, 4>{});
   else if (E <= 256)
-    launch(c.route_release_early && T == 1 ? route_kernel<8, true> : route_kernel<8>);
+    launch(std::integral_constant<int, 8>{});
   else if (E <= 512)
-    launch(route_kernel<16>);
+    launch(std::integral_constant<int, 16>{});
   else
-    launch(route_kernel<32>);
+    launch(std::integral_constant<int, 32>{});
   CUDA_LAUNCH_CHECK();
 }
 
