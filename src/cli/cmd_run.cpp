@@ -2,6 +2,9 @@
 #include <cstdio>
 #include <functional>
 #include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -41,6 +44,9 @@ struct RunOptions {
   bool dflash_sliding_causal = false;
   bool spec_adaptive = false;
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
+  bool json = false;               // structured output: any JSON object
+  std::string json_schema, json_schema_file;
+  std::shared_ptr<const text::JsonSchema> schema;  // compiled from the three above
   SamplingParams sampling;
   CacheTypes cache;
   TpCliOptions tp;
@@ -119,6 +125,24 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   return r.gen;
 }
 
+// --json / --json-schema / --json-schema-file, compiled (null: none).
+std::shared_ptr<const text::JsonSchema> run_schema(const RunOptions& o) {
+  if (!o.json && o.json_schema.empty() && o.json_schema_file.empty()) return nullptr;
+  QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema constrain text: give the prompt as text (-p or -f)");
+  QWEN36_CHECK(o.spec == "none" && o.speculative_config.empty(),
+               "--json / --json-schema do not combine with --spec in `run` (`qwen36 serve` combines them)");
+  if (o.json) return text::JsonSchema::any_object();
+  std::string src = o.json_schema;
+  if (!o.json_schema_file.empty()) {
+    std::ifstream in(o.json_schema_file, std::ios::binary);
+    QWEN36_CHECK(in.good(), "cannot open {}", o.json_schema_file);
+    src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto j = nlohmann::ordered_json::parse(src, nullptr, false);
+  QWEN36_CHECK(!j.is_discarded(), "--json-schema: not valid JSON");
+  return text::JsonSchema::compile(j);
+}
+
 // Token ids in, token ids out.
 void run_tokens(const RunOptions& o, LoadedModel& lm) {
   const std::vector<int32_t> prompt = parse_token_list(o.tokens);
@@ -175,6 +199,12 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
     if (int32_t id = tok.token_id(stop); id >= 0 && !o.ignore_eos) g.stop_ids.push_back(id);
   const std::vector<int32_t> prompt = tok.encode(text);
   QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
+  std::optional<TokenConstraint> constraint;
+  if (o.schema) {  // after a chat's reasoning, the answer is the document
+    const OutputConstraint oc{o.schema, popts.prompt_opened_thinking ? tok.token_id("</think>") : -1};
+    constraint.emplace(std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size)), oc, g.stop_ids);
+    g.constraint = &*constraint;
+  }
 
   text::StreamDecoder decoder(tok);
   OutputParser parser(popts);
@@ -242,6 +272,13 @@ void register_run(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
+  auto* json = cmd->add_flag("--json", o->json, "Structured output: the answer is a JSON object (OpenAI json_object)");
+  auto* js = cmd->add_option("-j,--json-schema", o->json_schema,
+                             "Structured output: the answer follows this JSON schema (inline JSON; keys in the schema's "
+                             "order, as OpenAI strict mode)");
+  auto* jsf = cmd->add_option("--json-schema-file", o->json_schema_file, "The same, read from a file");
+  json->excludes(js)->excludes(jsf);
+  js->excludes(jsf);
   auto* spec = cmd->add_option("--spec", o->spec,
                                "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup), dflash "
                                "(block drafter, --draft-model) or none")
@@ -279,6 +316,7 @@ void register_run(CLI::App& app) {
     QWEN36_CHECK(!o->prompt.empty() || !o->prompt_file.empty() || !o->tokens.empty(),
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
     o->offload.plan.state_type = resolve_state_type(o->cache);  // a bad --state-type fails before loading
+    o->schema = run_schema(*o);                                 // and a bad schema
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
       lm = load_tp_command_model(o->tp, o->model, o->backend, o->threads, o->offload);

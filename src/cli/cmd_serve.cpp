@@ -159,6 +159,7 @@ void serve(const ServeOptions& o) {
     // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
     return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
   };
+  so.vocab = std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size));  // for response_format
   MemoryRequest mem;
   mem.slots = so.slots;
   mem.ctx = so.context;

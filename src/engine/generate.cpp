@@ -32,13 +32,17 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
     SampleRequest req;
     sampler.add_candidate_row(history, c.vocab_size, req.rows, req.penalties);
     std::optional<int32_t> tok;
+    TokenConstraint* mask = opts.constraint && opts.constraint->active() ? opts.constraint : nullptr;
     req.take = [&](int32_t, const SampleCandidates& cand) {
+      if (mask) return false;  // the whole row comes to the host, to be masked
       tok = sampler.sample_from_candidates(cand);
       return tok.has_value();
     };
     req.full_logits = logits.data();
     model.forward_sample(batch, state, req);
-    return tok ? *tok : sampler.sample_penalised(logits);
+    if (tok) return *tok;
+    if (mask) QWEN36_CHECK(mask->apply(logits) > 0, "the output constraint admits no token: no token continues the document");
+    return sampler.sample_penalised(logits);
   };
 
   auto t0 = clock::now();
@@ -66,10 +70,15 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
       res.stop_reason = "eos";
       return false;
     }
+    QWEN36_CHECK(!opts.constraint || opts.constraint->accept(t), "token {} breaks the output constraint", t);
     res.tokens.push_back(t);
     history.push_back(t);
     if (on_token && !on_token(t)) {
       res.stop_reason = "cancelled";
+      return false;
+    }
+    if (opts.constraint && opts.constraint->finished()) {
+      res.stop_reason = "document";
       return false;
     }
     if (int32_t(res.tokens.size()) == opts.max_tokens) return false;
@@ -81,7 +90,7 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
   };
   const SamplingParams& sp = opts.sampling;
   const bool argmax = sp.temperature == 0 && sp.repetition_penalty == 1 && sp.presence_penalty == 0 &&
-                      sp.frequency_penalty == 0;
+                      sp.frequency_penalty == 0 && !opts.constraint;
   if (opts.max_tokens > 0 && take(tok)) {
     if (argmax) {
       // The tokens stay on the backend from step to step (Model::decode_greedy); on_token hears

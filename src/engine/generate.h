@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 #include "model/qwen36.h"
 
 namespace qwen36 {
@@ -15,13 +16,16 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // end-of-generation tokens (not emitted)
   int32_t prefill_chunk = 512;    // prompt tokens per forward pass
+  // Structured output: every draw is masked by it, and the run ends ("document") once the
+  // document is whole. Not owned.
+  TokenConstraint* constraint = nullptr;
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated, without the prompt
   int32_t n_prompt = 0;
   double prefill_seconds = 0, decode_seconds = 0;
-  std::string stop_reason;  // "eos", "length", "cancelled"
+  std::string stop_reason;  // "eos", "length", "cancelled", "context", "document" (a constraint's whole document)
   double prefill_tok_s() const { return prefill_seconds > 0 ? n_prompt / prefill_seconds : 0; }
   // Decode speed counts the tokens that needed a decode step (all but the first).
   double decode_tok_s() const {

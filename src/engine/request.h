@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 
 namespace qwen36 {
 
@@ -29,6 +30,7 @@ struct RequestParams {
   std::vector<int32_t> stop_ids;          // end generation; the stop token is not emitted
   std::vector<std::string> stop_strings;  // end generation; the text from the match on is dropped
   int32_t top_logprobs = -1;              // -1: no logprobs; 0..20: the sampled token's + that many alternatives
+  OutputConstraint constraint;            // structured output (a JSON schema), or none
 };
 
 // Log-probabilities from the model's raw distribution (before sampling filters), like vLLM.

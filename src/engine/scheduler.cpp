@@ -37,12 +37,17 @@ struct Scheduler::Sequence {
   bool done = false;
   bool failed = false;  // ended by an error: the slot's state is unknown
   SpecSeqState spec;    // with speculative decoding
+  std::optional<TokenConstraint> constraint;  // structured output
 
-  Sequence(Pending p, int32_t slot_, int32_t reused)
+  Sequence(Pending p, int32_t slot_, int32_t reused, const std::shared_ptr<const TokenTrie>& vocab)
       : in(std::move(p)), sampler(in.params.sampling), text(in.params.stop_strings), slot(slot_),
         tokens(in.params.prompt), n_prompt(int32_t(tokens.size())), n_fed(reused), prefill_start(reused),
-        n_cached(reused) {}
+        n_cached(reused) {
+    if (in.params.constraint.schema) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
+  }
   bool prefilling() const { return n_fed < n_prompt; }
+  // Whether this step's row must come to the host whole, for the constraint's mask.
+  bool masks() const { return constraint && constraint->active(); }
 };
 
 // The checkpoint options in force: none without the prefix cache, with MTP or DFlash drafting
@@ -86,6 +91,7 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
   QWEN36_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20, "top_logprobs {} must be between 0 and 20",
                p.top_logprobs);
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
+  QWEN36_CHECK(!p.constraint.schema || opts_.vocab, "structured output needs the tokenizer's vocabulary");
   p.sampling.validate();
 
   std::lock_guard lock(mu_);
@@ -126,7 +132,7 @@ void Scheduler::admit_waiting() {
       reused = int32_t(snap->positions);
     }
     if (reused == 0) state_.reset_slot(g.slot);
-    running_.emplace_back(std::move(front), g.slot, reused);
+    running_.emplace_back(std::move(front), g.slot, reused, opts_.vocab);
     waiting_.pop_front();
     Sequence& s = running_.back();
     if (spec_) spec_->begin(s.spec, s.slot, s.tokens, reused, s.in.params.sampling.seed);
@@ -206,9 +212,16 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
   return lp;
 }
 
+bool Scheduler::constrain(Sequence& s, std::span<float> row) {
+  if (!s.masks() || s.constraint->apply(row) > 0) return true;
+  finish(s, "error", "the output constraint admits no token here: no token of the vocabulary continues the document");
+  return false;
+}
+
 void Scheduler::on_logits(Sequence& s, std::span<float> logits) {
   std::vector<float> raw;
   if (s.in.params.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());  // the sampler edits logits
+  if (!constrain(s, logits)) return;
   // With speculation every draw of a request comes from its one stream (SpecSeqState::rng).
   const int32_t tok = spec_ ? spec_->sample(s.spec, s.sampler, logits, s.tokens, s.in.params.sampling)
                             : s.sampler.sample(logits, s.tokens);
@@ -219,6 +232,10 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   const auto& stops = s.in.params.stop_ids;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
     finish(s, "stop");
+    return SpecStepper::Emit::Refused;
+  }
+  if (s.constraint && !s.constraint->accept(tok)) {  // apply() leaves no such token: a bug if seen
+    finish(s, "error", fmt::format("token {} breaks the output constraint", tok));
     return SpecStepper::Emit::Refused;
   }
   std::optional<TokenLogprob> lp;
@@ -241,7 +258,7 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   if (opts_.token_text) ev.text = s.text.push(opts_.token_text(tok));
   ev.logprob = std::move(lp);
   s.in.req->push(std::move(ev));
-  if (s.text.matched()) {
+  if (s.text.matched() || (s.constraint && s.constraint->finished())) {  // a whole document: nothing may follow
     finish(s, "stop");
   } else if (s.n_generated >= s.in.params.max_tokens || fed + 1 >= opts_.context) {
     finish(s, "length");  // the same context rule as generate(): the next token must still fit
@@ -278,6 +295,10 @@ void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns
     t.history = s.tokens;
     t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
     t.want_raw = s.in.params.top_logprobs >= 0;
+    if (s.constraint)
+      t.constrain = [&s](std::span<const int32_t> path, std::span<float> row) {
+        return s.constraint->apply_after(path, row);
+      };
     turns.push_back(t);
     owners.push_back(&s);
   }
@@ -389,7 +410,7 @@ bool Scheduler::step() {
           s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, s->in.params.top_logprobs < 0);
         req.take = [&](int32_t row, const SampleCandidates& c) {
           Sequence& s = *row_owner[size_t(row)];
-          if (s.in.params.top_logprobs >= 0) return false;
+          if (s.in.params.top_logprobs >= 0 || s.masks()) return false;  // the whole row comes to the host
           drawn[size_t(row)] = s.sampler.sample_from_candidates(c);
           return drawn[size_t(row)].has_value();
         };
@@ -427,8 +448,9 @@ bool Scheduler::step() {
         const std::span<float> row = std::span(logits_).subspan(size_t(owner_row[i]) * V, V);
         if (drawn[i])
           emit(s, *drawn[i], {}, s.n_fed);
-        else if (device_sampling && s.in.params.top_logprobs < 0)  // penalties already applied
-          emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
+        else if (device_sampling && s.in.params.top_logprobs < 0) {  // penalties already applied
+          if (constrain(s, row)) emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
+        }
         else
           on_logits(s, row);
       }

@@ -50,6 +50,8 @@ struct SchedulerOptions {
   DType state_type = DType::F32;  // DeltaNet recurrent state element type
   // Bytes of a token, for streamed text and stop strings (empty: no text).
   std::function<std::string(int32_t)> token_text;
+  // Every token's bytes, for requests with an output constraint (null: such requests are refused).
+  std::shared_ptr<const TokenTrie> vocab;
   // Speculative decoding of every decoding sequence (method None: off). MTP needs a model
   // with an MTP head (the scheduler's state then holds the MTP cache).
   SpecOptions spec = no_speculation();
@@ -133,6 +135,9 @@ class Scheduler {
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void reap();  // releases the slots of finished sequences and drops them
   void checkpoint(Sequence& s);  // saves a prefix-cache checkpoint when s stands at one
+  // Masks a row of s's logits with its output constraint (none: untouched); false when no token
+  // remains (s finished with an error).
+  bool constrain(Sequence& s, std::span<float> row);
   void on_logits(Sequence& s, std::span<float> logits);
   // Emits `tok` (raw: its row's logits before sampling, for logprobs; fed: the tokens the slot
   // holds once tok is pending) and ends the sequence on a stop or at its length.

@@ -364,6 +364,36 @@ Json template_messages(const Json& messages) {
   return out;
 }
 
+// response_format → the request's output constraint: text (none), json_object (any object;
+// llama-server's form may carry a "schema" there) or json_schema ({"name", "schema", "strict"}).
+OutputConstraint output_constraint(const Json& body) {
+  if (!has(body, "response_format")) return {};
+  const Json& rf = body["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    throw HttpError(400, "'response_format' must be an object with a string 'type'", "response_format");
+  const std::string type = rf["type"];
+  OutputConstraint c;
+  if (type == "text") return c;
+  const Json* schema = nullptr;
+  if (type == "json_object") {
+    if (rf.contains("schema")) schema = &rf["schema"];
+  } else if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
+      throw HttpError(400, "response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}",
+                      "response_format");
+    schema = &rf["json_schema"]["schema"];
+  } else {
+    throw HttpError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
+                    "response_format");
+  }
+  try {
+    c.schema = schema ? text::JsonSchema::compile(*schema) : text::JsonSchema::any_object();
+  } catch (const Error& e) {
+    throw HttpError(400, std::string("response_format: ") + e.what(), "response_format");
+  }
+  return c;
+}
+
 }  // namespace
 
 void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res) {
@@ -383,8 +413,7 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
     else if (!(tc == "auto" || tc == "required" || tc.is_object()))
       throw HttpError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
   }
-  if (has(body, "response_format") && body["response_format"].value("type", "") != "text")
-    throw HttpError(400, "only response_format {\"type\": \"text\"} is supported", "response_format");
+  OutputConstraint constraint = output_constraint(body);
   Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
   if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
 
@@ -404,6 +433,11 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
   OutputParserOptions popts;
   popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
   popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
+  if (constraint.schema && popts.prompt_opened_thinking) {  // the reasoning stays free; the answer is the document
+    constraint.start_after = api.ctx.tokenizer->token_id("</think>");
+    if (constraint.start_after < 0) throw HttpError(400, "response_format: the prompt opens <think> but the vocabulary has no </think>", "response_format");
+  }
+  g.params.constraint = std::move(constraint);
   if (!tools.is_null()) popts.tools = tools;
   auto job = std::make_shared<ChatJob>(std::move(popts));
   job->tok = api.ctx.tokenizer;
@@ -470,7 +504,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   const Json body = parse_body(req);
   reject_unknown(body, {"model", "prompt", "logprobs", "stop", "seed", "max_tokens", "temperature", "top_p", "top_k",
                         "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream",
-                        "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix"});
+                        "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format"});
   if (boolean(body, "echo", false)) throw HttpError(400, "'echo' is not supported", "echo");
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)
@@ -493,6 +527,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   }
   if (ids.empty()) throw HttpError(400, "the prompt is empty", "prompt");
   Generation g = parse_generation(body, api, std::move(ids));
+  g.params.constraint = output_constraint(body);  // as vLLM: structured output for raw completions too
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
   g.params.top_logprobs = int32_t(n_logprobs);
   g.params.stop_ids.clear();  // raw completion: only end-of-text stops, not the chat end-of-turn

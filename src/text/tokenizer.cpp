@@ -619,6 +619,13 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size() && kind_[static_cast<size_t>(id)] == 3;
 }
 
+std::vector<std::string> Tokenizer::document_bytes(int64_t n) const {
+  std::vector<std::string> bytes(static_cast<size_t>(n));
+  for (int32_t id = 0; id < int32_t(std::min<int64_t>(n, vocab_size())); ++id)
+    if (kind_[size_t(id)] == 1) bytes[size_t(id)] = bytes_[size_t(id)];  // ordinary tokens only
+  return bytes;
+}
+
 bool Tokenizer::is_added(int32_t id) const {
   return id >= 0 && id < vocab_size() && kind_[static_cast<size_t>(id)] >= 2;
 }

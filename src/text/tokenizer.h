@@ -83,6 +83,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // The raw bytes of one token (may be a fragment of a UTF-8 sequence).
   const std::string& token_bytes(int32_t id) const;
+  // Every id's bytes as text constrained to a document may hold them (structured output):
+  // n entries, empty for added tokens (<think>, <|im_end|>, ...) and ids without a token.
+  std::vector<std::string> document_bytes(int64_t n) const;
 
   // Id of a token in its vocabulary spelling or an added token's content; -1 if none.
   int32_t token_id(std::string_view token) const;

@@ -29,6 +29,7 @@ struct Shared {
   std::unique_ptr<Model> model;
   std::unique_ptr<text::Tokenizer> tok;
   std::unique_ptr<ChatTemplate> tmpl;
+  std::shared_ptr<const TokenTrie> vocab;  // structured output
 };
 Shared* g_shared = nullptr;
 
@@ -40,6 +41,7 @@ class Served {
       const auto& t = *g_shared->tok;
       return id < t.vocab_size() && !t.token_text(id).empty() ? t.token_bytes(id) : std::string{};
     };
+    so.vocab = g_shared->vocab;
     engine = std::make_unique<Scheduler>(*g_shared->model, so);
     engine->start();
     ServerConfig sc;
@@ -82,6 +84,8 @@ class HttpTest : public ::testing::Test {
     g_shared->tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_file(kTokenizerDir.string()));
     g_shared->tmpl = std::make_unique<ChatTemplate>(
         ChatTemplate::from_tokenizer_config_file((kTokenizerDir / "tokenizer_config.json").string()));
+    g_shared->vocab =
+        std::make_shared<const TokenTrie>(g_shared->tok->document_bytes(g_shared->model->config().vocab_size));
   }
   static void TearDownTestSuite() {
     delete g_shared;
@@ -284,6 +288,53 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   int status = 0;
   post_json(c, "/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}}, &status);
   EXPECT_EQ(status, 200);
+}
+
+// response_format: json_schema (chat) and json_object (completions) answers are documents of
+// their schema, or prefixes of one when max_tokens cuts them; bad formats get a 400.
+TEST_F(HttpTest, StructuredOutputFollowsTheSchema) {
+  Served s;
+  auto c = s.client(120);
+  const Json schema = Json::parse(R"({"type": "object", "properties": {"ok": {"type": "boolean"},
+    "n": {"type": "integer"}, "tag": {"enum": ["red", "green"]}}, "required": ["ok", "n", "tag"]})");
+  Json req = {{"messages", {{{"role", "user"}, {"content", "Give me a status"}}}},
+              {"chat_template_kwargs", {{"enable_thinking", false}}},
+              {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "status"}, {"schema", schema}}}}},
+              {"max_tokens", 300}, {"temperature", 0}};
+  int status = 0;
+  Json a = post_json(c, "/v1/chat/completions", req, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "stop") << a.dump();
+  const Json doc = Json::parse(a["choices"][0]["message"].value("content", ""), nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << a.dump();
+  EXPECT_TRUE(doc["ok"].is_boolean() && doc["n"].is_number_integer()) << doc.dump();
+  EXPECT_TRUE(doc["tag"] == "red" || doc["tag"] == "green") << doc.dump();
+
+  for (int seed = 0; seed < 3; ++seed) {
+    Json j = post_json(c, "/v1/completions",
+                       {{"prompt", "JSON:"}, {"max_tokens", 24}, {"temperature", 1.0}, {"seed", seed},
+                        {"response_format", {{"type", "json_object"}}}},
+                       &status);
+    ASSERT_EQ(status, 200) << j.dump();
+    const std::string text = j["choices"][0]["text"];
+    text::JsonMatcher m(text::JsonSchema::any_object());
+    EXPECT_TRUE(m.feed(text)) << text;
+    if (j["choices"][0]["finish_reason"] == "stop") {
+      EXPECT_TRUE(Json::parse(text, nullptr, false).is_object()) << text;
+    }
+  }
+
+  auto expect_400 = [&](const Json& format, const std::string& says) {
+    Json body = req;
+    body["response_format"] = format;
+    Json e = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    EXPECT_EQ(e["error"]["param"], "response_format") << e.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
+  };
+  expect_400({{"type", "xml"}}, "xml");
+  expect_400({{"type", "json_schema"}}, "json_schema");
+  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}, "pattern");
 }
 
 TEST_F(HttpTest, QueueCapAnswers503) {

@@ -146,6 +146,40 @@ describe('openai client', { timeout: 120000 }, () => {
     assert.equal(r.choices.length, 1);
   });
 
+  test('structured output: response_format json_schema and json_object', async () => {
+    const schema = {
+      type: 'object',
+      properties: { city: { type: 'string' }, temp_c: { type: 'integer' }, sky: { enum: ['clear', 'cloudy'] } },
+      required: ['city', 'temp_c', 'sky'],
+      additionalProperties: false,
+    };
+    const r = await client.chat.completions.create({
+      ...greedy, max_tokens: 400, messages: hello, chat_template_kwargs: { enable_thinking: false },
+      response_format: { type: 'json_schema', json_schema: { name: 'weather', strict: true, schema } },
+    });
+    const c = r.choices[0];
+    if (c.finish_reason === 'stop') {  // a random model may spend max_tokens inside the free string
+      const doc = JSON.parse(c.message.content);
+      assert.deepEqual(Object.keys(doc), ['city', 'temp_c', 'sky']);
+      assert.ok(Number.isInteger(doc.temp_c) && ['clear', 'cloudy'].includes(doc.sky), c.message.content);
+    } else {
+      assert.equal(c.finish_reason, 'length');
+      assert.match(c.message.content, /^\s?\{/);
+    }
+    const o = await client.chat.completions.create({
+      ...greedy, max_tokens: 8, messages: hello, chat_template_kwargs: { enable_thinking: false },
+      response_format: { type: 'json_object' },
+    });
+    assert.match(o.choices[0].message.content, /^\s?\{/);
+    await assert.rejects(
+      client.chat.completions.create({
+        ...greedy, messages: hello,
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', minLength: 2 } } },
+      }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /minLength/.test(e.message),
+    );
+  });
+
   test('legacy completions', async () => {
     const r = await client.completions.create({ model: 'qwen36-default', prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
     assert.equal(r.object, 'text_completion');

@@ -1,0 +1,117 @@
+#pragma once
+// defines: TokenTrie (a vocabulary's token bytes as a trie, built once per tokenizer),
+//          OutputConstraint (what a request asks its output to be), TokenConstraint (one
+//          request's JSON-schema matcher turned into masks over the vocabulary)
+//
+// Structured output (`response_format` json_object / json_schema): before each draw the
+// logits of every token whose bytes cannot continue the text towards a valid document are
+// set to −inf, so sampling (any temperature, any filter) and speculative verification draw
+// from the target's distribution restricted to what the schema admits.
+//
+// A mask is a walk of the token trie with the matcher: a subtree is skipped at the first
+// byte the matcher refuses, so a state that admits few bytes (after `{`, inside a key) visits
+// a few nodes. Inside a free string almost every token is admitted; those states take the
+// tokens of plain string bytes from a precomputed set and walk only the tokens that hold a
+// quote, a backslash or a control byte. Masks are cached by matcher state: the text inside
+// one string value, or between two values at one depth, reuses the same mask.
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/json_schema.h"
+
+namespace qwen36 {
+
+class TokenTrie {
+ public:
+  // bytes[id]: token id's bytes; an empty entry (control and added tokens, ids past the
+  // tokenizer's vocabulary) is never admitted by a constraint.
+  explicit TokenTrie(std::span<const std::string> bytes);
+  int32_t vocab() const { return int32_t(bytes_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
+
+  // Nodes in preorder: node n's subtree is [n, end), its byte is the last of its path. Node 0
+  // is the root (the empty path).
+  struct Node {
+    uint32_t end = 0;
+    uint32_t tokens = 0;  // first entry of its tokens in token_ids (count: next node's − this)
+    uint16_t depth = 0;
+    uint8_t byte = 0;
+  };
+  struct Trie {
+    std::vector<Node> nodes;
+    std::vector<int32_t> token_ids;  // tokens ending at each node, node by node
+    uint32_t tokens_end(uint32_t n) const { return n + 1 < nodes.size() ? nodes[n + 1].tokens : uint32_t(token_ids.size()); }
+  };
+  const Trie& all() const { return all_; }
+  // The tokens whose every byte may stand inside a JSON string unescaped, as a bit set, and
+  // the trie of the other non-empty tokens.
+  const std::vector<uint64_t>& plain_string_tokens() const { return plain_; }
+  const Trie& string_breakers() const { return breakers_; }
+  size_t max_token_bytes() const { return max_len_; }
+
+ private:
+  static Trie build(std::span<const std::string> bytes, std::vector<int32_t> ids);
+  std::vector<std::string> bytes_;
+  Trie all_, breakers_;
+  std::vector<uint64_t> plain_;
+  size_t max_len_ = 0;
+};
+
+// A request's output constraint (RequestParams::constraint): none when schema is null.
+struct OutputConstraint {
+  std::shared_ptr<const text::JsonSchema> schema;
+  // The constrained text starts after this token (a reasoning model's `</think>`); −1: at the
+  // first generated token.
+  int32_t start_after = -1;
+};
+
+class TokenConstraint {
+ public:
+  // stop_ids: the request's end tokens, admitted once the document is whole.
+  TokenConstraint(std::shared_ptr<const TokenTrie> trie, const OutputConstraint& c, std::vector<int32_t> stop_ids);
+
+  // Whether the constrained text has begun (start_after seen, or none).
+  bool active() const { return active_; }
+  // Sets the logits of the tokens that cannot come next to −inf (logits may be wider than the
+  // trie's vocabulary: the extra ids are refused too). Returns how many tokens remain.
+  int64_t apply(std::span<float> logits);
+  // The same for the state after `path` (tokens not yet emitted: a speculative round's drafts
+  // before this row); false (row untouched) when the path itself is refused.
+  bool apply_after(std::span<const int32_t> path, std::span<float> logits);
+  // Records an emitted token (a stop id, or any token before the constrained text, changes
+  // nothing but the start). False when the token breaks the constraint (never for tokens
+  // apply() left finite).
+  bool accept(int32_t token);
+  // The document is whole and no byte may follow: the request should end.
+  bool finished() const { return active_ && matcher_.finished(); }
+
+ private:
+  using Mask = std::vector<uint64_t>;
+  const Mask& mask_of(const text::JsonMatcher& m);
+  void walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask);
+  int64_t apply_mask(const Mask& mask, std::span<float> logits) const;
+  bool is_stop(int32_t token) const;
+  bool feed(text::JsonMatcher& m, int32_t token) const;  // a token of no bytes is refused
+
+  struct Hash {
+    size_t operator()(const text::JsonMatcher& m) const { return m.hash(); }
+  };
+  std::shared_ptr<const TokenTrie> trie_;
+  std::vector<int32_t> stops_;
+  int32_t start_after_;
+  bool active_;
+  text::JsonMatcher matcher_;
+  std::vector<text::JsonMatcher> stack_;  // the walk's states by depth
+  // Masks by matcher state, least recently used last; at most kCached of them.
+  static constexpr size_t kCached = 64;
+  std::list<std::pair<text::JsonMatcher, Mask>> lru_;
+  std::unordered_map<text::JsonMatcher, std::list<std::pair<text::JsonMatcher, Mask>>::iterator, Hash> cache_;
+};
+
+}  // namespace qwen36

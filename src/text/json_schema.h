@@ -1,0 +1,167 @@
+#pragma once
+// defines: JsonSchema (a compiled subset of JSON Schema), JsonMatcher (byte-level incremental
+// recogniser of ONE JSON value under a JsonSchema)
+//
+// Used for structured outputs (response_format): before sampling, the engine walks the
+// vocabulary with copies of the matcher and masks the tokens whose bytes it refuses. That is
+// ~1e6 copies per mask, so the matcher's state is a fixed-size stack of 8-byte frames (no heap),
+// cheap to copy, hash and compare; all schema data lives in the shared, immutable JsonSchema.
+//
+// Supported keywords: type (a name or an array of names), properties, required,
+// additionalProperties (bool or schema), items (a schema), minItems, maxItems, enum, const,
+// anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are
+// one kind, number wins), $ref (local JSON pointers: #/$defs/NAME, #/definitions/NAME, #, ...;
+// recursion allowed), $defs / definitions. Annotations are ignored: title, description, default,
+// examples, $schema, $id, $comment, strict, and format (formats are NOT enforced). Any other
+// keyword (minimum, pattern, allOf, ...) is an Error naming it and its schema path.
+//
+// Deliberate choices (as OpenAI / llama.cpp / xgrammar structured outputs):
+//  - An object with properties emits keys in the schema's property order: any subsequence that
+//    holds every required property. additionalProperties defaults to false there (OpenAI strict
+//    mode); when allowed, extra keys come after the declared ones, once no required property is
+//    left, and are not checked against the declared names. Keys are matched on their JSON
+//    serialisation (nlohmann dump), so a name must be escaped exactly that way.
+//  - An object without properties takes any keys (duplicates are not checked); values follow
+//    additionalProperties (default: any value).
+//  - No `type`: object if properties/required/additionalProperties appear, array if
+//    items/minItems/maxItems appear (both if both), else any value.
+//  - enum / const: the value must be byte-identical to a value's compact serialisation
+//    (e.g. 1.5, "red", {"a":1}); next to them only `type` applies (it filters the values).
+//  - Whitespace between tokens (Whitespace::Limited, the default): one space, or a newline and
+//    up to kMaxIndent spaces / tabs — compact or pretty-printed JSON, as llama.cpp's JSON grammar
+//    allows (a model under a mask would otherwise spend its tokens on whitespace: the toy code
+//    model wrote 64 spaces before the first '{'). Whitespace::Any: any JSON whitespace, runs
+//    capped at kMaxWhitespace bytes. None is accepted once the top-level value is complete. Numbers are capped at kMaxNumber bytes, nesting at kMaxDepth frames.
+//  - Strings: bytes >= 0x80 are accepted without UTF-8 validation; \uXXXX surrogates unchecked.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qwen36::text {
+
+// Compiled schema tables (internal; shared by JsonSchema and JsonMatcher).
+namespace json_detail {
+
+constexpr uint16_t kNone = 0xFFFF;  // no node (e.g. additionalProperties false)
+// Value kinds, told apart by the value's first byte.
+enum Kind : uint8_t { kString, kNumber, kObject, kArray, kTrue, kFalse, kNull, kNumKinds };
+// How a value of one kind is parsed.
+enum class Parse : uint8_t { None, String, Number, Integer, Enum, Object, Array };
+struct Target {
+  Parse parse = Parse::None;
+  uint16_t ref = 0;  // Enum: slice, Object: object spec, Array: array spec
+  bool operator==(const Target&) const = default;
+};
+struct Node {  // a schema, as what it accepts for each kind
+  std::array<Target, kNumKinds> by_kind{};
+};
+struct Slice {  // a range of candidates, sorted
+  uint16_t begin, end;
+};
+struct ObjectSpec {
+  uint16_t n = 0;                       // declared properties, in schema order
+  uint16_t keys = 0;                    // slice of their serialised names (quotes included)
+  std::vector<uint16_t> values;         // node of each property's value
+  std::vector<uint16_t> next_required;  // [i]: first required property >= i, or n; size n + 1
+  uint16_t additional = kNone;          // node of extra keys' values
+};
+struct ArraySpec {
+  uint16_t items;
+  uint32_t min_items, max_items;
+};
+
+// The kind of value a byte starts, or -1.
+inline int kind_of(uint8_t c) {
+  switch (c) {
+    case '"': return kString;
+    case '{': return kObject;
+    case '[': return kArray;
+    case 't': return kTrue;
+    case 'f': return kFalse;
+    case 'n': return kNull;
+    default: return c == '-' || (c >= '0' && c <= '9') ? kNumber : -1;
+  }
+}
+
+}  // namespace json_detail
+
+enum class Whitespace : uint8_t { Limited, Any };
+
+// A compiled schema: immutable, shared by many matchers.
+class JsonSchema {
+ public:
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema,
+                                                   Whitespace ws = Whitespace::Limited);  // throws Error
+  static std::shared_ptr<const JsonSchema> any_object(Whitespace ws = Whitespace::Limited);  // OpenAI json_object mode
+  static std::shared_ptr<const JsonSchema> any_value(Whitespace ws = Whitespace::Limited);
+
+ private:
+  friend class JsonMatcher;
+  struct Compiler;
+  JsonSchema() = default;
+
+  std::vector<json_detail::Node> nodes_;
+  std::vector<std::string> candidates_;   // enum values and key names, serialised
+  std::vector<uint16_t> candidate_prop_;  // for key names: the property index
+  std::vector<json_detail::Slice> slices_;  // slice 0: the literals false, null, true
+  std::vector<json_detail::ObjectSpec> objects_;
+  std::vector<json_detail::ArraySpec> arrays_;
+  uint16_t root_ = 0;
+  Whitespace whitespace_ = Whitespace::Limited;
+};
+
+// Recognises the prefixes of one JSON value valid under a schema, one byte at a time.
+class JsonMatcher {
+ public:
+  static constexpr int kMaxDepth = 32;       // frames: the top level, containers, keys, scalars
+  static constexpr int kMaxWhitespace = 64;  // Whitespace::Any: consecutive whitespace bytes between tokens
+  static constexpr int kMaxIndent = 20;      // Whitespace::Limited: spaces / tabs after a newline
+  static constexpr int kMaxNumber = 32;      // bytes of one number
+
+  explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
+  // Copies only the live frames; assigning between matchers of one schema touches no refcount.
+  JsonMatcher(const JsonMatcher& other);
+  JsonMatcher& operator=(const JsonMatcher& other);
+
+  // Consumes the byte if it can continue a valid document; false (and the state unchanged)
+  // otherwise.
+  bool feed(uint8_t byte);
+  // All or nothing: false leaves the state unchanged.
+  bool feed(std::string_view bytes);
+  // The bytes so far are a whole valid value (the document may end here).
+  bool complete() const;
+  // complete() and no further byte can be accepted.
+  bool finished() const;
+  // Inside a string with unconstrained content, not after a backslash: any byte but '"', '\\'
+  // and controls < 0x20 is accepted there and leaves an equal state.
+  bool in_free_string() const;
+  size_t hash() const;                              // of the live state
+  bool operator==(const JsonMatcher& other) const;  // same live state and schema object
+
+ private:
+  struct Frame {  // exactly 8 bytes, every byte defined, so frames compare and hash as words
+    uint8_t kind, state;
+    uint16_t x, y, z;  // meaning depends on kind, see json_schema.cpp
+  };
+  static_assert(sizeof(Frame) == 8);
+
+  bool step(uint8_t c, uint8_t ws_run);
+  bool container_byte(Frame& f, uint8_t c, uint8_t ws_run);
+  bool string_byte(Frame& f, uint8_t c);
+  bool key_byte(Frame& f, uint8_t c);
+  bool start_value(uint16_t node, uint8_t c);
+  bool push(const Frame& f);
+  void close_key(uint16_t next, uint16_t value_node);
+
+  std::shared_ptr<const JsonSchema> schema_;
+  uint8_t depth_ = 1;  // live frames; frames_[0] is the top level
+  uint8_t ws_ = 0;     // length of the current whitespace run
+  std::array<Frame, kMaxDepth> frames_;
+};
+
+}  // namespace qwen36::text

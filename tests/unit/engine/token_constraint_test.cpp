@@ -1,0 +1,156 @@
+// TokenConstraint (structured output's masks): every mask equals the brute-force answer (each
+// token's bytes fed to a copy of the matcher) in every state a document passes through, for
+// free strings, keys, numbers, enums and closing states; stop ids only once the document is
+// whole; the start token; apply_after along a path; the trie over random vocabularies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/token_constraint.h"
+
+namespace qwen36 {
+namespace {
+
+using text::JsonMatcher;
+using text::JsonSchema;
+using Json = nlohmann::ordered_json;
+
+// A vocabulary of JSON pieces, single bytes (quotes, backslashes, control bytes among them),
+// random byte strings, duplicates and empty (never admitted) entries.
+std::vector<std::string> test_vocab(uint32_t seed) {
+  std::vector<std::string> v = {"{",    "}",   "[",     "]",      ",",    ":",   "\"",    "\\",   "{\"",  "\":",
+                                "\",",  "\"}", ",\"",   "true",   "fal",  "se",  "null",  "\"a\"", "a",   "b",
+                                "name", "age", "\"name", "\":\"", "12",   "3.5", "-",     "e+",   "\\n",  "\\u00",
+                                "e9",   " ",   "\n  ",  "\"\"",   "x\"",  "",    "tags",  "\":[",  "]}",   "\"a\",\"b"};
+  for (int c = 1; c < 128; ++c) v.push_back(std::string(1, char(c)));
+  v.push_back("{");  // a duplicate of token 0's bytes
+  std::mt19937 rng(seed);
+  const std::string alphabet = "{}[],:\"\\ab01.-e \n";
+  for (int i = 0; i < 300; ++i) {
+    std::string s;
+    const int len = 1 + int(rng() % 6);
+    for (int j = 0; j < len; ++j) s += alphabet[rng() % alphabet.size()];
+    v.push_back(s);
+  }
+  return v;
+}
+
+// The mask by definition: token t may come next iff its bytes all feed (or it is a stop id of
+// a whole document); empty tokens never.
+std::vector<bool> brute_mask(const JsonMatcher& m, const std::vector<std::string>& vocab, int32_t stop) {
+  std::vector<bool> ok(vocab.size());
+  for (size_t t = 0; t < vocab.size(); ++t) {
+    if (int32_t(t) == stop) {
+      ok[t] = m.complete();
+      continue;
+    }
+    JsonMatcher c = m;
+    ok[t] = !vocab[t].empty() && c.feed(vocab[t]);
+  }
+  return ok;
+}
+
+std::vector<bool> constraint_mask(TokenConstraint& c, size_t n) {
+  std::vector<float> logits(n + 3, 0.0f);  // wider than the vocabulary: the extra ids are refused
+  const int64_t kept = c.apply(logits);
+  std::vector<bool> ok(n);
+  int64_t count = 0;
+  for (size_t i = 0; i < n; ++i) count += (ok[i] = std::isfinite(logits[i]));
+  for (size_t i = n; i < logits.size(); ++i) EXPECT_TRUE(std::isinf(logits[i])) << "id " << i << " past the vocabulary";
+  EXPECT_EQ(kept, count);
+  return ok;
+}
+
+// Feeds `doc` byte by byte through single-byte tokens, comparing the mask with the brute
+// force before every byte and at the end.
+void check_document(const std::shared_ptr<const JsonSchema>& schema, const std::string& doc, uint32_t seed) {
+  std::vector<std::string> vocab = test_vocab(seed);
+  const int32_t stop = int32_t(vocab.size());
+  vocab.push_back("");  // the stop token: no bytes
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  TokenConstraint c(trie, {schema, -1}, {stop});
+  JsonMatcher ref(schema);
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    ASSERT_EQ(constraint_mask(c, vocab.size()), brute_mask(ref, vocab, stop)) << doc << " before byte " << i;
+    if (i == doc.size()) break;
+    const int32_t byte_token = 40 + (uint8_t(doc[i]) - 1);  // the single-byte entries start at 40
+    ASSERT_EQ(vocab[size_t(byte_token)], doc.substr(i, 1));
+    ASSERT_TRUE(c.accept(byte_token)) << doc << " byte " << i;
+    ASSERT_TRUE(ref.feed(uint8_t(doc[i])));
+  }
+  EXPECT_TRUE(c.accept(stop)) << "a whole document takes its stop id";
+}
+
+TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
+  check_document(JsonSchema::any_value(), R"({"a": [1, -2.5e+3, "x\"y\\n\u00e9", true, null], "b": {}})", 1);
+  check_document(JsonSchema::any_object(), R"({"name":"ab","tags":["a","b"],"n":12})", 2);
+  const auto person = JsonSchema::compile(Json::parse(R"({
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b", "ab"]}}, "ok": {"type": "boolean"}},
+    "required": ["name", "age"]})"));
+  check_document(person, R"({"name": "x\"\\", "age": 12, "tags": ["ab", "a"], "ok": false})", 3);
+  check_document(person, R"({"name":"","age":-0})", 4);
+  check_document(JsonSchema::compile(Json::parse(R"({"enum": [1, 10, "a", "ab", null]})")), "10", 5);
+}
+
+TEST(TokenConstraintTest, StopOnlyWhenWholeAndFinishedAfterTheLastByte) {
+  const std::vector<std::string> vocab = {"{", "}", "{}", "\"", ""};
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  TokenConstraint c(trie, {JsonSchema::any_object(), -1}, {4});
+  std::vector<float> logits(5, 1.0f);
+  EXPECT_EQ(c.apply(logits), 2);  // "{" and "{}"
+  EXPECT_TRUE(std::isinf(logits[4])) << "no stop before the document";
+  EXPECT_FALSE(c.accept(1)) << "'}' cannot start an object";
+  EXPECT_TRUE(c.accept(2));
+  EXPECT_TRUE(c.finished());
+  logits.assign(5, 1.0f);
+  EXPECT_EQ(c.apply(logits), 1);
+  EXPECT_TRUE(std::isfinite(logits[4])) << "only the stop after a whole document";
+}
+
+TEST(TokenConstraintTest, StartsAfterItsTokenAndAppliesAlongAPath) {
+  const std::vector<std::string> vocab = {"<think>", "</think>", "{", "}", "x", "\"", ""};
+  std::vector<std::string> bytes = vocab;
+  bytes[0] = bytes[1] = "";  // added tokens: never inside the document
+  auto trie = std::make_shared<const TokenTrie>(bytes);
+  TokenConstraint c(trie, {JsonSchema::any_object(), 1}, {6});
+  std::vector<float> logits(7, 1.0f);
+  EXPECT_FALSE(c.active());
+  EXPECT_EQ(c.apply(logits), 7) << "reasoning is free";
+  EXPECT_TRUE(c.accept(4));
+  std::vector<float> row(7, 1.0f);
+  ASSERT_TRUE(c.apply_after(std::vector<int32_t>{1, 2}, row));  // </think> then "{": a key or "}" next
+  EXPECT_EQ(std::vector<bool>({!std::isinf(row[3]), !std::isinf(row[5]), !std::isinf(row[2])}),
+            std::vector<bool>({true, true, false}));
+  EXPECT_FALSE(c.apply_after(std::vector<int32_t>{1, 3}, row)) << "'}' cannot start the document";
+  EXPECT_FALSE(c.active()) << "apply_after changes nothing";
+  EXPECT_TRUE(c.accept(1));
+  EXPECT_TRUE(c.active());
+  logits.assign(7, 1.0f);
+  EXPECT_EQ(c.apply(logits), 1);
+  EXPECT_TRUE(std::isfinite(logits[2]));
+}
+
+TEST(TokenConstraintTest, FreeStringAdmitsEveryPlainTokenOnce) {
+  // Inside a free string every non-empty token of plain bytes stays (duplicates and tokens that
+  // are prefixes of each other included), and the quote that closes it.
+  const std::vector<std::string> vocab = {"ab", "a", "abc", "", "b", "ab", "abd", "c", "\""};
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  EXPECT_EQ(trie->max_token_bytes(), 3u);
+  EXPECT_EQ(trie->all().token_ids.size(), 8u);
+  EXPECT_EQ(trie->string_breakers().token_ids, std::vector<int32_t>{8});
+  TokenConstraint c(trie, {JsonSchema::any_value(), -1}, {});
+  std::vector<float> logits(9, 0.0f);
+  EXPECT_EQ(c.apply(logits), 1) << "only the quote starts a string value";
+  ASSERT_TRUE(c.accept(8));
+  logits.assign(9, 0.0f);
+  EXPECT_EQ(c.apply(logits), 8);
+  EXPECT_TRUE(std::isinf(logits[3]));
+}
+
+}  // namespace
+}  // namespace qwen36
