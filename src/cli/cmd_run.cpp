@@ -201,7 +201,9 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
   std::optional<TokenConstraint> constraint;
   if (o.schema) {  // after a chat's reasoning, the answer is the document
-    const OutputConstraint oc{o.schema, popts.prompt_opened_thinking ? tok.token_id("</think>") : -1};
+    OutputConstraint oc;
+    oc.schema = o.schema;
+    if (popts.prompt_opened_thinking) oc.start_after = tok.token_id("</think>");
     constraint.emplace(std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size)), oc, g.stop_ids);
     g.constraint = &*constraint;
   }

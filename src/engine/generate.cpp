@@ -32,7 +32,7 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
     SampleRequest req;
     sampler.add_candidate_row(history, c.vocab_size, req.rows, req.penalties);
     std::optional<int32_t> tok;
-    TokenConstraint* mask = opts.constraint && opts.constraint->active() ? opts.constraint : nullptr;
+    TokenConstraint* mask = opts.constraint && opts.constraint->masks() ? opts.constraint : nullptr;
     req.take = [&](int32_t, const SampleCandidates& cand) {
       if (mask) return false;  // the whole row comes to the host, to be masked
       tok = sampler.sample_from_candidates(cand);

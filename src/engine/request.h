@@ -31,6 +31,7 @@ struct RequestParams {
   std::vector<std::string> stop_strings;  // end generation; the text from the match on is dropped
   int32_t top_logprobs = -1;              // -1: no logprobs; 0..20: the sampled token's + that many alternatives
   OutputConstraint constraint;            // structured output (a JSON schema), or none
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
 };
 
 // Log-probabilities from the model's raw distribution (before sampling filters), like vLLM.

@@ -43,11 +43,12 @@ struct Scheduler::Sequence {
       : in(std::move(p)), sampler(in.params.sampling), text(in.params.stop_strings), slot(slot_),
         tokens(in.params.prompt), n_prompt(int32_t(tokens.size())), n_fed(reused), prefill_start(reused),
         n_cached(reused) {
-    if (in.params.constraint.schema) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
+    if (in.params.constraint.schema || !in.params.constraint.forced.empty())
+      constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
   }
   bool prefilling() const { return n_fed < n_prompt; }
-  // Whether this step's row must come to the host whole, for the constraint's mask.
-  bool masks() const { return constraint && constraint->active(); }
+  // Whether this step's row must come to the host whole, for logit_bias or the constraint's mask.
+  bool shapes() const { return !in.params.logit_bias.empty() || (constraint && constraint->masks()); }
 };
 
 // The checkpoint options in force: none without the prefix cache, with MTP or DFlash drafting
@@ -92,6 +93,8 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
                p.top_logprobs);
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
   QWEN36_CHECK(!p.constraint.schema || opts_.vocab, "structured output needs the tokenizer's vocabulary");
+  for (const auto& [t, bias] : p.logit_bias)
+    QWEN36_CHECK(t >= 0 && t < c.vocab_size && std::isfinite(bias), "logit_bias: token {} (bias {}) is not valid", t, bias);
   p.sampling.validate();
 
   std::lock_guard lock(mu_);
@@ -212,8 +215,9 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
   return lp;
 }
 
-bool Scheduler::constrain(Sequence& s, std::span<float> row) {
-  if (!s.masks() || s.constraint->apply(row) > 0) return true;
+bool Scheduler::shape(Sequence& s, std::span<float> row) {
+  for (const auto& [t, bias] : s.in.params.logit_bias) row[size_t(t)] += bias;
+  if (!s.constraint || !s.constraint->masks() || s.constraint->apply(row) > 0) return true;
   finish(s, "error", "the output constraint admits no token here: no token of the vocabulary continues the document");
   return false;
 }
@@ -221,7 +225,7 @@ bool Scheduler::constrain(Sequence& s, std::span<float> row) {
 void Scheduler::on_logits(Sequence& s, std::span<float> logits) {
   std::vector<float> raw;
   if (s.in.params.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());  // the sampler edits logits
-  if (!constrain(s, logits)) return;
+  if (!shape(s, logits)) return;
   // With speculation every draw of a request comes from its one stream (SpecSeqState::rng).
   const int32_t tok = spec_ ? spec_->sample(s.spec, s.sampler, logits, s.tokens, s.in.params.sampling)
                             : s.sampler.sample(logits, s.tokens);
@@ -295,9 +299,10 @@ void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns
     t.history = s.tokens;
     t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
     t.want_raw = s.in.params.top_logprobs >= 0;
-    if (s.constraint)
-      t.constrain = [&s](std::span<const int32_t> path, std::span<float> row) {
-        return s.constraint->apply_after(path, row);
+    if (s.constraint || !s.in.params.logit_bias.empty())
+      t.shape = [&s](std::span<const int32_t> path, std::span<float> row) {
+        for (const auto& [tok, bias] : s.in.params.logit_bias) row[size_t(tok)] += bias;
+        return !s.constraint || s.constraint->apply_after(path, row);
       };
     turns.push_back(t);
     owners.push_back(&s);
@@ -410,7 +415,7 @@ bool Scheduler::step() {
           s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, s->in.params.top_logprobs < 0);
         req.take = [&](int32_t row, const SampleCandidates& c) {
           Sequence& s = *row_owner[size_t(row)];
-          if (s.in.params.top_logprobs >= 0 || s.masks()) return false;  // the whole row comes to the host
+          if (s.in.params.top_logprobs >= 0 || s.shapes()) return false;  // the whole row comes to the host
           drawn[size_t(row)] = s.sampler.sample_from_candidates(c);
           return drawn[size_t(row)].has_value();
         };
@@ -449,7 +454,7 @@ bool Scheduler::step() {
         if (drawn[i])
           emit(s, *drawn[i], {}, s.n_fed);
         else if (device_sampling && s.in.params.top_logprobs < 0) {  // penalties already applied
-          if (constrain(s, row)) emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
+          if (shape(s, row)) emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
         }
         else
           on_logits(s, row);

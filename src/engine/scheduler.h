@@ -135,9 +135,9 @@ class Scheduler {
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void reap();  // releases the slots of finished sequences and drops them
   void checkpoint(Sequence& s);  // saves a prefix-cache checkpoint when s stands at one
-  // Masks a row of s's logits with its output constraint (none: untouched); false when no token
-  // remains (s finished with an error).
-  bool constrain(Sequence& s, std::span<float> row);
+  // Adds s's logit_bias to a row of its logits and masks it with its output constraint; false
+  // when no token remains (s finished with an error).
+  bool shape(Sequence& s, std::span<float> row);
   void on_logits(Sequence& s, std::span<float> logits);
   // Emits `tok` (raw: its row's logits before sampling, for logprobs; fed: the tokens the slot
   // holds once tok is pending) and ends the sequence on a stop or at its length.

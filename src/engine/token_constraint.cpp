@@ -76,9 +76,41 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const TokenTrie> trie, const Ou
       stops_(std::move(stop_ids)),
       start_after_(c.start_after),
       active_(c.start_after < 0),
-      matcher_(c.schema) {
+      matcher_(c.schema ? c.schema : text::JsonSchema::any_value()),
+      forced_(c.forced) {
+  QWEN36_CHECK(!c.schema != forced_.empty(), "an output constraint is a schema or a forced beginning");
+  forced_state_.alive.assign(forced_.size(), true);
+  if (!forced_.empty()) return;
   QWEN36_CHECK(trie_ != nullptr, "structured output needs the tokenizer's vocabulary");
   stack_.assign(trie_->max_token_bytes() + 1, matcher_);
+}
+
+bool TokenConstraint::Forced::done(const std::vector<std::vector<int32_t>>& alts) const {
+  for (size_t i = 0; i < alts.size(); ++i)
+    if (alive[i] && alts[i].size() <= pos) return true;
+  return false;
+}
+
+bool TokenConstraint::Forced::take(const std::vector<std::vector<int32_t>>& alts, int32_t token) {
+  if (done(alts)) return true;
+  bool any = false;
+  for (size_t i = 0; i < alts.size(); ++i) any |= (alive[i] = alive[i] && alts[i][pos] == token);
+  ++pos;
+  return any;
+}
+
+int64_t TokenConstraint::apply_forced(const Forced& f, std::span<float> logits) const {
+  if (f.done(forced_)) return int64_t(logits.size());
+  std::vector<float> keep;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < forced_.size(); ++i)
+    if (f.alive[i] && std::find(ids.begin(), ids.end(), forced_[i][f.pos]) == ids.end()) ids.push_back(forced_[i][f.pos]);
+  for (int32_t id : ids) keep.push_back(id >= 0 && size_t(id) < logits.size() ? logits[size_t(id)] : 0.0f);
+  std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
+  int64_t kept = 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= 0 && size_t(ids[i]) < logits.size()) logits[size_t(ids[i])] = keep[i], ++kept;
+  return kept;
 }
 
 bool TokenConstraint::feed(text::JsonMatcher& m, int32_t token) const {
@@ -144,20 +176,26 @@ int64_t TokenConstraint::apply_mask(const Mask& mask, std::span<float> logits) c
 
 int64_t TokenConstraint::apply(std::span<float> logits) {
   if (!active_) return int64_t(logits.size());
+  if (!forced_.empty()) return apply_forced(forced_state_, logits);
   return apply_mask(mask_of(matcher_), logits);
 }
 
 bool TokenConstraint::apply_after(std::span<const int32_t> path, std::span<float> logits) {
   bool active = active_;
   text::JsonMatcher m = matcher_;
+  Forced f = forced_state_;
   for (int32_t token : path) {
     if (!active) {
       active = token == start_after_;
       continue;
     }
-    if (is_stop(token) || !feed(m, token)) return false;
+    if (!forced_.empty() ? !f.take(forced_, token) : is_stop(token) || !feed(m, token)) return false;
   }
-  if (active) apply_mask(mask_of(m), logits);
+  if (!active) return true;
+  if (forced_.empty())
+    apply_mask(mask_of(m), logits);
+  else
+    apply_forced(f, logits);
   return true;
 }
 
@@ -166,6 +204,7 @@ bool TokenConstraint::accept(int32_t token) {
     active_ = token == start_after_;
     return true;
   }
+  if (!forced_.empty()) return forced_state_.take(forced_, token);
   if (is_stop(token)) return matcher_.complete();
   return feed(matcher_, token);
 }

@@ -63,9 +63,12 @@ class TokenTrie {
   size_t max_len_ = 0;
 };
 
-// A request's output constraint (RequestParams::constraint): none when schema is null.
+// A request's output constraint (RequestParams::constraint): a JSON document of `schema`, or a
+// beginning that is one of `forced` (token sequences; then the text is free: a tool call
+// forced up to its function's name); none when both are empty.
 struct OutputConstraint {
   std::shared_ptr<const text::JsonSchema> schema;
+  std::vector<std::vector<int32_t>> forced;
   // The constrained text starts after this token (a reasoning model's `</think>`); −1: at the
   // first generated token.
   int32_t start_after = -1;
@@ -73,11 +76,15 @@ struct OutputConstraint {
 
 class TokenConstraint {
  public:
-  // stop_ids: the request's end tokens, admitted once the document is whole.
+  // stop_ids: the request's end tokens, admitted once the document is whole. trie: may be null
+  // for a forced beginning.
   TokenConstraint(std::shared_ptr<const TokenTrie> trie, const OutputConstraint& c, std::vector<int32_t> stop_ids);
 
   // Whether the constrained text has begun (start_after seen, or none).
   bool active() const { return active_; }
+  // Whether the next draw is masked: the constrained text has begun and is not past its forced
+  // beginning (after which it is free).
+  bool masks() const { return active_ && (forced_.empty() || !forced_state_.done(forced_)); }
   // Sets the logits of the tokens that cannot come next to −inf (logits may be wider than the
   // trie's vocabulary: the extra ids are refused too). Returns how many tokens remain.
   int64_t apply(std::span<float> logits);
@@ -89,7 +96,7 @@ class TokenConstraint {
   // apply() left finite).
   bool accept(int32_t token);
   // The document is whole and no byte may follow: the request should end.
-  bool finished() const { return active_ && matcher_.finished(); }
+  bool finished() const { return active_ && forced_.empty() && matcher_.finished(); }
 
  private:
   using Mask = std::vector<uint64_t>;
@@ -99,6 +106,15 @@ class TokenConstraint {
   bool is_stop(int32_t token) const;
   bool feed(text::JsonMatcher& m, int32_t token) const;  // a token of no bytes is refused
 
+  // A forced beginning: forced_[i] is still possible while alive[i]; pos of its tokens are out.
+  struct Forced {
+    size_t pos = 0;
+    std::vector<bool> alive;
+    bool done(const std::vector<std::vector<int32_t>>& alts) const;  // some alive alternative is whole
+    bool take(const std::vector<std::vector<int32_t>>& alts, int32_t token);  // false: no alternative left
+  };
+  int64_t apply_forced(const Forced& f, std::span<float> logits) const;
+
   struct Hash {
     size_t operator()(const text::JsonMatcher& m) const { return m.hash(); }
   };
@@ -107,6 +123,8 @@ class TokenConstraint {
   int32_t start_after_;
   bool active_;
   text::JsonMatcher matcher_;
+  std::vector<std::vector<int32_t>> forced_;
+  Forced forced_state_;
   std::vector<text::JsonMatcher> stack_;  // the walk's states by depth
   // Masks by matcher state, least recently used last; at most kCached of them.
   static constexpr size_t kCached = 64;

@@ -1,6 +1,9 @@
 // /v1/chat/completions and /v1/completions: OpenAI request parsing and validation, then the
 // engine's events turned into a JSON answer or an SSE stream.
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "server/api.h"
@@ -58,6 +61,24 @@ struct Generation {
 
 // Sampling, limits, stop and streaming fields shared by both endpoints. Defaults are OpenAI's
 // (temperature 1, no top-k / top-p / min-p filtering).
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to the logits before each draw.
+std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab) {
+  if (!lb.is_object()) throw HttpError(400, "'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, v] : lb.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab)
+      throw HttpError(400, fmt::format("logit_bias: '{}' is not a token id of this model (0..{})", key, vocab - 1),
+                      "logit_bias");
+    if (!v.is_number() || !(std::abs(v.get<double>()) <= 100))
+      throw HttpError(400, fmt::format("logit_bias: the bias of token {} must be a number in [-100, 100]", id),
+                      "logit_bias");
+    out.emplace_back(int32_t(id), v.get<float>());
+  }
+  return out;
+}
+
 Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt) {
   const int64_t context = api.ctx.engine->options().context;
   if (int64_t(prompt.size()) >= context)
@@ -99,6 +120,7 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
     std::erase(p.stop_strings, std::string{});
   }
   if (!boolean(body, "ignore_eos", false)) p.stop_ids = api.ctx.stop_ids;
+  if (has(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], api.ctx.engine->model().config().vocab_size);
   g.stream = boolean(body, "stream", false);
   if (has(body, "stream_options")) {
     const Json& so = body["stream_options"];
@@ -364,6 +386,29 @@ Json template_messages(const Json& messages) {
   return out;
 }
 
+// tool_choice "required" → every tool's name; {"type": "function", "function": {"name": N}} → N,
+// which must be one of the tools.
+std::vector<std::string> forced_tool_names(const Json& tc, const Json& tools) {
+  if (!tools.is_array() || tools.empty())
+    throw HttpError(400, "'tool_choice' \"required\" or a named function needs 'tools'", "tool_choice");
+  std::vector<std::string> names;
+  for (const Json& t : tools) {
+    const Json& f = t.contains("function") ? t["function"] : t;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+      throw HttpError(400, "every tool needs a function with a string 'name'", "tools");
+    names.push_back(f["name"]);
+  }
+  if (tc == "required") return names;
+  if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
+      !tc["function"]["name"].is_string())
+    throw HttpError(400, "'tool_choice' as an object is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    "tool_choice");
+  const std::string name = tc["function"]["name"];
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw HttpError(400, fmt::format("'tool_choice' names '{}', which is not one of the tools", name), "tool_choice");
+  return {name};
+}
+
 // response_format → the request's output constraint: text (none), json_object (any object;
 // llama-server's form may carry a "schema" there) or json_schema ({"name", "schema", "strict"}).
 OutputConstraint output_constraint(const Json& body) {
@@ -402,18 +447,28 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                         "reasoning_effort", "logprobs", "top_logprobs", "stop", "seed", "max_tokens",
                         "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options", "user",
-                        "response_format", "ignore_eos", "metadata", "store"});
+                        "response_format", "ignore_eos", "metadata", "store", "logit_bias"});
   if (!api.ctx.chat_template) throw HttpError(400, "this model has no chat template; use /v1/completions", "messages");
   const Json messages = template_messages(body.value("messages", Json()));
   Json tools = has(body, "tools") ? body["tools"] : Json(nullptr);
   if (!tools.is_null() && !tools.is_array()) throw HttpError(400, "'tools' must be an array", "tools");
+  std::vector<std::string> forced_tools;  // tool_choice "required" (any of them) or a named function
   if (has(body, "tool_choice")) {
     const Json& tc = body["tool_choice"];
     if (tc == "none") tools = nullptr;  // the model is not told about tools, so it will not call them
     else if (!(tc == "auto" || tc == "required" || tc.is_object()))
       throw HttpError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
+    if (tc != "auto" && tc != "none") forced_tools = forced_tool_names(tc, tools);
   }
   OutputConstraint constraint = output_constraint(body);
+  if (!forced_tools.empty()) {  // the answer begins with a call of one of them, up to its name
+    if (constraint.schema)
+      throw HttpError(400, "'response_format' and a forced tool call ('tool_choice') do not combine", "tool_choice");
+    const auto prefix = api.ctx.chat_template->tool_call_name_prefix();
+    if (!prefix) throw HttpError(400, "this model's chat template writes no <tool_call> that could be forced", "tool_choice");
+    for (const std::string& name : forced_tools)
+      constraint.forced.push_back(api.ctx.tokenizer->encode("<tool_call>" + *prefix + name));
+  }
   Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
   if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
 
@@ -433,7 +488,7 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
   OutputParserOptions popts;
   popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
   popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
-  if (constraint.schema && popts.prompt_opened_thinking) {  // the reasoning stays free; the answer is the document
+  if ((constraint.schema || !constraint.forced.empty()) && popts.prompt_opened_thinking) {  // reasoning stays free
     constraint.start_after = api.ctx.tokenizer->token_id("</think>");
     if (constraint.start_after < 0) throw HttpError(400, "response_format: the prompt opens <think> but the vocabulary has no </think>", "response_format");
   }
@@ -504,7 +559,8 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   const Json body = parse_body(req);
   reject_unknown(body, {"model", "prompt", "logprobs", "stop", "seed", "max_tokens", "temperature", "top_p", "top_k",
                         "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream",
-                        "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format"});
+                        "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format",
+                        "logit_bias"});
   if (boolean(body, "echo", false)) throw HttpError(400, "'echo' is not supported", "echo");
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)

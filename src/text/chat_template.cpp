@@ -70,6 +70,28 @@ ChatTemplate ChatTemplate::from_tokenizer_config_file(const std::string& path) {
   });
 }
 
+std::optional<std::string> ChatTemplate::tool_call_name_prefix() const {
+  const std::string name = "qwen36_probe_function";
+  const Json tools = Json::array({{{"type", "function"},
+                                   {"function", {{"name", name}, {"description", ""}, {"parameters", {{"type", "object"}}}}}}});
+  const Json messages = Json::array(
+      {{{"role", "user"}, {"content", "x"}},
+       {{"role", "assistant"},
+        {"content", ""},
+        {"tool_calls", Json::array({{{"type", "function"}, {"function", {{"name", name}, {"arguments", Json::object()}}}}})}}});
+  std::string text;
+  try {
+    text = render(messages, tools, false, nullptr);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const size_t open = text.rfind("<tool_call>");
+  const size_t at = open == std::string::npos ? open : text.find(name, open);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t from = open + std::string_view("<tool_call>").size();
+  return text.substr(from, at - from);
+}
+
 std::string ChatTemplate::render(const Json& messages, const Json& tools, bool add_generation_prompt,
                                  const Json& kwargs) const {
   QWEN36_CHECK(messages.is_array(), "messages must be a JSON array");

@@ -7,6 +7,7 @@
 // ...), then the caller's extra kwargs (enable_thinking, preserve_thinking, ...).
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,10 @@ class ChatTemplate {
   // messages: array of message objects; tools: null or array; kwargs: null or object.
   std::string render(const jinja::Json& messages, const jinja::Json& tools, bool add_generation_prompt,
                      const jinja::Json& kwargs) const;
+  // What this template writes between "<tool_call>" and the function's name in an assistant's
+  // tool call ("\n<function=" in Qwen3.6's XML form, "\n{\"name\": \"" in Qwen3's JSON form),
+  // found by rendering one; nullopt when it renders no such call.
+  std::optional<std::string> tool_call_name_prefix() const;
 
  private:
   std::vector<std::pair<std::string, std::shared_ptr<jinja::Template>>> templates_;

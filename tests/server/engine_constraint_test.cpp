@@ -5,7 +5,9 @@
 // - json_object mode: the text is always a prefix of an object, and a whole one when it stops;
 // - lossless with speculation: constrained greedy output with MTP, n-gram and a drafter that
 //   proposes wrong (often forbidden) tokens equals the constrained output without speculation;
-// - a constraint without the vocabulary is refused.
+// - a constraint without the vocabulary is refused;
+// - logit_bias forces and bans tokens, and a forced beginning (tool_choice) is taken, with and
+//   without speculation.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -14,7 +16,6 @@
 
 #include "engine/scheduler.h"
 #include "engine_test_util.h"
-#include "format/model_loader.h"
 
 namespace qwen36 {
 namespace {
@@ -34,16 +35,10 @@ std::vector<std::string> piece_vocab(int32_t n) {
   return v;
 }
 
-class EngineConstraintTest : public ::testing::Test {
+constexpr char kDenseMtp[] = "dense-mtp";
+
+class EngineConstraintTest : public test::GoldenModelSuite<kDenseMtp> {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = make_cpu_backend(2).release();
-    model_ = new Model(load_model_weights(std::string(QWEN36_TEST_DATA) + "/golden/dense-mtp"), *backend_);
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
   static int32_t vocab() { return int32_t(model_->config().vocab_size); }
   static int32_t stop() { return vocab() - 1; }
   static SchedulerOptions options(SpecMethod m = SpecMethod::None) {
@@ -84,12 +79,7 @@ class EngineConstraintTest : public ::testing::Test {
       "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}, "tag": {"enum": ["a", "b"]}},
       "required": ["ok", "n", "tag"]})"));
   }
-
-  static Backend* backend_;
-  static Model* model_;
 };
-Backend* EngineConstraintTest::backend_ = nullptr;
-Model* EngineConstraintTest::model_ = nullptr;
 
 void expect_schema_document(const RequestResult& r) {
   ASSERT_EQ(r.finish_reason, "stop") << r.text << " " << r.error;
@@ -175,6 +165,64 @@ TEST_F(EngineConstraintTest, SpeculationIsLosslessUnderTheConstraint) {
     }
   }
   for (size_t i = 1; i < ps.size(); i += 2) expect_schema_document(ref[i]);
+}
+
+// logit_bias: +100 makes a token every draw, −100 bans one, with and without speculation.
+TEST_F(EngineConstraintTest, LogitBiasForcesAndBansTokens) {
+  for (SpecMethod m : {SpecMethod::None, SpecMethod::Mtp, SpecMethod::Ngram}) {
+    Scheduler s(*model_, options(m));
+    RequestParams forced = request(1, nullptr, 0.0f), plain = request(2, nullptr, 0.0f);
+    forced.max_tokens = plain.max_tokens = 16;
+    forced.stop_ids = plain.stop_ids = {};  // every request runs its max_tokens
+    forced.logit_bias = {{5, 100.0f}};
+    const auto ref = run(s, {plain})[0].tokens;
+    ASSERT_EQ(ref.size(), 16u);
+    RequestParams banned = plain;
+    banned.logit_bias = {{ref[0], -100.0f}, {ref[1], -100.0f}};
+    RequestParams sampled = request(3, nullptr, 1.0f);
+    sampled.max_tokens = 40;
+    sampled.stop_ids = {};
+    sampled.logit_bias = {{ref[0], -100.0f}};
+    const auto got = run(s, {forced, banned, sampled});
+    EXPECT_EQ(got[0].tokens, std::vector<int32_t>(16, 5)) << spec_method_name(m);
+    for (int32_t t : got[1].tokens) EXPECT_TRUE(t != ref[0] && t != ref[1]) << spec_method_name(m);
+    EXPECT_EQ(got[1].tokens.size(), 16u);
+    for (int32_t t : got[2].tokens) EXPECT_NE(t, ref[0]) << spec_method_name(m);
+  }
+  Scheduler s(*model_, options());
+  RequestParams bad = request(1, nullptr, 0.0f);
+  bad.logit_bias = {{vocab(), 1.0f}};
+  EXPECT_THROW(s.submit(bad), Error);
+}
+
+// A forced beginning (tool_choice): every answer begins with one of the alternatives, the same
+// tokens with and without speculation.
+TEST_F(EngineConstraintTest, ForcedBeginningWithAndWithoutSpeculation) {
+  const std::vector<std::vector<int32_t>> alts = {{8, 15}, {8, 16, 17}};
+  std::vector<RequestParams> ps;
+  for (int seed = 0; seed < 3; ++seed) {
+    ps.push_back(request(seed, nullptr, seed == 0 ? 0.0f : 1.0f));
+    ps.back().constraint.forced = alts;
+    ps.back().max_tokens = 12;
+    ps.back().stop_ids = {};
+  }
+  std::vector<std::vector<int32_t>> ref;
+  for (SpecMethod m : {SpecMethod::None, SpecMethod::Mtp, SpecMethod::Ngram}) {
+    Scheduler s(*model_, options(m));
+    const auto got = run(s, ps);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const auto& t = got[i].tokens;
+      ASSERT_EQ(t.size(), 12u) << got[i].error;
+      EXPECT_TRUE(std::equal(alts[0].begin(), alts[0].end(), t.begin()) ||
+                  std::equal(alts[1].begin(), alts[1].end(), t.begin()))
+          << spec_method_name(m) << " request " << i;
+      if (m == SpecMethod::None) {
+        ref.push_back(t);
+      } else if (i == 0) {  // greedy: lossless
+        EXPECT_EQ(t, ref[i]) << spec_method_name(m);
+      }
+    }
+  }
 }
 
 TEST_F(EngineConstraintTest, ConstraintWithoutTheVocabularyIsRefused) {

@@ -62,16 +62,10 @@ class OracleDrafter final : public Drafter {
 
 // The golden fixture with real MTP weights (vocab 128); its greedy output repeats itself, so
 // n-gram lookup finds matches too.
-class EngineSpecTest : public ::testing::Test {
+constexpr char kDenseMtp[] = "dense-mtp";
+
+class EngineSpecTest : public test::GoldenModelSuite<kDenseMtp> {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = make_cpu_backend(2).release();
-    model_ = new Model(load_model_weights(std::string(QWEN36_TEST_DATA) + "/golden/dense-mtp"), *backend_);
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
   static int32_t vocab() { return int32_t(model_->config().vocab_size); }
   // Odd seeds repeat a 5-token pattern after the first 6 tokens (n-gram material).
   static std::vector<int32_t> prompt(int n, int seed) {
@@ -127,12 +121,7 @@ class EngineSpecTest : public ::testing::Test {
     EXPECT_EQ(m.emitted, m.accepted + m.rounds);
     EXPECT_EQ(m.drafted_at.empty() ? 0u : m.drafted_at[0], m.rounds);
   }
-
-  static Backend* backend_;
-  static Model* model_;
 };
-Backend* EngineSpecTest::backend_ = nullptr;
-Model* EngineSpecTest::model_ = nullptr;
 
 TEST_F(EngineSpecTest, OneSequenceGreedyEqualsPlain) {
   for (SpecMethod m : {SpecMethod::Mtp, SpecMethod::Ngram}) {

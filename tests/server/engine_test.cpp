@@ -19,17 +19,10 @@ using test::run_until_done;
 using namespace std::chrono_literals;
 
 // The tiny transformers checkpoint of the golden tests (vocab 256): fast and deterministic.
-class EngineTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    backend_ = make_cpu_backend(2).release();
-    model_ = new Model(load_model_weights(std::string(QWEN36_TEST_DATA) + "/golden/dense-gqa"), *backend_);
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
+constexpr char kDenseGqa[] = "dense-gqa";
 
+class EngineTest : public test::GoldenModelSuite<kDenseGqa> {
+ protected:
   static std::vector<int32_t> prompt(int n, int seed) {
     std::vector<int32_t> p;
     for (int i = 0; i < n; ++i) p.push_back((seed * 37 + i * 11 + i * i) % 256);
@@ -39,12 +32,7 @@ class EngineTest : public ::testing::Test {
   static std::vector<int32_t> alone(const RequestParams& p, int32_t chunk, int64_t ctx = 256) {
     return test::generate_alone(*model_, *backend_, p, chunk, ctx);
   }
-
-  static Backend* backend_;
-  static Model* model_;
 };
-Backend* EngineTest::backend_ = nullptr;
-Model* EngineTest::model_ = nullptr;
 
 SchedulerOptions small_options() {
   SchedulerOptions o;

@@ -10,8 +10,28 @@
 #include "engine/generate.h"
 #include "engine/scheduler.h"
 #include "engine/spec/drafter.h"
+#include "format/model_loader.h"
 
 namespace qwen36::test {
+
+// A suite's CPU backend and model, the golden fixture tests/data/golden/<Dir>, loaded once for
+// all of its tests. Dir: a `static constexpr char[]` naming the fixture.
+template <const char* Dir>
+class GoldenModelSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend(2).release();
+    model_ = new Model(load_model_weights(std::string(QWEN36_TEST_DATA) + "/golden/" + Dir), *backend_);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+    model_ = nullptr;
+    backend_ = nullptr;
+  }
+  static inline Backend* backend_ = nullptr;
+  static inline Model* model_ = nullptr;
+};
 
 // A drafter that passes every call to `inner`: tests derive from it to watch or rewrite the
 // proposals of a real drafter (override propose, call ForwardingDrafter::propose first).

@@ -291,8 +291,8 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
 }
 
 // response_format: json_schema (chat) and json_object (completions) answers are documents of
-// their schema, or prefixes of one when max_tokens cuts them; bad formats get a 400.
-TEST_F(HttpTest, StructuredOutputFollowsTheSchema) {
+// their schema, or prefixes of one when max_tokens cuts them; logit_bias; bad ones get a 400.
+TEST_F(HttpTest, StructuredOutputAndLogitBias) {
   Served s;
   auto c = s.client(120);
   const Json schema = Json::parse(R"({"type": "object", "properties": {"ok": {"type": "boolean"},
@@ -332,9 +332,65 @@ TEST_F(HttpTest, StructuredOutputFollowsTheSchema) {
     EXPECT_EQ(e["error"]["param"], "response_format") << e.dump();
     EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
   };
+  // logit_bias: +100 on one token makes every draw that token; bad maps are 400s.
+  const int32_t piece = g_shared->tok->encode(" ok", false)[0];
+  Json lb = post_json(c, "/v1/completions",
+                      {{"prompt", "x"}, {"max_tokens", 4}, {"temperature", 0.8}, {"logit_bias", {{std::to_string(piece), 100}}}},
+                      &status);
+  ASSERT_EQ(status, 200) << lb.dump();
+  EXPECT_EQ(lb["choices"][0]["text"], " ok ok ok ok");
+  for (const Json& bad : {Json{{"abc", 1}}, Json{{"-1", 1}}, Json{{std::to_string(piece), 101}}, Json::array()}) {
+    Json e = post_json(c, "/v1/completions", {{"prompt", "x"}, {"logit_bias", bad}}, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    EXPECT_EQ(e["error"]["param"], "logit_bias") << e.dump();
+  }
   expect_400({{"type", "xml"}}, "xml");
   expect_400({{"type", "json_schema"}}, "json_schema");
   expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}, "pattern");
+}
+
+// tool_choice "required" / a named function: the answer begins with a call of (that) tool, up to
+// its name, in the template's own form (the answer's first tokens, read from its logprobs).
+TEST_F(HttpTest, ToolChoiceForcesTheCall) {
+  Served s;
+  auto c = s.client(60);
+  auto tool = [](const char* name) {
+    return Json{{"type", "function"}, {"function", {{"name", name}, {"parameters", {{"type", "object"}}}}}};
+  };
+  Json req = {{"messages", {{{"role", "user"}, {"content", "What time is it?"}}}},
+              {"chat_template_kwargs", {{"enable_thinking", false}}},
+              {"tools", {tool("get_weather"), tool("get_time")}},
+              {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}};
+  auto begins = [&](const Json& choice) {
+    std::string text;
+    for (const Json& t : choice["logprobs"]["content"]) text += t["token"].get<std::string>();
+    return text;
+  };
+  int status = 0;
+  for (const char* name : {"get_weather", "get_time"}) {
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
+    Json a = post_json(c, "/v1/chat/completions", req, &status);
+    ASSERT_EQ(status, 200) << a.dump();
+    EXPECT_EQ(begins(a["choices"][0]).rfind(std::string("<tool_call>\n{\"name\": \"") + name, 0), 0u) << a.dump();
+  }
+  req["tool_choice"] = "required";
+  Json r = post_json(c, "/v1/chat/completions", req, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(begins(r["choices"][0]).rfind("<tool_call>\n{\"name\": \"get_", 0), 0u) << r.dump();
+  auto expect_400 = [&](Json body, const std::string& says) {
+    Json e = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
+  };
+  Json bad = req;
+  bad["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  expect_400(bad, "nope");
+  bad = req;
+  bad.erase("tools");
+  expect_400(bad, "needs 'tools'");
+  bad = req;
+  bad["response_format"] = {{"type", "json_object"}};
+  expect_400(bad, "do not combine");
 }
 
 TEST_F(HttpTest, QueueCapAnswers503) {

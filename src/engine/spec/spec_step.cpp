@@ -223,9 +223,9 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(m + 1) * V);
   std::vector<float> raw;
   if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_round edits the rows
-  if (t.constrain)  // row j follows drafts 0..j-1; past a refused draft no row is read
+  if (t.shape)  // row j follows drafts 0..j-1; past a refused draft no row is read
     for (int32_t j = 0; j <= m; ++j)
-      if (!t.constrain(std::span(d.tokens).first(size_t(j)), rows.subspan(size_t(j) * V, V))) break;
+      if (!t.shape(std::span(d.tokens).first(size_t(j)), rows.subspan(size_t(j) * V, V))) break;
   const SpecVerdict v =
       verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f);
   t.history = {};  // emission below grows the sequence's tokens
@@ -258,14 +258,14 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   return keep;
 }
 
-// Each node's row masked for the state after its path (the tokens below the root down to it).
-void SpecStepper::constrain_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V) {
+// Each node's row shaped for the state after its path (the tokens below the root down to it).
+void SpecStepper::shape_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V) {
   std::vector<int32_t> path;
   for (int32_t n = 0; n < tree.size(); ++n) {
     path.clear();
     for (int32_t a = n; a > 0; a = tree.parent[size_t(a)]) path.push_back(tree.token[size_t(a)]);
     std::reverse(path.begin(), path.end());
-    t.constrain(path, rows.subspan(size_t(n) * V, V));
+    t.shape(path, rows.subspan(size_t(n) * V, V));
   }
 }
 
@@ -280,7 +280,7 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
   const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
   std::vector<float> raw;
   if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
-  if (t.constrain) constrain_tree(t, tree, rows, V);
+  if (t.shape) shape_tree(t, tree, rows, V);
   const TreeWalk w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
   t.history = {};  // emission below grows the sequence's tokens
   const int32_t accepted = int32_t(w.accepted.size());

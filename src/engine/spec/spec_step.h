@@ -100,9 +100,10 @@ struct SpecTurn {
   std::span<const int32_t> history;     // tokens so far, back() pending; valid until emission
   int32_t room = 0;                     // draft_room() of the sequence
   bool want_raw = false;                // the emit callback wants each row's raw logits (logprobs)
-  // An output constraint (structured output): masks the row that follows `path` (the round's
-  // drafts before it); false when the path itself breaks the constraint (the row is never read).
-  std::function<bool(std::span<const int32_t> path, std::span<float> row)> constrain;
+  // The request's logit_bias and output constraint (structured output): shapes the row that
+  // follows `path` (the round's drafts before it); false when the path itself breaks the
+  // constraint (the row is never read).
+  std::function<bool(std::span<const int32_t> path, std::span<float> row)> shape;
   int32_t begin = -1, out_row = -1;     // set by add_run: its first batch row, its first output row
 };
 
@@ -157,7 +158,7 @@ class SpecStepper {
   ModelState& state_;
   SpecOptions opts_;
   int32_t finish_tree_round(SpecTurn& t, std::span<float> logits, const EmitFn& emit, std::span<const float> captured);
-  static void constrain_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V);
+  static void shape_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V);
 
   std::unique_ptr<Drafter> drafter_;
   DFlashDrafter* tree_drafter_ = nullptr;  // tree rounds (opts.tree_budget > 0): drafter_, for its top-K

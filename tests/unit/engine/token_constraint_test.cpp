@@ -18,6 +18,13 @@ using text::JsonMatcher;
 using text::JsonSchema;
 using Json = nlohmann::ordered_json;
 
+OutputConstraint document(std::shared_ptr<const JsonSchema> schema, int32_t start_after) {
+  OutputConstraint c;
+  c.schema = std::move(schema);
+  c.start_after = start_after;
+  return c;
+}
+
 // A vocabulary of JSON pieces, single bytes (quotes, backslashes, control bytes among them),
 // random byte strings, duplicates and empty (never admitted) entries.
 std::vector<std::string> test_vocab(uint32_t seed) {
@@ -71,7 +78,7 @@ void check_document(const std::shared_ptr<const JsonSchema>& schema, const std::
   const int32_t stop = int32_t(vocab.size());
   vocab.push_back("");  // the stop token: no bytes
   auto trie = std::make_shared<const TokenTrie>(vocab);
-  TokenConstraint c(trie, {schema, -1}, {stop});
+  TokenConstraint c(trie, document(schema, -1), {stop});
   JsonMatcher ref(schema);
   for (size_t i = 0; i <= doc.size(); ++i) {
     ASSERT_EQ(constraint_mask(c, vocab.size()), brute_mask(ref, vocab, stop)) << doc << " before byte " << i;
@@ -100,7 +107,7 @@ TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
 TEST(TokenConstraintTest, StopOnlyWhenWholeAndFinishedAfterTheLastByte) {
   const std::vector<std::string> vocab = {"{", "}", "{}", "\"", ""};
   auto trie = std::make_shared<const TokenTrie>(vocab);
-  TokenConstraint c(trie, {JsonSchema::any_object(), -1}, {4});
+  TokenConstraint c(trie, document(JsonSchema::any_object(), -1), {4});
   std::vector<float> logits(5, 1.0f);
   EXPECT_EQ(c.apply(logits), 2);  // "{" and "{}"
   EXPECT_TRUE(std::isinf(logits[4])) << "no stop before the document";
@@ -117,7 +124,7 @@ TEST(TokenConstraintTest, StartsAfterItsTokenAndAppliesAlongAPath) {
   std::vector<std::string> bytes = vocab;
   bytes[0] = bytes[1] = "";  // added tokens: never inside the document
   auto trie = std::make_shared<const TokenTrie>(bytes);
-  TokenConstraint c(trie, {JsonSchema::any_object(), 1}, {6});
+  TokenConstraint c(trie, document(JsonSchema::any_object(), 1), {6});
   std::vector<float> logits(7, 1.0f);
   EXPECT_FALSE(c.active());
   EXPECT_EQ(c.apply(logits), 7) << "reasoning is free";
@@ -135,6 +142,36 @@ TEST(TokenConstraintTest, StartsAfterItsTokenAndAppliesAlongAPath) {
   EXPECT_TRUE(std::isfinite(logits[2]));
 }
 
+// A forced beginning (tool_choice): one of the alternatives token by token, then free; none
+// needs a trie.
+TEST(TokenConstraintTest, ForcedBeginningThenFree) {
+  OutputConstraint oc;
+  oc.forced = {{7, 1, 2}, {7, 1, 2, 3}, {7, 4}};
+  TokenConstraint c(nullptr, oc, {});
+  auto allowed = [&](TokenConstraint& k) {
+    std::vector<float> logits(10, 0.5f);
+    k.apply(logits);
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < 10; ++i)
+      if (std::isfinite(logits[size_t(i)])) ids.push_back(i);
+    return ids;
+  };
+  EXPECT_EQ(allowed(c), std::vector<int32_t>{7});
+  std::vector<float> row(10, 0.5f);
+  ASSERT_TRUE(c.apply_after(std::vector<int32_t>{7}, row));
+  EXPECT_TRUE(std::isfinite(row[1]) && std::isfinite(row[4]) && std::isinf(row[7]));
+  EXPECT_FALSE(c.apply_after(std::vector<int32_t>{7, 2}, row)) << "2 follows no 7 in the alternatives";
+  EXPECT_FALSE(c.accept(1));
+  TokenConstraint d(nullptr, oc, {});
+  ASSERT_TRUE(d.accept(7) && d.accept(1));
+  EXPECT_EQ(allowed(d), std::vector<int32_t>{2});
+  ASSERT_TRUE(d.accept(2));
+  EXPECT_FALSE(d.masks()) << "{7, 1, 2} is whole: the rest is free";
+  EXPECT_EQ(allowed(d).size(), 10u);
+  EXPECT_TRUE(d.accept(9));
+  EXPECT_FALSE(d.finished()) << "a forced beginning never ends the request";
+}
+
 TEST(TokenConstraintTest, FreeStringAdmitsEveryPlainTokenOnce) {
   // Inside a free string every non-empty token of plain bytes stays (duplicates and tokens that
   // are prefixes of each other included), and the quote that closes it.
@@ -143,7 +180,7 @@ TEST(TokenConstraintTest, FreeStringAdmitsEveryPlainTokenOnce) {
   EXPECT_EQ(trie->max_token_bytes(), 3u);
   EXPECT_EQ(trie->all().token_ids.size(), 8u);
   EXPECT_EQ(trie->string_breakers().token_ids, std::vector<int32_t>{8});
-  TokenConstraint c(trie, {JsonSchema::any_value(), -1}, {});
+  TokenConstraint c(trie, document(JsonSchema::any_value(), -1), {});
   std::vector<float> logits(9, 0.0f);
   EXPECT_EQ(c.apply(logits), 1) << "only the quote starts a string value";
   ASSERT_TRUE(c.accept(8));

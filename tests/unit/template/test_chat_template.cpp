@@ -109,6 +109,16 @@ TEST(ChatTemplateConfig, SpecialTokensAndKwargs) {
   EXPECT_EQ(t.render(jinja::Json::array(), nullptr, true, {{"flag", 7}}), "|<|im_end|>|7|True");
 }
 
+// What a forced tool call (tool_choice) writes before the function's name, found by rendering.
+TEST(ChatTemplateConfig, ToolCallNamePrefix) {
+  EXPECT_EQ(qwen36_template().tool_call_name_prefix(), std::optional<std::string>("\n<function="));
+  const ChatTemplate plain(jinja::Json("{% for m in messages %}{{ m.content }}{% endfor %}"), jinja::Json::object());
+  EXPECT_EQ(plain.tool_call_name_prefix(), std::nullopt);
+  if (!fs::exists(kQwen3Config)) GTEST_SKIP() << "run scripts/fetch-tokenizer.sh to fetch " << kQwen3Config;
+  EXPECT_EQ(ChatTemplate::from_tokenizer_config_file(kQwen3Config.string()).tool_call_name_prefix(),
+            std::optional<std::string>("\n{\"name\": \""));
+}
+
 TEST(ChatTemplateConfig, BadInputIsAnError) {
   EXPECT_THROW(ChatTemplate::from_tokenizer_config(jinja::Json{{"x", 1}}), Error);
   EXPECT_THROW(ChatTemplate(jinja::Json(42), jinja::Json::object()), Error);
