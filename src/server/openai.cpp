@@ -55,12 +55,11 @@ bool boolean(const Json& body, const char* key, bool def) {
 
 struct Generation {
   RequestParams params;
+  int n = 1;  // choices: requests of the same prompt
   bool stream = false, include_usage = false;
   bool logprobs = false;
 };
 
-// Sampling, limits, stop and streaming fields shared by both endpoints. Defaults are OpenAI's
-// (temperature 1, no top-k / top-p / min-p filtering).
 // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to the logits before each draw.
 std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab) {
   if (!lb.is_object()) throw HttpError(400, "'logit_bias' must be an object mapping token ids to biases", "logit_bias");
@@ -78,6 +77,10 @@ std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab)
   }
   return out;
 }
+
+// Sampling, limits, stop and streaming fields shared by both endpoints. Defaults are OpenAI's
+// (temperature 1, no top-k / top-p / min-p filtering).
+constexpr int64_t kMaxChoices = 16;  // `n`: each choice is a request of its own
 
 Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt) {
   const int64_t context = api.ctx.engine->options().context;
@@ -104,7 +107,7 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
   // max_tokens counts answer tokens; absent means "until the context is full".
   const char* max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   p.max_tokens = int32_t(integer(body, max_key, 0, 1 << 30, context));
-  if (has(body, "n") && integer(body, "n", 1, 1, 1) != 1) throw HttpError(400, "only n = 1 is supported", "n");
+  g.n = int(integer(body, "n", 1, kMaxChoices, 1));
   if (has(body, "stop")) {
     const Json& st = body["stop"];
     if (st.is_string()) {
@@ -179,76 +182,133 @@ struct Job {
   virtual std::vector<Json> on_finish(const std::string& text, const std::string& reason,
                                       const RequestUsage& usage) = 0;
   virtual Json response(const std::string& reason, const RequestUsage& usage) = 0;  // non-streaming body
+  virtual Json usage_chunk(const RequestUsage& usage) = 0;  // streaming: the last chunk, no choices
   std::shared_ptr<Request> req;
-  bool stream = false, include_usage = false;
+  int index = 0;  // the choice's index (`n`)
+  bool stream = false;
 };
+
+// An answer's choices (one job each, `n` of them) and how it is written.
+struct Reply {
+  std::vector<std::shared_ptr<Job>> choices;
+  bool stream = false, include_usage = false;
+  void cancel() const {
+    for (const auto& j : choices) j->req->cancel();
+  }
+};
+
+// The choices' usage as one: the prompt once, every choice's completion.
+RequestUsage combined_usage(const std::vector<RequestUsage>& us) {
+  RequestUsage u = us.front();
+  for (size_t i = 1; i < us.size(); ++i) u.completion_tokens += us[i].completion_tokens;
+  return u;
+}
 
 Json shutdown_error() {
   return error_body(HttpError(503, "the request was cancelled: the server is shutting down", {}, "cancelled",
                               "server_error"));
 }
 
-// Pulls events until the request finishes, writing as it goes. A failed write means the
-// client is gone: the request is cancelled and frees its slot at the engine's next step.
+// Pulls events until every choice's request finishes, writing as it goes. A failed write means
+// the client is gone: the requests are cancelled and free their slots at the engine's next step;
+// a choice that fails or is cancelled ends the answer with an error (the others are cancelled).
 // Whenever nothing has been written for half a second — no events, or only events whose text
 // is held back (stop strings, partial tags) — a keep-alive (an SSE comment, or JSON-neutral
 // whitespace) goes out, which is also how a vanished client is noticed.
-bool pump(Job& job, httplib::DataSink& sink) {
+bool pump(const Reply& reply, httplib::DataSink& sink) {
   auto write = [&](const std::string& s) {
     if (sink.write(s.data(), s.size())) return true;
-    job.req->cancel();
+    reply.cancel();
     return false;
   };
   auto sse = [&](const Json& j) { return write("data: " + dump(j) + "\n\n"); };
   auto last_write = Clock::now();
-  RequestEvent ev;
   auto keep_alive = [&] {
     if (Clock::now() - last_write <= 500ms) return true;
     last_write = Clock::now();
-    return write(job.stream ? ": keep-alive\n\n" : " ");
+    return write(reply.stream ? ": keep-alive\n\n" : " ");
   };
-  while (true) {
-    if (!job.req->next(ev, 100ms)) {
-      if (!keep_alive()) return false;
-      continue;
-    }
-    if (!keep_alive()) return false;
+  const size_t n = reply.choices.size();
+  std::vector<RequestUsage> usages(n);
+  std::vector<std::string> reasons(n);
+  std::vector<bool> ended(n, false);  // its Finished event was read
+  size_t left = n;
+  // One event of choice i: false when the answer is over (written, or the client gone).
+  auto handle = [&](size_t i, const RequestEvent& ev, bool& over) {
+    Job& job = *reply.choices[i];
     if (ev.kind == RequestEvent::Kind::Token) {
-      if (!job.stream) {
+      if (!reply.stream) {
         job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr);
-        continue;
+        return true;
       }
       for (const Json& j : job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr)) {
         if (!sse(j)) return false;
         last_write = Clock::now();
       }
-      continue;
+      return true;
     }
-    const RequestUsage usage = job.req->usage();
-    const std::vector<Json> tail = job.on_finish(ev.text, ev.finish_reason, usage);
+    usages[i] = job.req->usage();
+    reasons[i] = ev.finish_reason;
+    ended[i] = true;
+    --left;
+    const std::vector<Json> tail = job.on_finish(ev.text, ev.finish_reason, usages[i]);
     if (ev.finish_reason == "error" || ev.finish_reason == "cancelled") {
+      reply.cancel();
+      over = true;
       const Json err = ev.finish_reason == "error"
                            ? error_body(HttpError(500, "generation failed: " + ev.error, {}, {}, "server_error"))
                            : shutdown_error();
-      if (!(job.stream ? sse(err) && write("data: [DONE]\n\n") : write(dump(err)))) return false;
-    } else if (job.stream) {
+      return reply.stream ? sse(err) && write("data: [DONE]\n\n") : write(dump(err));
+    }
+    if (reply.stream)
       for (const Json& j : tail)
         if (!sse(j)) return false;
-      if (!write("data: [DONE]\n\n")) return false;
-    } else if (!write(dump(job.response(ev.finish_reason, usage)))) {
-      return false;
-    }
-    sink.done();
     return true;
+  };
+  RequestEvent ev;
+  bool over = false;
+  while (left > 0 && !over) {
+    bool got = false;  // events waiting: take them all, choice by choice
+    for (size_t i = 0; i < n && !over; ++i)
+      while (!over && !ended[i] && reply.choices[i]->req->next(ev, 0ms)) {
+        got = true;
+        if (!keep_alive() || !handle(i, ev, over)) return false;
+      }
+    if (got || over) continue;
+    size_t first = 0;  // none: wait for the first choice still running
+    while (ended[first]) ++first;
+    if (!reply.choices[first]->req->next(ev, n == 1 ? 100ms : 10ms)) {
+      if (!keep_alive()) return false;
+      continue;
+    }
+    if (!keep_alive() || !handle(first, ev, over)) return false;
   }
+  if (!over) {
+    const RequestUsage total = combined_usage(usages);
+    if (reply.stream) {
+      if (reply.include_usage && !sse(reply.choices[0]->usage_chunk(total))) return false;  // OpenAI style
+      if (!write("data: [DONE]\n\n")) return false;
+    } else {
+      Json body = reply.choices[0]->response(reasons[0], usages[0]);
+      if (n > 1) {
+        body["choices"] = Json::array();
+        for (size_t i = 0; i < n; ++i)
+          body["choices"].push_back(reply.choices[i]->response(reasons[i], usages[i])["choices"][0]);
+        body["usage"] = usage_json(total);
+      }
+      if (!write(dump(body))) return false;
+    }
+  }
+  sink.done();
+  return true;
 }
 
-void respond(std::shared_ptr<Job> job, httplib::Response& res) {
+void respond(std::shared_ptr<const Reply> reply, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      job->stream ? "text/event-stream" : "application/json",
-      [job](size_t, httplib::DataSink& sink) { return pump(*job, sink); },
-      [job](bool) { job->req->cancel(); });  // no-op once finished; frees the slot if the client left
+      reply->stream ? "text/event-stream" : "application/json",
+      [reply](size_t, httplib::DataSink& sink) { return pump(*reply, sink); },
+      [reply](bool) { reply->cancel(); });  // no-op once finished; frees the slots if the client left
 }
 
 std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params) {
@@ -257,6 +317,32 @@ std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params) {
   } catch (const QueueFull& e) {
     throw HttpError(503, std::string(e.what()) + "; retry later", {}, "queue_full", "server_error");
   }
+}
+
+// The answer's `n` choices: a job from make (given the first one, or null for it) and a request
+// each, choice i drawing with seed + i. A refused submission cancels those already queued.
+template <typename J, typename Make>
+std::shared_ptr<const Reply> submit_choices(HttpServer::Api& api, const Generation& g, Make&& make) {
+  auto reply = std::make_shared<Reply>();
+  reply->stream = g.stream;
+  reply->include_usage = g.include_usage;
+  J* first = nullptr;
+  try {
+    for (int i = 0; i < g.n; ++i) {
+      std::shared_ptr<J> job = make(first);
+      job->index = i;
+      job->stream = g.stream;
+      RequestParams p = g.params;
+      p.sampling.seed += uint64_t(i);
+      job->req = submit(api, std::move(p));
+      if (!first) first = job.get();
+      reply->choices.push_back(std::move(job));
+    }
+  } catch (...) {
+    reply->cancel();
+    throw;
+  }
+  return reply;
 }
 
 // ---- /v1/chat/completions ----
@@ -272,7 +358,7 @@ struct ChatJob : Job {
   explicit ChatJob(OutputParserOptions o) : parser(std::move(o)) {}
 
   Json chunk(Json delta, Json finish_reason = nullptr, Json lp = nullptr) const {
-    Json choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
+    Json choice = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
                    {"finish_reason", std::move(finish_reason)}};
     return {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
             {"choices", Json::array({std::move(choice)})}};
@@ -319,18 +405,18 @@ struct ChatJob : Job {
     for (OutputDelta& d : parser.finish()) ds.push_back(std::move(d));
     std::vector<Json> out = deltas(ds, nullptr);
     Json last = chunk(Json::object(), finish_reason(reason));
-    last["usage"] = usage_json(usage);  // llama-server style: the last chunk always reports usage
+    last["usage"] = usage_json(usage);  // llama-server style: a choice's last chunk reports its usage
     out.push_back(std::move(last));
-    if (include_usage) {  // OpenAI style: one more chunk, no choices
-      Json u = chunk(Json::object());
-      u["choices"] = Json::array();
-      u["usage"] = usage_json(usage);
-      out.push_back(std::move(u));
-    }
     return out;
   }
+  Json usage_chunk(const RequestUsage& usage) override {
+    Json u = chunk(Json::object());
+    u["choices"] = Json::array();
+    u["usage"] = usage_json(usage);
+    return u;
+  }
   Json response(const std::string& reason, const RequestUsage& usage) override {
-    Json choice = {{"index", 0},
+    Json choice = {{"index", index},
                    {"message", to_openai_message(parser.result())},
                    {"logprobs", want_logprobs ? Json{{"content", logprobs}} : Json(nullptr)},
                    {"finish_reason", finish_reason(reason)}};
@@ -494,14 +580,16 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
   }
   g.params.constraint = std::move(constraint);
   if (!tools.is_null()) popts.tools = tools;
-  auto job = std::make_shared<ChatJob>(std::move(popts));
-  job->tok = api.ctx.tokenizer;
-  job->model = api.ctx.model_name;
-  job->stream = g.stream;
-  job->include_usage = g.include_usage;
-  job->want_logprobs = want_logprobs;
-  job->req = submit(api, std::move(g.params));
-  respond(job, res);
+  respond(submit_choices<ChatJob>(api, g,
+                                   [&](const ChatJob* first) {
+                                     auto job = std::make_shared<ChatJob>(popts);
+                                     job->tok = api.ctx.tokenizer;
+                                     job->model = api.ctx.model_name;
+                                     job->want_logprobs = want_logprobs;
+                                     if (first) job->id = first->id, job->created = first->created;
+                                     return job;
+                                   }),
+          res);
 }
 
 // ---- /v1/completions ----
@@ -516,7 +604,7 @@ struct CompletionJob : Job {
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
 
   Json chunk(const std::string& t, Json finish_reason, Json lp = nullptr) const {
-    Json choice = {{"index", 0}, {"text", t}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish_reason)}};
+    Json choice = {{"index", index}, {"text", t}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish_reason)}};
     return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
             {"choices", Json::array({std::move(choice)})}};
   }
@@ -543,6 +631,12 @@ struct CompletionJob : Job {
     Json last = chunk(t, reason);
     last["usage"] = usage_json(usage);
     return {last};
+  }
+  Json usage_chunk(const RequestUsage& usage) override {
+    Json u = chunk("", nullptr);
+    u["choices"] = Json::array();
+    u["usage"] = usage_json(usage);
+    return u;
   }
   Json response(const std::string& reason, const RequestUsage& usage) override {
     Json lp = want_logprobs ? Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}}
@@ -590,14 +684,16 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   if (!boolean(body, "ignore_eos", false))
     for (int32_t id : api.ctx.stop_ids)
       if (id != api.ctx.tokenizer->token_id("<|im_end|>")) g.params.stop_ids.push_back(id);
-  auto job = std::make_shared<CompletionJob>();
-  job->tok = api.ctx.tokenizer;
-  job->model = api.ctx.model_name;
-  job->stream = g.stream;
-  job->include_usage = g.include_usage;
-  job->want_logprobs = n_logprobs >= 0;
-  job->req = submit(api, std::move(g.params));
-  respond(job, res);
+  respond(submit_choices<CompletionJob>(api, g,
+                                         [&](const CompletionJob* first) {
+                                           auto job = std::make_shared<CompletionJob>();
+                                           job->tok = api.ctx.tokenizer;
+                                           job->model = api.ctx.model_name;
+                                           job->want_logprobs = n_logprobs >= 0;
+                                           if (first) job->id = first->id, job->created = first->created;
+                                           return job;
+                                         }),
+          res);
 }
 
 }  // namespace qwen36::server

@@ -269,7 +269,8 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   expect_error("/v1/chat/completions", "{" + msgs + R"(,"temperature":1e30})", 400, "temperature");
   expect_error("/v1/chat/completions", "{" + msgs + R"(,"top_p":-0.5})", 400, "top_p");
   expect_error("/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":50,"logprobs":true})", 400, "top_logprobs");
-  expect_error("/v1/chat/completions", "{" + msgs + R"(,"n":3})", 400, "n");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"n":17})", 400, "n");
+  expect_error("/v1/chat/completions", "{" + msgs + R"(,"n":0})", 400, "n");
   expect_error("/v1/chat/completions", "{" + msgs + R"(,"frobnicate":1})", 400, "frobnicate");
   expect_error("/v1/chat/completions", "{" + msgs + R"(,"stop":5})", 400, "stop");
   const std::string long_text(2000, 'a');
@@ -391,6 +392,59 @@ TEST_F(HttpTest, ToolChoiceForcesTheCall) {
   bad = req;
   bad["response_format"] = {{"type", "json_object"}};
   expect_400(bad, "do not combine");
+}
+
+// n > 1: choice i is the request alone with seed + i; streamed, the choices' chunks carry their
+// index, each ends with its finish_reason, and the usage chunk counts every choice.
+TEST_F(HttpTest, SeveralChoices) {
+  Served s;
+  auto c = s.client();
+  Json req = {{"messages", {{{"role", "user"}, {"content", "Pick a number"}}}}, {"chat_template_kwargs", {{"enable_thinking", false}}},
+              {"max_tokens", 6}, {"temperature", 1.0}, {"seed", 11}, {"n", 3}};
+  int status = 0;
+  Json a = post_json(c, "/v1/chat/completions", req, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  ASSERT_EQ(a["choices"].size(), 3u);
+  int tokens = 0;
+  std::vector<int> each;
+  std::vector<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    Json one = req;
+    one["n"] = 1;
+    one["seed"] = 11 + i;
+    Json b = post_json(c, "/v1/chat/completions", one, &status);
+    ASSERT_EQ(status, 200) << b.dump();
+    EXPECT_EQ(a["choices"][i]["index"], i);
+    EXPECT_EQ(a["choices"][i]["message"], b["choices"][0]["message"]) << "choice " << i;
+    tokens += b["usage"]["completion_tokens"].get<int>();
+    each.push_back(b["usage"]["completion_tokens"].get<int>());
+    texts.push_back(b["choices"][0]["message"].value("content", ""));
+  }
+  EXPECT_EQ(a["usage"]["completion_tokens"], tokens);
+  EXPECT_EQ(a["usage"]["total_tokens"], a["usage"]["prompt_tokens"].get<int>() + tokens);
+
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  req["n"] = 2;
+  const auto events = post_sse(c, "/v1/chat/completions", req);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string content[2];
+  int finished = 0;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    const Json j = Json::parse(events[i]);
+    ASSERT_EQ(j["choices"].size(), 1u) << events[i];
+    const int index = j["choices"][0]["index"];
+    ASSERT_TRUE(index == 0 || index == 1) << events[i];
+    content[index] += j["choices"][0]["delta"].value("content", "");
+    finished += !j["choices"][0]["finish_reason"].is_null();
+  }
+  EXPECT_EQ(finished, 2);
+  EXPECT_EQ(content[0], texts[0]);
+  EXPECT_EQ(content[1], texts[1]);
+  const Json usage = Json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty()) << usage.dump();
+  EXPECT_EQ(usage["usage"]["completion_tokens"], each[0] + each[1]);
 }
 
 TEST_F(HttpTest, QueueCapAnswers503) {

@@ -180,6 +180,15 @@ describe('openai client', { timeout: 120000 }, () => {
     );
   });
 
+  test('n = 3: three choices, indexed, usage over all', async () => {
+    const r = await client.chat.completions.create({ ...greedy, temperature: 1, seed: 3, n: 3, messages: hello });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    let streamed = 0;
+    for await (const ch of await client.chat.completions.create({ ...greedy, n: 2, messages: hello, stream: true }))
+      for (const c of ch.choices) streamed |= 1 << c.index;
+    assert.equal(streamed, 3);
+  });
+
   test('legacy completions', async () => {
     const r = await client.completions.create({ model: 'qwen36-default', prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
     assert.equal(r.object, 'text_completion');
@@ -193,7 +202,7 @@ describe('openai client', { timeout: 120000 }, () => {
       { temperature: 'hot' },
       { max_tokens: -5 },
       { top_p: 7 },
-      { n: 3 },
+      { n: 17 },
       { messages: [] },
       { messages: [{ role: 'wizard', content: 'x' }] },
       { stop: 5 },
