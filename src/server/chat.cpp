@@ -1,0 +1,135 @@
+// A chat request made ready for the engine (server/chat.h).
+#include "server/chat.h"
+
+#include <algorithm>
+
+namespace qwen36::server {
+
+namespace {
+
+// Messages as the chat template expects them: text parts joined, tool-call arguments as
+// objects (templates iterate over them), every field checked.
+Json template_messages(const Json& messages) {
+  if (!messages.is_array() || messages.empty())
+    throw HttpError(400, "'messages' must be a non-empty array", "messages");
+  Json out = Json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = fmt::format("messages[{}]", i);
+    Json m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw HttpError(400, where + " must be an object with a string 'role'", where);
+    const std::string role = m["role"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+      throw HttpError(400, fmt::format("{}.role '{}' is not one of system, developer, user, assistant, tool", where, role),
+                      where + ".role");
+    if (role == "developer") m["role"] = "system";
+    if (m.contains("content") && m["content"].is_array()) {
+      std::string text;
+      for (const Json& part : m["content"]) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw HttpError(400, where + ".content: only text parts are supported by this model", where + ".content");
+        text += part["text"].get<std::string>();
+      }
+      m["content"] = text;
+    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+      throw HttpError(400, where + ".content must be a string, an array of text parts or null", where + ".content");
+    } else if (!m.contains("content") || m["content"].is_null()) {
+      // OpenAI clients send null content with tool_calls; templates test it with `in`.
+      m["content"] = "";
+    }
+    if (m.contains("tool_calls")) {
+      if (!m["tool_calls"].is_array()) throw HttpError(400, where + ".tool_calls must be an array", where);
+      for (Json& call : m["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          throw HttpError(400, where + ".tool_calls entries need a 'function' object", where + ".tool_calls");
+        Json& args = call["function"]["arguments"];
+        if (args.is_string()) {
+          Json parsed = Json::parse(args.get<std::string>(), nullptr, false);
+          if (parsed.is_object()) args = std::move(parsed);
+        }
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// tool_choice "required" → every tool's name; {"type": "function", "function": {"name": N}} → N,
+// which must be one of the tools.
+std::vector<std::string> forced_tool_names(const Json& tc, const Json& tools) {
+  if (!tools.is_array() || tools.empty())
+    throw HttpError(400, "'tool_choice' \"required\" or a named function needs 'tools'", "tool_choice");
+  std::vector<std::string> names;
+  for (const Json& t : tools) {
+    const Json& f = t.contains("function") ? t["function"] : t;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+      throw HttpError(400, "every tool needs a function with a string 'name'", "tools");
+    names.push_back(f["name"]);
+  }
+  if (tc == "required") return names;
+  if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
+      !tc["function"]["name"].is_string())
+    throw HttpError(400, "'tool_choice' as an object is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    "tool_choice");
+  const std::string name = tc["function"]["name"];
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw HttpError(400, fmt::format("'tool_choice' names '{}', which is not one of the tools", name), "tool_choice");
+  return {name};
+}
+
+}  // namespace
+
+ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
+  ChatRequest out;
+  if (!api.ctx.chat_template) throw HttpError(400, "this model has no chat template; use /v1/completions", "messages");
+  const Json messages = template_messages(body.value("messages", Json()));
+  Json tools = has(body, "tools") ? body["tools"] : Json(nullptr);
+  if (!tools.is_null() && !tools.is_array()) throw HttpError(400, "'tools' must be an array", "tools");
+  std::vector<std::string> forced_tools;  // tool_choice "required" (any of them) or a named function
+  if (has(body, "tool_choice")) {
+    const Json& tc = body["tool_choice"];
+    if (tc == "none") tools = nullptr;  // the model is not told about tools, so it will not call them
+    else if (!(tc == "auto" || tc == "required" || tc.is_object()))
+      throw HttpError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
+    if (tc != "auto" && tc != "none") forced_tools = forced_tool_names(tc, tools);
+  }
+  OutputConstraint constraint = output_constraint(body);
+  if (!forced_tools.empty()) {  // the answer begins with a call of one of them, up to its name
+    if (constraint.schema)
+      throw HttpError(400, "'response_format' and a forced tool call ('tool_choice') do not combine", "tool_choice");
+    const auto prefix = api.ctx.chat_template->tool_call_name_prefix();
+    if (!prefix) throw HttpError(400, "this model's chat template writes no <tool_call> that could be forced", "tool_choice");
+    for (const std::string& name : forced_tools)
+      constraint.forced.push_back(api.ctx.tokenizer->encode("<tool_call>" + *prefix + name));
+  }
+  Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
+  if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+
+  std::string prompt;
+  try {
+    prompt = api.ctx.chat_template->render(messages, tools, true, kwargs);
+  } catch (const Error& e) {
+    throw HttpError(400, std::string("the chat template could not render these messages: ") + e.what(), "messages");
+  }
+  out.g = parse_generation(body, api, api.ctx.tokenizer->encode(prompt));
+  Generation& g = out.g;
+  const bool want_logprobs = out.want_logprobs = boolean(body, "logprobs", false);
+  const int64_t top = integer(body, "top_logprobs", 0, 20, 0);
+  if (has(body, "top_logprobs") && !want_logprobs)
+    throw HttpError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  g.params.top_logprobs = want_logprobs ? int32_t(top) : -1;
+
+  OutputParserOptions& popts = out.parser;
+  popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
+  popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
+  if ((constraint.schema || !constraint.forced.empty()) && popts.prompt_opened_thinking) {  // reasoning stays free
+    constraint.start_after = api.ctx.tokenizer->token_id("</think>");
+    if (constraint.start_after < 0)
+      throw HttpError(400, "the prompt opens <think> but the vocabulary has no </think>", "response_format");
+  }
+  g.params.constraint = std::move(constraint);
+  if (!tools.is_null()) popts.tools = tools;
+  return out;
+}
+
+}  // namespace qwen36::server

@@ -1,0 +1,164 @@
+// The request fields the OpenAI endpoints share (server/params.h).
+#include "server/params.h"
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+namespace qwen36::server {
+
+namespace {
+
+constexpr int64_t kMaxChoices = 16;  // `n`: each choice is a request of its own
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to the logits before each draw.
+std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab) {
+  if (!lb.is_object()) throw HttpError(400, "'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, v] : lb.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab)
+      throw HttpError(400, fmt::format("logit_bias: '{}' is not a token id of this model (0..{})", key, vocab - 1),
+                      "logit_bias");
+    if (!v.is_number() || !(std::abs(v.get<double>()) <= 100))
+      throw HttpError(400, fmt::format("logit_bias: the bias of token {} must be a number in [-100, 100]", id),
+                      "logit_bias");
+    out.emplace_back(int32_t(id), v.get<float>());
+  }
+  return out;
+}
+
+}  // namespace
+
+void reject_unknown(const Json& body, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : body.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) throw HttpError(400, fmt::format("Unrecognized request argument supplied: {}", key), key);
+  }
+}
+
+bool has(const Json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+double number(const Json& body, const char* key, double lo, double hi, double def) {
+  if (!has(body, key)) return def;
+  const Json& v = body[key];
+  if (!v.is_number()) throw HttpError(400, fmt::format("'{}' must be a number", key), key);
+  const double d = v.get<double>();
+  if (!(d >= lo && d <= hi))
+    throw HttpError(400, fmt::format("'{}' is {}, which is outside [{}, {}]", key, d, lo, hi), key);
+  return d;
+}
+
+int64_t integer(const Json& body, const char* key, int64_t lo, int64_t hi, int64_t def) {
+  if (!has(body, key)) return def;
+  const Json& v = body[key];
+  if (!v.is_number_integer()) throw HttpError(400, fmt::format("'{}' must be an integer", key), key);
+  const int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+  if (i < lo || i > hi) throw HttpError(400, fmt::format("'{}' is {}, which is outside [{}, {}]", key, i, lo, hi), key);
+  return i;
+}
+
+bool boolean(const Json& body, const char* key, bool def) {
+  if (!has(body, key)) return def;
+  if (!body[key].is_boolean()) throw HttpError(400, fmt::format("'{}' must be a boolean", key), key);
+  return body[key].get<bool>();
+}
+
+
+// Sampling, limits, stop and streaming fields shared by both endpoints. Defaults are OpenAI's
+// (temperature 1, no top-k / top-p / min-p filtering).
+Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt) {
+  const int64_t context = api.ctx.engine->options().context;
+  if (int64_t(prompt.size()) >= context)
+    throw HttpError(400,
+                    fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens "
+                                "(at least one must remain for the answer)",
+                                context, prompt.size()),
+                    "messages", "context_length_exceeded");
+  Generation g;
+  RequestParams& p = g.params;
+  p.prompt = std::move(prompt);
+  SamplingParams& s = p.sampling;
+  s.temperature = float(number(body, "temperature", 0, 2, 1));
+  s.top_p = float(number(body, "top_p", 1e-6, 1, 1));
+  s.top_k = int32_t(integer(body, "top_k", -1, 1 << 20, 0));
+  if (s.top_k < 0) s.top_k = 0;  // -1 means off, as in vLLM
+  s.min_p = float(number(body, "min_p", 0, 1, 0));
+  s.presence_penalty = float(number(body, "presence_penalty", -2, 2, 0));
+  s.frequency_penalty = float(number(body, "frequency_penalty", -2, 2, 0));
+  s.repetition_penalty = float(number(body, "repetition_penalty", 0.01, 10, 1));
+  s.penalty_last_n = -1;
+  s.seed = has(body, "seed") ? uint64_t(integer(body, "seed", INT64_MIN, INT64_MAX, 0)) : std::random_device{}();
+  // max_tokens counts answer tokens; absent means "until the context is full".
+  const char* max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  p.max_tokens = int32_t(integer(body, max_key, 0, 1 << 30, context));
+  g.n = int(integer(body, "n", 1, kMaxChoices, 1));
+  if (has(body, "stop")) {
+    const Json& st = body["stop"];
+    if (st.is_string()) {
+      p.stop_strings.push_back(st.get<std::string>());
+    } else if (st.is_array() && st.size() <= 16) {
+      for (const Json& x : st) {
+        if (!x.is_string()) throw HttpError(400, "'stop' must be a string or an array of strings", "stop");
+        p.stop_strings.push_back(x.get<std::string>());
+      }
+    } else {
+      throw HttpError(400, "'stop' must be a string or an array of up to 16 strings", "stop");
+    }
+    std::erase(p.stop_strings, std::string{});
+  }
+  if (!boolean(body, "ignore_eos", false)) p.stop_ids = api.ctx.stop_ids;
+  if (has(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], api.ctx.engine->model().config().vocab_size);
+  g.stream = boolean(body, "stream", false);
+  if (has(body, "stream_options")) {
+    const Json& so = body["stream_options"];
+    if (!so.is_object()) throw HttpError(400, "'stream_options' must be an object", "stream_options");
+    g.include_usage = boolean(so, "include_usage", false);
+  }
+  return g;
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:x}{:04x}", prefix, rng() & 0xffffffffffULL, counter++ & 0xffff);
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// response_format → the request's output constraint: text (none), json_object (any object;
+// llama-server's form may carry a "schema" there) or json_schema ({"name", "schema", "strict"}).
+OutputConstraint output_constraint(const Json& body) {
+  if (!has(body, "response_format")) return {};
+  const Json& rf = body["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    throw HttpError(400, "'response_format' must be an object with a string 'type'", "response_format");
+  const std::string type = rf["type"];
+  OutputConstraint c;
+  if (type == "text") return c;
+  const Json* schema = nullptr;
+  if (type == "json_object") {
+    if (rf.contains("schema")) schema = &rf["schema"];
+  } else if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
+      throw HttpError(400, "response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}",
+                      "response_format");
+    schema = &rf["json_schema"]["schema"];
+  } else {
+    throw HttpError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
+                    "response_format");
+  }
+  try {
+    c.schema = schema ? text::JsonSchema::compile(*schema) : text::JsonSchema::any_object();
+  } catch (const Error& e) {
+    throw HttpError(400, std::string("response_format: ") + e.what(), "response_format");
+  }
+  return c;
+}
+
+}  // namespace qwen36::server

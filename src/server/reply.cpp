@@ -1,0 +1,147 @@
+// Writing an answer as the engine produces it (server/reply.h).
+#include "server/reply.h"
+
+#include <chrono>
+
+namespace qwen36::server {
+
+Json usage_json(const RequestUsage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+RequestUsage combined_usage(const std::vector<RequestUsage>& us) {
+  RequestUsage u = us.front();
+  for (size_t i = 1; i < us.size(); ++i) u.completion_tokens += us[i].completion_tokens;
+  return u;
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+Json shutdown_error() {
+  return error_body(HttpError(503, "the request was cancelled: the server is shutting down", {}, "cancelled",
+                              "server_error"));
+}
+
+// Pulls events until every choice's request finishes, writing as it goes. A failed write means
+// the client is gone: the requests are cancelled and free their slots at the engine's next step;
+// a choice that fails or is cancelled ends the answer with an error (the others are cancelled).
+// Whenever nothing has been written for half a second — no events, or only events whose text
+// is held back (stop strings, partial tags) — a keep-alive (an SSE comment, or JSON-neutral
+// whitespace) goes out, which is also how a vanished client is noticed.
+bool pump(const Reply& reply, httplib::DataSink& sink) {
+  auto write = [&](const std::string& s) {
+    if (sink.write(s.data(), s.size())) return true;
+    reply.cancel();
+    return false;
+  };
+  auto sse = [&](const Json& j) {
+    const std::string event = reply.event_lines && j.contains("type") ? "event: " + j["type"].get<std::string>() + "\n" : "";
+    return write(event + "data: " + dump(j) + "\n\n");
+  };
+  auto done_marker = [&] { return reply.event_lines || write("data: [DONE]\n\n"); };
+  auto last_write = Clock::now();
+  auto keep_alive = [&] {
+    if (Clock::now() - last_write <= 500ms) return true;
+    last_write = Clock::now();
+    return write(reply.stream ? ": keep-alive\n\n" : " ");
+  };
+  const size_t n = reply.choices.size();
+  std::vector<RequestUsage> usages(n);
+  std::vector<std::string> reasons(n);
+  std::vector<bool> ended(n, false);  // its Finished event was read
+  size_t left = n;
+  // One event of choice i: false when the answer is over (written, or the client gone).
+  auto handle = [&](size_t i, const RequestEvent& ev, bool& over) {
+    Job& job = *reply.choices[i];
+    if (ev.kind == RequestEvent::Kind::Token) {
+      if (!reply.stream) {
+        job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr);
+        return true;
+      }
+      for (const Json& j : job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr)) {
+        if (!sse(j)) return false;
+        last_write = Clock::now();
+      }
+      return true;
+    }
+    usages[i] = job.req->usage();
+    reasons[i] = ev.finish_reason;
+    ended[i] = true;
+    --left;
+    const std::vector<Json> tail = job.on_finish(ev.text, ev.finish_reason, usages[i]);
+    if (ev.finish_reason == "error" || ev.finish_reason == "cancelled") {
+      reply.cancel();
+      over = true;
+      const Json err = ev.finish_reason == "error"
+                           ? error_body(HttpError(500, "generation failed: " + ev.error, {}, {}, "server_error"))
+                           : shutdown_error();
+      return reply.stream ? sse(err) && done_marker() : write(dump(err));
+    }
+    if (reply.stream)
+      for (const Json& j : tail)
+        if (!sse(j)) return false;
+    return true;
+  };
+  RequestEvent ev;
+  bool over = false;
+  while (left > 0 && !over) {
+    bool got = false;  // events waiting: take them all, choice by choice
+    for (size_t i = 0; i < n && !over; ++i)
+      while (!over && !ended[i] && reply.choices[i]->req->next(ev, 0ms)) {
+        got = true;
+        if (!keep_alive() || !handle(i, ev, over)) return false;
+      }
+    if (got || over) continue;
+    size_t first = 0;  // none: wait for the first choice still running
+    while (ended[first]) ++first;
+    if (!reply.choices[first]->req->next(ev, n == 1 ? 100ms : 10ms)) {
+      if (!keep_alive()) return false;
+      continue;
+    }
+    if (!keep_alive() || !handle(first, ev, over)) return false;
+  }
+  if (!over) {
+    const RequestUsage total = combined_usage(usages);
+    if (reply.stream) {
+      if (reply.include_usage && !sse(reply.choices[0]->usage_chunk(total))) return false;  // OpenAI style
+      if (!done_marker()) return false;
+    } else {
+      Json body = reply.choices[0]->response(reasons[0], usages[0]);
+      if (n > 1) {
+        body["choices"] = Json::array();
+        for (size_t i = 0; i < n; ++i)
+          body["choices"].push_back(reply.choices[i]->response(reasons[i], usages[i])["choices"][0]);
+        body["usage"] = usage_json(total);
+      }
+      if (!write(dump(body))) return false;
+    }
+  }
+  sink.done();
+  return true;
+}
+
+}  // namespace
+
+void respond(std::shared_ptr<const Reply> reply, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      reply->stream ? "text/event-stream" : "application/json",
+      [reply](size_t, httplib::DataSink& sink) { return pump(*reply, sink); },
+      [reply](bool) { reply->cancel(); });  // no-op once finished; frees the slots if the client left
+}
+
+std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params) {
+  try {
+    return api.ctx.engine->submit(std::move(params));
+  } catch (const QueueFull& e) {
+    throw HttpError(503, std::string(e.what()) + "; retry later", {}, "queue_full", "server_error");
+  }
+}
+
+}  // namespace qwen36::server
