@@ -1,6 +1,7 @@
 #pragma once
 // defines: HttpServer::Api (state shared by the route handlers), HttpError (an OpenAI-style
-//          error answer), the handler functions of routes.cpp / openai.cpp / metrics.cpp
+//          error answer), the handler functions of routes.cpp / openai.cpp / responses.cpp /
+//          metrics.cpp
 
 #include <httplib.h>
 
@@ -41,6 +42,8 @@ Json parse_body(const httplib::Request& req);
 // openai.cpp
 void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 void handle_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+// responses.cpp
+void handle_responses(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // metrics.cpp
 std::string render_metrics(const HttpServer::Api& api);
 // web_page.cpp

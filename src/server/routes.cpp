@@ -106,6 +106,11 @@ void completions(Api& api, const httplib::Request& req, httplib::Response& res) 
   handle_completions(api, req, res);
 }
 
+void responses(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  handle_responses(api, req, res);
+}
+
 void web_page(Api&, const httplib::Request&, httplib::Response& res) {
   res.set_content(kWebPage, "text/html; charset=utf-8");
 }
@@ -125,6 +130,7 @@ constexpr Route kRoutes[] = {
     {"GET", "/v1/models", models, true},
     {"POST", "/v1/chat/completions", chat, true},
     {"POST", "/v1/completions", completions, true},
+    {"POST", "/v1/responses", responses, true},
     {"POST", "/tokenize", tokenize, true},
     {"POST", "/detokenize", detokenize, true},
     {"GET", "/metrics", metrics, true},

@@ -107,7 +107,8 @@ Json post_json(httplib::Client& c, const std::string& path, const Json& body, in
   return Json::parse(r->body, nullptr, false);
 }
 
-// POSTs and reads an SSE stream; returns the `data:` payloads. stop_after > 0 hangs up after
+// POSTs and reads an SSE stream; returns the `data:` payloads (an `event:` line before one must
+// name its JSON's type). stop_after > 0 hangs up after
 // that many events (a client that goes away).
 std::vector<std::string> post_sse(httplib::Client& c, const std::string& path, const Json& body, int stop_after = 0) {
   std::vector<std::string> events;
@@ -120,8 +121,13 @@ std::vector<std::string> post_sse(httplib::Client& c, const std::string& path, c
   req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
     buf.append(d, n);
     for (size_t i; (i = buf.find("\n\n")) != std::string::npos;) {
-      const std::string ev = buf.substr(0, i);
+      std::string ev = buf.substr(0, i);
       buf.erase(0, i + 2);
+      if (ev.rfind("event: ", 0) == 0 && ev.find('\n') != std::string::npos) {  // a named event (/v1/responses)
+        const std::string name = ev.substr(7, ev.find('\n') - 7);
+        ev.erase(0, ev.find('\n') + 1);
+        EXPECT_NE(ev.find("\"type\":\"" + name + "\""), std::string::npos) << "event " << name << " names its type";
+      }
       if (ev.rfind("data: ", 0) == 0) events.push_back(ev.substr(6));
       else EXPECT_EQ(ev.rfind(":", 0), 0u) << "not an SSE data or comment line: " << ev;
     }
@@ -445,6 +451,40 @@ TEST_F(HttpTest, SeveralChoices) {
   const Json usage = Json::parse(events[events.size() - 2]);
   EXPECT_TRUE(usage["choices"].empty()) << usage.dump();
   EXPECT_EQ(usage["usage"]["completion_tokens"], each[0] + each[1]);
+}
+
+// /v1/responses: the response object (a message item holding the text, usage), the same text
+// from its event stream, and the fields it refuses.
+TEST_F(HttpTest, ResponsesApi) {
+  Served s;
+  auto c = s.client();
+  Json req = {{"input", Json::array({{{"role", "user"}, {"content", "Hello"}}})}, {"instructions", "Be brief."},
+              {"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 8}, {"temperature", 1.0}, {"seed", 4}};
+  int status = 0;
+  Json r = post_json(c, "/v1/responses", req, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "response");
+  EXPECT_EQ(r["status"], "incomplete") << "8 tokens of a random model: cut by max_output_tokens";
+  EXPECT_EQ(r["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(r["usage"]["output_tokens"], 8);
+  std::string text;
+  for (const Json& item : r["output"])
+    if (item["type"] == "message")
+      for (const Json& part : item["content"]) text += part["text"].get<std::string>();
+  req["stream"] = true;
+  std::string streamed, last;
+  for (const std::string& e : post_sse(c, "/v1/responses", req)) {
+    const Json j = Json::parse(e);
+    if (j["type"] == "response.output_text.delta") streamed += j["delta"].get<std::string>();
+    last = j["type"];
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(last, "response.incomplete");
+  for (const char* bad : {R"({"input": "x", "previous_response_id": "resp_1"})", R"({"input": 5})",
+                          R"({"input": [{"type": "image_generation_call"}]})", R"({"input": "x", "frobnicate": 1})"}) {
+    Json e = post_json(c, "/v1/responses", Json::parse(bad), &status);
+    EXPECT_EQ(status, 400) << bad << " → " << e.dump();
+  }
 }
 
 TEST_F(HttpTest, QueueCapAnswers503) {

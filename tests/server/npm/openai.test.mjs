@@ -189,6 +189,49 @@ describe('openai client', { timeout: 120000 }, () => {
     assert.equal(streamed, 3);
   });
 
+  test('responses API: text, its event stream, input items, tools, text.format, errors', async () => {
+    const base = { model: 'qwen36-default', max_output_tokens: 12, temperature: 1, seed: 5, reasoning: { effort: 'none' } };
+    const r = await client.responses.create({ ...base, input: 'Say hello.', instructions: 'Be brief.' });
+    assert.equal(r.object, 'response');
+    assert.match(r.id, /^resp_/);
+    assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
+    assert.ok(r.output_text.length > 0);  // the SDK joins the message items' output_text parts
+    assert.ok(r.usage.input_tokens > 0 && r.usage.output_tokens > 0 && r.usage.output_tokens <= 12);
+    assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+
+    const events = [];
+    for await (const ev of await client.responses.create({ ...base, input: 'Say hello.', instructions: 'Be brief.', stream: true }))
+      events.push(ev);
+    assert.equal(events[0].type, 'response.created');
+    assert.ok(['response.completed', 'response.incomplete'].includes(events.at(-1).type));
+    events.forEach((ev, i) => assert.equal(ev.sequence_number, i));
+    const text = events.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+    assert.equal(text, r.output_text, 'the deltas are the non-streamed answer (same seed)');
+    assert.deepEqual(events.at(-1).response.output.map((o) => o.type), r.output.map((o) => o.type));
+
+    const tools = [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } }];
+    const h = await client.responses.create({
+      ...base, tools,
+      input: [
+        { role: 'user', content: 'Weather in Paris?' },
+        { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+        { type: 'function_call_output', call_id: 'call_1', output: '{"temp_c": 21}' },
+      ],
+    });
+    assert.equal(h.object, 'response');
+    const forced = await client.responses.create({ ...base, tools, input: 'Weather?', tool_choice: { type: 'function', name: 'get_weather' }, max_output_tokens: 40 });
+    for (const o of forced.output) if (o.type === 'function_call') assert.equal(o.name, 'get_weather');
+
+    const schema = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false };
+    const j = await client.responses.create({ ...base, input: 'status', max_output_tokens: 40, text: { format: { type: 'json_schema', name: 's', schema, strict: true } } });
+    if (j.status === 'completed') assert.deepEqual(Object.keys(JSON.parse(j.output_text)), ['ok']);
+
+    await assert.rejects(client.responses.create({ ...base, input: 'x', previous_response_id: 'resp_1' }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id');
+    await assert.rejects(client.responses.create({ ...base, input: 'x', tools: [{ type: 'web_search' }] }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools');
+  });
+
   test('legacy completions', async () => {
     const r = await client.completions.create({ model: 'qwen36-default', prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
     assert.equal(r.object, 'text_completion');
