@@ -41,7 +41,7 @@ GenerateResult generate(Model& model, ModelState& state, const std::vector<int32
     req.full_logits = logits.data();
     model.forward_sample(batch, state, req);
     if (tok) return *tok;
-    if (mask) QWEN36_CHECK(mask->apply(logits) > 0, "the output constraint admits no token: no token continues the document");
+    if (mask) QWEN36_CHECK(mask->apply(logits) > 0, "the output constraint admits no token here");
     return sampler.sample_penalised(logits);
   };
 

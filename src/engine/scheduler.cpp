@@ -94,7 +94,8 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
   QWEN36_CHECK(!p.constraint.schema || opts_.vocab, "structured output needs the tokenizer's vocabulary");
   for (const auto& [t, bias] : p.logit_bias)
-    QWEN36_CHECK(t >= 0 && t < c.vocab_size && std::isfinite(bias), "logit_bias: token {} (bias {}) is not valid", t, bias);
+    QWEN36_CHECK(t >= 0 && t < c.vocab_size && std::isfinite(bias), "logit_bias: token {} (bias {}) is not valid", t,
+                 bias);
   p.sampling.validate();
 
   std::lock_guard lock(mu_);
@@ -215,8 +216,12 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
   return lp;
 }
 
+static void add_logit_bias(const RequestParams& p, std::span<float> row) {
+  for (const auto& [t, bias] : p.logit_bias) row[size_t(t)] += bias;
+}
+
 bool Scheduler::shape(Sequence& s, std::span<float> row) {
-  for (const auto& [t, bias] : s.in.params.logit_bias) row[size_t(t)] += bias;
+  add_logit_bias(s.in.params, row);
   if (!s.constraint || !s.constraint->masks() || s.constraint->apply(row) > 0) return true;
   finish(s, "error", "the output constraint admits no token here: no token of the vocabulary continues the document");
   return false;
@@ -301,7 +306,7 @@ void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns
     t.want_raw = s.in.params.top_logprobs >= 0;
     if (s.constraint || !s.in.params.logit_bias.empty())
       t.shape = [&s](std::span<const int32_t> path, std::span<float> row) {
-        for (const auto& [tok, bias] : s.in.params.logit_bias) row[size_t(tok)] += bias;
+        add_logit_bias(s.in.params, row);
         return !s.constraint || s.constraint->apply_after(path, row);
       };
     turns.push_back(t);

@@ -103,8 +103,10 @@ int64_t TokenConstraint::apply_forced(const Forced& f, std::span<float> logits) 
   if (f.done(forced_)) return int64_t(logits.size());
   std::vector<float> keep;
   std::vector<int32_t> ids;
-  for (size_t i = 0; i < forced_.size(); ++i)
-    if (f.alive[i] && std::find(ids.begin(), ids.end(), forced_[i][f.pos]) == ids.end()) ids.push_back(forced_[i][f.pos]);
+  for (size_t i = 0; i < forced_.size(); ++i) {
+    const int32_t next = f.alive[i] ? forced_[i][f.pos] : -1;
+    if (next >= 0 && std::find(ids.begin(), ids.end(), next) == ids.end()) ids.push_back(next);
+  }
   for (int32_t id : ids) keep.push_back(id >= 0 && size_t(id) < logits.size() ? logits[size_t(id)] : 0.0f);
   std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
   int64_t kept = 0;

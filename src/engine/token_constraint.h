@@ -46,7 +46,9 @@ class TokenTrie {
   struct Trie {
     std::vector<Node> nodes;
     std::vector<int32_t> token_ids;  // tokens ending at each node, node by node
-    uint32_t tokens_end(uint32_t n) const { return n + 1 < nodes.size() ? nodes[n + 1].tokens : uint32_t(token_ids.size()); }
+    uint32_t tokens_end(uint32_t n) const {
+      return n + 1 < nodes.size() ? nodes[n + 1].tokens : uint32_t(token_ids.size());
+    }
   };
   const Trie& all() const { return all_; }
   // The tokens whose every byte may stand inside a JSON string unescaped, as a bit set, and

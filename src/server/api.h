@@ -1,7 +1,7 @@
 #pragma once
 // defines: HttpServer::Api (state shared by the route handlers), HttpError (an OpenAI-style
 //          error answer), the handler functions of routes.cpp / openai.cpp / responses.cpp /
-//          metrics.cpp
+//          anthropic.cpp / metrics.cpp
 
 #include <httplib.h>
 
@@ -44,6 +44,9 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
 void handle_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // responses.cpp
 void handle_responses(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+// anthropic.cpp
+void handle_messages(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+void handle_count_tokens(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // metrics.cpp
 std::string render_metrics(const HttpServer::Api& api);
 // web_page.cpp

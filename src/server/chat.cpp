@@ -5,6 +5,20 @@
 
 namespace qwen36::server {
 
+std::string joined_text(const Json& content, std::initializer_list<const char*> part_types, const std::string& where) {
+  if (content.is_string()) return content;
+  if (!content.is_array()) throw HttpError(400, where + " must be a string or an array of text parts", where);
+  std::string text;
+  for (const Json& part : content) {
+    const std::string type = part.is_object() ? part.value("type", "") : "";
+    const bool known = std::any_of(part_types.begin(), part_types.end(), [&](const char* t) { return type == t; });
+    if (!known || !part.contains("text") || !part["text"].is_string())
+      throw HttpError(400, fmt::format("{}: parts of type '{}' are not supported by this model", where, type), where);
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
 namespace {
 
 // Messages as the chat template expects them: text parts joined, tool-call arguments as
@@ -24,13 +38,7 @@ Json template_messages(const Json& messages) {
                       where + ".role");
     if (role == "developer") m["role"] = "system";
     if (m.contains("content") && m["content"].is_array()) {
-      std::string text;
-      for (const Json& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-          throw HttpError(400, where + ".content: only text parts are supported by this model", where + ".content");
-        text += part["text"].get<std::string>();
-      }
-      m["content"] = text;
+      m["content"] = joined_text(m["content"], {"text"}, where + ".content");
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       throw HttpError(400, where + ".content must be a string, an array of text parts or null", where + ".content");
     } else if (!m.contains("content") || m["content"].is_null()) {

@@ -3,6 +3,9 @@
 //          response_format and template kwargs made into the engine's request and the output
 //          parser's options; /v1/chat/completions and /v1/responses share it)
 
+#include <initializer_list>
+#include <string>
+
 #include "server/params.h"
 #include "text/output_parser.h"
 
@@ -13,6 +16,10 @@ struct ChatRequest {
   OutputParserOptions parser;  // reasoning (the prompt may open <think>) and the tools' calls
   bool want_logprobs = false;
 };
+
+// A message's text: a string, or an array of parts {"type": one of part_types, "text": ...}
+// joined (a 400 naming `where` for any other part).
+std::string joined_text(const Json& content, std::initializer_list<const char*> part_types, const std::string& where);
 
 // body: in /v1/chat/completions form, its field names already checked by the endpoint. Every
 // bad value is a 400 naming its field.

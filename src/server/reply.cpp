@@ -41,7 +41,8 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
     return false;
   };
   auto sse = [&](const Json& j) {
-    const std::string event = reply.event_lines && j.contains("type") ? "event: " + j["type"].get<std::string>() + "\n" : "";
+    const bool named = reply.event_lines && j.contains("type");  // "event: TYPE" (Responses / Messages APIs)
+    const std::string event = named ? "event: " + j["type"].get<std::string>() + "\n" : "";
     return write(event + "data: " + dump(j) + "\n\n");
   };
   auto done_marker = [&] { return reply.event_lines || write("data: [DONE]\n\n"); };
@@ -134,6 +135,15 @@ void respond(std::shared_ptr<const Reply> reply, httplib::Response& res) {
       reply->stream ? "text/event-stream" : "application/json",
       [reply](size_t, httplib::DataSink& sink) { return pump(*reply, sink); },
       [reply](bool) { reply->cancel(); });  // no-op once finished; frees the slots if the client left
+}
+
+void respond_events(std::shared_ptr<Job> job, RequestParams params, HttpServer::Api& api, httplib::Response& res) {
+  job->req = submit(api, std::move(params));
+  auto reply = std::make_shared<Reply>();
+  reply->stream = job->stream;
+  reply->event_lines = true;
+  reply->choices.push_back(std::move(job));
+  respond(std::move(reply), res);
 }
 
 std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params) {

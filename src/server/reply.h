@@ -47,6 +47,10 @@ void respond(std::shared_ptr<const Reply> reply, httplib::Response& res);
 
 std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params);
 
+// One job's answer whose stream is named events (the Responses and Messages APIs): its request
+// submitted, then respond.
+void respond_events(std::shared_ptr<Job> job, RequestParams params, HttpServer::Api& api, httplib::Response& res);
+
 // The answer's `n` choices: a job from make (given the first one, or null for it) and a request
 // each, choice i drawing with seed + i. A refused submission cancels those already queued.
 template <typename J, typename Make>

@@ -11,20 +11,6 @@ namespace qwen36::server {
 
 namespace {
 
-// A message's content: a string, or text parts (input_text / output_text).
-std::string text_content(const Json& content, const std::string& where) {
-  if (content.is_string()) return content;
-  if (!content.is_array()) throw HttpError(400, where + " must be a string or an array of text parts", where);
-  std::string text;
-  for (const Json& part : content) {
-    const std::string type = part.is_object() ? part.value("type", "") : "";
-    if ((type != "input_text" && type != "output_text") || !part.contains("text") || !part["text"].is_string())
-      throw HttpError(400, where + ": only input_text / output_text parts are supported by this model", where);
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 // instructions + input → chat messages.
 Json chat_messages(const Json& body) {
   Json messages = Json::array();
@@ -46,7 +32,9 @@ Json chat_messages(const Json& body) {
     const std::string type = item.value("type", "message");
     if (type == "message") {
       if (!item.contains("role") || !item["role"].is_string()) throw HttpError(400, where + " needs a 'role'", where);
-      messages.push_back({{"role", item["role"]}, {"content", text_content(item.value("content", Json("")), where + ".content")}});
+      const Json& content = item.value("content", Json(""));
+      messages.push_back(
+          {{"role", item["role"]}, {"content", joined_text(content, {"input_text", "output_text"}, where + ".content")}});
     } else if (type == "function_call") {
       if (!item.contains("call_id") || !item.contains("name") || !item.contains("arguments"))
         throw HttpError(400, where + ": a function_call needs call_id, name and arguments", where);
@@ -61,7 +49,7 @@ Json chat_messages(const Json& body) {
         throw HttpError(400, where + ": a function_call_output needs call_id and output", where);
       messages.push_back({{"role", "tool"},
                           {"tool_call_id", item["call_id"]},
-                          {"content", text_content(item["output"], where + ".output")}});
+                          {"content", joined_text(item["output"], {"input_text", "output_text"}, where + ".output")}});
     } else if (type != "reasoning") {  // earlier reasoning: Qwen templates drop it from past turns
       throw HttpError(400, fmt::format("{}: input items of type '{}' are not supported", where, type), where);
     }
@@ -268,12 +256,7 @@ void handle_responses(HttpServer::Api& api, const httplib::Request& req, httplib
   auto job = std::make_shared<ResponsesJob>(body, c.parser);
   job->model = api.ctx.model_name;
   job->stream = c.g.stream;
-  job->req = submit(api, c.g.params);
-  auto reply = std::make_shared<Reply>();
-  reply->stream = c.g.stream;
-  reply->event_lines = true;
-  reply->choices.push_back(std::move(job));
-  respond(std::move(reply), res);
+  respond_events(std::move(job), c.g.params, api, res);
 }
 
 }  // namespace qwen36::server

@@ -96,19 +96,11 @@ void metrics(Api& api, const httplib::Request&, httplib::Response& res) {
   res.set_content(render_metrics(api), "text/plain; version=0.0.4");
 }
 
-void chat(Api& api, const httplib::Request& req, httplib::Response& res) {
+// A generating endpoint (openai.cpp, responses.cpp, anthropic.cpp): answers once the model is loaded.
+template <Handler H>
+void when_ready(Api& api, const httplib::Request& req, httplib::Response& res) {
   require_ready(api);
-  handle_chat_completions(api, req, res);
-}
-
-void completions(Api& api, const httplib::Request& req, httplib::Response& res) {
-  require_ready(api);
-  handle_completions(api, req, res);
-}
-
-void responses(Api& api, const httplib::Request& req, httplib::Response& res) {
-  require_ready(api);
-  handle_responses(api, req, res);
+  H(api, req, res);
 }
 
 void web_page(Api&, const httplib::Request&, httplib::Response& res) {
@@ -128,21 +120,27 @@ constexpr Route kRoutes[] = {
     {"GET", "/health", health, false},
     {"GET", "/v1/health", health, false},
     {"GET", "/v1/models", models, true},
-    {"POST", "/v1/chat/completions", chat, true},
-    {"POST", "/v1/completions", completions, true},
-    {"POST", "/v1/responses", responses, true},
+    {"POST", "/v1/chat/completions", when_ready<handle_chat_completions>, true},
+    {"POST", "/v1/completions", when_ready<handle_completions>, true},
+    {"POST", "/v1/responses", when_ready<handle_responses>, true},
+    {"POST", "/v1/messages", when_ready<handle_messages>, true},  // Anthropic's Messages API
+    {"POST", "/v1/messages/count_tokens", when_ready<handle_count_tokens>, true},
     {"POST", "/tokenize", tokenize, true},
     {"POST", "/detokenize", detokenize, true},
     {"GET", "/metrics", metrics, true},
 };
 
-bool key_ok(const Api& api, const httplib::Request& req) {
-  if (api.config.api_key.empty()) return true;
-  const std::string want = "Bearer " + api.config.api_key;
-  const std::string got = req.get_header_value("Authorization");
+bool same_secret(const std::string& got, const std::string& want) {
   unsigned diff = unsigned(got.size() ^ want.size());  // compare without an early exit
   for (size_t i = 0; i < got.size(); ++i) diff |= unsigned(got[i] ^ want[i % want.size()]);
   return diff == 0;
+}
+
+// "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY" (Anthropic clients).
+bool key_ok(const Api& api, const httplib::Request& req) {
+  if (api.config.api_key.empty()) return true;
+  return same_secret(req.get_header_value("Authorization"), "Bearer " + api.config.api_key) ||
+         same_secret(req.get_header_value("x-api-key"), api.config.api_key);
 }
 
 // Runs a handler; any exception becomes an error body (4xx for the client's mistakes).

@@ -12,6 +12,7 @@ command -v node >/dev/null 2>&1 || skip "node is not installed (Debian nodejs)"
 major="$(node -p 'process.versions.node.split(".")[0]')"
 [ "$major" -ge 18 ] || skip "node $major is too old (needs >= 18 for node --test and fetch)"
 [ -f "$here/node_modules/openai/package.json" ] || skip "npm packages missing: npm ci --prefix tests/server/npm (scripts/setup.sh)"
+[ -f "$here/node_modules/@anthropic-ai/sdk/package.json" ] || skip "npm packages missing (@anthropic-ai/sdk): npm ci --prefix tests/server/npm (scripts/setup.sh)"
 tok="${QWEN36_TOKENIZER:-$here/../../../.models/qwen3-tokenizer}"
 [ -f "$tok/tokenizer.json" ] || skip "no Qwen3 tokenizer at $tok (scripts/fetch-tokenizer.sh)"
 if [ "$need" = chromium ]; then

@@ -1,0 +1,73 @@
+// The official Anthropic SDK (@anthropic-ai/sdk) against `qwen36 serve`'s /v1/messages (tiny
+// random model, loopback): a message and its usage, the same message streamed, tool_use /
+// tool_result turns, a forced tool, count_tokens, errors (400 / 401 as the SDK's errors).
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import Anthropic from '@anthropic-ai/sdk';
+import { startServer } from './serve.mjs';
+
+const KEY = 'sk-qwen36-test';
+let server;
+let client;
+
+before(async () => {
+  server = await startServer({ apiKey: KEY, args: ['--parallel', '2', '-c', '1024'] });
+  client = new Anthropic({ apiKey: KEY, baseURL: server.url, timeout: 30000, maxRetries: 0 });
+});
+after(async () => {
+  if (server) await server.stop();
+});
+
+const base = { model: 'qwen36-default', max_tokens: 12, temperature: 0 };
+const tools = [{ name: 'get_weather', description: 'Weather of a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }];
+const ask = [{ role: 'user', content: 'Weather in Paris?' }];
+
+describe('anthropic client', { timeout: 120000 }, () => {
+  test('message: shape and usage', async () => {
+    const m = await client.messages.create({ ...base, system: 'Be brief.', messages: ask });
+    assert.equal(m.type, 'message');
+    assert.equal(m.role, 'assistant');
+    assert.match(m.id, /^msg_/);
+    assert.ok(['end_turn', 'max_tokens'].includes(m.stop_reason), m.stop_reason);
+    assert.ok(m.usage.input_tokens > 0 && m.usage.output_tokens > 0 && m.usage.output_tokens <= 12);
+    const counted = await client.messages.countTokens({ model: base.model, system: 'Be brief.', messages: ask });
+    assert.equal(counted.input_tokens, m.usage.input_tokens);
+  });
+
+  test('a forced tool, streamed and not: the same content', async () => {
+    const req = { ...base, tools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: ask };
+    const m = await client.messages.create(req);
+    assert.ok(m.content.length > 0);
+    const text = m.content.map((b) => (b.type === 'text' ? b.text : b.type === 'tool_use' ? b.name : '')).join('');
+    assert.match(text, /get_weather/, 'the answer begins with a call of the named tool');
+    const stream = client.messages.stream(req);
+    const types = [];
+    stream.on('streamEvent', (e) => types.push(e.type));
+    const final = await stream.finalMessage();
+    assert.deepEqual(final.content, m.content);
+    assert.equal(final.stop_reason, m.stop_reason);
+    assert.equal(types[0], 'message_start');
+    assert.equal(types.at(-1), 'message_stop');
+  });
+
+  test('tool_use and tool_result turns render and run', async () => {
+    const m = await client.messages.create({
+      ...base, tools,
+      messages: [
+        ...ask,
+        { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '21 C' }, { type: 'text', text: 'And?' }] },
+      ],
+    });
+    assert.equal(m.type, 'message');
+  });
+
+  test('errors: 400 and 401 as the SDK raises them', async () => {
+    await assert.rejects(client.messages.create({ ...base, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }] }] }),
+      (e) => e instanceof Anthropic.BadRequestError && e.status === 400);
+    await assert.rejects(client.messages.create({ ...base, tool_choice: { type: 'sometimes' }, messages: ask }),
+      (e) => e instanceof Anthropic.BadRequestError);
+    const wrong = new Anthropic({ apiKey: 'sk-wrong', baseURL: server.url, timeout: 10000, maxRetries: 0 });
+    await assert.rejects(wrong.messages.create({ ...base, messages: ask }), (e) => e instanceof Anthropic.AuthenticationError);
+  });
+});
