@@ -129,8 +129,6 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
 std::shared_ptr<const text::JsonSchema> run_schema(const RunOptions& o) {
   if (!o.json && o.json_schema.empty() && o.json_schema_file.empty()) return nullptr;
   QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema constrain text: give the prompt as text (-p or -f)");
-  QWEN36_CHECK(o.spec == "none" && o.speculative_config.empty(),
-               "--json / --json-schema do not combine with --spec in `run` (`qwen36 serve` combines them)");
   if (o.json) return text::JsonSchema::any_object();
   std::string src = o.json_schema;
   if (!o.json_schema_file.empty()) {

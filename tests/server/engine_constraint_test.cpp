@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "../unit/spec/spec_test_util.h"
 #include "engine_test_util.h"
 
 namespace qwen36 {
@@ -23,17 +24,6 @@ namespace {
 using test::run_until_done;
 using Json = nlohmann::ordered_json;
 using namespace std::chrono_literals;
-
-// Token bytes: JSON pieces, then single printable bytes; no whitespace (a random model under
-// a mask could spend its tokens on it); the last id is the stop token (no bytes).
-std::vector<std::string> piece_vocab(int32_t n) {
-  std::vector<std::string> v = {"{",     "}",  "[",  "]",   ",",     ":",     "\"",  "{\"", "\":", "\",",
-                                "\"}",   ",\"", "true", "false", "null", "ok",  "n",   "tag", "\"a\"", "\"b\"",
-                                "12",    "-",  ".",  "e",   "\\",    "\\n",   "x",   "0",   "7",   "\"ok\":"};
-  for (int c = 0x21; int32_t(v.size()) < n - 1; c = c == 0x7e ? 0x21 : c + 1) v.push_back(std::string(1, char(c)));
-  v.push_back("");
-  return v;
-}
 
 constexpr char kDenseMtp[] = "dense-mtp";
 
@@ -49,7 +39,7 @@ class EngineConstraintTest : public test::GoldenModelSuite<kDenseMtp> {
     o.max_batch_tokens = 64;
     o.spec.method = m;
     o.spec.draft_n = 3;
-    auto bytes = std::make_shared<std::vector<std::string>>(piece_vocab(vocab()));
+    auto bytes = std::make_shared<std::vector<std::string>>(test::json_piece_vocab(vocab()));
     o.token_text = [bytes](int32_t t) { return (*bytes)[size_t(t)]; };
     o.vocab = std::make_shared<const TokenTrie>(*bytes);
     return o;

@@ -23,6 +23,13 @@ std::vector<int32_t> TreeWalk::tokens(const DraftTree& tree) const {
   return t;
 }
 
+std::vector<int32_t> DraftTree::path_tokens(int32_t n) const {
+  std::vector<int32_t> out;
+  for (int32_t a = n; a > 0; a = parent[size_t(a)]) out.push_back(token[size_t(a)]);
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 bool DraftTree::on_path(int32_t a, int32_t n) const {
   for (int32_t i = n; i >= 0; i = parent[size_t(i)])
     if (i == a) return true;

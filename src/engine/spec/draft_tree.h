@@ -39,6 +39,8 @@ struct DraftTree {
   int32_t max_depth() const;  // the deepest node's depth (the round's drafted positions)
   // Node a is node n or one of its ancestors: n's row of the verification mask.
   bool on_path(int32_t a, int32_t n) const;
+  // The tokens of n's path below the root (the drafts a verify row of node n follows).
+  std::vector<int32_t> path_tokens(int32_t n) const;
 };
 
 // The tree of the `budget` most probable drafts below `root_token`. positions[d] is the

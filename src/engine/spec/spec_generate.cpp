@@ -125,11 +125,18 @@ struct Live {
   bool emit(int32_t tok) {
     const GenerateOptions& o = in->opts;
     if (std::find(o.stop_ids.begin(), o.stop_ids.end(), tok) != o.stop_ids.end()) return finish("eos");
+    QWEN36_CHECK(!o.constraint || o.constraint->accept(tok), "token {} breaks the output constraint", tok);
     res.gen.tokens.push_back(tok);
     history.push_back(tok);
     if (in->on_token && !in->on_token(tok)) return finish("cancelled");
+    if (o.constraint && o.constraint->finished()) return finish("document");
     if (int32_t(res.gen.tokens.size()) >= o.max_tokens) return finish("length");
     return true;
+  }
+  // Masks the verify row that follows `path` (drafts not emitted yet) with the sequence's
+  // output constraint; false when the path itself breaks it (the row is never read).
+  bool shape(std::span<const int32_t> path, std::span<float> row) const {
+    return !in->opts.constraint || in->opts.constraint->apply_after(path, row);
   }
   bool finish(const char* why) {
     res.gen.stop_reason = why;
@@ -216,6 +223,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       l.done = true;
       continue;
     }
+    if (TokenConstraint* m = s.opts.constraint; m && m->masks())
+      QWEN36_CHECK(m->apply(logits) > 0, "the output constraint admits no token here");
     if (!l.emit(draw(l.sampler.distribution(logits, l.history), l.rng))) continue;
     if (want_hidden && s.draft) {
       std::vector<int32_t> next(s.prompt.begin() + 1, s.prompt.end());
@@ -307,7 +316,7 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     // a few candidates per row to the host instead of every row's logits); a row whose
     // candidates do not decide comes back whole (full_logits) and is decided here.
     const bool device_greedy = !tree_drafter && F == 0 && std::all_of(active.begin(), active.end(), [](const Live* l) {
-      return l->in->opts.sampling.temperature == 0.0f && !l->sampler.has_penalties();
+      return l->in->opts.sampling.temperature == 0.0f && !l->sampler.has_penalties() && !l->in->opts.constraint;
     });
     greedy_rows.assign(device_greedy ? batch.tokens.size() : 0, -1);
     if (device_greedy) {
@@ -340,6 +349,9 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     auto finish_tree_round = [&](Live& l, const SeqRun& run) {
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
+      if (l.in->opts.constraint)
+        for (int32_t n = 0; n < l.tree.size(); ++n)
+          l.shape(l.tree.path_tokens(n), std::span(logits).subspan(size_t(run.begin + n) * V, V));
       const TreeWalk w = verify_tree(std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V),
                                      int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
       const int32_t accepted = int32_t(w.accepted.size());
@@ -365,6 +377,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       const int32_t m = int32_t(drafts.size());
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
+      if (l.in->opts.constraint)  // row j follows drafts 0..j-1; past a refused draft no row is read
+        for (int32_t j = 0; j <= m; ++j)
+          if (!l.shape(std::span(drafts).first(size_t(j)), std::span(logits).subspan(size_t(run.begin + j) * V, V)))
+            break;
       const SpecVerdict v =
           device_greedy ? verify_greedy(std::span(greedy_rows).subspan(size_t(run.begin), size_t(m + 1)), drafts, accept)
                         : verify_round(std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V), int64_t(V),

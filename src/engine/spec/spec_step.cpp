@@ -260,13 +260,7 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
 
 // Each node's row shaped for the state after its path (the tokens below the root down to it).
 void SpecStepper::shape_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V) {
-  std::vector<int32_t> path;
-  for (int32_t n = 0; n < tree.size(); ++n) {
-    path.clear();
-    for (int32_t a = n; a > 0; a = tree.parent[size_t(a)]) path.push_back(tree.token[size_t(a)]);
-    std::reverse(path.begin(), path.end());
-    t.shape(path, rows.subspan(size_t(n) * V, V));
-  }
+  for (int32_t n = 0; n < tree.size(); ++n) t.shape(tree.path_tokens(n), rows.subspan(size_t(n) * V, V));
 }
 
 // A tree round: the walk of the verified tree picks a path (verify_tree); its tokens and the

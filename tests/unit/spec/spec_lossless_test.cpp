@@ -97,6 +97,36 @@ TEST_P(Lossless, BatchOneMtpAndNgramEqualPlainGreedy) {
   }
 }
 
+// Structured output (a JSON object) with MTP and n-gram drafts equals constrained generate():
+// each verify row is masked for the drafts before it, so a refused draft is just rejected.
+TEST_P(Lossless, ConstrainedMtpAndNgramEqualConstrainedGreedy) {
+  const int32_t V = int32_t(model_->config().vocab_size);
+  auto trie = std::make_shared<const TokenTrie>(test::json_piece_vocab(V));
+  OutputConstraint oc;
+  oc.schema = text::JsonSchema::any_object();
+  const auto ps = prompts(V);
+  for (size_t i = 0; i < 3; ++i) {
+    GenerateOptions g = greedy_opts(kMax);
+    g.stop_ids = {V - 1};
+    TokenConstraint ref_c(trie, oc, g.stop_ids);
+    g.constraint = &ref_c;
+    ModelState st(*backend_, model_->config(), 1, kCtx, false);
+    const GenerateResult ref = generate(*model_, st, ps[i], g);
+    ASSERT_FALSE(ref.tokens.empty());
+    for (SpecMethod method : {SpecMethod::Mtp, SpecMethod::Ngram}) {
+      TokenConstraint c(trie, oc, g.stop_ids);
+      g.constraint = &c;
+      ModelState ss(*backend_, model_->config(), 2, kCtx, true);
+      SpecOptions spec;
+      spec.method = method;
+      spec.draft_n = 3;
+      const SpecResult r = spec_generate(*model_, ss, ps[i], g, spec, {}, /*slot=*/1);
+      EXPECT_EQ(r.gen.tokens, ref.tokens) << spec_method_name(method) << " prompt " << i;
+      EXPECT_EQ(r.gen.stop_reason, ref.stop_reason) << spec_method_name(method) << " prompt " << i;
+    }
+  }
+}
+
 // Drafts the known greedy continuation but corrupts one draft every other round, so long
 // accepted runs, full acceptance with a bonus token and rejections at every depth all occur.
 class OracleDrafter final : public Drafter {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -26,6 +27,18 @@ inline std::unique_ptr<Model> random_model(Backend& backend, int64_t vocab, uint
   if (intermediate > 0) c.intermediate_size = intermediate;
   c.validate();
   return std::make_unique<Model>(make_random_weights(c, DType::F32, seed, /*with_mtp=*/true), backend);
+}
+
+// Token bytes for a model of n ids under structured output: JSON pieces, then single printable
+// bytes; no whitespace (a random model under a mask could spend its tokens on it); the last id
+// is a stop token (no bytes).
+inline std::vector<std::string> json_piece_vocab(int32_t n) {
+  std::vector<std::string> v = {"{",     "}",  "[",  "]",   ",",     ":",     "\"",  "{\"", "\":", "\",",
+                                "\"}",   ",\"", "true", "false", "null", "ok",  "n",   "tag", "\"a\"", "\"b\"",
+                                "12",    "-",  ".",  "e",   "\\",    "\\n",   "x",   "0",   "7",   "\"ok\":"};
+  for (int c = 0x21; int32_t(v.size()) < n - 1; c = c == 0x7e ? 0x21 : c + 1) v.push_back(std::string(1, char(c)));
+  v.push_back("");
+  return v;
 }
 
 // Pearson's statistic of observed counts against expected probabilities; cells expected
