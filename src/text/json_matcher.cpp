@@ -22,7 +22,8 @@ bool is_hex(uint8_t c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) 
 //   kObject  state: object state; x: object spec; y: next declared property that may appear
 //            (n after an extra key); z: node of the value after the current key
 //   kArray   state: array state; x: array spec; y | z << 16: items so far
-//   kString  state: escape state; x: kValueString or kExtraKey (then closing it ends a key)
+//   kString  state: escape state; x: kValueString or kExtraKey (then closing it ends a key);
+//            y: the value's StringSpec (0: any length), z: characters so far (counted under a spec)
 //   kKey     key matched against declared names: state: escape state (tracked only while the
 //            key may also be an extra key); x: bytes matched; [y, z): candidates still alive
 //   kNumber  state: number state; x: bytes so far; y: 1 if integer
@@ -155,7 +156,7 @@ bool JsonMatcher::finished() const {
 
 bool JsonMatcher::in_free_string() const {
   const Frame& f = frames_[depth_ - 1];
-  return f.kind == kStringFrame && f.state == kPlain;
+  return f.kind == kStringFrame && f.state == kPlain && (f.x != kValueString || f.y == 0);  // counted: not free
 }
 
 size_t JsonMatcher::hash() const {
@@ -282,8 +283,14 @@ bool JsonMatcher::container_byte(Frame& f, uint8_t c, uint8_t ws_run) {
 bool JsonMatcher::string_byte(Frame& f, uint8_t c) {
   const int esc = string_next(f.state, c);
   if (esc == kReject) return false;
+  const StringSpec& limit = schema_->strings_[f.x == kValueString ? f.y : 0];
+  if (esc == kClose && f.z < limit.min_length) return false;
   if (esc != kClose) {
+    // A character starts at a byte outside an escape that is no UTF-8 continuation byte.
+    const bool starts = f.y != 0 && f.x == kValueString && f.state == kPlain && (c & 0xC0) != 0x80;
+    if (starts && f.z >= limit.max_length) return false;
     f.state = uint8_t(esc);
+    f.z = uint16_t(f.z + starts);
     return true;
   }
   --depth_;
@@ -339,7 +346,7 @@ bool JsonMatcher::start_value(uint16_t node, uint8_t c) {
   const Target t = schema_->nodes_[node].by_kind[kind];
   switch (t.parse) {
     case Parse::None: return false;
-    case Parse::String: return push({kStringFrame, kPlain, kValueString, 0, 0});
+    case Parse::String: return push({kStringFrame, kPlain, kValueString, t.ref, 0});
     case Parse::Number:
     case Parse::Integer: {
       const uint8_t state = c == '-' ? kMinus : c == '0' ? kZero : kInt;

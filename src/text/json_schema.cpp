@@ -34,7 +34,8 @@ bool is_annotation(std::string_view k) {
 
 bool is_keyword(std::string_view k) {
   return is_annotation(k) || k == "type" || k == "properties" || k == "required" ||
-         k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "enum" ||
+         k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "minLength" ||
+         k == "maxLength" || k == "enum" ||
          k == "const" || k == "anyOf" || k == "oneOf" || k == "$ref" || k == "$defs" || k == "definitions";
 }
 
@@ -233,7 +234,7 @@ struct JsonSchema::Compiler {
     const unsigned types = type_bits(s, path);
     if (s.contains("enum") || s.contains("const")) return enum_node(s, types, path);
     Node n;
-    if (types & kTString) n.by_kind[kString] = {Parse::String, 0};
+    if (types & kTString) n.by_kind[kString] = {Parse::String, string_spec(s, path)};
     if (types & (kTNumber | kTInteger)) n.by_kind[kNumber] = {types & kTNumber ? Parse::Number : Parse::Integer, 0};
     if (types & kTBoolean) n.by_kind[kTrue] = n.by_kind[kFalse] = {Parse::Enum, kLiterals};
     if (types & kTNull) n.by_kind[kNull] = {Parse::Enum, kLiterals};
@@ -366,6 +367,17 @@ struct JsonSchema::Compiler {
     out.objects_[spec] = std::move(o);
   }
 
+  // minLength / maxLength (characters): a spec of the table, 0 (the unbounded one) without them.
+  uint16_t string_spec(const Json& s, const std::string& path) {
+    if (!s.contains("minLength") && !s.contains("maxLength")) return 0;
+    const uint32_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", kMaxStringLength, path);
+    QWEN36_CHECK(lo <= hi, "{}: 'minLength' is above 'maxLength'", path);
+    QWEN36_CHECK(lo <= kMaxStringLength, "{}: 'minLength' above {} is not supported", path, kMaxStringLength);
+    QWEN36_CHECK(out.strings_.size() < kNone, "schema: too large (more than {} string limits)", kNone);
+    out.strings_.push_back({uint16_t(lo), uint16_t(std::min<uint32_t>(hi, kMaxStringLength))});
+    return uint16_t(out.strings_.size() - 1);
+  }
+
   static uint32_t count(const Json& s, const char* keyword, uint32_t absent, const std::string& path) {
     const Json* v = find(s, keyword);
     if (!v) return absent;
@@ -391,6 +403,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, Whites
   s->whitespace_ = ws;
   s->candidates_ = {"false", "null", "true"};  // slice kLiterals
   s->candidate_prop_ = {0, 0, 0};
+  s->strings_ = {{0, kMaxStringLength}};  // spec 0: any length, not counted
   s->slices_ = {{0, 3}};
   try {
     s->root_ = Compiler{*s, schema, {}, {}, kNone}.compile_root();

@@ -8,7 +8,8 @@
 // cheap to copy, hash and compare; all schema data lives in the shared, immutable JsonSchema.
 //
 // Supported keywords: type (a name or an array of names), properties, required,
-// additionalProperties (bool or schema), items (a schema), minItems, maxItems, enum, const,
+// additionalProperties (bool or schema), items (a schema), minItems, maxItems, minLength,
+// maxLength (characters: UTF-8 sequences, an escape counting one), enum, const,
 // anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are
 // one kind, number wins), $ref (local JSON pointers: #/$defs/NAME, #/definitions/NAME, #, ...;
 // recursion allowed), $defs / definitions. Annotations are ignored: title, description, default,
@@ -74,6 +75,10 @@ struct ArraySpec {
   uint16_t items;
   uint32_t min_items, max_items;
 };
+struct StringSpec {  // minLength / maxLength, in characters (UTF-8 sequences; an escape is one)
+  uint16_t min_length, max_length;
+};
+constexpr uint16_t kMaxStringLength = 0xFFFE;  // a longer maxLength counts as unbounded there
 
 // The kind of value a byte starts, or -1.
 inline int kind_of(uint8_t c) {
@@ -111,6 +116,7 @@ class JsonSchema {
   std::vector<json_detail::Slice> slices_;  // slice 0: the literals false, null, true
   std::vector<json_detail::ObjectSpec> objects_;
   std::vector<json_detail::ArraySpec> arrays_;
+  std::vector<json_detail::StringSpec> strings_;  // [0]: unbounded
   uint16_t root_ = 0;
   Whitespace whitespace_ = Whitespace::Limited;
 };

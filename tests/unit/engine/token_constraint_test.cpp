@@ -102,6 +102,8 @@ TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
   check_document(person, R"({"name": "x\"\\", "age": 12, "tags": ["ab", "a"], "ok": false})", 3);
   check_document(person, R"({"name":"","age":-0})", 4);
   check_document(JsonSchema::compile(Json::parse(R"({"enum": [1, 10, "a", "ab", null]})")), "10", 5);
+  check_document(JsonSchema::compile(Json::parse(R"({"type": "array", "items": {"type": "string", "maxLength": 2}})")),
+                 R"(["ab", "", "\n"])", 6);
 }
 
 TEST(TokenConstraintTest, StopOnlyWhenWholeAndFinishedAfterTheLastByte) {

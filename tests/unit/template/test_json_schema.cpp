@@ -344,6 +344,29 @@ TEST(JsonSchema, WhitespaceCap) {
   EXPECT_TRUE(m.finished());
 }
 
+// minLength / maxLength count characters (a UTF-8 sequence or an escape is one); such a string
+// is not "free" (every character changes the state), an unbounded one is.
+TEST(JsonSchema, StringLength) {
+  const Schema s = compile(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_TRUE(accepts(s, "\"ab\""));
+  EXPECT_TRUE(accepts(s, "\"abc\""));
+  EXPECT_TRUE(accepts(s, "\"\xc3\xa9\\u00e9\"")) << "two characters in five bytes";
+  EXPECT_TRUE(accepts(s, "\"\\n\\t\\\"\""));
+  EXPECT_EQ(refused_at(s, "\"a\""), 2u) << "one character: too short to close";
+  EXPECT_EQ(refused_at(s, "\"abcd\""), 4u) << "a fourth character";
+  JsonMatcher m(s);
+  ASSERT_TRUE(m.feed(std::string_view("\"a")));
+  EXPECT_FALSE(m.in_free_string());
+  JsonMatcher free(compile(R"({"type": "string"})"));
+  ASSERT_TRUE(free.feed(std::string_view("\"a")));
+  EXPECT_TRUE(free.in_free_string());
+  const Schema obj = compile(R"({"properties": {"id": {"type": "string", "maxLength": 1}}, "required": ["id"]})");
+  EXPECT_TRUE(accepts(obj, R"({"id": "x"})"));
+  EXPECT_EQ(refused_at(obj, R"({"id": "xy"})"), 9u);
+  EXPECT_NE(error_of(R"({"type": "string", "minLength": 3, "maxLength": 2})").find("minLength"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "string", "minLength": -1})").find("minLength"), std::string::npos);
+}
+
 // The default whitespace: one space, or a newline and up to kMaxIndent spaces / tabs.
 TEST(JsonSchema, LimitedWhitespace) {
   const Schema limited = JsonSchema::any_value();
