@@ -43,8 +43,7 @@ struct Scheduler::Sequence {
       : in(std::move(p)), sampler(in.params.sampling), text(in.params.stop_strings), slot(slot_),
         tokens(in.params.prompt), n_prompt(int32_t(tokens.size())), n_fed(reused), prefill_start(reused),
         n_cached(reused) {
-    if (in.params.constraint.schema || !in.params.constraint.forced.empty())
-      constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
+    if (!in.params.constraint.empty()) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
   }
   bool prefilling() const { return n_fed < n_prompt; }
   // Whether this step's row must come to the host whole, for logit_bias or the constraint's mask.

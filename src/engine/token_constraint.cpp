@@ -22,7 +22,7 @@ bool bit(const std::vector<uint64_t>& mask, int64_t id) { return (mask[size_t(id
 
 }  // namespace
 
-TokenTrie::TokenTrie(std::span<const std::string> bytes) : bytes_(bytes.begin(), bytes.end()) {
+TokenTrie::TokenTrie(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
   plain_.assign((bytes_.size() + 63) / 64, 0);
   std::vector<int32_t> all, breakers;
   for (size_t id = 0; id < bytes_.size(); ++id) {
@@ -79,6 +79,7 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const TokenTrie> trie, const Ou
       matcher_(c.schema ? c.schema : text::JsonSchema::any_value()),
       forced_(c.forced) {
   QWEN36_CHECK(!c.schema != forced_.empty(), "an output constraint is a schema or a forced beginning");
+  // A forced beginning alone leaves matcher_ on any_value, never fed.
   forced_state_.alive.assign(forced_.size(), true);
   if (!forced_.empty()) return;
   QWEN36_CHECK(trie_ != nullptr, "structured output needs the tokenizer's vocabulary");
@@ -101,18 +102,15 @@ bool TokenConstraint::Forced::take(const std::vector<std::vector<int32_t>>& alts
 
 int64_t TokenConstraint::apply_forced(const Forced& f, std::span<float> logits) const {
   if (f.done(forced_)) return int64_t(logits.size());
-  std::vector<float> keep;
-  std::vector<int32_t> ids;
+  std::vector<std::pair<int32_t, float>> next;  // each alive alternative's next token, with its logit
   for (size_t i = 0; i < forced_.size(); ++i) {
-    const int32_t next = f.alive[i] ? forced_[i][f.pos] : -1;
-    if (next >= 0 && std::find(ids.begin(), ids.end(), next) == ids.end()) ids.push_back(next);
+    const int32_t t = f.alive[i] ? forced_[i][f.pos] : -1;
+    const bool seen = std::any_of(next.begin(), next.end(), [&](const auto& e) { return e.first == t; });
+    if (t >= 0 && size_t(t) < logits.size() && !seen) next.emplace_back(t, logits[size_t(t)]);
   }
-  for (int32_t id : ids) keep.push_back(id >= 0 && size_t(id) < logits.size() ? logits[size_t(id)] : 0.0f);
   std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
-  int64_t kept = 0;
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] >= 0 && size_t(ids[i]) < logits.size()) logits[size_t(ids[i])] = keep[i], ++kept;
-  return kept;
+  for (const auto& [t, v] : next) logits[size_t(t)] = v;
+  return int64_t(next.size());
 }
 
 bool TokenConstraint::feed(text::JsonMatcher& m, int32_t token) const {

@@ -31,7 +31,7 @@ class TokenTrie {
  public:
   // bytes[id]: token id's bytes; an empty entry (control and added tokens, ids past the
   // tokenizer's vocabulary) is never admitted by a constraint.
-  explicit TokenTrie(std::span<const std::string> bytes);
+  explicit TokenTrie(std::vector<std::string> bytes);
   int32_t vocab() const { return int32_t(bytes_.size()); }
   const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
 
@@ -74,6 +74,7 @@ struct OutputConstraint {
   // The constrained text starts after this token (a reasoning model's `</think>`); −1: at the
   // first generated token.
   int32_t start_after = -1;
+  bool empty() const { return !schema && forced.empty(); }
 };
 
 class TokenConstraint {

@@ -66,9 +66,7 @@ Json chat_body(const Json& body) {
     for (const Json& t : body["tools"]) {
       if (!t.is_object() || !t.contains("input_schema") || (t.contains("type") && t["type"] != "custom"))
         throw HttpError(400, "only client tools with an input_schema are supported by this server", "tools");
-      Json f = {{"name", t.value("name", Json())}, {"parameters", t["input_schema"]}};
-      if (t.contains("description")) f["description"] = t["description"];
-      chat["tools"].push_back({{"type", "function"}, {"function", std::move(f)}});
+      chat["tools"].push_back(chat_tool(t, "input_schema"));
     }
   }
   if (has(body, "tool_choice")) {
@@ -76,8 +74,7 @@ Json chat_body(const Json& body) {
     const std::string type = tc.is_object() ? tc.value("type", "") : "";
     if (type == "auto" || type == "none") chat["tool_choice"] = type;
     else if (type == "any") chat["tool_choice"] = "required";
-    else if (type == "tool")
-      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc.value("name", Json())}}}};
+    else if (type == "tool") chat["tool_choice"] = chat_named_choice(tc.value("name", Json()));
     else throw HttpError(400, "'tool_choice' must be {\"type\": auto | any | tool | none}", "tool_choice");
   }
   const Json thinking = has(body, "thinking") ? body["thinking"] : Json::object();

@@ -19,6 +19,14 @@ std::string joined_text(const Json& content, std::initializer_list<const char*> 
   return text;
 }
 
+Json chat_tool(const Json& flat, const char* parameters_key) {
+  Json f = {{"name", flat.value("name", Json())}, {"parameters", flat.value(parameters_key, Json::object())}};
+  if (flat.contains("description")) f["description"] = flat["description"];
+  return {{"type", "function"}, {"function", std::move(f)}};
+}
+
+Json chat_named_choice(const Json& name) { return {{"type", "function"}, {"function", {{"name", name}}}}; }
+
 namespace {
 
 // Messages as the chat template expects them: text parts joined, tool-call arguments as
@@ -130,7 +138,7 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   OutputParserOptions& popts = out.parser;
   popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
   popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
-  if ((constraint.schema || !constraint.forced.empty()) && popts.prompt_opened_thinking) {  // reasoning stays free
+  if (!constraint.empty() && popts.prompt_opened_thinking) {  // reasoning stays free
     constraint.start_after = api.ctx.tokenizer->token_id("</think>");
     if (constraint.start_after < 0)
       throw HttpError(400, "the prompt opens <think> but the vocabulary has no </think>", "response_format");

@@ -21,6 +21,12 @@ struct ChatRequest {
 // joined (a 400 naming `where` for any other part).
 std::string joined_text(const Json& content, std::initializer_list<const char*> part_types, const std::string& where);
 
+// The chat form of a tool given flat, as the Responses and Messages APIs give it: its name,
+// description (if any) and the parameters schema found under `parameters_key`.
+Json chat_tool(const Json& flat, const char* parameters_key);
+// tool_choice naming one function, in the chat form.
+Json chat_named_choice(const Json& name);
+
 // body: in /v1/chat/completions form, its field names already checked by the endpoint. Every
 // bad value is a 400 naming its field.
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body);

@@ -1,6 +1,7 @@
 // Writing an answer as the engine produces it (server/reply.h).
 #include "server/reply.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace qwen36::server {
@@ -56,7 +57,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
   std::vector<RequestUsage> usages(n);
   std::vector<std::string> reasons(n);
   std::vector<bool> ended(n, false);  // its Finished event was read
-  size_t left = n;
+  auto first_running = [&] { return size_t(std::find(ended.begin(), ended.end(), false) - ended.begin()); };
   // One event of choice i: false when the answer is over (written, or the client gone).
   auto handle = [&](size_t i, const RequestEvent& ev, bool& over) {
     Job& job = *reply.choices[i];
@@ -74,7 +75,6 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
     usages[i] = job.req->usage();
     reasons[i] = ev.finish_reason;
     ended[i] = true;
-    --left;
     const std::vector<Json> tail = job.on_finish(ev.text, ev.finish_reason, usages[i]);
     if (ev.finish_reason == "error" || ev.finish_reason == "cancelled") {
       reply.cancel();
@@ -91,7 +91,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
   };
   RequestEvent ev;
   bool over = false;
-  while (left > 0 && !over) {
+  while (!over && first_running() < n) {
     bool got = false;  // events waiting: take them all, choice by choice
     for (size_t i = 0; i < n && !over; ++i)
       while (!over && !ended[i] && reply.choices[i]->req->next(ev, 0ms)) {
@@ -99,8 +99,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
         if (!keep_alive() || !handle(i, ev, over)) return false;
       }
     if (got || over) continue;
-    size_t first = 0;  // none: wait for the first choice still running
-    while (ended[first]) ++first;
+    const size_t first = first_running();  // none: wait for it
     if (!reply.choices[first]->req->next(ev, n == 1 ? 100ms : 10ms)) {
       if (!keep_alive()) return false;
       continue;
@@ -114,10 +113,10 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
       if (!done_marker()) return false;
     } else {
       Json body = reply.choices[0]->response(reasons[0], usages[0]);
-      if (n > 1) {
-        body["choices"] = Json::array();
-        for (size_t i = 0; i < n; ++i)
-          body["choices"].push_back(reply.choices[i]->response(reasons[i], usages[i])["choices"][0]);
+      if (n > 1) {  // choice 0's body with every choice and the usage over all
+        Json choices = Json::array({body["choices"][0]});
+        for (size_t i = 1; i < n; ++i) choices.push_back(reply.choices[i]->response(reasons[i], usages[i])["choices"][0]);
+        body["choices"] = std::move(choices);
         body["usage"] = usage_json(total);
       }
       if (!write(dump(body))) return false;

@@ -70,16 +70,13 @@ Json chat_body(const Json& body) {
     for (const Json& t : body["tools"]) {
       if (!t.is_object() || t.value("type", "") != "function")
         throw HttpError(400, "only function tools are supported by this server", "tools");
-      Json f = {{"name", t.value("name", Json())}, {"parameters", t.value("parameters", Json::object())}};
-      if (t.contains("description")) f["description"] = t["description"];
-      chat["tools"].push_back({{"type", "function"}, {"function", std::move(f)}});
+      chat["tools"].push_back(chat_tool(t, "parameters"));
     }
   }
   if (has(body, "tool_choice")) {
     const Json& tc = body["tool_choice"];
-    chat["tool_choice"] = tc.is_object() && tc.value("type", "") == "function"
-                              ? Json{{"type", "function"}, {"function", {{"name", tc.value("name", Json())}}}}
-                              : tc;
+    const bool named = tc.is_object() && tc.value("type", "") == "function";
+    chat["tool_choice"] = named ? chat_named_choice(tc.value("name", Json())) : tc;
   }
   if (has(body, "text") && body["text"].is_object() && body["text"].contains("format")) {
     const Json& f = body["text"]["format"];

@@ -133,10 +133,11 @@ struct Live {
     if (int32_t(res.gen.tokens.size()) >= o.max_tokens) return finish("length");
     return true;
   }
-  // Masks the verify row that follows `path` (drafts not emitted yet) with the sequence's
-  // output constraint; false when the path itself breaks it (the row is never read).
-  bool shape(std::span<const int32_t> path, std::span<float> row) const {
-    return !in->opts.constraint || in->opts.constraint->apply_after(path, row);
+  // The sequence's output constraint on verify rows (none: null).
+  RowShaper shaper() const {
+    TokenConstraint* c = in->opts.constraint;
+    if (!c) return {};
+    return [c](std::span<const int32_t> path, std::span<float> row) { return c->apply_after(path, row); };
   }
   bool finish(const char* why) {
     res.gen.stop_reason = why;
@@ -349,11 +350,9 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     auto finish_tree_round = [&](Live& l, const SeqRun& run) {
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
-      if (l.in->opts.constraint)
-        for (int32_t n = 0; n < l.tree.size(); ++n)
-          l.shape(l.tree.path_tokens(n), std::span(logits).subspan(size_t(run.begin + n) * V, V));
-      const TreeWalk w = verify_tree(std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V),
-                                     int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
+      const std::span<float> rows = std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V);
+      if (const RowShaper shape = l.shaper()) shape_tree_rows(shape, l.tree, rows, int64_t(V));
+      const TreeWalk w = verify_tree(rows, int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
       const int32_t accepted = int32_t(w.accepted.size());
       l.res.metrics.add_round(l.tree.max_depth(), accepted);
       const std::vector<int32_t> nodes = w.path(), out = w.tokens(l.tree);
@@ -377,15 +376,12 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       const int32_t m = int32_t(drafts.size());
       std::function<bool(int32_t)> accept;
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
-      if (l.in->opts.constraint)  // row j follows drafts 0..j-1; past a refused draft no row is read
-        for (int32_t j = 0; j <= m; ++j)
-          if (!l.shape(std::span(drafts).first(size_t(j)), std::span(logits).subspan(size_t(run.begin + j) * V, V)))
-            break;
+      const std::span<float> rows = std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V);
+      if (const RowShaper shape = l.shaper()) shape_chain_rows(shape, drafts, rows, int64_t(V));
       const SpecVerdict v =
           device_greedy ? verify_greedy(std::span(greedy_rows).subspan(size_t(run.begin), size_t(m + 1)), drafts, accept)
-                        : verify_round(std::span(logits).subspan(size_t(run.begin) * V, size_t(m + 1) * V), int64_t(V),
-                                       l.draft, l.sampler, l.rng, l.history, l.in->opts.sampling.temperature == 0.0f,
-                                       accept);
+                        : verify_round(rows, int64_t(V), l.draft, l.sampler, l.rng, l.history,
+                                       l.in->opts.sampling.temperature == 0.0f, accept);
       const int32_t accepted = v.accepted, next = v.next;
       l.res.metrics.add_round(m, accepted);
       l.k = next_draft_n(spec, l.k, m, accepted);

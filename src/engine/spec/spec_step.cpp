@@ -223,9 +223,7 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(m + 1) * V);
   std::vector<float> raw;
   if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_round edits the rows
-  if (t.shape)  // row j follows drafts 0..j-1; past a refused draft no row is read
-    for (int32_t j = 0; j <= m; ++j)
-      if (!t.shape(std::span(d.tokens).first(size_t(j)), rows.subspan(size_t(j) * V, V))) break;
+  if (t.shape) shape_chain_rows(t.shape, d.tokens, rows, int64_t(V));
   const SpecVerdict v =
       verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f);
   t.history = {};  // emission below grows the sequence's tokens
@@ -258,9 +256,15 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   return keep;
 }
 
-// Each node's row shaped for the state after its path (the tokens below the root down to it).
-void SpecStepper::shape_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V) {
-  for (int32_t n = 0; n < tree.size(); ++n) t.shape(tree.path_tokens(n), rows.subspan(size_t(n) * V, V));
+void shape_chain_rows(const RowShaper& shape, std::span<const int32_t> drafts, std::span<float> rows, int64_t vocab) {
+  const size_t V = size_t(vocab);
+  for (size_t j = 0; j <= drafts.size(); ++j)
+    if (!shape(drafts.first(j), rows.subspan(j * V, V))) break;
+}
+
+void shape_tree_rows(const RowShaper& shape, const DraftTree& tree, std::span<float> rows, int64_t vocab) {
+  const size_t V = size_t(vocab);
+  for (int32_t n = 0; n < tree.size(); ++n) shape(tree.path_tokens(n), rows.subspan(size_t(n) * V, V));
 }
 
 // A tree round: the walk of the verified tree picks a path (verify_tree); its tokens and the
@@ -274,7 +278,7 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
   const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
   std::vector<float> raw;
   if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
-  if (t.shape) shape_tree(t, tree, rows, V);
+  if (t.shape) shape_tree_rows(t.shape, tree, rows, int64_t(V));
   const TreeWalk w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
   t.history = {};  // emission below grows the sequence's tokens
   const int32_t accepted = int32_t(w.accepted.size());

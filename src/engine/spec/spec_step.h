@@ -67,6 +67,15 @@ TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree
                      std::mt19937_64& rng, std::span<const int32_t> history,
                      const std::function<bool(int32_t)>& accept = {});
 
+// Shapes the verify row that follows `path` (the round's drafts before it) with a request's
+// logit_bias and output constraint; false when the path itself breaks the constraint (that row
+// is never read: verification rejects the draft before it).
+using RowShaper = std::function<bool(std::span<const int32_t> path, std::span<float> row)>;
+// A chain's rows ([m + 1, vocab]): row j follows drafts 0..j-1; stops at the first refused path.
+void shape_chain_rows(const RowShaper& shape, std::span<const int32_t> drafts, std::span<float> rows, int64_t vocab);
+// A tree's rows ([tree.size(), vocab]): node n's row follows its path below the root.
+void shape_tree_rows(const RowShaper& shape, const DraftTree& tree, std::span<float> rows, int64_t vocab);
+
 // A tree round's commit: `nodes` are the kept path, the root first (SpecCommit::path).
 SpecCommit tree_commit(int32_t slot, int32_t pos0, std::span<const int32_t> nodes);
 // Those nodes' rows of a verify run's per-row outputs (`width` floats a row; the run's token 0 at
@@ -100,10 +109,7 @@ struct SpecTurn {
   std::span<const int32_t> history;     // tokens so far, back() pending; valid until emission
   int32_t room = 0;                     // draft_room() of the sequence
   bool want_raw = false;                // the emit callback wants each row's raw logits (logprobs)
-  // The request's logit_bias and output constraint (structured output): shapes the row that
-  // follows `path` (the round's drafts before it); false when the path itself breaks the
-  // constraint (the row is never read).
-  std::function<bool(std::span<const int32_t> path, std::span<float> row)> shape;
+  RowShaper shape;                      // the request's logit_bias / output constraint, or none
   int32_t begin = -1, out_row = -1;     // set by add_run: its first batch row, its first output row
 };
 
@@ -158,7 +164,6 @@ class SpecStepper {
   ModelState& state_;
   SpecOptions opts_;
   int32_t finish_tree_round(SpecTurn& t, std::span<float> logits, const EmitFn& emit, std::span<const float> captured);
-  static void shape_tree(const SpecTurn& t, const DraftTree& tree, std::span<float> rows, size_t V);
 
   std::unique_ptr<Drafter> drafter_;
   DFlashDrafter* tree_drafter_ = nullptr;  // tree rounds (opts.tree_budget > 0): drafter_, for its top-K

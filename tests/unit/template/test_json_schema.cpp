@@ -534,6 +534,23 @@ bool parses(const std::string& doc) {
   }
 }
 
+// doc with one random byte replaced at `at`, fed to a matcher of s: `stop` is the first byte it
+// refused (the size if none), `whole` whether it accepted all of it as a complete value.
+struct Mutation {
+  std::string bad;
+  size_t at = 0, stop = 0;
+  bool whole = false;
+};
+Mutation mutate(const Schema& s, const std::string& doc, std::mt19937& rng) {
+  Mutation m{doc};
+  m.at = rng() % m.bad.size();
+  m.bad[m.at] = char(rng() % 128);
+  JsonMatcher matcher(s);
+  m.stop = first_refused(matcher, m.bad);
+  m.whole = m.stop == m.bad.size() && matcher.complete();
+  return m;
+}
+
 TEST(JsonSchema, RandomMutationsAgreeWithParser) {
   const Schema any = JsonSchema::any_value(Whitespace::Any);
   std::mt19937 rng(1234);
@@ -542,16 +559,11 @@ TEST(JsonSchema, RandomMutationsAgreeWithParser) {
     const Json value = random_json(rng, 4);
     const std::string doc = value.dump(rng() % 3 == 0 ? -1 : int(rng() % 3));
     ASSERT_TRUE(accepts(any, doc)) << doc;
-    std::string bad = doc;
-    const size_t at = rng() % bad.size();
-    bad[at] = char(rng() % 128);
-    JsonMatcher m(any);
-    const size_t stop = first_refused(m, bad);
-    EXPECT_GE(stop, at) << bad;  // the unchanged prefix stays acceptable
-    const bool matcher_ok = stop == bad.size() && m.complete();
-    const bool parser_ok = parses(bad) && !is_ws(bad.back());  // no whitespace after the value
-    EXPECT_EQ(matcher_ok, parser_ok) << bad;
-    (matcher_ok ? accepted : refused)++;
+    const Mutation m = mutate(any, doc, rng);
+    EXPECT_GE(m.stop, m.at) << m.bad;  // the unchanged prefix stays acceptable
+    const bool parser_ok = parses(m.bad) && !is_ws(m.bad.back());  // no whitespace after the value
+    EXPECT_EQ(m.whole, parser_ok) << m.bad;
+    (m.whole ? accepted : refused)++;
   }
   EXPECT_GT(refused, 100);
   EXPECT_GT(accepted, 100);
@@ -586,14 +598,10 @@ TEST(JsonSchema, RandomPersonMutations) {
     for (int n = 1 + int(rng() % 3); n > 0; --n) p["tags"].push_back(std::vector<std::string>{"x", "y", "xy"}[rng() % 3]);
     const std::string doc = p.dump(rng() % 2 ? -1 : 1);
     ASSERT_TRUE(accepts(s, doc)) << doc;
-    std::string bad = doc;
-    const size_t at = rng() % bad.size();
-    bad[at] = char(rng() % 128);
-    JsonMatcher m(s);
-    const size_t stop = first_refused(m, bad);
-    EXPECT_GE(stop, at) << bad;
-    if (stop == bad.size() && m.complete()) {
-      EXPECT_TRUE(Json::accept(bad) && valid_person(Json::parse(bad))) << bad;
+    const Mutation m = mutate(s, doc, rng);
+    EXPECT_GE(m.stop, m.at) << m.bad;
+    if (m.whole) {
+      EXPECT_TRUE(Json::accept(m.bad) && valid_person(Json::parse(m.bad))) << m.bad;
     }
   }
 }
