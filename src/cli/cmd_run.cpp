@@ -46,7 +46,8 @@ struct RunOptions {
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   bool json = false;               // structured output: any JSON object
   std::string json_schema, json_schema_file;
-  std::shared_ptr<const text::JsonSchema> schema;  // compiled from the three above
+  std::string regex;                               // structured output: the answer matches it in full
+  std::shared_ptr<const text::JsonSchema> schema;  // compiled from the four above
   SamplingParams sampling;
   CacheTypes cache;
   TpCliOptions tp;
@@ -125,11 +126,12 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   return r.gen;
 }
 
-// --json / --json-schema / --json-schema-file, compiled (null: none).
+// --json / --json-schema / --json-schema-file / --regex, compiled (null: none).
 std::shared_ptr<const text::JsonSchema> run_schema(const RunOptions& o) {
-  if (!o.json && o.json_schema.empty() && o.json_schema_file.empty()) return nullptr;
-  QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema constrain text: give the prompt as text (-p or -f)");
+  if (!o.json && o.json_schema.empty() && o.json_schema_file.empty() && o.regex.empty()) return nullptr;
+  QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema / --regex constrain text: give the prompt as text (-p or -f)");
   if (o.json) return text::JsonSchema::any_object();
+  if (!o.regex.empty()) return with_context("--regex", [&] { return text::JsonSchema::text_matching(o.regex); });
   std::string src = o.json_schema;
   if (!o.json_schema_file.empty()) {
     std::ifstream in(o.json_schema_file, std::ios::binary);
@@ -277,8 +279,12 @@ void register_run(CLI::App& app) {
                              "Structured output: the answer follows this JSON schema (inline JSON; keys in the schema's "
                              "order, as OpenAI strict mode)");
   auto* jsf = cmd->add_option("--json-schema-file", o->json_schema_file, "The same, read from a file");
-  json->excludes(js)->excludes(jsf);
-  js->excludes(jsf);
+  auto* re = cmd->add_option("--regex", o->regex,
+                             "Structured output: the answer is text this regular expression matches in full "
+                             "(ECMAScript / Python subset; e.g. '(yes|no)' or '\\d{3}-\\d{4}')");
+  json->excludes(js)->excludes(jsf)->excludes(re);
+  js->excludes(jsf)->excludes(re);
+  jsf->excludes(re);
   auto* spec = cmd->add_option("--spec", o->spec,
                                "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup), dflash "
                                "(block drafter, --draft-model) or none")

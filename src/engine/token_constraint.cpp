@@ -121,10 +121,13 @@ bool TokenConstraint::is_stop(int32_t token) const {
   return std::find(stops_.begin(), stops_.end(), token) != stops_.end();
 }
 
-void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask) {
-  stack_[0] = from;
+void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask, uint32_t first,
+                           uint32_t last) {
   const std::vector<TokenTrie::Node>& nodes = t.nodes;
-  for (uint32_t n = 1; n < nodes.size();) {
+  last = std::min<uint32_t>(last, uint32_t(nodes.size()));
+  if (first >= last) return;
+  stack_[nodes[first].depth - 1u] = from;
+  for (uint32_t n = first; n < last;) {
     const TokenTrie::Node& node = nodes[n];
     text::JsonMatcher& m = stack_[node.depth];
     m = stack_[node.depth - 1];
@@ -132,6 +135,33 @@ void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& fr
       n = node.end;
       continue;
     }
+    for (uint32_t i = node.tokens, e = t.tokens_end(n); i < e; ++i) set_bit(mask, t.token_ids[i]);
+    ++n;
+  }
+}
+
+void TokenConstraint::walk_automaton(const TokenTrie::Trie& t, const text::JsonMatcher& from,
+                                     const text::JsonMatcher::Automaton& a, Mask& mask) {
+  const std::vector<TokenTrie::Node>& nodes = t.nodes;
+  dfa_stack_.resize(stack_.size());
+  dfa_stack_[0] = a.state;
+  for (uint32_t n = 1; n < nodes.size();) {
+    const TokenTrie::Node& node = nodes[n];
+    const uint16_t parent = dfa_stack_[node.depth - 1];
+    if (a.json_string && (node.byte == '"' || node.byte == '\\' || node.byte < 0x20)) {
+      // The byte ends the string or starts an escape: the matcher walks this subtree.
+      text::JsonMatcher m = from;
+      m.set_automaton_state(parent);
+      walk(t, m, mask, n, node.end);
+      n = node.end;
+      continue;
+    }
+    const uint16_t s = a.dfa->next(parent, node.byte);
+    if (s == text::ByteDfa::kDead) {
+      n = node.end;
+      continue;
+    }
+    dfa_stack_[node.depth] = s;
     for (uint32_t i = node.tokens, e = t.tokens_end(n); i < e; ++i) set_bit(mask, t.token_ids[i]);
     ++n;
   }
@@ -148,7 +178,8 @@ const TokenConstraint::Mask& TokenConstraint::mask_of(const text::JsonMatcher& m
     walk(trie_->string_breakers(), m, mask);
   } else {
     mask.assign((size_t(trie_->vocab()) + 63) / 64, 0);
-    walk(trie_->all(), m, mask);
+    if (const text::JsonMatcher::Automaton a = m.automaton(); a.dfa) walk_automaton(trie_->all(), m, a, mask);
+    else walk(trie_->all(), m, mask);
   }
   if (m.complete())
     for (int32_t s : stops_)

@@ -104,7 +104,13 @@ class TokenConstraint {
  private:
   using Mask = std::vector<uint64_t>;
   const Mask& mask_of(const text::JsonMatcher& m);
-  void walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask);
+  // Sets the bits of the tokens in t's subtrees [first, last) (preorder nodes, siblings under one
+  // parent) that `from` accepts.
+  void walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask, uint32_t first = 1,
+            uint32_t last = UINT32_MAX);
+  // The same where `from` only steps an automaton: its state per trie depth, no matcher copies.
+  void walk_automaton(const TokenTrie::Trie& t, const text::JsonMatcher& from, const text::JsonMatcher::Automaton& a,
+                      Mask& mask);
   int64_t apply_mask(const Mask& mask, std::span<float> logits) const;
   bool is_stop(int32_t token) const;
   bool feed(text::JsonMatcher& m, int32_t token) const;  // a token of no bytes is refused
@@ -129,6 +135,7 @@ class TokenConstraint {
   std::vector<std::vector<int32_t>> forced_;
   Forced forced_state_;
   std::vector<text::JsonMatcher> stack_;  // the walk's states by depth
+  std::vector<uint16_t> dfa_stack_;       // walk_automaton's
   // Masks by matcher state, least recently used last; at most kCached of them.
   static constexpr size_t kCached = 64;
   std::list<std::pair<text::JsonMatcher, Mask>> lru_;

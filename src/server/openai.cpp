@@ -119,7 +119,7 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                         "reasoning_effort", "logprobs", "top_logprobs", "stop", "seed", "max_tokens",
                         "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options", "user",
-                        "response_format", "ignore_eos", "metadata", "store", "logit_bias"});
+                        "response_format", "ignore_eos", "metadata", "store", "logit_bias"}, kStructuredOutputFields);
   const ChatRequest c = prepare_chat(api, body);
   respond(submit_choices<ChatJob>(api, c.g,
                                    [&](const ChatJob* first) {
@@ -195,7 +195,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   reject_unknown(body, {"model", "prompt", "logprobs", "stop", "seed", "max_tokens", "temperature", "top_p", "top_k",
                         "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream",
                         "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format",
-                        "logit_bias"});
+                        "logit_bias"}, kStructuredOutputFields);
   if (boolean(body, "echo", false)) throw HttpError(400, "'echo' is not supported", "echo");
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)

@@ -4,7 +4,10 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
+
+#include "text/regex.h"
 
 namespace qwen36::server {
 
@@ -32,10 +35,11 @@ std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab)
 
 }  // namespace
 
-void reject_unknown(const Json& body, std::initializer_list<const char*> known) {
+void reject_unknown(const Json& body, std::initializer_list<const char*> known, std::span<const char* const> also) {
   for (const auto& [key, value] : body.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
+    for (const char* k : also) ok = ok || key == k;
     if (!ok) throw HttpError(400, fmt::format("Unrecognized request argument supplied: {}", key), key);
   }
 }
@@ -131,33 +135,115 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// response_format → the request's output constraint: text (none), json_object (any object;
-// llama-server's form may carry a "schema" there) or json_schema ({"name", "schema", "strict"}).
-OutputConstraint output_constraint(const Json& body) {
-  if (!has(body, "response_format")) return {};
-  const Json& rf = body["response_format"];
+namespace {
+
+using text::JsonSchema;
+
+std::shared_ptr<const JsonSchema> compiled(const char* field, const std::function<std::shared_ptr<const JsonSchema>()>& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    throw HttpError(400, fmt::format("{}: {}", field, e.what()), field);
+  }
+}
+
+// A schema given as an object, or as its JSON text (SGLang, vLLM's guided_json).
+std::shared_ptr<const JsonSchema> schema_field(const Json& v, const char* field) {
+  return compiled(field, [&] {
+    if (!v.is_string()) return JsonSchema::compile(v);
+    Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded()) fail("the schema text is not valid JSON");
+    return JsonSchema::compile(parsed);
+  });
+}
+
+std::shared_ptr<const JsonSchema> regex_field(const Json& v, const char* field) {
+  if (!v.is_string()) throw HttpError(400, fmt::format("'{}' must be a string (a regular expression)", field), field);
+  return compiled(field, [&] { return JsonSchema::text_matching(v.get<std::string>()); });
+}
+
+// One of the listed strings, exactly (vLLM's choice).
+std::shared_ptr<const JsonSchema> choice_field(const Json& v, const char* field) {
+  if (!v.is_array() || v.empty())
+    throw HttpError(400, fmt::format("'{}' must be a non-empty array of strings", field), field);
+  std::string alternatives;
+  for (const Json& c : v) {
+    if (!c.is_string()) throw HttpError(400, fmt::format("'{}' must be a non-empty array of strings", field), field);
+    alternatives += (alternatives.empty() ? "(?:" : "|") + text::regex_escape(c.get<std::string>());
+  }
+  return compiled(field, [&] { return JsonSchema::text_matching(alternatives + ")"); });
+}
+
+[[noreturn]] void grammar_unsupported(const char* field) {
+  throw HttpError(400,
+                  fmt::format("'{}': grammars (GBNF / EBNF / structural tags) are not supported; constrain the output "
+                              "with a JSON schema, a regex or a choice instead",
+                              field),
+                  field);
+}
+
+std::shared_ptr<const JsonSchema> response_format(const Json& rf) {
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
     throw HttpError(400, "'response_format' must be an object with a string 'type'", "response_format");
   const std::string type = rf["type"];
-  OutputConstraint c;
-  if (type == "text") return c;
-  const Json* schema = nullptr;
-  if (type == "json_object") {
-    if (rf.contains("schema")) schema = &rf["schema"];
-  } else if (type == "json_schema") {
+  if (type == "text") return nullptr;
+  if (type == "json_object")
+    return rf.contains("schema") ? schema_field(rf["schema"], "response_format") : JsonSchema::any_object();
+  if (type == "json_schema") {
     if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
       throw HttpError(400, "response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}",
                       "response_format");
-    schema = &rf["json_schema"]["schema"];
-  } else {
-    throw HttpError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
-                    "response_format");
+    return schema_field(rf["json_schema"]["schema"], "response_format");
   }
-  try {
-    c.schema = schema ? text::JsonSchema::compile(*schema) : text::JsonSchema::any_object();
-  } catch (const Error& e) {
-    throw HttpError(400, std::string("response_format: ") + e.what(), "response_format");
+  throw HttpError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
+                  "response_format");
+}
+
+// vLLM's structured_outputs: {"json" | "regex" | "choice" | "json_object": ...}, one of them.
+std::shared_ptr<const JsonSchema> structured_outputs(const Json& so) {
+  if (!so.is_object()) throw HttpError(400, "'structured_outputs' must be an object", "structured_outputs");
+  std::shared_ptr<const JsonSchema> out;
+  int given = 0;
+  for (const auto& [key, v] : so.items()) {
+    if (v.is_null() || key == "disable_any_whitespace" || key == "disable_additional_properties" ||
+        key == "whitespace_pattern")
+      continue;
+    ++given;
+    if (key == "json") out = schema_field(v, "structured_outputs.json");
+    else if (key == "regex") out = regex_field(v, "structured_outputs.regex");
+    else if (key == "choice") out = choice_field(v, "structured_outputs.choice");
+    else if (key == "json_object") out = v == true ? JsonSchema::any_object() : nullptr;
+    else if (key == "grammar" || key == "structural_tag") grammar_unsupported("structured_outputs.grammar");
+    else throw HttpError(400, fmt::format("structured_outputs: unknown field '{}'", key), "structured_outputs");
   }
+  if (given > 1)
+    throw HttpError(400, "structured_outputs: give one of json, regex, choice, json_object", "structured_outputs");
+  return out;
+}
+
+}  // namespace
+
+OutputConstraint output_constraint(const Json& body) {
+  static constexpr const char* kFields[] = {"response_format", "structured_outputs", "guided_json", "guided_regex",
+                                            "guided_choice",   "regex",              "json_schema", "guided_grammar",
+                                            "grammar",         "ebnf"};
+  const char* field = nullptr;
+  for (const char* f : kFields) {
+    if (!has(body, f) || (std::string_view(f) == "response_format" && body[f].value("type", "") == "text")) continue;
+    if (field)
+      throw HttpError(400, fmt::format("'{}' and '{}' both constrain the output: give one", field, f), f);
+    field = f;
+  }
+  OutputConstraint c;
+  if (!field) return c;
+  const std::string_view f = field;
+  const Json& v = body[field];
+  if (f == "response_format") c.schema = response_format(v);
+  else if (f == "structured_outputs") c.schema = structured_outputs(v);
+  else if (f == "guided_json" || f == "json_schema") c.schema = schema_field(v, field);
+  else if (f == "guided_regex" || f == "regex") c.schema = regex_field(v, field);
+  else if (f == "guided_choice") c.schema = choice_field(v, field);
+  else grammar_unsupported(field);
   return c;
 }
 

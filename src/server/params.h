@@ -2,10 +2,11 @@
 // defines: the request fields the OpenAI endpoints share, each bad value a 400 naming it:
 //          reject_unknown, has, number, integer, boolean, Generation / parse_generation
 //          (sampling, limits, stop, logit_bias, n, streaming), output_constraint
-//          (response_format); random_id, unix_time
+//          (response_format and its vLLM / SGLang / llama-server cousins); random_id, unix_time
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,8 @@
 
 namespace qwen36::server {
 
-// An unknown field is a 400 naming it (as OpenAI answers).
-void reject_unknown(const Json& body, std::initializer_list<const char*> known);
+// An unknown field (in neither list) is a 400 naming it (as OpenAI answers).
+void reject_unknown(const Json& body, std::initializer_list<const char*> known, std::span<const char* const> also = {});
 bool has(const Json& body, const char* key);  // present and not null
 // The field, checked against [lo, hi] (a 400 otherwise), or def when absent.
 double number(const Json& body, const char* key, double lo, double hi, double def);
@@ -32,9 +33,17 @@ struct Generation {
 // Sampling, limits, stop, logit_bias, n and streaming fields; prompt: the request's tokens
 // (a 400 "context_length_exceeded" when they leave no room for the answer).
 Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt);
-// response_format → the request's output constraint: text (none), json_object (any object;
-// llama-server's form may carry a "schema" there) or json_schema ({"name", "schema", "strict"}).
+// The request's output constraint, from the one field that gives it: response_format (OpenAI:
+// text, json_object — llama-server's form may carry a "schema" — or json_schema), vLLM's
+// structured_outputs {json | regex | choice | json_object} and older guided_json / guided_regex /
+// guided_choice, SGLang's regex and json_schema (a JSON string), llama-server's json_schema. A
+// grammar field (grammar, guided_grammar, ebnf) is a 400 saying grammars are not supported.
 OutputConstraint output_constraint(const Json& body);
+// The fields output_constraint reads besides response_format, and vLLM's guided_decoding_backend
+// and guided_whitespace_pattern (accepted, ignored: there is one backend).
+inline constexpr const char* kStructuredOutputFields[] = {
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "regex", "json_schema", "guided_grammar",
+    "grammar", "ebnf", "guided_decoding_backend", "guided_whitespace_pattern"};
 
 std::string random_id(const char* prefix);  // prefix + random hex, unique in this process
 int64_t unix_time();

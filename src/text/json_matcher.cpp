@@ -14,6 +14,7 @@ namespace {
 bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool is_hex(uint8_t c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
+uint32_t hex_value(uint8_t c) { return is_digit(c) ? uint32_t(c - '0') : uint32_t((c | 0x20) - 'a' + 10); }
 
 }  // namespace
 
@@ -24,6 +25,9 @@ bool is_hex(uint8_t c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) 
 //   kArray   state: array state; x: array spec; y | z << 16: items so far
 //   kString  state: escape state; x: kValueString or kExtraKey (then closing it ends a key);
 //            y: the value's StringSpec (0: any length), z: characters so far (counted under a spec)
+//   kPattern a string under a pattern: state: PatternEscape; x: its StringSpec; y: automaton state;
+//            z: characters so far (counted when the spec limits the length)
+//   kText    the whole document of JsonSchema::text_matching, frame 1: x: pattern; y: automaton state
 //   kKey     key matched against declared names: state: escape state (tracked only while the
 //            key may also be an extra key); x: bytes matched; [y, z): candidates still alive
 //   kNumber  state: number state; x: bytes so far; y: 1 if integer
@@ -34,10 +38,15 @@ bool is_hex(uint8_t c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) 
 
 namespace {
 
-enum FrameKind : uint8_t { kRoot, kObjectFrame, kArrayFrame, kStringFrame, kKeyFrame, kNumberFrame, kEnumFrame };
+enum FrameKind : uint8_t {
+  kRoot, kObjectFrame, kArrayFrame, kStringFrame, kKeyFrame, kNumberFrame, kEnumFrame, kPatternFrame, kTextFrame
+};
 enum ContainerState : uint8_t { kOpen, kBeforeKey, kAfterKey, kBeforeValue, kAfterValue };
 enum StringRole : uint16_t { kValueString, kExtraKey };
 enum Escape : int { kReject = -1, kClose = -2, kPlain = 0, kBackslash, kHex1, kHex2, kHex3, kHex4 };
+// Inside a pattern string: after a backslash, after \u, \u0, \u00, and after \u00 plus a hex digit
+// (kPatHex | the digit).
+enum PatternEscape : uint8_t { kPatPlain, kPatBackslash, kPatU, kPatU0, kPatU00, kPatHex = 0x10 };
 enum NumberState : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigit };
 
 // The escape state after byte c inside a string, kClose at its closing quote, or kReject.
@@ -100,6 +109,11 @@ JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std
   QWEN36_CHECK(schema_ != nullptr, "JsonMatcher: no schema");
   frames_.fill(Frame{});
   frames_[0] = {kRoot, kBeforeValue, 0, 0, 0};
+  if (schema_->text_ != kNone) {  // not JSON: the text is the value
+    frames_[0].state = kAfterValue;
+    frames_[1] = {kTextFrame, 0, schema_->text_, ByteDfa::start(), 0};
+    depth_ = 2;
+  }
 }
 
 JsonMatcher::JsonMatcher(const JsonMatcher& other)
@@ -143,6 +157,7 @@ bool JsonMatcher::complete() const {
   if (depth_ == 1) return true;
   const Frame& f = frames_[1];  // a top-level scalar that may end here
   if (f.kind == kNumberFrame) return number_accepting(f.state);
+  if (f.kind == kTextFrame) return schema_->patterns_[f.x].accepting(f.y);
   return f.kind == kEnumFrame && schema_->candidates_[f.y].size() == f.x;
 }
 
@@ -151,12 +166,23 @@ bool JsonMatcher::finished() const {
   // A complete enum value with no longer candidate has already been popped; a full-length number
   // takes no more bytes.
   const Frame& f = frames_[1];
+  if (depth_ == 2 && f.kind == kTextFrame)
+    return schema_->patterns_[f.x].accepting(f.y) && !schema_->patterns_[f.x].extendable(f.y);
   return depth_ == 2 && f.kind == kNumberFrame && number_accepting(f.state) && f.x >= kMaxNumber;
 }
 
 bool JsonMatcher::in_free_string() const {
   const Frame& f = frames_[depth_ - 1];
   return f.kind == kStringFrame && f.state == kPlain && (f.x != kValueString || f.y == 0);  // counted: not free
+}
+
+JsonMatcher::Automaton JsonMatcher::automaton() const {
+  const Frame& f = frames_[depth_ - 1];
+  if (f.kind == kTextFrame) return {&schema_->patterns_[f.x], f.y, false};
+  if (f.kind != kPatternFrame || f.state != kPatPlain) return {};
+  const StringSpec& spec = schema_->strings_[f.x];
+  if (spec.counted()) return {};
+  return {&schema_->patterns_[spec.pattern], f.y, true};
 }
 
 size_t JsonMatcher::hash() const {
@@ -211,6 +237,13 @@ bool JsonMatcher::step(uint8_t c, uint8_t ws_run) {
         continue;
       }
       case kStringFrame: return string_byte(f, c);
+      case kPatternFrame: return pattern_byte(f, c);
+      case kTextFrame: {
+        const uint16_t next = schema_->patterns_[f.x].next(f.y, c);
+        if (next == ByteDfa::kDead) return false;
+        f.y = next;
+        return true;
+      }
       case kKeyFrame: return key_byte(f, c);
       default: return container_byte(f, c, ws_run);
     }
@@ -301,6 +334,70 @@ bool JsonMatcher::string_byte(Frame& f, uint8_t c) {
   return true;
 }
 
+// The characters a pattern string's bytes stand for go through its automaton: raw bytes as they
+// are, an escape as the character it decodes to once it is whole.
+bool JsonMatcher::pattern_byte(Frame& f, uint8_t c) {
+  const StringSpec& spec = schema_->strings_[f.x];
+  const ByteDfa& dfa = schema_->patterns_[spec.pattern];
+  uint8_t chars[2];  // the decoded character's UTF-8 bytes
+  int n = 0;
+  uint8_t next = kPatPlain;
+  switch (f.state) {
+    case kPatPlain:
+      if (c == '"') {
+        if (!dfa.accepting(f.y) || f.z < spec.min_length) return false;
+        --depth_;
+        return true;
+      }
+      if (c < 0x20) return false;
+      if (c != '\\') {
+        chars[n++] = c;
+      } else {
+        // An escape writes a character up to U+00FF: refuse it where none of those continues.
+        if (!dfa.continues_with(f.y, 0, 0xFF)) return false;
+        next = kPatBackslash;
+      }
+      break;
+    case kPatBackslash: {
+      constexpr std::string_view kLetters = "\"\\/bfnrt", kChars = "\"\\/\b\f\n\r\t";
+      const size_t k = kLetters.find(char(c));
+      if (c == 'u') next = kPatU;
+      else if (c != 0 && k != std::string_view::npos) chars[n++] = uint8_t(kChars[k]);
+      else return false;
+      break;
+    }
+    case kPatU:
+    case kPatU0:
+      if (c != '0') return false;  // \u00XX only
+      next = uint8_t(f.state + 1);
+      break;
+    case kPatU00:
+      if (!is_hex(c) || !dfa.continues_with(f.y, hex_value(c) << 4, hex_value(c) << 4 | 15)) return false;
+      next = uint8_t(kPatHex | hex_value(c));
+      break;
+    default: {
+      if (!is_hex(c)) return false;
+      const uint32_t cp = uint32_t(f.state & 0xF) << 4 | hex_value(c);
+      if (cp < 0x80) {
+        chars[n++] = uint8_t(cp);
+      } else {
+        chars[n++] = uint8_t(0xC0 | cp >> 6);
+        chars[n++] = uint8_t(0x80 | (cp & 0x3F));
+      }
+    }
+  }
+  uint16_t state = f.y;
+  for (int k = 0; k < n; ++k)
+    if ((state = dfa.next(state, chars[k])) == ByteDfa::kDead) return false;
+  // As in string_byte: a character starts at a raw byte that is no continuation, or a backslash.
+  const bool starts = spec.counted() && f.state == kPatPlain && (c & 0xC0) != 0x80;
+  if (starts && f.z >= spec.max_length) return false;
+  f.state = next;
+  f.y = state;
+  f.z = uint16_t(f.z + starts);
+  return true;
+}
+
 void JsonMatcher::close_key(uint16_t next, uint16_t value_node) {
   Frame& parent = frames_[depth_ - 1];
   parent.state = kAfterKey;
@@ -346,7 +443,9 @@ bool JsonMatcher::start_value(uint16_t node, uint8_t c) {
   const Target t = schema_->nodes_[node].by_kind[kind];
   switch (t.parse) {
     case Parse::None: return false;
-    case Parse::String: return push({kStringFrame, kPlain, kValueString, t.ref, 0});
+    case Parse::String:
+      if (schema_->strings_[t.ref].pattern != kNone) return push({kPatternFrame, kPatPlain, t.ref, ByteDfa::start(), 0});
+      return push({kStringFrame, kPlain, kValueString, t.ref, 0});
     case Parse::Number:
     case Parse::Integer: {
       const uint8_t state = c == '-' ? kMinus : c == '0' ? kZero : kInt;

@@ -35,13 +35,32 @@ bool is_annotation(std::string_view k) {
 bool is_keyword(std::string_view k) {
   return is_annotation(k) || k == "type" || k == "properties" || k == "required" ||
          k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "minLength" ||
-         k == "maxLength" || k == "enum" ||
+         k == "maxLength" || k == "pattern" || k == "enum" ||
          k == "const" || k == "anyOf" || k == "oneOf" || k == "$ref" || k == "$defs" || k == "definitions";
 }
 
 const Json* find(const Json& s, const char* key) {
   auto it = s.find(key);
   return it == s.end() ? nullptr : &*it;
+}
+
+// The string formats enforced (as full matches of the characters); others are annotations.
+const char* format_regex(std::string_view format) {
+  static constexpr const char* kDate = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+  // RFC 3339 full-time: the offset is required.
+  static constexpr const char* kTime = "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+  static const std::string kDateTime = std::string(kDate) + "[Tt]" + kTime;
+  static constexpr const char* kLabel = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+  static const std::string kHostname = std::string(kLabel) + "(\\." + kLabel + ")*";
+  static const std::string kEmail = "[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@" + kHostname;
+  if (format == "date") return kDate;
+  if (format == "time") return kTime;
+  if (format == "date-time") return kDateTime.c_str();
+  if (format == "uuid") return "[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}";
+  if (format == "ipv4") return "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+  if (format == "email") return kEmail.c_str();
+  if (format == "hostname") return kHostname.c_str();
+  return nullptr;
 }
 
 
@@ -72,6 +91,7 @@ struct JsonSchema::Compiler {
   };
   std::map<std::string, Def> defs;
   uint16_t any_node = kNone;
+  std::map<std::pair<std::string, RegexMode>, uint16_t> patterns;  // compiled once each
 
   uint16_t new_node() {
     QWEN36_CHECK(out.nodes_.size() < kNone, "schema: too large (more than {} sub-schemas)", kNone);
@@ -367,14 +387,31 @@ struct JsonSchema::Compiler {
     out.objects_[spec] = std::move(o);
   }
 
-  // minLength / maxLength (characters): a spec of the table, 0 (the unbounded one) without them.
+  uint16_t pattern(const std::string& regex, RegexMode mode, const std::string& where) {
+    auto [it, fresh] = patterns.emplace(std::pair(regex, mode), uint16_t(out.patterns_.size()));
+    if (!fresh) return it->second;
+    QWEN36_CHECK(out.patterns_.size() < kNone, "schema: too large (more than {} patterns)", kNone);
+    out.patterns_.push_back(with_context(where, [&] { return ByteDfa::compile(regex, mode); }));
+    return it->second;
+  }
+
+  // minLength / maxLength (characters), pattern, an enforced format: a spec of the table, 0 (the
+  // unbounded one) without them.
   uint16_t string_spec(const Json& s, const std::string& path) {
-    if (!s.contains("minLength") && !s.contains("maxLength")) return 0;
+    uint16_t dfa = kNone;
+    if (const Json* p = find(s, "pattern")) {
+      QWEN36_CHECK(p->is_string(), "{}: 'pattern' must be a string", path);
+      dfa = pattern(p->get<std::string>(), RegexMode::Search, path + ": 'pattern'");
+    } else if (const Json* f = find(s, "format"); f && f->is_string()) {
+      if (const char* regex = format_regex(f->get<std::string>()))
+        dfa = pattern(regex, RegexMode::Full, path + ": 'format'");
+    }
+    if (!s.contains("minLength") && !s.contains("maxLength") && dfa == kNone) return 0;
     const uint32_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", kMaxStringLength, path);
     QWEN36_CHECK(lo <= hi, "{}: 'minLength' is above 'maxLength'", path);
     QWEN36_CHECK(lo <= kMaxStringLength, "{}: 'minLength' above {} is not supported", path, kMaxStringLength);
     QWEN36_CHECK(out.strings_.size() < kNone, "schema: too large (more than {} string limits)", kNone);
-    out.strings_.push_back({uint16_t(lo), uint16_t(std::min<uint32_t>(hi, kMaxStringLength))});
+    out.strings_.push_back({uint16_t(lo), uint16_t(std::min<uint32_t>(hi, kMaxStringLength)), dfa});
     return uint16_t(out.strings_.size() - 1);
   }
 
@@ -406,10 +443,17 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, Whites
   s->strings_ = {{0, kMaxStringLength}};  // spec 0: any length, not counted
   s->slices_ = {{0, 3}};
   try {
-    s->root_ = Compiler{*s, schema, {}, {}, kNone}.compile_root();
+    s->root_ = Compiler{*s, schema, {}, {}, kNone, {}}.compile_root();
   } catch (const Json::exception& e) {  // e.g. a name that is not UTF-8 cannot be serialised
     fail("schema: {}", e.what());
   }
+  return s;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::text_matching(std::string_view regex) {
+  std::shared_ptr<JsonSchema> s(new JsonSchema());
+  s->patterns_.push_back(ByteDfa::compile(regex, RegexMode::Full));
+  s->text_ = 0;
   return s;
 }
 

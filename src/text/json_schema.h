@@ -9,12 +9,15 @@
 //
 // Supported keywords: type (a name or an array of names), properties, required,
 // additionalProperties (bool or schema), items (a schema), minItems, maxItems, minLength,
-// maxLength (characters: UTF-8 sequences, an escape counting one), enum, const,
+// maxLength (characters: UTF-8 sequences, an escape counting one), pattern (regex.h: the
+// ECMAScript / Python common subset, matched against the decoded characters), format (enforced
+// for date, time, date-time, uuid, ipv4, email and hostname when no pattern is given; other
+// formats are annotations), enum, const,
 // anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are
 // one kind, number wins), $ref (local JSON pointers: #/$defs/NAME, #/definitions/NAME, #, ...;
 // recursion allowed), $defs / definitions. Annotations are ignored: title, description, default,
-// examples, $schema, $id, $comment, strict, and format (formats are NOT enforced). Any other
-// keyword (minimum, pattern, allOf, ...) is an Error naming it and its schema path.
+// examples, $schema, $id, $comment, strict. Any other keyword (minimum, allOf, ...) is an Error
+// naming it and its schema path.
 //
 // Deliberate choices (as OpenAI / llama.cpp / xgrammar structured outputs):
 //  - An object with properties emits keys in the schema's property order: any subsequence that
@@ -34,6 +37,13 @@
 //    model wrote 64 spaces before the first '{'). Whitespace::Any: any JSON whitespace, runs
 //    capped at kMaxWhitespace bytes. None is accepted once the top-level value is complete. Numbers are capped at kMaxNumber bytes, nesting at kMaxDepth frames.
 //  - Strings: bytes >= 0x80 are accepted without UTF-8 validation; \uXXXX surrogates unchecked.
+//    Under a pattern or format the characters go through the pattern's automaton (UTF-8
+//    checked), and \u escapes are limited to \u00XX (every character can still be written:
+//    raw, or as a short escape, or \u00XX for controls). minLength / maxLength next to a pattern
+//    they contradict (pattern needs 5 characters, maxLength 3) can strand the string: not checked.
+//
+// JsonSchema::text_matching(regex) is the one non-JSON document: raw text the regex matches in
+// full (vLLM's `regex` and `choice` outputs); the same matcher walks it.
 
 #include <array>
 #include <cstdint>
@@ -42,6 +52,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "text/regex.h"
 
 namespace qwen36::text {
 
@@ -77,8 +89,11 @@ struct ArraySpec {
 };
 struct StringSpec {  // minLength / maxLength, in characters (UTF-8 sequences; an escape is one)
   uint16_t min_length, max_length;
+  uint16_t pattern = kNone;  // the automaton the characters must match, or none
+  bool counted() const;      // a length limit applies
 };
 constexpr uint16_t kMaxStringLength = 0xFFFE;  // a longer maxLength counts as unbounded there
+inline bool StringSpec::counted() const { return min_length > 0 || max_length < kMaxStringLength; }
 
 // The kind of value a byte starts, or -1.
 inline int kind_of(uint8_t c) {
@@ -104,6 +119,8 @@ class JsonSchema {
                                                    Whitespace ws = Whitespace::Limited);  // throws Error
   static std::shared_ptr<const JsonSchema> any_object(Whitespace ws = Whitespace::Limited);  // OpenAI json_object mode
   static std::shared_ptr<const JsonSchema> any_value(Whitespace ws = Whitespace::Limited);
+  // Not JSON: raw text that `regex` matches in full (RegexMode::Full). Throws Error.
+  static std::shared_ptr<const JsonSchema> text_matching(std::string_view regex);
 
  private:
   friend class JsonMatcher;
@@ -117,7 +134,9 @@ class JsonSchema {
   std::vector<json_detail::ObjectSpec> objects_;
   std::vector<json_detail::ArraySpec> arrays_;
   std::vector<json_detail::StringSpec> strings_;  // [0]: unbounded
+  std::vector<ByteDfa> patterns_;
   uint16_t root_ = 0;
+  uint16_t text_ = json_detail::kNone;  // text_matching: the pattern of the whole document
   Whitespace whitespace_ = Whitespace::Limited;
 };
 
@@ -146,6 +165,18 @@ class JsonMatcher {
   // Inside a string with unconstrained content, not after a backslash: any byte but '"', '\\'
   // and controls < 0x20 is accepted there and leaves an equal state.
   bool in_free_string() const;
+  // Where the next bytes only step an automaton — inside a string under a pattern (outside an
+  // escape, no length counted) or in text_matching's text — that automaton and its state, so a
+  // vocabulary walk can step it directly; null otherwise. In a JSON string ('json_string') the
+  // bytes '"', '\\' and controls below 0x20 must still go through feed().
+  struct Automaton {
+    const ByteDfa* dfa = nullptr;
+    uint16_t state = 0;
+    bool json_string = false;
+  };
+  Automaton automaton() const;
+  // After bytes that only stepped the automaton (none of the json_string exceptions): its state.
+  void set_automaton_state(uint16_t state) { frames_[depth_ - 1].y = state; }
   size_t hash() const;                              // of the live state
   bool operator==(const JsonMatcher& other) const;  // same live state and schema object
 
@@ -159,6 +190,7 @@ class JsonMatcher {
   bool step(uint8_t c, uint8_t ws_run);
   bool container_byte(Frame& f, uint8_t c, uint8_t ws_run);
   bool string_byte(Frame& f, uint8_t c);
+  bool pattern_byte(Frame& f, uint8_t c);
   bool key_byte(Frame& f, uint8_t c);
   bool start_value(uint16_t node, uint8_t c);
   bool push(const Frame& f);

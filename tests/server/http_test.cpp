@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <regex>
 #include <thread>
 
 #include "engine/scheduler.h"
@@ -353,7 +354,60 @@ TEST_F(HttpTest, StructuredOutputAndLogitBias) {
   }
   expect_400({{"type", "xml"}}, "xml");
   expect_400({{"type", "json_schema"}}, "json_schema");
-  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}, "pattern");
+  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "(a+"}}}}}},
+             "missing ')'");
+  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}, {"minimum", 1}}}}}},
+             "'minimum' is not supported");
+}
+
+// Regex and choice outputs (vLLM's structured_outputs and guided_* fields, SGLang's regex and
+// json_schema text), a schema pattern; one constraining field at most, grammars refused by name.
+TEST_F(HttpTest, RegexAndChoiceOutputs) {
+  Served s;
+  auto c = s.client(120);
+  int status = 0;
+  const std::vector<std::string> choices = {"yes", "no", "not sure"};
+  for (int seed = 0; seed < 3; ++seed) {
+    Json j = post_json(c, "/v1/completions",
+                       {{"prompt", "Answer:"}, {"max_tokens", 10}, {"temperature", 1.0}, {"seed", seed},
+                        {"structured_outputs", {{"choice", choices}}}},
+                       &status);
+    ASSERT_EQ(status, 200) << j.dump();
+    EXPECT_NE(std::find(choices.begin(), choices.end(), j["choices"][0]["text"]), choices.end()) << j.dump();
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << "the choice is whole: nothing may follow";
+  }
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "A code, please"}}}},
+                     {"chat_template_kwargs", {{"enable_thinking", false}}}, {"max_tokens", 40}, {"temperature", 0.7}};
+  for (const char* field : {"guided_regex", "regex"}) {
+    Json body = chat;
+    body[field] = "[0-9]{3}-[a-z]{2}";
+    Json a = post_json(c, "/v1/chat/completions", body, &status);
+    ASSERT_EQ(status, 200) << a.dump();
+    const std::string text = a["choices"][0]["message"].value("content", "");
+    EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{3}-[a-z]{2}"))) << field << ": " << text;
+  }
+  Json str = chat;
+  str["json_schema"] = R"({"type": "string", "pattern": "^[a-c]{2,4}$"})";  // SGLang: the schema's text
+  Json a = post_json(c, "/v1/chat/completions", str, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  const Json doc = Json::parse(a["choices"][0]["message"].value("content", ""), nullptr, false);
+  ASSERT_TRUE(doc.is_string()) << a.dump();
+  EXPECT_TRUE(std::regex_match(doc.get<std::string>(), std::regex("[a-c]{2,4}"))) << doc.dump();
+
+  auto expect_400 = [&](const Json& extra, const std::string& param, const std::string& says) {
+    Json body = chat;
+    body.update(extra);
+    Json e = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    EXPECT_EQ(e["error"]["param"], param) << e.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
+  };
+  expect_400({{"grammar", "root ::= \"a\""}}, "grammar", "grammars");
+  expect_400({{"guided_regex", "(a"}}, "guided_regex", "missing ')'");
+  expect_400({{"guided_regex", "a"}, {"guided_choice", {"a"}}}, "guided_choice", "both constrain");
+  expect_400({{"structured_outputs", {{"regex", "a"}, {"choice", {"a"}}}}}, "structured_outputs", "give one");
+  expect_400({{"guided_choice", Json::array()}}, "guided_choice", "non-empty array");
+  expect_400({{"json_schema", "{not json"}}, "json_schema", "not valid JSON");
 }
 
 // tool_choice "required" / a named function: the answer begins with a call of (that) tool, up to

@@ -104,6 +104,10 @@ TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
   check_document(JsonSchema::compile(Json::parse(R"({"enum": [1, 10, "a", "ab", null]})")), "10", 5);
   check_document(JsonSchema::compile(Json::parse(R"({"type": "array", "items": {"type": "string", "maxLength": 2}})")),
                  R"(["ab", "", "\n"])", 6);
+  const auto patterned = JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
+    "id": {"type": "string", "pattern": "^[ab]+\\d?$"}, "day": {"type": "string", "format": "date"}}})"));
+  check_document(patterned, R"({"id": "a\u00621", "day": "2026-12-05"})", 7);
+  check_document(JsonSchema::text_matching("(ab|a\"b)+[0-9]{1,3}"), "a\"bab12", 8);
 }
 
 TEST(TokenConstraintTest, StopOnlyWhenWholeAndFinishedAfterTheLastByte) {

@@ -1,0 +1,590 @@
+// ByteDfa::compile: a pattern parsed into a tree of code-point sets, built into a Thompson NFA
+// over UTF-8 byte ranges, made deterministic by subset construction and trimmed to the states
+// that can still reach a match.
+#include "text/regex.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "core/error.h"
+
+namespace qwen36::text {
+
+namespace {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr uint32_t kUnbounded = 0xFFFFFFFF;
+constexpr uint32_t kMaxRepeat = 1000;        // {n,m} bounds
+constexpr size_t kMaxNfaStates = 1u << 20;  // repetitions are copies: this caps their product
+
+// A set of code points as sorted, disjoint, non-adjacent closed ranges.
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+Ranges normalised(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (const auto& [lo, hi] : r) {
+    if (!out.empty() && lo <= out.back().second + 1) out.back().second = std::max(out.back().second, hi);
+    else out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+Ranges complement(const Ranges& r) {  // r normalised
+  Ranges out;
+  uint32_t next = 0;
+  for (const auto& [lo, hi] : r) {
+    if (lo > next) out.emplace_back(next, lo - 1);
+    next = hi + 1;
+  }
+  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
+  return out;
+}
+
+const Ranges kDigit = {{'0', '9'}};
+const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};  // \t \n \v \f \r and space
+const Ranges kAnyChar = {{0, kMaxCodePoint}};
+const Ranges kDot = {{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}};
+
+bool is_hex(char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
+uint32_t hex_value(char c) { return c <= '9' ? uint32_t(c - '0') : uint32_t((c | 0x20) - 'a' + 10); }
+
+// ---------------------------------------------------------------------------------------------
+// Syntax tree
+
+struct Node {
+  enum Kind : uint8_t { kSet, kConcat, kAlt, kRepeat } kind;
+  Ranges set;                  // kSet
+  std::vector<uint32_t> kids;  // kConcat, kAlt; kRepeat: one
+  uint32_t min = 0, max = 0;   // kRepeat (max may be kUnbounded)
+};
+
+class Parser {
+ public:
+  explicit Parser(std::string_view p) : p_(p) {}
+  std::vector<Node> nodes;
+
+  uint32_t parse(RegexMode mode) {
+    std::vector<uint32_t> alts;
+    do {
+      bool anchored_start = false, anchored_end = false;
+      uint32_t c = concat(0, &anchored_start, &anchored_end);
+      if (mode == RegexMode::Search) {  // a match somewhere: anything around an unanchored side
+        if (!anchored_start) c = add({Node::kConcat, {}, {any_text(), c}});
+        if (!anchored_end) c = add({Node::kConcat, {}, {c, any_text()}});
+      }
+      alts.push_back(c);
+    } while (take('|'));
+    if (!at_end()) error("unbalanced ')'");
+    return alts.size() == 1 ? alts[0] : add({Node::kAlt, {}, std::move(alts)});
+  }
+
+ private:
+  [[noreturn]] void error(std::string_view what) const { fail("{} at offset {}", what, i_); }
+  bool at_end() const { return i_ >= p_.size(); }
+  char peek() const { return p_[i_]; }
+  bool take(char c) {
+    if (at_end() || p_[i_] != c) return false;
+    ++i_;
+    return true;
+  }
+  uint32_t add(Node n) {
+    nodes.push_back(std::move(n));
+    return uint32_t(nodes.size() - 1);
+  }
+  uint32_t any_text() { return add({Node::kRepeat, {}, {add({Node::kSet, kAnyChar, {}})}, 0, kUnbounded}); }
+
+  // Top-level alternatives (depth 0) may open with ^ and close with $; the flags say which did.
+  uint32_t concat(int depth, bool* anchored_start, bool* anchored_end) {
+    Node n{Node::kConcat, {}, {}};
+    if (depth == 0 && take('^')) *anchored_start = true;
+    while (!at_end() && peek() != '|' && peek() != ')') {
+      if (peek() == '$' && depth == 0 && (i_ + 1 == p_.size() || p_[i_ + 1] == '|')) {
+        ++i_;
+        *anchored_end = true;
+        break;
+      }
+      n.kids.push_back(repeated(atom(depth)));
+    }
+    return add(std::move(n));
+  }
+
+  uint32_t alternation(int depth) {
+    std::vector<uint32_t> alts;
+    do alts.push_back(concat(depth, nullptr, nullptr));
+    while (take('|'));
+    return alts.size() == 1 ? alts[0] : add({Node::kAlt, {}, std::move(alts)});
+  }
+
+  // The atom with the quantifier after it, if any.
+  uint32_t repeated(uint32_t atom) {
+    uint32_t lo, hi;
+    if (take('*')) lo = 0, hi = kUnbounded;
+    else if (take('+')) lo = 1, hi = kUnbounded;
+    else if (take('?')) lo = 0, hi = 1;
+    else if (!braces(&lo, &hi)) return atom;
+    take('?');  // lazy: the same language
+    if (!at_end() && (peek() == '*' || peek() == '+' || peek() == '?')) error("possessive or repeated quantifier");
+    uint32_t b0, b1;
+    const size_t at = i_;
+    if (braces(&b0, &b1)) {
+      i_ = at;
+      error("repeated quantifier");
+    }
+    return add({Node::kRepeat, {}, {atom}, lo, hi});
+  }
+
+  // {n}, {n,}, {n,m}; anything else leaves '{' to be read as a literal.
+  bool braces(uint32_t* lo, uint32_t* hi) {
+    const size_t start = i_;
+    auto number = [&](uint32_t* v) {
+      const size_t from = i_;
+      uint64_t x = 0;
+      while (!at_end() && peek() >= '0' && peek() <= '9') x = std::min<uint64_t>(x * 10 + uint64_t(p_[i_++] - '0'), 1u << 30);
+      *v = uint32_t(x);
+      return i_ > from;
+    };
+    if (!take('{')) return false;
+    bool ok;
+    if (take(',')) {  // {,m}: Python's {0,m}
+      *lo = 0;
+      ok = number(hi);
+    } else {
+      ok = number(lo);
+      *hi = *lo;
+      if (ok && take(',') && !number(hi)) *hi = kUnbounded;
+    }
+    if (!ok || !take('}')) {
+      i_ = start;
+      return false;
+    }
+    if (*lo > kMaxRepeat || (*hi != kUnbounded && *hi > kMaxRepeat))
+      error(fmt::format("repetition count above {}", kMaxRepeat));
+    if (*lo > *hi) error("repetition {n,m} with n > m");
+    return true;
+  }
+
+  uint32_t atom(int depth) {
+    const char c = peek();
+    switch (c) {
+      case '(': return group(depth);
+      case '[': ++i_; return add({Node::kSet, class_body(), {}});
+      case '.': ++i_; return add({Node::kSet, kDot, {}});
+      case '\\': ++i_; return add({Node::kSet, escape(false), {}});
+      case '^':
+      case '$': error(fmt::format("'{}' is supported only at the start / end of the pattern or of a top-level alternative", c));
+      case '*':
+      case '+':
+      case '?': error("nothing to repeat");
+      default: {
+        const uint32_t cp = code_point();
+        return add({Node::kSet, {{cp, cp}}, {}});
+      }
+    }
+  }
+
+  uint32_t group(int depth) {
+    ++i_;  // '('
+    if (take('?')) {
+      if (take('P')) {
+        if (!take('<')) error("(?P= backreferences are not supported");
+        name();
+      } else if (take('<')) {
+        if (!at_end() && (peek() == '=' || peek() == '!')) error("lookbehind is not supported");
+        name();
+      } else if (!take(':')) {
+        if (!at_end() && (peek() == '=' || peek() == '!')) error("lookahead is not supported");
+        error("inline flags and other (? groups are not supported");
+      }
+    }
+    const uint32_t inner = alternation(depth + 1);
+    if (!take(')')) error("missing ')'");
+    return inner;
+  }
+
+  void name() {  // a group's name and its '>'
+    while (!at_end() && peek() != '>') ++i_;
+    if (!take('>')) error("unterminated group name");
+  }
+
+  // After '\\'. In a class \b is a backspace.
+  Ranges escape(bool in_class) {
+    if (at_end()) error("trailing backslash");
+    const char c = p_[i_++];
+    auto one = [](uint32_t cp) { return Ranges{{cp, cp}}; };
+    switch (c) {
+      case 'd': return kDigit;
+      case 'D': return complement(kDigit);
+      case 'w': return kWord;
+      case 'W': return complement(kWord);
+      case 's': return kSpace;
+      case 'S': return complement(kSpace);
+      case 'n': return one('\n');
+      case 'r': return one('\r');
+      case 't': return one('\t');
+      case 'f': return one('\f');
+      case 'v': return one('\v');
+      case '0': return one(0);
+      case 'x': return one(hex_digits(2));
+      case 'u': {
+        const uint32_t cp = hex_digits(4);
+        if (cp >= 0xD800 && cp <= 0xDFFF) error("a surrogate code point");
+        return one(cp);
+      }
+      case 'b':
+        if (in_class) return one('\b');
+        [[fallthrough]];
+      case 'B': error("word boundaries (\\b, \\B) are not supported");
+      case 'A':
+      case 'Z':
+      case 'z':
+      case 'G': error("anchors other than ^ and $ are not supported");
+      case 'p':
+      case 'P': error("Unicode property classes are not supported");
+      default: break;
+    }
+    if (c >= '1' && c <= '9') error("backreferences are not supported");
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+      error(fmt::format("unknown escape \\{}", c));
+    --i_;  // escaped punctuation or another character: itself
+    const uint32_t cp = code_point();
+    return one(cp);
+  }
+
+  uint32_t hex_digits(int n) {
+    uint32_t v = 0;
+    for (int k = 0; k < n; ++k) {
+      if (at_end() || !is_hex(peek())) error(fmt::format("expected {} hex digits", n));
+      v = v * 16 + hex_value(p_[i_++]);
+    }
+    return v;
+  }
+
+  // After '['.
+  Ranges class_body() {
+    const bool negated = take('^');
+    Ranges set;
+    bool first = true;
+    for (;;) {
+      if (at_end()) error("missing ']'");
+      if (peek() == ']' && !first) {
+        ++i_;
+        break;
+      }
+      first = false;
+      Ranges item = class_item();
+      if (item.size() == 1 && item[0].first == item[0].second && i_ + 1 < p_.size() && peek() == '-' &&
+          p_[i_ + 1] != ']') {
+        ++i_;
+        const Ranges hi = class_item();
+        if (hi.size() != 1 || hi[0].first != hi[0].second) error("a class escape cannot end a range");
+        if (hi[0].first < item[0].first) error("range out of order in a character class");
+        item[0].second = hi[0].first;
+      }
+      set.insert(set.end(), item.begin(), item.end());
+    }
+    set = normalised(std::move(set));
+    return negated ? complement(set) : set;
+  }
+
+  Ranges class_item() {
+    if (take('\\')) return escape(true);
+    const uint32_t cp = code_point();
+    return {{cp, cp}};
+  }
+
+  // The pattern's next UTF-8 character.
+  uint32_t code_point() {
+    const auto b = uint8_t(p_[i_]);
+    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i_ + size_t(n) > p_.size()) error("the pattern is not valid UTF-8");
+    uint32_t cp = n == 1 ? b : b & (0x7F >> n);
+    for (int k = 1; k < n; ++k) {
+      const auto c = uint8_t(p_[i_ + size_t(k)]);
+      if ((c & 0xC0) != 0x80) error("the pattern is not valid UTF-8");
+      cp = cp << 6 | (c & 0x3F);
+    }
+    i_ += size_t(n);
+    return cp;
+  }
+
+  std::string_view p_;
+  size_t i_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8: a code-point range as sequences of byte ranges
+
+using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+
+int encode(uint32_t cp, uint8_t* out) {
+  if (cp < 0x80) {
+    out[0] = uint8_t(cp);
+    return 1;
+  }
+  const int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+  for (int k = n - 1; k > 0; --k, cp >>= 6) out[k] = uint8_t(0x80 | (cp & 0x3F));
+  out[0] = uint8_t((0xF00 >> n) | cp);  // 2: 0xC0, 3: 0xE0, 4: 0xF0
+  return n;
+}
+
+// Splits [lo, hi] until, in each piece, lo and hi have one encoding length and every byte
+// position varies independently: the piece is then the product of its bytes' ranges.
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
+  if (lo <= 0xDFFF && hi >= 0xD800) {  // surrogates have no encoding
+    if (lo < 0xD800) utf8_sequences(lo, 0xD7FF, out);
+    if (hi > 0xDFFF) utf8_sequences(0xE000, hi, out);
+    return;
+  }
+  for (uint32_t last : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= last && hi > last) {
+      utf8_sequences(lo, last, out);
+      utf8_sequences(last + 1, hi, out);
+      return;
+    }
+  }
+  const int n = hi < 0x80 ? 1 : hi < 0x800 ? 2 : hi < 0x10000 ? 3 : 4;
+  for (int k = 1; k < n; ++k) {
+    const uint32_t m = (1u << (6 * k)) - 1;  // the low k continuation bytes
+    if ((lo & ~m) == (hi & ~m)) continue;
+    if ((lo & m) != 0) {
+      utf8_sequences(lo, lo | m, out);
+      utf8_sequences((lo | m) + 1, hi, out);
+      return;
+    }
+    if ((hi & m) != m) {
+      utf8_sequences(lo, (hi & ~m) - 1, out);
+      utf8_sequences(hi & ~m, hi, out);
+      return;
+    }
+  }
+  uint8_t a[4], b[4];
+  encode(lo, a);
+  encode(hi, b);
+  ByteSeq seq;
+  for (int k = 0; k < n; ++k) seq.emplace_back(a[k], b[k]);
+  out.push_back(std::move(seq));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thompson NFA over byte ranges
+
+struct Nfa {
+  struct Edge {
+    uint8_t lo, hi;
+    uint32_t to;
+  };
+  struct State {
+    std::vector<Edge> edges;
+    std::vector<uint32_t> eps;
+  };
+  std::vector<State> states;
+
+  uint32_t add() {
+    QWEN36_CHECK(states.size() < kMaxNfaStates, "too complex (its repetitions expand past {} automaton states)",
+                 kMaxNfaStates);
+    states.emplace_back();
+    return uint32_t(states.size() - 1);
+  }
+  void eps(uint32_t from, uint32_t to) { states[from].eps.push_back(to); }
+
+  // The fragment of node n: entry and exit states (the exit has no edges yet).
+  std::pair<uint32_t, uint32_t> build(const std::vector<Node>& nodes, uint32_t n) {
+    const Node& node = nodes[n];
+    const uint32_t in = add();
+    switch (node.kind) {
+      case Node::kSet: {
+        const uint32_t out = add();
+        std::vector<ByteSeq> seqs;
+        for (const auto& [lo, hi] : node.set) utf8_sequences(lo, hi, seqs);
+        for (const ByteSeq& seq : seqs) {
+          uint32_t cur = in;
+          for (size_t k = 0; k < seq.size(); ++k) {
+            const uint32_t to = k + 1 == seq.size() ? out : add();
+            states[cur].edges.push_back({seq[k].first, seq[k].second, to});
+            cur = to;
+          }
+        }
+        return {in, out};
+      }
+      case Node::kConcat: {
+        uint32_t cur = in;
+        for (uint32_t kid : node.kids) {
+          const auto [a, b] = build(nodes, kid);
+          eps(cur, a);
+          cur = b;
+        }
+        return {in, cur};
+      }
+      case Node::kAlt: {
+        const uint32_t out = add();
+        for (uint32_t kid : node.kids) {
+          const auto [a, b] = build(nodes, kid);
+          eps(in, a);
+          eps(b, out);
+        }
+        return {in, out};
+      }
+      case Node::kRepeat: {
+        uint32_t cur = in;
+        for (uint32_t k = 0; k < node.min; ++k) {
+          const auto [a, b] = build(nodes, node.kids[0]);
+          eps(cur, a);
+          cur = b;
+        }
+        const uint32_t out = add();
+        if (node.max == kUnbounded) {
+          const auto [a, b] = build(nodes, node.kids[0]);
+          eps(cur, a);
+          eps(b, a);
+          eps(b, out);
+        } else {
+          for (uint32_t k = node.min; k < node.max; ++k) {  // each further copy optional
+            eps(cur, out);
+            const auto [a, b] = build(nodes, node.kids[0]);
+            eps(cur, a);
+            cur = b;
+          }
+        }
+        eps(cur, out);
+        return {in, out};
+      }
+    }
+    return {in, in};
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Subset construction and trimming
+
+struct DfaBuilder {
+  const Nfa& nfa;
+  uint32_t accept;
+  std::vector<uint32_t> mark;  // closure's visited stamps
+  uint32_t stamp = 0;
+
+  std::vector<uint32_t> closure(std::vector<uint32_t> set) {
+    ++stamp;
+    std::vector<uint32_t> stack = set;
+    set.clear();
+    while (!stack.empty()) {
+      const uint32_t s = stack.back();
+      stack.pop_back();
+      if (mark[s] == stamp) continue;
+      mark[s] = stamp;
+      set.push_back(s);
+      for (uint32_t t : nfa.states[s].eps) stack.push_back(t);
+    }
+    std::sort(set.begin(), set.end());
+    return set;
+  }
+
+  ByteDfa build(uint32_t start) {
+    ByteDfa d;
+    // Byte classes: a class starts at every edge's lo and after every edge's hi.
+    std::array<bool, 257> cut{};
+    for (const Nfa::State& s : nfa.states)
+      for (const Nfa::Edge& e : s.edges) cut[e.lo] = cut[e.hi + 1] = true;
+    uint16_t cls = 0;
+    for (int b = 0; b < 256; ++b) {
+      if (b > 0 && cut[size_t(b)]) ++cls;
+      d.class_of_[size_t(b)] = uint8_t(cls);
+    }
+    d.classes_ = uint16_t(cls + 1);
+
+    mark.assign(nfa.states.size(), 0);
+    std::map<std::vector<uint32_t>, uint32_t> ids;
+    std::vector<const std::vector<uint32_t>*> sets;
+    std::vector<uint32_t> next;  // [state * classes + class], kDead-free until trimmed: UINT32_MAX
+    auto id_of = [&](std::vector<uint32_t> set) {
+      auto [it, fresh] = ids.emplace(std::move(set), uint32_t(sets.size()));
+      if (fresh) {
+        QWEN36_CHECK(sets.size() < ByteDfa::kMaxStates, "too complex (more than {} automaton states)",
+                     ByteDfa::kMaxStates);
+        sets.push_back(&it->first);
+      }
+      return it->second;
+    };
+    id_of(closure({start}));
+    std::vector<std::vector<uint32_t>> buckets(d.classes_);
+    for (size_t s = 0; s < sets.size(); ++s) {
+      for (auto& b : buckets) b.clear();
+      for (uint32_t q : *sets[s])
+        for (const Nfa::Edge& e : nfa.states[q].edges)
+          for (int c = d.class_of_[e.lo]; c <= d.class_of_[e.hi]; ++c) buckets[size_t(c)].push_back(e.to);
+      for (const auto& b : buckets) next.push_back(b.empty() ? UINT32_MAX : id_of(closure(b)));
+    }
+
+    // Keep the states from which a match is reachable.
+    const size_t n = sets.size();
+    std::vector<std::vector<uint32_t>> preds(n);
+    std::vector<bool> live(n, false);
+    std::vector<uint32_t> work;
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t c = 0; c < d.classes_; ++c)
+        if (const uint32_t t = next[s * d.classes_ + c]; t != UINT32_MAX) preds[t].push_back(uint32_t(s));
+      if (std::binary_search(sets[s]->begin(), sets[s]->end(), accept)) {
+        live[s] = true;
+        work.push_back(uint32_t(s));
+      }
+    }
+    while (!work.empty()) {
+      const uint32_t t = work.back();
+      work.pop_back();
+      for (uint32_t p : preds[t])
+        if (!live[p]) live[p] = true, work.push_back(p);
+    }
+    QWEN36_CHECK(live[0], "it matches nothing");
+    std::vector<uint16_t> renum(n, ByteDfa::kDead);
+    uint16_t kept = 0;
+    for (size_t s = 0; s < n; ++s)
+      if (live[s]) renum[s] = kept++;
+    for (size_t s = 0; s < n; ++s) {
+      if (!live[s]) continue;
+      uint8_t flags = std::binary_search(sets[s]->begin(), sets[s]->end(), accept) ? ByteDfa::kAccepting : 0;
+      for (size_t c = 0; c < d.classes_; ++c) {
+        const uint32_t t = next[s * d.classes_ + c];
+        const uint16_t to = t == UINT32_MAX ? ByteDfa::kDead : renum[t];
+        if (to != ByteDfa::kDead) flags |= ByteDfa::kExtendable;
+        d.next_.push_back(to);
+      }
+      d.flags_.push_back(flags);
+    }
+    return d;
+  }
+};
+
+ByteDfa ByteDfa::compile(std::string_view pattern, RegexMode mode) {
+  return with_context(fmt::format("regex '{}'", pattern.substr(0, 80)), [&] {
+    Parser parser(pattern);
+    const uint32_t root = parser.parse(mode);
+    Nfa nfa;
+    const auto [start, accept] = nfa.build(parser.nodes, root);
+    return DfaBuilder{nfa, accept, {}, 0}.build(start);
+  });
+}
+
+bool ByteDfa::continues_with(uint16_t state, uint32_t lo, uint32_t hi) const {
+  for (uint32_t cp = lo; cp <= hi; ++cp) {
+    uint8_t b[4];
+    uint16_t s = state;
+    for (int k = 0, n = encode(cp, b); k < n && s != kDead; ++k) s = next(s, b[k]);
+    if (s != kDead) return true;
+  }
+  return false;
+}
+
+std::string regex_escape(std::string_view literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}/-").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace qwen36::text
