@@ -28,6 +28,7 @@ uint32_t hex_value(uint8_t c) { return is_digit(c) ? uint32_t(c - '0') : uint32_
 //   kPattern a string under a pattern: state: PatternEscape; x: its StringSpec; y: automaton state;
 //            z: characters so far (counted when the spec limits the length)
 //   kText    the whole document of JsonSchema::text_matching, frame 1: x: pattern; y: automaton state
+//   kRange   a bounded number: x: pattern; y: automaton state
 //   kKey     key matched against declared names: state: escape state (tracked only while the
 //            key may also be an extra key); x: bytes matched; [y, z): candidates still alive
 //   kNumber  state: number state; x: bytes so far; y: 1 if integer
@@ -39,7 +40,8 @@ uint32_t hex_value(uint8_t c) { return is_digit(c) ? uint32_t(c - '0') : uint32_
 namespace {
 
 enum FrameKind : uint8_t {
-  kRoot, kObjectFrame, kArrayFrame, kStringFrame, kKeyFrame, kNumberFrame, kEnumFrame, kPatternFrame, kTextFrame
+  kRoot, kObjectFrame, kArrayFrame, kStringFrame, kKeyFrame, kNumberFrame, kEnumFrame, kPatternFrame, kTextFrame,
+  kRangeFrame
 };
 enum ContainerState : uint8_t { kOpen, kBeforeKey, kAfterKey, kBeforeValue, kAfterValue };
 enum StringRole : uint16_t { kValueString, kExtraKey };
@@ -157,7 +159,7 @@ bool JsonMatcher::complete() const {
   if (depth_ == 1) return true;
   const Frame& f = frames_[1];  // a top-level scalar that may end here
   if (f.kind == kNumberFrame) return number_accepting(f.state);
-  if (f.kind == kTextFrame) return schema_->patterns_[f.x].accepting(f.y);
+  if (f.kind == kTextFrame || f.kind == kRangeFrame) return schema_->patterns_[f.x].accepting(f.y);
   return f.kind == kEnumFrame && schema_->candidates_[f.y].size() == f.x;
 }
 
@@ -166,7 +168,7 @@ bool JsonMatcher::finished() const {
   // A complete enum value with no longer candidate has already been popped; a full-length number
   // takes no more bytes.
   const Frame& f = frames_[1];
-  if (depth_ == 2 && f.kind == kTextFrame)
+  if (depth_ == 2 && (f.kind == kTextFrame || f.kind == kRangeFrame))
     return schema_->patterns_[f.x].accepting(f.y) && !schema_->patterns_[f.x].extendable(f.y);
   return depth_ == 2 && f.kind == kNumberFrame && number_accepting(f.state) && f.x >= kMaxNumber;
 }
@@ -238,11 +240,17 @@ bool JsonMatcher::step(uint8_t c, uint8_t ws_run) {
       }
       case kStringFrame: return string_byte(f, c);
       case kPatternFrame: return pattern_byte(f, c);
-      case kTextFrame: {
-        const uint16_t next = schema_->patterns_[f.x].next(f.y, c);
-        if (next == ByteDfa::kDead) return false;
-        f.y = next;
-        return true;
+      case kTextFrame:
+      case kRangeFrame: {
+        const ByteDfa& dfa = schema_->patterns_[f.x];
+        const uint16_t next = dfa.next(f.y, c);
+        if (next != ByteDfa::kDead) {
+          f.y = next;
+          return true;
+        }
+        if (f.kind == kTextFrame || !dfa.accepting(f.y)) return false;
+        --depth_;  // the number ended before c: its container takes c
+        continue;
       }
       case kKeyFrame: return key_byte(f, c);
       default: return container_byte(f, c, ws_run);
@@ -457,6 +465,10 @@ bool JsonMatcher::start_value(uint16_t node, uint8_t c) {
       if (lo == hi) return false;
       if (hi - lo == 1 && schema_->candidates_[lo].size() == 1) return true;  // a one-byte value: done
       return push({kEnumFrame, 0, 1, lo, hi});
+    }
+    case Parse::Range: {
+      const uint16_t next = schema_->patterns_[t.ref].next(ByteDfa::start(), c);
+      return next != ByteDfa::kDead && push({kRangeFrame, 0, t.ref, next, 0});
     }
     case Parse::Object: return push({kObjectFrame, kOpen, t.ref, 0, 0});
     case Parse::Array: return push({kArrayFrame, kOpen, t.ref, 0, 0});

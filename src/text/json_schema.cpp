@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
+#include "text/number_range.h"
 
 namespace qwen36::text {
 
@@ -35,7 +38,8 @@ bool is_annotation(std::string_view k) {
 bool is_keyword(std::string_view k) {
   return is_annotation(k) || k == "type" || k == "properties" || k == "required" ||
          k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "minLength" ||
-         k == "maxLength" || k == "pattern" || k == "enum" ||
+         k == "maxLength" || k == "pattern" || k == "minimum" || k == "maximum" || k == "exclusiveMinimum" ||
+         k == "exclusiveMaximum" || k == "enum" ||
          k == "const" || k == "anyOf" || k == "oneOf" || k == "$ref" || k == "$defs" || k == "definitions";
 }
 
@@ -91,7 +95,7 @@ struct JsonSchema::Compiler {
   };
   std::map<std::string, Def> defs;
   uint16_t any_node = kNone;
-  std::map<std::pair<std::string, RegexMode>, uint16_t> patterns;  // compiled once each
+  std::map<std::string, uint16_t> patterns;  // automata by what they were built from: compiled once each
 
   uint16_t new_node() {
     QWEN36_CHECK(out.nodes_.size() < kNone, "schema: too large (more than {} sub-schemas)", kNone);
@@ -255,7 +259,12 @@ struct JsonSchema::Compiler {
     if (s.contains("enum") || s.contains("const")) return enum_node(s, types, path);
     Node n;
     if (types & kTString) n.by_kind[kString] = {Parse::String, string_spec(s, path)};
-    if (types & (kTNumber | kTInteger)) n.by_kind[kNumber] = {types & kTNumber ? Parse::Number : Parse::Integer, 0};
+    if (types & (kTNumber | kTInteger)) {
+      const bool integer = !(types & kTNumber);
+      const uint16_t range = number_bounds(s, integer, path);
+      n.by_kind[kNumber] = range != kNone ? Target{Parse::Range, range}
+                                          : Target{integer ? Parse::Integer : Parse::Number, 0};
+    }
     if (types & kTBoolean) n.by_kind[kTrue] = n.by_kind[kFalse] = {Parse::Enum, kLiterals};
     if (types & kTNull) n.by_kind[kNull] = {Parse::Enum, kLiterals};
     if (types & kTObject) {
@@ -387,12 +396,42 @@ struct JsonSchema::Compiler {
     out.objects_[spec] = std::move(o);
   }
 
-  uint16_t pattern(const std::string& regex, RegexMode mode, const std::string& where) {
-    auto [it, fresh] = patterns.emplace(std::pair(regex, mode), uint16_t(out.patterns_.size()));
-    if (!fresh) return it->second;
+  uint16_t automaton(const std::string& key, const std::string& where, const std::function<ByteDfa()>& build) {
+    if (auto it = patterns.find(key); it != patterns.end()) return it->second;
     QWEN36_CHECK(out.patterns_.size() < kNone, "schema: too large (more than {} patterns)", kNone);
-    out.patterns_.push_back(with_context(where, [&] { return ByteDfa::compile(regex, mode); }));
-    return it->second;
+    out.patterns_.push_back(with_context(where, build));
+    return patterns[key] = uint16_t(out.patterns_.size() - 1);
+  }
+  uint16_t pattern(const std::string& regex, RegexMode mode, const std::string& where) {
+    return automaton((mode == RegexMode::Full ? "full:" : "search:") + regex, where,
+                     [&] { return ByteDfa::compile(regex, mode); });
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum: the bounded numbers' automaton, or
+  // kNone without bounds. Draft 4's boolean exclusive* make minimum / maximum exclusive.
+  uint16_t number_bounds(const Json& s, bool integer, const std::string& path) {
+    auto number = [&](const char* keyword, bool exclusive) -> std::optional<NumberBound> {
+      const Json* v = find(s, keyword);
+      if (!v || v->is_boolean()) return std::nullopt;
+      QWEN36_CHECK(v->is_number(), "{}: '{}' must be a number, got {}", path, keyword, v->dump());
+      return NumberBound{v->dump(), exclusive};
+    };
+    auto flag = [&](const char* keyword) {
+      const Json* v = find(s, keyword);
+      return v && v->is_boolean() && v->get<bool>();
+    };
+    const auto lo = number("minimum", flag("exclusiveMinimum")), hi = number("maximum", flag("exclusiveMaximum"));
+    const auto xlo = number("exclusiveMinimum", true), xhi = number("exclusiveMaximum", true);
+    if (!lo && !hi && !xlo && !xhi) return kNone;
+    std::string key = integer ? "integer" : "number";
+    for (const auto& b : {lo, hi, xlo, xhi}) key += b ? "|" + b->value : "|-";
+    return automaton(key, path, [&] {
+      if (!lo && !hi) return number_range(xlo, xhi, integer);
+      ByteDfa d = number_range(lo, hi, integer);
+      if (xlo || xhi) d = ByteDfa::intersect(d, number_range(xlo, xhi, integer));
+      QWEN36_CHECK(!d.empty(), "no {} lies within the bounds", integer ? "integer" : "number");
+      return d;
+    });
   }
 
   // minLength / maxLength (characters), pattern, an enforced format: a spec of the table, 0 (the

@@ -12,11 +12,12 @@
 // maxLength (characters: UTF-8 sequences, an escape counting one), pattern (regex.h: the
 // ECMAScript / Python common subset, matched against the decoded characters), format (enforced
 // for date, time, date-time, uuid, ipv4, email and hostname when no pattern is given; other
-// formats are annotations), enum, const,
+// formats are annotations), minimum / maximum / exclusiveMinimum / exclusiveMaximum (number_range.h:
+// exact decimal bounds; a bounded number is written without exponent), enum, const,
 // anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are
 // one kind, number wins), $ref (local JSON pointers: #/$defs/NAME, #/definitions/NAME, #, ...;
 // recursion allowed), $defs / definitions. Annotations are ignored: title, description, default,
-// examples, $schema, $id, $comment, strict. Any other keyword (minimum, allOf, ...) is an Error
+// examples, $schema, $id, $comment, strict. Any other keyword (multipleOf, allOf, ...) is an Error
 // naming it and its schema path.
 //
 // Deliberate choices (as OpenAI / llama.cpp / xgrammar structured outputs):
@@ -64,10 +65,10 @@ constexpr uint16_t kNone = 0xFFFF;  // no node (e.g. additionalProperties false)
 // Value kinds, told apart by the value's first byte.
 enum Kind : uint8_t { kString, kNumber, kObject, kArray, kTrue, kFalse, kNull, kNumKinds };
 // How a value of one kind is parsed.
-enum class Parse : uint8_t { None, String, Number, Integer, Enum, Object, Array };
+enum class Parse : uint8_t { None, String, Number, Integer, Enum, Object, Array, Range };
 struct Target {
   Parse parse = Parse::None;
-  uint16_t ref = 0;  // Enum: slice, Object: object spec, Array: array spec
+  uint16_t ref = 0;  // Enum: slice, Object: object spec, Array: array spec, Range: pattern
   bool operator==(const Target&) const = default;
 };
 struct Node {  // a schema, as what it accepts for each kind

@@ -519,15 +519,22 @@ struct DfaBuilder {
       for (const auto& b : buckets) next.push_back(b.empty() ? UINT32_MAX : id_of(closure(b)));
     }
 
-    // Keep the states from which a match is reachable.
-    const size_t n = sets.size();
+    std::vector<bool> accepting(sets.size());
+    for (size_t q = 0; q < sets.size(); ++q) accepting[q] = std::binary_search(sets[q]->begin(), sets[q]->end(), accept);
+    return trimmed(std::move(d), next, accepting);
+  }
+
+  // d's transitions from `next` ([state * classes + class], UINT32_MAX: none), keeping only the
+  // states from which an accepting state is reachable (none at all when the start is not).
+  static ByteDfa trimmed(ByteDfa d, const std::vector<uint32_t>& next, const std::vector<bool>& accepting) {
+    const size_t n = accepting.size();
     std::vector<std::vector<uint32_t>> preds(n);
     std::vector<bool> live(n, false);
     std::vector<uint32_t> work;
     for (size_t s = 0; s < n; ++s) {
       for (size_t c = 0; c < d.classes_; ++c)
         if (const uint32_t t = next[s * d.classes_ + c]; t != UINT32_MAX) preds[t].push_back(uint32_t(s));
-      if (std::binary_search(sets[s]->begin(), sets[s]->end(), accept)) {
+      if (accepting[s]) {
         live[s] = true;
         work.push_back(uint32_t(s));
       }
@@ -538,14 +545,16 @@ struct DfaBuilder {
       for (uint32_t p : preds[t])
         if (!live[p]) live[p] = true, work.push_back(p);
     }
-    QWEN36_CHECK(live[0], "it matches nothing");
+    d.next_.clear();
+    d.flags_.clear();
+    if (n == 0 || !live[0]) return d;
     std::vector<uint16_t> renum(n, ByteDfa::kDead);
     uint16_t kept = 0;
     for (size_t s = 0; s < n; ++s)
       if (live[s]) renum[s] = kept++;
     for (size_t s = 0; s < n; ++s) {
       if (!live[s]) continue;
-      uint8_t flags = std::binary_search(sets[s]->begin(), sets[s]->end(), accept) ? ByteDfa::kAccepting : 0;
+      uint8_t flags = accepting[s] ? ByteDfa::kAccepting : 0;
       for (size_t c = 0; c < d.classes_; ++c) {
         const uint32_t t = next[s * d.classes_ + c];
         const uint16_t to = t == UINT32_MAX ? ByteDfa::kDead : renum[t];
@@ -556,7 +565,52 @@ struct DfaBuilder {
     }
     return d;
   }
+
+  // The product automaton: both (intersection) or either (union) accepting.
+  static ByteDfa product(const ByteDfa& a, const ByteDfa& b, bool both) {
+    ByteDfa d;
+    std::map<std::pair<uint8_t, uint8_t>, uint8_t> classes;  // (a's class, b's class) -> class
+    std::vector<uint8_t> rep;                                  // a byte of each class
+    for (int byte = 0; byte < 256; ++byte) {
+      auto [it, fresh] = classes.emplace(std::pair(a.class_of_[size_t(byte)], b.class_of_[size_t(byte)]),
+                                         uint8_t(classes.size()));
+      if (fresh) rep.push_back(uint8_t(byte));
+      d.class_of_[size_t(byte)] = it->second;
+    }
+    d.classes_ = uint16_t(classes.size());
+    // A side that is empty or has died is kDead; a pair with both dead is no state.
+    std::map<std::pair<uint16_t, uint16_t>, uint32_t> ids;
+    std::vector<std::pair<uint16_t, uint16_t>> pairs;
+    std::vector<uint32_t> next;
+    auto id_of = [&](uint16_t x, uint16_t y) -> uint32_t {
+      if (both ? x == ByteDfa::kDead || y == ByteDfa::kDead : x == ByteDfa::kDead && y == ByteDfa::kDead)
+        return UINT32_MAX;
+      auto [it, fresh] = ids.emplace(std::pair(x, y), uint32_t(pairs.size()));
+      if (fresh) {
+        QWEN36_CHECK(pairs.size() < ByteDfa::kMaxStates, "too complex (more than {} automaton states)",
+                     ByteDfa::kMaxStates);
+        pairs.emplace_back(x, y);
+      }
+      return it->second;
+    };
+    id_of(a.empty() ? ByteDfa::kDead : ByteDfa::start(), b.empty() ? ByteDfa::kDead : ByteDfa::start());
+    for (size_t s = 0; s < pairs.size(); ++s) {
+      const auto [x, y] = pairs[s];
+      for (uint8_t r : rep)
+        next.push_back(id_of(x == ByteDfa::kDead ? x : a.next(x, r), y == ByteDfa::kDead ? y : b.next(y, r)));
+    }
+    std::vector<bool> accepting(pairs.size());
+    for (size_t s = 0; s < pairs.size(); ++s) {
+      const bool ax = pairs[s].first != ByteDfa::kDead && a.accepting(pairs[s].first);
+      const bool by = pairs[s].second != ByteDfa::kDead && b.accepting(pairs[s].second);
+      accepting[s] = both ? ax && by : ax || by;
+    }
+    return trimmed(std::move(d), next, accepting);
+  }
 };
+
+ByteDfa ByteDfa::intersect(const ByteDfa& a, const ByteDfa& b) { return DfaBuilder::product(a, b, true); }
+ByteDfa ByteDfa::unite(const ByteDfa& a, const ByteDfa& b) { return DfaBuilder::product(a, b, false); }
 
 ByteDfa ByteDfa::compile(std::string_view pattern, RegexMode mode) {
   return with_context(fmt::format("regex '{}'", pattern.substr(0, 80)), [&] {
@@ -564,7 +618,9 @@ ByteDfa ByteDfa::compile(std::string_view pattern, RegexMode mode) {
     const uint32_t root = parser.parse(mode);
     Nfa nfa;
     const auto [start, accept] = nfa.build(parser.nodes, root);
-    return DfaBuilder{nfa, accept, {}, 0}.build(start);
+    ByteDfa d = DfaBuilder{nfa, accept, {}, 0}.build(start);
+    QWEN36_CHECK(!d.empty(), "it matches nothing");
+    return d;
   });
 }
 

@@ -37,6 +37,13 @@ class ByteDfa {
   static constexpr size_t kMaxStates = 16384;  // more is an Error ("too complex")
 
   static ByteDfa compile(std::string_view pattern, RegexMode mode);  // throws Error
+  // The texts both match / either matches (may be empty(); throws Error past kMaxStates).
+  static ByteDfa intersect(const ByteDfa& a, const ByteDfa& b);
+  static ByteDfa unite(const ByteDfa& a, const ByteDfa& b);
+
+  // No text matches (only intersect / unite of empty automata give one); the state functions
+  // below are then not to be called.
+  bool empty() const { return flags_.empty(); }
 
   static constexpr uint16_t start() { return 0; }
   uint16_t next(uint16_t state, uint8_t byte) const { return next_[size_t(state) * classes_ + class_of_[byte]]; }

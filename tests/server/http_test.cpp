@@ -356,8 +356,8 @@ TEST_F(HttpTest, StructuredOutputAndLogitBias) {
   expect_400({{"type", "json_schema"}}, "json_schema");
   expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "(a+"}}}}}},
              "missing ')'");
-  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}, {"minimum", 1}}}}}},
-             "'minimum' is not supported");
+  expect_400({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}, {"multipleOf", 2}}}}}},
+             "'multipleOf' is not supported");
 }
 
 // Regex and choice outputs (vLLM's structured_outputs and guided_* fields, SGLang's regex and
@@ -387,12 +387,14 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
     EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{3}-[a-z]{2}"))) << field << ": " << text;
   }
   Json str = chat;
-  str["json_schema"] = R"({"type": "string", "pattern": "^[a-c]{2,4}$"})";  // SGLang: the schema's text
+  str["json_schema"] = R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]{2,4}$"},
+    "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 20}}, "required": ["code", "n"]})";  // SGLang: text
   Json a = post_json(c, "/v1/chat/completions", str, &status);
   ASSERT_EQ(status, 200) << a.dump();
   const Json doc = Json::parse(a["choices"][0]["message"].value("content", ""), nullptr, false);
-  ASSERT_TRUE(doc.is_string()) << a.dump();
-  EXPECT_TRUE(std::regex_match(doc.get<std::string>(), std::regex("[a-c]{2,4}"))) << doc.dump();
+  ASSERT_TRUE(doc.is_object()) << a.dump();
+  EXPECT_TRUE(std::regex_match(doc.value("code", ""), std::regex("[a-c]{2,4}"))) << doc.dump();
+  EXPECT_TRUE(doc["n"].is_number_integer() && doc["n"] >= 10 && doc["n"] < 20) << doc.dump();
 
   auto expect_400 = [&](const Json& extra, const std::string& param, const std::string& says) {
     Json body = chat;
