@@ -452,7 +452,8 @@ bool JsonMatcher::start_value(uint16_t node, uint8_t c) {
   switch (t.parse) {
     case Parse::None: return false;
     case Parse::String:
-      if (schema_->strings_[t.ref].pattern != kNone) return push({kPatternFrame, kPatPlain, t.ref, ByteDfa::start(), 0});
+      if (schema_->strings_[t.ref].pattern != kNone)
+        return push({kPatternFrame, kPatPlain, t.ref, ByteDfa::start(), 0});
       return push({kStringFrame, kPlain, kValueString, t.ref, 0});
     case Parse::Number:
     case Parse::Integer: {

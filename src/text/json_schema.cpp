@@ -52,7 +52,8 @@ const Json* find(const Json& s, const char* key) {
 const char* format_regex(std::string_view format) {
   static constexpr const char* kDate = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
   // RFC 3339 full-time: the offset is required.
-  static constexpr const char* kTime = "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+  static constexpr const char* kTime =
+      "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
   static const std::string kDateTime = std::string(kDate) + "[Tt]" + kTime;
   static constexpr const char* kLabel = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
   static const std::string kHostname = std::string(kLabel) + "(\\." + kLabel + ")*";
@@ -438,12 +439,22 @@ struct JsonSchema::Compiler {
   // unbounded one) without them.
   uint16_t string_spec(const Json& s, const std::string& path) {
     uint16_t dfa = kNone;
-    if (const Json* p = find(s, "pattern")) {
-      QWEN36_CHECK(p->is_string(), "{}: 'pattern' must be a string", path);
+    const Json* p = find(s, "pattern");
+    QWEN36_CHECK(!p || p->is_string(), "{}: 'pattern' must be a string", path);
+    const Json* f = find(s, "format");
+    const char* format = f && f->is_string() ? format_regex(f->get<std::string>()) : nullptr;
+    if (p && format) {  // both: the strings they both match
+      const std::string& regex = p->get_ref<const std::string&>();
+      dfa = automaton("search:" + regex + "\nformat:" + format, path, [&] {
+        ByteDfa both =
+            ByteDfa::intersect(ByteDfa::compile(regex, RegexMode::Search), ByteDfa::compile(format, RegexMode::Full));
+        QWEN36_CHECK(!both.empty(), "no string matches both 'pattern' and 'format'");
+        return both;
+      });
+    } else if (p) {
       dfa = pattern(p->get<std::string>(), RegexMode::Search, path + ": 'pattern'");
-    } else if (const Json* f = find(s, "format"); f && f->is_string()) {
-      if (const char* regex = format_regex(f->get<std::string>()))
-        dfa = pattern(regex, RegexMode::Full, path + ": 'format'");
+    } else if (format) {
+      dfa = pattern(format, RegexMode::Full, path + ": 'format'");
     }
     if (!s.contains("minLength") && !s.contains("maxLength") && dfa == kNone) return 0;
     const uint32_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", kMaxStringLength, path);

@@ -11,7 +11,7 @@
 // additionalProperties (bool or schema), items (a schema), minItems, maxItems, minLength,
 // maxLength (characters: UTF-8 sequences, an escape counting one), pattern (regex.h: the
 // ECMAScript / Python common subset, matched against the decoded characters), format (enforced
-// for date, time, date-time, uuid, ipv4, email and hostname when no pattern is given; other
+// for date, time, date-time, uuid, ipv4, email and hostname, next to a pattern too; other
 // formats are annotations), minimum / maximum / exclusiveMinimum / exclusiveMaximum (number_range.h:
 // exact decimal bounds; a bounded number is written without exponent), enum, const,
 // anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are

@@ -79,8 +79,13 @@ TEST(JsonPattern, Formats) {
   EXPECT_EQ(refused_at(s, R"({"at": "2026-12-05T01:08:32")"), 27u) << "RFC 3339: the offset is required";
   EXPECT_EQ(refused_at(s, R"({"ip": "256.1.1.1"})"), 10u);
   EXPECT_EQ(refused_at(s, R"({"mail": "a@b..c"})"), 14u);
-  // A pattern wins over a format.
-  EXPECT_TRUE(accepts(compile(R"({"type": "string", "format": "date", "pattern": "^x$"})"), R"("x")"));
+  // A pattern and a format: both apply.
+  const Schema both = compile(R"({"type": "string", "format": "date", "pattern": "^2026-"})");
+  EXPECT_TRUE(accepts(both, R"("2026-12-05")"));
+  EXPECT_EQ(refused_at(both, R"("2025)"), 4u);
+  EXPECT_EQ(refused_at(both, R"("2026-13)"), 7u);
+  EXPECT_NE(error_of(R"({"type": "string", "format": "date", "pattern": "^x"})").find("both 'pattern' and 'format'"),
+            std::string::npos);
 }
 
 TEST(JsonPattern, EqualStatesShareMasks) {
