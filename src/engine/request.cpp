@@ -79,8 +79,12 @@ std::string StopTextFilter::push(std::string_view bytes) {
   // A stop string anywhere in the held text ends the output there. Held text never contains
   // emitted text, and everything that might start a stop string is held, so no match is missed.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_)
-    if (!s.empty()) first = std::min(first, held_.find(s));
+  for (const std::string& s : stops_) {
+    if (const size_t at = s.empty() ? std::string::npos : held_.find(s); at < first) {
+      first = at;
+      stop_ = s;
+    }
+  }
   if (first != std::string::npos) {
     matched_ = true;
     std::string out = held_.substr(0, first);

@@ -49,6 +49,7 @@ struct RequestEvent {
   std::optional<TokenLogprob> logprob;
   std::string finish_reason;  // Finished: "stop", "length", "cancelled" or "error"
   std::string error;          // Finished with "error"
+  std::string stop_string;    // Finished with "stop" by a stop string: that string
 };
 
 struct RequestUsage {
@@ -100,17 +101,18 @@ RequestResult wait_for_result(Request& r, std::chrono::milliseconds deadline);
 
 // Token bytes in, displayable text out. Holds back an unfinished UTF-8 character and any
 // tail that is the start of a stop string; once a stop string appears, returns the text
-// before it and reports matched().
+// before it and reports matched() (and which: stop()).
 class StopTextFilter {
  public:
   explicit StopTextFilter(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
   std::string push(std::string_view bytes);
   std::string flush();  // end of output: whatever is held (unless a stop string matched)
   bool matched() const { return matched_; }
+  const std::string& stop() const { return stop_; }  // the stop string that matched (the earliest)
 
  private:
   std::vector<std::string> stops_;
-  std::string held_;
+  std::string held_, stop_;
   bool matched_ = false;
 };
 

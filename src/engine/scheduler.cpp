@@ -161,6 +161,7 @@ void Scheduler::finish(Sequence& s, const std::string& reason, const std::string
   ev.text = s.text.flush();
   ev.finish_reason = reason;
   ev.error = error;
+  if (reason == "stop" && s.text.matched()) ev.stop_string = s.text.stop();
   s.in.req->push(std::move(ev), &u);
   s.failed = reason == "error";
   std::lock_guard lock(mu_);

@@ -101,6 +101,7 @@ struct MessagesJob : Job {
   }
   std::string stop_reason(const std::string& reason) const {
     if (reason == "length") return "max_tokens";
+    if (!stop_string.empty()) return "stop_sequence";
     for (const Json& b : content)
       if (b["type"] == "tool_use") return "tool_use";
     return "end_turn";
@@ -115,7 +116,7 @@ struct MessagesJob : Job {
             {"content", content},
             {"model", model},
             {"stop_reason", u ? Json(stop_reason(reason)) : Json(nullptr)},
-            {"stop_sequence", nullptr},
+            {"stop_sequence", u && !stop_string.empty() ? Json(stop_string) : Json(nullptr)},
             {"usage", usage(u ? u->completion_tokens : 0, u ? u->cached_tokens : 0)}};
   }
   void stop_block(std::vector<Json>& out) {
@@ -169,13 +170,15 @@ struct MessagesJob : Job {
     std::vector<Json> out = on_text(t, nullptr);
     for (const OutputDelta& d : parser.finish()) add(d, out);
     stop_block(out);
-    out.push_back(event("message_delta", {{"delta", {{"stop_reason", stop_reason(reason)}, {"stop_sequence", nullptr}}},
+    const Json stop_sequence = stop_string.empty() ? Json(nullptr) : Json(stop_string);
+    out.push_back(event("message_delta", {{"delta", {{"stop_reason", stop_reason(reason)}, {"stop_sequence", stop_sequence}}},
                                           {"usage", {{"output_tokens", u.completion_tokens}}}}));
     out.push_back(event("message_stop"));
     return out;
   }
   Json response(const std::string& reason, const RequestUsage& u) override { return message(reason, &u); }
   Json usage_chunk(const RequestUsage&) override { return Json::object(); }  // never asked: no include_usage
+  Json error(const HttpError& e) const override { return anthropic_error_body(e); }
 };
 
 }  // namespace

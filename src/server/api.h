@@ -36,6 +36,8 @@ struct HttpServer::Api {
 // JSON text; invalid UTF-8 from the model (a token cut mid-character) becomes U+FFFD.
 std::string dump(const Json& j);
 Json error_body(const HttpError& e);
+// {"type": "error", "error": {"type", "message"}}: the Messages API's shape.
+Json anthropic_error_body(const HttpError& e);
 // The body as a JSON object, or HttpError 400.
 Json parse_body(const httplib::Request& req);
 

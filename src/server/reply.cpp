@@ -24,9 +24,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-Json shutdown_error() {
-  return error_body(HttpError(503, "the request was cancelled: the server is shutting down", {}, "cancelled",
-                              "server_error"));
+HttpError shutdown_error() {
+  return HttpError(503, "the request was cancelled: the server is shutting down", {}, "cancelled", "server_error");
 }
 
 // Pulls events until every choice's request finishes, writing as it goes. A failed write means
@@ -75,13 +74,14 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
     usages[i] = job.req->usage();
     reasons[i] = ev.finish_reason;
     ended[i] = true;
+    job.stop_string = ev.stop_string;
     const std::vector<Json> tail = job.on_finish(ev.text, ev.finish_reason, usages[i]);
     if (ev.finish_reason == "error" || ev.finish_reason == "cancelled") {
       reply.cancel();
       over = true;
-      const Json err = ev.finish_reason == "error"
-                           ? error_body(HttpError(500, "generation failed: " + ev.error, {}, {}, "server_error"))
-                           : shutdown_error();
+      const Json err = job.error(ev.finish_reason == "error"
+                                     ? HttpError(500, "generation failed: " + ev.error, {}, {}, "server_error")
+                                     : shutdown_error());
       return reply.stream ? sse(err) && done_marker() : write(dump(err));
     }
     if (reply.stream)

@@ -24,7 +24,10 @@ struct Job {
                                       const RequestUsage& usage) = 0;
   virtual Json response(const std::string& reason, const RequestUsage& usage) = 0;  // non-streaming body
   virtual Json usage_chunk(const RequestUsage& usage) = 0;  // streaming: the last chunk, no choices
+  // An error's body (or stream event): OpenAI's shape unless the API has its own.
+  virtual Json error(const HttpError& e) const { return error_body(e); }
   std::shared_ptr<Request> req;
+  std::string stop_string;  // set before on_finish: the stop string that ended the text, if one did
   int index = 0;  // the choice's index (`n`)
   bool stream = false;
 };

@@ -1,6 +1,6 @@
 // The route table of `qwen36 serve`, and the small routes. Every handler runs inside
-// `guarded`, which turns exceptions into OpenAI-style error bodies so a bad request can never
-// take the server down.
+// `guarded`, which turns exceptions into error bodies (OpenAI's shape, or Anthropic's on its
+// routes) so a bad request can never take the server down.
 #include <spdlog/spdlog.h>
 
 #include "server/api.h"
@@ -15,6 +15,18 @@ Json error_body(const HttpError& e) {
             {"type", e.type},
             {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
             {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}}}};
+}
+
+Json anthropic_error_body(const HttpError& e) {
+  const char* type = e.status == 401   ? "authentication_error"
+                     : e.status == 403 ? "permission_error"
+                     : e.status == 404 ? "not_found_error"
+                     : e.status == 413 ? "request_too_large"
+                     : e.status == 429 ? "rate_limit_error"
+                     : e.status == 503 ? "overloaded_error"
+                     : e.status >= 500 ? "api_error"
+                                       : "invalid_request_error";
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}};
 }
 
 Json parse_body(const httplib::Request& req) {
@@ -111,7 +123,8 @@ struct Route {
   const char* method;
   const char* path;
   Handler handler;
-  bool needs_key;  // with --api-key
+  bool needs_key;               // with --api-key
+  bool anthropic_errors = false;  // error bodies in Anthropic's shape
 };
 
 // The whole API at a glance.
@@ -123,8 +136,8 @@ constexpr Route kRoutes[] = {
     {"POST", "/v1/chat/completions", when_ready<handle_chat_completions>, true},
     {"POST", "/v1/completions", when_ready<handle_completions>, true},
     {"POST", "/v1/responses", when_ready<handle_responses>, true},
-    {"POST", "/v1/messages", when_ready<handle_messages>, true},  // Anthropic's Messages API
-    {"POST", "/v1/messages/count_tokens", when_ready<handle_count_tokens>, true},
+    {"POST", "/v1/messages", when_ready<handle_messages>, true, true},  // Anthropic's Messages API
+    {"POST", "/v1/messages/count_tokens", when_ready<handle_count_tokens>, true, true},
     {"POST", "/tokenize", tokenize, true},
     {"POST", "/detokenize", detokenize, true},
     {"GET", "/metrics", metrics, true},
@@ -146,21 +159,22 @@ bool key_ok(const Api& api, const httplib::Request& req) {
 // Runs a handler; any exception becomes an error body (4xx for the client's mistakes).
 void guarded(Api& api, const Route& r, const httplib::Request& req, httplib::Response& res) {
   ++api.http_requests;
+  auto fail_with = [&](const HttpError& e) {
+    ++api.http_errors;
+    reply(res, e.status, r.anthropic_errors ? anthropic_error_body(e) : error_body(e));
+    if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  };
   try {
     if (r.needs_key && !key_ok(api, req))
       throw HttpError(401, "Incorrect API key provided", {}, "invalid_api_key", "authentication_error");
     r.handler(api, req, res);
   } catch (const HttpError& e) {
-    ++api.http_errors;
-    reply(res, e.status, error_body(e));
-    if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+    fail_with(e);
   } catch (const Error& e) {  // engine validation (bad prompt tokens, sampling values ...)
-    ++api.http_errors;
-    reply(res, 400, error_body(HttpError(400, e.what())));
+    fail_with(HttpError(400, e.what()));
   } catch (const std::exception& e) {
-    ++api.http_errors;
     spdlog::error("{} {}: {}", r.method, r.path, e.what());
-    reply(res, 500, error_body(HttpError(500, std::string("internal error: ") + e.what(), {}, {}, "server_error")));
+    fail_with(HttpError(500, std::string("internal error: ") + e.what(), {}, {}, "server_error"));
   }
 }
 

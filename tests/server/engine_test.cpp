@@ -361,7 +361,14 @@ TEST(StopTextFilterTest, HoldsPartialStopsAndUtf8) {
   EXPECT_EQ(f.push("\xa9!x"), "\xc3\xa9!");
   EXPECT_EQ(f.push("y tail"), "");
   EXPECT_TRUE(f.matched());
+  EXPECT_EQ(f.stop(), "xy");
   EXPECT_EQ(f.flush(), "");
+  StopTextFilter earliest({"later", "b"});  // both in one push: the one that starts first
+  EXPECT_EQ(earliest.push("a b later"), "a ");
+  EXPECT_EQ(earliest.stop(), "b");
+  StopTextFilter first({"bc", "abc"});
+  EXPECT_EQ(first.push("xabc"), "x");
+  EXPECT_EQ(first.stop(), "abc");
   StopTextFilter g;
   EXPECT_EQ(g.push("ab\xe2\x82"), "ab");
   EXPECT_EQ(g.flush(), "\xe2\x82");

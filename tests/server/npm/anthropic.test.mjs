@@ -66,8 +66,25 @@ describe('anthropic client', { timeout: 120000 }, () => {
     await assert.rejects(client.messages.create({ ...base, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }] }] }),
       (e) => e instanceof Anthropic.BadRequestError && e.status === 400);
     await assert.rejects(client.messages.create({ ...base, tool_choice: { type: 'sometimes' }, messages: ask }),
-      (e) => e instanceof Anthropic.BadRequestError);
+      (e) => e instanceof Anthropic.BadRequestError && e.error.type === 'error' &&
+        e.error.error.type === 'invalid_request_error' && /tool_choice/.test(e.error.error.message));
     const wrong = new Anthropic({ apiKey: 'sk-wrong', baseURL: server.url, timeout: 10000, maxRetries: 0 });
-    await assert.rejects(wrong.messages.create({ ...base, messages: ask }), (e) => e instanceof Anthropic.AuthenticationError);
+    await assert.rejects(wrong.messages.create({ ...base, messages: ask }),
+      (e) => e instanceof Anthropic.AuthenticationError && e.error.error.type === 'authentication_error');
+  });
+
+  test('a stop sequence is reported as the stop reason, streamed and not', async () => {
+    // Greedy: the answer without a stop sequence, then one of its words as the stop sequence.
+    const plain = await client.messages.create({ ...base, max_tokens: 24, messages: ask });
+    const text = plain.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+    const word = text.trim().split(/\s+/).find((w) => w.length >= 2 && text.indexOf(w) > 0);
+    if (!word) return;  // a random model's answer without a usable word: nothing to stop on
+    const req = { ...base, max_tokens: 24, messages: ask, stop_sequences: [word] };
+    const m = await client.messages.create(req);
+    assert.equal(m.stop_reason, 'stop_sequence');
+    assert.equal(m.stop_sequence, word);
+    const final = await client.messages.stream(req).finalMessage();
+    assert.equal(final.stop_reason, 'stop_sequence');
+    assert.equal(final.stop_sequence, word);
   });
 });
