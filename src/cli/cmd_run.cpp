@@ -46,8 +46,9 @@ struct RunOptions {
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   bool json = false;               // structured output: any JSON object
   std::string json_schema, json_schema_file;
-  std::string regex;                               // structured output: the answer matches it in full
-  std::shared_ptr<const text::JsonSchema> schema;  // compiled from the four above
+  std::string regex;                  // structured output: the answer matches it in full
+  std::string grammar, grammar_file;  // structured output: a sentence of this GBNF grammar
+  OutputConstraint output;            // compiled from the six above
   SamplingParams sampling;
   CacheTypes cache;
   TpCliOptions tp;
@@ -126,21 +127,33 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   return r.gen;
 }
 
-// --json / --json-schema / --json-schema-file / --regex, compiled (null: none).
-std::shared_ptr<const text::JsonSchema> run_schema(const RunOptions& o) {
-  if (!o.json && o.json_schema.empty() && o.json_schema_file.empty() && o.regex.empty()) return nullptr;
-  QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema / --regex constrain text: give the prompt as text (-p or -f)");
-  if (o.json) return text::JsonSchema::any_object();
-  if (!o.regex.empty()) return with_context("--regex", [&] { return text::JsonSchema::text_matching(o.regex); });
-  std::string src = o.json_schema;
-  if (!o.json_schema_file.empty()) {
-    std::ifstream in(o.json_schema_file, std::ios::binary);
-    QWEN36_CHECK(in.good(), "cannot open {}", o.json_schema_file);
-    src.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  QWEN36_CHECK(in.good(), "cannot open {}", path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// --json / --json-schema(-file) / --regex / --grammar(-file), compiled (empty: none).
+OutputConstraint run_output_constraint(const RunOptions& o) {
+  OutputConstraint c;
+  const bool json = o.json || !o.json_schema.empty() || !o.json_schema_file.empty();
+  if (!json && o.regex.empty() && o.grammar.empty() && o.grammar_file.empty()) return c;
+  QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema / --regex / --grammar constrain text: give the prompt as "
+               "text (-p or -f)");
+  if (!o.grammar.empty() || !o.grammar_file.empty()) {
+    const std::string src = o.grammar_file.empty() ? o.grammar : read_text_file(o.grammar_file);
+    c.grammar = with_context(o.grammar_file.empty() ? "--grammar" : o.grammar_file, [&] { return text::Grammar::parse(src); });
+  } else if (!o.regex.empty()) {
+    c.schema = with_context("--regex", [&] { return text::JsonSchema::text_matching(o.regex); });
+  } else if (o.json) {
+    c.schema = text::JsonSchema::any_object();
+  } else {
+    const std::string src = o.json_schema_file.empty() ? o.json_schema : read_text_file(o.json_schema_file);
+    const auto j = nlohmann::ordered_json::parse(src, nullptr, false);
+    QWEN36_CHECK(!j.is_discarded(), "--json-schema: not valid JSON");
+    c.schema = text::JsonSchema::compile(j);
   }
-  const auto j = nlohmann::ordered_json::parse(src, nullptr, false);
-  QWEN36_CHECK(!j.is_discarded(), "--json-schema: not valid JSON");
-  return text::JsonSchema::compile(j);
+  return c;
 }
 
 // Token ids in, token ids out.
@@ -200,9 +213,8 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   const std::vector<int32_t> prompt = tok.encode(text);
   QWEN36_CHECK(!prompt.empty(), "the prompt is empty");
   std::optional<TokenConstraint> constraint;
-  if (o.schema) {  // after a chat's reasoning, the answer is the document
-    OutputConstraint oc;
-    oc.schema = o.schema;
+  if (!o.output.empty()) {  // after a chat's reasoning, the answer is the document
+    OutputConstraint oc = o.output;
     if (popts.prompt_opened_thinking) oc.start_after = tok.token_id("</think>");
     constraint.emplace(std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size)), oc, g.stop_ids);
     g.constraint = &*constraint;
@@ -282,9 +294,14 @@ void register_run(CLI::App& app) {
   auto* re = cmd->add_option("--regex", o->regex,
                              "Structured output: the answer is text this regular expression matches in full "
                              "(ECMAScript / Python subset; e.g. '(yes|no)' or '\\d{3}-\\d{4}')");
-  json->excludes(js)->excludes(jsf)->excludes(re);
-  js->excludes(jsf)->excludes(re);
-  jsf->excludes(re);
+  auto* gr = cmd->add_option("--grammar", o->grammar,
+                             "Structured output: the answer is a sentence of this GBNF grammar (llama.cpp's syntax; "
+                             "rule 'root' starts it)");
+  auto* grf = cmd->add_option("--grammar-file", o->grammar_file, "The same, read from a file (e.g. a .gbnf)");
+  const std::vector<CLI::Option*> constraints = {json, js, jsf, re, gr, grf};
+  for (CLI::Option* a : constraints)
+    for (CLI::Option* b : constraints)
+      if (a != b) a->excludes(b);
   auto* spec = cmd->add_option("--spec", o->spec,
                                "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup), dflash "
                                "(block drafter, --draft-model) or none")
@@ -322,7 +339,7 @@ void register_run(CLI::App& app) {
     QWEN36_CHECK(!o->prompt.empty() || !o->prompt_file.empty() || !o->tokens.empty(),
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
     o->offload.plan.state_type = resolve_state_type(o->cache);  // a bad --state-type fails before loading
-    o->schema = run_schema(*o);                                 // and a bad schema
+    o->output = run_output_constraint(*o);                      // and a bad schema or grammar
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
       lm = load_tp_command_model(o->tp, o->model, o->backend, o->threads, o->offload);

@@ -91,7 +91,8 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
   QWEN36_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20, "top_logprobs {} must be between 0 and 20",
                p.top_logprobs);
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
-  QWEN36_CHECK(!p.constraint.schema || opts_.vocab, "structured output needs the tokenizer's vocabulary");
+  QWEN36_CHECK((!p.constraint.schema && !p.constraint.grammar) || opts_.vocab,
+               "structured output needs the tokenizer's vocabulary");
   for (const auto& [t, bias] : p.logit_bias)
     QWEN36_CHECK(t >= 0 && t < c.vocab_size && std::isfinite(bias), "logit_bias: token {} (bias {}) is not valid", t,
                  bias);

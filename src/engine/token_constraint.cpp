@@ -76,9 +76,11 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const TokenTrie> trie, const Ou
       stops_(std::move(stop_ids)),
       start_after_(c.start_after),
       active_(c.start_after < 0),
-      matcher_(c.schema ? c.schema : text::JsonSchema::any_value()),
+      matcher_(c.grammar ? OutputMatcher(text::GrammarMatcher(c.grammar))
+                         : OutputMatcher(text::JsonMatcher(c.schema ? c.schema : text::JsonSchema::any_value()))),
       forced_(c.forced) {
-  QWEN36_CHECK(!c.schema != forced_.empty(), "an output constraint is a schema or a forced beginning");
+  QWEN36_CHECK(int(c.schema != nullptr) + int(c.grammar != nullptr) + int(!forced_.empty()) == 1,
+               "an output constraint is a schema, a grammar or a forced beginning");
   // A forced beginning alone leaves matcher_ on any_value, never fed.
   forced_state_.alive.assign(forced_.size(), true);
   if (!forced_.empty()) return;
@@ -113,7 +115,7 @@ int64_t TokenConstraint::apply_forced(const Forced& f, std::span<float> logits) 
   return int64_t(next.size());
 }
 
-bool TokenConstraint::feed(text::JsonMatcher& m, int32_t token) const {
+bool TokenConstraint::feed(OutputMatcher& m, int32_t token) const {
   return token >= 0 && token < trie_->vocab() && !trie_->bytes(token).empty() && m.feed(trie_->bytes(token));
 }
 
@@ -121,7 +123,7 @@ bool TokenConstraint::is_stop(int32_t token) const {
   return std::find(stops_.begin(), stops_.end(), token) != stops_.end();
 }
 
-void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask, uint32_t first,
+void TokenConstraint::walk(const TokenTrie::Trie& t, const OutputMatcher& from, Mask& mask, uint32_t first,
                            uint32_t last) {
   const std::vector<TokenTrie::Node>& nodes = t.nodes;
   last = std::min<uint32_t>(last, uint32_t(nodes.size()));
@@ -129,7 +131,7 @@ void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& fr
   stack_[nodes[first].depth - 1u] = from;
   for (uint32_t n = first; n < last;) {
     const TokenTrie::Node& node = nodes[n];
-    text::JsonMatcher& m = stack_[node.depth];
+    OutputMatcher& m = stack_[node.depth];
     m = stack_[node.depth - 1];
     if (!m.feed(node.byte)) {  // no token below this path can come next
       n = node.end;
@@ -140,7 +142,7 @@ void TokenConstraint::walk(const TokenTrie::Trie& t, const text::JsonMatcher& fr
   }
 }
 
-void TokenConstraint::walk_automaton(const TokenTrie::Trie& t, const text::JsonMatcher& from,
+void TokenConstraint::walk_automaton(const TokenTrie::Trie& t, const OutputMatcher& from,
                                      const text::JsonMatcher::Automaton& a, Mask& mask) {
   const std::vector<TokenTrie::Node>& nodes = t.nodes;
   dfa_stack_.resize(stack_.size());
@@ -150,7 +152,7 @@ void TokenConstraint::walk_automaton(const TokenTrie::Trie& t, const text::JsonM
     const uint16_t parent = dfa_stack_[node.depth - 1];
     if (a.json_string && (node.byte == '"' || node.byte == '\\' || node.byte < 0x20)) {
       // The byte ends the string or starts an escape: the matcher walks this subtree.
-      text::JsonMatcher m = from;
+      OutputMatcher m = from;
       m.set_automaton_state(parent);
       walk(t, m, mask, n, node.end);
       n = node.end;
@@ -167,7 +169,7 @@ void TokenConstraint::walk_automaton(const TokenTrie::Trie& t, const text::JsonM
   }
 }
 
-const TokenConstraint::Mask& TokenConstraint::mask_of(const text::JsonMatcher& m) {
+const TokenConstraint::Mask& TokenConstraint::mask_of(const OutputMatcher& m) {
   if (auto it = cache_.find(m); it != cache_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second);
     return it->second->second;
@@ -213,7 +215,7 @@ int64_t TokenConstraint::apply(std::span<float> logits) {
 
 bool TokenConstraint::apply_after(std::span<const int32_t> path, std::span<float> logits) {
   bool active = active_;
-  text::JsonMatcher m = matcher_;
+  OutputMatcher m = matcher_;
   Forced f = forced_state_;
   for (int32_t token : path) {
     if (!active) {

@@ -1,7 +1,7 @@
 #pragma once
 // defines: TokenTrie (a vocabulary's token bytes as a trie, built once per tokenizer),
 //          OutputConstraint (what a request asks its output to be), TokenConstraint (one
-//          request's JSON-schema matcher turned into masks over the vocabulary)
+//          request's JSON-schema or grammar matcher turned into masks over the vocabulary)
 //
 // Structured output (`response_format` json_object / json_schema): before each draw the
 // logits of every token whose bytes cannot continue the text towards a valid document are
@@ -23,6 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/output_matcher.h"
+#include "text/grammar.h"
 #include "text/json_schema.h"
 
 namespace qwen36 {
@@ -65,16 +67,18 @@ class TokenTrie {
   size_t max_len_ = 0;
 };
 
-// A request's output constraint (RequestParams::constraint): a JSON document of `schema`, or a
-// beginning that is one of `forced` (token sequences; then the text is free: a tool call
-// forced up to its function's name); none when both are empty.
+// A request's output constraint (RequestParams::constraint): a JSON document of `schema` (or the
+// text of its regex), a sentence of `grammar`, or a beginning that is one of `forced` (token
+// sequences; then the text is free: a tool call forced up to its function's name); at most one
+// of them, none when all are empty.
 struct OutputConstraint {
   std::shared_ptr<const text::JsonSchema> schema;
+  std::shared_ptr<const text::Grammar> grammar;
   std::vector<std::vector<int32_t>> forced;
   // The constrained text starts after this token (a reasoning model's `</think>`); −1: at the
   // first generated token.
   int32_t start_after = -1;
-  bool empty() const { return !schema && forced.empty(); }
+  bool empty() const { return !schema && !grammar && forced.empty(); }
 };
 
 class TokenConstraint {
@@ -103,17 +107,17 @@ class TokenConstraint {
 
  private:
   using Mask = std::vector<uint64_t>;
-  const Mask& mask_of(const text::JsonMatcher& m);
+  const Mask& mask_of(const OutputMatcher& m);
   // Sets the bits of the tokens in t's subtrees [first, last) (preorder nodes, siblings under one
   // parent) that `from` accepts.
-  void walk(const TokenTrie::Trie& t, const text::JsonMatcher& from, Mask& mask, uint32_t first = 1,
+  void walk(const TokenTrie::Trie& t, const OutputMatcher& from, Mask& mask, uint32_t first = 1,
             uint32_t last = UINT32_MAX);
   // The same where `from` only steps an automaton: its state per trie depth, no matcher copies.
-  void walk_automaton(const TokenTrie::Trie& t, const text::JsonMatcher& from, const text::JsonMatcher::Automaton& a,
+  void walk_automaton(const TokenTrie::Trie& t, const OutputMatcher& from, const text::JsonMatcher::Automaton& a,
                       Mask& mask);
   int64_t apply_mask(const Mask& mask, std::span<float> logits) const;
   bool is_stop(int32_t token) const;
-  bool feed(text::JsonMatcher& m, int32_t token) const;  // a token of no bytes is refused
+  bool feed(OutputMatcher& m, int32_t token) const;  // a token of no bytes is refused
 
   // A forced beginning: forced_[i] is still possible while alive[i]; pos of its tokens are out.
   struct Forced {
@@ -125,21 +129,21 @@ class TokenConstraint {
   int64_t apply_forced(const Forced& f, std::span<float> logits) const;
 
   struct Hash {
-    size_t operator()(const text::JsonMatcher& m) const { return m.hash(); }
+    size_t operator()(const OutputMatcher& m) const { return m.hash(); }
   };
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<int32_t> stops_;
   int32_t start_after_;
   bool active_;
-  text::JsonMatcher matcher_;
+  OutputMatcher matcher_;
   std::vector<std::vector<int32_t>> forced_;
   Forced forced_state_;
-  std::vector<text::JsonMatcher> stack_;  // the walk's states by depth
+  std::vector<OutputMatcher> stack_;  // the walk's states by depth
   std::vector<uint16_t> dfa_stack_;       // walk_automaton's
   // Masks by matcher state, least recently used last; at most kCached of them.
   static constexpr size_t kCached = 64;
-  std::list<std::pair<text::JsonMatcher, Mask>> lru_;
-  std::unordered_map<text::JsonMatcher, std::list<std::pair<text::JsonMatcher, Mask>>::iterator, Hash> cache_;
+  std::list<std::pair<OutputMatcher, Mask>> lru_;
+  std::unordered_map<OutputMatcher, std::list<std::pair<OutputMatcher, Mask>>::iterator, Hash> cache_;
 };
 
 }  // namespace qwen36

@@ -111,7 +111,7 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   }
   OutputConstraint constraint = output_constraint(body);
   if (!forced_tools.empty()) {  // the answer begins with a call of one of them, up to its name
-    if (constraint.schema)
+    if (constraint.schema || constraint.grammar)
       throw HttpError(400, "structured output ('response_format' or the like) and a forced tool call ('tool_choice') do not combine",
                       "tool_choice");
     const auto prefix = api.ctx.chat_template->tool_call_name_prefix();

@@ -174,12 +174,14 @@ std::shared_ptr<const JsonSchema> choice_field(const Json& v, const char* field)
   return compiled(field, [&] { return JsonSchema::text_matching(alternatives + ")"); });
 }
 
-[[noreturn]] void grammar_unsupported(const char* field) {
-  throw HttpError(400,
-                  fmt::format("'{}': grammars (GBNF / EBNF / structural tags) are not supported; constrain the output "
-                              "with a JSON schema, a regex or a choice instead",
-                              field),
-                  field);
+// A GBNF grammar (llama.cpp's syntax, which xgrammar's EBNF for vLLM / SGLang shares).
+std::shared_ptr<const text::Grammar> grammar_field(const Json& v, const char* field) {
+  if (!v.is_string()) throw HttpError(400, fmt::format("'{}' must be a string (a GBNF grammar)", field), field);
+  try {
+    return text::Grammar::parse(v.get<std::string>());
+  } catch (const Error& e) {
+    throw HttpError(400, fmt::format("{}: {}", field, e.what()), field);
+  }
 }
 
 std::shared_ptr<const JsonSchema> response_format(const Json& rf) {
@@ -199,21 +201,23 @@ std::shared_ptr<const JsonSchema> response_format(const Json& rf) {
                   "response_format");
 }
 
-// vLLM's structured_outputs: {"json" | "regex" | "choice" | "json_object": ...}, one of them.
-std::shared_ptr<const JsonSchema> structured_outputs(const Json& so) {
+// vLLM's structured_outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...}, one of them.
+OutputConstraint structured_outputs(const Json& so) {
   if (!so.is_object()) throw HttpError(400, "'structured_outputs' must be an object", "structured_outputs");
-  std::shared_ptr<const JsonSchema> out;
+  OutputConstraint out;
   int given = 0;
   for (const auto& [key, v] : so.items()) {
     if (v.is_null() || key == "disable_any_whitespace" || key == "disable_additional_properties" ||
         key == "whitespace_pattern")
       continue;
     ++given;
-    if (key == "json") out = schema_field(v, "structured_outputs.json");
-    else if (key == "regex") out = regex_field(v, "structured_outputs.regex");
-    else if (key == "choice") out = choice_field(v, "structured_outputs.choice");
-    else if (key == "json_object") out = v == true ? JsonSchema::any_object() : nullptr;
-    else if (key == "grammar" || key == "structural_tag") grammar_unsupported("structured_outputs.grammar");
+    if (key == "json") out.schema = schema_field(v, "structured_outputs.json");
+    else if (key == "regex") out.schema = regex_field(v, "structured_outputs.regex");
+    else if (key == "choice") out.schema = choice_field(v, "structured_outputs.choice");
+    else if (key == "json_object") out.schema = v == true ? JsonSchema::any_object() : nullptr;
+    else if (key == "grammar") out.grammar = grammar_field(v, "structured_outputs.grammar");
+    else if (key == "structural_tag")
+      throw HttpError(400, "structured_outputs: structural tags are not supported", "structured_outputs");
     else throw HttpError(400, fmt::format("structured_outputs: unknown field '{}'", key), "structured_outputs");
   }
   if (given > 1)
@@ -239,11 +243,11 @@ OutputConstraint output_constraint(const Json& body) {
   const std::string_view f = field;
   const Json& v = body[field];
   if (f == "response_format") c.schema = response_format(v);
-  else if (f == "structured_outputs") c.schema = structured_outputs(v);
+  else if (f == "structured_outputs") c = structured_outputs(v);
   else if (f == "guided_json" || f == "json_schema") c.schema = schema_field(v, field);
   else if (f == "guided_regex" || f == "regex") c.schema = regex_field(v, field);
   else if (f == "guided_choice") c.schema = choice_field(v, field);
-  else grammar_unsupported(field);
+  else c.grammar = grammar_field(v, field);  // grammar, guided_grammar, ebnf
   return c;
 }
 

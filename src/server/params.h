@@ -35,9 +35,9 @@ struct Generation {
 Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt);
 // The request's output constraint, from the one field that gives it: response_format (OpenAI:
 // text, json_object — llama-server's form may carry a "schema" — or json_schema), vLLM's
-// structured_outputs {json | regex | choice | json_object} and older guided_json / guided_regex /
-// guided_choice, SGLang's regex and json_schema (a JSON string), llama-server's json_schema. A
-// grammar field (grammar, guided_grammar, ebnf) is a 400 saying grammars are not supported.
+// structured_outputs {json | regex | choice | grammar | json_object} and older guided_json /
+// guided_regex / guided_choice / guided_grammar, SGLang's regex, ebnf and json_schema (a JSON
+// string), llama-server's json_schema and grammar. Grammars are GBNF (text/grammar.h).
 OutputConstraint output_constraint(const Json& body);
 // The fields output_constraint reads besides response_format, and vLLM's guided_decoding_backend
 // and guided_whitespace_pattern (accepted, ignored: there is one backend).

@@ -8,39 +8,17 @@
 #include <utility>
 
 #include "core/error.h"
+#include "text/code_points.h"
 
 namespace qwen36::text {
 
 namespace {
 
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr uint32_t kUnbounded = 0xFFFFFFFF;
 constexpr uint32_t kMaxRepeat = 1000;        // {n,m} bounds
 constexpr size_t kMaxNfaStates = 1u << 20;  // repetitions are copies: this caps their product
 
-// A set of code points as sorted, disjoint, non-adjacent closed ranges.
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
-
-Ranges normalised(Ranges r) {
-  std::sort(r.begin(), r.end());
-  Ranges out;
-  for (const auto& [lo, hi] : r) {
-    if (!out.empty() && lo <= out.back().second + 1) out.back().second = std::max(out.back().second, hi);
-    else out.emplace_back(lo, hi);
-  }
-  return out;
-}
-
-Ranges complement(const Ranges& r) {  // r normalised
-  Ranges out;
-  uint32_t next = 0;
-  for (const auto& [lo, hi] : r) {
-    if (lo > next) out.emplace_back(next, lo - 1);
-    next = hi + 1;
-  }
-  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
-  return out;
-}
+using Ranges = CodePointRanges;
 
 const Ranges kDigit = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
@@ -315,60 +293,6 @@ class Parser {
 };
 
 // ---------------------------------------------------------------------------------------------
-// UTF-8: a code-point range as sequences of byte ranges
-
-using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
-
-int encode(uint32_t cp, uint8_t* out) {
-  if (cp < 0x80) {
-    out[0] = uint8_t(cp);
-    return 1;
-  }
-  const int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-  for (int k = n - 1; k > 0; --k, cp >>= 6) out[k] = uint8_t(0x80 | (cp & 0x3F));
-  out[0] = uint8_t((0xF00 >> n) | cp);  // 2: 0xC0, 3: 0xE0, 4: 0xF0
-  return n;
-}
-
-// Splits [lo, hi] until, in each piece, lo and hi have one encoding length and every byte
-// position varies independently: the piece is then the product of its bytes' ranges.
-void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
-  if (lo <= 0xDFFF && hi >= 0xD800) {  // surrogates have no encoding
-    if (lo < 0xD800) utf8_sequences(lo, 0xD7FF, out);
-    if (hi > 0xDFFF) utf8_sequences(0xE000, hi, out);
-    return;
-  }
-  for (uint32_t last : {0x7Fu, 0x7FFu, 0xFFFFu}) {
-    if (lo <= last && hi > last) {
-      utf8_sequences(lo, last, out);
-      utf8_sequences(last + 1, hi, out);
-      return;
-    }
-  }
-  const int n = hi < 0x80 ? 1 : hi < 0x800 ? 2 : hi < 0x10000 ? 3 : 4;
-  for (int k = 1; k < n; ++k) {
-    const uint32_t m = (1u << (6 * k)) - 1;  // the low k continuation bytes
-    if ((lo & ~m) == (hi & ~m)) continue;
-    if ((lo & m) != 0) {
-      utf8_sequences(lo, lo | m, out);
-      utf8_sequences((lo | m) + 1, hi, out);
-      return;
-    }
-    if ((hi & m) != m) {
-      utf8_sequences(lo, (hi & ~m) - 1, out);
-      utf8_sequences(hi & ~m, hi, out);
-      return;
-    }
-  }
-  uint8_t a[4], b[4];
-  encode(lo, a);
-  encode(hi, b);
-  ByteSeq seq;
-  for (int k = 0; k < n; ++k) seq.emplace_back(a[k], b[k]);
-  out.push_back(std::move(seq));
-}
-
-// ---------------------------------------------------------------------------------------------
 // Thompson NFA over byte ranges
 
 struct Nfa {
@@ -397,9 +321,9 @@ struct Nfa {
     switch (node.kind) {
       case Node::kSet: {
         const uint32_t out = add();
-        std::vector<ByteSeq> seqs;
+        std::vector<ByteRangeSeq> seqs;
         for (const auto& [lo, hi] : node.set) utf8_sequences(lo, hi, seqs);
-        for (const ByteSeq& seq : seqs) {
+        for (const ByteRangeSeq& seq : seqs) {
           uint32_t cur = in;
           for (size_t k = 0; k < seq.size(); ++k) {
             const uint32_t to = k + 1 == seq.size() ? out : add();
@@ -624,11 +548,20 @@ ByteDfa ByteDfa::compile(std::string_view pattern, RegexMode mode) {
   });
 }
 
+ByteDfa ByteDfa::character(const CodePointRanges& set) {
+  const std::vector<Node> nodes = {{Node::kSet, set, {}}};
+  Nfa nfa;
+  const auto [start, accept] = nfa.build(nodes, 0);
+  ByteDfa d = DfaBuilder{nfa, accept, {}, 0}.build(start);
+  QWEN36_CHECK(!d.empty(), "a character class matches nothing");
+  return d;
+}
+
 bool ByteDfa::continues_with(uint16_t state, uint32_t lo, uint32_t hi) const {
   for (uint32_t cp = lo; cp <= hi; ++cp) {
     uint8_t b[4];
     uint16_t s = state;
-    for (int k = 0, n = encode(cp, b); k < n && s != kDead; ++k) s = next(s, b[k]);
+    for (int k = 0, n = encode_utf8(cp, b); k < n && s != kDead; ++k) s = next(s, b[k]);
     if (s != kDead) return true;
   }
   return false;

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/code_points.h"
+
 namespace qwen36::text {
 
 // Full: the whole text must match (vLLM's regex output). Search: a match somewhere in the text
@@ -37,6 +39,8 @@ class ByteDfa {
   static constexpr size_t kMaxStates = 16384;  // more is an Error ("too complex")
 
   static ByteDfa compile(std::string_view pattern, RegexMode mode);  // throws Error
+  // One character (its UTF-8 bytes) of a non-empty code-point set.
+  static ByteDfa character(const CodePointRanges& set);
   // The texts both match / either matches (may be empty(); throws Error past kMaxStates).
   static ByteDfa intersect(const ByteDfa& a, const ByteDfa& b);
   static ByteDfa unite(const ByteDfa& a, const ByteDfa& b);

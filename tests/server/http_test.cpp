@@ -360,8 +360,8 @@ TEST_F(HttpTest, StructuredOutputAndLogitBias) {
              "'multipleOf' is not supported");
 }
 
-// Regex and choice outputs (vLLM's structured_outputs and guided_* fields, SGLang's regex and
-// json_schema text), a schema pattern; one constraining field at most, grammars refused by name.
+// Regex, choice and grammar outputs (vLLM's structured_outputs and guided_* fields, SGLang's regex
+// and json_schema text, llama-server's grammar), a schema pattern; one constraining field at most.
 TEST_F(HttpTest, RegexAndChoiceOutputs) {
   Served s;
   auto c = s.client(120);
@@ -386,6 +386,19 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
     const std::string text = a["choices"][0]["message"].value("content", "");
     EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{3}-[a-z]{2}"))) << field << ": " << text;
   }
+  const char* kGrammar = R"(root ::= "The answer is " ("yes" | "no" | "not " [a-z]{2,8}) ".")";
+  for (const char* field : {"grammar", "guided_grammar"}) {
+    Json body = chat;
+    body[field] = kGrammar;
+    Json g = post_json(c, "/v1/chat/completions", body, &status);
+    ASSERT_EQ(status, 200) << g.dump();
+    const std::string text = g["choices"][0]["message"].value("content", "");
+    EXPECT_TRUE(std::regex_match(text, std::regex("The answer is (yes|no|not [a-z]{2,8})\\."))) << field << ": " << text;
+    EXPECT_EQ(g["choices"][0]["finish_reason"], "stop") << g.dump();
+  }
+  Json so = chat;
+  so["structured_outputs"] = {{"grammar", kGrammar}};
+  ASSERT_EQ((post_json(c, "/v1/chat/completions", so, &status), status), 200);
   Json str = chat;
   str["json_schema"] = R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]{2,4}$"},
     "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 20}}, "required": ["code", "n"]})";  // SGLang: text
@@ -404,7 +417,8 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
     EXPECT_EQ(e["error"]["param"], param) << e.dump();
     EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
   };
-  expect_400({{"grammar", "root ::= \"a\""}}, "grammar", "grammars");
+  expect_400({{"grammar", "root ::= root \"a\" | \"b\""}}, "grammar", "left recursion");
+  expect_400({{"structured_outputs", {{"structural_tag", "{}"}}}}, "structured_outputs", "structural tags");
   expect_400({{"guided_regex", "(a"}}, "guided_regex", "missing ')'");
   expect_400({{"guided_regex", "a"}, {"guided_choice", {"a"}}}, "guided_choice", "both constrain");
   expect_400({{"structured_outputs", {{"regex", "a"}, {"choice", {"a"}}}}}, "structured_outputs", "give one");

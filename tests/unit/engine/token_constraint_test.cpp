@@ -47,14 +47,15 @@ std::vector<std::string> test_vocab(uint32_t seed) {
 
 // The mask by definition: token t may come next iff its bytes all feed (or it is a stop id of
 // a whole document); empty tokens never.
-std::vector<bool> brute_mask(const JsonMatcher& m, const std::vector<std::string>& vocab, int32_t stop) {
+template <class Matcher>
+std::vector<bool> brute_mask(const Matcher& m, const std::vector<std::string>& vocab, int32_t stop) {
   std::vector<bool> ok(vocab.size());
   for (size_t t = 0; t < vocab.size(); ++t) {
     if (int32_t(t) == stop) {
       ok[t] = m.complete();
       continue;
     }
-    JsonMatcher c = m;
+    Matcher c = m;
     ok[t] = !vocab[t].empty() && c.feed(vocab[t]);
   }
   return ok;
@@ -73,13 +74,13 @@ std::vector<bool> constraint_mask(TokenConstraint& c, size_t n) {
 
 // Feeds `doc` byte by byte through single-byte tokens, comparing the mask with the brute
 // force before every byte and at the end.
-void check_document(const std::shared_ptr<const JsonSchema>& schema, const std::string& doc, uint32_t seed) {
+template <class Matcher>
+void check_text(const OutputConstraint& oc, Matcher ref, const std::string& doc, uint32_t seed) {
   std::vector<std::string> vocab = test_vocab(seed);
   const int32_t stop = int32_t(vocab.size());
   vocab.push_back("");  // the stop token: no bytes
   auto trie = std::make_shared<const TokenTrie>(vocab);
-  TokenConstraint c(trie, document(schema, -1), {stop});
-  JsonMatcher ref(schema);
+  TokenConstraint c(trie, oc, {stop});
   for (size_t i = 0; i <= doc.size(); ++i) {
     ASSERT_EQ(constraint_mask(c, vocab.size()), brute_mask(ref, vocab, stop)) << doc << " before byte " << i;
     if (i == doc.size()) break;
@@ -89,6 +90,10 @@ void check_document(const std::shared_ptr<const JsonSchema>& schema, const std::
     ASSERT_TRUE(ref.feed(uint8_t(doc[i])));
   }
   EXPECT_TRUE(c.accept(stop)) << "a whole document takes its stop id";
+}
+
+void check_document(const std::shared_ptr<const JsonSchema>& schema, const std::string& doc, uint32_t seed) {
+  check_text(document(schema, -1), JsonMatcher(schema), doc, seed);
 }
 
 TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
@@ -108,6 +113,14 @@ TEST(TokenConstraintTest, MasksEqualBruteForceThroughDocuments) {
     "id": {"type": "string", "pattern": "^[ab]+\\d?$"}, "day": {"type": "string", "format": "date"}}})"));
   check_document(patterned, R"({"id": "a\u00621", "day": "2026-12-05"})", 7);
   check_document(JsonSchema::text_matching("(ab|a\"b)+[0-9]{1,3}"), "a\"bab12", 8);
+  // A grammar: its own matcher is the reference.
+  const auto grammar = text::Grammar::parse(R"(root ::= "{" ws pair ("," ws pair)* ws "}"
+pair ::= "\"" [a-z]+ "\":" ws (num | "null" | "[" (num ("," num)*)? "]")
+num ::= "-"? [0-9]+
+ws ::= " "?)");
+  OutputConstraint oc;
+  oc.grammar = grammar;
+  check_text(oc, text::GrammarMatcher(grammar), R"({ "ab": -12, "b":[1,2],"x": null })", 9);
 }
 
 TEST(TokenConstraintTest, StopOnlyWhenWholeAndFinishedAfterTheLastByte) {

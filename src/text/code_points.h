@@ -1,0 +1,30 @@
+#pragma once
+// defines: CodePointRanges (a set of Unicode code points), complement, normalised, encode_utf8,
+//          utf8_sequences (a code-point range as UTF-8 byte-range sequences)
+//
+// Regular expressions (regex.h) and grammars (grammar.h) are written over characters but matched
+// byte by byte against token bytes: their character sets become sequences of byte ranges here.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace qwen36::text {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+// Closed ranges; normalised: sorted, disjoint and not adjacent.
+using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+CodePointRanges normalised(CodePointRanges r);
+CodePointRanges complement(const CodePointRanges& r);  // r normalised; within [0, kMaxCodePoint]
+
+// cp's UTF-8 bytes into out (room for 4); their count.
+int encode_utf8(uint32_t cp, uint8_t* out);
+
+// The UTF-8 encodings of the code points in [lo, hi] (surrogates have none) as sequences of byte
+// ranges, each sequence the product of its ranges.
+using ByteRangeSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>& out);
+
+}  // namespace qwen36::text
