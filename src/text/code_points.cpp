@@ -37,6 +37,21 @@ int encode_utf8(uint32_t cp, uint8_t* out) {
   return n;
 }
 
+int32_t decode_utf8(std::string_view s, size_t* i) {
+  if (*i >= s.size()) return -1;
+  const auto b = uint8_t(s[*i]);
+  const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+  if (n == 0 || *i + size_t(n) > s.size()) return -1;
+  uint32_t cp = n == 1 ? b : b & (0x7F >> n);
+  for (int k = 1; k < n; ++k) {
+    const auto c = uint8_t(s[*i + size_t(k)]);
+    if ((c & 0xC0) != 0x80) return -1;
+    cp = cp << 6 | (c & 0x3F);
+  }
+  *i += size_t(n);
+  return int32_t(cp);
+}
+
 // Splits [lo, hi] until, in each piece, lo and hi have one encoding length and every byte
 // position varies independently: the piece is then the product of its bytes' ranges.
 void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteRangeSeq>& out) {

@@ -6,6 +6,7 @@
 // byte by byte against token bytes: their character sets become sequences of byte ranges here.
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,9 @@ CodePointRanges complement(const CodePointRanges& r);  // r normalised; within [
 
 // cp's UTF-8 bytes into out (room for 4); their count.
 int encode_utf8(uint32_t cp, uint8_t* out);
+// The UTF-8 character at s[*i] (advancing *i past it), or -1 (and *i unchanged) when the bytes
+// there are not one.
+int32_t decode_utf8(std::string_view s, size_t* i);
 
 // The UTF-8 encodings of the code points in [lo, hi] (surrogates have none) as sequences of byte
 // ranges, each sequence the product of its ranges.

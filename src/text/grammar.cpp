@@ -283,17 +283,9 @@ struct GrammarCompiler {
         default: i -= 2; error(fmt::format("unknown escape '\\{}'", e));
       }
     }
-    const auto b = uint8_t(src[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + size_t(n) > src.size()) error("the grammar is not valid UTF-8");
-    uint32_t cp = n == 1 ? b : b & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const auto c = uint8_t(src[i + size_t(k)]);
-      if ((c & 0xC0) != 0x80) error("the grammar is not valid UTF-8");
-      cp = cp << 6 | (c & 0x3F);
-    }
-    i += size_t(n);
-    return cp;
+    const int32_t cp = decode_utf8(src, &i);
+    if (cp < 0) error("the grammar is not valid UTF-8");
+    return uint32_t(cp);
   }
 
   uint32_t hex(int digits) {

@@ -275,17 +275,9 @@ class Parser {
 
   // The pattern's next UTF-8 character.
   uint32_t code_point() {
-    const auto b = uint8_t(p_[i_]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i_ + size_t(n) > p_.size()) error("the pattern is not valid UTF-8");
-    uint32_t cp = n == 1 ? b : b & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const auto c = uint8_t(p_[i_ + size_t(k)]);
-      if ((c & 0xC0) != 0x80) error("the pattern is not valid UTF-8");
-      cp = cp << 6 | (c & 0x3F);
-    }
-    i_ += size_t(n);
-    return cp;
+    const int32_t cp = decode_utf8(p_, &i_);
+    if (cp < 0) error("the pattern is not valid UTF-8");
+    return uint32_t(cp);
   }
 
   std::string_view p_;
