@@ -1,7 +1,11 @@
 // A chat request made ready for the engine (server/chat.h).
 #include "server/chat.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+
+#include "text/tool_call_grammar.h"
 
 namespace qwen36::server {
 
@@ -72,25 +76,47 @@ Json template_messages(const Json& messages) {
 
 // tool_choice "required" → every tool's name; {"type": "function", "function": {"name": N}} → N,
 // which must be one of the tools.
-std::vector<std::string> forced_tool_names(const Json& tc, const Json& tools) {
+// The function objects tool_choice "required" or {"function": {"name"}} allows.
+std::vector<Json> forced_functions(const Json& tc, const Json& tools) {
   if (!tools.is_array() || tools.empty())
     throw HttpError(400, "'tool_choice' \"required\" or a named function needs 'tools'", "tool_choice");
-  std::vector<std::string> names;
+  std::vector<Json> functions;
   for (const Json& t : tools) {
     const Json& f = t.contains("function") ? t["function"] : t;
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
       throw HttpError(400, "every tool needs a function with a string 'name'", "tools");
-    names.push_back(f["name"]);
+    functions.push_back(f);
   }
-  if (tc == "required") return names;
+  if (tc == "required") return functions;
   if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
       !tc["function"]["name"].is_string())
     throw HttpError(400, "'tool_choice' as an object is {\"type\": \"function\", \"function\": {\"name\": ...}}",
                     "tool_choice");
   const std::string name = tc["function"]["name"];
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    throw HttpError(400, fmt::format("'tool_choice' names '{}', which is not one of the tools", name), "tool_choice");
-  return {name};
+  for (const Json& f : functions)
+    if (f["name"] == name) return {f};
+  throw HttpError(400, fmt::format("'tool_choice' names '{}', which is not one of the tools", name), "tool_choice");
+}
+
+// The answer is a call of one of the functions: the whole call in the template's own form with
+// the arguments held to the function's schema (text/tool_call_grammar.h) when the template's form
+// is known and the schemas are in the supported subset; else the call's beginning up to the
+// function's name, after which the model writes the arguments freely.
+OutputConstraint forced_call(const HttpServer::Api& api, const std::vector<Json>& functions, bool several) {
+  OutputConstraint c;
+  if (const auto form = api.ctx.chat_template->tool_call_form()) {
+    try {
+      c.grammar = text::tool_call_grammar(*form, functions, several);
+      return c;
+    } catch (const Error& e) {
+      spdlog::info("tool_choice: the call's arguments are not constrained: {}", e.what());
+    }
+  }
+  const auto prefix = api.ctx.chat_template->tool_call_name_prefix();
+  if (!prefix) throw HttpError(400, "this model's chat template writes no <tool_call> that could be forced", "tool_choice");
+  for (const Json& f : functions)
+    c.forced.push_back(api.ctx.tokenizer->encode("<tool_call>" + *prefix + f["name"].get<std::string>()));
+  return c;
 }
 
 }  // namespace
@@ -101,23 +127,21 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   const Json messages = template_messages(body.value("messages", Json()));
   Json tools = has(body, "tools") ? body["tools"] : Json(nullptr);
   if (!tools.is_null() && !tools.is_array()) throw HttpError(400, "'tools' must be an array", "tools");
-  std::vector<std::string> forced_tools;  // tool_choice "required" (any of them) or a named function
+  std::vector<Json> forced_tools;  // tool_choice "required" (any of them) or a named function
   if (has(body, "tool_choice")) {
     const Json& tc = body["tool_choice"];
     if (tc == "none") tools = nullptr;  // the model is not told about tools, so it will not call them
     else if (!(tc == "auto" || tc == "required" || tc.is_object()))
       throw HttpError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
-    if (tc != "auto" && tc != "none") forced_tools = forced_tool_names(tc, tools);
+    if (tc != "auto" && tc != "none") forced_tools = forced_functions(tc, tools);
   }
   OutputConstraint constraint = output_constraint(body);
-  if (!forced_tools.empty()) {  // the answer begins with a call of one of them, up to its name
-    if (constraint.schema || constraint.grammar)
-      throw HttpError(400, "structured output ('response_format' or the like) and a forced tool call ('tool_choice') do not combine",
-                      "tool_choice");
-    const auto prefix = api.ctx.chat_template->tool_call_name_prefix();
-    if (!prefix) throw HttpError(400, "this model's chat template writes no <tool_call> that could be forced", "tool_choice");
-    for (const std::string& name : forced_tools)
-      constraint.forced.push_back(api.ctx.tokenizer->encode("<tool_call>" + *prefix + name));
+  if (!forced_tools.empty()) {
+    if (!constraint.empty())
+      throw HttpError(400, "structured output ('response_format' or the like) and a forced tool call ('tool_choice') "
+                      "do not combine", "tool_choice");
+    const bool several = body["tool_choice"] == "required" && boolean(body, "parallel_tool_calls", true);
+    constraint = forced_call(api, forced_tools, several);
   }
   Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
   if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");

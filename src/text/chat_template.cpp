@@ -70,26 +70,72 @@ ChatTemplate ChatTemplate::from_tokenizer_config_file(const std::string& path) {
   });
 }
 
-std::optional<std::string> ChatTemplate::tool_call_name_prefix() const {
-  const std::string name = "qwen36_probe_function";
-  const Json tools = Json::array({{{"type", "function"},
-                                   {"function", {{"name", name}, {"description", ""}, {"parameters", {{"type", "object"}}}}}}});
-  const Json messages = Json::array(
-      {{{"role", "user"}, {"content", "x"}},
-       {{"role", "assistant"},
-        {"content", ""},
-        {"tool_calls", Json::array({{{"type", "function"}, {"function", {{"name", name}, {"arguments", Json::object()}}}}})}}});
+namespace {
+
+constexpr std::string_view kProbeName = "qwen36_probe_function", kProbeKey = "qwen36_probe_key",
+                           kProbeValue = "qwen36_probe_value";
+
+// The probe function's call with `arguments`, as the template renders it: from after "<tool_call>"
+// through "</tool_call>"; nullopt when it renders none.
+std::optional<std::string> probe_call(const ChatTemplate& t, const Json& arguments) {
+  const Json tools = Json::array(
+      {{{"type", "function"},
+        {"function", {{"name", kProbeName}, {"description", ""}, {"parameters", {{"type", "object"}}}}}}});
+  const Json call = {{"type", "function"}, {"function", {{"name", kProbeName}, {"arguments", arguments}}}};
+  const Json messages = Json::array({{{"role", "user"}, {"content", "x"}},
+                                     {{"role", "assistant"}, {"content", ""}, {"tool_calls", Json::array({call})}}});
   std::string text;
   try {
-    text = render(messages, tools, false, nullptr);
+    text = t.render(messages, tools, false, nullptr);
   } catch (const Error&) {
     return std::nullopt;
   }
   const size_t open = text.rfind("<tool_call>");
-  const size_t at = open == std::string::npos ? open : text.find(name, open);
-  if (at == std::string::npos) return std::nullopt;
+  const size_t close = open == std::string::npos ? open : text.find("</tool_call>", open);
+  if (close == std::string::npos) return std::nullopt;
   const size_t from = open + std::string_view("<tool_call>").size();
-  return text.substr(from, at - from);
+  return text.substr(from, close + std::string_view("</tool_call>").size() - from);
+}
+
+}  // namespace
+
+std::optional<std::string> ChatTemplate::tool_call_name_prefix() const {
+  const auto call = probe_call(*this, Json::object());
+  const size_t at = call ? call->find(kProbeName) : std::string::npos;
+  if (at == std::string::npos) return std::nullopt;
+  return call->substr(0, at);
+}
+
+std::optional<ChatTemplate::ToolCallForm> ChatTemplate::tool_call_form() const {
+  const auto empty = probe_call(*this, Json::object());
+  const auto one = probe_call(*this, Json{{kProbeKey, kProbeValue}});
+  const size_t at = empty ? empty->find(kProbeName) : std::string::npos;
+  if (at == std::string::npos || !one || one->substr(0, at + kProbeName.size()) != empty->substr(0, at + kProbeName.size()))
+    return std::nullopt;
+  ToolCallForm f;
+  f.before_name = empty->substr(0, at);
+  const std::string rest0 = empty->substr(at + kProbeName.size()), rest1 = one->substr(at + kProbeName.size());
+  if (const size_t args = rest0.find("{}"); args != std::string::npos) {  // the arguments as a JSON object
+    f.json = true;
+    f.after_name = rest0.substr(0, args);
+    f.after_args = rest0.substr(args + 2);
+    return f;
+  }
+  // XML: what one parameter adds is the text between the common head and tail of the two calls.
+  size_t tail = 0;
+  while (tail < rest0.size() && tail < rest1.size() && rest0[rest0.size() - 1 - tail] == rest1[rest1.size() - 1 - tail])
+    ++tail;
+  f.after_name = rest0.substr(0, rest0.size() - tail);
+  f.after_args = rest0.substr(rest0.size() - tail);
+  if (!rest1.starts_with(f.after_name)) return std::nullopt;
+  const std::string param = rest1.substr(f.after_name.size(), rest1.size() - tail - f.after_name.size());
+  const size_t key = param.find(kProbeKey), value = param.find(kProbeValue);
+  if (key == std::string::npos || value == std::string::npos || value < key + kProbeKey.size()) return std::nullopt;
+  f.before_key = param.substr(0, key);
+  f.after_key = param.substr(key + kProbeKey.size(), value - key - kProbeKey.size());
+  f.after_value = param.substr(value + kProbeValue.size());
+  if (f.before_key.empty() || f.after_value.empty()) return std::nullopt;
+  return f;
 }
 
 std::string ChatTemplate::render(const Json& messages, const Json& tools, bool add_generation_prompt,

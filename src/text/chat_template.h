@@ -35,6 +35,19 @@ class ChatTemplate {
   // found by rendering one; nullopt when it renders no such call.
   std::optional<std::string> tool_call_name_prefix() const;
 
+  // The whole shape of a tool call as this template writes it, found by rendering probe calls:
+  //   JSON form (Qwen3): "<tool_call>" before_name NAME after_name ARGUMENTS-OBJECT after_args
+  //   XML form (Qwen3.6): "<tool_call>" before_name NAME after_name
+  //                       (before_key KEY after_key VALUE after_value)* after_args
+  // nullopt when the rendering fits neither.
+  struct ToolCallForm {
+    bool json = false;
+    std::string before_name, after_name, after_args;
+    std::string before_key, after_key, after_value;  // XML form
+    bool operator==(const ToolCallForm&) const = default;
+  };
+  std::optional<ToolCallForm> tool_call_form() const;
+
  private:
   std::vector<std::pair<std::string, std::shared_ptr<jinja::Template>>> templates_;
   jinja::Json special_tokens_;

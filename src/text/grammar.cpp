@@ -15,9 +15,9 @@ constexpr uint32_t kMaxRepeat = 1000;       // {m,n} bounds
 constexpr size_t kMaxSymbols = 1u << 22;   // repetitions are copies: this caps their product
 
 struct Symbol {
-  enum Kind : uint8_t { kByte, kRule, kClass } kind;
+  enum Kind : uint8_t { kByte, kRule, kClass, kJson } kind;
   uint8_t lo, hi;  // kByte: a byte in [lo, hi]
-  uint32_t index;  // kRule: the rule; kClass: the character class
+  uint32_t index;  // kRule: the rule; kClass: the character class; kJson: the embedded value
   bool is_rule() const { return kind == kRule; }
 };
 using Alternative = std::vector<Symbol>;
@@ -33,8 +33,10 @@ bool is_hex(char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c 
 }  // namespace
 
 struct GrammarCompiler {
-  explicit GrammarCompiler(std::string_view text) : src(text) {}
+  GrammarCompiler(std::string_view text, std::vector<std::shared_ptr<const JsonSchema>> embedded)
+      : src(text), values(std::move(embedded)) {}
   std::string_view src;
+  std::vector<std::shared_ptr<const JsonSchema>> values;
   size_t i = 0;
   std::vector<std::vector<Alternative>> rules;
   std::vector<std::string> names;
@@ -224,6 +226,13 @@ struct GrammarCompiler {
       seq.push_back(ref(new_rule("group", std::move(alts))));
     } else if (c == '<' || c == '!') {
       error("token references (<[id]>, <token>) are not supported");
+    } else if (c == '%' && !values.empty()) {
+      ++i;
+      size_t k = 0;
+      const size_t from = i;
+      while (!at_end() && src[i] >= '0' && src[i] <= '9') k = k * 10 + size_t(src[i++] - '0');
+      if (i == from || k >= values.size()) error("expected the number of an embedded JSON value after '%'");
+      seq.push_back({Symbol::kJson, 0, 0, uint32_t(k)});
     } else if (is_name_char(c)) {
       const size_t start = i;
       while (!at_end() && is_name_char(src[i])) ++i;
@@ -380,12 +389,14 @@ struct GrammarCompiler {
     g->alts_.resize(n);
     g->root_ = root->second;
     for (const CodePointRanges& set : classes) g->classes_.push_back(ByteDfa::character(set));
+    g->json_ = values;
     for (size_t r = 0; r < n; ++r) {
       if (!reachable[r]) continue;
       for (const Alternative& a : rules[r]) {
         g->alts_[r].push_back(uint32_t(g->elems_.size()));
         for (const Symbol& s : a) {
-          constexpr Grammar::Elem::Kind kKinds[] = {Grammar::Elem::kBytes, Grammar::Elem::kRule, Grammar::Elem::kClass};
+          constexpr Grammar::Elem::Kind kKinds[] = {Grammar::Elem::kBytes, Grammar::Elem::kRule, Grammar::Elem::kClass,
+                                                    Grammar::Elem::kJson};
           g->elems_.push_back({kKinds[s.kind], s.lo, s.hi, s.index});
         }
         g->elems_.push_back({Grammar::Elem::kEnd, 0, 0, 0});
@@ -395,10 +406,28 @@ struct GrammarCompiler {
   }
 };
 
-std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) {
-  GrammarCompiler c(gbnf);
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf,
+                                              std::vector<std::shared_ptr<const JsonSchema>> values) {
+  GrammarCompiler c(gbnf, std::move(values));
   c.parse();
   return c.finish();
+}
+
+std::string gbnf_literal(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (uint8_t(c) < 0x20) out += fmt::format("\\x{:02X}", uint8_t(c));
+        else out += c;
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace qwen36::text

@@ -24,7 +24,7 @@ constexpr uint32_t kNil = 0xFFFFFFFF;
 struct GrammarMatcher::Arena {
   struct Node {
     uint32_t pos, parent;
-    uint16_t sub;
+    uint32_t sub;  // a class's automaton state, or an embedded JSON value's state (json_states)
     bool operator==(const Node&) const = default;
   };
   struct NodeHash {
@@ -41,10 +41,21 @@ struct GrammarMatcher::Arena {
   };
   std::vector<Step> steps;
   std::unordered_map<uint64_t, uint32_t> step_of;  // head << 8 | byte -> steps index
+  struct JsonHash {
+    size_t operator()(const JsonMatcher& m) const { return m.hash(); }
+  };
+  std::vector<JsonMatcher> json_states;
+  std::unordered_map<JsonMatcher, uint32_t, JsonHash> json_ids;
+
+  uint32_t json_state(const JsonMatcher& m) {
+    auto [it, fresh] = json_ids.emplace(m, uint32_t(json_states.size()));
+    if (fresh) json_states.push_back(m);
+    return it->second;
+  }
 
   explicit Arena(const Grammar& grammar) : g(grammar) {}
 
-  uint32_t intern(uint32_t pos, uint32_t parent, uint16_t sub = 0) {
+  uint32_t intern(uint32_t pos, uint32_t parent, uint32_t sub = 0) {
     const Node key{pos, parent, sub};
     auto [it, fresh] = ids.emplace(key, uint32_t(nodes.size()));
     if (fresh) nodes.push_back(key);
@@ -59,6 +70,7 @@ struct GrammarMatcher::Arena {
     switch (e.kind) {
       case Grammar::Elem::kBytes: out.heads.push_back(intern(pos, parent)); return;
       case Grammar::Elem::kClass: out.heads.push_back(intern(pos, parent, ByteDfa::start())); return;
+      case Grammar::Elem::kJson: out.heads.push_back(intern(pos, parent, json_state(JsonMatcher(g.json(e.ref))))); return;
       case Grammar::Elem::kEnd:
         if (parent == kNil) {
           out.accept = true;
@@ -97,17 +109,23 @@ struct GrammarMatcher::Arena {
     bool past = false;  // the byte completes the element
     if (e.kind == Grammar::Elem::kBytes) {
       past = byte >= e.lo && byte <= e.hi;
-    } else {  // kClass: UTF-8 is prefix-free, so an accepting state ends the character
+    } else if (e.kind == Grammar::Elem::kClass) {  // UTF-8 is prefix-free: an accepting state ends the character
       const ByteDfa& dfa = g.character_class(e.ref);
-      const uint16_t sub = dfa.next(n.sub, byte);
+      const uint16_t sub = dfa.next(uint16_t(n.sub), byte);
       if (sub != ByteDfa::kDead && dfa.accepting(sub)) past = true;
       else if (sub != ByteDfa::kDead) s.heads.push_back(intern(n.pos, n.parent, sub));
+    } else {  // kJson: a whole value may end here (and a number, say, may also go on)
+      JsonMatcher m = json_states[n.sub];
+      if (m.feed(byte)) {
+        if (!m.finished()) s.heads.push_back(intern(n.pos, n.parent, json_state(m)));
+        past = m.complete();
+      }
     }
     if (past) {
       std::unordered_set<uint64_t> seen;
       expand(n.pos + 1, n.parent, s, seen);
-      finish(s);
     }
+    finish(s);
     step_of.emplace(key, uint32_t(steps.size()));
     steps.push_back(std::move(s));
     return steps.back();

@@ -426,34 +426,43 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
   expect_400({{"json_schema", "{not json"}}, "json_schema", "not valid JSON");
 }
 
-// tool_choice "required" / a named function: the answer begins with a call of (that) tool, up to
-// its name, in the template's own form (the answer's first tokens, read from its logprobs).
+// tool_choice "required" / a named function: the answer is a call of (that) tool in the template's
+// own form, its arguments held to the function's schema: here a day from 1 to 7, so the random
+// model's call parses into exactly that (and with "required" and no parallel calls, one call).
 TEST_F(HttpTest, ToolChoiceForcesTheCall) {
   Served s;
   auto c = s.client(60);
   auto tool = [](const char* name) {
-    return Json{{"type", "function"}, {"function", {{"name", name}, {"parameters", {{"type", "object"}}}}}};
+    const Json params = Json::parse(R"({"type": "object", "properties": {"day": {"type": "integer", "minimum": 1,
+      "maximum": 7}}, "required": ["day"]})");
+    return Json{{"type", "function"}, {"function", {{"name", name}, {"parameters", params}}}};
   };
   Json req = {{"messages", {{{"role", "user"}, {"content", "What time is it?"}}}},
               {"chat_template_kwargs", {{"enable_thinking", false}}},
               {"tools", {tool("get_weather"), tool("get_time")}},
-              {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}};
-  auto begins = [&](const Json& choice) {
-    std::string text;
-    for (const Json& t : choice["logprobs"]["content"]) text += t["token"].get<std::string>();
-    return text;
-  };
+              {"max_tokens", 80}, {"temperature", 0.9}, {"seed", 3}};
   int status = 0;
+  auto expect_call = [&](const Json& answer, const std::string& name_prefix) {
+    const Json& choice = answer["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << answer.dump();
+    const Json& calls = choice["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), 1u) << answer.dump();
+    EXPECT_EQ(calls[0]["function"]["name"].get<std::string>().rfind(name_prefix, 0), 0u) << answer.dump();
+    const Json args = Json::parse(calls[0]["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args.size() == 1 && args["day"].is_number_integer() && args["day"] >= 1 && args["day"] <= 7)
+        << answer.dump();
+  };
   for (const char* name : {"get_weather", "get_time"}) {
     req["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
     Json a = post_json(c, "/v1/chat/completions", req, &status);
     ASSERT_EQ(status, 200) << a.dump();
-    EXPECT_EQ(begins(a["choices"][0]).rfind(std::string("<tool_call>\n{\"name\": \"") + name, 0), 0u) << a.dump();
+    expect_call(a, name);
   }
   req["tool_choice"] = "required";
+  req["parallel_tool_calls"] = false;
   Json r = post_json(c, "/v1/chat/completions", req, &status);
   ASSERT_EQ(status, 200) << r.dump();
-  EXPECT_EQ(begins(r["choices"][0]).rfind("<tool_call>\n{\"name\": \"get_", 0), 0u) << r.dump();
+  expect_call(r, "get_");
   auto expect_400 = [&](Json body, const std::string& says) {
     Json e = post_json(c, "/v1/chat/completions", body, &status);
     EXPECT_EQ(status, 400) << e.dump();

@@ -1,6 +1,7 @@
 // The official Anthropic SDK (@anthropic-ai/sdk) against `qwen36 serve`'s /v1/messages (tiny
 // random model, loopback): a message and its usage, the same message streamed, tool_use /
-// tool_result turns, a forced tool, count_tokens, errors (400 / 401 as the SDK's errors).
+// tool_result turns, a forced tool (its input held to the schema), count_tokens, errors (400 / 401
+// as the SDK's errors), stop sequences.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
@@ -35,11 +36,15 @@ describe('anthropic client', { timeout: 120000 }, () => {
   });
 
   test('a forced tool, streamed and not: the same content', async () => {
-    const req = { ...base, tools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: ask };
+    // The call's input is held to the tool's schema: here one of two cities.
+    const cities = [{ ...tools[0], input_schema: { type: 'object', properties: { city: { enum: ['Paris', 'Oslo'] } }, required: ['city'] } }];
+    const req = { ...base, max_tokens: 60, tools: cities, tool_choice: { type: 'tool', name: 'get_weather' }, messages: ask };
     const m = await client.messages.create(req);
-    assert.ok(m.content.length > 0);
-    const text = m.content.map((b) => (b.type === 'text' ? b.text : b.type === 'tool_use' ? b.name : '')).join('');
-    assert.match(text, /get_weather/, 'the answer begins with a call of the named tool');
+    assert.equal(m.stop_reason, 'tool_use');
+    const call = m.content.find((b) => b.type === 'tool_use');
+    assert.ok(call, JSON.stringify(m.content));
+    assert.equal(call.name, 'get_weather');
+    assert.ok(['Paris', 'Oslo'].includes(call.input.city), JSON.stringify(call.input));
     const stream = client.messages.stream(req);
     const types = [];
     stream.on('streamEvent', (e) => types.push(e.type));

@@ -119,6 +119,26 @@ TEST(ChatTemplateConfig, ToolCallNamePrefix) {
             std::optional<std::string>("\n{\"name\": \""));
 }
 
+// The whole shape of a tool call, found by rendering probe calls.
+TEST(ChatTemplateConfig, ToolCallForm) {
+  const auto xml = qwen36_template().tool_call_form();
+  ASSERT_TRUE(xml);
+  EXPECT_FALSE(xml->json);
+  EXPECT_EQ(xml->before_name, "\n<function=");
+  EXPECT_EQ(xml->after_name + xml->before_key + "K" + xml->after_key + "V" + xml->after_value + xml->after_args,
+            ">\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>");
+  EXPECT_EQ(xml->after_name + xml->after_args, ">\n</function>\n</tool_call>");
+  const ChatTemplate plain(jinja::Json("{% for m in messages %}{{ m.content }}{% endfor %}"), jinja::Json::object());
+  EXPECT_EQ(plain.tool_call_form(), std::nullopt);
+  if (!fs::exists(kQwen3Config)) GTEST_SKIP() << "run scripts/fetch-tokenizer.sh to fetch " << kQwen3Config;
+  const auto json = ChatTemplate::from_tokenizer_config_file(kQwen3Config.string()).tool_call_form();
+  ASSERT_TRUE(json);
+  EXPECT_TRUE(json->json);
+  EXPECT_EQ(json->before_name, "\n{\"name\": \"");
+  EXPECT_EQ(json->after_name, "\", \"arguments\": ");
+  EXPECT_EQ(json->after_args, "}\n</tool_call>");
+}
+
 TEST(ChatTemplateConfig, BadInputIsAnError) {
   EXPECT_THROW(ChatTemplate::from_tokenizer_config(jinja::Json{{"x", 1}}), Error);
   EXPECT_THROW(ChatTemplate(jinja::Json(42), jinja::Json::object()), Error);
