@@ -97,15 +97,18 @@ TEST_P(Lossless, BatchOneMtpAndNgramEqualPlainGreedy) {
   }
 }
 
-// Structured output (a JSON object) with MTP and n-gram drafts equals constrained generate():
-// each verify row is masked for the drafts before it, so a refused draft is just rejected.
+// Structured output (a JSON object; a GBNF grammar) with MTP and n-gram drafts equals constrained
+// generate(): each verify row is masked for the drafts before it, so a refused draft is just rejected.
 TEST_P(Lossless, ConstrainedMtpAndNgramEqualConstrainedGreedy) {
   const int32_t V = int32_t(model_->config().vocab_size);
   auto trie = std::make_shared<const TokenTrie>(test::json_piece_vocab(V));
-  OutputConstraint oc;
-  oc.schema = text::JsonSchema::any_object();
+  OutputConstraint object, grammar;
+  object.schema = text::JsonSchema::any_object();
+  grammar.grammar = text::Grammar::parse(R"(root ::= "[" item ("," item)* "]"
+item ::= "true" | "null" | [0-9]+ | "\"" [a-z]* "\"")");
   const auto ps = prompts(V);
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < 4; ++i) {
+    const OutputConstraint& oc = i < 3 ? object : grammar;
     GenerateOptions g = greedy_opts(kMax);
     g.stop_ids = {V - 1};
     TokenConstraint ref_c(trie, oc, g.stop_ids);
