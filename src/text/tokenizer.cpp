@@ -622,7 +622,7 @@ bool Tokenizer::is_special(int32_t id) const {
 std::vector<std::string> Tokenizer::document_bytes(int64_t n) const {
   std::vector<std::string> bytes(static_cast<size_t>(n));
   for (int32_t id = 0; id < int32_t(std::min<int64_t>(n, vocab_size())); ++id)
-    if (kind_[size_t(id)] == 1) bytes[size_t(id)] = bytes_[size_t(id)];  // ordinary tokens only
+    if (kind_[size_t(id)] == 1 || kind_[size_t(id)] == 2) bytes[size_t(id)] = bytes_[size_t(id)];
   return bytes;
 }
 

@@ -84,7 +84,9 @@ class Tokenizer {
   // The raw bytes of one token (may be a fragment of a UTF-8 sequence).
   const std::string& token_bytes(int32_t id) const;
   // Every id's bytes as text constrained to a document may hold them (structured output):
-  // n entries, empty for added tokens (<think>, <|im_end|>, ...) and ids without a token.
+  // n entries; added tokens that are not special (<tool_call>, </tool_call>, <think> ...) as
+  // their text, so a constrained call is written with the token a model writes it with; empty
+  // for special tokens (<|im_end|> ...) and ids without a token.
   std::vector<std::string> document_bytes(int64_t n) const;
 
   // Id of a token in its vocabulary spelling or an added token's content; -1 if none.

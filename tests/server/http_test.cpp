@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <regex>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "model/presets.h"
 #include "model/random_weights.h"
 #include "server/server.h"
+#include "text/tool_call_grammar.h"
 
 namespace qwen36::server {
 namespace {
@@ -463,6 +465,19 @@ TEST_F(HttpTest, ToolChoiceForcesTheCall) {
   Json r = post_json(c, "/v1/chat/completions", req, &status);
   ASSERT_EQ(status, 200) << r.dump();
   expect_call(r, "get_");
+  // The call may open with the single <tool_call> token a model writes it with (an added token
+  // that is not special), not only with its spelling in pieces.
+  const auto form = g_shared->tmpl->tool_call_form();
+  ASSERT_TRUE(form);
+  OutputConstraint oc;
+  oc.grammar = text::tool_call_grammar(*form, {tool("get_time")["function"]}, false);
+  TokenConstraint mask(g_shared->vocab, oc, {});
+  std::vector<float> logits(size_t(g_shared->model->config().vocab_size), 0.0f);
+  mask.apply(logits);
+  const int32_t open = g_shared->tok->token_id("<tool_call>");
+  ASSERT_GE(open, 0);
+  EXPECT_TRUE(std::isfinite(logits[size_t(open)]));
+  EXPECT_TRUE(std::isfinite(logits[size_t(g_shared->tok->encode("<", false)[0])]));
   auto expect_400 = [&](Json body, const std::string& says) {
     Json e = post_json(c, "/v1/chat/completions", body, &status);
     EXPECT_EQ(status, 400) << e.dump();
