@@ -92,7 +92,8 @@ std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallFor
                                                  const std::vector<Json>& functions, bool several) {
   QWEN36_CHECK(!functions.empty(), "a forced tool call needs a function");
   Writer w;
-  w.rule("root", several ? R"(call ("\n" call)*)" : "call");
+  // Up to two newlines may come first: a reasoning model writes "</think>\n\n" before its answer.
+  w.rule("root", several ? R"("\n"{0,2} call ("\n" call)*)" : R"("\n"{0,2} call)");
   std::string calls;
   for (size_t k = 0; k < functions.size(); ++k) {
     const Json& fn = functions[k];

@@ -2,7 +2,7 @@
 // defines: tool_call_grammar (the grammar of a forced tool call — tool_choice "required" or a
 //          named function — with the arguments held to each function's parameters schema)
 //
-// Written in the template's own form (ChatTemplate::tool_call_form):
+// Written in the template's own form (ChatTemplate::tool_call_form), after up to two newlines:
 //  - JSON form (Qwen3): the arguments object is an embedded JSON value of the parameters schema
 //    (json_schema.h: the same subset and strictness as response_format);
 //  - XML form (Qwen3.6): the declared parameters in schema order, each required one present; a

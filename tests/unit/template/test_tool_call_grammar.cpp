@@ -68,6 +68,8 @@ void check_form(const ChatTemplate& t) {
   EXPECT_EQ(parsed->name, "get_weather");
   EXPECT_EQ(parsed->arguments, good) << parsed->arguments.dump();
   EXPECT_TRUE(accepts(one, rendered(t, {{"get_weather", {{"city", "Oslo"}}}})));
+  EXPECT_TRUE(accepts(one, "\n\n" + rendered(t, {{"get_weather", {{"city", "Oslo"}}}}))) << "after </think>";
+  EXPECT_FALSE(accepts(one, "\n\n\n" + rendered(t, {{"get_weather", {{"city", "Oslo"}}}})));
   EXPECT_TRUE(accepts(one, rendered(t, {{"list_files", {{"path", "/tmp"}, {"depth", 2}}}})));
   for (const Json& bad : {Json{{"city", "Oslo"}, {"days", 9}}, Json{{"city", "Oslo"}, {"days", "three"}},
                           Json{{"days", 3}}, Json{{"city", "Oslo"}, {"unit", "k"}}, Json{{"city", "Oslo"}, {"hours", {"x"}}}})
