@@ -15,9 +15,9 @@ constexpr uint32_t kMaxRepeat = 1000;       // {m,n} bounds
 constexpr size_t kMaxSymbols = 1u << 22;   // repetitions are copies: this caps their product
 
 struct Symbol {
-  enum Kind : uint8_t { kByte, kRule, kClass, kJson } kind;
+  enum Kind : uint8_t { kByte, kRule, kClass, kJson, kText } kind;
   uint8_t lo, hi;  // kByte: a byte in [lo, hi]
-  uint32_t index;  // kRule: the rule; kClass: the character class; kJson: the embedded value
+  uint32_t index;  // kRule: the rule; kClass: the character class; kJson / kText: the embedded value
   bool is_rule() const { return kind == kRule; }
 };
 using Alternative = std::vector<Symbol>;
@@ -33,10 +33,10 @@ bool is_hex(char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c 
 }  // namespace
 
 struct GrammarCompiler {
-  GrammarCompiler(std::string_view text, std::vector<std::shared_ptr<const JsonSchema>> embedded)
+  GrammarCompiler(std::string_view text, std::vector<Grammar::Embedded> embedded)
       : src(text), values(std::move(embedded)) {}
   std::string_view src;
-  std::vector<std::shared_ptr<const JsonSchema>> values;
+  std::vector<Grammar::Embedded> values;
   size_t i = 0;
   std::vector<std::vector<Alternative>> rules;
   std::vector<std::string> names;
@@ -231,8 +231,9 @@ struct GrammarCompiler {
       size_t k = 0;
       const size_t from = i;
       while (!at_end() && src[i] >= '0' && src[i] <= '9') k = k * 10 + size_t(src[i++] - '0');
-      if (i == from || k >= values.size()) error("expected the number of an embedded JSON value after '%'");
-      seq.push_back({Symbol::kJson, 0, 0, uint32_t(k)});
+      if (i == from || k >= values.size()) error("expected the number of an embedded value after '%'");
+      if (!values[k].json && (!values[k].text || values[k].text->empty())) error("an embedded value matches nothing");
+      seq.push_back({values[k].json ? Symbol::kJson : Symbol::kText, 0, 0, uint32_t(k)});
     } else if (is_name_char(c)) {
       const size_t start = i;
       while (!at_end() && is_name_char(src[i])) ++i;
@@ -345,11 +346,16 @@ struct GrammarCompiler {
 
     // Left recursion: a rule reaching itself before any byte.
     std::vector<bool> nullable(n, false);
+    // An embedded text that may be empty matches nothing as well.
+    auto empty_ok = [&](const Symbol& s) {
+      return s.is_rule() ? bool(nullable[s.index])
+                         : s.kind == Symbol::kText && values[s.index].text->accepting(ByteDfa::start());
+    };
     for (bool changed = true; changed;) {
       changed = false;
       for (size_t r = 0; r < n; ++r)
         if (!nullable[r] && std::any_of(rules[r].begin(), rules[r].end(), [&](const Alternative& a) {
-              return std::all_of(a.begin(), a.end(), [&](const Symbol& s) { return s.is_rule() && nullable[s.index]; });
+              return std::all_of(a.begin(), a.end(), empty_ok);
             }))
           nullable[r] = changed = true;
     }
@@ -362,10 +368,12 @@ struct GrammarCompiler {
     for (size_t r = 0; r < n; ++r) {
       if (!reachable[r]) continue;
       for (const Alternative& a : rules[r]) {
-        for (size_t k = 0; k < a.size() && a[k].is_rule(); ++k) {
-          edges[r].push_back(a[k].index);
-          if (k + 1 < a.size()) growing.emplace_back(uint32_t(r), a[k].index);
-          if (!nullable[a[k].index]) break;
+        for (size_t k = 0; k < a.size(); ++k) {
+          if (a[k].is_rule()) {
+            edges[r].push_back(a[k].index);
+            if (k + 1 < a.size()) growing.emplace_back(uint32_t(r), a[k].index);
+          }
+          if (!empty_ok(a[k])) break;  // past what may match nothing, the expansion goes on
         }
       }
     }
@@ -389,14 +397,14 @@ struct GrammarCompiler {
     g->alts_.resize(n);
     g->root_ = root->second;
     for (const CodePointRanges& set : classes) g->classes_.push_back(ByteDfa::character(set));
-    g->json_ = values;
+    g->embedded_ = values;
     for (size_t r = 0; r < n; ++r) {
       if (!reachable[r]) continue;
       for (const Alternative& a : rules[r]) {
         g->alts_[r].push_back(uint32_t(g->elems_.size()));
         for (const Symbol& s : a) {
           constexpr Grammar::Elem::Kind kKinds[] = {Grammar::Elem::kBytes, Grammar::Elem::kRule, Grammar::Elem::kClass,
-                                                    Grammar::Elem::kJson};
+                                                    Grammar::Elem::kJson, Grammar::Elem::kText};
           g->elems_.push_back({kKinds[s.kind], s.lo, s.hi, s.index});
         }
         g->elems_.push_back({Grammar::Elem::kEnd, 0, 0, 0});
@@ -406,8 +414,7 @@ struct GrammarCompiler {
   }
 };
 
-std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf,
-                                              std::vector<std::shared_ptr<const JsonSchema>> values) {
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf, std::vector<Embedded> values) {
   GrammarCompiler c(gbnf, std::move(values));
   c.parse();
   return c.finish();

@@ -33,21 +33,26 @@ namespace qwen36::text {
 
 class Grammar {
  public:
-  // `values`: JSON documents the grammar embeds, written %0, %1, ... in its text (the engine's own
-  // grammars — a tool call's arguments — use them; a user's grammar has none).
-  static std::shared_ptr<const Grammar> parse(std::string_view gbnf,
-                                              std::vector<std::shared_ptr<const JsonSchema>> values = {});
+  // A value the engine's own grammars embed (a tool call's arguments), written %0, %1, ... in the
+  // text: a JSON document of `json`, or raw text that `text` matches in full. A user's grammar
+  // has none.
+  struct Embedded {
+    std::shared_ptr<const JsonSchema> json;
+    std::shared_ptr<const ByteDfa> text;
+  };
+  static std::shared_ptr<const Grammar> parse(std::string_view gbnf, std::vector<Embedded> values = {});
 
   // A compiled rule's alternatives are element runs in elems, each ending with kEnd.
   struct Elem {
-    enum Kind : uint8_t { kBytes, kClass, kJson, kRule, kEnd } kind;
+    enum Kind : uint8_t { kBytes, kClass, kJson, kText, kRule, kEnd } kind;
     uint8_t lo = 0, hi = 0;  // kBytes: one byte in [lo, hi]
     uint32_t ref = 0;        // kRule: the rule; kClass: the class's automaton (one character's
-                             // bytes); kJson: the embedded JSON value's schema
+                             // bytes); kJson / kText: the embedded value
   };
   const std::vector<Elem>& elems() const { return elems_; }
   const ByteDfa& character_class(uint32_t i) const { return classes_[i]; }
-  const std::shared_ptr<const JsonSchema>& json(uint32_t i) const { return json_[i]; }
+  const std::shared_ptr<const JsonSchema>& json(uint32_t i) const { return embedded_[i].json; }
+  const ByteDfa& text(uint32_t i) const { return *embedded_[i].text; }
   const std::vector<uint32_t>& alternatives(uint32_t rule) const { return alts_[rule]; }
   uint32_t root() const { return root_; }
 
@@ -56,7 +61,7 @@ class Grammar {
   std::vector<Elem> elems_;
   std::vector<std::vector<uint32_t>> alts_;  // rule -> the first element of each alternative
   std::vector<ByteDfa> classes_;
-  std::vector<std::shared_ptr<const JsonSchema>> json_;
+  std::vector<Embedded> embedded_;
   uint32_t root_ = 0;
 };
 

@@ -71,6 +71,12 @@ struct GrammarMatcher::Arena {
       case Grammar::Elem::kBytes: out.heads.push_back(intern(pos, parent)); return;
       case Grammar::Elem::kClass: out.heads.push_back(intern(pos, parent, ByteDfa::start())); return;
       case Grammar::Elem::kJson: out.heads.push_back(intern(pos, parent, json_state(JsonMatcher(g.json(e.ref))))); return;
+      case Grammar::Elem::kText: {  // raw text the automaton matches: it may be empty, or go on
+        const ByteDfa& dfa = g.text(e.ref);
+        if (dfa.extendable(ByteDfa::start())) out.heads.push_back(intern(pos, parent, ByteDfa::start()));
+        if (dfa.accepting(ByteDfa::start())) expand(pos + 1, parent, out, seen);
+        return;
+      }
       case Grammar::Elem::kEnd:
         if (parent == kNil) {
           out.accept = true;
@@ -114,6 +120,13 @@ struct GrammarMatcher::Arena {
       const uint16_t sub = dfa.next(uint16_t(n.sub), byte);
       if (sub != ByteDfa::kDead && dfa.accepting(sub)) past = true;
       else if (sub != ByteDfa::kDead) s.heads.push_back(intern(n.pos, n.parent, sub));
+    } else if (e.kind == Grammar::Elem::kText) {  // the text may end here, or go on
+      const ByteDfa& dfa = g.text(e.ref);
+      const uint16_t sub = dfa.next(uint16_t(n.sub), byte);
+      if (sub != ByteDfa::kDead) {
+        if (dfa.extendable(sub)) s.heads.push_back(intern(n.pos, n.parent, sub));
+        past = dfa.accepting(sub);
+      }
     } else {  // kJson: a whole value may end here (and a number, say, may also go on)
       JsonMatcher m = json_states[n.sub];
       if (m.feed(byte)) {

@@ -48,25 +48,6 @@ const Json* find(const Json& s, const char* key) {
   return it == s.end() ? nullptr : &*it;
 }
 
-// The string formats enforced (as full matches of the characters); others are annotations.
-const char* format_regex(std::string_view format) {
-  static constexpr const char* kDate = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
-  // RFC 3339 full-time: the offset is required.
-  static constexpr const char* kTime =
-      "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
-  static const std::string kDateTime = std::string(kDate) + "[Tt]" + kTime;
-  static constexpr const char* kLabel = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
-  static const std::string kHostname = std::string(kLabel) + "(\\." + kLabel + ")*";
-  static const std::string kEmail = "[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@" + kHostname;
-  if (format == "date") return kDate;
-  if (format == "time") return kTime;
-  if (format == "date-time") return kDateTime.c_str();
-  if (format == "uuid") return "[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}";
-  if (format == "ipv4") return "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
-  if (format == "email") return kEmail.c_str();
-  if (format == "hostname") return kHostname.c_str();
-  return nullptr;
-}
 
 
 }  // namespace
@@ -442,7 +423,7 @@ struct JsonSchema::Compiler {
     const Json* p = find(s, "pattern");
     QWEN36_CHECK(!p || p->is_string(), "{}: 'pattern' must be a string", path);
     const Json* f = find(s, "format");
-    const char* format = f && f->is_string() ? format_regex(f->get<std::string>()) : nullptr;
+    const char* format = f && f->is_string() ? format_pattern(f->get<std::string>()) : nullptr;
     if (p && format) {  // both: the strings they both match
       const std::string& regex = p->get_ref<const std::string&>();
       dfa = automaton("search:" + regex + "\nformat:" + format, path, [&] {
@@ -498,6 +479,25 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, Whites
     fail("schema: {}", e.what());
   }
   return s;
+}
+
+const char* format_pattern(std::string_view format) {
+  static constexpr const char* kDate = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+  // RFC 3339 full-time: the offset is required.
+  static constexpr const char* kTime =
+      "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+  static const std::string kDateTime = std::string(kDate) + "[Tt]" + kTime;
+  static constexpr const char* kLabel = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+  static const std::string kHostname = std::string(kLabel) + "(\\." + kLabel + ")*";
+  static const std::string kEmail = "[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@" + kHostname;
+  if (format == "date") return kDate;
+  if (format == "time") return kTime;
+  if (format == "date-time") return kDateTime.c_str();
+  if (format == "uuid") return "[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}";
+  if (format == "ipv4") return "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+  if (format == "email") return kEmail.c_str();
+  if (format == "hostname") return kHostname.c_str();
+  return nullptr;
 }
 
 std::shared_ptr<const JsonSchema> JsonSchema::text_matching(std::string_view regex) {

@@ -113,6 +113,10 @@ inline int kind_of(uint8_t c) {
 
 enum class Whitespace : uint8_t { Limited, Any };
 
+// The regular expression (full match of a string's characters) of an enforced `format`: date,
+// time, date-time, uuid, ipv4, email, hostname; null for the others (annotations).
+const char* format_pattern(std::string_view format);
+
 // A compiled schema: immutable, shared by many matchers.
 class JsonSchema {
  public:

@@ -14,10 +14,14 @@ using Json = nlohmann::ordered_json;
 // Builds the grammar text, and the JSON values it embeds (%0, %1, ...).
 struct Writer {
   std::string text;
-  std::vector<std::shared_ptr<const JsonSchema>> values;
+  std::vector<Grammar::Embedded> values;
 
   std::string json(const Json& schema, const std::string& where) {
-    values.push_back(with_context(where, [&] { return JsonSchema::compile(schema); }));
+    values.push_back({with_context(where, [&] { return JsonSchema::compile(schema); }), nullptr});
+    return fmt::format("%{}", values.size() - 1);
+  }
+  std::string raw_text(ByteDfa dfa) {
+    values.push_back({nullptr, std::make_shared<const ByteDfa>(std::move(dfa))});
     return fmt::format("%{}", values.size() - 1);
   }
   void rule(const std::string& name, const std::string& body) { text += fmt::format("{} ::= {}\n", name, body); }
@@ -38,6 +42,37 @@ std::string python_str(const Json& v) {
   if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
   if (v.is_null()) return "None";
   return v.dump();
+}
+
+// A raw XML string: any text without "</" (it would read as a closing tag), held to the schema's
+// pattern, format and (up to kMaxCheckedLength characters) length when it has them.
+constexpr uint32_t kMaxCheckedLength = 256;
+
+std::string xml_string(Writer& w, const Json& schema, const std::string& where) {
+  const Json* pattern = schema.contains("pattern") ? &schema["pattern"] : nullptr;
+  const char* format = schema.contains("format") && schema["format"].is_string()
+                           ? format_pattern(schema["format"].get<std::string>())
+                           : nullptr;
+  auto length = [&](const char* key, uint32_t absent) {
+    const Json* v = schema.contains(key) ? &schema[key] : nullptr;
+    return v && v->is_number_unsigned() && v->get<uint64_t>() <= kMaxCheckedLength ? uint32_t(v->get<uint64_t>()) : absent;
+  };
+  const uint32_t lo = length("minLength", 0), hi = length("maxLength", UINT32_MAX);
+  if (!pattern && !format && lo == 0 && hi == UINT32_MAX) return "raw";
+  return with_context(where, [&] {
+    ByteDfa d = ByteDfa::compile("(?:[^<]|<+[^</])*<*", RegexMode::Full);
+    if (pattern) {
+      QWEN36_CHECK(pattern->is_string(), "'pattern' must be a string");
+      d = ByteDfa::intersect(d, ByteDfa::compile(pattern->get<std::string>(), RegexMode::Search));
+    }
+    if (format) d = ByteDfa::intersect(d, ByteDfa::compile(format, RegexMode::Full));
+    if (lo > 0 || hi != UINT32_MAX) {
+      const std::string bounds = hi == UINT32_MAX ? fmt::format("{{{},}}", lo) : fmt::format("{{{},{}}}", lo, hi);
+      d = ByteDfa::intersect(d, ByteDfa::compile("(?:.|\n)" + bounds, RegexMode::Full));
+    }
+    QWEN36_CHECK(!d.empty(), "no string fits the parameter's pattern, format and length together");
+    return w.raw_text(std::move(d));
+  });
 }
 
 // An XML-form parameter's value, as the template writes it.
@@ -62,7 +97,8 @@ std::string xml_value(Writer& w, const Json& schema, const std::string& where) {
   if (only({"boolean"})) return R"(("True" | "False" | "true" | "false"))";
   if (only({"null"})) return R"(("None" | "null"))";
   if (only({"integer", "number", "object", "array"})) return w.json(schema, where);
-  return "raw";  // strings, and mixes that include them
+  if (only({"string"})) return xml_string(w, schema, where);
+  return "raw";  // mixes that include strings
 }
 
 std::string xml_arguments(Writer& w, const ChatTemplate::ToolCallForm& f, const Json& params, const std::string& fn) {

@@ -12,6 +12,8 @@
 namespace qwen36::text {
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 std::shared_ptr<const Grammar> gbnf(std::string_view text) { return Grammar::parse(text); }
 
 // Index of the first refused byte (text.size() if none); a refusal must leave the state as it was.
@@ -30,14 +32,15 @@ bool accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
   return first_refused(m, text) == text.size() && m.complete();
 }
 
-std::string error_of(std::string_view text) {
+std::string error_of_with(std::string_view text, std::vector<Grammar::Embedded> values) {
   try {
-    gbnf(text);
+    Grammar::parse(text, std::move(values));
   } catch (const Error& e) {
     return e.what();
   }
   return "no error";
 }
+std::string error_of(std::string_view text) { return error_of_with(text, {}); }
 
 TEST(Grammar, LlamaCppStyleJson) {
   const auto g = gbnf(R"(# JSON, as llama.cpp's grammars/json.gbnf writes it
@@ -204,6 +207,25 @@ TEST(Grammar, ErrorsNameTheProblem) {
   EXPECT_TRUE(accepts(g, "a"));
   GrammarMatcher m(g);
   EXPECT_EQ(first_refused(m, "b"), 0u) << "'b' leads only into a rule that never ends";
+}
+
+// Values the engine embeds (%N): a JSON document of a schema, or raw text an automaton matches.
+TEST(Grammar, EmbeddedValues) {
+  const auto word = std::make_shared<const ByteDfa>(ByteDfa::compile("[a-z]*", RegexMode::Full));
+  const auto g = Grammar::parse(R"(root ::= "<" %0 ">" %1)",
+                                {{nullptr, word}, {JsonSchema::compile(Json::parse(R"({"type": "integer"})")), nullptr}});
+  EXPECT_TRUE(accepts(g, "<abc>12"));
+  EXPECT_TRUE(accepts(g, "<>-3"));
+  GrammarMatcher m(g);
+  EXPECT_EQ(first_refused(m, "<a1"), 2u);
+  GrammarMatcher n(g);
+  ASSERT_EQ(first_refused(n, "<>12"), 4u);
+  EXPECT_TRUE(n.complete());
+  EXPECT_FALSE(n.finished()) << "more digits may follow";
+  // A text that may be empty counts as such for left recursion.
+  EXPECT_NE(error_of_with("root ::= %0 root \"x\" | \"y\"", {{nullptr, word}}).find("left recursion"), std::string::npos);
+  EXPECT_EQ(error_of_with("root ::= %0 \"x\" root | \"y\"", {{nullptr, word}}), "no error");
+  EXPECT_NE(error_of_with("root ::= %1", {{nullptr, word}}).find("embedded value"), std::string::npos);
 }
 
 TEST(Grammar, TooAmbiguousIsAnError) {

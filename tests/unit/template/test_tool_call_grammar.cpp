@@ -84,6 +84,31 @@ void check_form(const ChatTemplate& t) {
 
 TEST(ToolCallGrammar, Qwen36XmlForm) { check_form(qwen36_template()); }
 
+// XML-form strings are raw text, held to their pattern, format and length.
+TEST(ToolCallGrammar, XmlStringsFollowTheirSchema) {
+  const ChatTemplate t = qwen36_template();
+  const auto form = t.tool_call_form();
+  ASSERT_TRUE(form);
+  const Json fn = Json::parse(R"({"name": "book", "parameters": {"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{3}$"}, "when": {"type": "string", "format": "date"},
+    "note": {"type": "string", "maxLength": 5}}}})");
+  const auto g = tool_call_grammar(*form, {fn}, false);
+  auto call = [&](const Json& args) {
+    const std::string text = t.render(
+        Json::array({{{"role", "user"}, {"content", "x"}},
+                     {{"role", "assistant"}, {"content", ""},
+                      {"tool_calls", {{{"type", "function"}, {"function", {{"name", "book"}, {"arguments", args}}}}}}}}),
+        Json::array({{{"type", "function"}, {"function", fn}}}), false, nullptr);
+    const size_t from = text.find("<tool_call>", text.rfind("<|im_start|>assistant"));
+    return text.substr(from, text.rfind("</tool_call>") + std::string_view("</tool_call>").size() - from);
+  };
+  EXPECT_TRUE(accepts(g, call({{"code", "OSL"}, {"when", "2026-12-05"}, {"note", "a<b"}})));
+  EXPECT_TRUE(accepts(g, call({{"note", ""}})));
+  EXPECT_FALSE(accepts(g, call({{"code", "OSLO"}})));
+  EXPECT_FALSE(accepts(g, call({{"when", "2026-13-05"}})));
+  EXPECT_FALSE(accepts(g, call({{"note", "toolong"}})));
+}
+
 TEST(ToolCallGrammar, Qwen3JsonForm) {
   if (!fs::exists(kQwen3Config)) GTEST_SKIP() << "run scripts/fetch-tokenizer.sh to fetch " << kQwen3Config;
   check_form(ChatTemplate::from_tokenizer_config_file(kQwen3Config.string()));
