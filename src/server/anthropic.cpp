@@ -76,6 +76,11 @@ Json chat_body(const Json& body) {
     else if (type == "any") chat["tool_choice"] = "required";
     else if (type == "tool") chat["tool_choice"] = chat_named_choice(tc.value("name", Json()));
     else throw HttpError(400, "'tool_choice' must be {\"type\": auto | any | tool | none}", "tool_choice");
+    if (tc.contains("disable_parallel_tool_use")) {
+      if (!tc["disable_parallel_tool_use"].is_boolean())
+        throw HttpError(400, "'tool_choice.disable_parallel_tool_use' must be a boolean", "tool_choice");
+      chat["parallel_tool_calls"] = !tc["disable_parallel_tool_use"].get<bool>();
+    }
   }
   const Json thinking = has(body, "thinking") ? body["thinking"] : Json::object();
   if (!thinking.is_object()) throw HttpError(400, "'thinking' must be an object", "thinking");
