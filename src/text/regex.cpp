@@ -549,6 +549,39 @@ ByteDfa ByteDfa::character(const CodePointRanges& set) {
   return d;
 }
 
+ByteDfa ByteDfa::avoiding(std::string_view s) {
+  QWEN36_CHECK(!s.empty() && s.size() < kMaxStates, "avoiding: the text must have 1 to {} bytes", kMaxStates - 1);
+  // State k: the longest suffix of the bytes so far that is a prefix of s has k bytes (k < |s|).
+  // The next state after byte c is computed as a string search would (the prefix function).
+  ByteDfa d;
+  std::array<bool, 257> cut{};
+  for (char c : s) cut[uint8_t(c)] = cut[uint8_t(c) + 1] = true;
+  uint16_t cls = 0;
+  std::vector<uint8_t> rep = {0};
+  for (int b = 0; b < 256; ++b) {
+    if (b > 0 && cut[size_t(b)]) ++cls, rep.push_back(uint8_t(b));
+    d.class_of_[size_t(b)] = uint8_t(cls);
+  }
+  d.classes_ = uint16_t(cls + 1);
+  const size_t n = s.size();
+  std::vector<size_t> fail(n, 0);  // prefix function of s
+  for (size_t i = 1, k = 0; i < n; ++i) {
+    while (k > 0 && s[i] != s[k]) k = fail[k - 1];
+    if (s[i] == s[k]) ++k;
+    fail[i] = k;
+  }
+  std::vector<uint32_t> next;
+  for (size_t k = 0; k < n; ++k) {
+    for (uint8_t c : rep) {
+      size_t j = k;
+      while (j > 0 && uint8_t(s[j]) != c) j = fail[j - 1];
+      if (uint8_t(s[j]) == c) ++j;
+      next.push_back(j == n ? UINT32_MAX : uint32_t(j));  // the whole of s: refused
+    }
+  }
+  return DfaBuilder::trimmed(std::move(d), next, std::vector<bool>(n, true));
+}
+
 bool ByteDfa::continues_with(uint16_t state, uint32_t lo, uint32_t hi) const {
   for (uint32_t cp = lo; cp <= hi; ++cp) {
     uint8_t b[4];

@@ -41,6 +41,9 @@ class ByteDfa {
   static ByteDfa compile(std::string_view pattern, RegexMode mode);  // throws Error
   // One character (its UTF-8 bytes) of a non-empty code-point set.
   static ByteDfa character(const CodePointRanges& set);
+  // Any bytes that do not contain `s` (non-empty) — the text of an XML value before its closing
+  // tag, say.
+  static ByteDfa avoiding(std::string_view s);
   // The texts both match / either matches (may be empty(); throws Error past kMaxStates).
   static ByteDfa intersect(const ByteDfa& a, const ByteDfa& b);
   static ByteDfa unite(const ByteDfa& a, const ByteDfa& b);

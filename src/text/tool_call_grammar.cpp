@@ -44,11 +44,17 @@ std::string python_str(const Json& v) {
   return v.dump();
 }
 
-// A raw XML string: any text without "</" (it would read as a closing tag), held to the schema's
-// pattern, format and (up to kMaxCheckedLength characters) length when it has them.
+// A raw XML string: any text without the closing tag (the parser ends the value at the first one),
+// held to the schema's pattern, format and (up to kMaxCheckedLength characters) length when it has
+// them.
+ByteDfa raw_value(const ChatTemplate::ToolCallForm& f) {
+  const size_t tag = f.after_value.find_first_not_of(" \t\r\n");
+  return ByteDfa::avoiding(tag == std::string::npos ? f.after_value : f.after_value.substr(tag));
+}
+
 constexpr uint32_t kMaxCheckedLength = 256;
 
-std::string xml_string(Writer& w, const Json& schema, const std::string& where) {
+std::string xml_string(Writer& w, const ChatTemplate::ToolCallForm& f, const Json& schema, const std::string& where) {
   const Json* pattern = schema.contains("pattern") ? &schema["pattern"] : nullptr;
   const char* format = schema.contains("format") && schema["format"].is_string()
                            ? format_pattern(schema["format"].get<std::string>())
@@ -60,7 +66,7 @@ std::string xml_string(Writer& w, const Json& schema, const std::string& where) 
   const uint32_t lo = length("minLength", 0), hi = length("maxLength", UINT32_MAX);
   if (!pattern && !format && lo == 0 && hi == UINT32_MAX) return "raw";
   return with_context(where, [&] {
-    ByteDfa d = ByteDfa::compile("(?:[^<]|<+[^</])*<*", RegexMode::Full);
+    ByteDfa d = raw_value(f);
     if (pattern) {
       QWEN36_CHECK(pattern->is_string(), "'pattern' must be a string");
       d = ByteDfa::intersect(d, ByteDfa::compile(pattern->get<std::string>(), RegexMode::Search));
@@ -76,7 +82,7 @@ std::string xml_string(Writer& w, const Json& schema, const std::string& where) 
 }
 
 // An XML-form parameter's value, as the template writes it.
-std::string xml_value(Writer& w, const Json& schema, const std::string& where) {
+std::string xml_value(Writer& w, const ChatTemplate::ToolCallForm& f, const Json& schema, const std::string& where) {
   if (schema.is_object() && schema.contains("enum") && schema["enum"].is_array() && !schema["enum"].empty()) {
     std::string alts;
     for (const Json& v : schema["enum"]) {
@@ -97,7 +103,7 @@ std::string xml_value(Writer& w, const Json& schema, const std::string& where) {
   if (only({"boolean"})) return R"(("True" | "False" | "true" | "false"))";
   if (only({"null"})) return R"(("None" | "null"))";
   if (only({"integer", "number", "object", "array"})) return w.json(schema, where);
-  if (only({"string"})) return xml_string(w, schema, where);
+  if (only({"string"})) return xml_string(w, f, schema, where);
   return "raw";  // mixes that include strings
 }
 
@@ -114,7 +120,7 @@ std::string xml_arguments(Writer& w, const ChatTemplate::ToolCallForm& f, const 
       if (r.is_string()) required.push_back(r.get<std::string>());
   std::string seq;
   for (const auto& [key, schema] : props.items()) {
-    const std::string value = xml_value(w, schema, fn + "." + key);
+    const std::string value = xml_value(w, f, schema, fn + "." + key);
     const bool must = std::find(required.begin(), required.end(), key) != required.end();
     seq += fmt::format("{}({} {} {}){}", seq.empty() ? "" : " ", gbnf_literal(f.before_key + key + f.after_key), value,
                        gbnf_literal(f.after_value), must ? "" : "?");
@@ -142,7 +148,7 @@ std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallFor
     calls += fmt::format("{}fn{}", calls.empty() ? "" : " | ", k);
   }
   w.rule("call", fmt::format("{} ({})", gbnf_literal("<tool_call>" + form.before_name), calls));
-  w.rule("raw", R"(([^<] | "<" [^/])*)");
+  w.rule("raw", form.json ? "\"\"" : w.raw_text(raw_value(form)));
   return Grammar::parse(w.text, std::move(w.values));
 }
 

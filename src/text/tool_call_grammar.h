@@ -8,8 +8,9 @@
 //  - XML form (Qwen3.6): the declared parameters in schema order, each required one present; a
 //    value is written as the template writes it: integers, numbers, objects and arrays as JSON
 //    of the parameter's schema, booleans True / False (true / false too), null None / null,
-//    enums as their values, strings raw — any text without "</", held to the string's pattern,
-//    enforced format and length (lengths up to 256 characters; longer limits are not checked).
+//    enums as their values, strings raw — any text without the closing tag "</parameter>", held
+//    to the string's pattern, enforced format and length (lengths up to 256 characters; longer
+//    limits are not checked).
 //    A parameters schema without properties takes any parameters.
 // Throws Error when a parameter's schema is outside the JSON-schema subset; the caller then
 // forces the call's beginning only.

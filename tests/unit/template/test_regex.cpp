@@ -234,6 +234,21 @@ TEST(Regex, ContinuesWith) {
   EXPECT_FALSE(d.continues_with(after_a, 0, 0xDF));
 }
 
+// avoiding(s): any bytes without s, checked against std::string::find on random texts.
+TEST(Regex, Avoiding) {
+  for (std::string_view s : {"</parameter>", "aab", "aaa", "abab", "x"}) {
+    const ByteDfa d = ByteDfa::avoiding(s);
+    std::mt19937 rng(uint32_t(s.size()));
+    for (int t = 0; t < 3000; ++t) {
+      std::string text;
+      for (int n = int(rng() % 16); n > 0; --n) text += std::string_view("abx</parmet>")[rng() % 12];
+      if (rng() % 5 == 0) text.insert(rng() % (text.size() + 1), s);
+      ASSERT_EQ(matches(d, text), text.find(s) == std::string::npos) << s << " in " << text;
+    }
+    expect_trimmed(d, s);
+  }
+}
+
 TEST(Regex, EscapedLiteralsMatchThemselves) {
   for (const char* lit : {"a.b*c", "(x|y)", "[1-2]{3}", "\\d+$^", "price: $5?", "a/b-c", "caf\xC3\xA9"}) {
     const std::string p = regex_escape(lit);

@@ -74,8 +74,9 @@ void check_form(const ChatTemplate& t) {
   for (const Json& bad : {Json{{"city", "Oslo"}, {"days", 9}}, Json{{"city", "Oslo"}, {"days", "three"}},
                           Json{{"days", 3}}, Json{{"city", "Oslo"}, {"unit", "k"}}, Json{{"city", "Oslo"}, {"hours", {"x"}}}})
     EXPECT_FALSE(accepts(one, rendered(t, {{"get_weather", bad}}))) << bad.dump();
-  // A raw XML value cannot hold "</" (it would read as a closing tag); a JSON string can.
-  EXPECT_EQ(accepts(one, rendered(t, {{"get_weather", {{"city", "a</b"}}}})), form->json);
+  // A raw XML value cannot hold its closing tag (the parser would end it there); a JSON string can.
+  EXPECT_TRUE(accepts(one, rendered(t, {{"get_weather", {{"city", "<b>a</b></param"}}}})));
+  EXPECT_EQ(accepts(one, rendered(t, {{"get_weather", {{"city", "a</parameter>b"}}}})), form->json);
   EXPECT_FALSE(accepts(one, rendered(t, {{"get_time", Json::object()}}))) << "not one of the functions";
   const std::string two = rendered(t, {{"get_weather", {{"city", "Oslo"}}}, {"list_files", Json::object()}});
   EXPECT_FALSE(accepts(one, two));
