@@ -215,7 +215,7 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   std::optional<TokenConstraint> constraint;
   if (!o.output.empty()) {  // after a chat's reasoning, the answer is the document
     OutputConstraint oc = o.output;
-    if (popts.prompt_opened_thinking) oc.start_after = tok.token_id("</think>");
+    if (popts.prompt_opened_thinking) oc.start_after = {tok.token_id("</think>")};
     constraint.emplace(std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size)), oc, g.stop_ids);
     g.constraint = &*constraint;
   }

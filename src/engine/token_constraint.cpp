@@ -75,7 +75,7 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const TokenTrie> trie, const Ou
     : trie_(std::move(trie)),
       stops_(std::move(stop_ids)),
       start_after_(c.start_after),
-      active_(c.start_after < 0),
+      active_(c.start_after.empty()),
       matcher_(c.grammar ? OutputMatcher(text::GrammarMatcher(c.grammar))
                          : OutputMatcher(text::JsonMatcher(c.schema ? c.schema : text::JsonSchema::any_value()))),
       forced_(c.forced) {
@@ -215,11 +215,13 @@ int64_t TokenConstraint::apply(std::span<float> logits) {
 
 bool TokenConstraint::apply_after(std::span<const int32_t> path, std::span<float> logits) {
   bool active = active_;
+  size_t started = started_;
   OutputMatcher m = matcher_;
   Forced f = forced_state_;
   for (int32_t token : path) {
     if (!active) {
-      active = token == start_after_;
+      started += token == start_after_[started];
+      active = started == start_after_.size();
       continue;
     }
     if (!forced_.empty() ? !f.take(forced_, token) : is_stop(token) || !feed(m, token)) return false;
@@ -234,7 +236,8 @@ bool TokenConstraint::apply_after(std::span<const int32_t> path, std::span<float
 
 bool TokenConstraint::accept(int32_t token) {
   if (!active_) {
-    active_ = token == start_after_;
+    started_ += token == start_after_[started_];
+    active_ = started_ == start_after_.size();
     return true;
   }
   if (!forced_.empty()) return forced_state_.take(forced_, token);

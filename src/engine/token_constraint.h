@@ -75,9 +75,10 @@ struct OutputConstraint {
   std::shared_ptr<const text::JsonSchema> schema;
   std::shared_ptr<const text::Grammar> grammar;
   std::vector<std::vector<int32_t>> forced;
-  // The constrained text starts after this token (a reasoning model's `</think>`); −1: at the
-  // first generated token.
-  int32_t start_after = -1;
+  // The constrained text starts after these tokens, seen in this order (a reasoning model's
+  // `</think>`; a tool call's `<tool_call>` when the call is constrained only once it opens);
+  // empty: at the first generated token.
+  std::vector<int32_t> start_after;
   bool empty() const { return !schema && !grammar && forced.empty(); }
 };
 
@@ -133,7 +134,8 @@ class TokenConstraint {
   };
   std::shared_ptr<const TokenTrie> trie_;
   std::vector<int32_t> stops_;
-  int32_t start_after_;
+  std::vector<int32_t> start_after_;
+  size_t started_ = 0;  // start_after_ tokens seen so far
   bool active_;
   OutputMatcher matcher_;
   std::vector<std::vector<int32_t>> forced_;

@@ -76,17 +76,24 @@ Json template_messages(const Json& messages) {
 
 // tool_choice "required" → every tool's name; {"type": "function", "function": {"name": N}} → N,
 // which must be one of the tools.
-// The function objects tool_choice "required" or {"function": {"name"}} allows.
-std::vector<Json> forced_functions(const Json& tc, const Json& tools) {
-  if (!tools.is_array() || tools.empty())
-    throw HttpError(400, "'tool_choice' \"required\" or a named function needs 'tools'", "tool_choice");
+// The tools' function objects.
+std::vector<Json> tool_functions(const Json& tools) {
   std::vector<Json> functions;
+  if (!tools.is_array()) return functions;
   for (const Json& t : tools) {
     const Json& f = t.contains("function") ? t["function"] : t;
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
       throw HttpError(400, "every tool needs a function with a string 'name'", "tools");
     functions.push_back(f);
   }
+  return functions;
+}
+
+// The function objects tool_choice "required" or {"function": {"name"}} allows.
+std::vector<Json> forced_functions(const Json& tc, const Json& tools) {
+  if (!tools.is_array() || tools.empty())
+    throw HttpError(400, "'tool_choice' \"required\" or a named function needs 'tools'", "tool_choice");
+  const std::vector<Json> functions = tool_functions(tools);
   if (tc == "required") return functions;
   if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
       !tc["function"]["name"].is_string())
@@ -119,6 +126,24 @@ OutputConstraint forced_call(const HttpServer::Api& api, const std::vector<Json>
   return c;
 }
 
+// tool_choice "auto": the answer is free until the model opens a call with its <tool_call> token;
+// from there the call is held to the functions' schemas (as llama-server's lazy grammars do).
+// Nothing when the template's form is unknown, the vocabulary has no single <tool_call> token, or
+// a schema is outside the supported subset.
+OutputConstraint calls_once_opened(const HttpServer::Api& api, const std::vector<Json>& functions, bool several) {
+  OutputConstraint c;
+  const int32_t open = api.ctx.tokenizer->token_id("<tool_call>");
+  const auto form = open >= 0 && !functions.empty() ? api.ctx.chat_template->tool_call_form() : std::nullopt;
+  if (!form) return c;
+  try {
+    c.grammar = text::tool_call_grammar(*form, functions, several, /*opened=*/true);
+    c.start_after = {open};
+  } catch (const Error& e) {
+    spdlog::info("tools: calls are not constrained: {}", e.what());
+  }
+  return c;
+}
+
 }  // namespace
 
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
@@ -142,6 +167,8 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
                       "do not combine", "tool_choice");
     const bool several = body["tool_choice"] == "required" && boolean(body, "parallel_tool_calls", true);
     constraint = forced_call(api, forced_tools, several);
+  } else if (constraint.empty() && !tools.is_null()) {
+    constraint = calls_once_opened(api, tool_functions(tools), boolean(body, "parallel_tool_calls", true));
   }
   Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
   if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -164,8 +191,9 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
   popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
   if (!constraint.empty() && popts.prompt_opened_thinking) {  // reasoning stays free
-    constraint.start_after = api.ctx.tokenizer->token_id("</think>");
-    if (constraint.start_after < 0)
+    const int32_t end_think = api.ctx.tokenizer->token_id("</think>");
+    constraint.start_after.insert(constraint.start_after.begin(), end_think);
+    if (end_think < 0)
       throw HttpError(400, "the prompt opens <think> but the vocabulary has no </think>", "response_format");
   }
   g.params.constraint = std::move(constraint);

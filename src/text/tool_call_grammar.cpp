@@ -131,11 +131,12 @@ std::string xml_arguments(Writer& w, const ChatTemplate::ToolCallForm& f, const 
 }  // namespace
 
 std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallForm& form,
-                                                 const std::vector<Json>& functions, bool several) {
+                                                 const std::vector<Json>& functions, bool several, bool opened) {
   QWEN36_CHECK(!functions.empty(), "a forced tool call needs a function");
   Writer w;
   // Up to two newlines may come first: a reasoning model writes "</think>\n\n" before its answer.
-  w.rule("root", several ? R"("\n"{0,2} call ("\n" call)*)" : R"("\n"{0,2} call)");
+  const std::string first = opened ? "opened" : R"("\n"{0,2} call)";
+  w.rule("root", several ? first + R"( ("\n" call)*)" : first);
   std::string calls;
   for (size_t k = 0; k < functions.size(); ++k) {
     const Json& fn = functions[k];
@@ -147,7 +148,8 @@ std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallFor
                                               gbnf_literal(form.after_args)));
     calls += fmt::format("{}fn{}", calls.empty() ? "" : " | ", k);
   }
-  w.rule("call", fmt::format("{} ({})", gbnf_literal("<tool_call>" + form.before_name), calls));
+  w.rule("call", "\"<tool_call>\" opened");
+  w.rule("opened", fmt::format("{} ({})", gbnf_literal(form.before_name), calls));
   w.rule("raw", form.json ? "\"\"" : w.raw_text(raw_value(form)));
   return Grammar::parse(w.text, std::move(w.values));
 }

@@ -25,8 +25,10 @@
 namespace qwen36::text {
 
 // functions: the function objects ({"name", "parameters"}) any of which may be called; several:
-// further calls may follow the first (parallel tool calls).
+// further calls may follow the first (parallel tool calls); opened: the text starts right after
+// the first call's "<tool_call>" (a constraint that begins once the model opens a call).
 std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallForm& form,
-                                                 const std::vector<nlohmann::ordered_json>& functions, bool several);
+                                                 const std::vector<nlohmann::ordered_json>& functions, bool several,
+                                                 bool opened = false);
 
 }  // namespace qwen36::text

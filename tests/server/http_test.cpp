@@ -465,6 +465,14 @@ TEST_F(HttpTest, ToolChoiceForcesTheCall) {
   Json r = post_json(c, "/v1/chat/completions", req, &status);
   ASSERT_EQ(status, 200) << r.dump();
   expect_call(r, "get_");
+  // tool_choice "auto": free until the model opens a call with <tool_call> (forced here by a
+  // logit_bias), then held to the schema like a forced call.
+  Json auto_req = req;
+  auto_req.erase("tool_choice");
+  auto_req["logit_bias"] = {{std::to_string(g_shared->tok->token_id("<tool_call>")), 100}};
+  Json lazy = post_json(c, "/v1/chat/completions", auto_req, &status);
+  ASSERT_EQ(status, 200) << lazy.dump();
+  expect_call(lazy, "get_");
   // The call may open with the single <tool_call> token a model writes it with (an added token
   // that is not special), not only with its spelling in pieces.
   const auto form = g_shared->tmpl->tool_call_form();

@@ -21,7 +21,7 @@ using Json = nlohmann::ordered_json;
 OutputConstraint document(std::shared_ptr<const JsonSchema> schema, int32_t start_after) {
   OutputConstraint c;
   c.schema = std::move(schema);
-  c.start_after = start_after;
+  if (start_after >= 0) c.start_after = {start_after};
   return c;
 }
 
@@ -159,6 +159,22 @@ TEST(TokenConstraintTest, StartsAfterItsTokenAndAppliesAlongAPath) {
   logits.assign(7, 1.0f);
   EXPECT_EQ(c.apply(logits), 1);
   EXPECT_TRUE(std::isfinite(logits[2]));
+
+  // Two start tokens in order (</think>, then a call's opening token: here <think> stands in).
+  OutputConstraint two = document(JsonSchema::any_object(), -1);
+  two.start_after = {1, 0};
+  TokenConstraint d(trie, two, {6});
+  EXPECT_TRUE(d.accept(0)) << "the second start token before the first: still free";
+  EXPECT_FALSE(d.active());
+  std::vector<float> free_row(7, 1.0f);
+  ASSERT_TRUE(d.apply_after(std::vector<int32_t>{1, 4}, free_row));
+  EXPECT_EQ(std::count_if(free_row.begin(), free_row.end(), [](float v) { return std::isfinite(v); }), 7);
+  ASSERT_TRUE(d.apply_after(std::vector<int32_t>{1, 4, 0}, free_row));
+  EXPECT_TRUE(std::isinf(free_row[3]) && std::isfinite(free_row[2])) << "masked after both";
+  EXPECT_TRUE(d.accept(1));
+  EXPECT_FALSE(d.active());
+  EXPECT_TRUE(d.accept(0));
+  EXPECT_TRUE(d.active());
 }
 
 // A forced beginning (tool_choice): one of the alternatives token by token, then free; none

@@ -81,6 +81,11 @@ void check_form(const ChatTemplate& t) {
   const std::string two = rendered(t, {{"get_weather", {{"city", "Oslo"}}}, {"list_files", Json::object()}});
   EXPECT_FALSE(accepts(one, two));
   EXPECT_TRUE(accepts(tool_call_grammar(*form, functions(), true), two)) << two;
+  // Opened: the text starts after the first call's "<tool_call>" (tool_choice "auto").
+  const std::string after_open = call.substr(std::string_view("<tool_call>").size());
+  EXPECT_TRUE(accepts(tool_call_grammar(*form, functions(), false, true), after_open));
+  EXPECT_FALSE(accepts(tool_call_grammar(*form, functions(), false, true), call));
+  EXPECT_TRUE(accepts(tool_call_grammar(*form, functions(), true, true), two.substr(std::string_view("<tool_call>").size())));
 }
 
 TEST(ToolCallGrammar, Qwen36XmlForm) { check_form(qwen36_template()); }
