@@ -4,7 +4,6 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <random>
 
 #include "text/regex.h"
@@ -139,7 +138,9 @@ namespace {
 
 using text::JsonSchema;
 
-std::shared_ptr<const JsonSchema> compiled(const char* field, const std::function<std::shared_ptr<const JsonSchema>()>& fn) {
+// fn's compiled constraint; its Error becomes a 400 naming the field.
+template <typename Fn>
+auto compiled(const char* field, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const Error& e) {
@@ -177,11 +178,7 @@ std::shared_ptr<const JsonSchema> choice_field(const Json& v, const char* field)
 // A GBNF grammar (llama.cpp's syntax, which xgrammar's EBNF for vLLM / SGLang shares).
 std::shared_ptr<const text::Grammar> grammar_field(const Json& v, const char* field) {
   if (!v.is_string()) throw HttpError(400, fmt::format("'{}' must be a string (a GBNF grammar)", field), field);
-  try {
-    return text::Grammar::parse(v.get<std::string>());
-  } catch (const Error& e) {
-    throw HttpError(400, fmt::format("{}: {}", field, e.what()), field);
-  }
+  return compiled(field, [&] { return text::Grammar::parse(v.get<std::string>()); });
 }
 
 std::shared_ptr<const JsonSchema> response_format(const Json& rf) {

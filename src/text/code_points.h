@@ -20,6 +20,11 @@ using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
 CodePointRanges normalised(CodePointRanges r);
 CodePointRanges complement(const CodePointRanges& r);  // r normalised; within [0, kMaxCodePoint]
 
+// A hex digit's value, or -1.
+constexpr int hex_digit(uint32_t c) {
+  return c >= '0' && c <= '9' ? int(c - '0') : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? int((c | 0x20) - 'a' + 10) : -1;
+}
+
 // cp's UTF-8 bytes into out (room for 4); their count.
 int encode_utf8(uint32_t cp, uint8_t* out);
 // The UTF-8 character at s[*i] (advancing *i past it), or -1 (and *i unchanged) when the bytes

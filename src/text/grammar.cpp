@@ -28,7 +28,6 @@ Symbol ref(uint32_t rule) { return {Symbol::kRule, 0, 0, rule}; }
 bool is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
-bool is_hex(char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
 
 }  // namespace
 
@@ -301,9 +300,10 @@ struct GrammarCompiler {
   uint32_t hex(int digits) {
     uint32_t v = 0;
     for (int k = 0; k < digits; ++k) {
-      if (at_end() || !is_hex(src[i])) error(fmt::format("expected {} hex digits", digits));
-      const char c = src[i++];
-      v = v * 16 + uint32_t(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+      const int d = at_end() ? -1 : hex_digit(uint8_t(src[i]));
+      if (d < 0) error(fmt::format("expected {} hex digits", digits));
+      ++i;
+      v = v * 16 + uint32_t(d);
     }
     if (v > kMaxCodePoint) error("code point above U+10FFFF");
     return v;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "text/code_points.h"
 #include "text/json_schema.h"
 
 namespace qwen36::text {
@@ -13,8 +14,8 @@ namespace {
 
 bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
-uint32_t hex_value(uint8_t c) { return is_digit(c) ? uint32_t(c - '0') : uint32_t((c | 0x20) - 'a' + 10); }
+bool is_hex(uint8_t c) { return hex_digit(c) >= 0; }
+uint32_t hex_value(uint8_t c) { return uint32_t(hex_digit(c)); }
 
 }  // namespace
 

@@ -26,8 +26,6 @@ const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};  // \t \n \v \f \r and space
 const Ranges kAnyChar = {{0, kMaxCodePoint}};
 const Ranges kDot = {{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}};
 
-bool is_hex(char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
-uint32_t hex_value(char c) { return c <= '9' ? uint32_t(c - '0') : uint32_t((c | 0x20) - 'a' + 10); }
 
 // ---------------------------------------------------------------------------------------------
 // Syntax tree
@@ -234,8 +232,10 @@ class Parser {
   uint32_t hex_digits(int n) {
     uint32_t v = 0;
     for (int k = 0; k < n; ++k) {
-      if (at_end() || !is_hex(peek())) error(fmt::format("expected {} hex digits", n));
-      v = v * 16 + hex_value(p_[i_++]);
+      const int d = at_end() ? -1 : hex_digit(uint8_t(peek()));
+      if (d < 0) error(fmt::format("expected {} hex digits", n));
+      ++i_;
+      v = v * 16 + uint32_t(d);
     }
     return v;
   }
