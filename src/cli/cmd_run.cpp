@@ -46,6 +46,7 @@ struct RunOptions {
   std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
   bool json = false;               // structured output: any JSON object
   std::string json_schema, json_schema_file;
+  std::string json_whitespace = "limited";
   std::string regex;                  // structured output: the answer matches it in full
   std::string grammar, grammar_file;  // structured output: a sentence of this GBNF grammar
   OutputConstraint output;            // compiled from the six above
@@ -146,12 +147,14 @@ OutputConstraint run_output_constraint(const RunOptions& o) {
   } else if (!o.regex.empty()) {
     c.schema = with_context("--regex", [&] { return text::JsonSchema::text_matching(o.regex); });
   } else if (o.json) {
-    c.schema = text::JsonSchema::any_object();
+    c.schema = with_context("--json-whitespace", [&] {
+      return text::JsonSchema::any_object(text::whitespace_named(o.json_whitespace));
+    });
   } else {
     const std::string src = o.json_schema_file.empty() ? o.json_schema : read_text_file(o.json_schema_file);
     const auto j = nlohmann::ordered_json::parse(src, nullptr, false);
     QWEN36_CHECK(!j.is_discarded(), "--json-schema: not valid JSON");
-    c.schema = text::JsonSchema::compile(j);
+    c.schema = text::JsonSchema::compile(j, text::whitespace_named(o.json_whitespace));
   }
   return c;
 }
@@ -291,6 +294,11 @@ void register_run(CLI::App& app) {
                              "Structured output: the answer follows this JSON schema (inline JSON; keys in the schema's "
                              "order, as OpenAI strict mode)");
   auto* jsf = cmd->add_option("--json-schema-file", o->json_schema_file, "The same, read from a file");
+  cmd->add_option("--json-whitespace", o->json_whitespace,
+                  "Whitespace JSON output may hold between tokens: limited (one space, or a newline and up to 20 "
+                  "spaces / tabs), compact (at most one space), any (up to 64 whitespace bytes), or a regular "
+                  "expression of your own (e.g. '(\\n  )?'; it must also match the empty text)")
+      ->capture_default_str();
   auto* re = cmd->add_option("--regex", o->regex,
                              "Structured output: the answer is text this regular expression matches in full "
                              "(ECMAScript / Python subset; e.g. '(yes|no)' or '\\d{3}-\\d{4}')");

@@ -17,6 +17,7 @@
 #include "engine/scheduler.h"
 #include "engine/tp_remote.h"
 #include "server/server.h"
+#include "text/json_schema.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "model/memory_plan.h"
@@ -34,6 +35,7 @@ struct ServeOptions {
   int32_t prefill_chunk = 256, batch_tokens = 512;
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
+  std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -99,6 +101,7 @@ void serve(const ServeOptions& o) {
     return;
   }
 
+  with_context("--json-whitespace", [&] { return text::JsonSchema::any_value(text::whitespace_named(o.json_whitespace)); });
   server::ServerConfig sc;
   sc.host = o.host;
   sc.port = o.port;
@@ -184,6 +187,7 @@ void serve(const ServeOptions& o) {
   ctx.stop_ids = c.eos_token_ids;
   for (const char* s : {"<|im_end|>", "<|endoftext|>"})
     if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
+  ctx.json_whitespace = o.json_whitespace;
   ctx.model_name = !o.alias.empty() ? o.alias : o.model.empty() ? "qwen36-default" : fs::path(o.model).filename().string();
   http.attach(ctx);
   spdlog::info("ready: model \"{}\", {} slots x {} tokens, http://{}:{}/", ctx.model_name, so.slots, so.context,
@@ -241,6 +245,11 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_MAX_QUEUE")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = parallel + max-queue + 8)")
       ->envname("QWEN36_HTTP_THREADS")->capture_default_str();
+  cmd->add_option("--json-whitespace", o->json_whitespace,
+                  "Default whitespace of JSON output between tokens (a request may set its own): limited (one "
+                  "space, or a newline and up to 20 spaces / tabs), compact (at most one space), any (up to 64 "
+                  "whitespace bytes), or a regular expression that also matches the empty text")
+      ->envname("QWEN36_JSON_WHITESPACE")->capture_default_str();
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not keep finished sequences for prefix reuse")
       ->envname("QWEN36_NO_PREFIX_CACHE");
   cmd->add_option("--snapshot-interval", o->snapshot_interval,

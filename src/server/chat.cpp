@@ -160,7 +160,7 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
       throw HttpError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
     if (tc != "auto" && tc != "none") forced_tools = forced_functions(tc, tools);
   }
-  OutputConstraint constraint = output_constraint(body);
+  OutputConstraint constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
   if (!forced_tools.empty()) {
     if (!constraint.empty())
       throw HttpError(400, "structured output ('response_format' or the like) and a forced tool call ('tool_choice') "

@@ -218,7 +218,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   }
   if (ids.empty()) throw HttpError(400, "the prompt is empty", "prompt");
   Generation g = parse_generation(body, api, std::move(ids));
-  g.params.constraint = output_constraint(body);  // as vLLM: structured output for raw completions too
+  g.params.constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));  // as vLLM: structured output for raw completions too
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
   g.params.top_logprobs = int32_t(n_logprobs);
   g.params.stop_ids.clear();  // raw completion: only end-of-text stops, not the chat end-of-turn

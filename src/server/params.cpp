@@ -137,6 +137,7 @@ int64_t unix_time() {
 namespace {
 
 using text::JsonSchema;
+using text::Whitespace;
 
 // fn's compiled constraint; its Error becomes a 400 naming the field.
 template <typename Fn>
@@ -149,13 +150,39 @@ auto compiled(const char* field, Fn&& fn) -> decltype(fn()) {
 }
 
 // A schema given as an object, or as its JSON text (SGLang, vLLM's guided_json).
-std::shared_ptr<const JsonSchema> schema_field(const Json& v, const char* field) {
+std::shared_ptr<const JsonSchema> schema_field(const Json& v, const char* field, Whitespace ws) {
   return compiled(field, [&] {
-    if (!v.is_string()) return JsonSchema::compile(v);
+    if (!v.is_string()) return JsonSchema::compile(v, ws);
     Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
     if (parsed.is_discarded()) fail("the schema text is not valid JSON");
-    return JsonSchema::compile(parsed);
+    return JsonSchema::compile(parsed, ws);
   });
+}
+
+// The whitespace JSON output may hold between tokens: vLLM's structured_outputs
+// disable_any_whitespace (at most one space) or whitespace_pattern, its older
+// guided_whitespace_pattern, else the server's default. A pattern string lives in the body.
+Whitespace json_whitespace(const Json& body, Whitespace server_default) {
+  const Json* so = has(body, "structured_outputs") && body["structured_outputs"].is_object()
+                       ? &body["structured_outputs"] : nullptr;
+  const bool compact = so && boolean(*so, "disable_any_whitespace", false);
+  const char* field = nullptr;
+  const Json* pattern = nullptr;
+  if (so && has(*so, "whitespace_pattern")) {
+    field = "structured_outputs.whitespace_pattern";
+    pattern = &(*so)["whitespace_pattern"];
+  } else if (has(body, "guided_whitespace_pattern")) {
+    field = "guided_whitespace_pattern";
+    pattern = &body["guided_whitespace_pattern"];
+  }
+  if (!pattern) return compact ? Whitespace::Compact : server_default;
+  if (!pattern->is_string())
+    throw HttpError(400, fmt::format("'{}' must be a string (a regular expression)", field), field);
+  if (compact)
+    throw HttpError(400, "disable_any_whitespace and whitespace_pattern both set the whitespace: give one", field);
+  const Whitespace ws{pattern->get_ref<const std::string&>()};
+  compiled(field, [&] { return JsonSchema::any_value(ws); });  // checks the pattern, whatever constrains the output
+  return ws;
 }
 
 std::shared_ptr<const JsonSchema> regex_field(const Json& v, const char* field) {
@@ -181,25 +208,25 @@ std::shared_ptr<const text::Grammar> grammar_field(const Json& v, const char* fi
   return compiled(field, [&] { return text::Grammar::parse(v.get<std::string>()); });
 }
 
-std::shared_ptr<const JsonSchema> response_format(const Json& rf) {
+std::shared_ptr<const JsonSchema> response_format(const Json& rf, Whitespace ws) {
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
     throw HttpError(400, "'response_format' must be an object with a string 'type'", "response_format");
   const std::string type = rf["type"];
   if (type == "text") return nullptr;
   if (type == "json_object")
-    return rf.contains("schema") ? schema_field(rf["schema"], "response_format") : JsonSchema::any_object();
+    return rf.contains("schema") ? schema_field(rf["schema"], "response_format", ws) : JsonSchema::any_object(ws);
   if (type == "json_schema") {
     if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema"))
       throw HttpError(400, "response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}",
                       "response_format");
-    return schema_field(rf["json_schema"]["schema"], "response_format");
+    return schema_field(rf["json_schema"]["schema"], "response_format", ws);
   }
   throw HttpError(400, fmt::format("response_format type '{}' is not one of text, json_object, json_schema", type),
                   "response_format");
 }
 
 // vLLM's structured_outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...}, one of them.
-OutputConstraint structured_outputs(const Json& so) {
+OutputConstraint structured_outputs(const Json& so, Whitespace ws) {
   if (!so.is_object()) throw HttpError(400, "'structured_outputs' must be an object", "structured_outputs");
   OutputConstraint out;
   int given = 0;
@@ -208,10 +235,10 @@ OutputConstraint structured_outputs(const Json& so) {
         key == "whitespace_pattern")
       continue;
     ++given;
-    if (key == "json") out.schema = schema_field(v, "structured_outputs.json");
+    if (key == "json") out.schema = schema_field(v, "structured_outputs.json", ws);
     else if (key == "regex") out.schema = regex_field(v, "structured_outputs.regex");
     else if (key == "choice") out.schema = choice_field(v, "structured_outputs.choice");
-    else if (key == "json_object") out.schema = v == true ? JsonSchema::any_object() : nullptr;
+    else if (key == "json_object") out.schema = v == true ? JsonSchema::any_object(ws) : nullptr;
     else if (key == "grammar") out.grammar = grammar_field(v, "structured_outputs.grammar");
     else if (key == "structural_tag")
       throw HttpError(400, "structured_outputs: structural tags are not supported", "structured_outputs");
@@ -224,7 +251,7 @@ OutputConstraint structured_outputs(const Json& so) {
 
 }  // namespace
 
-OutputConstraint output_constraint(const Json& body) {
+OutputConstraint output_constraint(const Json& body, Whitespace json_ws) {
   static constexpr const char* kFields[] = {"response_format", "structured_outputs", "guided_json", "guided_regex",
                                             "guided_choice",   "regex",              "json_schema", "guided_grammar",
                                             "grammar",         "ebnf"};
@@ -236,12 +263,13 @@ OutputConstraint output_constraint(const Json& body) {
     field = f;
   }
   OutputConstraint c;
+  const Whitespace ws = json_whitespace(body, json_ws);
   if (!field) return c;
   const std::string_view f = field;
   const Json& v = body[field];
-  if (f == "response_format") c.schema = response_format(v);
-  else if (f == "structured_outputs") c = structured_outputs(v);
-  else if (f == "guided_json" || f == "json_schema") c.schema = schema_field(v, field);
+  if (f == "response_format") c.schema = response_format(v, ws);
+  else if (f == "structured_outputs") c = structured_outputs(v, ws);
+  else if (f == "guided_json" || f == "json_schema") c.schema = schema_field(v, field, ws);
   else if (f == "guided_regex" || f == "regex") c.schema = regex_field(v, field);
   else if (f == "guided_choice") c.schema = choice_field(v, field);
   else c.grammar = grammar_field(v, field);  // grammar, guided_grammar, ebnf

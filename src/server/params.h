@@ -37,10 +37,12 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
 // text, json_object — llama-server's form may carry a "schema" — or json_schema), vLLM's
 // structured_outputs {json | regex | choice | grammar | json_object} and older guided_json /
 // guided_regex / guided_choice / guided_grammar, SGLang's regex, ebnf and json_schema (a JSON
-// string), llama-server's json_schema and grammar. Grammars are GBNF (text/grammar.h).
-OutputConstraint output_constraint(const Json& body);
+// string), llama-server's json_schema and grammar. Grammars are GBNF (text/grammar.h). JSON
+// output holds json_ws between tokens unless the request sets its own (vLLM's
+// structured_outputs disable_any_whitespace / whitespace_pattern, guided_whitespace_pattern).
+OutputConstraint output_constraint(const Json& body, text::Whitespace json_ws = text::Whitespace::Limited);
 // The fields output_constraint reads besides response_format, and vLLM's guided_decoding_backend
-// and guided_whitespace_pattern (accepted, ignored: there is one backend).
+// (accepted, ignored: there is one backend).
 inline constexpr const char* kStructuredOutputFields[] = {
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "regex", "json_schema", "guided_grammar",
     "grammar", "ebnf", "guided_decoding_backend", "guided_whitespace_pattern"};

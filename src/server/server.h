@@ -35,6 +35,7 @@ struct ServeContext {
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   std::vector<int32_t> stop_ids;                // end-of-turn tokens (<|im_end|>, eos ids)
   std::string model_name = "qwen36";
+  std::string json_whitespace = "limited";  // JSON output's default whitespace (text::whitespace_named)
 };
 
 class HttpServer {

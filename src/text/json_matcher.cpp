@@ -133,8 +133,12 @@ JsonMatcher& JsonMatcher::operator=(const JsonMatcher& other) {
 }
 
 bool JsonMatcher::feed(uint8_t byte) {
-  const uint8_t depth = depth_, ws = ws_;
-  ws_ = 0;  // any byte but whitespace between tokens ends the run
+  const uint8_t depth = depth_;
+  const uint16_t ws = ws_;
+  // A token may follow whitespace only where the pattern could end (Whitespace patterns match
+  // the empty text, so ws_ 0 always can). Whitespace that continues the run goes on below.
+  if (ws != ByteDfa::start() && !is_ws(byte) && !schema_->whitespace_.accepting(ws)) return false;
+  ws_ = ByteDfa::start();  // any byte but whitespace between tokens ends the run
   if (step(byte, ws)) return true;
   depth_ = depth;
   ws_ = ws;
@@ -142,7 +146,8 @@ bool JsonMatcher::feed(uint8_t byte) {
 }
 
 bool JsonMatcher::feed(std::string_view bytes) {
-  const uint8_t depth = depth_, ws = ws_;
+  const uint8_t depth = depth_;
+  const uint16_t ws = ws_;
   std::array<Frame, kMaxDepth> saved;
   std::memcpy(saved.data(), frames_.data(), depth * sizeof(Frame));
   for (char c : bytes) {
@@ -189,7 +194,7 @@ JsonMatcher::Automaton JsonMatcher::automaton() const {
 }
 
 size_t JsonMatcher::hash() const {
-  uint64_t h = uint64_t(reinterpret_cast<uintptr_t>(schema_.get())) ^ (uint64_t(depth_) << 8 | ws_);
+  uint64_t h = uint64_t(reinterpret_cast<uintptr_t>(schema_.get())) ^ (uint64_t(depth_) << 16 | ws_);
   for (int i = 0; i < depth_; ++i) {
     uint64_t w;
     std::memcpy(&w, &frames_[i], sizeof(w));
@@ -210,7 +215,7 @@ bool JsonMatcher::push(const Frame& f) {
   return true;
 }
 
-bool JsonMatcher::step(uint8_t c, uint8_t ws_run) {
+bool JsonMatcher::step(uint8_t c, uint16_t ws_run) {
   for (;;) {
     Frame& f = frames_[depth_ - 1];
     switch (f.kind) {
@@ -259,15 +264,12 @@ bool JsonMatcher::step(uint8_t c, uint8_t ws_run) {
   }
 }
 
-bool JsonMatcher::container_byte(Frame& f, uint8_t c, uint8_t ws_run) {
+bool JsonMatcher::container_byte(Frame& f, uint8_t c, uint16_t ws_run) {
   if (is_ws(c)) {
     if (f.kind == kRoot && f.state == kAfterValue) return false;
-    if (schema_->whitespace_ == Whitespace::Any) {
-      if (ws_run >= kMaxWhitespace) return false;
-    } else if (ws_run == 0 ? c != ' ' && c != '\n' : ws_run == 1 || (c != ' ' && c != '\t') || ws_run >= 2 + kMaxIndent) {
-      return false;  // ws_ 1: after a space; 2 + k: after a newline and k indent bytes
-    }
-    ws_ = uint8_t(ws_run == 0 && c == '\n' ? 2 : ws_run + 1);
+    const uint16_t next = schema_->whitespace_.next(ws_run, c);
+    if (next == ByteDfa::kDead) return false;
+    ws_ = next;
     return true;
   }
   const JsonSchema& s = *schema_;

@@ -466,9 +466,36 @@ struct JsonSchema::Compiler {
   }
 };
 
+namespace {
+
+ByteDfa whitespace_automaton(std::string_view pattern) {
+  ByteDfa dfa;
+  try {
+    dfa = ByteDfa::compile(pattern, RegexMode::Full);
+  } catch (const Error& e) {
+    fail("whitespace pattern '{}': {}", pattern, e.what());
+  }
+  QWEN36_CHECK(dfa.accepting(ByteDfa::start()), "whitespace pattern '{}' must match the empty text", pattern);
+  for (size_t state = 0; state < dfa.states(); ++state)
+    for (int c = 0; c < 256; ++c)
+      QWEN36_CHECK(dfa.next(uint16_t(state), uint8_t(c)) == ByteDfa::kDead || c == ' ' || c == '\t' || c == '\n' ||
+                       c == '\r',
+                   "whitespace pattern '{}' matches byte 0x{:02x}, which is not JSON whitespace", pattern, c);
+  return dfa;
+}
+
+}  // namespace
+
+Whitespace whitespace_named(std::string_view text) {
+  if (text == "limited") return Whitespace::Limited;
+  if (text == "compact") return Whitespace::Compact;
+  if (text == "any") return Whitespace::Any;
+  return Whitespace{text};
+}
+
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, Whitespace ws) {
   std::shared_ptr<JsonSchema> s(new JsonSchema());
-  s->whitespace_ = ws;
+  s->whitespace_ = whitespace_automaton(ws.pattern);
   s->candidates_ = {"false", "null", "true"};  // slice kLiterals
   s->candidate_prop_ = {0, 0, 0};
   s->strings_ = {{0, kMaxStringLength}};  // spec 0: any length, not counted
@@ -507,16 +534,34 @@ std::shared_ptr<const JsonSchema> JsonSchema::text_matching(std::string_view reg
   return s;
 }
 
+namespace {
+
+// The schema under each built-in Whitespace, compiled once; any other pattern each time.
+std::shared_ptr<const JsonSchema> with_whitespace(const Json& schema, Whitespace ws,
+                                                  const std::array<std::shared_ptr<const JsonSchema>, 3>& built_in) {
+  const Whitespace kBuiltIn[] = {Whitespace::Limited, Whitespace::Compact, Whitespace::Any};
+  for (size_t i = 0; i < built_in.size(); ++i)
+    if (ws.pattern == kBuiltIn[i].pattern) return built_in[i];
+  return JsonSchema::compile(schema, ws);
+}
+
+std::array<std::shared_ptr<const JsonSchema>, 3> built_in(const Json& schema) {
+  return {JsonSchema::compile(schema, Whitespace::Limited), JsonSchema::compile(schema, Whitespace::Compact),
+          JsonSchema::compile(schema, Whitespace::Any)};
+}
+
+}  // namespace
+
 std::shared_ptr<const JsonSchema> JsonSchema::any_object(Whitespace ws) {
-  static const auto limited = compile(Json{{"type", "object"}}, Whitespace::Limited);
-  static const auto any = compile(Json{{"type", "object"}}, Whitespace::Any);
-  return ws == Whitespace::Limited ? limited : any;
+  static const Json kSchema = {{"type", "object"}};
+  static const auto schemas = built_in(kSchema);
+  return with_whitespace(kSchema, ws, schemas);
 }
 
 std::shared_ptr<const JsonSchema> JsonSchema::any_value(Whitespace ws) {
-  static const auto limited = compile(Json(true), Whitespace::Limited);
-  static const auto any = compile(Json(true), Whitespace::Any);
-  return ws == Whitespace::Limited ? limited : any;
+  static const Json kSchema = true;
+  static const auto schemas = built_in(kSchema);
+  return with_whitespace(kSchema, ws, schemas);
 }
 
 }  // namespace qwen36::text

@@ -32,11 +32,14 @@
 //    items/minItems/maxItems appear (both if both), else any value.
 //  - enum / const: the value must be byte-identical to a value's compact serialisation
 //    (e.g. 1.5, "red", {"a":1}); next to them only `type` applies (it filters the values).
-//  - Whitespace between tokens (Whitespace::Limited, the default): one space, or a newline and
-//    up to kMaxIndent spaces / tabs — compact or pretty-printed JSON, as llama.cpp's JSON grammar
-//    allows (a model under a mask would otherwise spend its tokens on whitespace: the toy code
-//    model wrote 64 spaces before the first '{'). Whitespace::Any: any JSON whitespace, runs
-//    capped at kMaxWhitespace bytes. None is accepted once the top-level value is complete. Numbers are capped at kMaxNumber bytes, nesting at kMaxDepth frames.
+//  - Whitespace between tokens follows a Whitespace pattern. Whitespace::Limited, the default:
+//    one space, or a newline and up to 20 spaces / tabs — compact or pretty-printed JSON, as
+//    llama.cpp's JSON grammar allows (a model under a mask would otherwise spend its tokens on
+//    whitespace: the toy code model wrote 64 spaces before the first '{'). Whitespace::Compact:
+//    at most one space (vLLM's disable_any_whitespace). Whitespace::Any: any JSON whitespace,
+//    runs capped at 64 bytes. Or the caller's own regular expression (Outlines' / vLLM's
+//    whitespace_pattern). None is accepted once the top-level value is complete. Numbers are
+//    capped at kMaxNumber bytes, nesting at kMaxDepth frames.
 //  - Strings: bytes >= 0x80 are accepted without UTF-8 validation; \uXXXX surrogates unchecked.
 //    Under a pattern or format the characters go through the pattern's automaton (UTF-8
 //    checked), and \u escapes are limited to \u00XX (every character can still be written:
@@ -111,7 +114,19 @@ inline int kind_of(uint8_t c) {
 
 }  // namespace json_detail
 
-enum class Whitespace : uint8_t { Limited, Any };
+// What may stand between two JSON tokens: a regular expression (regex.h) whose matches are made
+// of ' ', '\t', '\n' and '\r' only and include the empty text (whitespace is never required).
+// Compiling a schema checks both: an Error names the pattern.
+struct Whitespace {
+  std::string_view pattern;
+  static const Whitespace Limited, Compact, Any;
+};
+inline constexpr Whitespace Whitespace::Limited{"(?: |\\n[ \\t]{0,20})?"};
+inline constexpr Whitespace Whitespace::Compact{" ?"};
+inline constexpr Whitespace Whitespace::Any{"[ \\t\\n\\r]{0,64}"};
+// "limited", "compact" or "any": that built-in Whitespace; other text: a pattern (`text` must
+// outlive the result). The command-line form of --json-whitespace.
+Whitespace whitespace_named(std::string_view text);
 
 // The regular expression (full match of a string's characters) of an enforced `format`: date,
 // time, date-time, uuid, ipv4, email, hostname; null for the others (annotations).
@@ -142,15 +157,15 @@ class JsonSchema {
   std::vector<ByteDfa> patterns_;
   uint16_t root_ = 0;
   uint16_t text_ = json_detail::kNone;  // text_matching: the pattern of the whole document
-  Whitespace whitespace_ = Whitespace::Limited;
+  ByteDfa whitespace_;  // the Whitespace pattern
 };
 
 // Recognises the prefixes of one JSON value valid under a schema, one byte at a time.
 class JsonMatcher {
  public:
   static constexpr int kMaxDepth = 32;       // frames: the top level, containers, keys, scalars
-  static constexpr int kMaxWhitespace = 64;  // Whitespace::Any: consecutive whitespace bytes between tokens
-  static constexpr int kMaxIndent = 20;      // Whitespace::Limited: spaces / tabs after a newline
+  static constexpr int kMaxWhitespace = 64;  // Whitespace::Any's run of whitespace bytes between tokens
+  static constexpr int kMaxIndent = 20;      // Whitespace::Limited's spaces / tabs after a newline
   static constexpr int kMaxNumber = 32;      // bytes of one number
 
   explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
@@ -192,8 +207,8 @@ class JsonMatcher {
   };
   static_assert(sizeof(Frame) == 8);
 
-  bool step(uint8_t c, uint8_t ws_run);
-  bool container_byte(Frame& f, uint8_t c, uint8_t ws_run);
+  bool step(uint8_t c, uint16_t ws_run);
+  bool container_byte(Frame& f, uint8_t c, uint16_t ws_run);
   bool string_byte(Frame& f, uint8_t c);
   bool pattern_byte(Frame& f, uint8_t c);
   bool key_byte(Frame& f, uint8_t c);
@@ -203,7 +218,7 @@ class JsonMatcher {
 
   std::shared_ptr<const JsonSchema> schema_;
   uint8_t depth_ = 1;  // live frames; frames_[0] is the top level
-  uint8_t ws_ = 0;     // length of the current whitespace run
+  uint16_t ws_ = 0;    // the whitespace automaton's state in the current run between tokens
   std::array<Frame, kMaxDepth> frames_;
 };
 

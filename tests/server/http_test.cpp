@@ -401,15 +401,33 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
   Json so = chat;
   so["structured_outputs"] = {{"grammar", kGrammar}};
   ASSERT_EQ((post_json(c, "/v1/chat/completions", so, &status), status), 200);
-  Json str = chat;
-  str["json_schema"] = R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]{2,4}$"},
-    "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 20}}, "required": ["code", "n"]})";  // SGLang: text
-  Json a = post_json(c, "/v1/chat/completions", str, &status);
-  ASSERT_EQ(status, 200) << a.dump();
-  const Json doc = Json::parse(a["choices"][0]["message"].value("content", ""), nullptr, false);
-  ASSERT_TRUE(doc.is_object()) << a.dump();
-  EXPECT_TRUE(std::regex_match(doc.value("code", ""), std::regex("[a-c]{2,4}"))) << doc.dump();
-  EXPECT_TRUE(doc["n"].is_number_integer() && doc["n"] >= 10 && doc["n"] < 20) << doc.dump();
+  // The toy model spends tokens on whitespace where it may: a fixed seed and room to finish.
+  const char* kCodeSchema = R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]{2,4}$"},
+    "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 20}}, "required": ["code", "n"]})";
+  auto code_document = [&](const char* field, const Json& value, const Json& extra) {
+    Json body = chat;
+    body[field] = value;
+    body["seed"] = 7;
+    body["max_tokens"] = 120;
+    body.update(extra);
+    Json a = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << a.dump();
+    const std::string text = a["choices"][0]["message"].value("content", "");
+    const Json doc = Json::parse(text, nullptr, false);
+    EXPECT_TRUE(doc.is_object()) << a.dump();
+    if (!doc.is_object()) return std::string();
+    EXPECT_TRUE(std::regex_match(doc.value("code", ""), std::regex("[a-c]{2,4}"))) << doc.dump();
+    EXPECT_TRUE(doc["n"].is_number_integer() && doc["n"] >= 10 && doc["n"] < 20) << doc.dump();
+    return text;
+  };
+  code_document("json_schema", kCodeSchema, Json::object());  // SGLang: the schema as text
+  // Whitespace: vLLM's disable_any_whitespace (at most one space), a pattern of the caller's.
+  const std::string compact = code_document(
+      "structured_outputs", {{"json", Json::parse(kCodeSchema)}, {"disable_any_whitespace", true}}, Json::object());
+  EXPECT_EQ(compact.find_first_of("\n\t\r"), std::string::npos) << compact;
+  EXPECT_EQ(compact.find("  "), std::string::npos) << compact;
+  const std::string bare = code_document("guided_json", kCodeSchema, {{"guided_whitespace_pattern", ""}});
+  EXPECT_EQ(bare.find_first_of(" \n\t\r"), std::string::npos) << bare;
 
   auto expect_400 = [&](const Json& extra, const std::string& param, const std::string& says) {
     Json body = chat;
@@ -426,6 +444,12 @@ TEST_F(HttpTest, RegexAndChoiceOutputs) {
   expect_400({{"structured_outputs", {{"regex", "a"}, {"choice", {"a"}}}}}, "structured_outputs", "give one");
   expect_400({{"guided_choice", Json::array()}}, "guided_choice", "non-empty array");
   expect_400({{"json_schema", "{not json"}}, "json_schema", "not valid JSON");
+  expect_400({{"structured_outputs", {{"json_object", true}, {"whitespace_pattern", "[ x]?"}}}},
+             "structured_outputs.whitespace_pattern", "byte 0x78");
+  expect_400({{"guided_json", kCodeSchema}, {"guided_whitespace_pattern", " +"}}, "guided_whitespace_pattern",
+             "must match the empty text");
+  expect_400({{"structured_outputs", {{"json_object", true}, {"whitespace_pattern", ""}, {"disable_any_whitespace", true}}}},
+             "structured_outputs.whitespace_pattern", "give one");
 }
 
 // tool_choice "required" / a named function: the answer is a call of (that) tool in the template's

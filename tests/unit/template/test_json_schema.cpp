@@ -349,6 +349,38 @@ TEST(JsonSchema, LimitedWhitespace) {
   EXPECT_TRUE(accepts(limited, "[\"a  \\n b\"]")) << "strings keep their content";
 }
 
+// Compact: at most one space; a pattern of the caller's (Outlines' / vLLM's whitespace_pattern)
+// is checked to match the empty text and nothing but JSON whitespace.
+TEST(JsonSchema, CompactAndCustomWhitespace) {
+  const Schema compact = JsonSchema::any_value(Whitespace::Compact);
+  EXPECT_TRUE(accepts(compact, "{\"a\":[1,2]}"));
+  EXPECT_TRUE(accepts(compact, "{\"a\": [1, 2], \"b\": null}"));
+  EXPECT_EQ(refused_at(compact, "{\n\"a\":1}"), 1u) << "no newline";
+  EXPECT_EQ(refused_at(compact, "[1,  2]"), 4u) << "a second space";
+  EXPECT_TRUE(JsonSchema::any_value(Whitespace::Compact) == compact) << "built-in patterns compile once";
+
+  const Schema pretty = JsonSchema::compile(Json(true), Whitespace{"(?:\\n(?:  )*)?"});  // newline, indent pairs
+  EXPECT_TRUE(accepts(pretty, "{\n  \"a\":\n    1\n}"));
+  EXPECT_EQ(refused_at(pretty, "[ 1]"), 1u) << "no lone space";
+  EXPECT_EQ(refused_at(pretty, "[\n 1]"), 3u) << "an odd indent cannot end the run";
+  const Schema pairs = JsonSchema::compile(Json(true), Whitespace{"(?:\\r\\n)?"});
+  EXPECT_TRUE(accepts(pairs, "[\r\n1]"));
+  EXPECT_EQ(refused_at(pairs, "[\r1]"), 2u) << "the run must end where the pattern matches";
+
+  auto error_with = [](std::string_view pattern) {
+    try {
+      JsonSchema::compile(Json(true), Whitespace{pattern});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_with("\\s+").find("must match the empty text"), std::string::npos) << error_with("\\s+");
+  EXPECT_NE(error_with("[ x]?").find("byte 0x78"), std::string::npos) << error_with("[ x]?");
+  EXPECT_NE(error_with("(").find("whitespace pattern '('"), std::string::npos) << error_with("(");
+  EXPECT_EQ(error_with("[ \\t]*"), "no error");
+}
+
 TEST(JsonSchema, DepthCap) {
   JsonMatcher m(JsonSchema::any_value(Whitespace::Any));
   const int open = JsonMatcher::kMaxDepth - 1;  // the top-level frame takes one
