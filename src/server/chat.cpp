@@ -144,6 +144,36 @@ OutputConstraint calls_once_opened(const HttpServer::Api& api, const std::vector
   return c;
 }
 
+// The prompt of a conversation whose last message, the assistant's, is continued (assistant
+// prefill): the template renders it whole, without a generation prompt, and the text is cut
+// right after the message's content, before the template's end of turn. The content is found as
+// the template wrote it (its last occurrence); an empty one is found through a placeholder.
+std::string continued_prompt(const ChatTemplate& tmpl, Json messages, const Json& tools, const Json& kwargs) {
+  static constexpr std::string_view kPlaceholder = "\x01qwen36-continue\x01";
+  Json& last = messages.back();
+  if (last.contains("tool_calls") && !last["tool_calls"].empty())
+    throw HttpError(400, "the final assistant message has tool_calls: it cannot be continued", "messages");
+  const std::string content = last["content"];
+  if (content.empty()) last["content"] = kPlaceholder;
+  const std::string text = tmpl.render(messages, tools, false, kwargs);
+  const std::string_view find = content.empty() ? kPlaceholder : std::string_view(content);
+  const size_t at = text.rfind(find);
+  if (at == std::string::npos)
+    throw HttpError(400, "the chat template does not write the final assistant message's text as given, so it "
+                    "cannot be continued", "messages");
+  return text.substr(0, content.empty() ? at : at + find.size());
+}
+
+// Whether the prompt leaves the model inside <think>: after the last turn's opening (ChatML's
+// <|im_start|>), a <think> with no </think> after it — the generation prompt of a thinking
+// template, or an assistant prefill that is still reasoning.
+bool prompt_opens_thinking(const std::string& prompt) {
+  const size_t turn = prompt.rfind("<|im_start|>");
+  const size_t from = turn == std::string::npos ? 0 : turn;
+  const size_t open = prompt.rfind("<think>"), close = prompt.rfind("</think>");
+  return open != std::string::npos && open >= from && (close == std::string::npos || close < open);
+}
+
 }  // namespace
 
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
@@ -173,9 +203,24 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
   if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
 
+  // A conversation that ends with the assistant's message continues it (llama-server's assistant
+  // prefill, Anthropic's prefill), unless add_generation_prompt asks for a new turn; vLLM's
+  // continue_final_message / add_generation_prompt say it explicitly.
+  const bool assistant_last = messages.back()["role"] == "assistant";
+  const bool generation_prompt = boolean(body, "add_generation_prompt", !assistant_last);
+  const bool continue_final = boolean(body, "continue_final_message", assistant_last && !generation_prompt);
+  if (continue_final && generation_prompt)
+    throw HttpError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                    "continue_final_message");
+  if (continue_final && !assistant_last)
+    throw HttpError(400, "continue_final_message needs the last message to be the assistant's",
+                    "continue_final_message");
   std::string prompt;
   try {
-    prompt = api.ctx.chat_template->render(messages, tools, true, kwargs);
+    prompt = continue_final ? continued_prompt(*api.ctx.chat_template, messages, tools, kwargs)
+                            : api.ctx.chat_template->render(messages, tools, generation_prompt, kwargs);
+  } catch (const HttpError&) {
+    throw;
   } catch (const Error& e) {
     throw HttpError(400, std::string("the chat template could not render these messages: ") + e.what(), "messages");
   }
@@ -189,7 +234,7 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
 
   OutputParserOptions& popts = out.parser;
   popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
-  popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
+  popts.prompt_opened_thinking = prompt_opens_thinking(prompt);
   if (!constraint.empty() && popts.prompt_opened_thinking) {  // reasoning stays free
     const int32_t end_think = api.ctx.tokenizer->token_id("</think>");
     constraint.start_after.insert(constraint.start_after.begin(), end_think);

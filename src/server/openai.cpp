@@ -119,7 +119,8 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                         "reasoning_effort", "logprobs", "top_logprobs", "stop", "seed", "max_tokens",
                         "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options", "user",
-                        "response_format", "ignore_eos", "metadata", "store", "logit_bias"}, kStructuredOutputFields);
+                        "response_format", "ignore_eos", "metadata", "store", "logit_bias", "add_generation_prompt",
+                        "continue_final_message"}, kStructuredOutputFields);
   const ChatRequest c = prepare_chat(api, body);
   respond(submit_choices<ChatJob>(api, c.g,
                                    [&](const ChatJob* first) {

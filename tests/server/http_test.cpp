@@ -686,6 +686,74 @@ TEST_F(HttpTest, ClientDisconnectCancelsTheRequest) {
   EXPECT_EQ(status, 200);
 }
 
+// A conversation that ends with the assistant's message continues it (assistant prefill): the
+// prompt is the template's rendering cut right after that message's text, so the answer equals a
+// raw completion of that text.
+TEST_F(HttpTest, AssistantPrefillContinuesTheMessage) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const Json messages = {{{"role", "user"}, {"content", "Add two numbers"}},
+                         {{"role", "assistant"}, {"content", "def add(a, b):"}}};
+  const std::string rendered = g_shared->tmpl->render(messages, nullptr, false, Json::object());
+  const size_t at = rendered.rfind("def add(a, b):");
+  ASSERT_NE(at, std::string::npos) << rendered;
+  const std::string prefix = rendered.substr(0, at + std::string("def add(a, b):").size());
+  ASSERT_LT(prefix.size(), rendered.size()) << "the template ends the turn after the message";
+
+  const Json greedy = {{"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+  Json chat = greedy;
+  chat["messages"] = messages;
+  const Json a = post_json(c, "/v1/chat/completions", chat, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  Json raw = greedy;
+  raw["prompt"] = prefix;
+  const Json b = post_json(c, "/v1/completions", raw, &status);
+  ASSERT_EQ(status, 200) << b.dump();
+  EXPECT_EQ(a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"]);
+  const Json& msg = a["choices"][0]["message"];
+  EXPECT_EQ(msg.value("reasoning_content", "") + msg.value("content", ""), b["choices"][0]["text"]) << a.dump();
+
+  // vLLM's explicit fields: the same by continue_final_message; a new turn by add_generation_prompt.
+  Json explicit_continue = chat;
+  explicit_continue["continue_final_message"] = true;
+  explicit_continue["add_generation_prompt"] = false;
+  EXPECT_EQ(post_json(c, "/v1/chat/completions", explicit_continue, &status)["usage"]["prompt_tokens"],
+            a["usage"]["prompt_tokens"]);
+  Json new_turn = chat;
+  new_turn["add_generation_prompt"] = true;
+  const Json t = post_json(c, "/v1/chat/completions", new_turn, &status);
+  ASSERT_EQ(status, 200) << t.dump();
+  EXPECT_EQ(t["usage"]["prompt_tokens"],
+            g_shared->tok->encode(g_shared->tmpl->render(messages, nullptr, true, Json::object())).size());
+
+  // An empty assistant message: the turn opened as the template opens it, nothing after.
+  Json empty = chat;
+  empty["messages"][1]["content"] = "";
+  const Json e = post_json(c, "/v1/chat/completions", empty, &status);
+  ASSERT_EQ(status, 200) << e.dump();
+  EXPECT_LT(e["usage"]["prompt_tokens"].get<int>(), a["usage"]["prompt_tokens"].get<int>());
+
+  auto expect_400 = [&](Json body, const std::string& says) {
+    const Json r = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 400) << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(says), std::string::npos) << r.dump();
+  };
+  Json both = chat;
+  both["continue_final_message"] = true;
+  both["add_generation_prompt"] = true;
+  expect_400(both, "cannot both be true");
+  Json user_last = chat;
+  user_last["messages"] = {messages[0]};
+  user_last["continue_final_message"] = true;
+  user_last["add_generation_prompt"] = false;
+  expect_400(user_last, "needs the last message to be the assistant's");
+  Json with_call = chat;
+  with_call["messages"][1]["tool_calls"] = {
+      {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}};
+  expect_400(with_call, "cannot be continued");
+}
+
 TEST_F(HttpTest, TokenizeDetokenizeAndMetrics) {
   Served s;
   auto c = s.client();

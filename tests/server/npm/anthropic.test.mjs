@@ -1,7 +1,7 @@
 // The official Anthropic SDK (@anthropic-ai/sdk) against `qwen36 serve`'s /v1/messages (tiny
 // random model, loopback): a message and its usage, the same message streamed, tool_use /
 // tool_result turns, a forced tool (its input held to the schema), count_tokens, errors (400 / 401
-// as the SDK's errors), stop sequences.
+// as the SDK's errors), stop sequences, an assistant prefill.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
@@ -33,6 +33,25 @@ describe('anthropic client', { timeout: 120000 }, () => {
     assert.ok(m.usage.input_tokens > 0 && m.usage.output_tokens > 0 && m.usage.output_tokens <= 12);
     const counted = await client.messages.countTokens({ model: base.model, system: 'Be brief.', messages: ask });
     assert.equal(counted.input_tokens, m.usage.input_tokens);
+  });
+
+  test('a final assistant message is continued (prefill)', async () => {
+    // Its text ends the prompt: more input tokens than the question alone, and the answer is
+    // what the OpenAI route gives for the same conversation (a trailing assistant message is
+    // continued there too).
+    const prefilled = [...ask, { role: 'assistant', content: 'The weather in Paris is' }];
+    const m = await client.messages.create({ ...base, messages: prefilled });
+    const q = await client.messages.create({ ...base, messages: ask });
+    assert.ok(m.usage.input_tokens > q.usage.input_tokens + 4, `${m.usage.input_tokens} vs ${q.usage.input_tokens}`);
+    const r = await fetch(`${server.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: base.model, max_tokens: base.max_tokens, temperature: 0, messages: prefilled }),
+    });
+    const chat = await r.json();
+    assert.equal(chat.usage.prompt_tokens, m.usage.input_tokens);
+    const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+    assert.equal(text, chat.choices[0].message.content ?? '');
   });
 
   test('a forced tool, streamed and not: the same content', async () => {
