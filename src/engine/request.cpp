@@ -76,6 +76,12 @@ size_t incomplete_utf8_tail(std::string_view s) {
 std::string StopTextFilter::push(std::string_view bytes) {
   if (matched_) return {};
   held_.append(bytes);
+  if (!armed_) {  // only a character cut at the end waits
+    const size_t keep = incomplete_utf8_tail(held_);
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+  }
   // A stop string anywhere in the held text ends the output there. Held text never contains
   // emitted text, and everything that might start a stop string is held, so no match is missed.
   size_t first = std::string::npos;
@@ -87,7 +93,7 @@ std::string StopTextFilter::push(std::string_view bytes) {
   }
   if (first != std::string::npos) {
     matched_ = true;
-    std::string out = held_.substr(0, first);
+    std::string out = held_.substr(0, include_ ? first + stop_.size() : first);
     held_.clear();
     return out;
   }

@@ -29,6 +29,8 @@ struct RequestParams {
   int32_t max_tokens = 256;
   std::vector<int32_t> stop_ids;          // end generation; the stop token is not emitted
   std::vector<std::string> stop_strings;  // end generation; the text from the match on is dropped
+  bool include_stop_string = false;       // ... or kept up to the match's end (vLLM's include_stop_str_in_output)
+  int32_t min_tokens = 0;  // until this many tokens are out, stop ids are masked and stop strings not looked for
   int32_t top_logprobs = -1;              // -1: no logprobs; 0..20: the sampled token's + that many alternatives
   OutputConstraint constraint;            // structured output (a JSON schema), or none
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
@@ -104,7 +106,11 @@ RequestResult wait_for_result(Request& r, std::chrono::milliseconds deadline);
 // before it and reports matched() (and which: stop()).
 class StopTextFilter {
  public:
-  explicit StopTextFilter(std::vector<std::string> stops = {}) : stops_(std::move(stops)) {}
+  // include: a match's text is emitted, up to the stop string's end. armed false: no stop string
+  // is looked for until arm() (min_tokens), so the text passes through.
+  explicit StopTextFilter(std::vector<std::string> stops = {}, bool include = false, bool armed = true)
+      : stops_(std::move(stops)), include_(include), armed_(armed) {}
+  void arm() { armed_ = true; }
   std::string push(std::string_view bytes);
   std::string flush();  // end of output: whatever is held (unless a stop string matched)
   bool matched() const { return matched_; }
@@ -113,6 +119,7 @@ class StopTextFilter {
  private:
   std::vector<std::string> stops_;
   std::string held_, stop_;
+  bool include_ = false, armed_ = true;
   bool matched_ = false;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace qwen36 {
@@ -40,14 +41,28 @@ struct Scheduler::Sequence {
   std::optional<TokenConstraint> constraint;  // structured output
 
   Sequence(Pending p, int32_t slot_, int32_t reused, const std::shared_ptr<const TokenTrie>& vocab)
-      : in(std::move(p)), sampler(in.params.sampling), text(in.params.stop_strings), slot(slot_),
+      : in(std::move(p)), sampler(in.params.sampling),
+        text(in.params.stop_strings, in.params.include_stop_string, in.params.min_tokens <= 0), slot(slot_),
         tokens(in.params.prompt), n_prompt(int32_t(tokens.size())), n_fed(reused), prefill_start(reused),
         n_cached(reused) {
     if (!in.params.constraint.empty()) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
   }
   bool prefilling() const { return n_fed < n_prompt; }
-  // Whether this step's row must come to the host whole, for logit_bias or the constraint's mask.
-  bool shapes() const { return !in.params.logit_bias.empty() || (constraint && constraint->masks()); }
+  // Whether the row of the token after `drafted` more must have its stop ids masked (min_tokens).
+  bool holds_stops(size_t drafted = 0) const {
+    return n_generated + int64_t(drafted) < in.params.min_tokens && !in.params.stop_ids.empty();
+  }
+  // Whether this step's row must come to the host whole, for logit_bias, min_tokens or the
+  // constraint's mask.
+  bool shapes() const {
+    return !in.params.logit_bias.empty() || holds_stops() || (constraint && constraint->masks());
+  }
+  // logit_bias, and the stop ids masked while min_tokens holds them.
+  void bias(std::span<float> row, size_t drafted) const {
+    for (const auto& [t, b] : in.params.logit_bias) row[size_t(t)] += b;
+    if (holds_stops(drafted))
+      for (int32_t t : in.params.stop_ids) row[size_t(t)] = -std::numeric_limits<float>::infinity();
+  }
 };
 
 // The checkpoint options in force: none without the prefix cache, with MTP or DFlash drafting
@@ -88,6 +103,9 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
   QWEN36_CHECK(int64_t(p.prompt.size()) < opts_.context,
                "the prompt ({} tokens) does not fit the context ({} tokens)", p.prompt.size(), opts_.context);
   QWEN36_CHECK(p.max_tokens >= 0, "max_tokens {} must be >= 0", p.max_tokens);
+  QWEN36_CHECK(p.min_tokens >= 0, "min_tokens {} must be >= 0", p.min_tokens);
+  for (int32_t t : p.stop_ids)
+    QWEN36_CHECK(t >= 0 && t < c.vocab_size, "stop token {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
   QWEN36_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20, "top_logprobs {} must be between 0 and 20",
                p.top_logprobs);
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
@@ -217,12 +235,8 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
   return lp;
 }
 
-static void add_logit_bias(const RequestParams& p, std::span<float> row) {
-  for (const auto& [t, bias] : p.logit_bias) row[size_t(t)] += bias;
-}
-
 bool Scheduler::shape(Sequence& s, std::span<float> row) {
-  add_logit_bias(s.in.params, row);
+  s.bias(row, 0);
   if (!s.constraint || !s.constraint->masks() || s.constraint->apply(row) > 0) return true;
   finish(s, "error", "the output constraint admits no token here: no token of the vocabulary continues the document");
   return false;
@@ -265,6 +279,7 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   s.last_token = now;
   RequestEvent ev;
   ev.token = tok;
+  if (s.n_generated >= s.in.params.min_tokens) s.text.arm();  // stop strings count from here
   if (opts_.token_text) ev.text = s.text.push(opts_.token_text(tok));
   ev.logprob = std::move(lp);
   s.in.req->push(std::move(ev));
@@ -305,9 +320,9 @@ void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns
     t.history = s.tokens;
     t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
     t.want_raw = s.in.params.top_logprobs >= 0;
-    if (s.constraint || !s.in.params.logit_bias.empty())
+    if (s.constraint || !s.in.params.logit_bias.empty() || s.holds_stops())
       t.shape = [&s](std::span<const int32_t> path, std::span<float> row) {
-        add_logit_bias(s.in.params, row);
+        s.bias(row, path.size());
         return !s.constraint || s.constraint->apply_after(path, row);
       };
     turns.push_back(t);

@@ -120,7 +120,7 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                         "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options", "user",
                         "response_format", "ignore_eos", "metadata", "store", "logit_bias", "add_generation_prompt",
-                        "continue_final_message"}, kStructuredOutputFields);
+                        "continue_final_message"}, {kStructuredOutputFields, kVllmSamplingFields});
   const ChatRequest c = prepare_chat(api, body);
   respond(submit_choices<ChatJob>(api, c.g,
                                    [&](const ChatJob* first) {
@@ -196,7 +196,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   reject_unknown(body, {"model", "prompt", "logprobs", "stop", "seed", "max_tokens", "temperature", "top_p", "top_k",
                         "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream",
                         "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format",
-                        "logit_bias"}, kStructuredOutputFields);
+                        "logit_bias"}, {kStructuredOutputFields, kVllmSamplingFields});
   if (boolean(body, "echo", false)) throw HttpError(400, "'echo' is not supported", "echo");
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)
@@ -218,14 +218,12 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
     throw HttpError(400, "'prompt' must be a string, an array with one string, or an array of token ids", "prompt");
   }
   if (ids.empty()) throw HttpError(400, "the prompt is empty", "prompt");
-  Generation g = parse_generation(body, api, std::move(ids));
-  g.params.constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));  // as vLLM: structured output for raw completions too
+  // A raw completion stops at end-of-text only, not at the chat's end of turn.
+  Generation g = parse_generation(body, api, std::move(ids), /*end_of_turn=*/false);
+  // As vLLM: structured output for raw completions too.
+  g.params.constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
   g.params.top_logprobs = int32_t(n_logprobs);
-  g.params.stop_ids.clear();  // raw completion: only end-of-text stops, not the chat end-of-turn
-  if (!boolean(body, "ignore_eos", false))
-    for (int32_t id : api.ctx.stop_ids)
-      if (id != api.ctx.tokenizer->token_id("<|im_end|>")) g.params.stop_ids.push_back(id);
   respond(submit_choices<CompletionJob>(api, g,
                                          [&](const CompletionJob* first) {
                                            auto job = std::make_shared<CompletionJob>();

@@ -34,11 +34,13 @@ std::vector<std::pair<int32_t, float>> logit_bias(const Json& lb, int64_t vocab)
 
 }  // namespace
 
-void reject_unknown(const Json& body, std::initializer_list<const char*> known, std::span<const char* const> also) {
+void reject_unknown(const Json& body, std::initializer_list<const char*> known,
+                    std::initializer_list<std::span<const char* const>> also) {
   for (const auto& [key, value] : body.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
-    for (const char* k : also) ok = ok || key == k;
+    for (std::span<const char* const> list : also)
+      for (const char* k : list) ok = ok || key == k;
     if (!ok) throw HttpError(400, fmt::format("Unrecognized request argument supplied: {}", key), key);
   }
 }
@@ -73,7 +75,8 @@ bool boolean(const Json& body, const char* key, bool def) {
 
 // Sampling, limits, stop and streaming fields shared by both endpoints. Defaults are OpenAI's
 // (temperature 1, no top-k / top-p / min-p filtering).
-Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt) {
+Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt,
+                            bool end_of_turn) {
   const int64_t context = api.ctx.engine->options().context;
   if (int64_t(prompt.size()) >= context)
     throw HttpError(400,
@@ -113,7 +116,28 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
     }
     std::erase(p.stop_strings, std::string{});
   }
-  if (!boolean(body, "ignore_eos", false)) p.stop_ids = api.ctx.stop_ids;
+  if (!boolean(body, "ignore_eos", false)) {
+    const int32_t im_end = api.ctx.tokenizer->token_id("<|im_end|>");
+    for (int32_t id : api.ctx.stop_ids)
+      if (end_of_turn || id != im_end) p.stop_ids.push_back(id);
+  }
+  // vLLM's stop_token_ids, min_tokens and include_stop_str_in_output.
+  if (has(body, "stop_token_ids")) {
+    const Json& ids = body["stop_token_ids"];
+    const int64_t vocab = api.ctx.engine->model().config().vocab_size;
+    if (!ids.is_array()) throw HttpError(400, "'stop_token_ids' must be an array of token ids", "stop_token_ids");
+    for (const Json& id : ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+        throw HttpError(400, fmt::format("stop_token_ids: {} is not a token id of this model (0..{})", id.dump(),
+                                         vocab - 1), "stop_token_ids");
+      p.stop_ids.push_back(id.get<int32_t>());
+    }
+  }
+  p.min_tokens = int32_t(integer(body, "min_tokens", 0, 1 << 30, 0));
+  if (p.min_tokens > p.max_tokens)
+    throw HttpError(400, fmt::format("min_tokens ({}) must not exceed {} ({})", p.min_tokens, max_key, p.max_tokens),
+                    "min_tokens");
+  p.include_stop_string = boolean(body, "include_stop_str_in_output", false);
   if (has(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], api.ctx.engine->model().config().vocab_size);
   g.stream = boolean(body, "stream", false);
   if (has(body, "stream_options")) {

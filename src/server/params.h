@@ -16,7 +16,8 @@
 namespace qwen36::server {
 
 // An unknown field (in neither list) is a 400 naming it (as OpenAI answers).
-void reject_unknown(const Json& body, std::initializer_list<const char*> known, std::span<const char* const> also = {});
+void reject_unknown(const Json& body, std::initializer_list<const char*> known,
+                    std::initializer_list<std::span<const char* const>> also = {});
 bool has(const Json& body, const char* key);  // present and not null
 // The field, checked against [lo, hi] (a 400 otherwise), or def when absent.
 double number(const Json& body, const char* key, double lo, double hi, double def);
@@ -31,8 +32,12 @@ struct Generation {
 };
 
 // Sampling, limits, stop, logit_bias, n and streaming fields; prompt: the request's tokens
-// (a 400 "context_length_exceeded" when they leave no room for the answer).
-Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt);
+// (a 400 "context_length_exceeded" when they leave no room for the answer). end_of_turn false
+// (raw completions): <|im_end|> is not among the stop ids, only the end-of-text ones.
+Generation parse_generation(const Json& body, const HttpServer::Api& api, std::vector<int32_t> prompt,
+                            bool end_of_turn = true);
+// vLLM's extensions that parse_generation reads, accepted by every OpenAI route.
+inline constexpr const char* kVllmSamplingFields[] = {"min_tokens", "stop_token_ids", "include_stop_str_in_output"};
 // The request's output constraint, from the one field that gives it: response_format (OpenAI:
 // text, json_object — llama-server's form may carry a "schema" — or json_schema), vLLM's
 // structured_outputs {json | regex | choice | grammar | json_object} and older guided_json /

@@ -210,6 +210,10 @@ TEST_F(EngineSpecTest, StopsInsideARoundEndLikeThePlainPathAndCacheTheRightState
   v = base;
   v.max_tokens = 10;
   variants.push_back(v);
+  v = base;
+  v.stop_ids = {ref[3]};  // masked in the drafts' rows as in the plain path's until min_tokens are out
+  v.min_tokens = 8;
+  variants.push_back(v);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     const RequestParams& p = variants[vi];
     Scheduler plain(*model_, options(SpecMethod::None));

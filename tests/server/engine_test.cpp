@@ -127,6 +127,52 @@ TEST_F(EngineTest, StopStringTruncatesText) {
   EXPECT_EQ(res.text, want);
 }
 
+// min_tokens: the stop ids cannot be drawn (nor stop strings match) before that many tokens;
+// include_stop_string keeps a stop string's text.
+TEST_F(EngineTest, MinTokensHoldsStopsAndTheStopStringCanBeKept) {
+  SchedulerOptions o = small_options();
+  o.token_text = [](int32_t t) { return std::string(1, char('a' + t % 26)); };
+  RequestParams p;
+  p.prompt = prompt(20, 3);
+  p.max_tokens = 12;
+  const auto ref = alone(p, 16);
+  ASSERT_EQ(ref.size(), 12u);
+  const int32_t stop = ref[2];
+  const size_t first = size_t(std::find(ref.begin(), ref.end(), stop) - ref.begin());
+  p.stop_ids = {stop};
+  p.min_tokens = 7;
+  Scheduler s(*model_, o);
+  auto r = s.submit(p);
+  run_until_done(s, {r});
+  RequestResult res = wait_for_result(*r, 1000ms);
+  ASSERT_GE(res.tokens.size(), 7u) << "finished " << res.finish_reason;
+  for (size_t i = 0; i < 7; ++i) EXPECT_NE(res.tokens[i], stop) << i;
+  EXPECT_EQ(std::vector<int32_t>(res.tokens.begin(), res.tokens.begin() + std::ptrdiff_t(first)),
+            std::vector<int32_t>(ref.begin(), ref.begin() + std::ptrdiff_t(first)))
+      << "the same draws until the stop id was the greedy one";
+  const std::vector<int32_t> held(res.tokens.begin(), res.tokens.end());
+
+  // A stop string found in the first tokens' text is passed over until min_tokens are out.
+  std::string text;
+  for (int32_t t : held) text += char('a' + t % 26);
+  RequestParams q = p;
+  q.stop_strings = {text.substr(1, 1)};
+  q.include_stop_string = true;
+  auto r2 = s.submit(q);
+  run_until_done(s, {r2});
+  const RequestResult got = wait_for_result(*r2, 1000ms);
+  const size_t end = text.find(text[1], 6);  // the first match in the text of the 7th token on
+  EXPECT_EQ(got.finish_reason, end != std::string::npos ? "stop" : res.finish_reason) << text;
+  EXPECT_EQ(got.text, end == std::string::npos ? text : text.substr(0, end + 1)) << text;
+
+  RequestParams bad = p;
+  bad.min_tokens = -1;
+  EXPECT_THROW(s.submit(bad), Error);
+  bad = p;
+  bad.stop_ids = {1 << 20};
+  EXPECT_THROW(s.submit(bad), Error);
+}
+
 TEST_F(EngineTest, LogprobsAreNormalisedAndRankTheGreedyTokenFirst) {
   RequestParams p;
   p.prompt = prompt(8, 5);
@@ -372,6 +418,20 @@ TEST(StopTextFilterTest, HoldsPartialStopsAndUtf8) {
   StopTextFilter g;
   EXPECT_EQ(g.push("ab\xe2\x82"), "ab");
   EXPECT_EQ(g.flush(), "\xe2\x82");
+}
+
+TEST(StopTextFilterTest, IncludedStopAndArming) {
+  StopTextFilter inc({"END"}, /*include=*/true);
+  EXPECT_EQ(inc.push("ab E"), "ab ");
+  EXPECT_EQ(inc.push("ND tail"), "END");
+  EXPECT_TRUE(inc.matched());
+  StopTextFilter held({"END"}, false, /*armed=*/false);
+  EXPECT_EQ(held.push("x END \xc3"), "x END ");  // passed through, but a cut character waits
+  EXPECT_FALSE(held.matched());
+  held.arm();
+  EXPECT_EQ(held.push("\xa9 EN"), "\xc3\xa9 ");
+  EXPECT_EQ(held.push("D"), "");
+  EXPECT_EQ(held.stop(), "END");
 }
 
 }  // namespace

@@ -686,6 +686,50 @@ TEST_F(HttpTest, ClientDisconnectCancelsTheRequest) {
   EXPECT_EQ(status, 200);
 }
 
+// vLLM's min_tokens, stop_token_ids and include_stop_str_in_output, with one token made certain
+// by logit_bias: X is drawn every step unless masked.
+TEST_F(HttpTest, MinTokensStopTokenIdsAndIncludedStopStrings) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const std::vector<int32_t> hello = g_shared->tok->encode("Hello");
+  ASSERT_EQ(hello.size(), 1u);
+  const int32_t x = hello[0];
+  const Json base = {{"prompt", "Say:"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logit_bias", {{std::to_string(x), 100}}}};
+  auto complete = [&](const Json& extra) {
+    Json body = base;
+    body.update(extra);
+    Json r = post_json(c, "/v1/completions", body, &status);
+    EXPECT_EQ(status, 200) << r.dump();
+    return r;
+  };
+  Json r = complete({{"stop_token_ids", {x}}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 0) << r.dump();
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  r = complete({{"stop_token_ids", {x}}, {"min_tokens", 3}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3) << "X masked for three draws, then drawn: the stop";
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>().find("Hello"), std::string::npos) << r.dump();
+
+  EXPECT_EQ(complete({{"stop", "Hello"}})["choices"][0]["text"], "");
+  EXPECT_EQ(complete({{"stop", "Hello"}, {"include_stop_str_in_output", true}})["choices"][0]["text"], "Hello");
+  r = complete({{"stop", "Hello"}, {"include_stop_str_in_output", true}, {"min_tokens", 2}});
+  EXPECT_EQ(r["choices"][0]["text"], "HelloHello") << "the first token's text is not looked at";
+
+  for (const auto& [extra, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"min_tokens", 9}}, "min_tokens"},
+           {{{"stop_token_ids", {-1}}}, "stop_token_ids"},
+           {{{"stop_token_ids", 5}}, "stop_token_ids"},
+           {{{"include_stop_str_in_output", "yes"}}, "include_stop_str_in_output"}}) {
+    Json body = base;
+    body.update(extra);
+    const Json e = post_json(c, "/v1/completions", body, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    EXPECT_EQ(e["error"]["param"], param) << e.dump();
+  }
+}
+
 // A conversation that ends with the assistant's message continues it (assistant prefill): the
 // prompt is the template's rendering cut right after that message's text, so the answer equals a
 // raw completion of that text.
