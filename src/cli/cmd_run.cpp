@@ -36,6 +36,7 @@ struct RunOptions {
   int64_t ctx = 4096;
   int threads = 0;
   bool ignore_eos = false, chat = false, no_think = false;
+  std::string chat_template_file;  // --chat: instead of the model's own template
   std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
   std::string draft_model;    // dflash: the drafter checkpoint
@@ -196,16 +197,14 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   GenerateOptions g = generate_options(o, c);
   OutputParserOptions popts;
   if (o.chat) {
-    namespace fs = std::filesystem;
-    const fs::path dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
-    const fs::path cfg = dir / "tokenizer_config.json";
-    QWEN36_CHECK(fs::exists(cfg), "--chat needs a chat template: {} not found", cfg.string());
-    const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config_file(cfg.string());
+    const std::unique_ptr<ChatTemplate> tmpl = load_chat_template(tok_path, o.chat_template_file);
+    QWEN36_CHECK(tmpl, "--chat needs a chat template: {} carries none (tokenizer_config.json, chat_template.jinja "
+                 "or GGUF metadata); --chat-template-file gives one", tok_path);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", text}});
     nlohmann::ordered_json kwargs = {{"enable_thinking", !o.no_think}};
-    text = tmpl.render(messages, nullptr, true, kwargs);
+    text = tmpl->render(messages, nullptr, true, kwargs);
     popts.thinking_enabled = true;
     popts.prompt_opened_thinking = text.ends_with("<think>\n");
   }
@@ -282,6 +281,9 @@ void register_run(CLI::App& app) {
   f->excludes(t);
   cmd->add_flag("--chat", o->chat, "Apply the chat template and split reasoning / tool calls from the answer");
   cmd->add_option("--system", o->system, "System message (with --chat)");
+  cmd->add_option("--chat-template-file", o->chat_template_file,
+                  "Jinja chat template for --chat instead of the model's own")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--no-think", o->no_think, "Chat with thinking disabled (enable_thinking=false)");
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: beside the model)");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();

@@ -36,6 +36,7 @@ struct ServeOptions {
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
   std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
+  std::string chat_template_file;           // overrides the checkpoint's template
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -137,13 +138,10 @@ void serve(const ServeOptions& o) {
   const text::Tokenizer tok = text::Tokenizer::from_file(tok_path);
   QWEN36_CHECK(tok.vocab_size() <= c.vocab_size, "the tokenizer has {} tokens but the model only {}",
                tok.vocab_size(), c.vocab_size);
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::is_directory(tok_path) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
-  std::unique_ptr<ChatTemplate> tmpl;
-  if (fs::exists(dir / "tokenizer_config.json"))
-    tmpl = std::make_unique<ChatTemplate>(ChatTemplate::from_tokenizer_config_file((dir / "tokenizer_config.json").string()));
-  else
-    spdlog::warn("{} has no tokenizer_config.json: /v1/chat/completions is unavailable", dir.string());
+  const std::unique_ptr<ChatTemplate> tmpl = load_chat_template(tok_path, o.chat_template_file);
+  if (!tmpl)
+    spdlog::warn("{} carries no chat template (tokenizer_config.json, chat_template.jinja or GGUF metadata): "
+                 "/v1/chat/completions is unavailable; --chat-template-file gives one", tok_path);
 
   SchedulerOptions so;
   so.spec = spec;
@@ -188,7 +186,9 @@ void serve(const ServeOptions& o) {
   for (const char* s : {"<|im_end|>", "<|endoftext|>"})
     if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
   ctx.json_whitespace = o.json_whitespace;
-  ctx.model_name = !o.alias.empty() ? o.alias : o.model.empty() ? "qwen36-default" : fs::path(o.model).filename().string();
+  ctx.model_name = !o.alias.empty()  ? o.alias
+                   : o.model.empty() ? "qwen36-default"
+                                     : std::filesystem::path(o.model).filename().string();
   http.attach(ctx);
   spdlog::info("ready: model \"{}\", {} slots x {} tokens, http://{}:{}/", ctx.model_name, so.slots, so.context,
                o.host, port);
@@ -245,6 +245,10 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_MAX_QUEUE")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = parallel + max-queue + 8)")
       ->envname("QWEN36_HTTP_THREADS")->capture_default_str();
+  cmd->add_option("--chat-template-file", o->chat_template_file,
+                  "Jinja chat template to use instead of the model's own (tokenizer_config.json, "
+                  "chat_template.jinja or the GGUF's tokenizer.chat_template)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--json-whitespace", o->json_whitespace,
                   "Default whitespace of JSON output between tokens (a request may set its own): limited (one "
                   "space, or a newline and up to 20 spaces / tabs), compact (at most one space), any (up to 64 "

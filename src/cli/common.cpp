@@ -135,6 +135,15 @@ std::string resolve_tokenizer(const std::string& explicit_path, const std::strin
   return fs::exists(fetched / "tokenizer.json") ? fetched.string() : "";
 }
 
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& tok_path, const std::string& template_file) {
+  if (!template_file.empty())
+    return std::make_unique<ChatTemplate>(with_context("--chat-template-file", [&] {
+      return ChatTemplate::from_file(template_file, tok_path);
+    }));
+  std::optional<ChatTemplate> t = ChatTemplate::find(tok_path);
+  return t ? std::make_unique<ChatTemplate>(std::move(*t)) : nullptr;
+}
+
 std::vector<int32_t> read_i32_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   QWEN36_CHECK(in.good(), "cannot open {}", path);

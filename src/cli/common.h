@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "model/memory_plan.h"
 #include "model/qwen36.h"
+#include "text/chat_template.h"
 
 namespace qwen36::cli {
 
@@ -56,6 +57,11 @@ std::vector<int32_t> read_i32_file(const std::string& path);
 // scripts/fetch-tokenizer.sh.
 // Returns "" when none is found.
 std::string resolve_tokenizer(const std::string& explicit_path, const std::string& model_path);
+
+// The model's chat template: `template_file` (--chat-template-file, a Jinja file) when given,
+// else the one the tokenizer's path carries (ChatTemplate::find: a GGUF's own, a checkpoint's
+// tokenizer_config.json or chat_template.jinja); null when there is none.
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& tok_path, const std::string& template_file);
 
 // --cache-type-k/-ctk and --cache-type-v/-ctv: the attention KV cache element type;
 // --state-type: the DeltaNet recurrent state's.

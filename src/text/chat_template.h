@@ -26,6 +26,16 @@ class ChatTemplate {
 
   static ChatTemplate from_tokenizer_config(const jinja::Json& config);
   static ChatTemplate from_tokenizer_config_file(const std::string& path);
+  // The template a checkpoint carries (chat_template_source.cpp), looked for in this order: a
+  // GGUF's tokenizer.chat_template (bos / eos token texts from its vocabulary), the chat_template
+  // of tokenizer_config.json beside the path, chat_template.jinja there (transformers' newer
+  // layout; the special tokens still from tokenizer_config.json). `path`: a checkpoint or
+  // tokenizer directory, a file in one, or a .gguf file. nullopt when none is found; throws
+  // Error on a bad one.
+  static std::optional<ChatTemplate> find(const std::string& path);
+  // A template from a Jinja file (llama-server's --chat-template-file), with the special tokens
+  // `path` (as for find) gives, if any.
+  static ChatTemplate from_file(const std::string& jinja_file, const std::string& path);
 
   // messages: array of message objects; tools: null or array; kwargs: null or object.
   std::string render(const jinja::Json& messages, const jinja::Json& tools, bool add_generation_prompt,
