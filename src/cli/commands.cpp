@@ -5,6 +5,7 @@ namespace qwen36::cli {
 // The order of `qwen36 --help`: using a model first, then measuring, then file tools.
 void register_commands(CLI::App& app) {
   register_run(app);
+  register_chat(app);
   register_serve(app);
   register_bench(app);
   register_bench_serve(app);

@@ -11,6 +11,7 @@ namespace qwen36::cli {
 void register_commands(CLI::App& app);  // all of the below, in --help order
 
 void register_run(CLI::App& app);
+void register_chat(CLI::App& app);      // chat (a conversation in the terminal)
 void register_logits(CLI::App& app);
 void register_tokenize(CLI::App& app);  // tokenize, detokenize
 void register_template(CLI::App& app);  // template
