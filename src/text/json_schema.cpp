@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -40,7 +41,8 @@ bool is_keyword(std::string_view k) {
          k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "minLength" ||
          k == "maxLength" || k == "pattern" || k == "minimum" || k == "maximum" || k == "exclusiveMinimum" ||
          k == "exclusiveMaximum" || k == "enum" ||
-         k == "const" || k == "anyOf" || k == "oneOf" || k == "$ref" || k == "$defs" || k == "definitions";
+         k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref" || k == "$defs" ||
+         k == "definitions";
 }
 
 const Json* find(const Json& s, const char* key) {
@@ -78,6 +80,7 @@ struct JsonSchema::Compiler {
   std::map<std::string, Def> defs;
   uint16_t any_node = kNone;
   std::map<std::string, uint16_t> patterns;  // automata by what they were built from: compiled once each
+  std::deque<Json> all_of;  // allOf's merged schemas: queued bodies point into them, so they stay put
 
   uint16_t new_node() {
     QWEN36_CHECK(out.nodes_.size() < kNone, "schema: too large (more than {} sub-schemas)", kNone);
@@ -207,9 +210,62 @@ struct JsonSchema::Compiler {
                    "{}: keyword '{}' next to '{}' is not supported", path, k, keyword);
   }
 
+  // allOf: one schema holding every keyword of the parent and of each entry (a $ref entry, or a
+  // $ref beside allOf, by its target's keywords; nested allOf merged too). Keywords that two of
+  // them give must agree, except `properties` (united; a name given twice must be defined the
+  // same) and `required` (united); the parent's annotations win. (Pydantic writes
+  // {"allOf": [{"$ref": ...}], "description": ...} for a described model field.)
+  const Json& merge_all_of(const Json& s, const std::string& path) {
+    Json all = Json::object();
+    std::function<void(const Json&, const std::string&, int)> add = [&](const Json& part, const std::string& where,
+                                                                          int depth) {
+      QWEN36_CHECK(depth <= 16, "{}: 'allOf' / '$ref' nest more than 16 deep", where);
+      if (part.is_boolean()) {
+        QWEN36_CHECK(part.get<bool>(), "{}: schema 'false' matches nothing", where);
+        return;
+      }
+      QWEN36_CHECK(part.is_object(), "{}: a schema must be an object or a boolean, got {}", where, part.dump());
+      check_keywords(part, where);
+      for (const auto& [k, v] : part.items()) {
+        if (k == "allOf") {
+          QWEN36_CHECK(v.is_array() && !v.empty(), "{}: 'allOf' must be a non-empty array", where);
+          for (size_t i = 0; i < v.size(); ++i) add(v[i], fmt::format("{}.allOf[{}]", where, i), depth + 1);
+        } else if (k == "$ref") {
+          const std::string pointer = pointer_of(v, where);
+          add(target(pointer, where), def_path(pointer), depth + 1);
+        } else if (k == "$defs" || k == "definitions") {
+          continue;  // references resolve against the document's root
+        } else if (k == "properties") {
+          QWEN36_CHECK(v.is_object(), "{}: 'properties' must be an object", where);
+          Json& props = all["properties"];
+          if (props.is_null()) props = Json::object();
+          for (const auto& [name, sub] : v.items()) {
+            QWEN36_CHECK(!props.contains(name) || props[name] == sub,
+                         "{}: 'allOf' defines property '{}' twice, differently (not supported)", where, name);
+            props[name] = sub;
+          }
+        } else if (k == "required") {
+          QWEN36_CHECK(v.is_array(), "{}: 'required' must be an array", where);
+          Json& req = all["required"];
+          if (req.is_null()) req = Json::array();
+          for (const Json& name : v)
+            if (std::find(req.begin(), req.end(), name) == req.end()) req.push_back(name);
+        } else if (!all.contains(k)) {
+          all[k] = v;
+        } else {
+          QWEN36_CHECK(is_annotation(k) || all[k] == v,
+                       "{}: 'allOf' gives '{}' twice with different values (not supported)", where, k);
+        }
+      }
+    };
+    add(s, path, 0);
+    all_of.push_back(std::move(all));
+    return all_of.back();
+  }
+
   // A sub-schema's node; a bare $ref yields its target's node without compiling it yet.
   uint16_t child(const Json& s, const std::string& path) {
-    if (s.is_object() && s.contains("$ref")) {
+    if (s.is_object() && s.contains("$ref") && !s.contains("allOf")) {
       check_keywords(s, path);
       check_alone(s, "$ref", path);
       return def_node(pointer_of(s["$ref"], path), path);
@@ -228,6 +284,7 @@ struct JsonSchema::Compiler {
     }
     QWEN36_CHECK(s.is_object(), "{}: a schema must be an object or a boolean, got {}", path, s.dump());
     check_keywords(s, path);
+    if (s.contains("allOf")) return content(merge_all_of(s, path), path);
     if (const Json* ref = find(s, "$ref")) {
       check_alone(s, "$ref", path);
       return def_content(pointer_of(*ref, path), path);
@@ -501,7 +558,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, Whites
   s->strings_ = {{0, kMaxStringLength}};  // spec 0: any length, not counted
   s->slices_ = {{0, 3}};
   try {
-    s->root_ = Compiler{*s, schema, {}, {}, kNone, {}}.compile_root();
+    s->root_ = Compiler{*s, schema, {}, {}, kNone, {}, {}}.compile_root();
   } catch (const Json::exception& e) {  // e.g. a name that is not UTF-8 cannot be serialised
     fail("schema: {}", e.what());
   }

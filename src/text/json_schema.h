@@ -16,9 +16,10 @@
 // exact decimal bounds; a bounded number is written without exponent), enum, const,
 // anyOf / oneOf (only alternatives told apart by the value's first byte; integer and number are
 // one kind, number wins), $ref (local JSON pointers: #/$defs/NAME, #/definitions/NAME, #, ...;
-// recursion allowed), $defs / definitions. Annotations are ignored: title, description, default,
-// examples, $schema, $id, $comment, strict. Any other keyword (multipleOf, allOf, ...) is an Error
-// naming it and its schema path.
+// recursion allowed), $defs / definitions, allOf (its entries' keywords merged into one schema:
+// those two give must agree, but for properties and required, which are united). Annotations are
+// ignored: title, description, default, examples, $schema, $id, $comment, strict. Any other
+// keyword (multipleOf, uniqueItems, ...) is an Error naming it and its schema path.
 //
 // Deliberate choices (as OpenAI / llama.cpp / xgrammar structured outputs):
 //  - An object with properties emits keys in the schema's property order: any subsequence that

@@ -267,12 +267,37 @@ TEST(JsonSchema, AnyOf) {
             "the first byte are supported)");
 }
 
+// allOf: the entries' keywords (a $ref's target's) merged into one schema, as Pydantic writes a
+// described model field; conflicts are refused by name.
+TEST(JsonSchema, AllOfMerges) {
+  const Schema pydantic = compile(R"({
+    "$defs": {"Color": {"enum": ["red", "green"], "type": "string"},
+              "Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+    "type": "object",
+    "properties": {"color": {"allOf": [{"$ref": "#/$defs/Color"}], "description": "the color", "default": "red"},
+                   "at": {"$ref": "#/$defs/Point", "allOf": [{"properties": {"y": {"type": "integer"}}, "required": ["y"]}]}},
+    "required": ["color", "at"]})");
+  EXPECT_TRUE(accepts(pydantic, R"({"color": "green", "at": {"x": 1, "y": 2}})"));
+  EXPECT_EQ(refused_at(pydantic, R"({"color": "blue")"), 11u);
+  EXPECT_EQ(refused_at(pydantic, R"({"color": "red", "at": {"x": 1}})"), 30u) << "y is required too";
+  const Schema nested = compile(R"({"allOf": [{"allOf": [{"type": "integer"}]}, {"minimum": 3}]})");
+  EXPECT_TRUE(accepts(nested, "4"));
+  EXPECT_EQ(refused_at(nested, "-1"), 0u);
+  EXPECT_FALSE(accepts(nested, "2"));
+  EXPECT_EQ(error_of(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"),
+            "schema.allOf[1]: 'allOf' gives 'type' twice with different values (not supported)");
+  EXPECT_EQ(error_of(R"({"allOf": [{"properties": {"a": {"type": "string"}}}, {"properties": {"a": {}}}]})"),
+            "schema.allOf[1]: 'allOf' defines property 'a' twice, differently (not supported)");
+  EXPECT_EQ(error_of(R"({"allOf": [{"$ref": "#"}]})"), "schema.allOf[0]: 'allOf' / '$ref' nest more than 16 deep");
+  EXPECT_EQ(error_of(R"({"allOf": [{"uniqueItems": true}]})"), "schema.allOf[0]: keyword 'uniqueItems' is not supported");
+}
+
 TEST(JsonSchema, SchemaErrors) {
   EXPECT_EQ(error_of(R"({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 2}}})"),
             "schema.properties.age: keyword 'multipleOf' is not supported");
   EXPECT_EQ(error_of(R"({"type": "string", "pattern": "(a"})"),
             "schema: 'pattern': regex '(a': missing ')' at offset 2");
-  EXPECT_EQ(error_of(R"({"type": "array", "items": {"allOf": []}})"), "schema.items: keyword 'allOf' is not supported");
+  EXPECT_EQ(error_of(R"({"type": "array", "items": {"allOf": []}})"), "schema.items: 'allOf' must be a non-empty array");
   EXPECT_EQ(error_of(R"({"$defs": {"x": {"uniqueItems": true}}, "$ref": "#/$defs/x"})"),
             "schema.$defs.x: keyword 'uniqueItems' is not supported");
   EXPECT_EQ(error_of(R"({"type": []})"), "schema: 'type' is an empty array");
