@@ -287,7 +287,7 @@ bool JsonMatcher::container_byte(Frame& f, uint8_t c, uint16_t ws_run) {
       else --depth_;
       return true;
     }
-    if (f.state == kAfterValue || count >= a.max_items || !start_value(a.items, c)) return false;
+    if (f.state == kAfterValue || count >= a.max_items || !start_value(a.item(count), c)) return false;
     count += count < std::numeric_limits<uint32_t>::max();
     f = {kArrayFrame, kAfterValue, f.x, uint16_t(count), uint16_t(count >> 16)};
     return true;

@@ -40,7 +40,7 @@ bool is_keyword(std::string_view k) {
   return is_annotation(k) || k == "type" || k == "properties" || k == "required" ||
          k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" || k == "minLength" ||
          k == "maxLength" || k == "pattern" || k == "minimum" || k == "maximum" || k == "exclusiveMinimum" ||
-         k == "exclusiveMaximum" || k == "enum" ||
+         k == "exclusiveMaximum" || k == "enum" || k == "prefixItems" ||
          k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref" || k == "$defs" ||
          k == "definitions";
 }
@@ -130,7 +130,7 @@ struct JsonSchema::Compiler {
     o.next_required = {0};
     o.additional = any_node;
     n.by_kind[kObject] = {Parse::Object, add_object(std::move(o))};
-    n.by_kind[kArray] = {Parse::Array, add_array({any_node, 0, std::numeric_limits<uint32_t>::max()})};
+    n.by_kind[kArray] = {Parse::Array, add_array({any_node, 0, std::numeric_limits<uint32_t>::max(), {}})};
     n.by_kind[kTrue] = n.by_kind[kFalse] = n.by_kind[kNull] = {Parse::Enum, kLiterals};
     out.nodes_[any_node] = n;
     return any_node;
@@ -322,7 +322,8 @@ struct JsonSchema::Compiler {
     if (!type) {
       unsigned bits = 0;
       if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) bits |= kTObject;
-      if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) bits |= kTArray;
+      if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems"))
+        bits |= kTArray;
       return bits ? bits : kTAny;
     }
     QWEN36_CHECK(!type->is_array() || !type->empty(), "{}: 'type' is an empty array", path);
@@ -512,14 +513,25 @@ struct JsonSchema::Compiler {
   }
 
   void fill_array(uint16_t spec, const Json& s, const std::string& path) {
-    ArraySpec a{any(), count(s, "minItems", 0, path),
-                count(s, "maxItems", std::numeric_limits<uint32_t>::max(), path)};
-    QWEN36_CHECK(a.min_items <= a.max_items, "{}: 'minItems' is above 'maxItems'", path);
-    if (const Json* items = find(s, "items")) {
-      QWEN36_CHECK(!items->is_array(), "{}: 'items' as an array (tuple) is not supported", path);
-      a.items = child(*items, path + ".items");
+    ArraySpec a{any(), count(s, "minItems", 0, path), count(s, "maxItems", std::numeric_limits<uint32_t>::max(), path),
+                {}};
+    // A tuple: prefixItems (2020-12), or items as an array (draft 4-2019).
+    const Json* items = find(s, "items");
+    const bool old_tuple = items && items->is_array();
+    if (const Json* prefix = old_tuple ? items : find(s, "prefixItems")) {
+      const char* name = old_tuple ? "items" : "prefixItems";
+      QWEN36_CHECK(prefix->is_array(), "{}: '{}' must be an array", path, name);
+      for (size_t i = 0; i < prefix->size(); ++i)
+        a.prefix.push_back(child((*prefix)[i], fmt::format("{}.{}[{}]", path, name, i)));
     }
-    out.arrays_[spec] = a;
+    if (items && !old_tuple) {
+      if (items->is_boolean() && !items->get<bool>())  // no items past the prefix
+        a.max_items = std::min<uint32_t>(a.max_items, uint32_t(a.prefix.size()));
+      else
+        a.items = child(*items, path + ".items");
+    }
+    QWEN36_CHECK(a.min_items <= a.max_items, "{}: 'minItems' is above the items allowed", path);
+    out.arrays_[spec] = std::move(a);
   }
 };
 

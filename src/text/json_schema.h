@@ -8,7 +8,8 @@
 // cheap to copy, hash and compare; all schema data lives in the shared, immutable JsonSchema.
 //
 // Supported keywords: type (a name or an array of names), properties, required,
-// additionalProperties (bool or schema), items (a schema), minItems, maxItems, minLength,
+// additionalProperties (bool or schema), items (a schema; false: none past a tuple's prefix; an
+// array: draft 4's tuple), prefixItems (a tuple's first items, by position), minItems, maxItems, minLength,
 // maxLength (characters: UTF-8 sequences, an escape counting one), pattern (regex.h: the
 // ECMAScript / Python common subset, matched against the decoded characters), format (enforced
 // for date, time, date-time, uuid, ipv4, email and hostname, next to a pattern too; other
@@ -89,8 +90,10 @@ struct ObjectSpec {
   uint16_t additional = kNone;          // node of extra keys' values
 };
 struct ArraySpec {
-  uint16_t items;
+  uint16_t items;  // the node of items past the prefix
   uint32_t min_items, max_items;
+  std::vector<uint16_t> prefix;  // prefixItems: the nodes of the first items, by position
+  uint16_t item(uint32_t index) const { return index < prefix.size() ? prefix[index] : items; }
 };
 struct StringSpec {  // minLength / maxLength, in characters (UTF-8 sequences; an escape is one)
   uint16_t min_length, max_length;

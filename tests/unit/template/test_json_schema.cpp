@@ -292,6 +292,27 @@ TEST(JsonSchema, AllOfMerges) {
   EXPECT_EQ(error_of(R"({"allOf": [{"uniqueItems": true}]})"), "schema.allOf[0]: keyword 'uniqueItems' is not supported");
 }
 
+// Tuples: prefixItems (Pydantic's tuple[int, str]) or draft 4's items array; items false closes.
+TEST(JsonSchema, Tuples) {
+  const Schema pair = compile(R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                                  "minItems": 2, "maxItems": 2})");
+  EXPECT_TRUE(accepts(pair, R"([1, "a"])"));
+  EXPECT_EQ(refused_at(pair, R"(["a", 1])"), 1u);
+  EXPECT_EQ(refused_at(pair, R"([1])"), 2u) << "two items at least";
+  EXPECT_EQ(refused_at(pair, R"([1, "a", 2])"), 7u);
+  const Schema open = compile(R"({"prefixItems": [{"type": "string"}], "items": {"type": "integer"}})");
+  EXPECT_TRUE(accepts(open, R"(["a", 1, 2])"));
+  EXPECT_TRUE(accepts(open, R"([])"));
+  EXPECT_EQ(refused_at(open, R"(["a", "b"])"), 6u);
+  const Schema closed = compile(R"({"items": [{"type": "boolean"}]})");  // draft 4: more items are any
+  EXPECT_TRUE(accepts(closed, R"([true, "x"])"));
+  const Schema shut = compile(R"({"prefixItems": [{"type": "null"}], "items": false})");
+  EXPECT_TRUE(accepts(shut, "[null]"));
+  EXPECT_EQ(refused_at(shut, "[null,"), 5u);
+  EXPECT_EQ(error_of(R"({"prefixItems": [{}], "items": false, "minItems": 2})"),
+            "schema: 'minItems' is above the items allowed");
+}
+
 TEST(JsonSchema, SchemaErrors) {
   EXPECT_EQ(error_of(R"({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 2}}})"),
             "schema.properties.age: keyword 'multipleOf' is not supported");
@@ -306,8 +327,7 @@ TEST(JsonSchema, SchemaErrors) {
             "schema: required property \"b\" is not in 'properties'");
   EXPECT_EQ(error_of(R"({"$ref": "#/$defs/a", "type": "string", "$defs": {"a": {}}})"),
             "schema: keyword 'type' next to '$ref' is not supported");
-  EXPECT_EQ(error_of(R"({"items": [{}]})"), "schema: 'items' as an array (tuple) is not supported");
-  EXPECT_EQ(error_of(R"({"minItems": 3, "maxItems": 2})"), "schema: 'minItems' is above 'maxItems'");
+  EXPECT_EQ(error_of(R"({"minItems": 3, "maxItems": 2})"), "schema: 'minItems' is above the items allowed");
   EXPECT_EQ(error_of(R"({"minItems": -1})"), "schema: 'minItems' must be a non-negative integer, got -1");
   EXPECT_EQ(error_of(R"({"type": "integer", "enum": ["a"]})"), "schema: no 'enum'/'const' value matches 'type'");
   EXPECT_EQ(error_of("false"), "schema: schema 'false' matches nothing");
