@@ -165,7 +165,7 @@ void serve(const ServeOptions& o) {
   mem.slots = so.slots;
   mem.ctx = so.context;
   mem.batch_tokens = so.max_batch_tokens;
-  mem.output_rows = so.slots;
+  mem.output_rows = so.slots + Scheduler::kPromptLogprobRows;  // a prompt_logprobs (echo) request's rows too
   if (so.spec.method != SpecMethod::None) {
     // Every decode row is an output row when verifying; drafts stay within the step budget.
     const int64_t per_seq = std::max(so.spec.draft_n, so.spec.tree_budget) + 1;  // a chain's rows, or a tree's

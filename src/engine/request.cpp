@@ -50,6 +50,10 @@ RequestResult wait_for_result(Request& r, std::chrono::milliseconds deadline) {
       res.error = ev.error;
       break;
     }
+    if (ev.kind == RequestEvent::Kind::Prompt) {
+      res.prompt_logprobs.push_back(*ev.logprob);
+      continue;
+    }
     res.tokens.push_back(ev.token);
     if (ev.logprob) res.logprobs.push_back(*ev.logprob);
   }

@@ -32,6 +32,10 @@ struct RequestParams {
   bool include_stop_string = false;       // ... or kept up to the match's end (vLLM's include_stop_str_in_output)
   int32_t min_tokens = 0;  // until this many tokens are out, stop ids are masked and stop strings not looked for
   int32_t top_logprobs = -1;              // -1: no logprobs; 0..20: the sampled token's + that many alternatives
+  // -1: none; 0..20: every prompt token's logprob after the first (Prompt events, before the first
+  // token) with that many alternatives. The prompt is then read afresh (no prefix reuse), in chunks
+  // of at most Scheduler::kPromptLogprobRows; max_tokens 0 reads it and generates nothing.
+  int32_t prompt_logprobs = -1;
   OutputConstraint constraint;            // structured output (a JSON schema), or none
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
 };
@@ -44,7 +48,8 @@ struct TokenLogprob {
 };
 
 struct RequestEvent {
-  enum class Kind { Token, Finished };
+  // Prompt: a prompt token (from the second on) with its logprob (RequestParams::prompt_logprobs).
+  enum class Kind { Token, Prompt, Finished };
   Kind kind = Kind::Token;
   int32_t token = -1;
   std::string text;  // newly safe text (whole UTF-8 characters, not part of a possible stop string)
@@ -95,6 +100,7 @@ struct RequestResult {
   std::vector<int32_t> tokens;
   std::string text;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;  // RequestParams::prompt_logprobs
   std::string finish_reason;  // "timeout" when the deadline passed first
   std::string error;
   RequestUsage usage;

@@ -108,6 +108,8 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
     QWEN36_CHECK(t >= 0 && t < c.vocab_size, "stop token {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
   QWEN36_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20, "top_logprobs {} must be between 0 and 20",
                p.top_logprobs);
+  QWEN36_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= 20, "prompt_logprobs {} must be between 0 and 20",
+               p.prompt_logprobs);
   QWEN36_CHECK(p.stop_strings.empty() || opts_.token_text, "stop strings need a tokenizer");
   QWEN36_CHECK((!p.constraint.schema && !p.constraint.grammar) || opts_.vocab,
                "structured output needs the tokenizer's vocabulary");
@@ -132,7 +134,7 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
 void Scheduler::admit_waiting() {
   while (!waiting_.empty()) {
     Pending& front = waiting_.front();
-    if (front.params.max_tokens == 0) {  // nothing to generate: no need to read the prompt
+    if (front.params.max_tokens == 0 && front.params.prompt_logprobs < 0) {  // nothing to read the prompt for
       Pending p = std::move(front);
       waiting_.pop_front();
       { std::lock_guard lock(mu_); --queued_; }
@@ -147,9 +149,11 @@ void Scheduler::admit_waiting() {
     }
     const PrefixCache::Grant g = cache_.acquire(front.params.prompt);
     if (g.slot < 0) return;  // every slot is busy
-    int32_t reused = g.reused;
+    // Prompt logprobs need every prompt position's logits: the prompt is read from its start.
+    const bool whole = front.params.prompt_logprobs >= 0;
+    int32_t reused = whole ? 0 : g.reused;
     // A checkpoint longer than what the slot holds: resume from it instead.
-    if (const StateSnapshot* snap = snaps_.find(front.params.prompt, reused)) {
+    if (const StateSnapshot* snap = whole ? nullptr : snaps_.find(front.params.prompt, reused)) {
       restore_snapshot(model_.backend(), *snap, state_, g.slot);
       reused = int32_t(snap->positions);
     }
@@ -293,6 +297,15 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   return SpecStepper::Emit::Last;
 }
 
+void Scheduler::emit_prompt_logprob(Sequence& s, int32_t pos, std::span<const float> row) {
+  if (s.done) return;
+  RequestEvent ev;
+  ev.kind = RequestEvent::Kind::Prompt;
+  ev.token = s.tokens[size_t(pos) + 1];
+  ev.logprob = logprob_of(row, ev.token, s.in.params.prompt_logprobs);
+  s.in.req->push(std::move(ev));
+}
+
 // The MTP drafter pairs each prompt row's hidden state with the token that follows it; the
 // last prompt row's follower is the first sampled token (0 when the request ended on a stop
 // id: only a prefix-cache reuse can read that row, and it re-pairs it, MtpDrafter::resume).
@@ -373,8 +386,16 @@ bool Scheduler::step() {
   ForwardBatch batch;
   std::vector<Sequence*> run_owner, row_owner;  // plain runs; their logit rows
   std::vector<int32_t> owner_run, owner_row;    // index in batch.runs / batch.output_rows
+  std::vector<int32_t> row_prompt_pos;          // per row: the prompt position it scores, or -1
   auto add_run = [&](Sequence& s, int32_t count, bool wants_logits) {
     const int32_t begin = int32_t(batch.tokens.size());
+    if (s.in.params.prompt_logprobs >= 0 && s.prefilling())  // rows that score the next prompt token
+      for (int32_t pos = s.n_fed; pos < s.n_fed + count && pos + 1 < s.n_prompt; ++pos) {
+        owner_row.push_back(int32_t(batch.output_rows.size()));
+        batch.output_rows.push_back(begin + pos - s.n_fed);
+        row_owner.push_back(&s);
+        row_prompt_pos.push_back(pos);
+      }
     batch.tokens.insert(batch.tokens.end(), s.tokens.begin() + s.n_fed, s.tokens.begin() + s.n_fed + count);
     owner_run.push_back(int32_t(batch.runs.size()));
     batch.runs.push_back({s.slot, s.n_fed, begin, count});
@@ -383,6 +404,7 @@ bool Scheduler::step() {
       owner_row.push_back(int32_t(batch.output_rows.size()));
       batch.output_rows.push_back(begin + count - 1);
       row_owner.push_back(&s);
+      row_prompt_pos.push_back(-1);
     }
   };
   std::vector<SpecTurn> turns;  // speculating: every decoding sequence, drafts or not
@@ -403,6 +425,7 @@ bool Scheduler::step() {
       const int64_t iv = snaps_.interval();
       end = int32_t(std::min<int64_t>(end, (s.n_fed / iv + 1) * iv));
     }
+    if (s.in.params.prompt_logprobs >= 0) end = std::min(end, s.n_fed + kPromptLogprobRows);
     const int32_t count = end - s.n_fed;
     if (any_prefill && count > budget) break;  // keep FIFO order: later prompts wait their turn
     add_run(s, count, end == s.n_prompt);
@@ -432,11 +455,16 @@ bool Scheduler::step() {
     try {
       if (device_sampling) {
         SampleRequest req;
-        for (Sequence* s : row_owner)
-          s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, s->in.params.top_logprobs < 0);
+        for (size_t i = 0; i < row_owner.size(); ++i) {  // a prompt row's logits come raw, unpenalised
+          Sequence* s = row_owner[i];
+          const bool penalties = s->in.params.top_logprobs < 0 && row_prompt_pos[i] < 0;
+          s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, penalties);
+        }
         req.take = [&](int32_t row, const SampleCandidates& c) {
           Sequence& s = *row_owner[size_t(row)];
-          if (s.in.params.top_logprobs >= 0 || s.shapes()) return false;  // the whole row comes to the host
+          if (s.in.params.top_logprobs >= 0 || s.shapes() || row_prompt_pos[size_t(row)] >= 0 ||
+              s.in.params.max_tokens == 0)
+            return false;  // the whole row comes to the host
           drawn[size_t(row)] = s.sampler.sample_from_candidates(c);
           return drawn[size_t(row)].has_value();
         };
@@ -472,6 +500,14 @@ bool Scheduler::step() {
       for (size_t i = 0; i < row_owner.size(); ++i) {
         Sequence& s = *row_owner[i];
         const std::span<float> row = std::span(logits_).subspan(size_t(owner_row[i]) * V, V);
+        if (row_prompt_pos[i] >= 0) {
+          emit_prompt_logprob(s, row_prompt_pos[i], row);
+          continue;
+        }
+        if (s.in.params.max_tokens == 0) {  // the prompt was read for its logprobs only
+          finish(s, "length");
+          continue;
+        }
         if (drawn[i])
           emit(s, *drawn[i], {}, s.n_fed);
         else if (device_sampling && s.in.params.top_logprobs < 0) {  // penalties already applied

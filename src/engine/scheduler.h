@@ -102,6 +102,10 @@ class QueueFull : public Error {
 
 class Scheduler {
  public:
+  // Prompt positions of a prompt_logprobs request read in one step (each an output row of logits:
+  // a memory plan counts them beside the decode rows).
+  static constexpr int32_t kPromptLogprobRows = 32;
+
   Scheduler(Model& model, SchedulerOptions opts);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -138,6 +142,8 @@ class Scheduler {
   // Adds s's logit_bias to a row of its logits and masks it with its output constraint; false
   // when no token remains (s finished with an error).
   bool shape(Sequence& s, std::span<float> row);
+  // A Prompt event: the logprob of prompt token pos + 1 from the row of position pos.
+  void emit_prompt_logprob(Sequence& s, int32_t pos, std::span<const float> row);
   void on_logits(Sequence& s, std::span<float> logits);
   // Emits `tok` (raw: its row's logits before sampling, for logprobs; fed: the tokens the slot
   // holds once tok is pending) and ends the sequence on a stop or at its length.

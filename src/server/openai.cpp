@@ -144,6 +144,38 @@ struct CompletionJob : Job {
   int64_t created = unix_time();
   bool want_logprobs = false;
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
+  // echo: the prompt's text leads the answer, its tokens the logprobs (the first one's null);
+  // streamed, as a chunk of its own before the first of the answer.
+  std::string echo;
+  bool echo_pending = false;
+
+  void start_echo(std::string prompt_text, int32_t first_token) {
+    text = echo = std::move(prompt_text);
+    echo_pending = stream;
+    if (!want_logprobs) return;
+    tokens.push_back(token_piece(*tok, first_token));
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+  }
+  void on_prompt_logprob(const TokenLogprob& lp) override {
+    if (!want_logprobs) return;
+    Json l = legacy_logprob(lp);
+    tokens.push_back(l["tokens"][0]);
+    token_logprobs.push_back(l["token_logprobs"][0]);
+    top_logprobs.push_back(l["top_logprobs"][0]);
+  }
+  // Streaming: the echo chunk, once, ahead of `next`.
+  std::vector<Json> after_echo(Json next) {
+    std::vector<Json> out;
+    if (echo_pending) {
+      echo_pending = false;
+      Json lp = want_logprobs ? Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}}
+                              : Json(nullptr);
+      out.push_back(chunk(echo, nullptr, std::move(lp)));
+    }
+    out.push_back(std::move(next));
+    return out;
+  }
 
   Json chunk(const std::string& t, Json finish_reason, Json lp = nullptr) const {
     Json choice = {{"index", index}, {"text", t}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish_reason)}};
@@ -166,13 +198,13 @@ struct CompletionJob : Job {
       }
       return {};
     }
-    return {chunk(t, nullptr, want_logprobs && lp ? legacy_logprob(*lp) : Json(nullptr))};
+    return after_echo(chunk(t, nullptr, want_logprobs && lp ? legacy_logprob(*lp) : Json(nullptr)));
   }
   std::vector<Json> on_finish(const std::string& t, const std::string& reason, const RequestUsage& usage) override {
     text += t;
     Json last = chunk(t, reason);
     last["usage"] = usage_json(usage);
-    return {last};
+    return after_echo(std::move(last));
   }
   Json usage_chunk(const RequestUsage& usage) override {
     Json u = chunk("", nullptr);
@@ -197,7 +229,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
                         "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream",
                         "stream_options", "user", "ignore_eos", "echo", "best_of", "suffix", "response_format",
                         "logit_bias"}, {kStructuredOutputFields, kVllmSamplingFields});
-  if (boolean(body, "echo", false)) throw HttpError(400, "'echo' is not supported", "echo");
+  const bool echo = boolean(body, "echo", false);
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)
     throw HttpError(400, "only best_of = 1 is supported", "best_of");
@@ -218,18 +250,25 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
     throw HttpError(400, "'prompt' must be a string, an array with one string, or an array of token ids", "prompt");
   }
   if (ids.empty()) throw HttpError(400, "the prompt is empty", "prompt");
+  const std::string prompt_text = !echo ? "" : p.is_string() ? p.get<std::string>()
+                                        : p[0].is_string() ? p[0].get<std::string>()
+                                                           : api.ctx.tokenizer->decode(ids);
+  const int32_t first_token = ids.front();
   // A raw completion stops at end-of-text only, not at the chat's end of turn.
   Generation g = parse_generation(body, api, std::move(ids), /*end_of_turn=*/false);
   // As vLLM: structured output for raw completions too.
   g.params.constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
   g.params.top_logprobs = int32_t(n_logprobs);
+  if (echo) g.params.prompt_logprobs = int32_t(n_logprobs);  // lm-evaluation-harness scores prompts this way
   respond(submit_choices<CompletionJob>(api, g,
                                          [&](const CompletionJob* first) {
                                            auto job = std::make_shared<CompletionJob>();
                                            job->tok = api.ctx.tokenizer;
                                            job->model = api.ctx.model_name;
                                            job->want_logprobs = n_logprobs >= 0;
+                                           job->stream = g.stream;
+                                           if (echo) job->start_echo(prompt_text, first_token);
                                            if (first) job->id = first->id, job->created = first->created;
                                            return job;
                                          }),

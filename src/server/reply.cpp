@@ -60,6 +60,10 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
   // One event of choice i: false when the answer is over (written, or the client gone).
   auto handle = [&](size_t i, const RequestEvent& ev, bool& over) {
     Job& job = *reply.choices[i];
+    if (ev.kind == RequestEvent::Kind::Prompt) {
+      job.on_prompt_logprob(*ev.logprob);
+      return true;
+    }
     if (ev.kind == RequestEvent::Kind::Token) {
       if (!reply.stream) {
         job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr);

@@ -20,6 +20,8 @@ struct Job {
   virtual ~Job() = default;
   // Streaming: SSE payloads for a token's text (and logprob). Non-streaming: accumulate.
   virtual std::vector<Json> on_text(const std::string& text, const TokenLogprob* lp) = 0;
+  // A prompt token's logprob (RequestParams::prompt_logprobs), before the first on_text.
+  virtual void on_prompt_logprob(const TokenLogprob&) {}
   virtual std::vector<Json> on_finish(const std::string& text, const std::string& reason,
                                       const RequestUsage& usage) = 0;
   virtual Json response(const std::string& reason, const RequestUsage& usage) = 0;  // non-streaming body

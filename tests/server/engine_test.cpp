@@ -193,6 +193,61 @@ TEST_F(EngineTest, LogprobsAreNormalisedAndRankTheGreedyTokenFirst) {
   }
 }
 
+// Prompt logprobs score each prompt token from the position before it: over a prompt that is
+// an earlier request's prompt + answer they equal that answer's logprobs (the same rows, read by
+// prefill instead of decode), the cached prefix is not used, and max_tokens 0 still reads it.
+TEST_F(EngineTest, PromptLogprobsEqualTheDecodedOnes) {
+  SchedulerOptions o = small_options();
+  o.slots = 1;  // the second request finds the first one's state cached in the slot
+  Scheduler s(*model_, o);
+  RequestParams a;
+  a.prompt = prompt(40, 2);  // more than kPromptLogprobRows: the prompt is read in two chunks
+  a.max_tokens = 6;
+  a.top_logprobs = 2;
+  auto ra = s.submit(a);
+  run_until_done(s, {ra});
+  const RequestResult first = wait_for_result(*ra, 1000ms);
+  ASSERT_EQ(first.tokens.size(), 6u);
+
+  RequestParams b;
+  b.prompt = a.prompt;
+  b.prompt.insert(b.prompt.end(), first.tokens.begin(), first.tokens.end());
+  b.max_tokens = 0;
+  b.prompt_logprobs = 2;
+  auto rb = s.submit(b);
+  run_until_done(s, {rb});
+  const RequestResult scored = wait_for_result(*rb, 1000ms);
+  EXPECT_EQ(scored.finish_reason, "length");
+  EXPECT_TRUE(scored.tokens.empty());
+  EXPECT_EQ(scored.usage.cached_tokens, 0) << "read from the start";
+  ASSERT_EQ(scored.prompt_logprobs.size(), b.prompt.size() - 1);
+  for (size_t i = 0; i < scored.prompt_logprobs.size(); ++i) {
+    const TokenLogprob& lp = scored.prompt_logprobs[i];
+    EXPECT_EQ(lp.token, b.prompt[i + 1]) << i;
+    ASSERT_EQ(lp.top.size(), 2u);
+    EXPECT_LE(lp.logprob, lp.top[0].second + 1e-6f);
+    EXPECT_LE(lp.logprob, 0.f);
+  }
+  for (size_t j = 0; j < first.logprobs.size(); ++j) {  // the answer's tokens, scored both ways
+    const TokenLogprob& decoded = first.logprobs[j];
+    const TokenLogprob& read = scored.prompt_logprobs[a.prompt.size() - 1 + j];
+    EXPECT_EQ(read.token, decoded.token);
+    EXPECT_NEAR(read.logprob, decoded.logprob, 1e-4) << j;
+    EXPECT_EQ(read.top[0].first, decoded.top[0].first) << j;
+  }
+
+  RequestParams c = b;  // with an answer too: the prompt events come first
+  c.max_tokens = 2;
+  auto rc = s.submit(c);
+  run_until_done(s, {rc});
+  const RequestResult both = wait_for_result(*rc, 1000ms);
+  EXPECT_EQ(both.prompt_logprobs.size(), b.prompt.size() - 1);
+  EXPECT_EQ(both.tokens.size(), 2u);
+  RequestParams bad = b;
+  bad.prompt_logprobs = 21;
+  EXPECT_THROW(s.submit(bad), Error);
+}
+
 TEST_F(EngineTest, CancelFreesTheSlotWithinOneStep) {
   SchedulerOptions o = small_options();
   o.slots = 1;

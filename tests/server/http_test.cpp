@@ -730,6 +730,49 @@ TEST_F(HttpTest, MinTokensStopTokenIdsAndIncludedStopStrings) {
   }
 }
 
+// echo (lm-evaluation-harness's loglikelihood requests): the prompt leads the text, its tokens the
+// logprobs (the first one null), scored as the answer's own tokens were when generated.
+TEST_F(HttpTest, EchoScoresThePrompt) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const Json gen = post_json(c, "/v1/completions",
+                             {{"prompt", "The cat sat on"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 1},
+                              {"ignore_eos", true}}, &status);
+  ASSERT_EQ(status, 200) << gen.dump();
+  const std::string answer = gen["choices"][0]["text"];
+  const Json score = post_json(c, "/v1/completions",
+                               {{"prompt", "The cat sat on" + answer}, {"max_tokens", 0}, {"logprobs", 1}, {"echo", true}},
+                               &status);
+  ASSERT_EQ(status, 200) << score.dump();
+  const Json& choice = score["choices"][0];
+  EXPECT_EQ(choice["text"], "The cat sat on" + answer);
+  EXPECT_EQ(choice["finish_reason"], "length");
+  const Json& lp = choice["logprobs"];
+  const size_t n = g_shared->tok->encode("The cat sat on" + answer).size();
+  ASSERT_EQ(lp["tokens"].size(), n) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < n; ++i) EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+  // With an answer too: the prompt's scores, then the answer's.
+  const Json more = post_json(c, "/v1/completions",
+                              {{"prompt", "The cat sat on" + answer}, {"max_tokens", 2}, {"logprobs", 1},
+                               {"echo", true}, {"temperature", 0}, {"ignore_eos", true}}, &status);
+  ASSERT_EQ(status, 200) << more.dump();
+  const Json& lp2 = more["choices"][0]["logprobs"];
+  ASSERT_EQ(lp2["tokens"].size(), n + 2) << lp2.dump();
+  for (size_t i = 1; i < n; ++i)
+    EXPECT_NEAR(lp2["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-5) << i;
+  EXPECT_EQ(more["choices"][0]["text"].get<std::string>().rfind("The cat sat on" + answer, 0), 0u);
+
+  // Streamed, with an answer: the prompt's chunk first.
+  const auto events = post_sse(c, "/v1/completions",
+                               {{"prompt", "The cat"}, {"max_tokens", 2}, {"echo", true}, {"stream", true},
+                                {"temperature", 0}});
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(Json::parse(events[0])["choices"][0]["text"], "The cat") << events[0];
+}
+
 // A conversation that ends with the assistant's message continues it (assistant prefill): the
 // prompt is the template's rendering cut right after that message's text, so the answer equals a
 // raw completion of that text.
