@@ -37,6 +37,7 @@ struct ServeOptions {
   bool no_prefix_cache = false;
   std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
   std::string chat_template_file;           // overrides the checkpoint's template
+  std::vector<std::string> allowed_origins = {"*"};  // CORS
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -107,6 +108,8 @@ void serve(const ServeOptions& o) {
   sc.host = o.host;
   sc.port = o.port;
   sc.api_key = o.api_key;
+  sc.allowed_origins = o.allowed_origins;
+  if (sc.allowed_origins.size() == 1 && sc.allowed_origins[0].empty()) sc.allowed_origins.clear();
   sc.http_threads = o.http_threads > 0 ? o.http_threads : std::min(4096, o.parallel + o.max_queue + 8);
   server::HttpServer http(sc);
   const int port = http.bind();
@@ -245,6 +248,12 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_MAX_QUEUE")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = parallel + max-queue + 8)")
       ->envname("QWEN36_HTTP_THREADS")->capture_default_str();
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "Origins whose web pages may call the API from a browser (CORS): '*' any, or exact origins "
+                  "such as https://app.example:3000 (comma-separated or repeated); '' none")
+      ->delimiter(',')
+      ->envname("QWEN36_ALLOWED_ORIGINS")
+      ->capture_default_str();
   cmd->add_option("--chat-template-file", o->chat_template_file,
                   "Jinja chat template to use instead of the model's own (tokenizer_config.json, "
                   "chat_template.jinja or the GGUF's tokenizer.chat_template)")

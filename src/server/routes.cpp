@@ -180,7 +180,43 @@ void guarded(Api& api, const Route& r, const httplib::Request& req, httplib::Res
 
 }  // namespace
 
+namespace {
+
+// The value of Access-Control-Allow-Origin for this request, or "" (not a browser's cross-origin
+// call, or an origin not allowed).
+std::string allowed_origin(const Api& api, const httplib::Request& req) {
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty()) return "";
+  for (const std::string& o : api.config.allowed_origins)
+    if (o == "*" || o == origin) return o == "*" ? "*" : origin;
+  return "";
+}
+
+// CORS, so that a web page of an allowed origin can call the API from the browser (as vLLM's
+// --allowed-origins and llama-server do): the header on every answer, and preflight OPTIONS
+// requests answered without the API key (a browser sends none with them).
+void register_cors(httplib::Server& http, Api& api) {
+  http.set_post_routing_handler([&api](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = allowed_origin(api, req);
+    if (origin.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    if (origin != "*") res.set_header("Vary", "Origin");
+  });
+  http.Options(R"(/.*)", [&api](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;
+    if (allowed_origin(api, req).empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers",
+                   asked.empty() ? "Authorization, Content-Type, x-api-key, anthropic-version" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
+  });
+}
+
+}  // namespace
+
 void register_routes(httplib::Server& http, Api& api) {
+  register_cors(http, api);
   for (const Route& r : kRoutes) {
     auto h = [&api, &r](const httplib::Request& req, httplib::Response& res) { guarded(api, r, req, res); };
     if (std::string_view(r.method) == "GET")

@@ -27,6 +27,9 @@ struct ServerConfig {
   int port = 8080;        // 0: any free port (tests)
   std::string api_key;    // non-empty: every route but /health and / needs "Authorization: Bearer KEY"
   int http_threads = 32;  // connections served at once (each streaming client holds one)
+  // Origins whose browser pages may call the API (CORS): "*" any, else exact origins
+  // ("https://app.example:3000"); empty: none (no CORS headers).
+  std::vector<std::string> allowed_origins = {"*"};
 };
 
 struct ServeContext {

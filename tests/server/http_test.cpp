@@ -38,7 +38,7 @@ Shared* g_shared = nullptr;
 
 class Served {
  public:
-  explicit Served(SchedulerOptions so = {}, std::string api_key = {}) {
+  explicit Served(SchedulerOptions so = {}, std::string api_key = {}, std::vector<std::string> origins = {"*"}) {
     so.context = so.context == 4096 ? 512 : so.context;
     so.token_text = [](int32_t id) {
       const auto& t = *g_shared->tok;
@@ -50,6 +50,7 @@ class Served {
     ServerConfig sc;
     sc.port = 0;
     sc.api_key = std::move(api_key);
+    sc.allowed_origins = std::move(origins);
     sc.http_threads = 24;
     http = std::make_unique<HttpServer>(sc);
     port = http->bind();
@@ -839,6 +840,36 @@ TEST_F(HttpTest, AssistantPrefillContinuesTheMessage) {
   with_call["messages"][1]["tool_calls"] = {
       {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}};
   expect_400(with_call, "cannot be continued");
+}
+
+// CORS: an allowed origin's page may call the API; its preflight needs no key.
+TEST_F(HttpTest, CorsForAllowedOrigins) {
+  {
+    Served s({}, "k3y");
+    auto c = s.client();
+    auto pre = c.Options("/v1/chat/completions", {{"Origin", "https://ui.example"},
+                                                  {"Access-Control-Request-Method", "POST"},
+                                                  {"Access-Control-Request-Headers", "authorization, content-type"}});
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "*");
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+    auto models = c.Get("/v1/models", {{"Origin", "https://ui.example"}, {"Authorization", "Bearer k3y"}});
+    ASSERT_TRUE(models);
+    EXPECT_EQ(models->status, 200);
+    EXPECT_EQ(models->get_header_value("Access-Control-Allow-Origin"), "*");
+    auto plain = c.Get("/v1/models", {{"Authorization", "Bearer k3y"}});
+    EXPECT_FALSE(plain->has_header("Access-Control-Allow-Origin")) << "no Origin: not a cross-origin call";
+  }
+  Served s({}, {}, {"https://ui.example"});
+  auto c = s.client();
+  auto ok = c.Get("/health", {{"Origin", "https://ui.example"}});
+  EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");
+  EXPECT_EQ(ok->get_header_value("Vary"), "Origin");
+  auto other = c.Get("/health", {{"Origin", "https://evil.example"}});
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+  auto pre = c.Options("/v1/models", {{"Origin", "https://evil.example"}});
+  EXPECT_FALSE(pre->has_header("Access-Control-Allow-Methods"));
 }
 
 TEST_F(HttpTest, TokenizeDetokenizeAndMetrics) {
