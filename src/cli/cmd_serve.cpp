@@ -38,6 +38,7 @@ struct ServeOptions {
   std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
   std::string chat_template_file;           // overrides the checkpoint's template
   std::vector<std::string> allowed_origins = {"*"};  // CORS
+  size_t stored_responses = 1024;                    // Responses API, for previous_response_id
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -109,6 +110,7 @@ void serve(const ServeOptions& o) {
   sc.port = o.port;
   sc.api_key = o.api_key;
   sc.allowed_origins = o.allowed_origins;
+  sc.stored_responses = o.stored_responses;
   if (sc.allowed_origins.size() == 1 && sc.allowed_origins[0].empty()) sc.allowed_origins.clear();
   sc.http_threads = o.http_threads > 0 ? o.http_threads : std::min(4096, o.parallel + o.max_queue + 8);
   server::HttpServer http(sc);
@@ -253,6 +255,11 @@ void register_serve(CLI::App& app) {
                   "such as https://app.example:3000 (comma-separated or repeated); '' none")
       ->delimiter(',')
       ->envname("QWEN36_ALLOWED_ORIGINS")
+      ->capture_default_str();
+  cmd->add_option("--stored-responses", o->stored_responses,
+                  "Responses API: responses kept in memory for previous_response_id and GET /v1/responses/{id} "
+                  "(the least recently used are forgotten; 0: none)")
+      ->envname("QWEN36_STORED_RESPONSES")
       ->capture_default_str();
   cmd->add_option("--chat-template-file", o->chat_template_file,
                   "Jinja chat template to use instead of the model's own (tokenizer_config.json, "

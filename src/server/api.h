@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "server/response_store.h"
 #include "server/server.h"
 #include "text/jinja_value.h"
 
@@ -29,6 +30,7 @@ class HttpError : public Error {
 struct HttpServer::Api {
   ServerConfig config;
   ServeContext ctx;
+  ResponseStore responses;  // its capacity: config.stored_responses
   std::atomic<bool>* ready = nullptr;
   std::atomic<uint64_t> http_requests{0}, http_errors{0};
 };
@@ -46,6 +48,8 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
 void handle_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // responses.cpp
 void handle_responses(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+void handle_get_response(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+void handle_delete_response(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // anthropic.cpp
 void handle_messages(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 void handle_count_tokens(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);

@@ -2,8 +2,8 @@
 // become chat messages (function calls and their outputs included), its tools, tool_choice,
 // text.format and reasoning the chat fields; the answer is a response object whose output holds
 // reasoning, message and function_call items, or the stream of typed events that builds it.
-// Stateless: nothing is stored, so previous_response_id is refused (the conversation comes
-// whole in `input`, as with store: false).
+// Responses are stored (unless store: false) in the server's ResponseStore, in memory: a request
+// may continue one by previous_response_id, and GET / DELETE /v1/responses/{id} read or forget it.
 #include "server/chat.h"
 #include "server/reply.h"
 
@@ -11,20 +11,22 @@ namespace qwen36::server {
 
 namespace {
 
-// instructions + input → chat messages.
-Json chat_messages(const Json& body) {
+// The request's input as items: a string is one user message.
+Json input_items(const Json& body) {
+  if (!has(body, "input")) throw HttpError(400, "'input' is required", "input");
+  const Json& input = body["input"];
+  if (input.is_string()) return Json::array({{{"type", "message"}, {"role", "user"}, {"content", input}}});
+  if (!input.is_array() || input.empty()) throw HttpError(400, "'input' must be a string or a non-empty array", "input");
+  return input;
+}
+
+// instructions + the conversation's items → chat messages.
+Json chat_messages(const Json& body, const Json& input) {
   Json messages = Json::array();
   if (has(body, "instructions")) {
     if (!body["instructions"].is_string()) throw HttpError(400, "'instructions' must be a string", "instructions");
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
   }
-  if (!has(body, "input")) throw HttpError(400, "'input' is required", "input");
-  const Json& input = body["input"];
-  if (input.is_string()) {
-    messages.push_back({{"role", "user"}, {"content", input}});
-    return messages;
-  }
-  if (!input.is_array() || input.empty()) throw HttpError(400, "'input' must be a string or a non-empty array", "input");
   for (size_t i = 0; i < input.size(); ++i) {
     const std::string where = fmt::format("input[{}]", i);
     const Json& item = input[i];
@@ -57,9 +59,10 @@ Json chat_messages(const Json& body) {
   return messages;
 }
 
-// The Responses request as a chat-completions body (the fields prepare_chat reads).
-Json chat_body(const Json& body) {
-  Json chat = {{"messages", chat_messages(body)}};
+// The Responses request as a chat-completions body (the fields prepare_chat reads); `input`: the
+// whole conversation's items.
+Json chat_body(const Json& body, const Json& input) {
+  Json chat = {{"messages", chat_messages(body, input)}};
   for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                           "repetition_penalty", "stream", "parallel_tool_calls"})
     if (has(body, key)) chat[key] = body[key];
@@ -107,6 +110,10 @@ struct ResponsesJob : Job {
   std::string text;  // the open item's text
   int sequence = 0;
   bool started = false;
+  // Stored when it ends (unless null: store false): its previous response and its input items.
+  ResponseStore* store = nullptr;
+  std::string previous;
+  Json input;
 
   ResponsesJob(Json body, OutputParserOptions o) : request(std::move(body)), parser(std::move(o)) {}
 
@@ -122,8 +129,8 @@ struct ResponsesJob : Job {
               {"parallel_tool_calls", request.value("parallel_tool_calls", true)},
               {"tool_choice", request.value("tool_choice", Json("auto"))},
               {"tools", request.value("tools", Json::array())},
-              {"store", false},
-              {"previous_response_id", nullptr}};
+              {"store", store != nullptr},
+              {"previous_response_id", previous.empty() ? Json(nullptr) : Json(previous)}};
     for (const char* key : {"instructions", "temperature", "top_p", "max_output_tokens", "text", "metadata"})
       if (has(request, key)) r[key] = request[key];
     r["usage"] = usage ? Json{{"input_tokens", usage->prompt_tokens},
@@ -225,8 +232,9 @@ struct ResponsesJob : Job {
     for (const OutputDelta& d : parser.finish()) add(d, out);
     const bool whole = reason != "length";
     close(out, whole ? "completed" : "incomplete");
-    out.push_back(event(whole ? "response.completed" : "response.incomplete",
-                        {{"response", object(whole ? "completed" : "incomplete", &usage, reason)}}));
+    const Json done = object(whole ? "completed" : "incomplete", &usage, reason);
+    out.push_back(event(whole ? "response.completed" : "response.incomplete", {{"response", done}}));
+    if (store && (reason == "stop" || reason == "length")) store->put(id, {previous, input, output, done});
     return out;
   }
   Json response(const std::string& reason, const RequestUsage& usage) override {
@@ -244,16 +252,48 @@ void handle_responses(HttpServer::Api& api, const httplib::Request& req, httplib
                         "presence_penalty", "frequency_penalty", "repetition_penalty", "stream", "store", "metadata",
                         "user", "include", "truncation", "service_tier", "prompt_cache_key", "previous_response_id",
                         "background"});
-  if (has(body, "previous_response_id"))
-    throw HttpError(400, "this server stores no responses: send the whole conversation in 'input'",
-                    "previous_response_id");
   if (boolean(body, "background", false)) throw HttpError(400, "background responses are not supported", "background");
   if (!api.ctx.chat_template) throw HttpError(400, "this model has no chat template", "input");
-  const ChatRequest c = prepare_chat(api, chat_body(body));
+  const Json input = input_items(body);
+  Json conversation = input;
+  std::string previous;
+  if (has(body, "previous_response_id")) {
+    if (!body["previous_response_id"].is_string())
+      throw HttpError(400, "'previous_response_id' must be a string", "previous_response_id");
+    previous = body["previous_response_id"];
+    std::optional<Json> before = api.responses.conversation(previous);
+    if (!before)
+      throw HttpError(400, fmt::format("Previous response with id '{}' not found (never stored, stored with store: "
+                                       "false, deleted, or forgotten: the server keeps the last {})",
+                                       previous, api.config.stored_responses),
+                      "previous_response_id");
+    conversation = std::move(*before);
+    for (const Json& item : input) conversation.push_back(item);
+  }
+  const ChatRequest c = prepare_chat(api, chat_body(body, conversation));
   auto job = std::make_shared<ResponsesJob>(body, c.parser);
   job->model = api.ctx.model_name;
+  if (boolean(body, "store", true)) job->store = &api.responses;
+  job->previous = previous;
+  job->input = input;
   job->stream = c.g.stream;
   respond_events(std::move(job), c.g.params, api, res);
+}
+
+// GET /v1/responses/{id}: a stored response object.
+void handle_get_response(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  const auto e = api.responses.get(id);
+  if (!e) throw HttpError(404, fmt::format("Response with id '{}' not found.", id), "response_id", "not_found");
+  res.set_content(dump(e->object), "application/json");
+}
+
+// DELETE /v1/responses/{id}: forgets it (a conversation that goes through it can no longer go on).
+void handle_delete_response(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (!api.responses.erase(id))
+    throw HttpError(404, fmt::format("Response with id '{}' not found.", id), "response_id", "not_found");
+  res.set_content(dump(Json{{"id", id}, {"object", "response"}, {"deleted", true}}), "application/json");
 }
 
 }  // namespace qwen36::server

@@ -136,6 +136,8 @@ constexpr Route kRoutes[] = {
     {"POST", "/v1/chat/completions", when_ready<handle_chat_completions>, true},
     {"POST", "/v1/completions", when_ready<handle_completions>, true},
     {"POST", "/v1/responses", when_ready<handle_responses>, true},
+    {"GET", R"(/v1/responses/([A-Za-z0-9_-]+))", handle_get_response, true},
+    {"DELETE", R"(/v1/responses/([A-Za-z0-9_-]+))", handle_delete_response, true},
     {"POST", "/v1/messages", when_ready<handle_messages>, true, true},  // Anthropic's Messages API
     {"POST", "/v1/messages/count_tokens", when_ready<handle_count_tokens>, true, true},
     {"POST", "/tokenize", tokenize, true},
@@ -205,7 +207,7 @@ void register_cors(httplib::Server& http, Api& api) {
   http.Options(R"(/.*)", [&api](const httplib::Request& req, httplib::Response& res) {
     res.status = 204;
     if (allowed_origin(api, req).empty()) return;
-    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     const std::string asked = req.get_header_value("Access-Control-Request-Headers");
     res.set_header("Access-Control-Allow-Headers",
                    asked.empty() ? "Authorization, Content-Type, x-api-key, anthropic-version" : asked);
@@ -219,8 +221,11 @@ void register_routes(httplib::Server& http, Api& api) {
   register_cors(http, api);
   for (const Route& r : kRoutes) {
     auto h = [&api, &r](const httplib::Request& req, httplib::Response& res) { guarded(api, r, req, res); };
-    if (std::string_view(r.method) == "GET")
+    const std::string_view method = r.method;
+    if (method == "GET")
       http.Get(r.path, h);
+    else if (method == "DELETE")
+      http.Delete(r.path, h);
     else
       http.Post(r.path, h);
   }

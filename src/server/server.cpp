@@ -14,6 +14,7 @@ HttpServer::HttpServer(ServerConfig config) : config_(std::move(config)), http_(
   QWEN36_CHECK(config_.http_threads > 0 && config_.http_threads <= 4096, "http threads {} out of range",
                config_.http_threads);
   api_->config = config_;
+  api_->responses.set_capacity(config_.stored_responses);
   api_->ready = &ready_;
   const size_t threads = size_t(config_.http_threads);
   // Each streaming client holds a worker for its whole answer, so the pool is sized for the

@@ -30,6 +30,7 @@ struct ServerConfig {
   // Origins whose browser pages may call the API (CORS): "*" any, else exact origins
   // ("https://app.example:3000"); empty: none (no CORS headers).
   std::vector<std::string> allowed_origins = {"*"};
+  size_t stored_responses = 1024;  // Responses API: responses kept for previous_response_id (0: none)
 };
 
 struct ServeContext {

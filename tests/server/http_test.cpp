@@ -12,6 +12,7 @@
 #include "engine/scheduler.h"
 #include "model/presets.h"
 #include "model/random_weights.h"
+#include "server/response_store.h"
 #include "server/server.h"
 #include "text/tool_call_grammar.h"
 
@@ -612,6 +613,76 @@ TEST_F(HttpTest, ResponsesApi) {
     Json e = post_json(c, "/v1/responses", Json::parse(bad), &status);
     EXPECT_EQ(status, 400) << bad << " → " << e.dump();
   }
+}
+
+TEST(ResponseStore, ChainsAndForgetsTheLeastRecentlyUsed) {
+  ResponseStore store(3);
+  auto entry = [](const std::string& prev, const std::string& in, const std::string& out) {
+    return ResponseStore::Entry{prev, Json::array({in}), Json::array({out}), Json::object()};
+  };
+  store.put("a", entry("", "q1", "a1"));
+  store.put("b", entry("a", "q2", "a2"));
+  store.put("x", entry("", "x", "y"));
+  EXPECT_EQ(*store.conversation("b"), Json::array({"q1", "a1", "q2", "a2"}));
+  store.put("c", entry("b", "q3", "a3"));  // four held: the least recently used goes
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_FALSE(store.get("x")) << "b's conversation renewed a and b";
+  EXPECT_EQ(store.conversation("c")->size(), 6u);
+  EXPECT_TRUE(store.erase("a"));
+  EXPECT_FALSE(store.conversation("c")) << "a link of its chain is gone";
+  EXPECT_TRUE(store.get("c"));
+  store.set_capacity(0);
+  EXPECT_EQ(store.size(), 0u);
+  store.put("d", entry("", "q", "a"));
+  EXPECT_FALSE(store.get("d")) << "capacity 0 keeps nothing";
+}
+
+// Stored responses: previous_response_id continues a conversation exactly as sending it whole
+// would; GET reads a response, DELETE forgets it; store false keeps nothing.
+TEST_F(HttpTest, ResponsesPreviousResponseId) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const Json base = {{"reasoning", {{"effort", "none"}}}, {"max_output_tokens", 6}, {"temperature", 0},
+                     {"instructions", "Be brief."}};
+  Json first = base;
+  first["input"] = "Hello";
+  const Json r1 = post_json(c, "/v1/responses", first, &status);
+  ASSERT_EQ(status, 200) << r1.dump();
+  EXPECT_EQ(r1["store"], true);
+  const std::string id = r1["id"];
+  auto got = c.Get(("/v1/responses/" + id).c_str());
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(Json::parse(got->body)["output"], r1["output"]);
+
+  Json next = base;
+  next["previous_response_id"] = id;
+  next["input"] = "And again?";
+  const Json r2 = post_json(c, "/v1/responses", next, &status);
+  ASSERT_EQ(status, 200) << r2.dump();
+  EXPECT_EQ(r2["previous_response_id"], id);
+  Json whole = base;  // the same conversation, sent whole (and not stored)
+  whole["store"] = false;
+  whole["input"] = Json::array({{{"role", "user"}, {"content", "Hello"}}});
+  for (const Json& item : r1["output"]) whole["input"].push_back(item);
+  whole["input"].push_back({{"role", "user"}, {"content", "And again?"}});
+  const Json r3 = post_json(c, "/v1/responses", whole, &status);
+  ASSERT_EQ(status, 200) << r3.dump();
+  EXPECT_EQ(r3["store"], false);
+  EXPECT_EQ(r2["usage"]["input_tokens"], r3["usage"]["input_tokens"]);
+  EXPECT_EQ(r2["output"][0]["content"], r3["output"][0]["content"]);
+  EXPECT_EQ(c.Get(("/v1/responses/" + r3["id"].get<std::string>()).c_str())->status, 404) << "store false";
+
+  auto del = c.Delete(("/v1/responses/" + id).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 200);
+  EXPECT_EQ(Json::parse(del->body)["deleted"], true);
+  EXPECT_EQ(c.Delete(("/v1/responses/" + id).c_str())->status, 404);
+  next["previous_response_id"] = r2["id"];  // its chain went through the deleted one
+  const Json gone = post_json(c, "/v1/responses", next, &status);
+  EXPECT_EQ(status, 400) << gone.dump();
+  EXPECT_EQ(gone["error"]["param"], "previous_response_id");
 }
 
 TEST_F(HttpTest, QueueCapAnswers503) {
