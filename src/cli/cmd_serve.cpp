@@ -37,6 +37,7 @@ struct ServeOptions {
   bool no_prefix_cache = false;
   std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
   std::string chat_template_file;           // overrides the checkpoint's template
+  std::string chat_template_kwargs;         // JSON object: defaults of every chat request
   std::vector<std::string> allowed_origins = {"*"};  // CORS
   size_t stored_responses = 1024;                    // Responses API, for previous_response_id
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
@@ -105,6 +106,12 @@ void serve(const ServeOptions& o) {
   }
 
   with_context("--json-whitespace", [&] { return text::JsonSchema::any_value(text::whitespace_named(o.json_whitespace)); });
+  nlohmann::ordered_json default_kwargs = nlohmann::ordered_json::object();
+  if (!o.chat_template_kwargs.empty()) {
+    default_kwargs = nlohmann::ordered_json::parse(o.chat_template_kwargs, nullptr, false);
+    QWEN36_CHECK(default_kwargs.is_object(), "--default-chat-template-kwargs: not a JSON object: {}",
+                 o.chat_template_kwargs);
+  }
   server::ServerConfig sc;
   sc.host = o.host;
   sc.port = o.port;
@@ -191,6 +198,7 @@ void serve(const ServeOptions& o) {
   for (const char* s : {"<|im_end|>", "<|endoftext|>"})
     if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
   ctx.json_whitespace = o.json_whitespace;
+  ctx.chat_template_kwargs = default_kwargs;
   ctx.model_name = !o.alias.empty()  ? o.alias
                    : o.model.empty() ? "qwen36-default"
                                      : std::filesystem::path(o.model).filename().string();
@@ -261,6 +269,10 @@ void register_serve(CLI::App& app) {
                   "(the least recently used are forgotten; 0: none)")
       ->envname("QWEN36_STORED_RESPONSES")
       ->capture_default_str();
+  cmd->add_option("--default-chat-template-kwargs,--chat-template-kwargs", o->chat_template_kwargs,
+                  "Chat template variables for every request, under its own chat_template_kwargs: a JSON "
+                  "object, e.g. '{\"enable_thinking\": false}' to answer without reasoning by default")
+      ->envname("QWEN36_CHAT_TEMPLATE_KWARGS");
   cmd->add_option("--chat-template-file", o->chat_template_file,
                   "Jinja chat template to use instead of the model's own (tokenizer_config.json, "
                   "chat_template.jinja or the GGUF's tokenizer.chat_template)")

@@ -200,8 +200,13 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   } else if (constraint.empty() && !tools.is_null()) {
     constraint = calls_once_opened(api, tool_functions(tools), boolean(body, "parallel_tool_calls", true));
   }
-  Json kwargs = has(body, "chat_template_kwargs") ? body["chat_template_kwargs"] : Json::object();
-  if (!kwargs.is_object()) throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+  // The server's default kwargs (--default-chat-template-kwargs), the request's own over them.
+  Json kwargs = api.ctx.chat_template_kwargs.is_object() ? api.ctx.chat_template_kwargs : Json::object();
+  if (has(body, "chat_template_kwargs")) {
+    if (!body["chat_template_kwargs"].is_object())
+      throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    kwargs.update(body["chat_template_kwargs"]);
+  }
 
   // A conversation that ends with the assistant's message continues it (llama-server's assistant
   // prefill, Anthropic's prefill), unless add_generation_prompt asks for a new turn; vLLM's

@@ -40,6 +40,7 @@ struct ServeContext {
   std::vector<int32_t> stop_ids;                // end-of-turn tokens (<|im_end|>, eos ids)
   std::string model_name = "qwen36";
   std::string json_whitespace = "limited";  // JSON output's default whitespace (text::whitespace_named)
+  nlohmann::ordered_json chat_template_kwargs;  // defaults under every request's chat_template_kwargs
 };
 
 class HttpServer {

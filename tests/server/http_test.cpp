@@ -39,7 +39,8 @@ Shared* g_shared = nullptr;
 
 class Served {
  public:
-  explicit Served(SchedulerOptions so = {}, std::string api_key = {}, std::vector<std::string> origins = {"*"}) {
+  explicit Served(SchedulerOptions so = {}, std::string api_key = {}, std::vector<std::string> origins = {"*"},
+                  Json chat_template_kwargs = Json::object()) {
     so.context = so.context == 4096 ? 512 : so.context;
     so.token_text = [](int32_t id) {
       const auto& t = *g_shared->tok;
@@ -61,6 +62,7 @@ class Served {
     ctx.tokenizer = g_shared->tok.get();
     ctx.chat_template = g_shared->tmpl.get();
     ctx.stop_ids = {g_shared->tok->token_id("<|im_end|>"), g_shared->tok->token_id("<|endoftext|>")};
+    ctx.chat_template_kwargs = std::move(chat_template_kwargs);
     http->attach(ctx);
   }
   ~Served() {
@@ -911,6 +913,32 @@ TEST_F(HttpTest, AssistantPrefillContinuesTheMessage) {
   with_call["messages"][1]["tool_calls"] = {
       {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}};
   expect_400(with_call, "cannot be continued");
+}
+
+// The server's default chat_template_kwargs, under each request's own.
+TEST_F(HttpTest, DefaultChatTemplateKwargs) {
+  const Json ask = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 1}};
+  auto prompt_tokens = [&](Served& s, const Json& extra) {
+    auto c = s.client();
+    Json body = ask;
+    body.update(extra);
+    int status = 0;
+    const Json r = post_json(c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << r.dump();
+    return r["usage"]["prompt_tokens"].get<int>();
+  };
+  const Json off = {{"chat_template_kwargs", {{"enable_thinking", false}}}};
+  const Json on = {{"chat_template_kwargs", {{"enable_thinking", true}}}};
+  int plain_default = 0, plain_off = 0;
+  {
+    Served s;
+    plain_default = prompt_tokens(s, Json::object());
+    plain_off = prompt_tokens(s, off);
+  }
+  ASSERT_NE(plain_default, plain_off) << "the template writes an empty think block when thinking is off";
+  Served s({}, {}, {"*"}, {{"enable_thinking", false}});
+  EXPECT_EQ(prompt_tokens(s, Json::object()), plain_off);
+  EXPECT_EQ(prompt_tokens(s, on), plain_default) << "the request's own kwargs win";
 }
 
 // CORS: an allowed origin's page may call the API; its preflight needs no key.
