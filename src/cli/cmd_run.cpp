@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/tp_cli.h"
 #include "core/error.h"
+#include "core/file_text.h"
 #include "engine/generate.h"
 #include "engine/spec/spec_generate.h"
 #include "engine/tp_runner.h"
@@ -129,12 +130,6 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
   return r.gen;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  QWEN36_CHECK(in.good(), "cannot open {}", path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // --json / --json-schema(-file) / --regex / --grammar(-file), compiled (empty: none).
 OutputConstraint run_output_constraint(const RunOptions& o) {
   OutputConstraint c;
@@ -143,7 +138,7 @@ OutputConstraint run_output_constraint(const RunOptions& o) {
   QWEN36_CHECK(o.tokens.empty(), "--json / --json-schema / --regex / --grammar constrain text: give the prompt as "
                "text (-p or -f)");
   if (!o.grammar.empty() || !o.grammar_file.empty()) {
-    const std::string src = o.grammar_file.empty() ? o.grammar : read_text_file(o.grammar_file);
+    const std::string src = o.grammar_file.empty() ? o.grammar : read_file(o.grammar_file);
     c.grammar = with_context(o.grammar_file.empty() ? "--grammar" : o.grammar_file, [&] { return text::Grammar::parse(src); });
   } else if (!o.regex.empty()) {
     c.schema = with_context("--regex", [&] { return text::JsonSchema::text_matching(o.regex); });
@@ -152,7 +147,7 @@ OutputConstraint run_output_constraint(const RunOptions& o) {
       return text::JsonSchema::any_object(text::whitespace_named(o.json_whitespace));
     });
   } else {
-    const std::string src = o.json_schema_file.empty() ? o.json_schema : read_text_file(o.json_schema_file);
+    const std::string src = o.json_schema_file.empty() ? o.json_schema : read_file(o.json_schema_file);
     const auto j = nlohmann::ordered_json::parse(src, nullptr, false);
     QWEN36_CHECK(!j.is_discarded(), "--json-schema: not valid JSON");
     c.schema = text::JsonSchema::compile(j, text::whitespace_named(o.json_whitespace));
@@ -186,14 +181,7 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
   QWEN36_CHECK(tok.vocab_size() <= c.vocab_size, "tokenizer has {} tokens but the model only {}", tok.vocab_size(),
                c.vocab_size);
 
-  std::string text = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    QWEN36_CHECK(in.good(), "cannot open {}", o.prompt_file);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
+  std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
   GenerateOptions g = generate_options(o, c);
   OutputParserOptions popts;
   if (o.chat) {

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file_text.h"
 
 #ifdef QWEN36_HAVE_PCRE2
 #include "format/gguf.h"
@@ -20,15 +21,6 @@
 namespace qwen36::cli {
 
 namespace {
-
-[[maybe_unused]] std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("{}: read error", path);
-  return ss.str();
-}
 
 [[maybe_unused]] void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
   std::string bytes;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_text.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "quant/quant.h"
@@ -86,13 +87,6 @@ void set_tokenizer_metadata(GgufMetadata& m, const GgufVocab& v) {
 
 #ifdef QWEN36_HAVE_PCRE2
 namespace {
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  QWEN36_CHECK(in.good(), "cannot open {}", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 // tokenizer_config.json writes special tokens as a string or as {"content": ...}.
 std::string token_content(const nlohmann::json& j) {
   if (j.is_string()) return j.get<std::string>();
@@ -102,7 +96,7 @@ std::string token_content(const nlohmann::json& j) {
 }  // namespace
 
 GgufVocab vocab_from_hf_dir(const std::string& dir, int64_t vocab_size) {
-  const text::TokenizerSpec spec = text::Tokenizer::spec_from_json(read_text(fs::path(dir) / "tokenizer.json"));
+  const text::TokenizerSpec spec = text::Tokenizer::spec_from_json(read_file((fs::path(dir) / "tokenizer.json").string()));
   GgufVocab v;
   int64_t n = std::max<int64_t>(vocab_size, int64_t(spec.tokens.size()));
   for (const text::AddedToken& t : spec.added_tokens) n = std::max<int64_t>(n, int64_t(t.id) + 1);
@@ -130,7 +124,7 @@ GgufVocab vocab_from_hf_dir(const std::string& dir, int64_t vocab_size) {
   };
   const fs::path cfg = fs::path(dir) / "tokenizer_config.json";
   if (fs::exists(cfg)) {
-    const auto j = nlohmann::json::parse(read_text(cfg), nullptr, false);
+    const auto j = nlohmann::json::parse(read_file(cfg.string()), nullptr, false);
     if (j.is_object()) {
       if (j.contains("eos_token")) v.eos = id_of(token_content(j["eos_token"]));
       if (j.contains("pad_token")) v.pad = id_of(token_content(j["pad_token"]));
@@ -142,7 +136,7 @@ GgufVocab vocab_from_hf_dir(const std::string& dir, int64_t vocab_size) {
   if (v.bos < 0) v.bos = id_of("<|endoftext|>");
   if (v.eos < 0) v.eos = id_of("<|endoftext|>");
   if (v.chat_template.empty() && fs::exists(fs::path(dir) / "chat_template.jinja"))
-    v.chat_template = read_text(fs::path(dir) / "chat_template.jinja");
+    v.chat_template = read_file((fs::path(dir) / "chat_template.jinja").string());
   return v;
 }
 #else

@@ -1,9 +1,7 @@
 // Where a checkpoint keeps its chat template: ChatTemplate::find / from_file (chat_template.h).
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "core/file_text.h"
 #include "format/gguf.h"
 #include "text/chat_template.h"
 
@@ -14,17 +12,9 @@ using jinja::Json;
 
 namespace {
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  QWEN36_CHECK(in.good(), "{}: cannot open file", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 Json read_json(const fs::path& p) {
   return with_context(p.string(), [&] {
-    Json j = Json::parse(read_text(p), nullptr, false);
+    Json j = Json::parse(read_file(p.string()), nullptr, false);
     QWEN36_CHECK(j.is_object(), "not a JSON object");
     return j;
   });
@@ -71,13 +61,13 @@ std::optional<ChatTemplate> ChatTemplate::find(const std::string& path) {
   if (config.contains("chat_template") && !config["chat_template"].is_null()) return from_tokenizer_config(config);
   const fs::path jinja = folder_of(path) / "chat_template.jinja";
   if (!fs::exists(jinja)) return std::nullopt;
-  config["chat_template"] = with_context(jinja.string(), [&] { return read_text(jinja); });
+  config["chat_template"] = with_context(jinja.string(), [&] { return read_file(jinja.string()); });
   return from_tokenizer_config(config);
 }
 
 ChatTemplate ChatTemplate::from_file(const std::string& jinja_file, const std::string& path) {
   Json config = path.empty() ? Json::object() : tokenizer_config(path);
-  config["chat_template"] = read_text(jinja_file);
+  config["chat_template"] = read_file(jinja_file);
   return from_tokenizer_config(config);
 }
 
