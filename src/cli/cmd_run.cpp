@@ -249,6 +249,10 @@ void add_sampling_options(CLI::App* cmd, SamplingParams& s) {
   cmd->add_option("--top-k", s.top_k, "Top-k (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "Top-p / nucleus (1 = off)")->capture_default_str();
   cmd->add_option("--min-p", s.min_p, "Min-p relative to the most likely token (0 = off)")->capture_default_str();
+  cmd->add_option("--typical-p", s.typical_p, "Locally typical sampling (1 = off)")->capture_default_str();
+  cmd->add_option("--top-n-sigma", s.top_n_sigma,
+                  "Keep tokens within N standard deviations of the largest logit (0 = off)")
+      ->capture_default_str();
   cmd->add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1 = off)")->capture_default_str();
   cmd->add_option("--presence-penalty", s.presence_penalty, "Presence penalty")->capture_default_str();
   cmd->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty")->capture_default_str();

@@ -14,6 +14,8 @@ void SamplingParams::validate() const {
   QWEN36_CHECK(top_k >= 0, "top_k {} must be >= 0", top_k);
   QWEN36_CHECK(top_p > 0 && top_p <= 1, "top_p {} is out of range (0, 1]", top_p);
   QWEN36_CHECK(min_p >= 0 && min_p <= 1, "min_p {} is out of range [0, 1]", min_p);
+  QWEN36_CHECK(typical_p > 0 && typical_p <= 1, "typical_p {} is out of range (0, 1]", typical_p);
+  QWEN36_CHECK(std::isfinite(top_n_sigma) && top_n_sigma >= 0, "top_n_sigma {} must be >= 0", top_n_sigma);
   QWEN36_CHECK(repetition_penalty > 0 && repetition_penalty <= 10, "repetition_penalty {} is out of range (0, 10]",
                repetition_penalty);
   QWEN36_CHECK(std::abs(presence_penalty) <= 2 && std::abs(frequency_penalty) <= 2,
@@ -59,6 +61,52 @@ std::vector<Cand> normalise(const std::vector<Cand>& cand, const std::vector<flo
   std::vector<Cand> out(keep);
   for (size_t i = 0; i < keep; ++i) out[i] = {cand[i].first, float(e[i] / total)};
   return out;
+}
+
+// Locally typical sampling (Meister et al.): of the set (sorted by by_logit), the tokens whose
+// surprise −log p is closest to the entropy, fewest first, until they hold typical_p of the
+// probability; returned in by_logit order (the filters after it see a set as any other).
+std::vector<Cand> typical(const std::vector<Cand>& cand, float typical_p) {
+  const float mx = cand.front().second;
+  std::vector<double> prob(cand.size());
+  double sum = 0, entropy = 0;
+  for (size_t i = 0; i < cand.size(); ++i) sum += prob[i] = std::exp(double(cand[i].second - mx));
+  for (double& q : prob) {
+    q /= sum;
+    if (q > 0) entropy -= q * std::log(q);
+  }
+  std::vector<size_t> order(cand.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto distance = [&](size_t i) { return prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+  double acc = 0;
+  size_t keep = 0;
+  while (keep < order.size() && (keep == 0 || acc < typical_p)) acc += prob[order[keep++]];
+  order.resize(keep);
+  std::sort(order.begin(), order.end());  // back to by_logit order
+  std::vector<Cand> out;
+  out.reserve(keep);
+  for (size_t i : order) out.push_back(cand[i]);
+  return out;
+}
+
+// Top-n-sigma (Tang et al.): the candidates whose x is within n standard deviations of the
+// largest, the deviation taken over every finite x of the row.
+void top_n_sigma(std::vector<Cand>& cand, float n) {
+  double mx = -INFINITY, sum = 0, sq = 0;
+  size_t count = 0;
+  for (const Cand& c : cand) {
+    if (!std::isfinite(c.second)) continue;
+    mx = std::max(mx, double(c.second));
+    sum += c.second;
+    sq += double(c.second) * c.second;
+    ++count;
+  }
+  if (count < 2) return;
+  const double mean = sum / double(count);
+  const double sigma = std::sqrt(std::max(0.0, sq / double(count) - mean * mean));
+  const double floor = mx - double(n) * sigma;
+  std::erase_if(cand, [&](const Cand& c) { return !(double(c.second) >= floor); });
 }
 
 // Softmax over the set (sorted by by_logit), top-p, min-p, renormalisation.
@@ -111,12 +159,14 @@ std::vector<Cand> Sampler::filtered(std::span<float> logits) {
   }
   cand.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) cand.emplace_back(int32_t(i), logits[i] / p_.temperature);
+  if (p_.top_n_sigma > 0.0f) top_n_sigma(cand, p_.top_n_sigma);
   if (p_.top_k > 0 && size_t(p_.top_k) < cand.size()) {
     std::partial_sort(cand.begin(), cand.begin() + p_.top_k, cand.end(), by_logit);
     cand.resize(size_t(p_.top_k));
   } else {
     std::sort(cand.begin(), cand.end(), by_logit);
   }
+  if (p_.typical_p < 1.0f) return filter_sorted(typical(cand, p_.typical_p), p_);
   return filter_sorted(cand, p_);
 }
 
@@ -184,6 +234,9 @@ std::optional<int32_t> Sampler::sample_from_candidates(const SampleCandidates& c
   QWEN36_CHECK(n > 0 && c.logits.size() == n && int64_t(n) <= c.vocab, "sample_from_candidates: {} candidates of {}",
                n, c.vocab);
   if (p_.temperature == 0.0f) return c.ids[0];  // argmax, ties to the lower id: candidate 0
+  // Typical-p and top-n-sigma read the whole row (its entropy, its deviation): the row comes to
+  // the host.
+  if (p_.typical_p < 1.0f || p_.top_n_sigma > 0.0f) return std::nullopt;
   const float T = p_.temperature;
   std::vector<Cand> cand(n);
   for (size_t i = 0; i < n; ++i) cand[i] = {c.ids[i], c.logits[i] / T};

@@ -28,6 +28,10 @@ struct SamplingParams {
   int32_t top_k = 40;          // 0: off
   float top_p = 0.95f;         // 1: off
   float min_p = 0.05f;         // 0: off; keep tokens with p >= min_p * p_max
+  float typical_p = 1.0f;      // 1: off; locally typical sampling: the tokens whose surprise is closest to
+                               // the entropy, until they hold typical_p of the probability
+  float top_n_sigma = 0.0f;    // 0: off; keep tokens whose logit is within top_n_sigma standard deviations
+                               // of the largest (over the whole row)
   float repetition_penalty = 1.0f;  // 1: off; divides positive logits of seen tokens, multiplies negative
   float presence_penalty = 0.0f;    // subtracted once from the logit of every seen token
   float frequency_penalty = 0.0f;   // subtracted per occurrence

@@ -93,6 +93,8 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
   s.top_k = int32_t(integer(body, "top_k", -1, 1 << 20, 0));
   if (s.top_k < 0) s.top_k = 0;  // -1 means off, as in vLLM
   s.min_p = float(number(body, "min_p", 0, 1, 0));
+  s.typical_p = float(number(body, "typical_p", 1e-6, 1, 1));
+  s.top_n_sigma = float(number(body, "top_n_sigma", 0, 100, 0));
   s.presence_penalty = float(number(body, "presence_penalty", -2, 2, 0));
   s.frequency_penalty = float(number(body, "frequency_penalty", -2, 2, 0));
   s.repetition_penalty = float(number(body, "repetition_penalty", 0.01, 10, 1));

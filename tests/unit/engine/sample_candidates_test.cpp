@@ -234,6 +234,13 @@ TEST(SampleCandidates, FallbackIsSignalled) {
   // The whole row as candidates: always decided.
   const Outcome w = compare(params(1.0f, 0, 1, 0, 3), 50, Shape::Flat, 50, 30, 3);
   EXPECT_EQ(w.decided, w.total);
+  // Typical-p and top-n-sigma read the whole row: never decided from candidates.
+  SamplingParams typ = params(1.0f, 40, 1, 0, 3);
+  typ.typical_p = 0.9f;
+  EXPECT_EQ(compare(typ, 1500, Shape::Peaked, 64, 30, 3).decided, 0);
+  SamplingParams sigma = params(1.0f, 40, 1, 0, 3);
+  sigma.top_n_sigma = 1.0f;
+  EXPECT_EQ(compare(sigma, 1500, Shape::Peaked, 64, 30, 3).decided, 0);
 }
 
 TEST(SampleCandidates, DeviceSumErrorDoesNotChangeTokens) {

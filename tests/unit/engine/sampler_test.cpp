@@ -69,6 +69,36 @@ TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
   EXPECT_FALSE(d.count(2));
 }
 
+// Typical-p: surprise −log p against the entropy H. Probabilities 0.5, 0.25, 0.125, 0.125:
+// H = 1.75 bits; surprises 1, 2, 3, 3 bits, distances 0.75, 0.25, 1.25, 1.25. Token 1 first
+// (0.25 < 0.3), then token 0 (0.75): the kept set is {0, 1}, renormalised 2/3, 1/3.
+TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
+  auto p = plain(1.0f);
+  p.typical_p = 0.3f;
+  const float l2 = std::log(2.0f);
+  const auto d = dist(p, logits_of({3 * l2, 2 * l2, l2, l2}));
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_NEAR(d.at(0), 2.0 / 3, 1e-6);
+  EXPECT_NEAR(d.at(1), 1.0 / 3, 1e-6);
+  p.typical_p = 0.2f;  // token 1 alone holds 0.25
+  EXPECT_EQ(dist(p, logits_of({3 * l2, 2 * l2, l2, l2})).size(), 1u);
+  EXPECT_EQ(dist(p, logits_of({3 * l2, 2 * l2, l2, l2})).count(1), 1u) << "the most typical, not the most likely";
+}
+
+// Top-n-sigma: logits 10, 9, 0, 0, 0, 0 have mean 19/6 and σ ≈ 4.34: n = 0.5 keeps x ≥ 7.83.
+TEST(Sampler, TopNSigmaKeepsTokensNearTheLargestLogit) {
+  auto p = plain(1.0f);
+  p.top_n_sigma = 0.5f;
+  const auto d = dist(p, logits_of({10, 9, 0, 0, 0, 0}));
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_NEAR(d.at(0), 1 / (1 + std::exp(-1.0)), 1e-6);
+  p.top_n_sigma = 3.0f;  // 10 − 13.0 < 0: everything stays
+  EXPECT_EQ(dist(p, logits_of({10, 9, 0, 0, 0, 0})).size(), 6u);
+  p.temperature = 0.5f;  // the same set at any temperature (x and σ scale alike)
+  p.top_n_sigma = 0.5f;
+  EXPECT_EQ(dist(p, logits_of({10, 9, 0, 0, 0, 0})).size(), 2u);
+}
+
 TEST(Sampler, RepetitionAndPresencePenalties) {
   auto p = SamplingParams::greedy();
   p.repetition_penalty = 2.0f;
@@ -133,6 +163,12 @@ TEST(Sampler, RejectsBadParameters) {
   EXPECT_THROW(Sampler{p}, Error);
   p = plain(1.0f);
   p.min_p = 2;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = plain(1.0f);
+  p.typical_p = 0;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = plain(1.0f);
+  p.top_n_sigma = -1;
   EXPECT_THROW(Sampler{p}, Error);
 }
 
