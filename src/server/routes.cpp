@@ -57,14 +57,27 @@ void health(Api& api, const httplib::Request&, httplib::Response& res) {
   reply(res, ok ? 200 : 503, {{"status", ok ? "ok" : "loading"}});
 }
 
+Json model_object(const Api& api) {
+  return {{"id", api.ctx.model_name},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "qwen36"},
+          {"max_model_len", api.ctx.engine->options().context}};
+}
+
 void models(Api& api, const httplib::Request&, httplib::Response& res) {
   require_ready(api);
-  Json m = {{"id", api.ctx.model_name},
-            {"object", "model"},
-            {"created", 0},
-            {"owned_by", "qwen36"},
-            {"max_model_len", api.ctx.engine->options().context}};
-  reply(res, 200, {{"object", "list"}, {"data", Json::array({m})}});
+  reply(res, 200, {{"object", "list"}, {"data", Json::array({model_object(api)})}});
+}
+
+// GET /v1/models/{id}: the one model, by its name.
+void model(Api& api, const httplib::Request& req, httplib::Response& res) {
+  require_ready(api);
+  const std::string id = req.matches[1];
+  if (id != api.ctx.model_name)
+    throw HttpError(404, fmt::format("The model '{}' does not exist (this server has '{}')", id, api.ctx.model_name),
+                    "model", "model_not_found");
+  reply(res, 200, model_object(api));
 }
 
 void tokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
@@ -133,6 +146,7 @@ constexpr Route kRoutes[] = {
     {"GET", "/health", health, false},
     {"GET", "/v1/health", health, false},
     {"GET", "/v1/models", models, true},
+    {"GET", R"(/v1/models/(.+))", model, true},
     {"POST", "/v1/chat/completions", when_ready<handle_chat_completions>, true},
     {"POST", "/v1/completions", when_ready<handle_completions>, true},
     {"POST", "/v1/responses", when_ready<handle_responses>, true},

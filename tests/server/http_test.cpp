@@ -188,6 +188,14 @@ TEST_F(HttpTest, HealthModelsAndAuth) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
   EXPECT_EQ(Json::parse(ok->body)["data"][0]["max_model_len"], 512);
+  const std::string name = Json::parse(ok->body)["data"][0]["id"];
+  auto one = c.Get(("/v1/models/" + name).c_str(), {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(Json::parse(one->body)["id"], name);
+  auto none = c.Get("/v1/models/gpt-x", {{"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(none->status, 404);
+  EXPECT_EQ(Json::parse(none->body)["error"]["code"], "model_not_found");
   auto page = c.Get("/");
   ASSERT_TRUE(page);
   EXPECT_NE(page->body.find("/v1/chat/completions"), std::string::npos);
