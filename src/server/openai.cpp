@@ -223,6 +223,42 @@ struct CompletionJob : Job {
 
 }  // namespace
 
+namespace {
+
+constexpr size_t kMaxPrompts = 64;  // a list's prompts, each `n` requests
+
+// The completions route's prompts: a string, token ids, or a list of either (OpenAI's batch form;
+// each prompt gets `n` choices).
+std::vector<Json> prompt_list(const Json& p) {
+  auto is_ids = [](const Json& x) {
+    return x.is_array() && !x.empty() && std::all_of(x.begin(), x.end(), [](const Json& t) { return t.is_number_integer(); });
+  };
+  if (p.is_string() || is_ids(p)) return {p};
+  if (p.is_array() && !p.empty() && p.size() <= kMaxPrompts &&
+      std::all_of(p.begin(), p.end(), [&](const Json& x) { return x.is_string() || is_ids(x); }))
+    return std::vector<Json>(p.begin(), p.end());
+  throw HttpError(400, fmt::format("'prompt' must be a string, an array of token ids, or a list of up to {} of "
+                                   "either", kMaxPrompts), "prompt");
+}
+
+std::vector<int32_t> prompt_ids(const HttpServer::Api& api, const Json& p, const char* where) {
+  std::vector<int32_t> ids;
+  if (p.is_string()) {
+    ids = api.ctx.tokenizer->encode(p.get<std::string>());
+  } else {
+    const int64_t vocab = api.ctx.engine->model().config().vocab_size;
+    for (const Json& x : p) {
+      const int64_t t = x.get<int64_t>();
+      if (t < 0 || t >= vocab) throw HttpError(400, fmt::format("{}: token {} is outside the vocabulary", where, t), "prompt");
+      ids.push_back(int32_t(t));
+    }
+  }
+  if (ids.empty()) throw HttpError(400, fmt::format("{} is empty", where), "prompt");
+  return ids;
+}
+
+}  // namespace
+
 void handle_completions(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res) {
   const Json body = parse_body(req);
   reject_unknown(body, {"model", "prompt", "logprobs", "stop", "seed", "max_tokens", "temperature", "top_p", "top_k",
@@ -233,45 +269,34 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   if (has(body, "suffix")) throw HttpError(400, "'suffix' is not supported", "suffix");
   if (has(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1)
     throw HttpError(400, "only best_of = 1 is supported", "best_of");
-  const Json p = body.value("prompt", Json());
-  std::vector<int32_t> ids;
-  if (p.is_string()) {
-    ids = api.ctx.tokenizer->encode(p.get<std::string>());
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    ids = api.ctx.tokenizer->encode(p[0].get<std::string>());
-  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const Json& x) { return x.is_number_integer(); })) {
-    const int64_t vocab = api.ctx.engine->model().config().vocab_size;
-    for (const Json& x : p) {
-      const int64_t t = x.get<int64_t>();
-      if (t < 0 || t >= vocab) throw HttpError(400, fmt::format("prompt token {} is outside the vocabulary", t), "prompt");
-      ids.push_back(int32_t(t));
-    }
-  } else {
-    throw HttpError(400, "'prompt' must be a string, an array with one string, or an array of token ids", "prompt");
-  }
-  if (ids.empty()) throw HttpError(400, "the prompt is empty", "prompt");
-  const std::string prompt_text = !echo ? "" : p.is_string() ? p.get<std::string>()
-                                        : p[0].is_string() ? p[0].get<std::string>()
-                                                           : api.ctx.tokenizer->decode(ids);
-  const int32_t first_token = ids.front();
-  // A raw completion stops at end-of-text only, not at the chat's end of turn.
-  Generation g = parse_generation(body, api, std::move(ids), /*end_of_turn=*/false);
-  // As vLLM: structured output for raw completions too.
-  g.params.constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
+  const std::vector<Json> prompts = prompt_list(body.value("prompt", Json()));
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
-  g.params.top_logprobs = int32_t(n_logprobs);
-  if (echo) g.params.prompt_logprobs = int32_t(n_logprobs);  // lm-evaluation-harness scores prompts this way
-  respond(submit_choices<CompletionJob>(api, g,
-                                         [&](const CompletionJob* first) {
-                                           auto job = std::make_shared<CompletionJob>();
-                                           job->tok = api.ctx.tokenizer;
-                                           job->model = api.ctx.model_name;
-                                           job->want_logprobs = n_logprobs >= 0;
-                                           job->stream = g.stream;
-                                           if (echo) job->start_echo(prompt_text, first_token);
-                                           if (first) job->id = first->id, job->created = first->created;
-                                           return job;
-                                         }),
+  const OutputConstraint constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
+  std::vector<Generation> gens;
+  std::vector<std::string> echoes;  // each prompt's text, for echo
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Json& p = prompts[i];
+    const char* where = prompts.size() == 1 ? "prompt" : "prompt (a list entry)";
+    std::vector<int32_t> ids = prompt_ids(api, p, where);
+    echoes.push_back(!echo ? "" : p.is_string() ? p.get<std::string>() : api.ctx.tokenizer->decode(ids));
+    // A raw completion stops at end-of-text only, not at the chat's end of turn.
+    Generation g = parse_generation(body, api, std::move(ids), /*end_of_turn=*/false);
+    g.params.constraint = constraint;  // as vLLM: structured output for raw completions too
+    g.params.top_logprobs = int32_t(n_logprobs);
+    if (echo) g.params.prompt_logprobs = int32_t(n_logprobs);  // lm-evaluation-harness scores prompts this way
+    gens.push_back(std::move(g));
+  }
+  respond(submit_prompts<CompletionJob>(api, gens,
+                                        [&](const CompletionJob* first, size_t prompt) {
+                                          auto job = std::make_shared<CompletionJob>();
+                                          job->tok = api.ctx.tokenizer;
+                                          job->model = api.ctx.model_name;
+                                          job->want_logprobs = n_logprobs >= 0;
+                                          job->stream = gens[prompt].stream;
+                                          if (echo) job->start_echo(echoes[prompt], gens[prompt].params.prompt.front());
+                                          if (first) job->id = first->id, job->created = first->created;
+                                          return job;
+                                        }),
           res);
 }
 

@@ -13,9 +13,12 @@ Json usage_json(const RequestUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
-RequestUsage combined_usage(const std::vector<RequestUsage>& us) {
+RequestUsage combined_usage(const std::vector<RequestUsage>& us, int per_prompt) {
   RequestUsage u = us.front();
-  for (size_t i = 1; i < us.size(); ++i) u.completion_tokens += us[i].completion_tokens;
+  for (size_t i = 1; i < us.size(); ++i) {
+    u.completion_tokens += us[i].completion_tokens;
+    if (i % size_t(per_prompt) == 0) u.prompt_tokens += us[i].prompt_tokens, u.cached_tokens += us[i].cached_tokens;
+  }
   return u;
 }
 
@@ -111,7 +114,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
     if (!keep_alive() || !handle(first, ev, over)) return false;
   }
   if (!over) {
-    const RequestUsage total = combined_usage(usages);
+    const RequestUsage total = combined_usage(usages, reply.per_prompt);
     if (reply.stream) {
       if (reply.include_usage && !sse(reply.choices[0]->usage_chunk(total))) return false;  // OpenAI style
       if (!done_marker()) return false;

@@ -5,6 +5,7 @@
 //          usage_json, combined_usage
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,13 +40,15 @@ struct Reply {
   std::vector<std::shared_ptr<Job>> choices;
   bool stream = false, include_usage = false;
   bool event_lines = false;  // Responses API: "event: TYPE" before each data line, and no [DONE]
+  int per_prompt = 1;        // choices of each prompt (`n`), in prompt order
   void cancel() const {
     for (const auto& j : choices) j->req->cancel();
   }
 };
 
-// The choices' usage as one: the prompt once, every choice's completion.
-RequestUsage combined_usage(const std::vector<RequestUsage>& us);
+// The choices' usage as one: each prompt once (its first choice's, `per_prompt` choices apart),
+// every choice's completion.
+RequestUsage combined_usage(const std::vector<RequestUsage>& us, int per_prompt = 1);
 
 // Pulls the choices' events until every one finishes, writing as it goes (server/reply.cpp).
 void respond(std::shared_ptr<const Reply> reply, httplib::Response& res);
@@ -56,30 +59,41 @@ std::shared_ptr<Request> submit(HttpServer::Api& api, RequestParams params);
 // submitted, then respond.
 void respond_events(std::shared_ptr<Job> job, RequestParams params, HttpServer::Api& api, httplib::Response& res);
 
-// The answer's `n` choices: a job from make (given the first one, or null for it) and a request
-// each, choice i drawing with seed + i. A refused submission cancels those already queued.
+// The answer's choices: for each prompt's generation `n` of them, choice p·n + i drawing with
+// seed + i, a job from make(the first job or null, p) and a request each (several prompts: the
+// completions route's prompt list). A refused submission cancels those already queued.
 template <typename J, typename Make>
-std::shared_ptr<const Reply> submit_choices(HttpServer::Api& api, const Generation& g, Make&& make) {
+std::shared_ptr<const Reply> submit_prompts(HttpServer::Api& api, std::span<const Generation> gens, Make&& make) {
   auto reply = std::make_shared<Reply>();
-  reply->stream = g.stream;
-  reply->include_usage = g.include_usage;
+  reply->stream = gens.front().stream;
+  reply->include_usage = gens.front().include_usage;
+  reply->per_prompt = gens.front().n;
   J* first = nullptr;
   try {
-    for (int i = 0; i < g.n; ++i) {
-      std::shared_ptr<J> job = make(first);
-      job->index = i;
-      job->stream = g.stream;
-      RequestParams p = g.params;
-      p.sampling.seed += uint64_t(i);
-      job->req = submit(api, std::move(p));
-      if (!first) first = job.get();
-      reply->choices.push_back(std::move(job));
+    for (size_t prompt = 0; prompt < gens.size(); ++prompt) {
+      const Generation& g = gens[prompt];
+      for (int i = 0; i < g.n; ++i) {
+        std::shared_ptr<J> job = make(first, prompt);
+        job->index = int(prompt) * g.n + i;
+        job->stream = g.stream;
+        RequestParams p = g.params;
+        p.sampling.seed += uint64_t(i);
+        job->req = submit(api, std::move(p));
+        if (!first) first = job.get();
+        reply->choices.push_back(std::move(job));
+      }
     }
   } catch (...) {
     reply->cancel();
     throw;
   }
   return reply;
+}
+
+// One prompt's `n` choices.
+template <typename J, typename Make>
+std::shared_ptr<const Reply> submit_choices(HttpServer::Api& api, const Generation& g, Make&& make) {
+  return submit_prompts<J>(api, std::span(&g, 1), [&](const J* first, size_t) { return make(first); });
 }
 
 }  // namespace qwen36::server

@@ -855,6 +855,39 @@ TEST_F(HttpTest, EchoScoresThePrompt) {
   EXPECT_EQ(Json::parse(events[0])["choices"][0]["text"], "The cat") << events[0];
 }
 
+// A list of prompts (OpenAI's batch form): `n` choices each, indexed prompt·n + i, each as the
+// prompt alone would have it; usage counts every prompt once.
+TEST_F(HttpTest, CompletionsPromptList) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const Json greedy = {{"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}};
+  auto complete = [&](const Json& prompt, int n) {
+    Json body = greedy;
+    body["prompt"] = prompt;
+    body["n"] = n;
+    Json r = post_json(c, "/v1/completions", body, &status);
+    EXPECT_EQ(status, 200) << r.dump();
+    return r;
+  };
+  const std::vector<int32_t> ids = g_shared->tok->encode("def main():");
+  const Json both = complete(Json::array({"import os", Json(ids)}), 2);
+  ASSERT_EQ(both["choices"].size(), 4u) << both.dump();
+  const Json a = complete("import os", 1), b = complete(Json(ids), 1);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(both["choices"][i]["index"], i);
+    EXPECT_EQ(both["choices"][i]["text"], (i < 2 ? a : b)["choices"][0]["text"]) << i;
+  }
+  EXPECT_EQ(both["usage"]["prompt_tokens"], a["usage"]["prompt_tokens"].get<int>() + int(ids.size()));
+  EXPECT_EQ(both["usage"]["completion_tokens"], 4 * 5);
+  for (const Json& bad : {Json::array(), Json::array({"a", 5}), Json::array({Json::array()}), Json(3)}) {
+    Json body = greedy;
+    body["prompt"] = bad;
+    const Json e = post_json(c, "/v1/completions", body, &status);
+    EXPECT_EQ(status, 400) << bad.dump() << " → " << e.dump();
+  }
+}
+
 // A conversation that ends with the assistant's message continues it (assistant prefill): the
 // prompt is the template's rendering cut right after that message's text, so the answer equals a
 // raw completion of that text.
