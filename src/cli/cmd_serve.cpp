@@ -40,6 +40,7 @@ struct ServeOptions {
   std::string chat_template_kwargs;         // JSON object: defaults of every chat request
   std::vector<std::string> allowed_origins = {"*"};  // CORS
   size_t stored_responses = 1024;                    // Responses API, for previous_response_id
+  bool no_access_log = false;
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -118,6 +119,7 @@ void serve(const ServeOptions& o) {
   sc.api_key = o.api_key;
   sc.allowed_origins = o.allowed_origins;
   sc.stored_responses = o.stored_responses;
+  sc.access_log = !o.no_access_log;
   if (sc.allowed_origins.size() == 1 && sc.allowed_origins[0].empty()) sc.allowed_origins.clear();
   sc.http_threads = o.http_threads > 0 ? o.http_threads : std::min(4096, o.parallel + o.max_queue + 8);
   server::HttpServer http(sc);
@@ -282,6 +284,9 @@ void register_serve(CLI::App& app) {
                   "space, or a newline and up to 20 spaces / tabs), compact (at most one space), any (up to 64 "
                   "whitespace bytes), or a regular expression that also matches the empty text")
       ->envname("QWEN36_JSON_WHITESPACE")->capture_default_str();
+  cmd->add_flag("--no-access-log", o->no_access_log,
+                "No log line a request (client, method, path, status, seconds until the answer ended)")
+      ->envname("QWEN36_NO_ACCESS_LOG");
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not keep finished sequences for prefix reuse")
       ->envname("QWEN36_NO_PREFIX_CACHE");
   cmd->add_option("--snapshot-interval", o->snapshot_interval,

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 #include "server/api.h"
 
 namespace qwen36::server {
@@ -25,6 +27,25 @@ HttpServer::HttpServer(ServerConfig config) : config_(std::move(config)), http_(
   http_->set_write_timeout(30, 0);
   http_->set_keep_alive_timeout(5);
   register_routes(*http_, *api_);
+  if (config_.access_log) log_requests();
+}
+
+// A line a request when its answer is written (a stream: when it ends), so its time is the
+// whole answer's; health and metrics probes only at debug level. A worker thread serves a
+// request from routing to logging, so the start time waits in a thread_local.
+void HttpServer::log_requests() {
+  using Clock = std::chrono::steady_clock;
+  static thread_local Clock::time_point started;
+  http_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    started = Clock::now();
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_->set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const double s = std::chrono::duration<double>(Clock::now() - started).count();
+    const bool probe = req.path == "/health" || req.path == "/v1/health" || req.path == "/metrics";
+    spdlog::log(probe ? spdlog::level::debug : spdlog::level::info, "{} {} {} {} {:.3f} s", req.remote_addr, req.method,
+                req.path, res.status, s);
+  });
 }
 
 HttpServer::~HttpServer() { stop(); }

@@ -31,6 +31,7 @@ struct ServerConfig {
   // ("https://app.example:3000"); empty: none (no CORS headers).
   std::vector<std::string> allowed_origins = {"*"};
   size_t stored_responses = 1024;  // Responses API: responses kept for previous_response_id (0: none)
+  bool access_log = false;         // a log line a request (method, path, status, client, seconds)
 };
 
 struct ServeContext {
@@ -64,6 +65,7 @@ class HttpServer {
 
  private:
   ServerConfig config_;
+  void log_requests();  // ServerConfig::access_log
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<Api> api_;
   std::atomic<bool> ready_{false};

@@ -3,6 +3,8 @@
 // client call has a timeout, so a broken server fails the test instead of hanging it.
 #include <httplib.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <filesystem>
@@ -199,6 +201,31 @@ TEST_F(HttpTest, HealthModelsAndAuth) {
   auto page = c.Get("/");
   ASSERT_TRUE(page);
   EXPECT_NE(page->body.find("/v1/chat/completions"), std::string::npos);
+}
+
+// The access log: a line a request once its answer is written; probes only at debug level.
+TEST_F(HttpTest, AccessLogLines) {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  const auto before = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  {
+    ServerConfig sc;
+    sc.port = 0;
+    sc.access_log = true;
+    HttpServer http(sc);
+    const int port = http.bind();
+    http.start();
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(5);
+    ASSERT_TRUE(c.Get("/health"));
+    ASSERT_TRUE(c.Get("/nowhere"));
+    http.stop();
+  }
+  spdlog::set_default_logger(before);
+  const std::string log = captured.str();
+  EXPECT_NE(log.find("127.0.0.1 GET /nowhere 404"), std::string::npos) << log;
+  EXPECT_EQ(log.find("GET /health"), std::string::npos) << "probes are logged at debug level: " << log;
 }
 
 TEST_F(HttpTest, HealthIs503UntilAttached) {
