@@ -4,13 +4,15 @@
 // The engine's prefix cache keeps the conversation's state between turns, so a turn reads only
 // its new tokens — up to where the template rewrites the history (Qwen's drops the reasoning of
 // earlier answers, so from there the turn is read again).
-// Commands: /help, /clear (a new conversation), /exit. Ctrl-C stops an answer; at the prompt it,
-// or the end of input (Ctrl-D), ends the session.
+// Commands: /help, /clear (a new conversation), /system TEXT (a new one with that system
+// message), /think on|off, /save FILE (the conversation as chat-completions messages JSON),
+// /exit. Ctrl-C stops an answer; at the prompt it, or the end of input (Ctrl-D), ends the session.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -77,20 +79,31 @@ class Session {
   Session(const ChatOptions& o, Scheduler& engine, const text::Tokenizer& tok, const ChatTemplate& tmpl,
           std::vector<int32_t> stop_ids)
       : o_(o), engine_(engine), tok_(tok), tmpl_(tmpl), stop_ids_(std::move(stop_ids)),
-        dim_(::isatty(STDERR_FILENO) != 0) {
+        dim_(::isatty(STDERR_FILENO) != 0), system_(o.system), think_(!o.no_think) {
     clear();
   }
 
   void clear() {
     messages_ = nlohmann::ordered_json::array();
-    if (!o_.system.empty()) messages_.push_back({{"role", "system"}, {"content", o_.system}});
+    if (!system_.empty()) messages_.push_back({{"role", "system"}, {"content", system_}});
+  }
+  void set_system(std::string system) {
+    system_ = std::move(system);
+    clear();
+  }
+  void set_thinking(bool on) { think_ = on; }
+  void save(const std::string& path) const {
+    std::ofstream out(path, std::ios::binary);
+    QWEN36_CHECK(out.good(), "{}: cannot write", path);
+    out << messages_.dump(2) << "\n";
+    QWEN36_CHECK(out.good(), "{}: write error", path);
   }
 
   // Renders the conversation with `user` appended and streams the answer; the turn and the
   // answer (whole, or as far as it got when stopped) join the history.
   void turn(const std::string& user) {
     messages_.push_back({{"role", "user"}, {"content", user}});
-    const nlohmann::ordered_json kwargs = {{"enable_thinking", !o_.no_think}};
+    const nlohmann::ordered_json kwargs = {{"enable_thinking", think_}};
     const std::string prompt = tmpl_.render(messages_, nullptr, true, kwargs);
     RequestParams p;
     p.prompt = tok_.encode(prompt);
@@ -157,12 +170,17 @@ class Session {
   const ChatTemplate& tmpl_;
   const std::vector<int32_t> stop_ids_;
   const bool dim_;
+  std::string system_;
+  bool think_;
   nlohmann::ordered_json messages_;
 };
 
 constexpr const char* kHelp =
-    "  /clear  start a new conversation\n"
-    "  /exit   end the session (also Ctrl-D, or Ctrl-C at the prompt)\n"
+    "  /clear          start a new conversation\n"
+    "  /system TEXT    start a new conversation with this system message ('/system' alone: none)\n"
+    "  /think on|off   let the model reason before answering, or not\n"
+    "  /save FILE      write the conversation as JSON messages\n"
+    "  /exit           end the session (also Ctrl-D, or Ctrl-C at the prompt)\n"
     "  Ctrl-C while the model writes stops the answer; a line ending in '\\' continues on the next.\n";
 
 void chat(const ChatOptions& o) {
@@ -225,6 +243,19 @@ void chat(const ChatOptions& o) {
     } else if (line == "/clear") {
       session.clear();
       std::fputs("(a new conversation)\n", stderr);
+    } else if (line == "/system" || line.starts_with("/system ")) {
+      session.set_system(line.size() > 8 ? line.substr(8) : "");
+      std::fputs("(a new conversation with that system message)\n", stderr);
+    } else if (line == "/think on" || line == "/think off") {
+      session.set_thinking(line == "/think on");
+      std::fprintf(stderr, "(reasoning %s)\n", line == "/think on" ? "on" : "off");
+    } else if (line.starts_with("/save ")) {
+      try {
+        session.save(line.substr(6));
+        std::fprintf(stderr, "(saved to %s)\n", line.substr(6).c_str());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+      }
     } else if (line.starts_with("/")) {
       std::fprintf(stderr, "unknown command %s; /help lists them\n", line.c_str());
     } else if (!line.empty()) {

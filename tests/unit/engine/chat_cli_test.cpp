@@ -11,6 +11,8 @@
 #include <regex>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/run_command.h"
 
 namespace qwen36 {
@@ -72,6 +74,29 @@ TEST_F(ChatCli, TurnsCacheAndCommands) {
   EXPECT_EQ(stats[2].second, 0) << "/clear: a new conversation";
   EXPECT_LT(stats[2].first, stats[1].first);
   EXPECT_NE(err.find("unknown command /bogus"), std::string::npos) << err;
+}
+
+// /system starts a conversation with that system message, /think switches reasoning, /save
+// writes the messages (a bad path is an error line, the session goes on).
+TEST_F(ChatCli, SystemThinkAndSave) {
+  const auto file = std::filesystem::temp_directory_path() / ("chat_cli_save_" + std::to_string(::getpid()) + ".json");
+  int status = -1;
+  std::string err;
+  run("chat --temp 0 -n 4",
+      "/system Be terse.\n/think off\nhello\n/save " + file.string() + "\n/save /no/such/dir/x.json\n/think on\nagain\n",
+      &status, &err);
+  ASSERT_EQ(status, 0) << err;
+  std::ifstream in(file);
+  const auto saved = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(saved.is_array() && saved.size() == 3) << saved.dump() << err;
+  EXPECT_EQ(saved[0]["role"], "system");
+  EXPECT_EQ(saved[0]["content"], "Be terse.");
+  EXPECT_EQ(saved[1]["content"], "hello");
+  EXPECT_EQ(saved[2]["role"], "assistant");
+  EXPECT_NE(err.find("/no/such/dir/x.json: cannot write"), std::string::npos) << err;
+  const auto stats = prompt_stats(err);
+  ASSERT_EQ(stats.size(), 2u) << err;
 }
 
 TEST_F(ChatCli, ATurnPastTheContextIsRefusedAndTheSessionGoesOn) {
