@@ -150,7 +150,7 @@ std::shared_ptr<const Grammar> tool_call_grammar(const ChatTemplate::ToolCallFor
   }
   w.rule("call", "\"<tool_call>\" opened");
   w.rule("opened", fmt::format("{} ({})", gbnf_literal(form.before_name), calls));
-  w.rule("raw", form.json ? "\"\"" : w.raw_text(raw_value(form)));
+  if (!form.json) w.rule("raw", w.raw_text(raw_value(form)));  // the XML form's untyped values
   return Grammar::parse(w.text, std::move(w.values));
 }
 
