@@ -44,6 +44,7 @@ struct RequestParams {
 struct TokenLogprob {
   int32_t token = -1;
   float logprob = 0;
+  int32_t rank = 0;  // 1: the most likely token (ties share the better rank)
   std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 

@@ -230,6 +230,7 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
   TokenLogprob lp;
   lp.token = tok;
   lp.logprob = raw[size_t(tok)] - lse;
+  lp.rank = 1 + int32_t(std::count_if(raw.begin(), raw.end(), [&](float v) { return v > raw[size_t(tok)]; }));
   std::vector<int32_t> ids(raw.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
   const size_t k = size_t(top);

@@ -19,6 +19,26 @@ Json bytes_json(const std::string& s) {
   return b;
 }
 
+// vLLM's prompt_logprobs: null for the first prompt token, then per token a map of token ids
+// (the prompt's own and the `top` most likely) to {logprob, rank, decoded_token}.
+struct PromptLogprobs {
+  const text::Tokenizer* tok = nullptr;
+  int top = -1;  // -1: not asked
+  Json list = Json::array({nullptr});
+
+  void add(const TokenLogprob& lp) {
+    if (top < 0) return;
+    Json entry = Json::object();
+    auto put = [&](int32_t id, float logprob, int32_t rank) {
+      entry[std::to_string(id)] = {{"logprob", logprob}, {"rank", rank}, {"decoded_token", token_piece(*tok, id)}};
+    };
+    put(lp.token, lp.logprob, lp.rank);
+    for (size_t i = 0; i < lp.top.size() && int(i) < top; ++i) put(lp.top[i].first, lp.top[i].second, int32_t(i) + 1);
+    list.push_back(std::move(entry));
+  }
+  Json json() const { return top < 0 ? Json(nullptr) : list; }
+};
+
 // One token's entry of a chat "logprobs.content" list.
 Json chat_logprob(const text::Tokenizer& tok, const TokenLogprob& lp) {
   auto entry = [&](int32_t id, float v) {
@@ -40,8 +60,10 @@ struct ChatJob : Job {
   int64_t created = unix_time();
   bool want_logprobs = false, sent_role = false;
   Json logprobs = Json::array();
+  PromptLogprobs prompt_logprobs;
 
   explicit ChatJob(OutputParserOptions o) : parser(std::move(o)) {}
+  void on_prompt_logprob(const TokenLogprob& lp) override { prompt_logprobs.add(lp); }
 
   Json chunk(Json delta, Json finish_reason = nullptr, Json lp = nullptr) const {
     Json choice = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
@@ -106,8 +128,10 @@ struct ChatJob : Job {
                    {"message", to_openai_message(parser.result())},
                    {"logprobs", want_logprobs ? Json{{"content", logprobs}} : Json(nullptr)},
                    {"finish_reason", finish_reason(reason)}};
-    return {{"id", id},     {"object", "chat.completion"}, {"created", created},
-            {"model", model}, {"choices", Json::array({std::move(choice)})}, {"usage", usage_json(usage)}};
+    Json r = {{"id", id},     {"object", "chat.completion"}, {"created", created},
+              {"model", model}, {"choices", Json::array({std::move(choice)})}, {"usage", usage_json(usage)}};
+    if (prompt_logprobs.top >= 0) r["prompt_logprobs"] = prompt_logprobs.json();
+    return r;
   }
 };
 
@@ -128,6 +152,7 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                                      job->tok = api.ctx.tokenizer;
                                      job->model = api.ctx.model_name;
                                      job->want_logprobs = c.want_logprobs;
+                                     job->prompt_logprobs = {api.ctx.tokenizer, c.g.params.prompt_logprobs};
                                      if (first) job->id = first->id, job->created = first->created;
                                      return job;
                                    }),
@@ -147,10 +172,12 @@ struct CompletionJob : Job {
   // echo: the prompt's text leads the answer, its tokens the logprobs (the first one's null);
   // streamed, as a chunk of its own before the first of the answer.
   std::string echo;
-  bool echo_pending = false;
+  bool echoing = false, echo_pending = false;
+  PromptLogprobs prompt_logprobs;  // vLLM's form, when asked
 
   void start_echo(std::string prompt_text, int32_t first_token) {
     text = echo = std::move(prompt_text);
+    echoing = true;
     echo_pending = stream;
     if (!want_logprobs) return;
     tokens.push_back(token_piece(*tok, first_token));
@@ -158,7 +185,8 @@ struct CompletionJob : Job {
     top_logprobs.push_back(nullptr);
   }
   void on_prompt_logprob(const TokenLogprob& lp) override {
-    if (!want_logprobs) return;
+    prompt_logprobs.add(lp);
+    if (!echoing || !want_logprobs) return;
     Json l = legacy_logprob(lp);
     tokens.push_back(l["tokens"][0]);
     token_logprobs.push_back(l["token_logprobs"][0]);
@@ -182,9 +210,10 @@ struct CompletionJob : Job {
     return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
             {"choices", Json::array({std::move(choice)})}};
   }
+  int top_n = 0;  // logprobs' alternatives (a prompt token's may come with more)
   Json legacy_logprob(const TokenLogprob& lp) const {
     Json top = Json::object();
-    for (const auto& [tid, v] : lp.top) top[token_piece(*tok, tid)] = v;
+    for (size_t i = 0; i < lp.top.size() && int(i) < top_n; ++i) top[token_piece(*tok, lp.top[i].first)] = lp.top[i].second;
     return {{"tokens", {token_piece(*tok, lp.token)}}, {"token_logprobs", {lp.logprob}}, {"top_logprobs", {top}}};
   }
   std::vector<Json> on_text(const std::string& t, const TokenLogprob* lp) override {
@@ -216,6 +245,7 @@ struct CompletionJob : Job {
     Json lp = want_logprobs ? Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}}
                             : Json(nullptr);
     Json j = chunk(text, reason, std::move(lp));
+    if (prompt_logprobs.top >= 0) j["choices"][0]["prompt_logprobs"] = prompt_logprobs.json();
     j["usage"] = usage_json(usage);
     return j;
   }
@@ -283,7 +313,9 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
     Generation g = parse_generation(body, api, std::move(ids), /*end_of_turn=*/false);
     g.params.constraint = constraint;  // as vLLM: structured output for raw completions too
     g.params.top_logprobs = int32_t(n_logprobs);
-    if (echo) g.params.prompt_logprobs = int32_t(n_logprobs);  // lm-evaluation-harness scores prompts this way
+    // echo + logprobs (lm-evaluation-harness scores prompts this way) and vLLM's prompt_logprobs
+    // read the same prompt rows: the larger alternative count serves both.
+    if (echo && n_logprobs >= 0) g.params.prompt_logprobs = std::max(g.params.prompt_logprobs, int32_t(n_logprobs));
     gens.push_back(std::move(g));
   }
   respond(submit_prompts<CompletionJob>(api, gens,
@@ -292,7 +324,10 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
                                           job->tok = api.ctx.tokenizer;
                                           job->model = api.ctx.model_name;
                                           job->want_logprobs = n_logprobs >= 0;
+                                          job->top_n = int(n_logprobs);
                                           job->stream = gens[prompt].stream;
+                                          job->prompt_logprobs = {api.ctx.tokenizer,
+                                                                  int(integer(body, "prompt_logprobs", 0, 20, -1))};
                                           if (echo) job->start_echo(echoes[prompt], gens[prompt].params.prompt.front());
                                           if (first) job->id = first->id, job->created = first->created;
                                           return job;

@@ -140,6 +140,9 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
     throw HttpError(400, fmt::format("min_tokens ({}) must not exceed {} ({})", p.min_tokens, max_key, p.max_tokens),
                     "min_tokens");
   p.include_stop_string = boolean(body, "include_stop_str_in_output", false);
+  p.prompt_logprobs = int32_t(integer(body, "prompt_logprobs", 0, 20, -1));
+  if (p.prompt_logprobs >= 0 && boolean(body, "stream", false))
+    throw HttpError(400, "prompt_logprobs is not supported with stream", "prompt_logprobs");
   if (has(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], api.ctx.engine->model().config().vocab_size);
   g.stream = boolean(body, "stream", false);
   if (has(body, "stream_options")) {

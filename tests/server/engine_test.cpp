@@ -186,6 +186,7 @@ TEST_F(EngineTest, LogprobsAreNormalisedAndRankTheGreedyTokenFirst) {
   for (const TokenLogprob& lp : res.logprobs) {
     ASSERT_EQ(lp.top.size(), 3u);
     EXPECT_EQ(lp.top[0].first, lp.token);
+    EXPECT_EQ(lp.rank, 1) << "greedy: the most likely token";
     EXPECT_FLOAT_EQ(lp.top[0].second, lp.logprob);
     EXPECT_LE(lp.logprob, 0.f);
     EXPECT_GE(lp.top[0].second, lp.top[1].second);

@@ -874,6 +874,31 @@ TEST_F(HttpTest, EchoScoresThePrompt) {
     EXPECT_NEAR(lp2["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-5) << i;
   EXPECT_EQ(more["choices"][0]["text"].get<std::string>().rfind("The cat sat on" + answer, 0), 0u);
 
+  // vLLM's prompt_logprobs: the same scores by token id, with ranks and the top alternatives.
+  const std::vector<int32_t> ids = g_shared->tok->encode("The cat sat on" + answer);
+  const Json v = post_json(c, "/v1/completions",
+                           {{"prompt", "The cat sat on" + answer}, {"max_tokens", 0}, {"prompt_logprobs", 2}}, &status);
+  ASSERT_EQ(status, 200) << v.dump();
+  const Json& plp = v["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(plp.size(), n) << v.dump();
+  EXPECT_TRUE(plp[0].is_null());
+  for (size_t i = 1; i < n; ++i) {
+    const Json& mine = plp[i][std::to_string(ids[i])];
+    EXPECT_NEAR(mine["logprob"].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
+    EXPECT_GE(mine["rank"].get<int>(), 1);
+    EXPECT_TRUE(plp[i].size() == 2 || plp[i].size() == 3) << plp[i].dump();
+    int ranked = 0;
+    for (const auto& [id, e] : plp[i].items()) ranked += e["rank"].get<int>() <= 2;
+    EXPECT_GE(ranked, 2) << plp[i].dump();
+  }
+  const Json chat = post_json(c, "/v1/chat/completions",
+                              {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 1},
+                               {"prompt_logprobs", 0}}, &status);
+  ASSERT_EQ(status, 200) << chat.dump();
+  EXPECT_EQ(chat["prompt_logprobs"].size(), chat["usage"]["prompt_tokens"].get<size_t>());
+  post_json(c, "/v1/completions", {{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}}, &status);
+  EXPECT_EQ(status, 400);
+
   // Streamed, with an answer: the prompt's chunk first.
   const auto events = post_sse(c, "/v1/completions",
                                {{"prompt", "The cat"}, {"max_tokens", 2}, {"echo", true}, {"stream", true},
