@@ -36,6 +36,9 @@ struct RequestParams {
   // token) with that many alternatives. The prompt is then read afresh (no prefix reuse), in chunks
   // of at most Scheduler::kPromptLogprobRows; max_tokens 0 reads it and generates nothing.
   int32_t prompt_logprobs = -1;
+  // Admission order: a waiting request with a lower value is admitted first, equal ones first
+  // come first (vLLM's priority scheduling; a running request is not preempted).
+  int32_t priority = 0;
   OutputConstraint constraint;            // structured output (a JSON schema), or none
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
 };

@@ -352,7 +352,11 @@ bool Scheduler::step() {
   {
     std::lock_guard lock(mu_);
     while (!incoming_.empty()) {
-      waiting_.push_back(std::move(incoming_.front()));
+      // Behind every waiting request of the same or a lower priority value.
+      const int32_t pri = incoming_.front().params.priority;
+      const auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                                   [&](const Pending& w) { return w.params.priority > pri; });
+      waiting_.insert(at, std::move(incoming_.front()));
       incoming_.pop_front();
     }
   }

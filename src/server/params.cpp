@@ -141,6 +141,7 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
                     "min_tokens");
   p.include_stop_string = boolean(body, "include_stop_str_in_output", false);
   p.prompt_logprobs = int32_t(integer(body, "prompt_logprobs", 0, 20, -1));
+  p.priority = int32_t(integer(body, "priority", INT32_MIN, INT32_MAX, 0));
   if (p.prompt_logprobs >= 0 && boolean(body, "stream", false))
     throw HttpError(400, "prompt_logprobs is not supported with stream", "prompt_logprobs");
   if (has(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], api.ctx.engine->model().config().vocab_size);

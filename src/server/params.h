@@ -39,7 +39,7 @@ Generation parse_generation(const Json& body, const HttpServer::Api& api, std::v
 // vLLM's extensions that parse_generation reads (and llama-server's typical_p / top_n_sigma),
 // accepted by the chat and completions routes.
 inline constexpr const char* kVllmSamplingFields[] = {"min_tokens", "stop_token_ids", "include_stop_str_in_output",
-                                                      "prompt_logprobs", "typical_p", "top_n_sigma"};
+                                                      "prompt_logprobs", "priority", "typical_p", "top_n_sigma"};
 // The request's output constraint, from the one field that gives it: response_format (OpenAI:
 // text, json_object — llama-server's form may carry a "schema" — or json_schema), vLLM's
 // structured_outputs {json | regex | choice | grammar | json_object} and older guided_json /

@@ -249,6 +249,29 @@ TEST_F(EngineTest, PromptLogprobsEqualTheDecodedOnes) {
   EXPECT_THROW(s.submit(bad), Error);
 }
 
+// Priority: with one slot, waiting requests are admitted by their priority value (lower first),
+// equal values in arrival order.
+TEST_F(EngineTest, LowerPriorityValuesAreAdmittedFirst) {
+  SchedulerOptions o = small_options();
+  o.slots = 1;
+  o.prefix_cache = false;
+  Scheduler s(*model_, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int32_t pri : {0, 5, -1, 0}) {
+    RequestParams p;
+    p.prompt = prompt(6, int(reqs.size()));
+    p.max_tokens = 3;
+    p.priority = pri;
+    reqs.push_back(s.submit(p));
+  }
+  run_until_done(s, reqs);
+  std::vector<double> ttft;
+  for (auto& r : reqs) ttft.push_back(wait_for_result(*r, 1000ms).usage.ttft_seconds);
+  EXPECT_LT(ttft[2], ttft[0]) << "priority -1 before 0";
+  EXPECT_LT(ttft[0], ttft[3]) << "equal priorities in arrival order";
+  EXPECT_LT(ttft[3], ttft[1]) << "priority 5 last";
+}
+
 TEST_F(EngineTest, CancelFreesTheSlotWithinOneStep) {
   SchedulerOptions o = small_options();
   o.slots = 1;
