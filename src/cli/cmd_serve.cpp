@@ -41,6 +41,7 @@ struct ServeOptions {
   std::vector<std::string> allowed_origins = {"*"};  // CORS
   size_t stored_responses = 1024;                    // Responses API, for previous_response_id
   bool no_access_log = false;
+  int64_t reasoning_budget = -1;  // default thinking_token_budget
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -201,6 +202,7 @@ void serve(const ServeOptions& o) {
     if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
   ctx.json_whitespace = o.json_whitespace;
   ctx.chat_template_kwargs = default_kwargs;
+  ctx.reasoning_budget = o.reasoning_budget;
   ctx.model_name = !o.alias.empty()  ? o.alias
                    : o.model.empty() ? "qwen36-default"
                                      : std::filesystem::path(o.model).filename().string();
@@ -275,6 +277,12 @@ void register_serve(CLI::App& app) {
                   "Chat template variables for every request, under its own chat_template_kwargs: a JSON "
                   "object, e.g. '{\"enable_thinking\": false}' to answer without reasoning by default")
       ->envname("QWEN36_CHAT_TEMPLATE_KWARGS");
+  cmd->add_option("--reasoning-budget", o->reasoning_budget,
+                  "Most tokens a chat answer may reason before its </think> is forced (a request's "
+                  "thinking_token_budget overrides; -1: no cap)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 30))
+      ->envname("QWEN36_REASONING_BUDGET")
+      ->capture_default_str();
   cmd->add_option("--chat-template-file", o->chat_template_file,
                   "Jinja chat template to use instead of the model's own (tokenizer_config.json, "
                   "chat_template.jinja or the GGUF's tokenizer.chat_template)")

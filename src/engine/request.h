@@ -39,6 +39,12 @@ struct RequestParams {
   // Admission order: a waiting request with a lower value is admitted first, equal ones first
   // come first (vLLM's priority scheduling; a running request is not preempted).
   int32_t priority = 0;
+  // The reasoning's length cap (vLLM's thinking_token_budget, Anthropic's budget_tokens): the
+  // reasoning opens with the prompt (reasoning_start -1) or at the model's `reasoning_start`
+  // token (<think>), and once `reasoning_budget` tokens were drawn in it, `reasoning_end`
+  // (</think>) is the next one. -1: no cap.
+  int32_t reasoning_budget = -1;
+  int32_t reasoning_start = -1, reasoning_end = -1;
   OutputConstraint constraint;            // structured output (a JSON schema), or none
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
 };

@@ -39,29 +39,59 @@ struct Scheduler::Sequence {
   bool failed = false;  // ended by an error: the slot's state is unknown
   SpecSeqState spec;    // with speculative decoding
   std::optional<TokenConstraint> constraint;  // structured output
+  // reasoning_budget: where the answer stands (Before the model opens it, Open, Closed or no
+  // budget) and how many tokens it reasoned.
+  enum class Reasoning : uint8_t { Before, Open, Closed };
+  Reasoning reasoning = Reasoning::Closed;
+  int32_t reasoning_tokens = 0;
 
   Sequence(Pending p, int32_t slot_, int32_t reused, const std::shared_ptr<const TokenTrie>& vocab)
       : in(std::move(p)), sampler(in.params.sampling),
         text(in.params.stop_strings, in.params.include_stop_string, in.params.min_tokens <= 0), slot(slot_),
         tokens(in.params.prompt), n_prompt(int32_t(tokens.size())), n_fed(reused), prefill_start(reused),
         n_cached(reused) {
+    if (in.params.reasoning_budget >= 0)
+      reasoning = in.params.reasoning_start < 0 ? Reasoning::Open : Reasoning::Before;
     if (!in.params.constraint.empty()) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
   }
+  // The reasoning's state after `tok` (and its count, in *reasoned).
+  Reasoning after(Reasoning r, int32_t tok, int64_t* reasoned) const {
+    if (r == Reasoning::Before) return tok == in.params.reasoning_start ? Reasoning::Open : r;
+    if (r == Reasoning::Closed) return r;
+    if (tok == in.params.reasoning_end) return Reasoning::Closed;
+    ++*reasoned;
+    return r;
+  }
   bool prefilling() const { return n_fed < n_prompt; }
-  // Whether the row of the token after `drafted` more must have its stop ids masked (min_tokens).
-  bool holds_stops(size_t drafted = 0) const {
-    return n_generated + int64_t(drafted) < in.params.min_tokens && !in.params.stop_ids.empty();
+  // Whether the row of the token after the drafted `path` must have its stop ids masked (min_tokens).
+  bool holds_stops(std::span<const int32_t> path = {}) const {
+    return n_generated + int64_t(path.size()) < in.params.min_tokens && !in.params.stop_ids.empty();
   }
-  // Whether this step's row must come to the host whole, for logit_bias, min_tokens or the
-  // constraint's mask.
+  // Whether the token after the drafted `path` must close the reasoning (its budget is spent).
+  bool ends_reasoning(std::span<const int32_t> path = {}) const {
+    Reasoning r = reasoning;
+    int64_t reasoned = reasoning_tokens;
+    for (int32_t t : path) r = after(r, t, &reasoned);
+    return r == Reasoning::Open && reasoned >= in.params.reasoning_budget;
+  }
+  // Whether this step's row must come to the host whole, for logit_bias, min_tokens, the
+  // reasoning budget or the constraint's mask.
   bool shapes() const {
-    return !in.params.logit_bias.empty() || holds_stops() || (constraint && constraint->masks());
+    return !in.params.logit_bias.empty() || holds_stops() || ends_reasoning() || (constraint && constraint->masks());
   }
-  // logit_bias, and the stop ids masked while min_tokens holds them.
-  void bias(std::span<float> row, size_t drafted) const {
+  // logit_bias, the stop ids masked while min_tokens holds them, every token but the reasoning's
+  // end masked once its budget is spent.
+  void bias(std::span<float> row, std::span<const int32_t> path) const {
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
     for (const auto& [t, b] : in.params.logit_bias) row[size_t(t)] += b;
-    if (holds_stops(drafted))
-      for (int32_t t : in.params.stop_ids) row[size_t(t)] = -std::numeric_limits<float>::infinity();
+    if (holds_stops(path))
+      for (int32_t t : in.params.stop_ids) row[size_t(t)] = kMasked;
+    if (ends_reasoning(path)) {
+      const size_t end = size_t(in.params.reasoning_end);
+      const float keep = std::isfinite(row[end]) ? row[end] : 0.0f;
+      std::fill(row.begin(), row.end(), kMasked);
+      row[end] = keep;
+    }
   }
 };
 
@@ -104,6 +134,10 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
                "the prompt ({} tokens) does not fit the context ({} tokens)", p.prompt.size(), opts_.context);
   QWEN36_CHECK(p.max_tokens >= 0, "max_tokens {} must be >= 0", p.max_tokens);
   QWEN36_CHECK(p.min_tokens >= 0, "min_tokens {} must be >= 0", p.min_tokens);
+  QWEN36_CHECK(p.reasoning_budget < 0 || (p.reasoning_end >= 0 && p.reasoning_end < c.vocab_size &&
+                                           p.reasoning_start < c.vocab_size),
+               "a reasoning budget needs the reasoning's end token (got {}, start {})", p.reasoning_end,
+               p.reasoning_start);
   for (int32_t t : p.stop_ids)
     QWEN36_CHECK(t >= 0 && t < c.vocab_size, "stop token {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
   QWEN36_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20, "top_logprobs {} must be between 0 and 20",
@@ -241,7 +275,7 @@ static TokenLogprob logprob_of(std::span<const float> raw, int32_t tok, int32_t 
 }
 
 bool Scheduler::shape(Sequence& s, std::span<float> row) {
-  s.bias(row, 0);
+  s.bias(row, {});
   if (!s.constraint || !s.constraint->masks() || s.constraint->apply(row) > 0) return true;
   finish(s, "error", "the output constraint admits no token here: no token of the vocabulary continues the document");
   return false;
@@ -284,6 +318,11 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   s.last_token = now;
   RequestEvent ev;
   ev.token = tok;
+  {
+    int64_t reasoned = s.reasoning_tokens;
+    s.reasoning = s.after(s.reasoning, tok, &reasoned);
+    s.reasoning_tokens = int32_t(reasoned);
+  }
   if (s.n_generated >= s.in.params.min_tokens) s.text.arm();  // stop strings count from here
   if (opts_.token_text) ev.text = s.text.push(opts_.token_text(tok));
   ev.logprob = std::move(lp);
@@ -334,9 +373,10 @@ void Scheduler::add_spec_turns(ForwardBatch& batch, std::vector<SpecTurn>& turns
     t.history = s.tokens;
     t.room = draft_room(s.in.params.max_tokens - s.n_generated, opts_.context, s.n_fed);
     t.want_raw = s.in.params.top_logprobs >= 0;
-    if (s.constraint || !s.in.params.logit_bias.empty() || s.holds_stops())
+    if (s.constraint || !s.in.params.logit_bias.empty() || s.holds_stops() ||
+        s.reasoning != Sequence::Reasoning::Closed)
       t.shape = [&s](std::span<const int32_t> path, std::span<float> row) {
-        s.bias(row, path.size());
+        s.bias(row, path);
         return !s.constraint || s.constraint->apply_after(path, row);
       };
     turns.push_back(t);

@@ -2,8 +2,8 @@
 // it. Messages with text, tool_use and tool_result blocks become chat messages, tools
 // (input_schema), tool_choice (auto / any / tool / none) and thinking their chat fields; the
 // answer is a message whose content holds thinking, text and tool_use blocks, or the stream of
-// events that builds it. As the API has it, the model thinks only when `thinking` is enabled
-// (its budget_tokens is not enforced: max_tokens bounds the whole answer).
+// events that builds it. As the API has it, the model thinks only when `thinking` is enabled,
+// for at most its budget_tokens (then the reasoning is closed and the answer follows).
 #include "server/chat.h"
 #include "server/reply.h"
 
@@ -84,7 +84,9 @@ Json chat_body(const Json& body) {
   }
   const Json thinking = has(body, "thinking") ? body["thinking"] : Json::object();
   if (!thinking.is_object()) throw HttpError(400, "'thinking' must be an object", "thinking");
-  chat["chat_template_kwargs"] = {{"enable_thinking", thinking.value("type", "disabled") == "enabled"}};
+  const bool thinks = thinking.value("type", "disabled") == "enabled";
+  chat["chat_template_kwargs"] = {{"enable_thinking", thinks}};
+  if (thinks && thinking.contains("budget_tokens")) chat["thinking_token_budget"] = thinking["budget_tokens"];
   return chat;
 }
 

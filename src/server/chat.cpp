@@ -247,6 +247,15 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
       throw HttpError(400, "the prompt opens <think> but the vocabulary has no </think>", "response_format");
   }
   g.params.constraint = std::move(constraint);
+  // vLLM's thinking_token_budget (the server's --reasoning-budget by default): a cap on the
+  // reasoning the prompt opens, or the model opens with <think>.
+  const int64_t budget = integer(body, "thinking_token_budget", 0, 1 << 30, api.ctx.reasoning_budget);
+  const int32_t think = api.ctx.tokenizer->token_id("<think>"), end_think = api.ctx.tokenizer->token_id("</think>");
+  if (budget >= 0 && end_think >= 0 && (popts.prompt_opened_thinking || think >= 0)) {
+    g.params.reasoning_budget = int32_t(budget);
+    g.params.reasoning_start = popts.prompt_opened_thinking ? -1 : think;
+    g.params.reasoning_end = end_think;
+  }
   if (!tools.is_null()) popts.tools = tools;
   return out;
 }

@@ -42,6 +42,7 @@ struct ServeContext {
   std::string model_name = "qwen36";
   std::string json_whitespace = "limited";  // JSON output's default whitespace (text::whitespace_named)
   nlohmann::ordered_json chat_template_kwargs;  // defaults under every request's chat_template_kwargs
+  int64_t reasoning_budget = -1;  // default thinking_token_budget of chat requests (-1: none)
 };
 
 class HttpServer {

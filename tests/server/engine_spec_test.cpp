@@ -214,6 +214,12 @@ TEST_F(EngineSpecTest, StopsInsideARoundEndLikeThePlainPathAndCacheTheRightState
   v.stop_ids = {ref[3]};  // masked in the drafts' rows as in the plain path's until min_tokens are out
   v.min_tokens = 8;
   variants.push_back(v);
+  v = base;  // a reasoning opened by the fourth token, closed by force six tokens later
+  v.reasoning_budget = 6;
+  v.reasoning_start = ref[3];
+  v.reasoning_end = 0;
+  while (std::find(ref.begin(), ref.end(), v.reasoning_end) != ref.end()) ++v.reasoning_end;
+  variants.push_back(v);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     const RequestParams& p = variants[vi];
     Scheduler plain(*model_, options(SpecMethod::None));
@@ -226,6 +232,8 @@ TEST_F(EngineSpecTest, StopsInsideARoundEndLikeThePlainPathAndCacheTheRightState
     t2.prompt.insert(t2.prompt.end(), user.begin(), user.end());
     t2.stop_ids.clear();
     t2.stop_strings.clear();
+    t2.min_tokens = 0;
+    t2.reasoning_budget = -1;  // the reference (generate) knows neither
     t2.max_tokens = 12;
     const std::vector<int32_t> cold = alone(t2);
     with_oracle(o, {{base.prompt, ref}, {t2.prompt, cold}}, /*corrupt=*/false);

@@ -249,6 +249,47 @@ TEST_F(EngineTest, PromptLogprobsEqualTheDecodedOnes) {
   EXPECT_THROW(s.submit(bad), Error);
 }
 
+// The reasoning budget: once that many tokens were drawn inside the reasoning, its end token
+// is next; opened by the prompt, or by the model's start token.
+TEST_F(EngineTest, ReasoningBudgetForcesTheEnd) {
+  Scheduler s(*model_, small_options());
+  RequestParams p;
+  p.prompt = prompt(10, 4);
+  p.max_tokens = 12;
+  const auto ref = alone(p, 16);
+  ASSERT_EQ(ref.size(), 12u);
+  int32_t end = 0;  // a token the free run never draws
+  while (std::find(ref.begin(), ref.end(), end) != ref.end()) ++end;
+  auto run = [&](RequestParams q) {
+    auto r = s.submit(q);
+    run_until_done(s, {r});
+    return wait_for_result(*r, 1000ms).tokens;
+  };
+  RequestParams opened = p;  // the prompt opened the reasoning
+  opened.reasoning_budget = 4;
+  opened.reasoning_end = end;
+  const auto a = run(opened);
+  ASSERT_GE(a.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 4), std::vector<int32_t>(ref.begin(), ref.begin() + 4));
+  EXPECT_EQ(a[4], end);
+  EXPECT_EQ(std::count(a.begin(), a.end(), end), 1) << "once closed, the budget is over";
+
+  RequestParams later = opened;  // opened by the model's third token
+  later.reasoning_start = ref[2];
+  const auto b = run(later);
+  const size_t open_at = size_t(std::find(ref.begin(), ref.end(), ref[2]) - ref.begin());
+  ASSERT_GE(b.size(), open_at + 6);
+  EXPECT_EQ(b[open_at + 5], end) << "four tokens after the start token";
+  EXPECT_EQ(std::count(b.begin(), b.begin() + std::ptrdiff_t(open_at) + 5, end), 0);
+
+  RequestParams zero = opened;
+  zero.reasoning_budget = 0;
+  EXPECT_EQ(run(zero).front(), end);
+  RequestParams bad = opened;
+  bad.reasoning_end = -1;
+  EXPECT_THROW(s.submit(bad), Error);
+}
+
 // Priority: with one slot, waiting requests are admitted by their priority value (lower first),
 // equal values in arrival order.
 TEST_F(EngineTest, LowerPriorityValuesAreAdmittedFirst) {

@@ -1008,6 +1008,28 @@ TEST_F(HttpTest, AssistantPrefillContinuesTheMessage) {
   expect_400(with_call, "cannot be continued");
 }
 
+// thinking_token_budget (vLLM) on chat, budget_tokens on messages: a cap the model's <think>
+// opens; with logit_bias making <think> certain, the reasoning is cut at the budget.
+TEST_F(HttpTest, ThinkingTokenBudget) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const int32_t think = g_shared->tok->token_id("<think>");
+  ASSERT_GE(think, 0);
+  Json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 10}, {"temperature", 0},
+               {"logit_bias", {{std::to_string(think), 100}}}, {"thinking_token_budget", 3}, {"logprobs", true}};
+  const Json r = post_json(c, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  std::vector<std::string> toks;
+  for (const Json& t : r["choices"][0]["logprobs"]["content"]) toks.push_back(t["token"]);
+  ASSERT_GE(toks.size(), 5u) << r.dump();
+  EXPECT_EQ(toks[0], "<think>");
+  EXPECT_EQ(toks[4], "</think>") << "three reasoning tokens, then the end: " << r.dump();
+  body["thinking_token_budget"] = -1;
+  post_json(c, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(status, 400);
+}
+
 // The server's default chat_template_kwargs, under each request's own.
 TEST_F(HttpTest, DefaultChatTemplateKwargs) {
   const Json ask = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 1}};
