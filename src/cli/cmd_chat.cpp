@@ -34,6 +34,7 @@ struct ChatOptions {
   std::string model, tokenizer, backend = "cpu", system, chat_template_file;
   int64_t ctx = 4096;
   int32_t n_predict = -1;  // per answer; -1: until the context is full
+  int32_t reasoning_budget = -1;  // tokens of reasoning before </think> is forced
   int threads = 0;
   bool no_think = false;
   std::string spec = "none";
@@ -120,6 +121,12 @@ class Session {
     OutputParserOptions popts;
     popts.thinking_enabled = true;
     popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
+    const bool can_open = popts.prompt_opened_thinking || tok_.token_id("<think>") >= 0;
+    if (o_.reasoning_budget >= 0 && can_open && tok_.token_id("</think>") >= 0) {
+      p.reasoning_budget = o_.reasoning_budget;
+      p.reasoning_start = popts.prompt_opened_thinking ? -1 : tok_.token_id("<think>");
+      p.reasoning_end = tok_.token_id("</think>");
+    }
     OutputParser parser(popts);
     std::string content;
     auto show = [&](const std::vector<OutputDelta>& deltas) {
@@ -276,6 +283,10 @@ void register_chat(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or its directory (default: beside the model)");
   cmd->add_option("--system", o->system, "System message of every conversation");
   cmd->add_flag("--no-think", o->no_think, "Answer without reasoning first (enable_thinking false)");
+  cmd->add_option("--reasoning-budget", o->reasoning_budget,
+                  "Most tokens of reasoning before </think> is forced (-1: no cap)")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
   cmd->add_option("--chat-template-file", o->chat_template_file, "Jinja chat template instead of the model's own")
       ->check(CLI::ExistingFile);
   cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens an answer may have (-1: until the context is full)")
