@@ -2,7 +2,8 @@
 """Smoke checks of a running `qwen36 serve` (the built-in small model), optionally against a
 reference server (e.g. the CPU backend while the first one runs on CUDA): the request fields
 whose handling goes through the engine's row paths — echo with prompt logprobs, min_tokens with
-stop_token_ids, structured output with compact whitespace, assistant prefill. Standard library
+stop_token_ids, the reasoning budget, prompt_logprobs, structured output with compact whitespace,
+assistant prefill, a list of prompts. Standard library
 only. Exit status 1 when a check fails.
 
   scripts/server-smoke.py http://127.0.0.1:8080 [http://127.0.0.1:8081]
@@ -55,6 +56,25 @@ def main():
                                        "logit_bias": {str(x): 100}, "stop_token_ids": [x], "min_tokens": 3})
     check("min_tokens holds the stop token", r["usage"]["completion_tokens"] == 3 and
           r["choices"][0]["finish_reason"] == "stop", json.dumps(r["usage"]))
+
+    think = tokens(base, "<think>")
+    if len(think) == 1:
+        r = post(base, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "temperature": 0, "logprobs": True,
+            "logit_bias": {str(think[0]): 100}, "thinking_token_budget": 3,
+            "chat_template_kwargs": {"enable_thinking": True}})
+        toks = [t["token"] for t in r["choices"][0]["logprobs"]["content"]]
+        check("thinking_token_budget forces </think>", len(toks) > 4 and toks[4] == "</think>", repr(toks[:6]))
+
+    r = post(base, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "prompt_logprobs": 1})
+    plp = r["choices"][0]["prompt_logprobs"]
+    ids = tokens(base, prompt)
+    ok = len(plp) == n and all(abs(plp[i][str(ids[i])]["logprob"] - scores[i]) < 1e-4 for i in range(1, n))
+    check("prompt_logprobs equal the echo scores", ok)
+
+    r = post(base, "/v1/completions", {"prompt": ["def f():", "import"], "n": 2, "max_tokens": 4,
+                                       "temperature": 0})
+    check("a list of prompts: n choices each", [c["index"] for c in r["choices"]] == [0, 1, 2, 3])
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "n": {"type": "integer", "minimum": 0, "maximum": 99}},
