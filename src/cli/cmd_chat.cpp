@@ -120,13 +120,9 @@ class Session {
     p.stop_ids = stop_ids_;
     OutputParserOptions popts;
     popts.thinking_enabled = true;
-    popts.prompt_opened_thinking = prompt.ends_with("<think>\n");
-    const bool can_open = popts.prompt_opened_thinking || tok_.token_id("<think>") >= 0;
-    if (o_.reasoning_budget >= 0 && can_open && tok_.token_id("</think>") >= 0) {
-      p.reasoning_budget = o_.reasoning_budget;
-      p.reasoning_start = popts.prompt_opened_thinking ? -1 : tok_.token_id("<think>");
-      p.reasoning_end = tok_.token_id("</think>");
-    }
+    popts.prompt_opened_thinking = prompt_opens_thinking(prompt);
+    cap_reasoning(p, o_.reasoning_budget, popts.prompt_opened_thinking, tok_.token_id("<think>"),
+                  tok_.token_id("</think>"));
     OutputParser parser(popts);
     std::string content;
     auto show = [&](const std::vector<OutputDelta>& deltas) {
@@ -212,9 +208,7 @@ void chat(const ChatOptions& o) {
   so.context = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   so.kv_type = resolve_cache_type(o.cache, *lm.backend);
   so.state_type = resolve_state_type(o.cache);
-  so.token_text = [&tok](int32_t id) {
-    return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
-  };
+  so.token_text = token_text_of(tok);
   if (o.spec != "none") {
     so.spec.method = parse_spec_method(o.spec);
     so.spec.draft_n = o.spec_draft_n;
@@ -230,13 +224,9 @@ void chat(const ChatOptions& o) {
   mem.kv_type = so.kv_type;
   mem.state_type = so.state_type;
   check_memory_plan(*lm.backend, c, mem);
-  std::vector<int32_t> stop_ids = c.eos_token_ids;
-  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-    if (int32_t id = tok.token_id(s); id >= 0) stop_ids.push_back(id);
-
   Scheduler engine(*lm.model, so);
   engine.start();
-  Session session(o, engine, tok, *tmpl, std::move(stop_ids));
+  Session session(o, engine, tok, *tmpl, chat_stop_ids(c, tok));
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   if (tty)
     std::fprintf(stderr, "qwen36 chat: %s, context %lld tokens. /help lists the commands.\n",

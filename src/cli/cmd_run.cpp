@@ -194,7 +194,7 @@ void run_text(const RunOptions& o, LoadedModel& lm) {
     nlohmann::ordered_json kwargs = {{"enable_thinking", !o.no_think}};
     text = tmpl->render(messages, nullptr, true, kwargs);
     popts.thinking_enabled = true;
-    popts.prompt_opened_thinking = text.ends_with("<think>\n");
+    popts.prompt_opened_thinking = prompt_opens_thinking(text);
   }
   // Qwen tokenizers end documents with <|endoftext|> and turns with <|im_end|>; a checkpoint's
   // eos list (or a GGUF's single eos id) may name only one of them.

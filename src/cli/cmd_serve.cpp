@@ -171,10 +171,7 @@ void serve(const ServeOptions& o) {
                   .host_bytes = size_t(o.cache_ram_mib) << 20};
   so.kv_type = resolve_cache_type(o.cache, *lm.backend);
   so.state_type = resolve_state_type(o.cache);
-  so.token_text = [&tok](int32_t id) {
-    // Padded embedding rows past the tokenizer's vocabulary (and holes) have no text.
-    return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
-  };
+  so.token_text = token_text_of(tok);
   so.vocab = std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size));  // for response_format
   MemoryRequest mem;
   mem.slots = so.slots;
@@ -197,9 +194,7 @@ void serve(const ServeOptions& o) {
   ctx.engine = &engine;
   ctx.tokenizer = &tok;
   ctx.chat_template = tmpl.get();
-  ctx.stop_ids = c.eos_token_ids;
-  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-    if (int32_t id = tok.token_id(s); id >= 0) ctx.stop_ids.push_back(id);
+  ctx.stop_ids = chat_stop_ids(c, tok);
   ctx.json_whitespace = o.json_whitespace;
   ctx.chat_template_kwargs = default_kwargs;
   ctx.reasoning_budget = o.reasoning_budget;

@@ -11,6 +11,7 @@
 #include "model/expert_placement.h"
 #include "model/presets.h"
 #include "model/random_weights.h"
+#include "text/tokenizer.h"
 #ifdef QWEN36_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -143,6 +144,21 @@ std::unique_ptr<ChatTemplate> load_chat_template(const std::string& tok_path, co
   std::optional<ChatTemplate> t = ChatTemplate::find(tok_path);
   return t ? std::make_unique<ChatTemplate>(std::move(*t)) : nullptr;
 }
+
+#ifdef QWEN36_HAVE_PCRE2  // the tokenizer is built with PCRE2
+std::function<std::string(int32_t)> token_text_of(const text::Tokenizer& tok) {
+  return [&tok](int32_t id) {
+    return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
+  };
+}
+
+std::vector<int32_t> chat_stop_ids(const ModelConfig& c, const text::Tokenizer& tok) {
+  std::vector<int32_t> ids = c.eos_token_ids;
+  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+    if (int32_t id = tok.token_id(s); id >= 0) ids.push_back(id);
+  return ids;
+}
+#endif
 
 std::vector<int32_t> read_i32_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@
 #include "model/memory_plan.h"
 #include "model/qwen36.h"
 #include "text/chat_template.h"
+
+namespace qwen36::text {
+class Tokenizer;
+}
 
 namespace qwen36::cli {
 
@@ -62,6 +67,13 @@ std::string resolve_tokenizer(const std::string& explicit_path, const std::strin
 // else the one the tokenizer's path carries (ChatTemplate::find: a GGUF's own, a checkpoint's
 // tokenizer_config.json or chat_template.jinja); null when there is none.
 std::unique_ptr<ChatTemplate> load_chat_template(const std::string& tok_path, const std::string& template_file);
+
+// A token's bytes for the scheduler's streamed text (SchedulerOptions::token_text): padded
+// embedding rows past the tokenizer's vocabulary, and holes, have none. `tok` must outlive it.
+std::function<std::string(int32_t)> token_text_of(const text::Tokenizer& tok);
+// What ends a chat answer: the checkpoint's eos ids and Qwen's <|im_end|> / <|endoftext|> (an
+// eos list, or a GGUF's single eos id, may name only one of them).
+std::vector<int32_t> chat_stop_ids(const ModelConfig& c, const text::Tokenizer& tok);
 
 // --cache-type-k/-ctk and --cache-type-v/-ctv: the attention KV cache element type;
 // --state-type: the DeltaNet recurrent state's.

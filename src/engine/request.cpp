@@ -4,6 +4,13 @@
 
 namespace qwen36 {
 
+void cap_reasoning(RequestParams& p, int64_t budget, bool prompt_opened, int32_t think, int32_t end_think) {
+  if (budget < 0 || end_think < 0 || (!prompt_opened && think < 0)) return;
+  p.reasoning_budget = int32_t(budget);
+  p.reasoning_start = prompt_opened ? -1 : think;
+  p.reasoning_end = end_think;
+}
+
 bool Request::next(RequestEvent& ev, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;

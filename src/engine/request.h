@@ -49,6 +49,11 @@ struct RequestParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before each draw
 };
 
+// Caps p's reasoning at `budget` tokens (< 0: no cap). It is open from the prompt on when
+// `prompt_opened`, else from the model's `think` token; `end_think` closes it. Without the tokens
+// that needs (an id < 0) nothing is capped.
+void cap_reasoning(RequestParams& p, int64_t budget, bool prompt_opened, int32_t think, int32_t end_think);
+
 // Log-probabilities from the model's raw distribution (before sampling filters), like vLLM.
 struct TokenLogprob {
   int32_t token = -1;

@@ -76,9 +76,12 @@ std::vector<Cand> typical(const std::vector<Cand>& cand, float typical_p) {
     if (q > 0) entropy -= q * std::log(q);
   }
   std::vector<size_t> order(cand.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto distance = [&](size_t i) { return prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY; };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance(a) < distance(b); });
+  std::vector<double> distance(cand.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+    distance[i] = prob[i] > 0 ? std::abs(-std::log(prob[i]) - entropy) : INFINITY;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance[a] < distance[b]; });
   double acc = 0;
   size_t keep = 0;
   while (keep < order.size() && (keep == 0 || acc < typical_p)) acc += prob[order[keep++]];

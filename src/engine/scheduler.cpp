@@ -43,7 +43,7 @@ struct Scheduler::Sequence {
   // budget) and how many tokens it reasoned.
   enum class Reasoning : uint8_t { Before, Open, Closed };
   Reasoning reasoning = Reasoning::Closed;
-  int32_t reasoning_tokens = 0;
+  int64_t reasoning_tokens = 0;
 
   Sequence(Pending p, int32_t slot_, int32_t reused, const std::shared_ptr<const TokenTrie>& vocab)
       : in(std::move(p)), sampler(in.params.sampling),
@@ -54,12 +54,12 @@ struct Scheduler::Sequence {
       reasoning = in.params.reasoning_start < 0 ? Reasoning::Open : Reasoning::Before;
     if (!in.params.constraint.empty()) constraint.emplace(vocab, in.params.constraint, in.params.stop_ids);
   }
-  // The reasoning's state after `tok` (and its count, in *reasoned).
-  Reasoning after(Reasoning r, int32_t tok, int64_t* reasoned) const {
+  // The reasoning's state after `tok` (its count of tokens in `reasoned`).
+  Reasoning after(Reasoning r, int32_t tok, int64_t& reasoned) const {
     if (r == Reasoning::Before) return tok == in.params.reasoning_start ? Reasoning::Open : r;
     if (r == Reasoning::Closed) return r;
     if (tok == in.params.reasoning_end) return Reasoning::Closed;
-    ++*reasoned;
+    ++reasoned;
     return r;
   }
   bool prefilling() const { return n_fed < n_prompt; }
@@ -71,7 +71,7 @@ struct Scheduler::Sequence {
   bool ends_reasoning(std::span<const int32_t> path = {}) const {
     Reasoning r = reasoning;
     int64_t reasoned = reasoning_tokens;
-    for (int32_t t : path) r = after(r, t, &reasoned);
+    for (int32_t t : path) r = after(r, t, reasoned);
     return r == Reasoning::Open && reasoned >= in.params.reasoning_budget;
   }
   // Whether this step's row must come to the host whole, for logit_bias, min_tokens, the
@@ -318,11 +318,7 @@ SpecStepper::Emit Scheduler::emit(Sequence& s, int32_t tok, std::span<const floa
   s.last_token = now;
   RequestEvent ev;
   ev.token = tok;
-  {
-    int64_t reasoned = s.reasoning_tokens;
-    s.reasoning = s.after(s.reasoning, tok, &reasoned);
-    s.reasoning_tokens = int32_t(reasoned);
-  }
+  s.reasoning = s.after(s.reasoning, tok, s.reasoning_tokens);
   if (s.n_generated >= s.in.params.min_tokens) s.text.arm();  // stop strings count from here
   if (opts_.token_text) ev.text = s.text.push(opts_.token_text(tok));
   ev.logprob = std::move(lp);

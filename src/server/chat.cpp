@@ -164,16 +164,6 @@ std::string continued_prompt(const ChatTemplate& tmpl, Json messages, const Json
   return text.substr(0, content.empty() ? at : at + find.size());
 }
 
-// Whether the prompt leaves the model inside <think>: after the last turn's opening (ChatML's
-// <|im_start|>), a <think> with no </think> after it — the generation prompt of a thinking
-// template, or an assistant prefill that is still reasoning.
-bool prompt_opens_thinking(const std::string& prompt) {
-  const size_t turn = prompt.rfind("<|im_start|>");
-  const size_t from = turn == std::string::npos ? 0 : turn;
-  const size_t open = prompt.rfind("<think>"), close = prompt.rfind("</think>");
-  return open != std::string::npos && open >= from && (close == std::string::npos || close < open);
-}
-
 }  // namespace
 
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
@@ -249,13 +239,9 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   g.params.constraint = std::move(constraint);
   // vLLM's thinking_token_budget (the server's --reasoning-budget by default): a cap on the
   // reasoning the prompt opens, or the model opens with <think>.
-  const int64_t budget = integer(body, "thinking_token_budget", 0, 1 << 30, api.ctx.reasoning_budget);
-  const int32_t think = api.ctx.tokenizer->token_id("<think>"), end_think = api.ctx.tokenizer->token_id("</think>");
-  if (budget >= 0 && end_think >= 0 && (popts.prompt_opened_thinking || think >= 0)) {
-    g.params.reasoning_budget = int32_t(budget);
-    g.params.reasoning_start = popts.prompt_opened_thinking ? -1 : think;
-    g.params.reasoning_end = end_think;
-  }
+  cap_reasoning(g.params, integer(body, "thinking_token_budget", 0, 1 << 30, api.ctx.reasoning_budget),
+                popts.prompt_opened_thinking, api.ctx.tokenizer->token_id("<think>"),
+                api.ctx.tokenizer->token_id("</think>"));
   if (!tools.is_null()) popts.tools = tools;
   return out;
 }

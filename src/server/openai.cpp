@@ -302,6 +302,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
   const std::vector<Json> prompts = prompt_list(body.value("prompt", Json()));
   const int64_t n_logprobs = integer(body, "logprobs", 0, 20, -1);
   const OutputConstraint constraint = output_constraint(body, text::whitespace_named(api.ctx.json_whitespace));
+  const int vllm_prompt_logprobs = int(integer(body, "prompt_logprobs", 0, 20, -1));
   std::vector<Generation> gens;
   std::vector<std::string> echoes;  // each prompt's text, for echo
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -326,8 +327,7 @@ void handle_completions(HttpServer::Api& api, const httplib::Request& req, httpl
                                           job->want_logprobs = n_logprobs >= 0;
                                           job->top_n = int(n_logprobs);
                                           job->stream = gens[prompt].stream;
-                                          job->prompt_logprobs = {api.ctx.tokenizer,
-                                                                  int(integer(body, "prompt_logprobs", 0, 20, -1))};
+                                          job->prompt_logprobs = {api.ctx.tokenizer, vllm_prompt_logprobs};
                                           if (echo) job->start_echo(echoes[prompt], gens[prompt].params.prompt.front());
                                           if (first) job->id = first->id, job->created = first->created;
                                           return job;

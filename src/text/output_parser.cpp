@@ -6,6 +6,13 @@
 
 namespace qwen36 {
 
+bool prompt_opens_thinking(std::string_view prompt) {
+  const size_t turn = prompt.rfind("<|im_start|>");
+  const size_t from = turn == std::string_view::npos ? 0 : turn;
+  const size_t open = prompt.rfind("<think>"), close = prompt.rfind("</think>");
+  return open != std::string_view::npos && open >= from && (close == std::string_view::npos || close < open);
+}
+
 namespace {
 
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>", kCallOpen = "<tool_call>",

@@ -41,11 +41,16 @@ struct OutputDelta {
 
 struct OutputParserOptions {
   bool thinking_enabled = true;         // false: <think> and </think> are plain text
-  bool prompt_opened_thinking = false;  // the prompt ended with "<think>\n": start in reasoning
+  bool prompt_opened_thinking = false;  // the prompt left the model reasoning (prompt_opens_thinking)
   jinja::Json tools = nullptr;          // types XML values; when non-empty, unknown functions are text
   std::string id_prefix = "call_";      // tool call ids are id_prefix + index
   size_t max_tool_call_bytes = size_t{16} << 20;  // a longer unclosed call becomes text
 };
+
+// Whether a rendered prompt leaves the model inside <think>: after the last turn's opening
+// (ChatML's <|im_start|>), a <think> with no </think> after it — the generation prompt of a
+// thinking template, or an assistant prefill that is still reasoning.
+bool prompt_opens_thinking(std::string_view prompt);
 
 class OutputParser {
  public:
