@@ -215,15 +215,7 @@ void chat(const ChatOptions& o) {
     QWEN36_CHECK(so.spec.method != SpecMethod::Mtp || lm.model->has_mtp(),
                  "--spec mtp: this checkpoint has no MTP head; use --spec ngram or none");
   }
-  MemoryRequest mem;
-  mem.slots = 1;
-  mem.ctx = so.context;
-  mem.batch_tokens = so.max_batch_tokens;
-  mem.output_rows = 1 + (so.spec.method == SpecMethod::None ? 0 : so.spec.draft_n);
-  mem.mtp = so.spec.method == SpecMethod::Mtp;
-  mem.kv_type = so.kv_type;
-  mem.state_type = so.state_type;
-  check_memory_plan(*lm.backend, c, mem);
+  check_memory_plan(*lm.backend, c, scheduler_memory(so));
   Scheduler engine(*lm.model, so);
   engine.start();
   Session session(o, engine, tok, *tmpl, chat_stop_ids(c, tok));

@@ -173,20 +173,8 @@ void serve(const ServeOptions& o) {
   so.state_type = resolve_state_type(o.cache);
   so.token_text = token_text_of(tok);
   so.vocab = std::make_shared<const TokenTrie>(tok.document_bytes(c.vocab_size));  // for response_format
-  MemoryRequest mem;
-  mem.slots = so.slots;
-  mem.ctx = so.context;
-  mem.batch_tokens = so.max_batch_tokens;
-  mem.output_rows = so.slots + Scheduler::kPromptLogprobRows;  // a prompt_logprobs (echo) request's rows too
-  if (so.spec.method != SpecMethod::None) {
-    // Every decode row is an output row when verifying; drafts stay within the step budget.
-    const int64_t per_seq = std::max(so.spec.draft_n, so.spec.tree_budget) + 1;  // a chain's rows, or a tree's
-    mem.output_rows = std::min<int64_t>(int64_t(so.slots) * per_seq, int64_t(so.slots) + so.max_batch_tokens);
-    mem.mtp = so.spec.method == SpecMethod::Mtp;
-  }
-  mem.kv_type = so.kv_type;
-  mem.state_type = so.state_type;
-  check_memory_plan(*lm.backend, c, mem);
+  // A prompt_logprobs (echo) request's rows come beside the others, speculating or not.
+  check_memory_plan(*lm.backend, c, scheduler_memory(so, Scheduler::kPromptLogprobRows));
   Scheduler engine(*lm.model, so);
   engine.start();
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "engine/scheduler.h"
 #include "format/model_loader.h"
 #include "model/expert_placement.h"
 #include "model/presets.h"
@@ -159,6 +160,24 @@ std::vector<int32_t> chat_stop_ids(const ModelConfig& c, const text::Tokenizer& 
   return ids;
 }
 #endif
+
+MemoryRequest scheduler_memory(const SchedulerOptions& so, int64_t extra_rows) {
+  MemoryRequest mem;
+  mem.slots = so.slots;
+  mem.ctx = so.context;
+  mem.batch_tokens = so.max_batch_tokens;
+  mem.output_rows = so.slots;
+  if (so.spec.method != SpecMethod::None) {
+    // Every decode row is an output row when verifying; drafts stay within the step budget.
+    const int64_t per_seq = std::max(so.spec.draft_n, so.spec.tree_budget) + 1;  // a chain's rows, or a tree's
+    mem.output_rows = std::min<int64_t>(int64_t(so.slots) * per_seq, int64_t(so.slots) + so.max_batch_tokens);
+    mem.mtp = so.spec.method == SpecMethod::Mtp;
+  }
+  mem.output_rows += extra_rows;
+  mem.kv_type = so.kv_type;
+  mem.state_type = so.state_type;
+  return mem;
+}
 
 std::vector<int32_t> read_i32_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);

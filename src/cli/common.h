@@ -14,9 +14,12 @@
 #include "model/qwen36.h"
 #include "text/chat_template.h"
 
-namespace qwen36::text {
+namespace qwen36 {
+struct SchedulerOptions;
+namespace text {
 class Tokenizer;
 }
+}  // namespace qwen36
 
 namespace qwen36::cli {
 
@@ -74,6 +77,11 @@ std::function<std::string(int32_t)> token_text_of(const text::Tokenizer& tok);
 // What ends a chat answer: the checkpoint's eos ids and Qwen's <|im_end|> / <|endoftext|> (an
 // eos list, or a GGUF's single eos id, may name only one of them).
 std::vector<int32_t> chat_stop_ids(const ModelConfig& c, const text::Tokenizer& tok);
+
+// What a scheduler with these options asks of memory (check_memory_plan): its slots and context,
+// its step budget, its output rows — one a slot, or with speculation every drafted row — plus
+// `extra_rows` (the server's prompt_logprobs rows).
+MemoryRequest scheduler_memory(const SchedulerOptions& so, int64_t extra_rows = 0);
 
 // --cache-type-k/-ctk and --cache-type-v/-ctv: the attention KV cache element type;
 // --state-type: the DeltaNet recurrent state's.
