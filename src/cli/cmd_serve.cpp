@@ -186,6 +186,7 @@ void serve(const ServeOptions& o) {
   ctx.json_whitespace = o.json_whitespace;
   ctx.chat_template_kwargs = default_kwargs;
   ctx.reasoning_budget = o.reasoning_budget;
+  ctx.model_path = o.model;
   ctx.model_name = !o.alias.empty()  ? o.alias
                    : o.model.empty() ? "qwen36-default"
                                      : std::filesystem::path(o.model).filename().string();

@@ -53,13 +53,26 @@ size_t kept_count(const std::vector<float>& e, double sum, const SamplingParams&
   return keep;
 }
 
+// The temperature the filters see: 1 when the temperature comes last (T > 0 here).
+float filter_temperature(const SamplingParams& p) { return p.temperature_last ? 1.0f : p.temperature; }
+
 // The kept tokens' distribution, renormalised from their own exponentials: it depends on the
 // kept tokens only, not on the rest of the softmax set (which the candidate path may not have).
-std::vector<Cand> normalise(const std::vector<Cand>& cand, const std::vector<float>& e, size_t keep) {
+// With the temperature last the filters saw x = logit, and the kept tokens are drawn at T: their
+// exponentials are taken again, of (x − x_max) / T.
+std::vector<Cand> normalise(const std::vector<Cand>& cand, const std::vector<float>& e, size_t keep,
+                            const SamplingParams& p) {
+  std::vector<float> tempered;
+  const std::vector<float>* w = &e;
+  if (p.temperature_last && p.temperature != 1.0f) {
+    tempered.resize(keep);
+    for (size_t i = 0; i < keep; ++i) tempered[i] = std::exp((cand[i].second - cand[0].second) / p.temperature);
+    w = &tempered;
+  }
   double total = 0;
-  for (size_t i = 0; i < keep; ++i) total += e[i];
+  for (size_t i = 0; i < keep; ++i) total += (*w)[i];
   std::vector<Cand> out(keep);
-  for (size_t i = 0; i < keep; ++i) out[i] = {cand[i].first, float(e[i] / total)};
+  for (size_t i = 0; i < keep; ++i) out[i] = {cand[i].first, float((*w)[i] / total)};
   return out;
 }
 
@@ -118,12 +131,11 @@ std::vector<Cand> filter_sorted(const std::vector<Cand>& cand, const SamplingPar
   std::vector<float> e(cand.size());
   double sum = 0;
   for (size_t i = 0; i < cand.size(); ++i) sum += e[i] = std::exp(cand[i].second - mx);
-  return normalise(cand, e, kept_count(e, sum, p));
+  return normalise(cand, e, kept_count(e, sum, p), p);
 }
 
 SampleRowParams row_params(const SamplingParams& p) {
   SampleRowParams r;
-  r.temperature = p.temperature;
   r.repetition_penalty = p.repetition_penalty;
   r.presence_penalty = p.presence_penalty;
   r.frequency_penalty = p.frequency_penalty;
@@ -161,7 +173,8 @@ std::vector<Cand> Sampler::filtered(std::span<float> logits) {
     return cand;
   }
   cand.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) cand.emplace_back(int32_t(i), logits[i] / p_.temperature);
+  const float T = filter_temperature(p_);
+  for (size_t i = 0; i < logits.size(); ++i) cand.emplace_back(int32_t(i), logits[i] / T);
   if (p_.top_n_sigma > 0.0f) top_n_sigma(cand, p_.top_n_sigma);
   if (p_.top_k > 0 && size_t(p_.top_k) < cand.size()) {
     std::partial_sort(cand.begin(), cand.begin() + p_.top_k, cand.end(), by_logit);
@@ -199,13 +212,13 @@ int32_t Sampler::sample_penalised(std::span<float> logits) { return draw(filtere
 void Sampler::add_candidate_row(std::span<const int32_t> history, int64_t vocab, std::vector<SampleRowParams>& rows,
                                 std::vector<PenaltyEntry>& entries, bool penalties) const {
   SampleRowParams r;
-  r.temperature = p_.temperature;
   if (penalties && has_penalties()) {
     r = row_params(p_);
     r.penalty_begin = int32_t(entries.size());
     for (const auto& [t, c] : seen_counts(p_, history, size_t(vocab))) entries.push_back({t, c});
     r.penalty_count = int32_t(entries.size()) - r.penalty_begin;
   }
+  r.temperature = p_.temperature > 0 ? filter_temperature(p_) : 0.0f;  // the candidates' stats: what the filters see
   rows.push_back(r);
 }
 
@@ -240,7 +253,7 @@ std::optional<int32_t> Sampler::sample_from_candidates(const SampleCandidates& c
   // Typical-p and top-n-sigma read the whole row (its entropy, its deviation): the row comes to
   // the host.
   if (p_.typical_p < 1.0f || p_.top_n_sigma > 0.0f) return std::nullopt;
-  const float T = p_.temperature;
+  const float T = filter_temperature(p_);
   std::vector<Cand> cand(n);
   for (size_t i = 0; i < n; ++i) cand[i] = {c.ids[i], c.logits[i] / T};
   std::sort(cand.begin(), cand.end(), by_logit);
@@ -289,7 +302,7 @@ std::optional<int32_t> Sampler::sample_from_candidates(const SampleCandidates& c
       return std::nullopt;
   }
   if (keep == 0) return std::nullopt;  // the kept set runs past the known prefix
-  return draw(normalise(cand, e, keep));
+  return draw(normalise(cand, e, keep, p_));
 }
 
 }  // namespace qwen36

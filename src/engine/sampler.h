@@ -36,6 +36,10 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // subtracted once from the logit of every seen token
   float frequency_penalty = 0.0f;   // subtracted per occurrence
   int32_t penalty_last_n = 64;      // how much history the penalties look at (-1: all)
+  // false (vLLM, Hugging Face): the filters see the tempered distribution (logit / T). true
+  // (llama.cpp's default chain, temperature the last sampler): top-n-sigma, top-k, typical-p,
+  // top-p and min-p cut the untempered distribution, then the kept tokens are drawn at T.
+  bool temperature_last = false;
   uint64_t seed = 0;
 
   void validate() const;  // throws Error naming the bad parameter

@@ -148,8 +148,8 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams p) {
   QWEN36_CHECK((!p.constraint.schema && !p.constraint.grammar) || opts_.vocab,
                "structured output needs the tokenizer's vocabulary");
   for (const auto& [t, bias] : p.logit_bias)
-    QWEN36_CHECK(t >= 0 && t < c.vocab_size && std::isfinite(bias), "logit_bias: token {} (bias {}) is not valid", t,
-                 bias);
+    QWEN36_CHECK(t >= 0 && t < c.vocab_size && (std::isfinite(bias) || bias == -INFINITY),  // -inf: never
+                 "logit_bias: token {} (bias {}) is not valid", t, bias);
   p.sampling.validate();
 
   std::lock_guard lock(mu_);

@@ -1,7 +1,7 @@
 #pragma once
 // defines: HttpServer::Api (state shared by the route handlers), HttpError (an OpenAI-style
 //          error answer), the handler functions of routes.cpp / openai.cpp / responses.cpp /
-//          anthropic.cpp / metrics.cpp
+//          anthropic.cpp / native.cpp / metrics.cpp
 
 #include <httplib.h>
 
@@ -53,6 +53,10 @@ void handle_delete_response(HttpServer::Api& api, const httplib::Request& req, h
 // anthropic.cpp
 void handle_messages(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 void handle_count_tokens(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+// native.cpp: llama-server's own API
+void handle_completion(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+void handle_props(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
+void handle_apply_template(HttpServer::Api& api, const httplib::Request& req, httplib::Response& res);
 // metrics.cpp
 std::string render_metrics(const HttpServer::Api& api);
 // web_page.cpp

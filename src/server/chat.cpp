@@ -166,10 +166,41 @@ std::string continued_prompt(const ChatTemplate& tmpl, Json messages, const Json
 
 }  // namespace
 
+std::string chat_prompt(const HttpServer::Api& api, const Json& body, const Json& tools) {
+  if (!api.ctx.chat_template) throw HttpError(400, "this model has no chat template; use /v1/completions", "messages");
+  const Json messages = template_messages(body.value("messages", Json()));
+  // The server's default kwargs (--default-chat-template-kwargs), the request's own over them.
+  Json kwargs = api.ctx.chat_template_kwargs.is_object() ? api.ctx.chat_template_kwargs : Json::object();
+  if (has(body, "chat_template_kwargs")) {
+    if (!body["chat_template_kwargs"].is_object())
+      throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    kwargs.update(body["chat_template_kwargs"]);
+  }
+  // A conversation that ends with the assistant's message continues it (llama-server's assistant
+  // prefill, Anthropic's prefill), unless add_generation_prompt asks for a new turn; vLLM's
+  // continue_final_message / add_generation_prompt say it explicitly.
+  const bool assistant_last = messages.back()["role"] == "assistant";
+  const bool generation_prompt = boolean(body, "add_generation_prompt", !assistant_last);
+  const bool continue_final = boolean(body, "continue_final_message", assistant_last && !generation_prompt);
+  if (continue_final && generation_prompt)
+    throw HttpError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                    "continue_final_message");
+  if (continue_final && !assistant_last)
+    throw HttpError(400, "continue_final_message needs the last message to be the assistant's",
+                    "continue_final_message");
+  try {
+    return continue_final ? continued_prompt(*api.ctx.chat_template, messages, tools, kwargs)
+                          : api.ctx.chat_template->render(messages, tools, generation_prompt, kwargs);
+  } catch (const HttpError&) {
+    throw;
+  } catch (const Error& e) {
+    throw HttpError(400, std::string("the chat template could not render these messages: ") + e.what(), "messages");
+  }
+}
+
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   ChatRequest out;
   if (!api.ctx.chat_template) throw HttpError(400, "this model has no chat template; use /v1/completions", "messages");
-  const Json messages = template_messages(body.value("messages", Json()));
   Json tools = has(body, "tools") ? body["tools"] : Json(nullptr);
   if (!tools.is_null() && !tools.is_array()) throw HttpError(400, "'tools' must be an array", "tools");
   std::vector<Json> forced_tools;  // tool_choice "required" (any of them) or a named function
@@ -190,35 +221,7 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   } else if (constraint.empty() && !tools.is_null()) {
     constraint = calls_once_opened(api, tool_functions(tools), boolean(body, "parallel_tool_calls", true));
   }
-  // The server's default kwargs (--default-chat-template-kwargs), the request's own over them.
-  Json kwargs = api.ctx.chat_template_kwargs.is_object() ? api.ctx.chat_template_kwargs : Json::object();
-  if (has(body, "chat_template_kwargs")) {
-    if (!body["chat_template_kwargs"].is_object())
-      throw HttpError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
-    kwargs.update(body["chat_template_kwargs"]);
-  }
-
-  // A conversation that ends with the assistant's message continues it (llama-server's assistant
-  // prefill, Anthropic's prefill), unless add_generation_prompt asks for a new turn; vLLM's
-  // continue_final_message / add_generation_prompt say it explicitly.
-  const bool assistant_last = messages.back()["role"] == "assistant";
-  const bool generation_prompt = boolean(body, "add_generation_prompt", !assistant_last);
-  const bool continue_final = boolean(body, "continue_final_message", assistant_last && !generation_prompt);
-  if (continue_final && generation_prompt)
-    throw HttpError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                    "continue_final_message");
-  if (continue_final && !assistant_last)
-    throw HttpError(400, "continue_final_message needs the last message to be the assistant's",
-                    "continue_final_message");
-  std::string prompt;
-  try {
-    prompt = continue_final ? continued_prompt(*api.ctx.chat_template, messages, tools, kwargs)
-                            : api.ctx.chat_template->render(messages, tools, generation_prompt, kwargs);
-  } catch (const HttpError&) {
-    throw;
-  } catch (const Error& e) {
-    throw HttpError(400, std::string("the chat template could not render these messages: ") + e.what(), "messages");
-  }
+  const std::string prompt = chat_prompt(api, body, tools);
   out.g = parse_generation(body, api, api.ctx.tokenizer->encode(prompt));
   Generation& g = out.g;
   const bool want_logprobs = out.want_logprobs = boolean(body, "logprobs", false);

@@ -27,6 +27,11 @@ Json chat_tool(const Json& flat, const char* parameters_key);
 // tool_choice naming one function, in the chat form.
 Json chat_named_choice(const Json& name);
 
+// The prompt text of a chat request (body in /v1/chat/completions form): its messages, the
+// tools given, the chat template kwargs (the server's defaults under the request's) and assistant
+// prefill (continue_final_message / add_generation_prompt). Every bad value is a 400.
+std::string chat_prompt(const HttpServer::Api& api, const Json& body, const Json& tools);
+
 // body: in /v1/chat/completions form, its field names already checked by the endpoint. Every
 // bad value is a 400 naming its field.
 ChatRequest prepare_chat(HttpServer::Api& api, const Json& body);

@@ -114,6 +114,7 @@ struct ChatJob : Job {
     std::vector<Json> out = deltas(ds, nullptr);
     Json last = chunk(Json::object(), finish_reason(reason));
     last["usage"] = usage_json(usage);  // llama-server style: a choice's last chunk reports its usage
+    last["timings"] = timings_json(usage);
     out.push_back(std::move(last));
     return out;
   }
@@ -129,7 +130,8 @@ struct ChatJob : Job {
                    {"logprobs", want_logprobs ? Json{{"content", logprobs}} : Json(nullptr)},
                    {"finish_reason", finish_reason(reason)}};
     Json r = {{"id", id},     {"object", "chat.completion"}, {"created", created},
-              {"model", model}, {"choices", Json::array({std::move(choice)})}, {"usage", usage_json(usage)}};
+              {"model", model}, {"choices", Json::array({std::move(choice)})}, {"usage", usage_json(usage)},
+              {"timings", timings_json(usage)}};
     if (prompt_logprobs.top >= 0) r["prompt_logprobs"] = prompt_logprobs.json();
     return r;
   }
@@ -233,6 +235,7 @@ struct CompletionJob : Job {
     text += t;
     Json last = chunk(t, reason);
     last["usage"] = usage_json(usage);
+    last["timings"] = timings_json(usage);
     return after_echo(std::move(last));
   }
   Json usage_chunk(const RequestUsage& usage) override {
@@ -247,6 +250,7 @@ struct CompletionJob : Job {
     Json j = chunk(text, reason, std::move(lp));
     if (prompt_logprobs.top >= 0) j["choices"][0]["prompt_logprobs"] = prompt_logprobs.json();
     j["usage"] = usage_json(usage);
+    j["timings"] = timings_json(usage);
     return j;
   }
 };

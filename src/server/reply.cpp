@@ -13,6 +13,22 @@ Json usage_json(const RequestUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+Json timings_json(const RequestUsage& u) {
+  const double prompt_ms = u.ttft_seconds * 1e3, predicted_ms = std::max(0.0, u.total_seconds - u.ttft_seconds) * 1e3;
+  const int32_t read = u.prompt_tokens - u.cached_tokens;
+  auto per_token = [](double ms, int32_t n) { return n > 0 ? ms / n : 0.0; };
+  auto per_second = [](double ms, int32_t n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
+  return {{"cache_n", u.cached_tokens},
+          {"prompt_n", read},
+          {"prompt_ms", prompt_ms},
+          {"prompt_per_token_ms", per_token(prompt_ms, read)},
+          {"prompt_per_second", per_second(prompt_ms, read)},
+          {"predicted_n", u.completion_tokens},
+          {"predicted_ms", predicted_ms},
+          {"predicted_per_token_ms", per_token(predicted_ms, u.completion_tokens)},
+          {"predicted_per_second", per_second(predicted_ms, u.completion_tokens)}};
+}
+
 RequestUsage combined_usage(const std::vector<RequestUsage>& us, int per_prompt) {
   RequestUsage u = us.front();
   for (size_t i = 1; i < us.size(); ++i) {
@@ -48,7 +64,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
     const std::string event = named ? "event: " + j["type"].get<std::string>() + "\n" : "";
     return write(event + "data: " + dump(j) + "\n\n");
   };
-  auto done_marker = [&] { return reply.event_lines || write("data: [DONE]\n\n"); };
+  auto done_marker = [&] { return reply.event_lines || !reply.done_line || write("data: [DONE]\n\n"); };
   auto last_write = Clock::now();
   auto keep_alive = [&] {
     if (Clock::now() - last_write <= 500ms) return true;
@@ -68,6 +84,7 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
       return true;
     }
     if (ev.kind == RequestEvent::Kind::Token) {
+      job.on_token(ev.token);
       if (!reply.stream) {
         job.on_text(ev.text, ev.logprob ? &*ev.logprob : nullptr);
         return true;
@@ -120,11 +137,16 @@ bool pump(const Reply& reply, httplib::DataSink& sink) {
       if (!done_marker()) return false;
     } else {
       Json body = reply.choices[0]->response(reasons[0], usages[0]);
-      if (n > 1) {  // choice 0's body with every choice and the usage over all
+      if (reply.array_body) {  // each choice's whole body
+        Json all = Json::array({std::move(body)});
+        for (size_t i = 1; i < n; ++i) all.push_back(reply.choices[i]->response(reasons[i], usages[i]));
+        body = std::move(all);
+      } else if (n > 1) {  // choice 0's body with every choice and the usage over all
         Json choices = Json::array({body["choices"][0]});
         for (size_t i = 1; i < n; ++i) choices.push_back(reply.choices[i]->response(reasons[i], usages[i])["choices"][0]);
         body["choices"] = std::move(choices);
         body["usage"] = usage_json(total);
+        body.erase("timings");  // llama-server's timings are one answer's
       }
       if (!write(dump(body))) return false;
     }

@@ -15,12 +15,17 @@ namespace qwen36::server {
 
 // OpenAI's usage object (chat / completions).
 Json usage_json(const RequestUsage& u);
+// llama-server's "timings": prompt tokens read (cache_n of them from the prefix cache) and answer
+// tokens, with their milliseconds and rates; prompt_ms runs from submission to the first token.
+Json timings_json(const RequestUsage& u);
 
 // What an endpoint does with the engine's output.
 struct Job {
   virtual ~Job() = default;
   // Streaming: SSE payloads for a token's text (and logprob). Non-streaming: accumulate.
   virtual std::vector<Json> on_text(const std::string& text, const TokenLogprob* lp) = 0;
+  // The answer's next token id, just before its on_text (whose text may hold back part of it).
+  virtual void on_token(int32_t /*id*/) {}
   // A prompt token's logprob (RequestParams::prompt_logprobs), before the first on_text.
   virtual void on_prompt_logprob(const TokenLogprob&) {}
   virtual std::vector<Json> on_finish(const std::string& text, const std::string& reason,
@@ -40,6 +45,8 @@ struct Reply {
   std::vector<std::shared_ptr<Job>> choices;
   bool stream = false, include_usage = false;
   bool event_lines = false;  // Responses API: "event: TYPE" before each data line, and no [DONE]
+  bool done_line = true;     // a stream ends with "data: [DONE]" (OpenAI; not llama-server's /completion)
+  bool array_body = false;   // not streaming, several choices: a JSON array of their bodies (llama-server)
   int per_prompt = 1;        // choices of each prompt (`n`), in prompt order
   void cancel() const {
     for (const auto& j : choices) j->req->cancel();

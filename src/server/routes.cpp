@@ -154,6 +154,10 @@ constexpr Route kRoutes[] = {
     {"DELETE", R"(/v1/responses/([A-Za-z0-9_-]+))", handle_delete_response, true},
     {"POST", "/v1/messages", when_ready<handle_messages>, true, true},  // Anthropic's Messages API
     {"POST", "/v1/messages/count_tokens", when_ready<handle_count_tokens>, true, true},
+    {"POST", "/completion", when_ready<handle_completion>, true},  // llama-server's own API (native.cpp)
+    {"POST", "/completions", when_ready<handle_completion>, true},
+    {"GET", "/props", when_ready<handle_props>, false},
+    {"POST", "/apply-template", when_ready<handle_apply_template>, true},
     {"POST", "/tokenize", tokenize, true},
     {"POST", "/detokenize", detokenize, true},
     {"GET", "/metrics", metrics, true},

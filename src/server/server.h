@@ -40,6 +40,7 @@ struct ServeContext {
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   std::vector<int32_t> stop_ids;                // end-of-turn tokens (<|im_end|>, eos ids)
   std::string model_name = "qwen36";
+  std::string model_path;  // as given to -m (llama-server's /props model_path)
   std::string json_whitespace = "limited";  // JSON output's default whitespace (text::whitespace_named)
   nlohmann::ordered_json chat_template_kwargs;  // defaults under every request's chat_template_kwargs
   int64_t reasoning_budget = -1;  // default thinking_token_budget of chat requests (-1: none)

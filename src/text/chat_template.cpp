@@ -16,13 +16,15 @@ ChatTemplate::ChatTemplate(const Json& chat_template, Json special_tokens)
                         [&] { return std::make_shared<jinja::Template>(source); });
   };
   if (chat_template.is_string()) {
-    templates_.emplace_back("default", compile("default", chat_template.get<std::string>()));
+    source_ = chat_template.get<std::string>();
+    templates_.emplace_back("default", compile("default", source_));
   } else if (chat_template.is_array()) {
     for (const auto& entry : chat_template) {
       QWEN36_CHECK(entry.is_object() && entry.contains("name") && entry["name"].is_string() &&
                        entry.contains("template") && entry["template"].is_string(),
                    "chat_template list entries must be objects with string 'name' and 'template'");
       std::string name = entry["name"].get<std::string>();
+      if (source_.empty() || name == "default") source_ = entry["template"].get<std::string>();
       templates_.emplace_back(name, compile(name, entry["template"].get<std::string>()));
     }
     QWEN36_CHECK(!templates_.empty(), "chat_template list is empty");

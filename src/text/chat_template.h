@@ -58,9 +58,16 @@ class ChatTemplate {
   };
   std::optional<ToolCallForm> tool_call_form() const;
 
+  // The Jinja text of the template used without tools ("default", else the first of a list), as
+  // the checkpoint stores it (llama-server's /props reports it).
+  const std::string& source() const { return source_; }
+  // The special tokens' texts it was given (bos_token, eos_token, ...).
+  const jinja::Json& special_tokens() const { return special_tokens_; }
+
  private:
   std::vector<std::pair<std::string, std::shared_ptr<jinja::Template>>> templates_;
   jinja::Json special_tokens_;
+  std::string source_;
 };
 
 }  // namespace qwen36

@@ -179,6 +179,11 @@ TEST(SampleCandidates, GreedyAndTopKAlwaysDecide) {
     }
 }
 
+SamplingParams last(SamplingParams p) {
+  p.temperature_last = true;
+  return p;
+}
+
 TEST(SampleCandidates, SameTokensAsTheFullRow) {
   const std::vector<SamplingParams> sets = {
       params(0, 40, 0.95f, 0.05f, 0),                // greedy
@@ -192,6 +197,9 @@ TEST(SampleCandidates, SameTokensAsTheFullRow) {
       penalised(params(1.0f, 200, 0.95f, 0.05f, 0)),
       params(30.0f, 40, 0.95f, 0, 0),                // a temperature that merges neighbouring values
       params(0.8f, 10, 1, 0, 0),
+      last(params(0.8f, 40, 0.95f, 0.05f, 0)),       // llama.cpp's chain: the temperature after the filters
+      last(params(1.6f, 0, 0.9f, 0.02f, 0)),
+      last(penalised(params(0.5f, 100, 0.95f, 0.05f, 0))),
   };
   int decided = 0, total = 0;
   for (const SamplingParams& base : sets)

@@ -69,6 +69,26 @@ TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
   EXPECT_FALSE(d.count(2));
 }
 
+// The temperature last (llama.cpp's chain): min-p cuts the untempered distribution, then the
+// kept tokens are drawn at T. Logits 5, 4, 3 with min_p 0.3: untempered, exp(-1) = 0.37 stays and
+// exp(-2) = 0.14 goes; at T = 4 first all three would stay (exp(-0.5) = 0.61 > 0.3).
+TEST(Sampler, TemperatureLastFiltersBeforeTempering) {
+  auto p = plain(4.0f);
+  p.min_p = 0.3f;
+  EXPECT_EQ(dist(p, logits_of({5.0f, 4.0f, 3.0f})).size(), 3u);
+  p.temperature_last = true;
+  const auto d = dist(p, logits_of({5.0f, 4.0f, 3.0f}));
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_NEAR(d.at(0), 1 / (1 + std::exp(-0.25)), 1e-6);  // the kept two at T = 4
+  EXPECT_NEAR(d.at(1), std::exp(-0.25) / (1 + std::exp(-0.25)), 1e-6);
+  // Without a filter the order does not matter.
+  auto q = plain(4.0f);
+  const auto first = dist(q, logits_of({5.0f, 4.0f, 3.0f}));
+  q.temperature_last = true;
+  const auto last = dist(q, logits_of({5.0f, 4.0f, 3.0f}));
+  for (int32_t t : {0, 1, 2}) EXPECT_NEAR(first.at(t), last.at(t), 1e-6);
+}
+
 // Typical-p: surprise −log p against the entropy H. Probabilities 0.5, 0.25, 0.125, 0.125:
 // H = 1.75 bits; surprises 1, 2, 3, 3 bits, distances 0.75, 0.25, 1.25, 1.25. Token 1 first
 // (0.25 < 0.3), then token 0 (0.75): the kept set is {0, 1}, renormalised 2/3, 1/3.
