@@ -42,6 +42,7 @@ struct ServeOptions {
   size_t stored_responses = 1024;                    // Responses API, for previous_response_id
   bool no_access_log = false;
   int64_t reasoning_budget = -1;  // default thinking_token_budget
+  std::string reasoning_format = "auto";
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
@@ -186,6 +187,7 @@ void serve(const ServeOptions& o) {
   ctx.json_whitespace = o.json_whitespace;
   ctx.chat_template_kwargs = default_kwargs;
   ctx.reasoning_budget = o.reasoning_budget;
+  ctx.reasoning_format = o.reasoning_format;
   ctx.model_path = o.model;
   ctx.model_name = !o.alias.empty()  ? o.alias
                    : o.model.empty() ? "qwen36-default"
@@ -266,6 +268,13 @@ void register_serve(CLI::App& app) {
                   "thinking_token_budget overrides; -1: no cap)")
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 30))
       ->envname("QWEN36_REASONING_BUDGET")
+      ->capture_default_str();
+  cmd->add_option("--reasoning-format", o->reasoning_format,
+                  "Where a chat answer's reasoning goes: auto or deepseek (apart: reasoning_content, the Messages "
+                  "API's thinking blocks, the Responses API's reasoning items), none (left in the text with its "
+                  "<think> tags); a chat request's reasoning_format overrides")
+      ->check(CLI::IsMember({"auto", "deepseek", "none"}))
+      ->envname("QWEN36_REASONING_FORMAT")
       ->capture_default_str();
   cmd->add_option("--chat-template-file", o->chat_template_file,
                   "Jinja chat template to use instead of the model's own (tokenizer_config.json, "

@@ -230,10 +230,19 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
     throw HttpError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
   g.params.top_logprobs = want_logprobs ? int32_t(top) : -1;
 
+  // llama-server's reasoning_format: "none" leaves the reasoning and its tags in the text.
+  const std::string format = has(body, "reasoning_format") && body["reasoning_format"].is_string()
+                                 ? body["reasoning_format"].get<std::string>()
+                                 : has(body, "reasoning_format") ? "?" : api.ctx.reasoning_format;
+  if (format != "auto" && format != "deepseek" && format != "none")
+    throw HttpError(400, "'reasoning_format' must be \"auto\", \"deepseek\" (reasoning_content) or \"none\" (the "
+                    "reasoning left in the content)", "reasoning_format");
+  const bool opened = prompt_opens_thinking(prompt);
   OutputParserOptions& popts = out.parser;
-  popts.thinking_enabled = true;  // a disabled-thinking prompt already holds an empty <think></think>
-  popts.prompt_opened_thinking = prompt_opens_thinking(prompt);
-  if (!constraint.empty() && popts.prompt_opened_thinking) {  // reasoning stays free
+  // A disabled-thinking prompt already holds an empty <think></think>.
+  popts.thinking_enabled = format != "none";
+  popts.prompt_opened_thinking = opened && popts.thinking_enabled;
+  if (!constraint.empty() && opened) {  // reasoning stays free
     const int32_t end_think = api.ctx.tokenizer->token_id("</think>");
     constraint.start_after.insert(constraint.start_after.begin(), end_think);
     if (end_think < 0)
@@ -242,8 +251,8 @@ ChatRequest prepare_chat(HttpServer::Api& api, const Json& body) {
   g.params.constraint = std::move(constraint);
   // vLLM's thinking_token_budget (the server's --reasoning-budget by default): a cap on the
   // reasoning the prompt opens, or the model opens with <think>.
-  cap_reasoning(g.params, integer(body, "thinking_token_budget", 0, 1 << 30, api.ctx.reasoning_budget),
-                popts.prompt_opened_thinking, api.ctx.tokenizer->token_id("<think>"),
+  cap_reasoning(g.params, integer(body, "thinking_token_budget", 0, 1 << 30, api.ctx.reasoning_budget), opened,
+                api.ctx.tokenizer->token_id("<think>"),
                 api.ctx.tokenizer->token_id("</think>"));
   if (!tools.is_null()) popts.tools = tools;
   return out;

@@ -146,7 +146,8 @@ void handle_chat_completions(HttpServer::Api& api, const httplib::Request& req, 
                         "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options", "user",
                         "response_format", "ignore_eos", "metadata", "store", "logit_bias", "add_generation_prompt",
-                        "continue_final_message", "thinking_token_budget"}, {kStructuredOutputFields, kVllmSamplingFields});
+                        "continue_final_message", "thinking_token_budget", "reasoning_format"},
+                 {kStructuredOutputFields, kVllmSamplingFields});
   const ChatRequest c = prepare_chat(api, body);
   respond(submit_choices<ChatJob>(api, c.g,
                                    [&](const ChatJob* first) {

@@ -44,6 +44,9 @@ struct ServeContext {
   std::string json_whitespace = "limited";  // JSON output's default whitespace (text::whitespace_named)
   nlohmann::ordered_json chat_template_kwargs;  // defaults under every request's chat_template_kwargs
   int64_t reasoning_budget = -1;  // default thinking_token_budget of chat requests (-1: none)
+  // Chat answers' reasoning: "auto" / "deepseek" apart (reasoning_content, thinking blocks,
+  // reasoning items), "none" left in the text with its tags (llama-server's --reasoning-format).
+  std::string reasoning_format = "auto";
 };
 
 class HttpServer {

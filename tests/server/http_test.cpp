@@ -843,6 +843,25 @@ TEST_F(HttpTest, AssistantPrefillContinuesTheMessage) {
   user_last["continue_final_message"] = true;
   user_last["add_generation_prompt"] = false;
   expect_400(user_last, "needs the last message to be the assistant's");
+  // A prefill that opens <think>: the answer is reasoning, unless reasoning_format "none" leaves
+  // it in the content.
+  Json thinking = chat;
+  thinking["messages"][1]["content"] = "<think>\nLet me see.";
+  const Json apart = post_json(c, "/v1/chat/completions", thinking, &status);
+  ASSERT_EQ(status, 200) << apart.dump();
+  const Json& am = apart["choices"][0]["message"];
+  ASSERT_TRUE(am.contains("reasoning_content")) << apart.dump();
+  thinking["reasoning_format"] = "none";
+  const Json inline_ = post_json(c, "/v1/chat/completions", thinking, &status);
+  ASSERT_EQ(status, 200) << inline_.dump();
+  const Json& im = inline_["choices"][0]["message"];
+  EXPECT_FALSE(im.contains("reasoning_content")) << inline_.dump();
+  EXPECT_EQ(im["content"], am["reasoning_content"].get<std::string>() +
+                               (am.value("content", "").empty() ? "" : "</think>" + am.value("content", "")))
+      << apart.dump() << inline_.dump();
+  thinking["reasoning_format"] = "deepseek-legacy";
+  expect_400(thinking, "'reasoning_format' must be");
+
   Json with_call = chat;
   with_call["messages"][1]["tool_calls"] = {
       {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}};
