@@ -366,8 +366,8 @@ class Backend {
   // context and its root path (its K/V land in cache row pos0 + i), and starts its DeltaNet
   // recurrence from its parent's end state; the state is only read. Each token's output is
   // exactly that of decoding its root path (the CPU reference: cpu_ops.h, "tree verification").
-  // The defaults compose the backend's chain ops per root path (backend/tree_ops.h): correct on
-  // any backend, Σ depth tokens of work; a device backend overrides them with tree kernels.
+  // The defaults compose the backend's chain ops over root paths (backend/tree_ops.h): correct on
+  // any backend, not fast; a device backend overrides them with tree kernels.
   virtual void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,
                          float theta);
   virtual void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,

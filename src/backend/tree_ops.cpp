@@ -62,21 +62,30 @@ Rows gather(Backend& b, const Tensor& src, const SeqRun& run, std::span<const in
   return gather_rows(b, src, rows);
 }
 
-// Every token's root path as a run of its own in the run's slot, the paths' rows one after
-// another (Σ depth + 1 rows): a read-only chain op starts each run from the slot's state, so
-// one call computes every token of the tree; `last[i]` is the row of token i's own output.
+// The root paths of the tree's leaves, each a run of its own in the run's slot, the paths' rows
+// one after another: a read-only chain op starts each run from the slot's state and writes an
+// output for every row, so one call computes every token of the tree (each lies on some leaf's
+// path) in Σ over leaves of (depth + 1) rows; `last[i]` is the row of token i's output (on the
+// first leaf path through it). A chain is one path; a star of n tokens is n − 1 paths of 2.
 struct Paths {
   std::vector<int32_t> rows;  // source rows (run.begin + path index), path after path
-  std::vector<SeqRun> runs;   // one per token, over those rows
+  std::vector<SeqRun> runs;   // one per leaf, over those rows
   std::vector<int32_t> last;  // token i's row among them
 };
-Paths all_paths(const SeqRun& run, std::span<const int32_t> parent) {
+Paths leaf_paths(const SeqRun& run, std::span<const int32_t> parent) {
+  std::vector<bool> has_child(parent.size(), false);
+  for (int32_t pa : parent)
+    if (pa >= 0) has_child[size_t(pa)] = true;
   Paths p;
+  p.last.assign(parent.size(), -1);
   for (int32_t i = 0; i < run.count; ++i) {
+    if (has_child[size_t(i)]) continue;
     const std::vector<int32_t> path = root_path(parent, i);
     p.runs.push_back({run.slot, run.pos0, int32_t(p.rows.size()), int32_t(path.size())});
-    for (int32_t j : path) p.rows.push_back(run.begin + j);
-    p.last.push_back(int32_t(p.rows.size()) - 1);
+    for (int32_t j : path) {
+      if (p.last[size_t(j)] < 0) p.last[size_t(j)] = int32_t(p.rows.size());
+      p.rows.push_back(run.begin + j);
+    }
   }
   return p;
 }
@@ -120,7 +129,7 @@ void attention(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, Te
 void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
                           std::span<const int32_t> parent) {
   check(run, parent);
-  const Paths p = all_paths(run, parent);
+  const Paths p = leaf_paths(run, parent);
   Rows px = gather_rows(b, x, p.rows);  // every path reads x's inputs: the outputs go to x at the end
   b.causal_conv1d_silu_readonly(px.t, w, conv_state, p.runs);
   scatter_last(b, px.t, p.last, x, run.begin);
@@ -130,7 +139,7 @@ void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Ten
                          const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
                          Tensor& out) {
   check(run, parent);
-  const Paths p = all_paths(run, parent);
+  const Paths p = leaf_paths(run, parent);
   const Rows pq = gather_rows(b, q, p.rows), pk = gather_rows(b, k, p.rows), pv = gather_rows(b, v, p.rows),
              pg = gather_rows(b, g, p.rows), pb = gather_rows(b, beta, p.rows);
   Rows po(b, out, int64_t(p.rows.size()));

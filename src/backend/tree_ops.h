@@ -3,11 +3,12 @@
 //          every backend verifies trees correctly before it has tree kernels: the Backend
 //          defaults of rope_tree, attention_tree and the tree read-only DeltaNet ops.
 //
-// Each token of the tree is computed as the last token of its root path, run as a chain through
-// the backend's chain ops on rows gathered with get_rows (Σ depth tokens of work: correct, not
-// fast). The read-only DeltaNet ops take every root path in one call, a run per path in the
-// same slot (they start each run from the slot's state); attention writes each path's K/V into
-// the cache rows it reads, so it runs one path at a time. On the CPU backend this is the reference semantics
+// Each token of the tree is computed as a token of a root path run as a chain through the
+// backend's chain ops on rows gathered with get_rows (correct, not fast). The read-only DeltaNet
+// ops take every leaf's root path in one call, a run per path in the same slot (they start each
+// run from the slot's state; Σ over leaves of depth + 1 rows); attention writes each path's K/V
+// into the cache rows it reads, so it runs one token's path at a time. On the CPU backend this is
+// the reference semantics
 // (tests/unit/backend/cpu_tree_verify_test.cpp); a device backend replaces it with one-pass
 // kernels tested against that.
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/api.h"
+#include "server/chat.h"
 
 namespace qwen36::server {
 
@@ -80,20 +81,36 @@ void model(Api& api, const httplib::Request& req, httplib::Response& res) {
   reply(res, 200, model_object(api));
 }
 
+// llama-server's form ({"content", "with_pieces"}) and vLLM's ({"prompt"} or chat {"messages",
+// ...}, "return_token_strs"); the answer carries both servers' fields.
 void tokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
   require_ready(api);
   const Json body = parse_body(req);
-  const Json text = body.contains("content") ? body["content"] : body.value("text", Json());
-  if (!text.is_string()) throw HttpError(400, "'content' must be a string", "content");
-  const bool pieces = body.value("with_pieces", false);
-  Json tokens = Json::array();
-  for (int32_t id : api.ctx.tokenizer->encode(text.get<std::string>())) {
+  std::string text;
+  if (has(body, "messages")) {
+    const Json tools = has(body, "tools") ? body["tools"] : Json(nullptr);
+    if (!tools.is_null() && !tools.is_array()) throw HttpError(400, "'tools' must be an array", "tools");
+    text = chat_prompt(api, body, tools);
+  } else {
+    const char* key = body.contains("content") ? "content" : body.contains("prompt") ? "prompt" : "text";
+    if (!body.contains(key) || !body[key].is_string())
+      throw HttpError(400, "'content' (or 'prompt') must be a string, or 'messages' a conversation", key);
+    text = body[key].get<std::string>();
+  }
+  const bool pieces = boolean(body, "with_pieces", false), strs = boolean(body, "return_token_strs", false);
+  boolean(body, "add_special", false), boolean(body, "add_special_tokens", true);  // no BOS is added by this model
+  const std::vector<int32_t> ids = api.ctx.tokenizer->encode(text);
+  Json tokens = Json::array(), token_strs = Json::array();
+  for (int32_t id : ids) {
     if (pieces)
       tokens.push_back({{"id", id}, {"piece", api.ctx.tokenizer->token_bytes(id)}});
     else
       tokens.push_back(id);
+    if (strs) token_strs.push_back(api.ctx.tokenizer->token_text(id));
   }
-  reply(res, 200, {{"tokens", tokens}});
+  Json out = {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", api.ctx.engine->options().context}};
+  if (strs) out["token_strs"] = token_strs;
+  reply(res, 200, out);
 }
 
 void detokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
@@ -113,7 +130,7 @@ void detokenize(Api& api, const httplib::Request& req, httplib::Response& res) {
   } catch (const Error& e) {
     throw HttpError(400, e.what(), "tokens");
   }
-  reply(res, 200, {{"content", text}});
+  reply(res, 200, {{"content", text}, {"prompt", text}});  // llama-server's name, vLLM's
 }
 
 void metrics(Api& api, const httplib::Request&, httplib::Response& res) {

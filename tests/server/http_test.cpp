@@ -953,8 +953,20 @@ TEST_F(HttpTest, TokenizeDetokenizeAndMetrics) {
   Json t = post_json(c, "/tokenize", {{"content", "Hello world"}}, &status);
   ASSERT_EQ(status, 200);
   ASSERT_EQ(t["tokens"].size(), 2u);
+  EXPECT_EQ(t["count"], 2);
+  EXPECT_EQ(t["max_model_len"], 512);
   Json d = post_json(c, "/detokenize", {{"tokens", t["tokens"]}}, &status);
   EXPECT_EQ(d["content"], "Hello world");
+  EXPECT_EQ(d["prompt"], "Hello world");
+  // vLLM's forms: a prompt with its tokens' strings, a conversation through the chat template.
+  const Json v = post_json(c, "/tokenize", {{"prompt", "Hello world"}, {"return_token_strs", true}}, &status);
+  EXPECT_EQ(v["tokens"], t["tokens"]);
+  EXPECT_EQ(v["token_strs"].size(), 2u);
+  const Json messages = {{{"role", "user"}, {"content", "Hello world"}}};
+  const Json chat = post_json(c, "/tokenize", {{"messages", messages}, {"add_generation_prompt", true}}, &status);
+  EXPECT_EQ(chat["count"], g_shared->tok->encode(g_shared->tmpl->render(messages, nullptr, true, Json::object())).size());
+  post_json(c, "/tokenize", {{"prompt", 5}}, &status);
+  EXPECT_EQ(status, 400);
   post_json(c, "/detokenize", {{"tokens", {-1}}}, &status);
   EXPECT_EQ(status, 400);
   post_json(c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 3}}, &status);
