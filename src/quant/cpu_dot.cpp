@@ -80,8 +80,12 @@ DotTable make_table() {
   const DotIsa isa = dot_isa();
   if (isa == DotIsa::Scalar) return t;
   t.add(avx2_dot_kernels(), "avx2");
+  t.add4(avx2_dot4_kernels());
   t.add(hf_avx2_dot_kernels(), "avx2");
-  if (isa == DotIsa::Avx512Vnni) t.add(avx512_dot_kernels(), "avx512vnni");
+  if (isa == DotIsa::Avx512Vnni) {
+    t.add(avx512_dot_kernels(), "avx512vnni");
+    t.add4(avx512_dot4_kernels());
+  }
   return t;
 }
 
@@ -105,6 +109,21 @@ float dot_row(DType wt, const void* w, const void* a, int64_t n) {
   check_args(wt, n);
   const DotFn f = table().fn[int(wt)];
   return f ? f(w, a, n) : dot_scalar(wt, w, a, n);
+}
+
+void dot_rows(DType wt, const void* w, const void* a, size_t a_stride, int64_t rows, int64_t n, float* out,
+              size_t out_stride) {
+  check_args(wt, n);
+  const DotFn f = table().fn[int(wt)];
+  const Dot4Fn f4 = table().fn4[int(wt)];
+  const auto* ap = static_cast<const std::byte*>(a);
+  int64_t r = 0;
+  if (f4)
+    for (; r + 4 <= rows; r += 4) f4(w, ap + size_t(r) * a_stride, a_stride, n, out + size_t(r) * out_stride, out_stride);
+  for (; r < rows; ++r) {
+    const void* row = ap + size_t(r) * a_stride;
+    out[size_t(r) * out_stride] = f ? f(w, row, n) : dot_scalar(wt, w, row, n);
+  }
 }
 
 double dot_row_reference(DType wt, const void* w, const void* a, int64_t n) {

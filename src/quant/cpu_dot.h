@@ -1,5 +1,6 @@
 #pragma once
-// defines: dot_activation_type, quantize_activation, dot_row, dot_row_reference, dot_kernel_name
+// defines: dot_activation_type, quantize_activation, dot_row, dot_rows, dot_row_reference,
+//          dot_kernel_name
 //
 // The CPU backend's matmul multiplies each weight row with each activation row through
 // dot_row. Quantized weights are multiplied with activations quantized once per row to the
@@ -13,6 +14,7 @@
 // QWEN36_CPU_ISA=avx2 or =scalar caps the choice (read once, at the first dot product).
 // Row pointers must be 4-byte aligned for Q8_K activations (quantize_activation's output is).
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -31,6 +33,12 @@ void quantize_activation(DType act, const float* x, void* dst, int64_t n);
 // One weight row (n elements of type `weight`) times one activation row (n elements of
 // dot_activation_type(weight), as written by quantize_activation).
 float dot_row(DType weight, const void* wrow, const void* act, int64_t n);
+
+// One weight row times `rows` activation rows (act + r·act_stride): out[r·out_stride] for r < rows,
+// each bitwise dot_row's result. Where the CPU's kernel set has a four-row kernel for the type,
+// each four rows share one decoding of the weight row (prefill's many tokens against one row).
+void dot_rows(DType weight, const void* wrow, const void* act, size_t act_stride, int64_t rows, int64_t n,
+              float* out, size_t out_stride);
 
 // The definition dot_row is tested against: both rows dequantized to float, summed in double.
 double dot_row_reference(DType weight, const void* wrow, const void* act, int64_t n);

@@ -362,6 +362,102 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   return hsum(acc);
 }
 
+// Four-row twins of dot_k_nibbles / dot_q6_k_act against Q8_K activations: the weight
+// super-block is decoded once and each activation row runs the one-row kernel's very operations
+// in its own accumulators (bitwise its result).
+inline const BlockQ8_K* q8k_row(const void* a, size_t stride, int r) {
+  return reinterpret_cast<const BlockQ8_K*>(static_cast<const std::byte*>(a) + size_t(r) * stride);
+}
+
+template <typename Block>
+void dot4_k_nibbles(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+  const auto* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = q8k_row(a, a_stride, r);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc[4], acc_m[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps(), acc_m[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const __m128i sm = k_scales_mins(x[i].scales);
+    const __m256i sc = _mm256_broadcastsi128_si256(sm);
+    for (int r = 0; r < 4; ++r)
+      acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].dmin) * y[r][i].d),
+                                 _mm256_cvtepi32_ps(k_mins_dot(sm, y[r][i].bsums)), acc_m[r]);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = loadu256(x[i].qh);
+    __m256i sumi[4];
+    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q4 = loadu256(x[i].qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q4, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      if constexpr (kFifthBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
+      const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c))));
+      const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c + 1))));
+      for (int r = 0; r < 4; ++r) {
+        const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[r][i].qs + 64 * c));
+        const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[r][i].qs + 64 * c + 32));
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(plo, s_lo), _mm256_madd_epi16(phi, s_hi)));
+      }
+    }
+    for (int r = 0; r < 4; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[r][i].d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - hsum(acc_m[r]);
+}
+
+void dot4_q6_k(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = q8k_row(a, a_stride, r);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  __m256i idx[4];
+  for (int m = 0; m < 4; ++m) {
+    auto word = [](int k) { return _mm_set1_epi16(int16_t((2 * k + 1) << 8 | 2 * k)); };
+    idx[m] = _mm256_set_m128i(word(2 * m + 1), word(2 * m));
+  }
+  __m256 acc[4], acc_off[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps(), acc_off[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    float d[4];
+    for (int r = 0; r < 4; ++r) {
+      d[r] = h2f(x[i].d) * y[r][i].d;
+      acc_off[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[r][i].bsums))),
+                                   acc_off[r]);
+    }
+    __m256i sumi[4];
+    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = loadu256(x[i].ql + 64 * h);
+      const __m256i ql1 = loadu256(x[i].ql + 64 * h + 32);
+      const __m256i qh = loadu256(x[i].qh + 32 * h);
+      const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
+      for (int m = 0; m < 4; ++m) {
+        const __m256i scale = _mm256_shuffle_epi8(sc, idx[m]);
+        for (int r = 0; r < 4; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[r][i].qs + 128 * h + 32 * m));
+          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, scale));
+        }
+      }
+    }
+    for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - 32.0f * hsum(acc_off[r]);
+}
+
 constexpr DotKernel kKernels[] = {
     {DType::F32, dot_f32},   {DType::F16, dot_f16},   {DType::BF16, dot_bf16}, {DType::Q8_0, dot_q8_0},
     {DType::Q4_0, dot_q4_0}, {DType::Q4_K, dot_q4_k}, {DType::Q5_K, dot_q5_k}, {DType::Q6_K, dot_q6_k},
@@ -376,9 +472,14 @@ constexpr DotKernel kG32Kernels[] = {
     {DType::Q8_0, dot_q8_0_g32},
 };
 
+constexpr Dot4Kernel k4Kernels[] = {{DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
+                                    {DType::Q5_K, dot4_k_nibbles<BlockQ5_K>},
+                                    {DType::Q6_K, dot4_q6_k}};
+
 }  // namespace
 
 std::span<const DotKernel> avx2_dot_kernels() { return kKernels; }
+std::span<const Dot4Kernel> avx2_dot4_kernels() { return k4Kernels; }
 std::span<const DotKernel> avx2_g32_kernels() { return kG32Kernels; }
 
 }  // namespace qwen36
@@ -387,6 +488,7 @@ std::span<const DotKernel> avx2_g32_kernels() { return kG32Kernels; }
 
 namespace qwen36 {
 std::span<const DotKernel> avx2_dot_kernels() { return {}; }
+std::span<const Dot4Kernel> avx2_dot4_kernels() { return {}; }
 std::span<const DotKernel> avx2_g32_kernels() { return {}; }
 }  // namespace qwen36
 

@@ -195,6 +195,99 @@ QWEN36_AVX512 float dot_q6_k_act(const void* w, const void* a, int64_t n) {
   return _mm512_reduce_add_ps(acc) - 32.0f * hsum(acc_off);
 }
 
+// Four-row twins of the Q8_K kernels above: the weight super-block is decoded once and each
+// activation row runs the one-row kernel's very operations in its own accumulators, so every
+// result is bitwise that kernel's.
+template <typename Act>
+QWEN36_AVX512 inline const Act* act_row(const void* a, size_t stride, int r) {
+  return reinterpret_cast<const Act*>(static_cast<const std::byte*>(a) + size_t(r) * stride);
+}
+
+template <typename Block>
+QWEN36_AVX512 void dot4_k_nibbles(const void* w, const void* a, size_t a_stride, int64_t n, float* out,
+                                  size_t out_stride) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
+  const auto* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = act_row<BlockQ8_K>(a, a_stride, r);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m512i idx[4] = {k_chunk_scale_index(0), k_chunk_scale_index(1), k_chunk_scale_index(2),
+                          k_chunk_scale_index(3)};
+  __m512 acc[4];
+  __m256 acc_m[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps(), acc_m[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const __m128i sm = k_scales_mins(x[i].scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+    for (int r = 0; r < 4; ++r)
+      acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y[r][i].d), _mm256_cvtepi32_ps(k_mins_dot(sm, y[r][i].bsums)),
+                                 acc_m[r]);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = loadu256(x[i].qh);
+    __m512i sumi[4];
+    for (int r = 0; r < 4; ++r) sumi[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(x[i].qs + 32 * c);
+      __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFifthBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
+      const __m512i codes = join(lo, hi), scales = _mm512_shuffle_epi8(sc, idx[c]);
+      for (int r = 0; r < 4; ++r)
+        sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y[r][i].qs + 64 * c)),
+                                      scales);
+    }
+    for (int r = 0; r < 4; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y[r][i].d), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = _mm512_reduce_add_ps(acc[r]) - hsum(acc_m[r]);
+}
+
+QWEN36_AVX512 void dot4_q6_k(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = act_row<BlockQ8_K>(a, a_stride, r);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+  const __m512i shift_lo = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2)),
+                shift_hi = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
+  const __m512i idx_lo = q6_scale_index(0), idx_hi = q6_scale_index(4);
+  __m512 acc[4];
+  __m256 acc_off[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps(), acc_off[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    float dv[4];
+    for (int r = 0; r < 4; ++r) {
+      dv[r] = _cvtsh_ss(x[i].d) * y[r][i].d;
+      acc_off[r] = _mm256_fmadd_ps(_mm256_set1_ps(dv[r]),
+                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[r][i].bsums))), acc_off[r]);
+    }
+    __m512i sumi[4];
+    for (int r = 0; r < 4; ++r) sumi[r] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i sc = _mm512_broadcast_i32x4(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
+      const __m512i ql = _mm512_loadu_si512(x[i].ql + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(loadu256(x[i].qh + 32 * h));
+      const __m512i q01 = _mm512_or_si512(
+          _mm512_and_si512(ql, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), three), 4));
+      const __m512i q23 =
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), three), 4));
+      const __m512i s_lo = _mm512_shuffle_epi8(sc, idx_lo), s_hi = _mm512_shuffle_epi8(sc, idx_hi);
+      for (int r = 0; r < 4; ++r) {
+        const __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(y[r][i].qs + 128 * h));
+        const __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(y[r][i].qs + 128 * h + 64));
+        sumi[r] = _mm512_dpwssd_epi32(sumi[r], p01, s_lo);
+        sumi[r] = _mm512_dpwssd_epi32(sumi[r], p23, s_hi);
+      }
+    }
+    for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dv[r]), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = _mm512_reduce_add_ps(acc[r]) - 32.0f * hsum(acc_off[r]);
+}
+
 constexpr DotKernel kKernels[] = {{DType::Q8_0, dot_q8_0_act<BlockQ8_0>},
                                    {DType::Q4_K, dot_k_nibbles<BlockQ4_K, BlockQ8_K>},
                                    {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8_K>},
@@ -204,9 +297,14 @@ constexpr DotKernel kG32Kernels[] = {{DType::Q8_0, dot_q8_0_act<BlockQ8G32>},
                                      {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8G32>},
                                      {DType::Q6_K, dot_q6_k_act<BlockQ8G32>}};
 
+constexpr Dot4Kernel k4Kernels[] = {{DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
+                                    {DType::Q5_K, dot4_k_nibbles<BlockQ5_K>},
+                                    {DType::Q6_K, dot4_q6_k}};
+
 }  // namespace
 
 std::span<const DotKernel> avx512_dot_kernels() { return kKernels; }
+std::span<const Dot4Kernel> avx512_dot4_kernels() { return k4Kernels; }
 std::span<const DotKernel> avx512_g32_kernels() { return kG32Kernels; }
 
 }  // namespace qwen36
@@ -215,6 +313,7 @@ std::span<const DotKernel> avx512_g32_kernels() { return kG32Kernels; }
 
 namespace qwen36 {
 std::span<const DotKernel> avx512_dot_kernels() { return {}; }
+std::span<const Dot4Kernel> avx512_dot4_kernels() { return {}; }
 std::span<const DotKernel> avx512_g32_kernels() { return {}; }
 }  // namespace qwen36
 

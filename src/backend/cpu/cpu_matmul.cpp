@@ -1,10 +1,14 @@
-// out[T, N] = x[T, K] · w[N, K]ᵀ on the CPU, for f32 / f16 / bf16 weights.
+// out[T, N] = x[T, K] · w[N, K]ᵀ on the CPU, for f32 / f16 / bf16 and block-quantized weights.
 //
 // Decode (T small) is bound by reading the weights once, so rows of w are split over the
 // threads and each row is streamed exactly once: it is widened to f32 in a per-thread
-// buffer that stays in L1/L2 while every activation row is dotted with it.
+// buffer that stays in L1/L2 while every activation row is dotted with it. Block-quantized
+// rows are dotted with 8-bit activations instead (quant/cpu_dot.h), four tokens per decoding
+// of the row where the kernel set has a four-row kernel; a token's result is the same bits
+// whatever T is, so a verify pass reproduces decode steps exactly.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -15,6 +19,9 @@
 namespace qwen36::cpu {
 
 namespace {
+
+// The quantized tokens a matmul pass keeps in cache beside the weight row (L2: 1-2 MiB).
+constexpr size_t kTokenChunkBytes = size_t{256} << 10;
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -145,13 +152,21 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   } else if (dtype_is_quantized(w.dtype)) {
     // Block-quantized weights are multiplied the way the format is meant to be used: the
     // activations are quantized once (Q8_0 / Q8_K) and every row is an integer dot product.
+    // Each weight row meets the tokens four at a time (dot_rows: one decoding of the row per
+    // four), the tokens taken in chunks whose quantized rows stay in L2 while every weight row
+    // passes over them.
     const DType at = dot_activation_type(w.dtype);
     const size_t arow = dtype_row_bytes(at, K);
     std::vector<std::byte> xq(size_t(T) * arow);
     for (int64_t t = 0; t < T; ++t) quantize_activation(at, xp + t * K, xq.data() + size_t(t) * arow, K);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t t = 0; t < T; ++t) op[t * N + n] = dot_row(w.dtype, w.row(n), xq.data() + size_t(t) * arow, K);
+    const int64_t chunk = std::max<int64_t>(4, int64_t(kTokenChunkBytes / arow) / 4 * 4);
+#pragma omp parallel
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t rows = std::min(chunk, T - t0);
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n)
+        dot_rows(w.dtype, w.row(n), xq.data() + size_t(t0) * arow, arow, rows, K, op + t0 * N + n, size_t(N));
+    }
     return;
   }
   if (w.dtype == DType::BF16 && T <= 2) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -99,6 +100,52 @@ TEST(CpuDot, EveryIsaKernelMatchesTheReference) {
     }
   }
   EXPECT_GE(checked, 4 * 13);
+}
+
+// dot_rows (prefill: one weight row against many tokens, four at a time where a four-row kernel
+// exists) gives every row's dot_row result bitwise, whatever the row count; so do each compiled
+// ISA's four-row kernels against that ISA's one-row kernels.
+TEST(CpuDot, RowsAreEachRowsDotBitwise) {
+  for (DType wt : kWeightTypes) {
+    const DType at = dot_activation_type(wt);
+    for (int64_t n : {int64_t(256), int64_t(2304)}) {
+      const int64_t rows = 9;
+      const size_t stride = dtype_row_bytes(at, n);
+      const auto wf = gaussian(size_t(n), uint32_t(n) + 5, 0.05f), af = gaussian(size_t(rows * n), 77, 3.0f);
+      std::vector<std::byte> w(dtype_row_bytes(wt, n)), a(size_t(rows) * stride);
+      quantize_row(wt, wf.data(), w.data(), n);
+      for (int64_t r = 0; r < rows; ++r) quantize_activation(at, af.data() + r * n, a.data() + size_t(r) * stride, n);
+      for (int64_t count : {int64_t(1), int64_t(4), int64_t(7), rows}) {
+        std::vector<float> got(size_t(2 * count), -1.0f);
+        dot_rows(wt, w.data(), a.data(), stride, count, n, got.data(), 2);  // every other slot
+        for (int64_t r = 0; r < count; ++r)
+          EXPECT_EQ(got[size_t(2 * r)], dot_row(wt, w.data(), a.data() + size_t(r) * stride, n))
+              << dtype_name(wt) << " n=" << n << " row " << r << " of " << count;
+        for (int64_t r = 0; r < count; ++r) EXPECT_EQ(got[size_t(2 * r + 1)], -1.0f) << "wrote past its slot";
+      }
+    }
+  }
+  std::vector<std::tuple<const char*, std::span<const DotKernel>, std::span<const Dot4Kernel>>> isas = {
+      {"avx2", avx2_dot_kernels(), avx2_dot4_kernels()}};
+  if (dot_kernel_name(DType::Q8_0) == "avx512vnni") isas.push_back({"avx512vnni", avx512_dot_kernels(), avx512_dot4_kernels()});
+  int checked = 0;
+  for (const auto& [isa, ones, fours] : isas) {
+    for (const Dot4Kernel& k4 : fours) {
+      const auto one = std::find_if(ones.begin(), ones.end(), [&](const DotKernel& k) { return k.type == k4.type; });
+      ASSERT_NE(one, ones.end()) << isa << " " << dtype_name(k4.type) << ": a four-row kernel without its one-row twin";
+      const int64_t n = 1024;
+      const size_t stride = dtype_row_bytes(DType::Q8_K, n) + 12;  // rows need not be adjacent
+      const auto wf = gaussian(size_t(n), 3, 0.05f), af = gaussian(size_t(4 * n), 4, 3.0f);
+      std::vector<std::byte> w(dtype_row_bytes(k4.type, n)), a(4 * stride);
+      quantize_row(k4.type, wf.data(), w.data(), n);
+      for (int r = 0; r < 4; ++r) quantize_activation(DType::Q8_K, af.data() + r * n, a.data() + size_t(r) * stride, n);
+      float got[4];
+      k4.fn(w.data(), a.data(), stride, n, got, 1);
+      for (int r = 0; r < 4; ++r) EXPECT_EQ(got[r], one->fn(w.data(), a.data() + size_t(r) * stride, n)) << isa << " " << dtype_name(k4.type);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3);
 }
 
 TEST(CpuDot, PlainTypesHandleRowTails) {
