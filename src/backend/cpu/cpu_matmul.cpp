@@ -157,15 +157,19 @@ void matmul(const Tensor& x, const Tensor& w, Tensor& out) {
     // passes over them.
     const DType at = dot_activation_type(w.dtype);
     const size_t arow = dtype_row_bytes(at, K);
-    std::vector<std::byte> xq(size_t(T) * arow);
-    for (int64_t t = 0; t < T; ++t) quantize_activation(at, xp + t * K, xq.data() + size_t(t) * arow, K);
+    // Kept between calls: a fresh prefill-sized buffer is fresh pages, faulted in on every call.
+    // (The caller's buffer: inside the parallel region below `xq` would name each thread's own.)
+    thread_local std::vector<std::byte> xq;
+    if (xq.size() < size_t(T) * arow) xq.resize(size_t(T) * arow);
+    std::byte* const xqp = xq.data();
+    for (int64_t t = 0; t < T; ++t) quantize_activation(at, xp + t * K, xqp + size_t(t) * arow, K);
     const int64_t chunk = std::max<int64_t>(4, int64_t(kTokenChunkBytes / arow) / 4 * 4);
 #pragma omp parallel
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t rows = std::min(chunk, T - t0);
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n)
-        dot_rows(w.dtype, w.row(n), xq.data() + size_t(t0) * arow, arow, rows, K, op + t0 * N + n, size_t(N));
+        dot_rows(w.dtype, w.row(n), xqp + size_t(t0) * arow, arow, rows, K, op + t0 * N + n, size_t(N));
     }
     return;
   }
