@@ -362,6 +362,24 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   return hsum(acc);
 }
 
+// Four-row twin of dot_q8_0 (bitwise its results): |x| and x's sign taken once per block.
+void dot4_q8_0(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const BlockQ8_0* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const std::byte*>(a) + size_t(r) * a_stride);
+  __m256 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i qx = loadu256(x[i].qs), ax = _mm256_sign_epi8(qx, qx);
+    const float dx = h2f(x[i].d);
+    for (int r = 0; r < 4; ++r) {
+      const __m256i p = dot_u8s8(ax, _mm256_sign_epi8(loadu256(y[r][i].qs), qx));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(y[r][i].d)), _mm256_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]);
+}
+
 // Four-row twins of dot_k_nibbles / dot_q6_k_act against Q8_K activations: the weight
 // super-block is decoded once and each activation row runs the one-row kernel's very operations
 // in its own accumulators (bitwise its result).
@@ -472,7 +490,8 @@ constexpr DotKernel kG32Kernels[] = {
     {DType::Q8_0, dot_q8_0_g32},
 };
 
-constexpr Dot4Kernel k4Kernels[] = {{DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
+constexpr Dot4Kernel k4Kernels[] = {{DType::Q8_0, dot4_q8_0},
+                                    {DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
                                     {DType::Q5_K, dot4_k_nibbles<BlockQ5_K>},
                                     {DType::Q6_K, dot4_q6_k}};
 

@@ -203,6 +203,41 @@ QWEN36_AVX512 inline const Act* act_row(const void* a, size_t stride, int r) {
   return reinterpret_cast<const Act*>(static_cast<const std::byte*>(a) + size_t(r) * stride);
 }
 
+// dot_q8_0_act<BlockQ8_0>'s twin: |x| and x's sign mask taken once per pair of blocks.
+QWEN36_AVX512 void dot4_q8_0(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const BlockQ8_0* y[4];
+  for (int r = 0; r < 4; ++r) y[r] = act_row<BlockQ8_0>(a, a_stride, r);
+  const int64_t nb = n / kQK;
+  __m512 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = join(loadu256(x[i].qs), loadu256(x[i + 1].qs));
+    const __mmask64 neg = _mm512_movepi8_mask(qx);
+    const __m512i ax = _mm512_abs_epi8(qx);
+    const float d0 = _cvtsh_ss(x[i].d), d1 = _cvtsh_ss(x[i + 1].d);
+    for (int r = 0; r < 4; ++r) {
+      const __m512i qy = join(loadu256(y[r][i].qs), loadu256(y[r][i + 1].qs));
+      const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
+      const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0 * _cvtsh_ss(y[r][i].d)),
+                                            _mm512_set1_ps(d1 * _cvtsh_ss(y[r][i + 1].d)));
+      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    float sum = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t j = i; j < nb; ++j) {
+      const __m256i qx = loadu256(x[j].qs), qy = loadu256(y[r][j].qs);
+      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+      const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(p, p), _mm256_hadd_epi32(p, p));
+      sum += _cvtsh_ss(x[j].d) * _cvtsh_ss(y[r][j].d) * float(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 4));
+    }
+    out[size_t(r) * out_stride] = sum;
+  }
+}
+
 template <typename Block>
 QWEN36_AVX512 void dot4_k_nibbles(const void* w, const void* a, size_t a_stride, int64_t n, float* out,
                                   size_t out_stride) {
@@ -297,7 +332,8 @@ constexpr DotKernel kG32Kernels[] = {{DType::Q8_0, dot_q8_0_act<BlockQ8G32>},
                                      {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8G32>},
                                      {DType::Q6_K, dot_q6_k_act<BlockQ8G32>}};
 
-constexpr Dot4Kernel k4Kernels[] = {{DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
+constexpr Dot4Kernel k4Kernels[] = {{DType::Q8_0, dot4_q8_0},
+                                    {DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
                                     {DType::Q5_K, dot4_k_nibbles<BlockQ5_K>},
                                     {DType::Q6_K, dot4_q6_k}};
 
