@@ -42,6 +42,7 @@ struct ChatOptions {
   SamplingParams sampling;
   CacheTypes cache;
   OffloadOptions offload;
+  LoraOptions lora;
 };
 
 #ifdef QWEN36_HAVE_PCRE2
@@ -197,8 +198,8 @@ void chat(const ChatOptions& o) {
   offload.plan.ctx = o.ctx;
   offload.plan.kv_type = o.backend == "cuda" ? DType::BF16 : DType::F32;
   offload.plan.state_type = resolve_state_type(o.cache);
-  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads, offload)
-                                   : load_model(o.model, o.backend, o.threads, offload);
+  LoadedModel lm = o.model.empty() ? load_default_model(o.backend, o.threads, offload, o.lora)
+                                   : load_model(o.model, o.backend, o.threads, offload, o.lora);
   const ModelConfig& c = lm.model->config();
   QWEN36_CHECK(tok.vocab_size() <= c.vocab_size, "the tokenizer has {} tokens but the model only {}",
                tok.vocab_size(), c.vocab_size);
@@ -285,6 +286,7 @@ void register_chat(CLI::App& app) {
   add_sampling_options(cmd, o->sampling);
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
+  add_lora_options(cmd, o->lora);
   cmd->callback([o] {
     o->sampling.validate();
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);

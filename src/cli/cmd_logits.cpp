@@ -17,6 +17,7 @@ void register_logits(CLI::App& app) {
   struct Opts {
     std::string model, tokens_file, out, backend = "cpu";
     OffloadOptions offload;
+    LoraOptions lora;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("-m,--model", o->model, "Model: Hugging Face directory or .gguf file")->required();
@@ -24,11 +25,12 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--out", o->out, "Output logits, raw float32 [n_tokens x vocab]")->required();
   cmd->add_option("--backend", o->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   add_offload_options(cmd, o->offload);
+  add_lora_options(cmd, o->lora);
   cmd->callback([o] {
     const std::vector<int32_t> tokens = read_i32_file(o->tokens_file);
     QWEN36_CHECK(!tokens.empty(), "{}: no tokens", o->tokens_file);
     o->offload.plan.ctx = o->offload.plan.batch_tokens = o->offload.plan.output_rows = int64_t(tokens.size());
-    LoadedModel lm = load_model(o->model, o->backend, 0, o->offload);
+    LoadedModel lm = load_model(o->model, o->backend, 0, o->offload, o->lora);
     const int64_t V = lm.model->config().vocab_size;
     for (int32_t t : tokens)
       QWEN36_CHECK(t >= 0 && t < V, "{}: token id {} is outside the vocabulary (0..{})", o->tokens_file, t, V - 1);

@@ -56,6 +56,7 @@ struct RunOptions {
   CacheTypes cache;
   TpCliOptions tp;
   OffloadOptions offload;
+  LoraOptions lora;
 };
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
@@ -333,6 +334,7 @@ void register_run(CLI::App& app) {
   add_cache_type_options(cmd, o->cache);
   add_tp_options(cmd, o->tp);
   add_offload_options(cmd, o->offload);
+  add_lora_options(cmd, o->lora);
   cmd->callback([o] {
     if (!o->speculative_config.empty()) parse_speculative_config(o->speculative_config);  // fail before loading
     o->sampling.validate();
@@ -344,12 +346,13 @@ void register_run(CLI::App& app) {
     o->output = run_output_constraint(*o);                      // and a bad schema or grammar
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
+      QWEN36_CHECK(o->lora.empty(), "--lora does not combine with --tensor-parallel yet");
       lm = load_tp_command_model(o->tp, o->model, o->backend, o->threads, o->offload);
     } else {
       o->offload.plan.ctx = o->ctx;  // what run_generation's memory plan will ask (--fit leaves room for it)
       o->offload.plan.kv_type = o->backend == "cuda" ? DType::BF16 : DType::F32;
-      lm = o->model.empty() ? load_default_model(o->backend, o->threads, o->offload)
-                            : load_model(o->model, o->backend, o->threads, o->offload);
+      lm = o->model.empty() ? load_default_model(o->backend, o->threads, o->offload, o->lora)
+                            : load_model(o->model, o->backend, o->threads, o->offload, o->lora);
     }
     if (!o->tokens.empty()) return run_tokens(*o, lm);
 #ifdef QWEN36_HAVE_PCRE2

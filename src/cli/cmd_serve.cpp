@@ -48,6 +48,7 @@ struct ServeOptions {
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
   CacheTypes cache;
   OffloadOptions offload;
+  LoraOptions lora;
   TpCliOptions tp;
   std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
   int32_t spec_draft_n = 3;
@@ -141,9 +142,10 @@ void serve(const ServeOptions& o) {
   // model as one (its prefix cache off: the other ranks cannot restore a snapshot).
   QWEN36_CHECK(o.tp.ranks <= 1 || spec.method != SpecMethod::Dflash,
                "--spec dflash does not run with tensor parallelism yet");
+  QWEN36_CHECK(o.tp.ranks <= 1 || o.lora.empty(), "--lora does not combine with --tensor-parallel yet");
   LoadedModel lm = o.tp.ranks > 1 ? load_tp_command_model(o.tp, o.model, o.backend, o.threads, o.offload)
-                   : o.model.empty() ? load_default_model(o.backend, o.threads, offload)
-                                     : load_model(o.model, o.backend, o.threads, offload);
+                   : o.model.empty() ? load_default_model(o.backend, o.threads, offload, o.lora)
+                                     : load_model(o.model, o.backend, o.threads, offload, o.lora);
   const ModelConfig& c = lm.model->config();
   QWEN36_CHECK(spec.method != SpecMethod::Mtp || lm.model->has_mtp(),
                "--spec mtp: this checkpoint has no MTP head (no mtp.* tensors / GGUF nextn block); use --spec ngram or "
@@ -236,6 +238,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "cpu or cuda")->envname("QWEN36_BACKEND")->capture_default_str();
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
+  add_lora_options(cmd, o->lora);
   add_tp_options(cmd, o->tp);
   cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
   cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");

@@ -2,12 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
 #include "engine/scheduler.h"
+#include "format/lora.h"
 #include "format/model_loader.h"
 #include "model/expert_placement.h"
 #include "model/presets.h"
@@ -38,16 +40,41 @@ std::string default_model_path() {
   return fs::exists(shipped) ? shipped.string() : "";
 }
 
-LoadedModel load_default_model(const std::string& backend, int threads, const OffloadOptions& offload) {
+void add_lora_options(CLI::App* cmd, LoraOptions& o) {
+  cmd->add_option("--lora", o.paths,
+                  "PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the "
+                  "weights at load; repeatable. Only bf16 / f16 / f32 weights take one (merge before quantizing)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--lora-scaled", o.scaled, "PATH SCALE: --lora with its product scaled (repeatable)")
+      ->type_size(2)
+      ->type_name("PATH SCALE");
+}
+
+void merge_lora_options(ModelWeights& w, const LoraOptions& o) {
+  for (const std::string& p : o.paths) merge_lora(w, load_lora_adapter(p), 1.0f);
+  QWEN36_CHECK(o.scaled.size() % 2 == 0, "--lora-scaled takes a path and a scale");
+  for (size_t i = 0; i < o.scaled.size(); i += 2) {
+    const std::string& text = o.scaled[i + 1];
+    char* end = nullptr;
+    const float scale = std::strtof(text.c_str(), &end);
+    QWEN36_CHECK(!text.empty() && end == text.c_str() + text.size() && std::isfinite(scale),
+                 "--lora-scaled {} {}: the scale is not a number", o.scaled[i], text);
+    merge_lora(w, load_lora_adapter(o.scaled[i]), scale);
+  }
+}
+
+LoadedModel load_default_model(const std::string& backend, int threads, const OffloadOptions& offload,
+                               const LoraOptions& lora) {
   if (const std::string path = default_model_path(); !path.empty()) {
     spdlog::info("no -m given: using the built-in small model {} (a 50M-parameter toy trained on Python code)",
                  path);
-    return load_model(path, backend, threads, offload);
+    return load_model(path, backend, threads, offload, lora);
   }
   spdlog::warn("no -m given and no shipped model found: using a small RANDOM model (output is gibberish)");
   LoadedModel lm;
   lm.backend = make_backend(backend, threads);
   ModelWeights w = make_random_weights(model_preset("tiny-dense"), DType::BF16, /*seed=*/36);
+  merge_lora_options(w, lora);
   spdlog::info("model: {}", w.config.summary());
   lm.model = make_model(std::move(w), *lm.backend, offload, threads);
   return lm;
@@ -114,10 +141,12 @@ std::unique_ptr<Model> make_model(ModelWeights w, Backend& backend, const Offloa
   return std::make_unique<Model>(std::move(w), backend, p, host_threads);
 }
 
-LoadedModel load_model(const std::string& path, const std::string& backend, int threads, const OffloadOptions& offload) {
+LoadedModel load_model(const std::string& path, const std::string& backend, int threads, const OffloadOptions& offload,
+                       const LoraOptions& lora) {
   LoadedModel lm;
   lm.backend = make_backend(backend, threads);
   ModelWeights w = load_model_weights(path);
+  merge_lora_options(w, lora);
   spdlog::info("model: {}", w.config.summary());
   lm.model = make_model(std::move(w), *lm.backend, offload, threads);
   return lm;

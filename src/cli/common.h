@@ -47,15 +47,27 @@ void add_offload_options(CLI::App* cmd, OffloadOptions& o);
 // backend that runs host-placed experts (0: all cores).
 std::unique_ptr<Model> make_model(ModelWeights w, Backend& backend, const OffloadOptions& o, int host_threads = 0);
 
+// --lora PATH (repeatable) and --lora-scaled PATH SCALE: PEFT LoRA adapters merged into the
+// weights at load (format/lora.h), as llama.cpp's flags name them.
+struct LoraOptions {
+  std::vector<std::string> paths;
+  std::vector<std::string> scaled;  // PATH, SCALE, PATH, SCALE, ...
+  bool empty() const { return paths.empty() && scaled.empty(); }
+};
+void add_lora_options(CLI::App* cmd, LoraOptions& o);
+// Loads and merges every adapter `o` names, in order.
+void merge_lora_options(ModelWeights& w, const LoraOptions& o);
+
 // backend: "cpu" or "cuda" (an Error when this build has no CUDA backend).
 LoadedModel load_model(const std::string& path, const std::string& backend, int threads = 0,
-                       const OffloadOptions& offload = {});
+                       const OffloadOptions& offload = {}, const LoraOptions& lora = {});
 
 // The built-in default model: models/qwen36-small-code-q8_0.gguf of this checkout (trained by
 // tools/train, see models/README.md; $QWEN36_DEFAULT_MODEL overrides), or, where that file
 // is absent, a small RANDOM model generated in memory (it says so when loaded).
 std::string default_model_path();  // "" when there is none
-LoadedModel load_default_model(const std::string& backend, int threads = 0, const OffloadOptions& offload = {});
+LoadedModel load_default_model(const std::string& backend, int threads = 0, const OffloadOptions& offload = {},
+                               const LoraOptions& lora = {});
 
 std::vector<int32_t> read_i32_file(const std::string& path);
 
