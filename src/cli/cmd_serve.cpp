@@ -46,6 +46,7 @@ struct ServeOptions {
   int64_t snapshot_interval = 512;  // prefix-cache checkpoints: positions between them
   int64_t snapshot_mem_mib = 2048;  // their budget in device memory
   int64_t cache_ram_mib = 0;        // and in host RAM (second tier)
+  std::string prefix_cache_file;     // checkpoints kept across restarts
   CacheTypes cache;
   OffloadOptions offload;
   LoraOptions lora;
@@ -179,6 +180,9 @@ void serve(const ServeOptions& o) {
   // A prompt_logprobs (echo) request's rows come beside the others, speculating or not.
   check_memory_plan(*lm.backend, c, scheduler_memory(so, Scheduler::kPromptLogprobRows));
   Scheduler engine(*lm.model, so);
+  const std::string weights_id = model_identity(o.model, o.lora);
+  if (!o.prefix_cache_file.empty() && std::filesystem::exists(o.prefix_cache_file))
+    engine.load_checkpoints(o.prefix_cache_file, weights_id);
   engine.start();
 
   server::ServeContext ctx;
@@ -212,6 +216,14 @@ void serve(const ServeOptions& o) {
   http.stop_accepting();
   engine.stop(std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000)));  // cancels what is left
   http.stop();
+  if (!o.prefix_cache_file.empty()) {
+    try {
+      const size_t n = engine.save_checkpoints(o.prefix_cache_file, weights_id);
+      spdlog::info("{}: {} prefix-cache checkpoints written", o.prefix_cache_file, n);
+    } catch (const Error& e) {
+      spdlog::error("prefix-cache checkpoints not written: {}", e.what());
+    }
+  }
   spdlog::info("stopped");
 }
 #endif
@@ -303,6 +315,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--cache-ram", o->cache_ram_mib,
                   "Prefix cache: MiB of host RAM for saved states that do not fit --snapshot-mem (0 = none)")
       ->envname("QWEN36_CACHE_RAM")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--prefix-cache-file", o->prefix_cache_file,
+                  "Prefix cache: read the saved checkpoints from FILE at start (when it was written for this "
+                  "model, adapters and cache types) and write them back at shutdown, so a restarted server "
+                  "resumes shared prompt beginnings at once")
+      ->envname("QWEN36_PREFIX_CACHE_FILE");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
   auto* spec = cmd->add_option("--spec", o->spec,

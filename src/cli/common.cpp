@@ -1,7 +1,9 @@
 #include "cli/common.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -61,6 +63,32 @@ void merge_lora_options(ModelWeights& w, const LoraOptions& o) {
                  "--lora-scaled {} {}: the scale is not a number", o.scaled[i], text);
     merge_lora(w, load_lora_adapter(o.scaled[i]), scale);
   }
+}
+
+std::string model_identity(const std::string& path, const LoraOptions& lora) {
+  namespace fs = std::filesystem;
+  auto file_id = [](const fs::path& f) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    const auto time = fs::last_write_time(f, ec).time_since_epoch().count();
+    return fmt::format("{} {} {}", f.filename().string(), ec ? 0 : size, ec ? 0 : time);
+  };
+  auto dir_id = [&](const fs::path& d, std::string_view ext) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ext) files.push_back(file_id(e.path()));
+    std::sort(files.begin(), files.end());
+    return fmt::format("{}", fmt::join(files, ", "));
+  };
+  const std::string model = path.empty() ? default_model_path() : path;
+  std::string id = model.empty()                ? std::string("built-in random tiny-dense")
+                   : fs::is_directory(model)    ? dir_id(model, ".safetensors")
+                                                : file_id(model);
+  for (const std::string& p : lora.paths) id += "; lora " + dir_id(p, ".safetensors");
+  for (size_t i = 0; i + 1 < lora.scaled.size(); i += 2)
+    id += "; lora " + dir_id(lora.scaled[i], ".safetensors") + " x " + lora.scaled[i + 1];
+  return id;
 }
 
 LoadedModel load_default_model(const std::string& backend, int threads, const OffloadOptions& offload,

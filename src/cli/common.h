@@ -58,6 +58,10 @@ void add_lora_options(CLI::App* cmd, LoraOptions& o);
 // Loads and merges every adapter `o` names, in order.
 void merge_lora_options(ModelWeights& w, const LoraOptions& o);
 
+// What names the weights a model path (and its adapters) loads, for files of saved states: the
+// checkpoint's files with their sizes and modification times ("" for the built-in model).
+std::string model_identity(const std::string& path, const LoraOptions& lora = {});
+
 // backend: "cpu" or "cuda" (an Error when this build has no CUDA backend).
 LoadedModel load_model(const std::string& path, const std::string& backend, int threads = 0,
                        const OffloadOptions& offload = {}, const LoraOptions& lora = {});

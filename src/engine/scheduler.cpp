@@ -7,6 +7,8 @@
 #include <limits>
 #include <optional>
 
+#include "engine/snapshot_file.h"
+
 namespace qwen36 {
 
 using Clock = std::chrono::steady_clock;
@@ -612,6 +614,53 @@ void Scheduler::run_loop() {
       spdlog::error("engine step failed: {}", e.what());
     }
   }
+}
+
+std::string Scheduler::checkpoint_fingerprint(const std::string& model_id) const {
+  return fmt::format("{}; weights {}; kv {}; state {}; {} / {} bytes at 1 / 2 positions", model_.config().summary(),
+                     model_id, dtype_name(opts_.kv_type), dtype_name(opts_.state_type), snapshot_bytes(state_, 1),
+                     snapshot_bytes(state_, 2));
+}
+
+size_t Scheduler::save_checkpoints(const std::string& path, const std::string& model_id) {
+  QWEN36_CHECK(!thread_.joinable(), "checkpoints are saved while the engine is stopped");
+  return write_snapshot_file(path, checkpoint_fingerprint(model_id), model_.backend(), snaps_);
+}
+
+size_t Scheduler::load_checkpoints(const std::string& path, const std::string& model_id) {
+  QWEN36_CHECK(!thread_.joinable(), "checkpoints are loaded before the engine starts");
+  if (!snaps_.enabled()) {
+    spdlog::warn("{}: not read, prefix-cache checkpoints are off (--snapshot-interval, --snapshot-mem / --cache-ram)",
+                 path);
+    return 0;
+  }
+  SnapshotFile f;
+  try {
+    f = read_snapshot_file(path);
+  } catch (const Error& e) {
+    spdlog::warn("prefix-cache checkpoints not read: {}", e.what());
+    return 0;
+  }
+  if (f.fingerprint != checkpoint_fingerprint(model_id)) {
+    spdlog::warn("{}: written for another model or cache type, not read ({} there, {} here)", path, f.fingerprint,
+                 checkpoint_fingerprint(model_id));
+    return 0;
+  }
+  size_t loaded = 0;
+  for (SnapshotFile::Entry& e : f.entries) {
+    const int64_t n = int64_t(e.prefix.size());
+    const std::optional<bool> where = snaps_.placement(e.bytes.size());
+    // Only prefixes the cache would look for (interval multiples that fit a slot) are kept.
+    if (e.positions != n || n % snaps_.interval() != 0 || n >= opts_.context || !where ||
+        e.bytes.size() != snapshot_bytes(state_, n) || !snaps_.wants(e.prefix))
+      continue;
+    snaps_.insert(std::move(e.prefix), snapshot_from_host(model_.backend(), std::move(e.bytes), n, *where));
+    ++loaded;
+  }
+  spdlog::info("{}: {} of {} prefix-cache checkpoints read", path, loaded, f.entries.size());
+  std::lock_guard lock(mu_);
+  stats_.snapshots = snaps_.stats();
+  return loaded;
 }
 
 void Scheduler::start() {

@@ -123,6 +123,15 @@ class Scheduler {
   // (every request gets its Finished event) and joins the engine thread.
   void stop(std::chrono::milliseconds drain = std::chrono::milliseconds(0));
 
+  // The prefix cache's checkpoints in a file (engine/snapshot_file.h), while the engine thread is
+  // not running. `model_id` names the weights (the CLI's model_identity: files, sizes, times,
+  // adapters); the fingerprint adds the cache element types and the state's layout.
+  std::string checkpoint_fingerprint(const std::string& model_id) const;
+  size_t save_checkpoints(const std::string& path, const std::string& model_id);
+  // Inserts a file's checkpoints within the budgets (the most recently used kept); a file of
+  // another fingerprint, or one that cannot be read, is logged and left alone: 0 inserted.
+  size_t load_checkpoints(const std::string& path, const std::string& model_id);
+
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return opts_; }
   const Model& model() const { return model_; }

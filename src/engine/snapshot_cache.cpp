@@ -94,6 +94,15 @@ void SnapshotCache::insert(std::vector<int32_t> prefix, StateSnapshot snap) {
   ++stats_.saved;
 }
 
+std::vector<std::pair<std::span<const int32_t>, const StateSnapshot*>> SnapshotCache::by_use() const {
+  std::vector<const Entry*> order;
+  for (const Entry& e : entries_) order.push_back(&e);
+  std::ranges::sort(order, {}, &Entry::last_used);
+  std::vector<std::pair<std::span<const int32_t>, const StateSnapshot*>> out;
+  for (const Entry* e : order) out.emplace_back(std::span<const int32_t>(e->prefix), &e->snap);
+  return out;
+}
+
 SnapshotCacheStats SnapshotCache::stats() const {
   SnapshotCacheStats s = stats_;
   s.entries = int64_t(entries_.size());

@@ -19,6 +19,7 @@
 #include <list>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model/state_snapshot.h"
@@ -61,6 +62,10 @@ class SnapshotCache {
   void insert(std::vector<int32_t> prefix, StateSnapshot snap);
 
   SnapshotCacheStats stats() const;
+
+  // Every entry's prefix and snapshot, least recently used first: the order a file keeps them
+  // in, so that inserting them back in it leaves the most recent ones when the budgets are smaller.
+  std::vector<std::pair<std::span<const int32_t>, const StateSnapshot*>> by_use() const;
 
  private:
   struct Entry {

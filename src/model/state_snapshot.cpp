@@ -1,5 +1,6 @@
 #include "model/state_snapshot.h"
 
+#include <cstring>
 #include <vector>
 
 #include "backend/kv_cache.h"
@@ -108,6 +109,27 @@ void restore_snapshot(Backend& backend, const StateSnapshot& snap, ModelState& s
       backend.copy(bytes_view(const_cast<std::byte*>(src), r.bytes), d);
     src += r.bytes;
   }
+}
+
+void snapshot_to_host(Backend& backend, const StateSnapshot& snap, std::byte* dst) {
+  if (snap.on_host())
+    std::memcpy(dst, snap.host.data(), snap.bytes);
+  else if (snap.bytes)
+    backend.copy_to_host(bytes_view(snap.device->data(), snap.bytes), dst);
+}
+
+StateSnapshot snapshot_from_host(Backend& backend, HostBuffer bytes, int64_t positions, bool to_host) {
+  StateSnapshot s;
+  s.positions = positions;
+  s.bytes = bytes.size();
+  if (to_host) {
+    s.host = std::move(bytes);
+  } else {
+    s.device = backend.alloc(s.bytes);
+    Tensor d = bytes_view(s.device->data(), s.bytes);
+    if (s.bytes) backend.copy_from_host(bytes.data(), d);
+  }
+  return s;
 }
 
 }  // namespace qwen36

@@ -40,4 +40,10 @@ StateSnapshot save_snapshot(Backend& backend, ModelState& state, int32_t slot, i
 // Overwrites slot `slot` with the snapshot: its sequence now stands at snap.positions.
 void restore_snapshot(Backend& backend, const StateSnapshot& snap, ModelState& state, int32_t slot);
 
+// The snapshot's snap.bytes bytes into host memory at `dst` (a file's copy of it).
+void snapshot_to_host(Backend& backend, const StateSnapshot& snap, std::byte* dst);
+// A snapshot of `positions` positions from the bytes snapshot_to_host wrote, kept in host RAM or
+// copied into device memory.
+StateSnapshot snapshot_from_host(Backend& backend, HostBuffer bytes, int64_t positions, bool to_host);
+
 }  // namespace qwen36

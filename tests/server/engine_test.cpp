@@ -10,6 +10,7 @@
 #include "engine/scheduler.h"
 #include "engine_test_util.h"
 #include "format/model_loader.h"
+#include "model/state_snapshot.h"
 
 namespace qwen36 {
 namespace {
@@ -468,6 +469,61 @@ TEST_F(EngineTest, SharedPrefixResumesFromACheckpoint) {
     EXPECT_GT(host ? st.snapshots.host_bytes : st.snapshots.device_bytes, 0u);
     EXPECT_EQ(host ? st.snapshots.device_bytes : st.snapshots.host_bytes, 0u);
   }
+}
+
+// The checkpoints in a file (serve --prefix-cache-file): a server that saved them at shutdown
+// lets a new one resume the shared prompt beginning on its first request, answering exactly as a
+// cold run; a file for other weights, a truncated file and a smaller budget are handled (ignored,
+// ignored, the most recently used kept).
+TEST_F(EngineTest, CheckpointsSurviveARestartThroughAFile) {
+  const std::string file = (std::filesystem::temp_directory_path() / "qwen36-engine-checkpoints.bin").string();
+  auto snapshot_bytes_for = [](int64_t n) {
+    ModelState st(*backend_, model_->config(), 1, 256, model_->has_mtp());
+    return snapshot_bytes(st, n);
+  };
+  SchedulerOptions o = small_options();
+  o.slots = 2;
+  o.snapshots = {.interval = 16, .device_bytes = size_t(64) << 20, .host_bytes = 0};
+  const std::vector<int32_t> system = prompt(40, 3);
+  RequestParams a, b;
+  a.prompt = b.prompt = system;
+  const std::vector<int32_t> qa = prompt(9, 4), qb = prompt(13, 5);
+  a.prompt.insert(a.prompt.end(), qa.begin(), qa.end());
+  b.prompt.insert(b.prompt.end(), qb.begin(), qb.end());
+  a.max_tokens = b.max_tokens = 8;
+  {
+    Scheduler first(*model_, o);
+    auto ra = first.submit(a);
+    run_until_done(first, {ra});
+    ASSERT_EQ(first.stats().snapshots.saved, 3u);  // 16, 32, 48
+    EXPECT_EQ(first.save_checkpoints(file, "weights A"), 3u);
+  }
+  {
+    Scheduler second(*model_, o);  // device tier
+    EXPECT_EQ(second.load_checkpoints(file, "weights A"), 3u);
+    auto rb = second.submit(b);
+    run_until_done(second, {rb});
+    const RequestResult res = wait_for_result(*rb, 100ms);
+    EXPECT_EQ(res.usage.cached_tokens, 32);
+    EXPECT_EQ(res.tokens, alone(b, 16));
+  }
+  {
+    SchedulerOptions host = o;  // host tier, room for two of the three: the two used last
+    host.snapshots = {.interval = 16, .device_bytes = 0, .host_bytes = snapshot_bytes_for(48) + snapshot_bytes_for(32)};
+    Scheduler third(*model_, host);
+    EXPECT_EQ(third.load_checkpoints(file, "weights A"), 3u);
+    EXPECT_EQ(third.stats().snapshots.entries, 2);
+    EXPECT_EQ(third.stats().snapshots.evicted, 1u);
+  }
+  {
+    Scheduler other(*model_, o);
+    EXPECT_EQ(other.load_checkpoints(file, "weights B"), 0u);  // another model's states
+    EXPECT_EQ(other.stats().snapshots.entries, 0);
+  }
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+  Scheduler truncated(*model_, o);
+  EXPECT_EQ(truncated.load_checkpoints(file, "weights A"), 0u);
+  std::filesystem::remove(file);
 }
 
 TEST_F(EngineTest, EngineThreadServesConcurrentSubmittersAndStopCancels) {

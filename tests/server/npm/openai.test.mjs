@@ -3,6 +3,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import path from 'node:path';
 import { startServer } from './serve.mjs';
 
 const KEY = 'sk-qwen36-test';
@@ -291,5 +292,44 @@ describe('openai client', { timeout: 120000 }, () => {
 
   test('unknown route: APIError 404', async () => {
     await assert.rejects(client.get('/no/such/route'), (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+  });
+});
+
+// serve --prefix-cache-file: the checkpoints of a shared system prompt, written at shutdown, let
+// a restarted server resume it on its first request (cached_tokens), with the same greedy answer.
+describe('prefix-cache checkpoints across a restart', { timeout: 120000 }, () => {
+  test('written at SIGTERM, read at start', async () => {
+    const { mkdtempSync, existsSync: exists, rmSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const dir = mkdtempSync(path.join(tmpdir(), 'qwen36-ckpt-'));
+    const file = path.join(dir, 'checkpoints.bin');
+    const args = ['--parallel', '1', '-c', '1024', '--snapshot-interval', '16', '--prefix-cache-file', file];
+    const system = 'You are a careful assistant. '.repeat(12);
+    const ask = async (srv, question) => {
+      const c = new OpenAI({ apiKey: 'none', baseURL: `${srv.url}/v1`, timeout: 30000, maxRetries: 0 });
+      return c.chat.completions.create({ ...greedy, messages: [{ role: 'system', content: system }, { role: 'user', content: question }] });
+    };
+    try {
+      const first = await startServer({ args });
+      const a = await ask(first, 'First question?');
+      const b = await ask(first, 'Second question?');  // from the first one's checkpoints
+      assert.ok(b.usage.prompt_tokens_details.cached_tokens >= 16, JSON.stringify(b.usage));
+      const exit = await first.stop();
+      assert.equal(exit.code, 0, first.log());
+      assert.ok(exists(file), `no ${file} after shutdown:\n${first.log()}`);
+      const second = await startServer({ args });
+      try {
+        // Its first request resumes from the file's checkpoints (b's own ones among them).
+        const again = await ask(second, 'Second question?');
+        assert.ok(again.usage.prompt_tokens_details.cached_tokens >= b.usage.prompt_tokens_details.cached_tokens,
+          `${JSON.stringify(again.usage)}\n${second.log()}`);
+        assert.equal(again.choices[0].message.content, b.choices[0].message.content);
+        assert.ok(a.usage.prompt_tokens > 0);
+      } finally {
+        await second.stop();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
