@@ -90,15 +90,37 @@ float dot_bf16(const void* w, const void* a, int64_t n) {
 
 // ---- 32-element blocks x Q8_0 ----
 
-float dot_q8_0(const void* w, const void* a, int64_t n) {
+// The Q8_0 / Q8_K-activation kernels take R activation rows (act + r·stride) against one weight
+// row and write out[r·out_stride]: R = 1 is the table's one-row kernel, R = 4 prefill's
+// four-row one, which decodes each weight block once for all four. Each row runs the same
+// operations in its own accumulators whatever R is: a token's result is bitwise the same in a
+// prefill as in a decode step.
+template <typename Act>
+inline const Act* act_row(const void* a, size_t stride, int r) {
+  return reinterpret_cast<const Act*>(static_cast<const std::byte*>(a) + size_t(r) * stride);
+}
+template <void (*Rows)(const void*, const void*, size_t, int64_t, float*, size_t)>
+float one_row(const void* w, const void* a, int64_t n) {
+  float out;
+  Rows(w, a, 0, n, &out, 1);
+  return out;
+}
+
+template <int R>
+void q8_0_rows(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  __m256 acc = _mm256_setzero_ps();
+  const BlockQ8_0* y[R];
+  for (int r = 0; r < R; ++r) y[r] = act_row<BlockQ8_0>(a, a_stride, r);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK; ++i) {
-    const __m256i p = dot_s8s8(loadu256(x[i].qs), loadu256(y[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p), acc);
+    const __m256i qx = loadu256(x[i].qs), ax = _mm256_sign_epi8(qx, qx);
+    for (int r = 0; r < R; ++r) {
+      const __m256i p = dot_u8s8(ax, _mm256_sign_epi8(loadu256(y[r][i].qs), qx));  // dot_s8s8(x, y)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[r][i].d)), _mm256_cvtepi32_ps(p), acc[r]);
+    }
   }
-  return hsum(acc);
+  for (int r = 0; r < R; ++r) out[size_t(r) * out_stride] = hsum(acc[r]);
 }
 
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles first, then high nibbles (Q4_0 order).
@@ -201,30 +223,34 @@ float dot_q8_k(const void* w, const void* a, int64_t n) {
 // the zero high byte). Act: BlockQ8_K (one scale per super-block: the sub-blocks' integer sums
 // add up before one float multiply) or BlockQ8G32 (a scale per sub-block: a float multiply-add
 // per sub-block; the mins against the activations' d · Σq).
-template <typename Block, typename Act>
-float dot_k_nibbles(const void* w, const void* a, int64_t n) {
+template <typename Block, typename Act, int R>
+void k_nibbles_rows(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
   constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>, kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const Block*>(w);
-  const auto* y = static_cast<const Act*>(a);
+  const Act* y[R];
+  for (int r = 0; r < R; ++r) y[r] = act_row<Act>(a, a_stride, r);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256i idx[8];
-  for (int j = 0; j < 8; ++j) idx[j] = _mm256_set1_epi16(int16_t(0x8000 | j));
-  __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+  __m256 acc[R], acc_m[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), acc_m[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m128i sm = k_scales_mins(x[i].scales);
     const __m256i sc = _mm256_broadcastsi128_si256(sm);
-    float d, dmin;
-    if constexpr (kG32) {
-      d = h2f(x[i].d), dmin = h2f(x[i].dmin);
-      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_mul_ps(m, _mm256_loadu_ps(y[i].ds)), acc_m);
-    } else {
-      d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-      acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k_mins_dot(sm, y[i].bsums)), acc_m);
+    float d[R];
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kG32) {
+        d[r] = h2f(x[i].d);
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].dmin)), _mm256_mul_ps(m, _mm256_loadu_ps(y[r][i].ds)), acc_m[r]);
+      } else {
+        d[r] = h2f(x[i].d) * y[r][i].d;
+        acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].dmin) * y[r][i].d),
+                                   _mm256_cvtepi32_ps(k_mins_dot(sm, y[r][i].bsums)), acc_m[r]);
+      }
     }
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = loadu256(x[i].qh);
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i q4 = loadu256(x[i].qs + 32 * c);
       __m256i lo = _mm256_and_si256(q4, low4);
@@ -235,33 +261,34 @@ float dot_k_nibbles(const void* w, const void* a, int64_t n) {
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
       }
-      const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[i].qs + 64 * c));
-      const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[i].qs + 64 * c + 32));
-      const __m256i slo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, idx[2 * c]));
-      const __m256i shi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, idx[2 * c + 1]));
-      if constexpr (kG32) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[2 * c]), _mm256_cvtepi32_ps(slo), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[2 * c + 1]), _mm256_cvtepi32_ps(shi), acc);
-      } else {
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(slo, shi));
+      const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c))));
+      const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c + 1))));
+      for (int r = 0; r < R; ++r) {
+        const __m256i slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(y[r][i].qs + 64 * c)), s_lo);
+        const __m256i shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(y[r][i].qs + 64 * c + 32)), s_hi);
+        if constexpr (kG32) {
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * y[r][i].d[2 * c]), _mm256_cvtepi32_ps(slo), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * y[r][i].d[2 * c + 1]), _mm256_cvtepi32_ps(shi), acc[r]);
+        } else {
+          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(slo, shi));
+        }
       }
     }
-    if constexpr (!kG32) acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    if constexpr (!kG32)
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
   }
-  return hsum(acc) - hsum(acc_m);
+  for (int r = 0; r < R; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - hsum(acc_m[r]);
 }
-
-float dot_q4_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ4_K, BlockQ8_K>(w, a, n); }
-float dot_q5_k(const void* w, const void* a, int64_t n) { return dot_k_nibbles<BlockQ5_K, BlockQ8_K>(w, a, n); }
 
 // Q6_K: 16 sub-blocks of 16 with int8 scales, codes 0..63 whose −32 is applied once through
 // the activations' sums per 16 (Q8_K: bsums, BlockQ8G32: hsums). With per-32 activation scales
 // (BlockQ8G32) the 32-value vector m of half h is group 4h + m: its scaled sums take its scale.
-template <typename Act>
-float dot_q6_k_act(const void* w, const void* a, int64_t n) {
+template <typename Act, int R>
+void q6_k_rows(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
   constexpr bool kG32 = std::is_same_v<Act, BlockQ8G32>;
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const auto* y = static_cast<const Act*>(a);
+  const Act* y[R];
+  for (int r = 0; r < R; ++r) y[r] = act_row<Act>(a, a_stride, r);
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
   // For a byte shuffle of 8 int16 scales in each 128-bit lane: scale 2m in the low lane's words
   // and 2m + 1 in the high lane's (the two groups of 16 of a 32-value vector).
@@ -270,22 +297,27 @@ float dot_q6_k_act(const void* w, const void* a, int64_t n) {
     auto word = [](int k) { return _mm_set1_epi16(int16_t((2 * k + 1) << 8 | 2 * k)); };
     idx[m] = _mm256_set_m128i(word(2 * m + 1), word(2 * m));
   }
-  __m256 acc = _mm256_setzero_ps(), acc_off = _mm256_setzero_ps();
+  __m256 acc[R], acc_off[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), acc_off[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    float d;
+    float d[R];
     // The -32 of every value, applied once: 32 * sum_k sc[k] * (sum of the activations of group k).
-    if constexpr (kG32) {
-      d = h2f(x[i].d);
-      // Lane j: sub-blocks 2j and 2j + 1, one activation group: times that group's scale.
-      const __m256 dg = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(y[i].d));
-      acc_off = _mm256_fmadd_ps(dg, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].hsums))), acc_off);
-    } else {
-      d = h2f(x[i].d) * y[i].d;
-      acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[i].bsums))),
-                                acc_off);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kG32) {
+        d[r] = h2f(x[i].d);
+        // Lane j: sub-blocks 2j and 2j + 1, one activation group: times that group's scale.
+        const __m256 dg = _mm256_mul_ps(_mm256_set1_ps(d[r]), _mm256_loadu_ps(y[r][i].d));
+        acc_off[r] = _mm256_fmadd_ps(dg, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[r][i].hsums))),
+                                     acc_off[r]);
+      } else {
+        d[r] = h2f(x[i].d) * y[r][i].d;
+        acc_off[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]),
+                                     _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[r][i].bsums))), acc_off[r]);
+      }
     }
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = loadu256(x[i].ql + 64 * h);
       const __m256i ql1 = loadu256(x[i].ql + 64 * h + 32);
@@ -301,20 +333,22 @@ float dot_q6_k_act(const void* w, const void* a, int64_t n) {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
       for (int m = 0; m < 4; ++m) {
         // 32 values = two groups of 16 with their own scales: int16 lanes 0-7 and 8-15.
-        const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[i].qs + 128 * h + 32 * m));
-        const __m256i s = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, idx[m]));
-        if constexpr (kG32)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y[i].d[4 * h + m]), _mm256_cvtepi32_ps(s), acc);
-        else
-          sumi = _mm256_add_epi32(sumi, s);
+        const __m256i scale = _mm256_shuffle_epi8(sc, idx[m]);
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[r][i].qs + 128 * h + 32 * m));
+          const __m256i s = _mm256_madd_epi16(p, scale);
+          if constexpr (kG32)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * y[r][i].d[4 * h + m]), _mm256_cvtepi32_ps(s), acc[r]);
+          else
+            sumi[r] = _mm256_add_epi32(sumi[r], s);
+        }
       }
     }
-    if constexpr (!kG32) acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    if constexpr (!kG32)
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
   }
-  return hsum(acc) - 32.0f * hsum(acc_off);
+  for (int r = 0; r < R; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - 32.0f * hsum(acc_off[r]);
 }
-
-float dot_q6_k(const void* w, const void* a, int64_t n) { return dot_q6_k_act<BlockQ8_K>(w, a, n); }
 
 // Q8_0 weights against per-32 activations: block b is group b % 8 of activation block b / 8.
 float dot_q8_0_g32(const void* w, const void* a, int64_t n) {
@@ -362,138 +396,33 @@ float dot_iq4_xs(const void* w, const void* a, int64_t n) {
   return hsum(acc);
 }
 
-// Four-row twin of dot_q8_0 (bitwise its results): |x| and x's sign taken once per block.
-void dot4_q8_0(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const BlockQ8_0* y[4];
-  for (int r = 0; r < 4; ++r) y[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const std::byte*>(a) + size_t(r) * a_stride);
-  __m256 acc[4];
-  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    const __m256i qx = loadu256(x[i].qs), ax = _mm256_sign_epi8(qx, qx);
-    const float dx = h2f(x[i].d);
-    for (int r = 0; r < 4; ++r) {
-      const __m256i p = dot_u8s8(ax, _mm256_sign_epi8(loadu256(y[r][i].qs), qx));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(y[r][i].d)), _mm256_cvtepi32_ps(p), acc[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]);
-}
-
-// Four-row twins of dot_k_nibbles / dot_q6_k_act against Q8_K activations: the weight
-// super-block is decoded once and each activation row runs the one-row kernel's very operations
-// in its own accumulators (bitwise its result).
-inline const BlockQ8_K* q8k_row(const void* a, size_t stride, int r) {
-  return reinterpret_cast<const BlockQ8_K*>(static_cast<const std::byte*>(a) + size_t(r) * stride);
-}
-
-template <typename Block>
-void dot4_k_nibbles(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
-  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
-  const auto* x = static_cast<const Block*>(w);
-  const BlockQ8_K* y[4];
-  for (int r = 0; r < 4; ++r) y[r] = q8k_row(a, a_stride, r);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc[4], acc_m[4];
-  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps(), acc_m[r] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const __m128i sm = k_scales_mins(x[i].scales);
-    const __m256i sc = _mm256_broadcastsi128_si256(sm);
-    for (int r = 0; r < 4; ++r)
-      acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].dmin) * y[r][i].d),
-                                 _mm256_cvtepi32_ps(k_mins_dot(sm, y[r][i].bsums)), acc_m[r]);
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (kFifthBit) qh = loadu256(x[i].qh);
-    __m256i sumi[4];
-    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q4 = loadu256(x[i].qs + 32 * c);
-      __m256i lo = _mm256_and_si256(q4, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
-      if constexpr (kFifthBit) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-      }
-      const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c))));
-      const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(int16_t(0x8000 | (2 * c + 1))));
-      for (int r = 0; r < 4; ++r) {
-        const __m256i plo = _mm256_maddubs_epi16(lo, loadu256(y[r][i].qs + 64 * c));
-        const __m256i phi = _mm256_maddubs_epi16(hi, loadu256(y[r][i].qs + 64 * c + 32));
-        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(plo, s_lo), _mm256_madd_epi16(phi, s_hi)));
-      }
-    }
-    for (int r = 0; r < 4; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[r][i].d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-  }
-  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - hsum(acc_m[r]);
-}
-
-void dot4_q6_k(const void* w, const void* a, size_t a_stride, int64_t n, float* out, size_t out_stride) {
-  const auto* x = static_cast<const BlockQ6_K*>(w);
-  const BlockQ8_K* y[4];
-  for (int r = 0; r < 4; ++r) y[r] = q8k_row(a, a_stride, r);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-  __m256i idx[4];
-  for (int m = 0; m < 4; ++m) {
-    auto word = [](int k) { return _mm_set1_epi16(int16_t((2 * k + 1) << 8 | 2 * k)); };
-    idx[m] = _mm256_set_m128i(word(2 * m + 1), word(2 * m));
-  }
-  __m256 acc[4], acc_off[4];
-  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps(), acc_off[r] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    float d[4];
-    for (int r = 0; r < 4; ++r) {
-      d[r] = h2f(x[i].d) * y[r][i].d;
-      acc_off[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, loadu256(y[r][i].bsums))),
-                                   acc_off[r]);
-    }
-    __m256i sumi[4];
-    for (int r = 0; r < 4; ++r) sumi[r] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = loadu256(x[i].ql + 64 * h);
-      const __m256i ql1 = loadu256(x[i].ql + 64 * h + 32);
-      const __m256i qh = loadu256(x[i].qh + 32 * h);
-      const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(s16, 1) : _mm256_castsi256_si128(s16));
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
-      for (int m = 0; m < 4; ++m) {
-        const __m256i scale = _mm256_shuffle_epi8(sc, idx[m]);
-        for (int r = 0; r < 4; ++r) {
-          const __m256i p = _mm256_maddubs_epi16(q[m], loadu256(y[r][i].qs + 128 * h + 32 * m));
-          sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, scale));
-        }
-      }
-    }
-    for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-  }
-  for (int r = 0; r < 4; ++r) out[size_t(r) * out_stride] = hsum(acc[r]) - 32.0f * hsum(acc_off[r]);
-}
-
 constexpr DotKernel kKernels[] = {
-    {DType::F32, dot_f32},   {DType::F16, dot_f16},   {DType::BF16, dot_bf16}, {DType::Q8_0, dot_q8_0},
-    {DType::Q4_0, dot_q4_0}, {DType::Q4_K, dot_q4_k}, {DType::Q5_K, dot_q5_k}, {DType::Q6_K, dot_q6_k},
-    {DType::IQ4_XS, dot_iq4_xs}, {DType::Q4_1, dot_q4_1}, {DType::Q5_0, dot_q5_0}, {DType::Q5_1, dot_q5_1},
+    {DType::F32, dot_f32},
+    {DType::F16, dot_f16},
+    {DType::BF16, dot_bf16},
+    {DType::Q8_0, one_row<q8_0_rows<1>>},
+    {DType::Q4_0, dot_q4_0},
+    {DType::Q4_K, one_row<k_nibbles_rows<BlockQ4_K, BlockQ8_K, 1>>},
+    {DType::Q5_K, one_row<k_nibbles_rows<BlockQ5_K, BlockQ8_K, 1>>},
+    {DType::Q6_K, one_row<q6_k_rows<BlockQ8_K, 1>>},
+    {DType::IQ4_XS, dot_iq4_xs},
+    {DType::Q4_1, dot_q4_1},
+    {DType::Q5_0, dot_q5_0},
+    {DType::Q5_1, dot_q5_1},
     {DType::Q8_K, dot_q8_k},
 };
 
 constexpr DotKernel kG32Kernels[] = {
-    {DType::Q4_K, dot_k_nibbles<BlockQ4_K, BlockQ8G32>},
-    {DType::Q5_K, dot_k_nibbles<BlockQ5_K, BlockQ8G32>},
-    {DType::Q6_K, dot_q6_k_act<BlockQ8G32>},
+    {DType::Q4_K, one_row<k_nibbles_rows<BlockQ4_K, BlockQ8G32, 1>>},
+    {DType::Q5_K, one_row<k_nibbles_rows<BlockQ5_K, BlockQ8G32, 1>>},
+    {DType::Q6_K, one_row<q6_k_rows<BlockQ8G32, 1>>},
     {DType::Q8_0, dot_q8_0_g32},
 };
 
-constexpr Dot4Kernel k4Kernels[] = {{DType::Q8_0, dot4_q8_0},
-                                    {DType::Q4_K, dot4_k_nibbles<BlockQ4_K>},
-                                    {DType::Q5_K, dot4_k_nibbles<BlockQ5_K>},
-                                    {DType::Q6_K, dot4_q6_k}};
+constexpr Dot4Kernel k4Kernels[] = {{DType::Q8_0, q8_0_rows<4>},
+                                    {DType::Q4_K, k_nibbles_rows<BlockQ4_K, BlockQ8_K, 4>},
+                                    {DType::Q5_K, k_nibbles_rows<BlockQ5_K, BlockQ8_K, 4>},
+                                    {DType::Q6_K, q6_k_rows<BlockQ8_K, 4>}};
 
 }  // namespace
 
