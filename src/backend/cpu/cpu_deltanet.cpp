@@ -1,6 +1,8 @@
 // Gated DeltaNet on the CPU: causal depthwise conv (with state), gates, and the gated delta
 // rule in both forms — chunked (prefill, chunk 64, UT transform) and recurrent (decode).
 // Both follow the reference maths step by step in f32; tests check they agree.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -127,6 +129,47 @@ void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t ou
   }
 }
 
+// C[M×N] += A[M×K]·B[K×N] (row-major, leading dimensions lda / ldb / ldc; ta: A is given
+// transposed, stored K×M). Tiles of 4 rows × 16 columns stay in eight AVX2 registers across k,
+// so each loaded B vector serves four rows: the chunk's 64×128×128 products below are these.
+void gemm_acc(const float* A, int64_t lda, bool ta, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M,
+              int64_t N, int64_t K) {
+  auto a = [&](int64_t i, int64_t k) { return ta ? A[k * lda + i] : A[i * lda + k]; };
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) {
+    int64_t j = 0;
+    for (; j + 16 <= N; j += 16) {
+      __m256 acc[4][2];
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_loadu_ps(C + (i + r) * ldc + j + 8 * h);
+      for (int64_t k = 0; k < K; ++k) {
+        const __m256 b0 = _mm256_loadu_ps(B + k * ldb + j), b1 = _mm256_loadu_ps(B + k * ldb + j + 8);
+        for (int r = 0; r < 4; ++r) {
+          const __m256 av = _mm256_set1_ps(a(i + r, k));
+          acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(C + (i + r) * ldc + j + 8 * h, acc[r][h]);
+    }
+    const size_t tail = size_t(N - j);  // the columns past the last whole tile
+    for (int r = 0; r < 4 && tail > 0; ++r) {
+      float* crow = C + (i + r) * ldc + j;
+      for (int64_t k = 0; k < K; ++k) {
+        const float av = a(i + r, k);
+        const float* brow = B + k * ldb + j;
+        for (size_t c = 0; c < tail; ++c) crow[c] += av * brow[c];
+      }
+    }
+  }
+  for (; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      const float av = a(i, k);
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] += av * B[k * ldb + j];
+    }
+}
+
 // Chunked form over chunks of 64 (the tail padded with zeros, which leaves S unchanged):
 //   γ = cumsum(g) in the chunk; A_ij = −β_i (k̂_i·k̂_j) e^{γ_i−γ_j} (j < i);
 //   T = (I − A)⁻¹ by forward substitution; U = T diag(β) V; W = T diag(β e^γ) K̂;
@@ -135,6 +178,9 @@ void delta_rule_recurrent(const HeadInputs& in, float* S, float* out, int64_t ou
 void delta_rule_chunked(const HeadInputs& in, float* S, float* out, int64_t out_stride) {
   const int64_t dk = in.dk, dv = in.dv, C = kChunk;
   std::vector<float> gam(static_cast<size_t>(C)), A(size_t(C * C)), U(size_t(C * dv)), W(size_t(C * dk)), Vn(size_t(C * dv));
+  // The products' operands: β V, β e^γ K̂, Q̂ e^γ, K̂ e^{γ_last − γ}, the decayed tril(Q̂K̂ᵀ).
+  std::vector<float> Vb(size_t(C * dv)), Kb(size_t(C * dk)), Qe(size_t(C * dk)), Ke(size_t(C * dk)), P(size_t(C * C));
+  std::vector<float> Kt(size_t(dk * C)), KK(size_t(C * C)), QK(size_t(C * C));  // K̂ᵀ, K̂K̂ᵀ, Q̂K̂ᵀ
   for (int64_t c0 = 0; c0 < in.n; c0 += C) {
     const int64_t n = std::min(C, in.n - c0);  // real rows; rows n..C-1 are zero padding
     const float* K = in.k.data() + c0 * dk;
@@ -144,75 +190,60 @@ void delta_rule_chunked(const HeadInputs& in, float* S, float* out, int64_t out_
     float acc = 0;
     for (int64_t i = 0; i < n; ++i) gam[size_t(i)] = acc += in.g[size_t(c0 + i)];
 
+    // The chunk's K̂ᵀ (dk × C, the padding columns zero), then K̂K̂ᵀ and Q̂K̂ᵀ as products.
+    std::fill(Kt.begin(), Kt.end(), 0.0f);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t x = 0; x < dk; ++x) Kt[size_t(x * C + i)] = K[i * dk + x];
+    std::fill(KK.begin(), KK.end(), 0.0f);
+    std::fill(QK.begin(), QK.end(), 0.0f);
+    gemm_acc(K, dk, false, Kt.data(), C, KK.data(), C, n, C, dk);
+    gemm_acc(Q, dk, false, Kt.data(), C, QK.data(), C, n, C, dk);
     // A (strictly lower), then the row recurrence that turns it into T − I.
     std::fill(A.begin(), A.end(), 0.0f);
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < i; ++j) {
-        float d = 0;
-        for (int64_t x = 0; x < dk; ++x) d += K[i * dk + x] * K[j * dk + x];
-        A[size_t(i * C + j)] = -(beta[i] * d) * std::exp(gam[size_t(i)] - gam[size_t(j)]);
-      }
+      for (int64_t j = 0; j < i; ++j)
+        A[size_t(i * C + j)] = -(beta[i] * KK[size_t(i * C + j)]) * std::exp(gam[size_t(i)] - gam[size_t(j)]);
     for (int64_t i = 1; i < n; ++i)
       for (int64_t j = 0; j < i; ++j) {
         float s = A[size_t(i * C + j)];
         for (int64_t m = j + 1; m < i; ++m) s += A[size_t(i * C + m)] * A[size_t(m * C + j)];
         A[size_t(i * C + j)] = s;
       }
-    // U = T diag(β) V and W = T diag(β e^γ) K̂, with T = A + I.
+    // U = T diag(β) V and W = T diag(β e^γ) K̂, with T = A + I (A strictly lower, zero above):
+    // the scaled rows, then A times them added.
     for (int64_t i = 0; i < n; ++i) {
-      float* Ui = U.data() + i * dv;
-      float* Wi = W.data() + i * dk;
-      for (int64_t x = 0; x < dv; ++x) Ui[x] = V[i * dv + x] * beta[i];
+      for (int64_t x = 0; x < dv; ++x) Vb[size_t(i * dv + x)] = V[i * dv + x] * beta[i];
       const float e = beta[i] * std::exp(gam[size_t(i)]);
-      for (int64_t x = 0; x < dk; ++x) Wi[x] = K[i * dk + x] * e;
-      for (int64_t j = 0; j < i; ++j) {
-        const float a = A[size_t(i * C + j)];
-        const float ej = beta[j] * std::exp(gam[size_t(j)]);
-        for (int64_t x = 0; x < dv; ++x) Ui[x] += a * V[j * dv + x] * beta[j];
-        for (int64_t x = 0; x < dk; ++x) Wi[x] += a * K[j * dk + x] * ej;
-      }
+      for (int64_t x = 0; x < dk; ++x) Kb[size_t(i * dk + x)] = K[i * dk + x] * e;
     }
+    std::copy(Vb.begin(), Vb.begin() + n * dv, U.begin());
+    std::copy(Kb.begin(), Kb.begin() + n * dk, W.begin());
+    gemm_acc(A.data(), C, false, Vb.data(), dv, U.data(), dv, n, dv, n);
+    gemm_acc(A.data(), C, false, Kb.data(), dk, W.data(), dk, n, dk, n);
     // V' = U − W S
+    for (int64_t x = 0; x < n * dk; ++x) W[size_t(x)] = -W[size_t(x)];
+    std::copy(U.data(), U.data() + n * dv, Vn.data());
+    gemm_acc(W.data(), dk, false, S, dv, Vn.data(), dv, n, dv, dk);
+    // O = (Q̂ ⊙ e^γ) S + tril_incl(Q̂K̂ᵀ ⊙ decay) V', the outputs in rows out_stride apart
     for (int64_t i = 0; i < n; ++i) {
-      float* vn = Vn.data() + i * dv;
-      std::copy(U.data() + i * dv, U.data() + (i + 1) * dv, vn);
-      for (int64_t x = 0; x < dk; ++x) {
-        const float wx = W[size_t(i * dk + x)];
-        const float* Sx = S + x * dv;
-        for (int64_t y = 0; y < dv; ++y) vn[y] -= wx * Sx[y];
-      }
-    }
-    // O = (Q̂ ⊙ e^γ) S + tril_incl(Q̂K̂ᵀ ⊙ decay) V'
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = out + (c0 + i) * out_stride;
-      std::fill(o, o + dv, 0.0f);
       const float eg = std::exp(gam[size_t(i)]);
-      for (int64_t x = 0; x < dk; ++x) {
-        const float qx = Q[i * dk + x] * eg;
-        const float* Sx = S + x * dv;
-        for (int64_t y = 0; y < dv; ++y) o[y] += qx * Sx[y];
-      }
-      for (int64_t j = 0; j <= i; ++j) {
-        float d = 0;
-        for (int64_t x = 0; x < dk; ++x) d += Q[i * dk + x] * K[j * dk + x];
-        d *= std::exp(gam[size_t(i)] - gam[size_t(j)]);
-        const float* vn = Vn.data() + j * dv;
-        for (int64_t y = 0; y < dv; ++y) o[y] += d * vn[y];
-      }
+      for (int64_t x = 0; x < dk; ++x) Qe[size_t(i * dk + x)] = Q[i * dk + x] * eg;
+      for (int64_t j = 0; j < C; ++j)
+        P[size_t(i * C + j)] = j <= i ? QK[size_t(i * C + j)] * std::exp(gam[size_t(i)] - gam[size_t(j)]) : 0.0f;
     }
+    float* o = out + c0 * out_stride;
+    for (int64_t i = 0; i < n; ++i) std::fill(o + i * out_stride, o + i * out_stride + dv, 0.0f);
+    gemm_acc(Qe.data(), dk, false, S, dv, o, out_stride, n, dv, dk);
+    gemm_acc(P.data(), C, false, Vn.data(), dv, o, out_stride, n, dv, n);
     // S ← e^{γ_last} S + Σ_i k̂_i e^{γ_last − γ_i} V'_i
     const float glast = gam[size_t(n - 1)];
     const float el = std::exp(glast);
     for (int64_t x = 0; x < dk * dv; ++x) S[x] *= el;
     for (int64_t i = 0; i < n; ++i) {
       const float e = std::exp(glast - gam[size_t(i)]);
-      const float* vn = Vn.data() + i * dv;
-      for (int64_t x = 0; x < dk; ++x) {
-        const float kx = K[i * dk + x] * e;
-        float* Sx = S + x * dv;
-        for (int64_t y = 0; y < dv; ++y) Sx[y] += kx * vn[y];
-      }
+      for (int64_t x = 0; x < dk; ++x) Ke[size_t(i * dk + x)] = K[i * dk + x] * e;
     }
+    gemm_acc(Ke.data(), dk, true, Vn.data(), dv, S, dv, dk, dv, n);
   }
 }
 
