@@ -72,11 +72,13 @@ void l2norm_into(const float* src, float* dst, int64_t d, float scale) {
   for (int64_t i = 0; i < d; ++i) dst[i] = src[i] * inv * scale;
 }
 
-HeadInputs gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const SeqRun& r, int64_t h) {
+// Into `in`, whose vectors keep their room from call to call (a prefill's rows are fresh pages
+// otherwise, faulted in for every head).
+void gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const SeqRun& r,
+            int64_t h, HeadInputs& in) {
   const int64_t Hk = q.dim(1), dk = q.dim(2), Hv = v.dim(1), dv = v.dim(2);
   const int64_t kh = h / (Hv / Hk);
-  HeadInputs in{r.count, dk, dv, {}, {}, {}, {}, {}};
+  in.n = r.count, in.dk = dk, in.dv = dv;
   in.q.resize(size_t(r.count * dk));
   in.k.resize(size_t(r.count * dk));
   in.v.resize(size_t(r.count * dv));
@@ -92,7 +94,6 @@ HeadInputs gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     in.g[size_t(t)] = g.as<const float>()[row * Hv + h];
     in.beta[size_t(t)] = beta.as<const float>()[row * Hv + h];
   }
-  return in;
 }
 
 // Token by token: S ← e^g S; u = Sᵀk; S += k (β(v − u))ᵀ; o = Sᵀq.     S [dk, dv]
@@ -263,7 +264,8 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
     const bool chunked = mode == DeltaRuleMode::Chunked || (mode == DeltaRuleMode::Auto && r.count > 1);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t h = 0; h < Hv; ++h) {
-      const HeadInputs in = gather(q, k, v, g, beta, r, h);
+      thread_local HeadInputs in;
+      gather(q, k, v, g, beta, r, h, in);
       const int64_t at = (int64_t(r.slot) * Hv + h) * dk * dv;
       // A bf16 state is computed on in an f32 copy, widened exactly and rounded back when stored.
       std::vector<float> wide(bf16 ? size_t(dk * dv) : 0);
