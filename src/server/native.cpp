@@ -133,7 +133,8 @@ void refuse_unsupported(const Json& body) {
                 "choosing a slot is not supported (-1: any; the prefix cache finds the best one)");
   for (const char* key : {"lora", "image_data"})
     refuse_unless(!has(body, key) || (body[key].is_array() && body[key].empty()), key,
-                  key == std::string("lora") ? "this server has no LoRA adapters" : "this model reads text only");
+                  key == std::string("lora") ? "per-request adapters are not supported (serve --lora merges adapters at load)"
+                                              : "this model reads text only");
   integer(body, "n_keep", -1, INT32_MAX, 0);  // the context is never shifted: a prompt must fit
   boolean(body, "cache_prompt", true);        // the prefix cache always serves
 }
