@@ -73,6 +73,10 @@ else
   # DFlash chain (issue 9), random drafter of the published shape, SIMULATED accept length
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
     --simulate-accept-length 6
+  # DDTree (issue 9), budget 22: the tree verify's DeltaNet ops composed over the leaves' root
+  # paths (session 42), SIMULATED acceptance
+  bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
+    --tree-budget 22 --simulate-accept-length 9
   # speculative decoding (issue 8): real MTP draft / verify / commit kernels, SIMULATED accept
   # decisions (per-position probabilities; the last one repeats), labelled so in every line
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 128 -b 1,8 -r 2 --spec mtp --spec-draft-n 1,2,3,4,5 \
