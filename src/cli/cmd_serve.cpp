@@ -180,7 +180,7 @@ void serve(const ServeOptions& o) {
   // A prompt_logprobs (echo) request's rows come beside the others, speculating or not.
   check_memory_plan(*lm.backend, c, scheduler_memory(so, Scheduler::kPromptLogprobRows));
   Scheduler engine(*lm.model, so);
-  const std::string weights_id = model_identity(o.model, o.lora);
+  const std::string weights_id = o.prefix_cache_file.empty() ? "" : model_identity(o.model, o.lora);
   if (!o.prefix_cache_file.empty() && std::filesystem::exists(o.prefix_cache_file))
     engine.load_checkpoints(o.prefix_cache_file, weights_id);
   engine.start();

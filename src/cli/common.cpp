@@ -205,9 +205,7 @@ std::unique_ptr<ChatTemplate> load_chat_template(const std::string& tok_path, co
 
 #ifdef QWEN36_HAVE_PCRE2  // the tokenizer is built with PCRE2
 std::function<std::string(int32_t)> token_text_of(const text::Tokenizer& tok) {
-  return [&tok](int32_t id) {
-    return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
-  };
+  return [&tok](int32_t id) { return tok.piece(id); };
 }
 
 std::vector<int32_t> chat_stop_ids(const ModelConfig& c, const text::Tokenizer& tok) {

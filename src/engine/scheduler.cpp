@@ -641,9 +641,9 @@ size_t Scheduler::load_checkpoints(const std::string& path, const std::string& m
     spdlog::warn("prefix-cache checkpoints not read: {}", e.what());
     return 0;
   }
-  if (f.fingerprint != checkpoint_fingerprint(model_id)) {
+  if (const std::string here = checkpoint_fingerprint(model_id); f.fingerprint != here) {
     spdlog::warn("{}: written for another model or cache type, not read ({} there, {} here)", path, f.fingerprint,
-                 checkpoint_fingerprint(model_id));
+                 here);
     return 0;
   }
   size_t loaded = 0;

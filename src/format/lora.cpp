@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "format/safetensors.h"
+#include "format/weight_convert.h"
 
 namespace qwen36 {
 
@@ -178,14 +179,6 @@ Target resolve(ModelWeights& w, const std::string& module) {
   return t;
 }
 
-float get(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::BF16: return bf16_to_f32(t.as<const uint16_t>()[i]);
-    case DType::F16: return f16_to_f32(t.as<const uint16_t>()[i]);
-    default: return t.as<const float>()[i];
-  }
-}
-
 // dst's row o = src's row o + Σ_k c·B[o, k] · A[k, :], computed in f32 and stored in src's dtype.
 template <typename T, float (*Load)(T), T (*Store)(float)>
 void merge_rows(const Tensor& src, void* dst, const std::vector<float>& a, const std::vector<float>& b, int64_t rank,
@@ -243,9 +236,9 @@ int merge_lora(ModelWeights& w, const LoraAdapter& adapter, float scale) {
       for (int64_t k = 0; k < rank; ++k)
         for (int64_t j = 0; j < cols; ++j) {
           const int64_t from = heads ? int64_t((*heads)[size_t(j / block)]) * block + j % block : j;
-          a[size_t(k * cols + j)] = get(p.a, k * cols + from);
+          a[size_t(k * cols + j)] = tensor_get_f32(p.a, k * cols + from);
         }
-      for (int64_t x = 0; x < p.b.numel(); ++x) b[size_t(x)] = get(p.b, x);
+      for (int64_t x = 0; x < p.b.numel(); ++x) b[size_t(x)] = tensor_get_f32(p.b, x);
       auto buf = std::make_shared<HostBuffer>(m.nbytes());
       const float c = scale * adapter.scaling(rank);
       if (m.dtype == DType::F32) merge_rows<float, load_f32, store_f32>(m, buf->data(), a, b, rank, c);

@@ -154,7 +154,7 @@ std::vector<std::pair<int32_t, float>> native_logit_bias(const Json& lb, const t
     } else if (token.is_string()) {
       for (int32_t id : tok.encode(token.get<std::string>())) out.emplace_back(id, b);
     } else {
-      refuse_unless(false, "logit_bias", "a token must be an id or a text");
+      throw HttpError(400, "'logit_bias': a token must be an id or a text", "logit_bias");
     }
   };
   if (lb.is_array()) {
@@ -168,7 +168,7 @@ std::vector<std::pair<int32_t, float>> native_logit_bias(const Json& lb, const t
       add(digits && key.size() < 10 ? Json(std::stoll(key)) : Json(key), bias);
     }
   } else {
-    refuse_unless(false, "logit_bias", "must be an array of [token, bias] pairs or an object");
+    throw HttpError(400, "'logit_bias': must be an array of [token, bias] pairs or an object", "logit_bias");
   }
   return out;
 }
@@ -304,10 +304,6 @@ NativeRequest parse_native(const HttpServer::Api& api, const Json& body) {
   return r;
 }
 
-std::string piece_of(const text::Tokenizer& tok, int32_t id) {
-  return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
-}
-
 // body's fields named in `fields`; "a/b" takes b out of object a, to the top as "b".
 Json selected(const Json& body, const Json& fields) {
   Json out = Json::object();
@@ -340,10 +336,8 @@ struct NativeJob : Job {
     unsent.push_back(id);
   }
   Json prob(int32_t id, float logprob) const {
-    const std::string piece = piece_of(*tok, id);
-    Json bytes = Json::array();
-    for (unsigned char c : piece) bytes.push_back(int(c));
-    return {{"id", id}, {"token", piece}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+    const std::string piece = tok->piece(id);
+    return {{"id", id}, {"token", piece}, {"logprob", logprob}, {"bytes", bytes_json(piece)}};
   }
   Json prob_entry(const TokenLogprob& lp) const {
     Json e = prob(lp.token, lp.logprob);
@@ -416,10 +410,9 @@ void handle_completion(HttpServer::Api& api, const httplib::Request& req, httpli
     job->return_tokens = r.return_tokens;
     return job;
   });
-  auto native = std::make_shared<Reply>(*reply);
-  native->done_line = false;               // llama-server's stream ends with its stop: true object
-  native->array_body = r.gens.size() > 1;  // several prompts: an array of answers
-  respond(std::move(native), res);
+  reply->done_line = false;               // llama-server's stream ends with its stop: true object
+  reply->array_body = r.gens.size() > 1;  // several prompts: an array of answers
+  respond(std::move(reply), res);
 }
 
 void handle_props(HttpServer::Api& api, const httplib::Request&, httplib::Response& res) {

@@ -9,16 +9,6 @@ namespace qwen36::server {
 
 namespace {
 
-std::string token_piece(const text::Tokenizer& tok, int32_t id) {
-  return id >= 0 && id < tok.vocab_size() && !tok.token_text(id).empty() ? tok.token_bytes(id) : std::string{};
-}
-
-Json bytes_json(const std::string& s) {
-  Json b = Json::array();
-  for (unsigned char c : s) b.push_back(int(c));
-  return b;
-}
-
 // vLLM's prompt_logprobs: null for the first prompt token, then per token a map of token ids
 // (the prompt's own and the `top` most likely) to {logprob, rank, decoded_token}.
 struct PromptLogprobs {
@@ -30,7 +20,7 @@ struct PromptLogprobs {
     if (top < 0) return;
     Json entry = Json::object();
     auto put = [&](int32_t id, float logprob, int32_t rank) {
-      entry[std::to_string(id)] = {{"logprob", logprob}, {"rank", rank}, {"decoded_token", token_piece(*tok, id)}};
+      entry[std::to_string(id)] = {{"logprob", logprob}, {"rank", rank}, {"decoded_token", tok->piece(id)}};
     };
     put(lp.token, lp.logprob, lp.rank);
     for (size_t i = 0; i < lp.top.size() && int(i) < top; ++i) put(lp.top[i].first, lp.top[i].second, int32_t(i) + 1);
@@ -42,7 +32,7 @@ struct PromptLogprobs {
 // One token's entry of a chat "logprobs.content" list.
 Json chat_logprob(const text::Tokenizer& tok, const TokenLogprob& lp) {
   auto entry = [&](int32_t id, float v) {
-    const std::string piece = token_piece(tok, id);
+    const std::string piece = tok.piece(id);
     return Json{{"token", piece}, {"logprob", v}, {"bytes", bytes_json(piece)}};
   };
   Json e = entry(lp.token, lp.logprob);
@@ -183,7 +173,7 @@ struct CompletionJob : Job {
     echoing = true;
     echo_pending = stream;
     if (!want_logprobs) return;
-    tokens.push_back(token_piece(*tok, first_token));
+    tokens.push_back(tok->piece(first_token));
     token_logprobs.push_back(nullptr);
     top_logprobs.push_back(nullptr);
   }
@@ -216,8 +206,8 @@ struct CompletionJob : Job {
   int top_n = 0;  // logprobs' alternatives (a prompt token's may come with more)
   Json legacy_logprob(const TokenLogprob& lp) const {
     Json top = Json::object();
-    for (size_t i = 0; i < lp.top.size() && int(i) < top_n; ++i) top[token_piece(*tok, lp.top[i].first)] = lp.top[i].second;
-    return {{"tokens", {token_piece(*tok, lp.token)}}, {"token_logprobs", {lp.logprob}}, {"top_logprobs", {top}}};
+    for (size_t i = 0; i < lp.top.size() && int(i) < top_n; ++i) top[tok->piece(lp.top[i].first)] = lp.top[i].second;
+    return {{"tokens", {tok->piece(lp.token)}}, {"token_logprobs", {lp.logprob}}, {"top_logprobs", {top}}};
   }
   std::vector<Json> on_text(const std::string& t, const TokenLogprob* lp) override {
     if (!stream) {

@@ -6,6 +6,12 @@
 
 namespace qwen36::server {
 
+Json bytes_json(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
 Json usage_json(const RequestUsage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},

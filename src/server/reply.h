@@ -13,6 +13,10 @@
 
 namespace qwen36::server {
 
+// A token's bytes as a JSON array of numbers (logprobs' "bytes": a piece may be part of a UTF-8
+// character).
+Json bytes_json(const std::string& s);
+
 // OpenAI's usage object (chat / completions).
 Json usage_json(const RequestUsage& u);
 // llama-server's "timings": prompt tokens read (cache_n of them from the prefix cache) and answer
@@ -70,7 +74,7 @@ void respond_events(std::shared_ptr<Job> job, RequestParams params, HttpServer::
 // seed + i, a job from make(the first job or null, p) and a request each (several prompts: the
 // completions route's prompt list). A refused submission cancels those already queued.
 template <typename J, typename Make>
-std::shared_ptr<const Reply> submit_prompts(HttpServer::Api& api, std::span<const Generation> gens, Make&& make) {
+std::shared_ptr<Reply> submit_prompts(HttpServer::Api& api, std::span<const Generation> gens, Make&& make) {
   auto reply = std::make_shared<Reply>();
   reply->stream = gens.front().stream;
   reply->include_usage = gens.front().include_usage;
@@ -99,7 +103,7 @@ std::shared_ptr<const Reply> submit_prompts(HttpServer::Api& api, std::span<cons
 
 // One prompt's `n` choices.
 template <typename J, typename Make>
-std::shared_ptr<const Reply> submit_choices(HttpServer::Api& api, const Generation& g, Make&& make) {
+std::shared_ptr<Reply> submit_choices(HttpServer::Api& api, const Generation& g, Make&& make) {
   return submit_prompts<J>(api, std::span(&g, 1), [&](const J* first, size_t) { return make(first); });
 }
 

@@ -604,6 +604,10 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) c
 // ---------------------------------------------------------------------------------------------
 // Decode and lookups.
 
+std::string Tokenizer::piece(int32_t id) const {
+  return id >= 0 && id < vocab_size() && !token_text(id).empty() ? token_bytes(id) : std::string{};
+}
+
 const std::string& Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || id >= vocab_size() || kind_[static_cast<size_t>(id)] == 0)
     fail("token id {} is not in the vocabulary (size {})", id, vocab_size());

@@ -83,6 +83,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // The raw bytes of one token (may be a fragment of a UTF-8 sequence).
   const std::string& token_bytes(int32_t id) const;
+  // An id's bytes as streamed text and logprobs show them: empty for an id past the vocabulary
+  // (a padded embedding row) or without a token, where token_bytes throws.
+  std::string piece(int32_t id) const;
   // Every id's bytes as text constrained to a document may hold them (structured output):
   // n entries; added tokens that are not special (<tool_call>, </tool_call>, <think> ...) as
   // their text, so a constrained call is written with the token a model writes it with; empty

@@ -39,10 +39,7 @@ class Served {
   explicit Served(SchedulerOptions so = {}, std::string api_key = {}, std::vector<std::string> origins = {"*"},
                   Json chat_template_kwargs = Json::object()) {
     so.context = so.context == 4096 ? 512 : so.context;
-    so.token_text = [](int32_t id) {
-      const auto& t = *g_shared->tok;
-      return id < t.vocab_size() && !t.token_text(id).empty() ? t.token_bytes(id) : std::string{};
-    };
+    so.token_text = [](int32_t id) { return g_shared->tok->piece(id); };
     so.vocab = g_shared->vocab;
     engine = std::make_unique<Scheduler>(*g_shared->model, so);
     engine->start();
