@@ -24,12 +24,14 @@ STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/lib" "$OUT"
 cp "$B/src/cli/qwen36" "$B/tests/gpu/test_cuda_ops" "$STAGE/"
-if [ -x "$B/tests/gpu/test_cuda_tp" ]; then cp "$B/tests/gpu/test_cuda_tp" "$STAGE/"; fi
+LEAN=${QWEN36_PACK_LEAN:-0}
+if [ "$LEAN" != 1 ] && [ -x "$B/tests/gpu/test_cuda_tp" ]; then cp "$B/tests/gpu/test_cuda_tp" "$STAGE/"; fi
 # CPU-side programs worth running on the GPU machine's host, if built: the host expert pass
 # benchmark (tools/host_experts_bench) and the quantized CPU kernels' tests (their AVX-512
 # paths run only where the CPU has AVX-512, which a development machine may lack).
+# QWEN36_PACK_LEAN=1 leaves them and test_cuda_tp out (a one-GPU call with the test fixtures).
 for f in tools/host_experts_bench/bench_host_experts tests/unit/quant/test_quant; do
-  if [ -x "$B/$f" ]; then cp "$B/$f" "$STAGE/"; fi
+  if [ "$LEAN" != 1 ] && [ -x "$B/$f" ]; then cp "$B/$f" "$STAGE/"; fi
 done
 # The kernel-timeline library (tools/kernel_trace) with the CUPTI it was linked against.
 TRACE=$B/tools/kernel_trace/libqwen36_kernel_trace.so
@@ -42,7 +44,8 @@ for f in "$STAGE"/qwen36 "$STAGE"/test_*; do ldd "$f"; done |
   awk '/=> \//{print $3}' | grep -E 'spdlog|fmt|pcre2|utf8proc|httplib|ssl|crypto|brotli' | sort -u |
   while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
 for f in "$STAGE"/qwen36 "$STAGE"/test_* "$STAGE"/bench_*; do if [ -f "$f" ]; then strip "$f"; fi; done
-tar -C "$STAGE" -cJf "$OUT/qwen36-prebuilt.tar.xz" .
+# xz -9e: the archive travels in a 64 MiB call (24 MB at the default level, ~14 at this one)
+tar -C "$STAGE" -cf - . | xz -9e -T0 > "$OUT/qwen36-prebuilt.tar.xz"
 cat > "$OUT/unpack.sh" <<'EOF'
 # Sourced on the GPU machine from the repository root (scripts/pack-prebuilt.sh wrote it).
 QWEN36_PREBUILT=${QWEN36_PREBUILT:-/tmp/qwen36-prebuilt}

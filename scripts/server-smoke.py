@@ -96,6 +96,22 @@ def main():
     check("assistant prefill continues", r["choices"][0]["finish_reason"] in ("stop", "length"),
           repr(r["choices"][0]["message"].get("content")))
 
+    # llama-server's own /completion: its sampler chain with the temperature last (the filters on
+    # the untempered distribution, on CUDA through the device's candidate rows) and n_probs.
+    r = post(base, "/completion", {"prompt": "def add(a, b):", "n_predict": 6, "temperature": 0.8, "top_k": 5,
+                                   "min_p": 0.05, "seed": 3, "n_probs": 3, "samplers": ["top_k", "min_p",
+                                                                                     "temperature"]})
+    probs = r.get("completion_probabilities", [])
+    ok = (r.get("tokens_predicted") == 6 and len(probs) == 6 and
+          all(len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["logprob"] <= 1e-6 for p in probs))
+    check("/completion: temperature last, n_probs", ok, repr(r.get("content")))
+    if ref:
+        greedy = {"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0, "n_probs": 2}
+        a, b = post(base, "/completion", greedy), post(ref, "/completion", greedy)
+        check("/completion greedy: the reference server's first token",
+              a["completion_probabilities"][0]["id"] == b["completion_probabilities"][0]["id"],
+              f"({a['content']!r} vs {b['content']!r})")
+
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
 

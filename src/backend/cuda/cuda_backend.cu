@@ -619,6 +619,7 @@ class CudaBackend final : public Backend {
       Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
                               : std::string());
       if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
+          cuda::norm_gemv_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
           cuda::norm_matmul_multi_prefill(ctx_, y, delta, y_out, w, eps, x, ws, outs))
         return;
     }
@@ -631,6 +632,7 @@ class CudaBackend final : public Backend {
                                     std::to_string(m.gate_proj.cols())
                               : std::string());
       if (cuda::norm_quant_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, up_out, out) ||
+          cuda::norm_gemv_mlp(ctx_, y, delta, y_out, w, eps, x, m, gate_out, out) ||
           cuda::norm_mlp_prefill(ctx_, y, delta, y_out, w, eps, x, m, out))
         return;
     }

@@ -15,138 +15,11 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
 
 namespace qwen36::cuda {
 
 namespace {
-
-// 8 consecutive weights as f32, from one 16-byte (bf16/f16) or two (f32) loads.
-template <typename W>
-struct Vec8;
-template <>
-struct Vec8<__nv_bfloat16> {
-  uint4 r;
-  __device__ __forceinline__ void load(const __nv_bfloat16* p) { r = __ldcs(reinterpret_cast<const uint4*>(p)); }
-  __device__ __forceinline__ void unpack(float* f) const {
-    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(u[i] << 16);
-      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    }
-  }
-};
-template <>
-struct Vec8<__half> {
-  uint4 r;
-  __device__ __forceinline__ void load(const __half* p) { r = __ldcs(reinterpret_cast<const uint4*>(p)); }
-  __device__ __forceinline__ void unpack(float* f) const {
-    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2 h = *reinterpret_cast<const __half2*>(&u[i]);
-      const float2 v = __half22float2(h);
-      f[2 * i] = v.x;
-      f[2 * i + 1] = v.y;
-    }
-  }
-};
-template <>
-struct Vec8<float> {
-  float4 a, b;
-  __device__ __forceinline__ void load(const float* p) {
-    a = __ldcs(reinterpret_cast<const float4*>(p));
-    b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
-  }
-  __device__ __forceinline__ void unpack(float* f) const {
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  }
-};
-
-constexpr int kGemvWarps = 8;  // rows per block
-constexpr int kUnroll = 4;     // 16-byte weight loads in flight per lane
-// One-token GEMVs of at most two blocks a SM: a lane's whole row of K = 2048 (bf16) in one round.
-constexpr int kWholeRowUnroll = 2 * kUnroll;
-
-// This lane's share of Σ_k w_r[k] · x[t, k] for R weight rows w_r (R = 1, or the MLP's gate and
-// up rows: 2) and the T activation rows (the caller reduces over the warp): 16-byte weight
-// loads, U per row in flight per lane (kUnroll, or kWholeRowUnroll), activations from L1. The
-// chunks are summed in the same order whatever U, so the results do not depend on it. The R
-// rows stream together: one after the other a warp had a bubble between them and half the loads
-// in flight (the 27B bf16 gate + up GEMV ran at 89% of the copy bandwidth, the single-row ones at
-// 93–94%); each row's sum keeps its order, so the results are those of R calls.
-template <typename W, int T, int R, int U = kUnroll>
-__device__ __forceinline__ void lane_dot(const W* const (&wr)[R], const float* __restrict__ x, int K, int lane,
-                                         float (&acc)[R][T]) {
-  auto fma8 = [&](const float (&f)[8], int c, float (&a)[T]) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4 x0 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + c));
-      const float4 x1 = __ldca(reinterpret_cast<const float4*>(x + size_t(t) * K + c) + 1);
-      a[t] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
-              f[7] * x1.w;
-    }
-  };
-  if (K % 8 != 0) {
-    griddep_wait();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      for (int c = lane; c < K; c += 32) {
-        const float f = to_f32(wr[r][c]);
-#pragma unroll
-        for (int t = 0; t < T; ++t) acc[r][t] += f * x[size_t(t) * K + c];
-      }
-    return;
-  }
-  const int K8 = K / 8;
-  int i = lane;
-  // The weights do not depend on the kernel before this one: the first loads are issued,
-  // then (under programmatic dependent launch) the wait for that kernel's results.
-  Vec8<W> v[R][U];
-  auto load = [&]() {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < U; ++u) v[r][u].load(wr[r] + size_t(i + 32 * u) * 8);
-  };
-  bool more = i + 32 * (U - 1) < K8;
-  if (more) load();
-  griddep_wait();
-  while (more) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float f[8];
-        v[r][u].unpack(f);
-        fma8(f, (i + 32 * u) * 8, acc[r]);
-      }
-    i += 32 * U;
-    more = i + 32 * (U - 1) < K8;
-    if (more) load();
-  }
-  for (; i < K8; i += 32)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      Vec8<W> w1;
-      w1.load(wr[r] + size_t(i) * 8);
-      float f[8];
-      w1.unpack(f);
-      fma8(f, i * 8, acc[r]);
-    }
-}
-template <typename W, int T, int U = kUnroll>
-__device__ __forceinline__ void lane_dot(const W* __restrict__ wr, const float* __restrict__ x, int K, int lane,
-                                         float (&acc)[T]) {
-  const W* const rows[1] = {wr};
-  float a[1][T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) a[0][t] = acc[t];
-  lane_dot<W, T, 1, U>(rows, x, K, lane, a);
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = a[0][t];
-}
 
 template <typename W, int T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
@@ -166,42 +39,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// Several weight matrices applied to the same activations in one launch (Backend::
-// matmul_multi): the rows of all of them form one index space, a warp per row, so the small
-// matrices (DeltaNet's 48-row a/b projections) ride along with the large ones instead of
-// paying a launch and a tail of their own.
-constexpr int kMaxMulti = 4;
-struct MultiRows {
-  const void* w[kMaxMulti];
-  float* out[kMaxMulti];
-  int end[kMaxMulti];  // exclusive prefix of the row counts
-  int n;
-  int total;  // end[n - 1], kept apart: indexing the arrays with a runtime value would copy
-              // the parameters to each thread's stack
-};
 template <typename W, int T, int U = kUnroll>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
   griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= m.total) return;
-  // The row's matrix, chosen with compile-time indices only: a runtime index into the
-  // parameter arrays would copy them to local memory in every thread.
-  const void* wp = m.w[0];
-  float* op = m.out[0];
-  int r0 = 0, r1 = m.end[0];
-#pragma unroll
-  for (int i = 1; i < kMaxMulti; ++i)
-    if (i < m.n && row >= m.end[i - 1]) wp = m.w[i], op = m.out[i], r0 = m.end[i - 1], r1 = m.end[i];
-  const int N = r1 - r0, local = row - r0;
+  const MultiRow mr = multi_row(m, row);
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  lane_dot<W, T, U>(static_cast<const W*>(wp) + size_t(local) * size_t(K), x, K, lane, acc);
+  lane_dot<W, T, U>(static_cast<const W*>(mr.w) + size_t(mr.local) * size_t(K), x, K, lane, acc);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) op[size_t(t) * N + local] = v;
+    if (lane == 0) mr.out[size_t(t) * mr.N + mr.local] = v;
   }
 }
 
@@ -226,11 +78,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (lane == 0) out[size_t(t) * N + row] = silu_f(gs) * us;
   }
 }
-
-// Blocks for a warp-per-row GEMV over `rows` rows: one row per warp. (Fewer, fully resident
-// warps looping over ⌈rows / warps⌉ rows each measured slower on the H200, 2680 vs 4070 GB/s
-// at 17408×5120: more warps keep more loads in flight.)
-int gemv_blocks(int64_t rows) { return int((rows + kGemvWarps - 1) / kGemvWarps); }
 
 // Calls f(std::integral_constant<int, T>) for the batch sizes the GEMV kernels are built for.
 template <typename F>
@@ -382,21 +229,6 @@ __global__ void __launch_bounds__(kTileMaxWarps * 32, 1)
       const float s = warp_sum(acc[r][t]);
       if (lane == 0 && row0 + r < N) out[size_t(t) * N + row0 + r] = s;
     }
-}
-
-// A row of a MultiRows index space: its matrix's weights and output, row count and local row
-// (compile-time indices only, as in gemv_multi_kernel).
-struct MultiRow {
-  const void* w;
-  float* out;
-  int N, local;
-};
-__device__ __forceinline__ MultiRow multi_row(const MultiRows& m, int row) {
-  MultiRow r{m.w[0], m.out[0], m.end[0], row};
-#pragma unroll
-  for (int i = 1; i < kMaxMulti; ++i)
-    if (i < m.n && row >= m.end[i - 1]) r = MultiRow{m.w[i], m.out[i], m.end[i] - m.end[i - 1], row - m.end[i - 1]};
-  return r;
 }
 
 template <typename W, int T>
@@ -604,18 +436,6 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ y, int
     reinterpret_cast<uint2*>(y)[i] = *reinterpret_cast<const uint2*>(h);
   }
   for (int64_t i = 4 * n4 + first; i < n; i += stride) y[i] = round_to<H>(x[i]);
-}
-
-// The GEMV dtypes (the fused decode kernels handle these; anything else composes).
-bool gemv_dtype(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
-
-template <typename F>
-void with_weight_type(DType t, F&& f) {
-  switch (t) {
-    case DType::BF16: return f(__nv_bfloat16{});
-    case DType::F16: return f(__half{});
-    default: return f(float{});
-  }
 }
 
 }  // namespace

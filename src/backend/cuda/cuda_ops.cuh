@@ -398,6 +398,14 @@ bool norm_matmul_multi_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tenso
                                Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool norm_mlp_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                       const MlpWeights& m, Tensor& out);
+// The same at one token over bf16 / f16 weights: every block of the GEMV computes the norm itself
+// (no norm launch; y_out must be another buffer than y), bitwise as the norm launch followed by
+// matmul_multi / matmul_swiglu and the down matmul (cuda_matmul_norm.cu); false (nothing done)
+// where these forms do not apply.
+bool norm_gemv_multi(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                     std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+bool norm_gemv_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
+                   const MlpWeights& m, Tensor& gate_out, Tensor& out);
 // Backend::gated_matmul and gated_norm_matmul at prefill over a bf16 matrix: the gate (norm)
 // kernel writes the GEMM's bf16 input, no f32 intermediate or rounding kernel; false (nothing
 // done) where these forms do not apply.
