@@ -28,6 +28,10 @@
 //   qwen36 bench --synthetic qwen3.6-27b --type q4_k_m --backend cuda -p '' -n 128 -b 1
 //     --spec dflash --spec-draft-n 15 --simulate-accept-length 6
 // (at k = 15, p = 0.8445; `--simulate-acceptance 1,1,1,1,1,0` gives exactly 6 every round).
+// With --tree-budget N (DDTree) and simulated acceptance the tree is built from the drafter's
+// top-K tokens with probabilities calibrated to the simulated rates (engine/spec/draft_tree.h
+// calibrated_positions; its lines say "confidence simulated"): the random drafter's own, near
+// flat, would spend the budget on siblings the simulated walk never takes.
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
@@ -432,6 +436,9 @@ void run_bench(const BenchOptions& o) {
                                                              : sim_probs;
           SimulatedAcceptance sim(probs.empty() ? std::vector<double>{0} : probs);
           if (k > 0 && simulated) so.accept_override = sim.callback();
+          // A tree's shape comes from the drafter's confidence: simulated as calibrated to the
+          // simulated rates (calibrated_positions), not the random drafter's flat top-K.
+          so.simulated_confidence = k > 0 && simulated && tree > 0 ? probs : std::vector<double>{};
           std::vector<double> v;
           SpecMetrics metrics;
           SpecPhases phases;
@@ -451,7 +458,9 @@ void run_bench(const BenchOptions& o) {
           const double gbs = step_bytes(B, rows_per_pass, n) * passes_s / 1e9;
           std::string test = fmt::format("tg{} spec {}", n, k > 0 ? fmt::format("{} k={}", o.spec, k) : "none (baseline)");
           const std::string drafts = dflash_spec ? fmt::format("{}, block {}{}", dflash.label, o.block_size,
-                                                               tree ? fmt::format(", tree budget {}", tree) : "")
+                                                               tree ? fmt::format(", tree budget {}{}", tree,
+                                                                                  simulated ? ", confidence simulated" : "")
+                                                                    : "")
                                      : drafter && drafter->name() == std::string("mtp") ? "mtp head"
                                      : drafter                                          ? drafter->name()
                                                                                         : "";

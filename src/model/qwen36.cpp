@@ -527,14 +527,13 @@ void Model::forward_peers(const ForwardBatch& batch, ModelState& state, const st
   peers_->run(state, p, rank0);
 }
 
-void Model::forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden) {
-  QWEN36_CHECK(batch.verify_trees.empty() && batch.capture_layers.empty(),
-               "forward_sample: tree verify runs and captured layers need forward()");
-  if (!peers_) return forward_rank(batch, state, nullptr, hidden, nullptr, &req);
+void Model::forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden,
+                           float* captured) {
+  if (!peers_) return forward_rank(batch, state, nullptr, hidden, captured, &req);
   // Tensor parallel: the other ranks run the plain pass; rank 0 samples on its device as alone,
   // instead of copying every row's logits to the host and sampling there (32 MB and a host scan
   // per 32-sequence 27B step: bench/RESULTS.md, session 9).
-  forward_peers(batch, state, [&] { forward_rank(batch, state, nullptr, hidden, nullptr, &req); });
+  forward_peers(batch, state, [&] { forward_rank(batch, state, nullptr, hidden, captured, &req); });
 }
 
 void Model::run_pass(const PeerPass& p, ModelState& state) {

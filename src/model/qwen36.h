@@ -139,8 +139,9 @@ class Model {
   // forward() with the output rows sampled on the backend (Backend::sample_candidates): a
   // decode step moves a few hundred bytes per row to the host instead of the vocabulary's
   // logits. With tensor-parallel peers the logits come to the host and the candidates are
-  // made there (the same values). Batches with verify runs or captured layers use forward().
-  void forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden = nullptr);
+  // made there (the same values). Chain and tree verify runs and captured layers as forward().
+  void forward_sample(const ForwardBatch& batch, ModelState& state, SampleRequest& req, float* hidden = nullptr,
+                      float* captured = nullptr);
 
   // After a forward with verify_runs: replays the saved conv inputs and gates of each commit's
   // first `keep` verify tokens through the plain DeltaNet ops (token by token, as decode),

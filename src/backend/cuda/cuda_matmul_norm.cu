@@ -45,39 +45,51 @@ NormGemvMode norm_gemv_mode() {
   return m < 0 ? env : NormGemvMode(m);
 }
 
-constexpr int kNormThreads = kGemvWarps * 32;
-constexpr int kNormQuads = 5;  // quads of the row a thread holds: K ≤ 5120 (the 27B's hidden size)
-constexpr int kNormMaxK = 4 * kNormQuads * kNormThreads;
+// Blocks of NW warps (kGemvWarps, or 16: half the blocks recomputing the norm, QWEN36_NORM_GEMV16_WARPS)
+// hold the row in quads of 4 values, NQ a thread: K ≤ kNormMaxK (the 27B's hidden size).
+constexpr int kNormMaxK = 5120;
+template <int NW>
+__host__ __device__ constexpr int norm_quads() { return (kNormMaxK / 4 + NW * 32 - 1) / (NW * 32); }
+int norm_warps() {
+  static const int w = [] {
+    const char* v = std::getenv("QWEN36_NORM_GEMV16_WARPS");
+    return v && std::strcmp(v, "16") == 0 ? 16 : kGemvWarps;
+  }();
+  return w;
+}
 
 // Shared memory of a block: x's chunk halves (K / 8 float4 each), then the K / 32 group sums.
 size_t norm_stage_bytes(int K) { return size_t(K) * sizeof(float) + size_t(K / 32) * sizeof(float); }
 
 // This thread's quads of the norm's weight (a weight: requested before griddep_wait).
-__device__ __forceinline__ void load_norm_w(const NormIn& n, int K4, float4 (&g)[kNormQuads]) {
+template <int NW, int NQ>
+__device__ __forceinline__ void load_norm_w(const NormIn& n, int K4, float4 (&g)[NQ]) {
 #pragma unroll
-  for (int r = 0; r < kNormQuads; ++r)
-    if (const int id = int(threadIdx.x) + r * kNormThreads; id < K4) g[r] = reinterpret_cast<const float4*>(n.w)[id];
+  for (int r = 0; r < NQ; ++r)
+    if (const int id = int(threadIdx.x) + r * NW * 32; id < K4) g[r] = reinterpret_cast<const float4*>(n.w)[id];
 }
 
 // x = rms_norm(y + delta) · w into the block's shared memory (lo / hi: XStaged's halves), all
 // threads of the block; `writer` also stores y_out and x. The float operations and their order
 // are add_rms_norm_vec_kernel's: v = y + delta per element, each k32 group's sum of squares by
 // group_ss over its octet of lanes, row_ss over the groups, then v · inv · w.
-__device__ __forceinline__ void stage_norm(const NormIn& n, int K4, const float4 (&g)[kNormQuads], float4* lo,
-                                           float4* hi, float* gss, bool writer) {
+template <int NW, int NQ>
+__device__ __forceinline__ void stage_norm(const NormIn& n, int K4, const float4 (&g)[NQ], float4* lo, float4* hi,
+                                           float* gss, bool writer) {
+  constexpr int kThreads = NW * 32;
   const float4* y = reinterpret_cast<const float4*>(n.y);
   const float4* d = reinterpret_cast<const float4*>(n.delta);
-  float4 v[kNormQuads];
+  float4 v[NQ];
 #pragma unroll
-  for (int r = 0; r < kNormQuads; ++r) {
-    const int id = int(threadIdx.x) + r * kNormThreads;
+  for (int r = 0; r < NQ; ++r) {
+    const int id = int(threadIdx.x) + r * kThreads;
     v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (id < K4) {
       const float4 a = __ldcg(y + id), b = __ldcg(d + id);
       v[r] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
       if (writer) reinterpret_cast<float4*>(n.y_out)[id] = v[r];
     }
-    if (r * kNormThreads < K4) {  // block-uniform: every lane of a live octet shuffles
+    if (r * kThreads < K4) {  // block-uniform: every lane of a live octet shuffles
       const float s = group_ss(quad_ss(v[r]));
       if (id < K4 && (id & 7) == 0) gss[id >> 3] = s;
     }
@@ -85,8 +97,8 @@ __device__ __forceinline__ void stage_norm(const NormIn& n, int K4, const float4
   __syncthreads();
   const float inv = 1.0f / sqrtf(row_ss(gss, K4 / 8) / float(4 * K4) + n.eps);
 #pragma unroll
-  for (int r = 0; r < kNormQuads; ++r) {
-    const int id = int(threadIdx.x) + r * kNormThreads;
+  for (int r = 0; r < NQ; ++r) {
+    const int id = int(threadIdx.x) + r * kThreads;
     if (id >= K4) break;
     const float4 x = make_float4(v[r].x * inv * g[r].x, v[r].y * inv * g[r].y, v[r].z * inv * g[r].z,
                                  v[r].w * inv * g[r].w);
@@ -109,49 +121,49 @@ struct NormStage {
 // gemv_multi_kernel at T = 1 (U loads a row in flight per lane) with the norm staged first.
 // Every warp joins the norm's barriers: a warp past the last row dots the last row again and
 // stores nothing.
-template <typename W, int U>
-__global__ void __launch_bounds__(kNormThreads) gemv_multi_norm_kernel(MultiRows m, NormIn n, int K) {
+template <typename W, int U, int NW>
+__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0) gemv_multi_norm_kernel(MultiRows m, NormIn n, int K) {
   extern __shared__ float4 smem[];
   griddep_trigger();
   const NormStage st(smem, K);
-  const int row = int(blockIdx.x) * kGemvWarps + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int row = int(blockIdx.x) * NW + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const MultiRow mr = multi_row(m, min(row, m.total - 1));
-  float4 g[kNormQuads];
-  load_norm_w(n, K / 4, g);
+  float4 g[norm_quads<NW>()];
+  load_norm_w<NW>(n, K / 4, g);
   const W* const rows[1] = {static_cast<const W*>(mr.w) + size_t(mr.local) * size_t(K)};
   float acc[1][1] = {{0.0f}};
   lane_dot_x<W, 1, 1, U>(rows, st.x(), K, lane, acc, [&] {
     griddep_wait();
-    stage_norm(n, K / 4, g, st.lo, st.hi, st.gss, blockIdx.x == 0);
+    stage_norm<NW>(n, K / 4, g, st.lo, st.hi, st.gss, blockIdx.x == 0);
   });
   const float s = warp_sum(acc[0][0]);
   if (lane == 0 && row < m.total) mr.out[mr.local] = s;
 }
 
 // gemv_swiglu_kernel at T = 1 with the norm staged first: out = silu(x · gateᵀ) * (x · upᵀ).
-template <typename W>
-__global__ void __launch_bounds__(kNormThreads)
+template <typename W, int NW>
+__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0)
     gemv_swiglu_norm_kernel(const W* __restrict__ wg, const W* __restrict__ wu, NormIn n, float* __restrict__ out,
                             int N, int K) {
   extern __shared__ float4 smem[];
   griddep_trigger();
   const NormStage st(smem, K);
-  const int row = int(blockIdx.x) * kGemvWarps + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int row = int(blockIdx.x) * NW + int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int r = min(row, N - 1);
-  float4 g[kNormQuads];
-  load_norm_w(n, K / 4, g);
+  float4 g[norm_quads<NW>()];
+  load_norm_w<NW>(n, K / 4, g);
   const W* const rows[2] = {wg + size_t(r) * size_t(K), wu + size_t(r) * size_t(K)};
   float a[2][1] = {{0.0f}, {0.0f}};  // gate, up
   lane_dot_x<W, 1, 2, kUnroll>(rows, st.x(), K, lane, a, [&] {
     griddep_wait();
-    stage_norm(n, K / 4, g, st.lo, st.hi, st.gss, blockIdx.x == 0);
+    stage_norm<NW>(n, K / 4, g, st.lo, st.hi, st.gss, blockIdx.x == 0);
   });
   const float gs = warp_sum(a[0][0]), us = warp_sum(a[1][0]);
   if (lane == 0 && row < N) out[row] = silu_f(gs) * us;
 }
 
 // The shapes every form here needs: one token, f32 rows of K for y, delta, y_out (another buffer
-// than y), w and x, K a whole number of k32 groups within a thread's kNormQuads quads, 16-byte
+// than y), w and x, K a whole number of k32 groups up to kNormMaxK, 16-byte
 // aligned rows.
 bool norm_gemv_shapes(const Tensor& y, const Tensor& delta, const Tensor& y_out, const Tensor& w, const Tensor& x) {
   const int64_t K = x.cols();
@@ -190,18 +202,22 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   m.n = int(ws.size());
   m.total = int(rows);
   // matmul_multi's choice: a grid of at most two blocks a SM takes whole rows a round.
-  const dim3 grid(unsigned(gemv_blocks(rows))), block(kNormThreads);
-  const bool whole_rows = grid.x <= unsigned(2 * dev_info().sms) && K % (8 * 32 * kWholeRowUnroll) == 0;
+  const bool whole_rows =
+      gemv_blocks(rows) <= 2 * dev_info().sms && K % (8 * 32 * kWholeRowUnroll) == 0;
   if (!whole_rows && norm_gemv_mode() == NormGemvMode::kSmall) return false;
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  const int nw = whole_rows ? kGemvWarps : norm_warps();
+  const dim3 grid(unsigned((rows + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
   const NormIn n = norm_args(y, delta, y_out, w, eps, x);
   auto launch = [&](auto wt) {
     using W = decltype(wt);
     if (whole_rows)
-      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll>, grid, block, smem, c.stream, m, n, int(K));
+      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
+    else if (nw == 16)
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, 16>, grid, block, smem, c.stream, m, n, int(K));
     else
-      launch_pdl(gemv_multi_norm_kernel<W, kUnroll>, grid, block, smem, c.stream, m, n, int(K));
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
   };
   if (ws[0]->dtype == DType::BF16)
     launch(__nv_bfloat16{});
@@ -219,16 +235,25 @@ bool norm_gemv_mlp(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, 
       !half_weight(gate.dtype) || up.dtype != gate.dtype || gate.cols() != K || up.rows() != N || up.cols() != K ||
       gate_out.dtype != DType::F32 || gate_out.numel() != N || N >= (int64_t(1) << 31))
     return false;
-  const dim3 grid(unsigned(gemv_blocks(N))), block(kNormThreads);
+  const int nw = norm_warps();
+  const dim3 grid(unsigned((N + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
   const NormIn n = norm_args(y, delta, y_out, w, eps, x);
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  auto launch = [&](auto wt) {
+    using W = decltype(wt);
+    const W *g = gate.as<const W>(), *u = up.as<const W>();
+    if (nw == 16)
+      launch_pdl(gemv_swiglu_norm_kernel<W, 16>, grid, block, smem, c.stream, g, u, n, gate_out.as<float>(), int(N),
+                 int(K));
+    else
+      launch_pdl(gemv_swiglu_norm_kernel<W, kGemvWarps>, grid, block, smem, c.stream, g, u, n, gate_out.as<float>(),
+                 int(N), int(K));
+  };
   if (gate.dtype == DType::BF16)
-    launch_pdl(gemv_swiglu_norm_kernel<__nv_bfloat16>, grid, block, smem, c.stream, gate.as<const __nv_bfloat16>(),
-               up.as<const __nv_bfloat16>(), n, gate_out.as<float>(), int(N), int(K));
+    launch(__nv_bfloat16{});
   else
-    launch_pdl(gemv_swiglu_norm_kernel<__half>, grid, block, smem, c.stream, gate.as<const __half>(),
-               up.as<const __half>(), n, gate_out.as<float>(), int(N), int(K));
+    launch(__half{});
   CUDA_LAUNCH_CHECK();
   matmul(c, gate_out, mw.down_proj, out);
   return true;

@@ -87,6 +87,19 @@ DraftTree build_draft_tree(int32_t root_token, std::span<const Dist> positions, 
   return t;
 }
 
+std::vector<Dist> calibrated_positions(std::span<const Dist> positions, std::span<const double> conf) {
+  QWEN36_CHECK(!conf.empty(), "calibrated draft positions: no simulated rates");
+  std::vector<Dist> out(positions.begin(), positions.end());
+  for (size_t d = 0; d < out.size(); ++d) {
+    Dist& pos = out[d];
+    if (pos.empty()) continue;
+    const double p = std::clamp(conf[std::min(d, conf.size() - 1)], 0.0, 1.0);
+    const double rest = pos.size() > 1 ? std::min(p, (1.0 - p) / double(pos.size() - 1)) : 0.0;
+    for (size_t k = 0; k < pos.size(); ++k) pos[k].second = float(k == 0 ? p : rest);
+  }
+  return out;
+}
+
 TreeWalk follow_draft_tree(const DraftTree& tree, std::span<const int32_t> target_next) {
   QWEN36_CHECK(int64_t(target_next.size()) == tree.size(), "draft tree walk: {} target tokens for {} nodes",
                target_next.size(), tree.size());

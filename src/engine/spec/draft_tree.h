@@ -50,6 +50,15 @@ struct DraftTree {
 // which enumerates the nodes of the full K-ary tree in decreasing path probability.
 DraftTree build_draft_tree(int32_t root_token, std::span<const Dist> positions, int32_t budget);
 
+// Benchmarks with simulated acceptance (SpecOptions::simulated_confidence): the drafter's
+// positions with their tokens kept and their probabilities replaced by those of a drafter
+// calibrated to the simulated rates — position d's first entry conf[d] (the last value beyond
+// the list), the others an equal share of the rest, never above it. A random drafter's flat
+// distributions would spread the budget over siblings the simulated walk never takes (it goes
+// down the most probable child while the simulated acceptance says so), so a tree round would
+// be timed on a shape no trained drafter gives.
+std::vector<Dist> calibrated_positions(std::span<const Dist> positions, std::span<const double> conf);
+
 // The walk of a verified tree: target_next[n] is the target's token after node n's path (root
 // included; its argmax, or its draw when sampling). From the root, the child whose token is the
 // target's is accepted, as long as there is one; `bonus` is the target's token after the last

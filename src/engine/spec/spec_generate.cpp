@@ -281,7 +281,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       if (!tree_drafter) continue;
       // The tree spends the budget on the k block positions the round may emit; its n nodes
       // write positions pos .. pos + n − 1, which must leave the context room for one more.
-      const std::vector<Dist>& top = tree_drafter->last_topk(l.in->slot);
+      const std::vector<Dist>& own = tree_drafter->last_topk(l.in->slot);
+      const std::vector<Dist> top = spec.simulated_confidence.empty()
+                                        ? own
+                                        : calibrated_positions(own, spec.simulated_confidence);
       const int32_t depth = std::min<int32_t>(l.draft.k, int32_t(top.size()));
       const int32_t budget = int32_t(std::min<int64_t>(spec.tree_budget, state.capacity() - l.pos - 2));
       l.tree = build_draft_tree(l.history.back(), std::span(top).first(size_t(depth)), budget);
@@ -313,10 +316,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
     verify_hidden.resize(want_hidden ? batch.tokens.size() * H : 0);
     batch.capture_layers = capture;
     captured.resize(batch.tokens.size() * F);
-    // Greedy chains without penalties take each row's argmax on the device (Model::forward_sample:
+    // Greedy rounds (chains and trees) without penalties take each row's argmax on the device (forward_sample:
     // a few candidates per row to the host instead of every row's logits); a row whose
     // candidates do not decide comes back whole (full_logits) and is decided here.
-    const bool device_greedy = !tree_drafter && F == 0 && std::all_of(active.begin(), active.end(), [](const Live* l) {
+    const bool device_greedy = std::all_of(active.begin(), active.end(), [](const Live* l) {
       return l->in->opts.sampling.temperature == 0.0f && !l->sampler.has_penalties() && !l->in->opts.constraint;
     });
     greedy_rows.assign(device_greedy ? batch.tokens.size() : 0, -1);
@@ -331,7 +334,8 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
         return t.has_value();
       };
       req.full_logits = logits.data();
-      model.forward_sample(batch, state, req, want_hidden ? verify_hidden.data() : nullptr);
+      model.forward_sample(batch, state, req, want_hidden ? verify_hidden.data() : nullptr,
+                           F ? captured.data() : nullptr);
       for (size_t row = 0; row < greedy_rows.size(); ++row)
         if (greedy_rows[row] < 0)
           greedy_rows[row] = active[0]->sampler.sample_penalised(std::span(logits).subspan(row * V, V));
@@ -352,7 +356,10 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       if (spec.accept_override) accept = [&](int32_t i) { return spec.accept_override(l.in->slot, i); };
       const std::span<float> rows = std::span(logits).subspan(size_t(run.begin) * V, size_t(run.count) * V);
       if (const RowShaper shape = l.shaper()) shape_tree_rows(shape, l.tree, rows, int64_t(V));
-      const TreeWalk w = verify_tree(rows, int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
+      const TreeWalk w =
+          device_greedy
+              ? verify_tree_greedy(std::span(greedy_rows).subspan(size_t(run.begin), size_t(run.count)), l.tree, accept)
+              : verify_tree(rows, int64_t(V), l.tree, l.sampler, l.rng, l.history, accept);
       const int32_t accepted = int32_t(w.accepted.size());
       l.res.metrics.add_round(l.tree.max_depth(), accepted);
       const std::vector<int32_t> nodes = w.path(), out = w.tokens(l.tree);

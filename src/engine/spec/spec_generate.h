@@ -53,6 +53,10 @@ struct SpecOptions {
   // longer follows the target's distribution. Tree rounds: it decides whether the walk goes on
   // to the node's most probable child at depth i + 1.
   std::function<bool(int32_t slot, int32_t i)> accept_override;
+  // Benchmarks only, with accept_override: the simulated per-position acceptance (the last value
+  // beyond the list), to which a tree round calibrates the drafter's probabilities before
+  // building its tree (calibrated_positions, engine/spec/draft_tree.h). Empty: the drafter's own.
+  std::vector<double> simulated_confidence;
 };
 
 // Speculation off (SpecOptions' default method is MTP, for run and bench).

@@ -66,7 +66,13 @@ TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree
       hist[base + size_t(tree.depth[size_t(a)]) - 1] = tree.token[size_t(a)];
     next[size_t(n)] = draw(sampler.distribution(rows.subspan(size_t(n) * V, V), hist), rng);
   }
-  if (!accept) return follow_draft_tree(tree, next);
+  return verify_tree_greedy(next, tree, accept);
+}
+
+TreeWalk verify_tree_greedy(std::span<const int32_t> next, const DraftTree& tree,
+                            const std::function<bool(int32_t)>& accept) {
+  QWEN36_CHECK(int64_t(next.size()) >= tree.size(), "verify: {} tokens for a tree of {}", next.size(), tree.size());
+  if (!accept) return follow_draft_tree(tree, next.first(size_t(tree.size())));
   TreeWalk w;
   int32_t at = 0;
   for (;;) {

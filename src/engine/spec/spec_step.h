@@ -66,6 +66,10 @@ SpecVerdict verify_greedy(std::span<const int32_t> argmax, std::span<const int32
 TreeWalk verify_tree(std::span<float> rows, int64_t vocab, const DraftTree& tree, Sampler& sampler,
                      std::mt19937_64& rng, std::span<const int32_t> history,
                      const std::function<bool(int32_t)>& accept = {});
+// verify_tree's walk from the target's tokens already drawn (next[n]: the token after node n's
+// path; greedy rows without penalties: their argmax, e.g. sampled on the device).
+TreeWalk verify_tree_greedy(std::span<const int32_t> next, const DraftTree& tree,
+                            const std::function<bool(int32_t)>& accept = {});
 
 // Shapes the verify row that follows `path` (the round's drafts before it) with a request's
 // logit_bias and output constraint; false when the path itself breaks the constraint (that row

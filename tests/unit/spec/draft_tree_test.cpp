@@ -89,6 +89,37 @@ TEST(DraftTree, ConfidentDrafterGivesTheChain) {
   EXPECT_EQ(build_draft_tree(1, two, 100).size(), 1 + 2 + 2);
 }
 
+// The simulated drafter confidence of tree benchmarks: tokens kept, position d's first entry the
+// simulated rate, the others an equal share of the rest never above it (sorted, as
+// build_draft_tree requires); at issue 9's simulated rate the budget goes down the chain.
+TEST(DraftTree, CalibratedPositionsGiveTheSimulatedChain) {
+  std::vector<Dist> flat;
+  for (int d = 0; d < 15; ++d) {
+    Dist pos;
+    for (int k = 0; k < kTreeTopK; ++k) pos.push_back({100 * d + k, 0.126f - 0.001f * float(k)});
+    flat.push_back(pos);
+  }
+  const std::vector<double> conf = {0.9164};
+  const std::vector<Dist> cal = calibrated_positions(flat, conf);
+  ASSERT_EQ(cal.size(), flat.size());
+  for (size_t d = 0; d < cal.size(); ++d)
+    for (size_t k = 0; k < cal[d].size(); ++k) {
+      EXPECT_EQ(cal[d][k].first, flat[d][k].first);
+      EXPECT_FLOAT_EQ(cal[d][k].second, k == 0 ? 0.9164f : float(0.0836 / (kTreeTopK - 1)));
+    }
+  EXPECT_EQ(build_draft_tree(1, flat, 22).max_depth(), 2);  // the flat drafter: a bush
+  const DraftTree t = build_draft_tree(1, cal, 22);
+  EXPECT_EQ(t.max_depth(), 15);  // the calibrated one: the whole chain, then the best siblings
+  for (int32_t n = 1; n <= 15; ++n) EXPECT_EQ(t.parent[size_t(n)], n - 1);
+  // A low rate keeps the first entry on top; rates past the list repeat the last.
+  const std::vector<double> low = {0.9, 0.2};
+  const std::vector<Dist> c2 = calibrated_positions(flat, low);
+  EXPECT_FLOAT_EQ(c2[0][0].second, 0.9f);
+  for (size_t d = 1; d < c2.size(); ++d) EXPECT_GE(c2[d][0].second, c2[d][1].second);
+  EXPECT_FLOAT_EQ(c2[14][0].second, 0.2f);
+  EXPECT_THROW(calibrated_positions(flat, std::vector<double>{}), Error);
+}
+
 TEST(DraftTree, AncestorMask) {
   // root → a (0.6) → c (0.9); root → b (0.4) → d (0.9)
   const std::vector<Dist> pos = {{{11, 0.6f}, {12, 0.4f}}, {{21, 0.9f}, {22, 0.1f}}};
