@@ -7,6 +7,7 @@
 // Included by .cu only.
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -187,6 +188,26 @@ struct MultiRows {
   int total;  // end[n - 1], kept apart: indexing the arrays with a runtime value would copy
               // the parameters to each thread's stack
 };
+// m for matrices ws (one type, K columns each) writing outs ([T, rows] f32 each): false where
+// they do not fit one index space.
+inline bool multi_rows(std::span<const Tensor* const> ws, std::span<Tensor* const> outs, int64_t K, int64_t T,
+                       MultiRows& m) {
+  int64_t rows = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i];
+    if (w.dtype != ws[0]->dtype || w.cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * w.rows())
+      return false;
+    rows += w.rows();
+    if (rows >= (int64_t(1) << 31)) return false;
+    m.w[i] = w.data;
+    m.out[i] = outs[i]->as<float>();
+    m.end[i] = int(rows);
+  }
+  m.n = int(ws.size());
+  m.total = int(rows);
+  return true;
+}
+
 // A row of a MultiRows index space: its matrix's weights and output, row count and local row
 // (compile-time indices only, as in gemv_multi_kernel).
 struct MultiRow {

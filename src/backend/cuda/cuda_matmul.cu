@@ -452,19 +452,8 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   if (T < 1 || T > 8 || x.cols() != K || K % 8 != 0 || !gemv_dtype(ws[0]->dtype)) return false;
   MultiRows m{};
-  int64_t rows = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const Tensor& w = *ws[i];
-    if (w.dtype != ws[0]->dtype || w.cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != T * w.rows())
-      return false;
-    rows += w.rows();
-    if (rows >= (int64_t(1) << 31)) return false;
-    m.w[i] = w.data;
-    m.out[i] = outs[i]->as<float>();
-    m.end[i] = int(rows);
-  }
-  m.n = int(ws.size());
-  m.total = int(rows);
+  if (!multi_rows(ws, outs, K, T, m)) return false;
+  const int64_t rows = m.total;
   const dim3 grid(unsigned(gemv_blocks(rows))), block(kGemvWarps * 32);
   with_weight_type(ws[0]->dtype, [&](auto wt) {
     using W = decltype(wt);

@@ -188,19 +188,8 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
     return false;
   const int64_t K = x.cols();
   MultiRows m{};
-  int64_t rows = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const Tensor& wi = *ws[i];
-    if (wi.dtype != ws[0]->dtype || wi.cols() != K || outs[i]->dtype != DType::F32 || outs[i]->numel() != wi.rows())
-      return false;
-    rows += wi.rows();
-    if (rows >= (int64_t(1) << 31)) return false;
-    m.w[i] = wi.data;
-    m.out[i] = outs[i]->as<float>();
-    m.end[i] = int(rows);
-  }
-  m.n = int(ws.size());
-  m.total = int(rows);
+  if (!multi_rows(ws, outs, K, 1, m)) return false;
+  const int64_t rows = m.total;
   // matmul_multi's choice: a grid of at most two blocks a SM takes whole rows a round.
   const bool whole_rows =
       gemv_blocks(rows) <= 2 * dev_info().sms && K % (8 * 32 * kWholeRowUnroll) == 0;
