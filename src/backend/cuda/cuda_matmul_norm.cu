@@ -173,10 +173,6 @@ bool norm_gemv_shapes(const Tensor& y, const Tensor& delta, const Tensor& y_out,
   return x.rows() == 1 && y_out.data != y.data && K % 32 == 0 && K <= kNormMaxK;
 }
 
-NormIn norm_args(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
-  return {y.as<const float>(), delta.as<const float>(), w.as<const float>(), eps, y_out.as<float>(), x.as<float>()};
-}
-
 bool half_weight(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 }  // namespace
@@ -198,7 +194,7 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   const int nw = whole_rows ? kGemvWarps : norm_warps();
   const dim3 grid(unsigned((rows + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
-  const NormIn n = norm_args(y, delta, y_out, w, eps, x);
+  const NormIn n = norm_in(y, delta, y_out, w, eps, x);
   auto launch = [&](auto wt) {
     using W = decltype(wt);
     if (whole_rows)
@@ -227,7 +223,7 @@ bool norm_gemv_mlp(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, 
   const int nw = norm_warps();
   const dim3 grid(unsigned((N + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
-  const NormIn n = norm_args(y, delta, y_out, w, eps, x);
+  const NormIn n = norm_in(y, delta, y_out, w, eps, x);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   auto launch = [&](auto wt) {
     using W = decltype(wt);

@@ -449,6 +449,10 @@ struct NormIn {
   float* y_out = nullptr;
   float* x = nullptr;
 };
+// The NormIn of a layer's f32 tensors (the callers check their shapes).
+inline NormIn norm_in(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
+  return {y.as<const float>(), delta.as<const float>(), w.as<const float>(), eps, y_out.as<float>(), x.as<float>()};
+}
 // quant_tiled_matmul for those tokens (x: where x goes): false (nothing done) when the form does
 // not apply (T > 3 or short rows at T = 3, the rows too long for shared memory, or their shared
 // memory would change the plain call's grid or warps per block).

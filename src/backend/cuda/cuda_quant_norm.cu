@@ -32,9 +32,6 @@ bool enabled() { return std::strcmp(act_quant_env(), "kernel") != 0; }
 
 // The norm computed by the GEMM blocks: y_out another buffer (quant_tiled_matmul_norm checks the
 // rest: up to 3 tokens, their rows fitting shared memory).
-NormIn norm_in(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x) {
-  return {y.as<const float>(), delta.as<const float>(), w.as<const float>(), eps, y_out.as<float>(), x.as<float>()};
-}
 bool norm_in_gemm(const Tensor& y, const Tensor& delta, const Tensor& y_out, const Tensor& w, const Tensor& x) {
   const int64_t n = x.numel();
   return std::strcmp(act_quant_env(), "norm-kernel") != 0 && x.rows() >= 1 && y_out.data != y.data &&

@@ -282,9 +282,9 @@ std::vector<SpecResult> spec_generate_batch(Model& model, ModelState& state, std
       // The tree spends the budget on the k block positions the round may emit; its n nodes
       // write positions pos .. pos + n − 1, which must leave the context room for one more.
       const std::vector<Dist>& own = tree_drafter->last_topk(l.in->slot);
-      const std::vector<Dist> top = spec.simulated_confidence.empty()
-                                        ? own
-                                        : calibrated_positions(own, spec.simulated_confidence);
+      std::vector<Dist> calibrated;  // benchmarks with simulated acceptance only
+      if (!spec.simulated_confidence.empty()) calibrated = calibrated_positions(own, spec.simulated_confidence);
+      const std::vector<Dist>& top = spec.simulated_confidence.empty() ? own : calibrated;
       const int32_t depth = std::min<int32_t>(l.draft.k, int32_t(top.size()));
       const int32_t budget = int32_t(std::min<int64_t>(spec.tree_budget, state.capacity() - l.pos - 2));
       l.tree = build_draft_tree(l.history.back(), std::span(top).first(size_t(depth)), budget);
