@@ -488,35 +488,53 @@ bool Scheduler::step() {
     const size_t V = size_t(model_.config().vocab_size);
     logits_.resize(batch.output_rows.size() * V);
     hidden_.resize(want_hidden ? batch.hidden_rows.size() * size_t(model_.config().hidden_size) : 0);
-    // Without speculation, rows are sampled on the backend (rank 0's with tensor parallelism):
-    // only their candidates come to the host, and a row's logits only when the candidates do
-    // not decide its token or its request wants logprobs (which read the raw row: no penalties
-    // are applied to it there). owner_row[i] == i: rows are added with their owners.
-    const bool device_sampling = !spec_;
+    // Rows are sampled on the backend (rank 0's with tensor parallelism): only their
+    // candidates come to the host, and a row's logits only when the candidates do not decide
+    // its token or its request wants logprobs (which read the raw row: no penalties are
+    // applied to it there). Speculating, the turns' rows come first (add_spec_turns): a turn's
+    // rows stay on the backend when its verdict needs only their argmax (greedy_rows), every
+    // other row comes whole (a first token is drawn with the turn's own generator,
+    // SpecStepper::sample). Without speculation owner_row[i] == i: rows are added with their owners.
+    const size_t turn_rows = batch.output_rows.size() - row_owner.size();
+    std::vector<int32_t> row_argmax(turn_rows, -1);
+    std::vector<char> turn_greedy(turns.size());
+    for (size_t i = 0; i < turns.size(); ++i) turn_greedy[i] = SpecStepper::greedy_rows(turns[i]);
     std::vector<std::optional<int32_t>> drawn(row_owner.size());
+    uint64_t rows_to_host = 0;
     bool ok = true;
     try {
-      if (device_sampling) {
-        SampleRequest req;
-        for (size_t i = 0; i < row_owner.size(); ++i) {  // a prompt row's logits come raw, unpenalised
-          Sequence* s = row_owner[i];
-          const bool penalties = s->in.params.top_logprobs < 0 && row_prompt_pos[i] < 0;
-          s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, penalties);
-        }
-        req.take = [&](int32_t row, const SampleCandidates& c) {
-          Sequence& s = *row_owner[size_t(row)];
-          if (s.in.params.top_logprobs >= 0 || s.shapes() || row_prompt_pos[size_t(row)] >= 0 ||
+      SampleRequest req;
+      for (const SpecTurn& t : turns)
+        for (int32_t j = 0; j < SpecStepper::rows(t); ++j)
+          t.sampler->add_candidate_row({}, int64_t(V), req.rows, req.penalties, false);
+      for (size_t i = 0; i < row_owner.size(); ++i) {  // a prompt row's logits come raw, unpenalised
+        Sequence* s = row_owner[i];
+        const bool penalties = !spec_ && s->in.params.top_logprobs < 0 && row_prompt_pos[i] < 0;
+        s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, penalties);
+      }
+      size_t turn_of_row = 0;  // rows are offered in order: the turn holding turn row `row`
+      req.take = [&](int32_t row, const SampleCandidates& c) {
+        const bool took = [&] {
+          if (size_t(row) < turn_rows) {
+            while (turns[turn_of_row].out_row + SpecStepper::rows(turns[turn_of_row]) <= row) ++turn_of_row;
+            if (!turn_greedy[turn_of_row]) return false;
+            const std::optional<int32_t> tok = turns[turn_of_row].sampler->sample_from_candidates(c);
+            if (tok) row_argmax[size_t(row)] = *tok;  // greedy: no draw from the generator
+            return tok.has_value();
+          }
+          const size_t i = size_t(row) - turn_rows;
+          Sequence& s = *row_owner[i];
+          if (spec_ || s.in.params.top_logprobs >= 0 || s.shapes() || row_prompt_pos[i] >= 0 ||
               s.in.params.max_tokens == 0)
             return false;  // the whole row comes to the host
-          drawn[size_t(row)] = s.sampler.sample_from_candidates(c);
-          return drawn[size_t(row)].has_value();
-        };
-        req.full_logits = logits_.data();
-        model_.forward_sample(batch, state_, req);
-      } else {
-        model_.forward(batch, state_, logits_.data(), want_hidden ? hidden_.data() : nullptr,
-                       F ? captured.data() : nullptr);
-      }
+          drawn[i] = s.sampler.sample_from_candidates(c);
+          return drawn[i].has_value();
+        }();
+        rows_to_host += !took;
+        return took;
+      };
+      req.full_logits = logits_.data();
+      model_.forward_sample(batch, state_, req, want_hidden ? hidden_.data() : nullptr, F ? captured.data() : nullptr);
     } catch (const std::exception& e) {
       spdlog::error("forward pass failed: {}", e.what());
       for (Sequence* s : run_owner) finish(*s, "error", e.what());
@@ -528,6 +546,12 @@ bool Scheduler::step() {
       for (size_t i = 0; i < turns.size(); ++i) {
         Sequence& s = *turn_owner[i];
         if (s.spec.draft.tokens.empty()) ++undrafted;
+        if (turn_greedy[i]) {  // a row whose candidates did not decide came whole: its argmax here
+          const auto rows = std::span(row_argmax).subspan(size_t(turns[i].out_row), size_t(SpecStepper::rows(turns[i])));
+          for (size_t j = 0; j < rows.size(); ++j)
+            if (rows[j] < 0) rows[j] = argmax(std::span(logits_).subspan((size_t(turns[i].out_row) + j) * V, V));
+          turns[i].argmax = rows;
+        }
         const int32_t keep = spec_->finish_round(
             turns[i], logits_, hidden_,
             [&](int32_t tok, std::span<const float> raw, int32_t fed) { return emit(s, tok, raw, fed); }, captured);
@@ -553,7 +577,7 @@ bool Scheduler::step() {
         }
         if (drawn[i])
           emit(s, *drawn[i], {}, s.n_fed);
-        else if (device_sampling && s.in.params.top_logprobs < 0) {  // penalties already applied
+        else if (!spec_ && s.in.params.top_logprobs < 0) {  // penalties already applied
           if (shape(s, row)) emit(s, s.sampler.sample_penalised(row), {}, s.n_fed);
         }
         else
@@ -575,6 +599,7 @@ bool Scheduler::step() {
     std::lock_guard lock(mu_);
     ++stats_.steps;
     stats_.prefilled_tokens += prefilled;
+    stats_.logit_rows_to_host += rows_to_host;
     if (spec_) {
       stats_.spec.merge(spec_->take_metrics());
       stats_.spec_undrafted += undrafted;

@@ -85,6 +85,7 @@ struct SchedulerStats {
   uint64_t prefilled_tokens = 0;      // prompt tokens actually run through the model
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;
+  uint64_t logit_rows_to_host = 0;  // output rows whose whole logits came to the host (the rest: sampled on the backend)
   Histogram ttft, inter_token;
   // Speculative decoding: rounds that carried drafts, drafted / accepted per position
   // (spec.drafted_at[i]: drafts at depth i + 1), mean accepted length.

@@ -79,6 +79,9 @@ std::string render_metrics(const HttpServer::Api& api) {
   w.metric("qwen36_kv_positions_used", "gauge", "KV positions held by running requests.", double(s.kv_positions_used));
   w.metric("qwen36_kv_positions_total", "gauge", "KV positions (slots x context).", double(s.slots * s.context));
   w.metric("qwen36_engine_steps_total", "counter", "Forward passes (batches) run.", double(s.steps));
+  w.metric("qwen36_logit_rows_to_host_total", "counter",
+           "Output rows whose whole logits were copied to the host (the others were sampled on the backend).",
+           double(s.logit_rows_to_host));
   w.histogram("qwen36_time_to_first_token_seconds", "Submit to first generated token.", s.ttft);
   w.histogram("qwen36_inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token);
   if (api.ctx.engine->options().spec.method != SpecMethod::None) {  // speculative decoding

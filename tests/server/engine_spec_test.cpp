@@ -140,6 +140,9 @@ TEST_F(EngineSpecTest, OneSequenceGreedyEqualsPlain) {
       EXPECT_EQ(st.generated_tokens, 3u + st.spec.emitted + st.spec_undrafted);  // first tokens + rounds
       EXPECT_GT(st.spec.drafted, 0u) << spec_method_name(m);
       EXPECT_LE(st.spec.drafted_at.size(), size_t(k));
+      // Greedy turns' rows are sampled on the backend: only each prompt's last row (the first
+      // token, drawn with the turn's generator) comes to the host.
+      EXPECT_EQ(st.logit_rows_to_host, 3u) << spec_method_name(m);
       std::printf("[ %s k=%d ] %s\n", spec_method_name(m), k, st.spec.summary().c_str());
     }
   }
@@ -393,6 +396,8 @@ TEST_F(EngineSpecTest, LogprobsEqualThePlainPath) {
   const RequestResult want = run_one(plain, p);
   Scheduler s(*model_, options(SpecMethod::Ngram, 4));
   const RequestResult got = run_one(s, p);
+  // Logprobs read every row raw: all come to the host (the prompt's last and each round's).
+  EXPECT_EQ(s.stats().logit_rows_to_host, 1 + s.stats().spec.rounds + s.stats().spec.drafted + s.stats().spec_undrafted);
   ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
   for (size_t i = 0; i < got.logprobs.size(); ++i) {
     EXPECT_EQ(got.logprobs[i].token, want.logprobs[i].token);

@@ -197,11 +197,19 @@ void SpecStepper::propose(std::span<SpecTurn> turns, int32_t draft_budget) {
   }
 }
 
+int32_t SpecStepper::rows(const SpecTurn& t) {
+  return t.st->tree.size() > 1 ? t.st->tree.size() : 1 + int32_t(t.st->draft.tokens.size());
+}
+
+bool SpecStepper::greedy_rows(const SpecTurn& t) {
+  return t.sampling->temperature == 0.0f && !t.shape && !t.want_raw && !t.sampler->has_penalties();
+}
+
 void SpecStepper::add_run(SpecTurn& t, ForwardBatch& batch) const {
   const std::vector<int32_t>& drafts = t.st->draft.tokens;
   const DraftTree& tree = t.st->tree;
   const bool treed = tree.size() > 1;
-  const int32_t n = treed ? tree.size() : 1 + int32_t(drafts.size());
+  const int32_t n = rows(t);
   t.begin = int32_t(batch.tokens.size());
   t.out_row = int32_t(batch.output_rows.size());
   if (n > 1) {
@@ -226,12 +234,16 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   const size_t V = size_t(model_.config().vocab_size), H = size_t(model_.config().hidden_size);
   const DraftRequest& d = t.st->draft;
   const int32_t m = int32_t(d.tokens.size());
-  const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(m + 1) * V);
   std::vector<float> raw;
-  if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_round edits the rows
-  if (t.shape) shape_chain_rows(t.shape, d.tokens, rows, int64_t(V));
-  const SpecVerdict v =
-      verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f);
+  SpecVerdict v;
+  if (!t.argmax.empty()) {  // greedy_rows: sampled on the backend
+    v = verify_greedy(t.argmax, d.tokens);
+  } else {
+    const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(m + 1) * V);
+    if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_round edits the rows
+    if (t.shape) shape_chain_rows(t.shape, d.tokens, rows, int64_t(V));
+    v = verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f);
+  }
   t.history = {};  // emission below grows the sequence's tokens
   std::vector<int32_t> out(d.tokens.begin(), d.tokens.begin() + v.accepted);
   out.push_back(v.next);
@@ -281,11 +293,16 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
                                        std::span<const float> captured) {
   const size_t V = size_t(model_.config().vocab_size);
   const DraftTree& tree = t.st->tree;
-  const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
   std::vector<float> raw;
-  if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
-  if (t.shape) shape_tree_rows(t.shape, tree, rows, int64_t(V));
-  const TreeWalk w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
+  TreeWalk w;
+  if (!t.argmax.empty()) {  // greedy_rows: sampled on the backend
+    w = verify_tree_greedy(t.argmax, tree);
+  } else {
+    const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
+    if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
+    if (t.shape) shape_tree_rows(t.shape, tree, rows, int64_t(V));
+    w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
+  }
   t.history = {};  // emission below grows the sequence's tokens
   const int32_t accepted = int32_t(w.accepted.size());
   const std::vector<int32_t> nodes = w.path(), out = w.tokens(tree);  // out[i] follows node nodes[i]'s path

@@ -115,6 +115,9 @@ struct SpecTurn {
   bool want_raw = false;                // the emit callback wants each row's raw logits (logprobs)
   RowShaper shape;                      // the request's logit_bias / output constraint, or none
   int32_t begin = -1, out_row = -1;     // set by add_run: its first batch row, its first output row
+  // Set after the forward when the backend sampled the turn's rows (greedy_rows): each row's
+  // argmax, in the run's order; empty: finish_round reads the rows' logits.
+  std::span<const int32_t> argmax;
 };
 
 class SpecStepper {
@@ -145,6 +148,11 @@ class SpecStepper {
   // Appends the turn's run [pending, drafts...] to `batch` (a verify run when it drafted),
   // every row an output row.
   void add_run(SpecTurn& t, ForwardBatch& batch) const;
+  // Output rows of the turn's run (after add_run).
+  static int32_t rows(const SpecTurn& t);
+  // Whether the turn's verdict needs only its rows' argmax (greedy, no penalties, no shaping,
+  // no raw rows for logprobs): the backend may sample them, and their logits stay there.
+  static bool greedy_rows(const SpecTurn& t);
 
   // How the scheduler took a token: emitted and the sequence goes on; emitted and it ended;
   // not emitted (a stop id) and it ended.
@@ -154,8 +162,9 @@ class SpecStepper {
   // once this token is the pending one), queues the commit and returns how many of the turn's
   // tokens the slot holds after commit(): the pending token and every accepted draft that was
   // emitted, so the slot's state is always that of the sequence's first pos + kept tokens.
-  // logits: the step's output rows; hidden: every batch row (or empty); captured: every batch
-  // row's captured layer outputs (with capture_layers(), else empty).
+  // logits: the step's output rows (the turn's are not read when t.argmax holds them); hidden:
+  // every batch row (or empty); captured: every batch row's captured layer outputs (with
+  // capture_layers(), else empty).
   int32_t finish_round(SpecTurn& t, std::span<float> logits, std::span<const float> hidden, const EmitFn& emit,
                        std::span<const float> captured = {});
   // Model::commit_speculative for every round finished since the last call.
