@@ -492,9 +492,10 @@ bool Scheduler::step() {
     // candidates come to the host, and a row's logits only when the candidates do not decide
     // its token or its request wants logprobs (which read the raw row: no penalties are
     // applied to it there). Speculating, the turns' rows come first (add_spec_turns): a turn's
-    // rows stay on the backend when its verdict needs only their argmax (greedy_rows), every
-    // other row comes whole (a first token is drawn with the turn's own generator,
-    // SpecStepper::sample). Without speculation owner_row[i] == i: rows are added with their owners.
+    // rows stay on the backend when its verdict needs only their argmax (greedy_rows); a
+    // prompt's last row when greedy without penalties (its argmax), else it comes whole (a
+    // first token is drawn with the turn's own generator, SpecStepper::sample). Without
+    // speculation owner_row[i] == i: rows are added with their owners.
     const size_t turn_rows = batch.output_rows.size() - row_owner.size();
     std::vector<int32_t> row_argmax(turn_rows, -1);
     std::vector<char> turn_greedy(turns.size());
@@ -524,7 +525,9 @@ bool Scheduler::step() {
           }
           const size_t i = size_t(row) - turn_rows;
           Sequence& s = *row_owner[i];
-          if (spec_ || s.in.params.top_logprobs >= 0 || s.shapes() || row_prompt_pos[i] >= 0 ||
+          // Speculating, a sampled first token comes from the turn's generator (on_logits).
+          const bool drawn_by_spec = spec_ && (s.in.params.sampling.temperature != 0.0f || s.sampler.has_penalties());
+          if (drawn_by_spec || s.in.params.top_logprobs >= 0 || s.shapes() || row_prompt_pos[i] >= 0 ||
               s.in.params.max_tokens == 0)
             return false;  // the whole row comes to the host
           drawn[i] = s.sampler.sample_from_candidates(c);
