@@ -505,21 +505,23 @@ bool Scheduler::step() {
     bool ok = true;
     try {
       SampleRequest req;
-      for (const SpecTurn& t : turns)
-        for (int32_t j = 0; j < SpecStepper::rows(t); ++j)
-          t.sampler->add_candidate_row({}, int64_t(V), req.rows, req.penalties, false);
+      std::vector<size_t> row_turn;  // turn row → its turn
+      for (size_t ti = 0; ti < turns.size(); ++ti)
+        for (int32_t j = 0; j < SpecStepper::rows(turns[ti]); ++j) {
+          turns[ti].sampler->add_candidate_row({}, int64_t(V), req.rows, req.penalties, false);
+          row_turn.push_back(ti);
+        }
       for (size_t i = 0; i < row_owner.size(); ++i) {  // a prompt row's logits come raw, unpenalised
         Sequence* s = row_owner[i];
         const bool penalties = !spec_ && s->in.params.top_logprobs < 0 && row_prompt_pos[i] < 0;
         s->sampler.add_candidate_row(s->tokens, int64_t(V), req.rows, req.penalties, penalties);
       }
-      size_t turn_of_row = 0;  // rows are offered in order: the turn holding turn row `row`
       req.take = [&](int32_t row, const SampleCandidates& c) {
         const bool took = [&] {
           if (size_t(row) < turn_rows) {
-            while (turns[turn_of_row].out_row + SpecStepper::rows(turns[turn_of_row]) <= row) ++turn_of_row;
-            if (!turn_greedy[turn_of_row]) return false;
-            const std::optional<int32_t> tok = turns[turn_of_row].sampler->sample_from_candidates(c);
+            const size_t ti = row_turn[size_t(row)];
+            if (!turn_greedy[ti]) return false;
+            const std::optional<int32_t> tok = turns[ti].sampler->sample_from_candidates(c);
             if (tok) row_argmax[size_t(row)] = *tok;  // greedy: no draw from the generator
             return tok.has_value();
           }
