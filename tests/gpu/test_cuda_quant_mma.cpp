@@ -49,10 +49,6 @@ void mma_select_xs(const char* xs);
 long long mma_xs_launches();
 // The launches of a one-token norm GEMM with f32 projections in its launch so far.
 long long mma_norm_gemv_launches();
-// The f16 experiment (cuda_quant_f16_tile.cuh): out = x · wᵀ for a tiled Q4_K w on f16 tensor
-// cores, 1 ≤ T ≤ 32 (xs: activations in shared memory where they fit). Its own stream: the caller
-// synchronizes the device around it.
-bool q4k_f16_mma_matmul(const float* x, int T, int K, const void* w, int N, float* out, bool xs);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -515,84 +511,6 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
                     what.c_str(), s * 1e6, gbs, 100 * gbs / copy, copy, env_or("QWEN36_MMA_LOADS", "auto"));
       }
     }
-}
-
-// x with every value rounded to f16 (nearest even): the f16 experiment's activations.
-HostT f16_activations(const HostT& x) {
-  HostT y = x;
-  float* o = y.f();
-  for (int64_t i = 0; i < x.t.numel(); ++i) o[i] = f16_to_f32(f32_to_f16(o[i]));
-  return y;
-}
-
-std::vector<float> run_f16(Backend& gpu, const DevT& w, const HostT& x, bool xs) {
-  const int64_t T = x.t.rows(), N = w.t.rows(), K = w.t.cols();
-  DevT dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {T, N}));
-  cuda_synchronize();
-  EXPECT_TRUE(cuda::q4k_f16_mma_matmul(dx.t.as<const float>(), int(T), int(K), w.t.data, int(N), dout.t.as<float>(), xs));
-  cuda_synchronize();
-  return download(gpu, dout.t);
-}
-
-// The f16 experiment (Q4_K tiles on f16 tensor cores in the multi-token kernel's split) against
-// the reference on f16-rounded activations: A = q · sc is exact in f16, the MMA's products exact
-// in f32, the groups' sums split into f16 high and low parts (~2^-22), so f32 summation is what
-// differs: 5e-5. Shapes: tiny; one row-tile of 68 super-blocks split over many warps (pieces
-// summed by the last to arrive); 2400 row-tiles of 4 super-blocks; 20 super-blocks (XS fits).
-// T = 1, 5 (one n8 tile), 9, 16 (two), 17, 32 (four); with and without XS.
-TEST_F(CudaQuantMma, F16Q4kExperiment) {
-  const Shape shapes[] = {{48, 2304}, {16, 17408}, {38400, 1024}, {2048, 5120}};
-  for (const Shape& s : shapes) {
-    const bool big = s.N * s.K > (int64_t(8) << 20);
-    const HostT w = big ? repeated_rows(rng_, DType::Q4_K, s.N, s.K) : quantized(rng_, DType::Q4_K, s.N, s.K);
-    const DevT dw = upload_tiled(*gpu_, w);
-    const int64_t step = big ? 61 : 1;
-    for (int64_t T : {1, 5, 9, 16, 17, 32})
-      for (bool xs : {false, true}) {
-        if (xs && T > 16) continue;
-        const HostT x = random_t(rng_, DType::F32, {T, s.K});
-        const std::vector<float> got = run_f16(*gpu_, dw, x, xs);
-        std::string where, where32;
-        const double err = worst_rel_err(got, reference(w, f16_activations(x), T, step), T, s.N, step, &where);
-        const double err32 = worst_rel_err(got, reference(w, x, T, step), T, s.N, step, &where32);
-        EXPECT_LE(err, 5e-5) << "N=" << s.N << " K=" << s.K << " T=" << T << " xs=" << xs << " " << where;
-        std::printf("[ f16 q4_k ] N=%lld K=%lld T=%lld xs=%d: %.2e against the f16 twin, %.2e against f32 x\n",
-                    static_cast<long long>(s.N), static_cast<long long>(s.K), static_cast<long long>(T), int(xs), err,
-                    err32);
-      }
-  }
-}
-
-// Its time against the int8 kernel's (the backend's matmul: quantize + GEMM) on the 27B's
-// matrices, cold L2, printed (each checked against its twin on a few rows).
-TEST_F(CudaQuantMma, F16Q4kTiming) {
-  const double copy = cuda_copy_bandwidth_gbs(size_t(1) << 30, 5);
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {34816, 5120}, {5120, 17408}, {6144, 5120}, {5120, 6144}}) {
-    const HostT w = repeated_rows(rng_, DType::Q4_K, N, K);
-    std::vector<DevT> dw = cold_tiled_copies(*gpu_, w);
-    for (int64_t T : {4, 8, 16, 32}) {
-      const HostT x = random_t(rng_, DType::F32, {T, K});
-      DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
-      const double s8 = time_per_call(int(dw.size()), [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
-      std::string where;
-      EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(w, int8_activations(x), T, 997), T, N, 997, &where), 2e-5)
-          << N << " x " << K << " T=" << T << " int8 " << where;
-      double s16[2] = {0, 0};
-      for (bool xs : {false, true}) {
-        s16[xs] = time_per_call(int(dw.size()), [&](int i) {
-          cuda::q4k_f16_mma_matmul(dx.t.as<const float>(), int(T), int(K), dw[size_t(i)].t.data, int(N), dout.t.as<float>(), xs);
-        });
-        cuda_synchronize();
-        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(w, f16_activations(x), T, 997), T, N, 997, &where), 5e-5)
-            << N << " x " << K << " T=" << T << " f16 xs=" << xs << " " << where;
-      }
-      const double gb = double(w.t.nbytes()) / 1e9;
-      std::printf("[ f16 q4_k timing ] %lld x %lld, T=%lld: int8 %.1f us (%.0f GB/s), f16 %.1f us (%.0f GB/s), f16 xs %.1f "
-                  "us (%.0f GB/s), copy %.0f GB/s\n",
-                  static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(T), s8 * 1e6, gb / s8,
-                  s16[0] * 1e6, gb / s16[0], s16[1] * 1e6, gb / s16[1], copy);
-    }
-  }
 }
 
 // A tiny dense model in the q4_k_m mix made on the device, with and without tiling. First every

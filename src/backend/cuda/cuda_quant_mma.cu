@@ -208,10 +208,9 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
-template <DType D, int NT, int ROWS, int RING, bool XS = false, bool F16 = false>
+template <DType D, int NT, int ROWS, int RING, bool XS = false>
 MmaPlan plan_mma(long long total, int S, bool norm) {
   constexpr bool REGS = RING == 0;
-  constexpr int kWarpSmem = F16 ? 0 : warp_smem<D, RING>();
   struct PerDev {
     int wpb = 0, bps = 0, regs = 0, local = 0;
   };
@@ -221,7 +220,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
-  auto* kern = mma_kernel<D, NT, ROWS, RING, XS, F16>;
+  auto* kern = mma_kernel<D, NT, ROWS, RING, XS>;
   once_per_device(done, [&] {
     if constexpr (XS) {
       // Blocks of up to kOneWarps (the copy of the activations takes most of an SM's shared memory:
@@ -243,7 +242,8 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
                                       int(cudaSharedmemCarveoutMaxShared)));
     }
     int bps = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32, size_t(pd.wpb) * kWarpSmem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
+                                                             size_t(pd.wpb) * warp_smem<D, RING>()));
     pd.bps = std::max(bps, 1);
     // The staged kernels keep the activations in shared memory (sized by K and T): allow any size
     // up to the device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
@@ -295,7 +295,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   p.nwarps = p.nwarps / p.wpb * p.wpb;
   if (XS && p.nwarps > info.sms * p.wpb) p.wpb = kOneWarps, p.nwarps = p.nwarps / kOneWarps * kOneWarps;
   p.grid = p.nwarps / p.wpb;
-  p.smem = size_t(p.wpb) * kWarpSmem + (XS ? xs_bytes<D, F16>(S, NT) : 0);
+  p.smem = size_t(p.wpb) * warp_smem<D, RING>() + (XS ? xs_bytes<D>(S, NT) : 0);
   p.bps = bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
@@ -813,71 +813,5 @@ void mma_select_xs(const char* xs) { g_xs.store(xs ? parse_variant(xs, "on", "of
 long long mma_xs_launches() { return g_xs_launches.load(); }
 // The launches of a one-token norm GEMM with f32 projections beside it so far.
 long long mma_norm_gemv_launches() { return g_norm_gemv_launches.load(); }
-
-// Test hook, the f16 experiment (cuda_quant_f16_tile.cuh): out [T, N] = x [T, K] · wᵀ for a
-// Q4_K_T16 w (device pointers), 1 ≤ T ≤ 32, on f16 tensor cores through the multi-token kernel's
-// split and sums (mma_block with F16); xs: the activations copied into each block's shared
-// memory where they fit (T ≤ 16). Its own stream and workspace, kept between calls: the caller
-// synchronizes the device around it. False where it does not apply.
-bool q4k_f16_mma_matmul(const float* x, int T, int K, const void* w, int N, float* out, bool xs) {
-  if (T < 1 || T > 32 || K % 256 != 0 || N % 16 != 0) return false;
-  constexpr DType D = DType::Q4_K_T16;
-  const int NT = T <= 8 ? 1 : T <= 16 ? 2 : 4, S = K / 256;
-  xs = xs && NT <= 2 && xs_bytes<D, true>(S, NT) <= size_t(dev_info().smem_optin);
-  MmaArgs a{};
-  a.w = static_cast<const uint8_t*>(w);
-  a.S = S, a.T = T, a.nmat = 1;
-  for (int m = 0; m < kMaxMats; ++m) a.out[m] = out, a.rt_end[m] = N / 16, a.n[m] = N;
-  a.total = (long long)(N / 16) * S;
-  MmaPlan p;
-  auto with_shape = [&](auto f) {
-    using I1 = std::integral_constant<int, 1>;
-    using I2 = std::integral_constant<int, 2>;
-    using I4 = std::integral_constant<int, 4>;
-    using On = std::true_type;
-    using Off = std::false_type;
-    if (NT == 1) xs ? f(I1{}, On{}) : f(I1{}, Off{});
-    if (NT == 2) xs ? f(I2{}, On{}) : f(I2{}, Off{});
-    if (NT == 4) f(I4{}, Off{});
-  };
-  with_shape([&](auto nt, auto x_on) {
-    p = plan_mma<D, decltype(nt)::value, 0, 0, decltype(x_on)::value, true>(a.total, S, false);
-  });
-  static cudaStream_t stream = [] {
-    cudaStream_t st = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    return st;
-  }();
-  struct Buf {
-    void* p = nullptr;
-    size_t n = 0;
-    void* need(size_t bytes) {
-      if (bytes > n) {
-        if (p) CUDA_CHECK(cudaFree(p));
-        CUDA_CHECK(cudaMalloc(&p, bytes));
-        CUDA_CHECK(cudaMemset(p, 0, bytes));  // the counters: each launch leaves them zero
-        n = bytes;
-      }
-      return p;
-    }
-  };
-  static Buf xh_buf, xm_buf, part_buf, cnt_buf;
-  auto* xh = static_cast<uint4*>(xh_buf.need(size_t(K / 32) * NT * 32 * sizeof(uint4)));
-  auto* xm = static_cast<__half*>(xm_buf.need(size_t(S) * NT * 32 * 4 * sizeof(__half)));
-  a.part = static_cast<float*>(part_buf.need(size_t(p.nwarps) * 2 * size_t(T) * 16 * sizeof(float)));
-  a.cnt = static_cast<int*>(cnt_buf.need(size_t(p.nwarps) * sizeof(int)));
-  a.xb = reinterpret_cast<const uint2*>(xh);
-  a.xf = reinterpret_cast<const float4*>(xm);
-  a.nwarps = p.nwarps;
-  a.ahead = xs ? xs_ahead() : 0;
-  const long long warps = (long long)(K / 32) * NT;
-  launch_pdl(f16_act_kernel, dim3(unsigned((warps + 7) / 8)), dim3(256), 0, stream, x, T, K, NT, xh, xm);
-  with_shape([&](auto nt, auto x_on) {
-    launch_pdl(mma_kernel<D, decltype(nt)::value, 0, 0, decltype(x_on)::value, true>, dim3(unsigned(p.grid)),
-               dim3(unsigned(p.wpb * 32)), p.smem, stream, a);
-  });
-  CUDA_CHECK(cudaGetLastError());
-  return true;
-}
 
 }  // namespace qwen36::cuda

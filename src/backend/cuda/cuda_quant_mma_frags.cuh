@@ -130,16 +130,6 @@ __device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinter
 // read the same tiles, possibly from L2).
 __device__ __forceinline__ uint4 ldg4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
-// An activation load of the multi-token kernel: through L1 from the workspace, or (XS) from the
-// block's shared-memory copy.
-template <bool XS, typename V>
-__device__ __forceinline__ V ldx(const V* p) {
-  if constexpr (XS)
-    return *p;
-  else
-    return __ldca(p);
-}
-
 // A lane's registers of one tile, from the warp's shared-memory stage (GLOBAL = false) or
 // straight from the tiled matrix (GLOBAL = true: the register-prefetch path; STREAM: the loads
 // evict first).

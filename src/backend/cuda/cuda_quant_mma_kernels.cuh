@@ -11,7 +11,6 @@
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
-#include "backend/cuda/cuda_quant_f16_tile.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
 #include "backend/cuda/cuda_quant_staged_tiles.cuh"
 
@@ -150,12 +149,9 @@ __host__ __device__ constexpr size_t staged_bytes(long long S, int rows, bool no
 // after griddep_wait, so that the loop's activation reads are shared-memory loads in the same
 // order as from the workspace (ncu, 27B gate + up at 16 tokens through L1: hit rate 60%, 32% on a
 // down projection, and the kernel latency-bound on those misses).
-// F16 (the f16 experiment's fragments, cuda_quant_f16_tile.cuh): 16 bytes a lane per (group,
-// n8 tile), then the min MMA's 8 bytes a lane per (super-block, n8 tile).
-template <DType D, bool F16 = false>
+template <DType D>
 __host__ __device__ constexpr size_t xs_bytes(long long S, int NT) {
   const size_t frags = size_t(S) * 8 * size_t(NT);
-  if (F16) return frags * 32 * sizeof(uint4) + size_t(S) * size_t(NT) * 32 * sizeof(uint2);
   return frags * 32 * sizeof(uint2) + frags * 4 * sizeof(float4) + (D == DType::Q6_K_T16 ? frags * 4 * sizeof(int4) : 0);
 }
 
@@ -187,6 +183,16 @@ constexpr int min_blocks(int NT, int ROWS, bool XS = false) { return ROWS || XS 
 // all the pieces, each warp's first row-tile (an int a warp, 16 bytes kept per warp).
 constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(rows) + 16; }
 
+// An activation load of the multi-token kernel: through L1 from the workspace, or (XS) from the
+// block's shared-memory copy.
+template <bool XS, typename V>
+__device__ __forceinline__ V ldx(const V* p) {
+  if constexpr (XS)
+    return *p;
+  else
+    return __ldca(p);
+}
+
 // ROWS = T ≤ kMaxStagedRows (NT == 1): each tile is tile_cols against the T tokens' rows staged
 // in shared memory, and the split of the tiles (file header) is per block: block b holds whole row-tiles,
 // ⌊b·R / grid⌋ to ⌊(b + 1)·R / grid⌋ of the R, which its warps split in balanced contiguous
@@ -200,15 +206,11 @@ constexpr size_t piece_bytes(int rows) { return 2 * 16 * sizeof(float) * size_t(
 // XS: the multi-token kernel (ROWS = 0, up to 16 tokens, register prefetch) reading the
 // activations from its block's shared-memory copy (xs_bytes); the grid split and every sum as
 // without it, so the outputs are bitwise the same for the same warps.
-// F16: Q4_K tiles on f16 tensor cores against f16 activation fragments (the experiment of
-// cuda_quant_f16_tile.cuh; a.xb / a.xf hold f16_act_kernel's fragments and min sums), the
-// multi-token kernel's split and sums otherwise.
-template <DType D, int NT, int ROWS, int RING, bool XS = false, bool F16 = false>
+template <DType D, int NT, int ROWS, int RING, bool XS = false>
 __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
   static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
   static_assert(!XS || (ROWS == 0 && RING == 0 && NT <= 2), "XS: the register-prefetch multi-token kernel, ≤ 16 tokens");
-  static_assert(!F16 || (D == DType::Q4_K_T16 && ROWS == 0 && RING == 0), "F16: Q4_K, the register-prefetch multi-token kernel");
   constexpr bool REGS = RING == 0;
   constexpr bool STAGED = ROWS > 0;  // the rows staged, the split per block
   constexpr int B = TileLayout<D>::kBytes;
@@ -234,7 +236,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * B;
   [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
-  constexpr int kWarpSmem = F16 ? 0 : warp_smem<D, RING>();  // F16 has no scale table
+  constexpr int kWarpSmem = warp_smem<D, RING>();
   // ROWS: the tokens' activation rows, staged in shared memory once per block as the routed
   // experts' ColGroups (x_stage_bytes; token c's at xs + c·S·8), so that each tile is tile_cols
   // against them: the loop's B-fragment and scale reads are shared-memory loads, not L1 / L2
@@ -247,9 +249,6 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   [[maybe_unused]] uint2* const xs_b = reinterpret_cast<uint2*>(xs);
   [[maybe_unused]] float4* const xs_f = reinterpret_cast<float4*>(xs_b + size_t(S) * 8 * NT * 32);
   [[maybe_unused]] int4* const xs_i = reinterpret_cast<int4*>(xs_f + size_t(S) * 8 * NT * 4);
-  // F16's copy: the fragments, then the min sums (xs_bytes<D, true>).
-  [[maybe_unused]] uint4* const xs_h = reinterpret_cast<uint4*>(xs);
-  [[maybe_unused]] uint2* const xs_m = reinterpret_cast<uint2*>(xs_h + size_t(S) * 8 * NT * 32);
   // NormIn (T = 1): after xs, v, the group sums and (REGS) w (x_stage_bytes); w is requested
   // before griddep_wait (prefetch_norm).
   float4* const vrow = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xs) + x_stage_bytes(S) * ROWS);
@@ -278,14 +277,9 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         const size_t bytes = size_t(s1 - s0) * per * unit;
         for (size_t o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x) cpa_16(d + o, g + o);
       };
-      if constexpr (F16) {
-        copy(xs_h, a.xb, 32 * sizeof(uint4));
-        copy(xs_m, a.xf, 32);  // a super-block's NT · 32 lanes · 8 bytes: 8 · NT units of 32 bytes
-      } else {
-        copy(xs_b, a.xb, 32 * sizeof(uint2));
-        copy(xs_f, a.xf, 4 * sizeof(float4));
-        if constexpr (D == DType::Q6_K_T16) copy(xs_i, a.xi, 4 * sizeof(int4));
-      }
+      copy(xs_b, a.xb, 32 * sizeof(uint2));
+      copy(xs_f, a.xf, 4 * sizeof(float4));
+      if constexpr (D == DType::Q6_K_T16) copy(xs_i, a.xi, 4 * sizeof(int4));
       cpa_commit();
       cpa_wait<0>();
       __syncthreads();  // every warp of the block is live (plan_mma: whole blocks)
@@ -382,12 +376,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   // One tile: every k32 group against every n8 tile of tokens (T = 1: against the staged row;
   // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
   auto compute = [&](const Raw<D>& R) {
-    if constexpr (F16) {
-      const uint4* xh = (XS ? xs_h : reinterpret_cast<const uint4*>(a.xb)) + size_t(s) * (8 * NT * 32) + lane;
-      const uint2* xm = (XS ? xs_m : reinterpret_cast<const uint2*>(a.xf)) + size_t(s) * (NT * 32) + lane;
-      q4k_f16_tile<NT, XS>(R, xh, xm, lane, acc);
-      return;
-    } else if constexpr (kPairs) {
+    if constexpr (kPairs) {
       tile_pairs<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, acc[0]);
       return;
     } else if constexpr (STAGED) {
@@ -678,10 +667,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   }
 }
 
-template <DType D, int NT, int ROWS, int RING, bool XS, bool F16 = false>
+template <DType D, int NT, int ROWS, int RING, bool XS>
 __global__ void __launch_bounds__(max_threads(ROWS, XS), min_blocks(NT, ROWS, XS)) mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  mma_block<D, NT, ROWS, RING, XS, F16>(a, int(blockIdx.x), int(gridDim.x), smem);
+  mma_block<D, NT, ROWS, RING, XS>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
 // A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet
