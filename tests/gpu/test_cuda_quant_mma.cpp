@@ -47,6 +47,9 @@ long long mma_pair_launches();
 // The same for QWEN36_MMA_XS ("on" | "off" | "auto"), and the XS launches made so far.
 void mma_select_xs(const char* xs);
 long long mma_xs_launches();
+// The same for QWEN36_MMA_XS_SPLIT ("block" | "grid" | "auto"), and the block-split launches so far.
+void mma_select_xs_split(const char* split);
+long long mma_xs_split_launches();
 // The launches of a one-token norm GEMM with f32 projections in its launch so far.
 long long mma_norm_gemv_launches();
 }  // namespace qwen36::cuda
@@ -169,16 +172,18 @@ TestMatrix test_matrix(Backend& gpu, std::mt19937& rng, DType dt, const Shape& s
 }
 
 // The multi-token kernel (4 ≤ T ≤ 16 here) with the activations copied into each block's shared
-// memory (XS) reads the same fragments and scales as from the workspace, in the same order, on
-// the same warps for these shapes (tiles ≥ 16 warps per SM or ≤ 8: plan_mma): bitwise the same
-// outputs as without the copy, and within 2e-5 of the int8 twin. Shapes: the 27B's attention
+// memory (XS; its grid split, QWEN36_MMA_XS_SPLIT=grid) reads the same fragments and scales as
+// from the workspace, in the same order, on the same warps for these shapes (tiles ≥ 16 warps per
+// SM or ≤ 8: plan_mma): bitwise the same outputs as without the copy, and within 2e-5 of the int8
+// twin. Shapes: the 27B's attention
 // and MLP (K = 5120, 17408: at 16 tokens the copy of K = 17408 does not fit, the call reads
 // through L1), the 35B-A3B's K = 2048, one row-tile over 68 warps, 2400 row-tiles of 4 super-blocks.
 TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
   const Shape shapes[] = {{6144, 5120}, {5120, 17408}, {2048, 2048}, {16, 17408}, {38400, 1024}};
   struct Restore {
-    ~Restore() { cuda::mma_select_xs(nullptr); }
+    ~Restore() { cuda::mma_select_xs(nullptr), cuda::mma_select_xs_split(nullptr); }
   } restore;
+  cuda::mma_select_xs_split("grid");
   long long xs_calls = 0;
   for (DType dt : kTypes)
     for (const Shape& s : shapes) {
@@ -204,6 +209,39 @@ TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
       }
     }
   EXPECT_GT(xs_calls, 0) << "no call took the shared-memory copy of the activations";
+}
+
+// XS with the split per block (QWEN36_MMA_XS_SPLIT=block: whole row-tiles a block, a row-tile
+// split between warps summed in shared memory): within 2e-5 of the int8 twin, bitwise the same on
+// every run; taken where the call has a row-tile per SM (6144 and 5120 rows; 38400 rows of 4
+// super-blocks), not on 2048 rows (128 row-tiles: the grid split).
+TEST_F(CudaQuantMma, SharedActivationsSplitPerBlock) {
+  const Shape shapes[] = {{6144, 5120}, {5120, 6144}, {2048, 5120}, {38400, 1024}};
+  struct Restore {
+    ~Restore() { cuda::mma_select_xs(nullptr), cuda::mma_select_xs_split(nullptr); }
+  } restore;
+  cuda::mma_select_xs("on");
+  cuda::mma_select_xs_split("block");
+  long long split_calls = 0;
+  for (DType dt : kTypes)
+    for (const Shape& s : shapes) {
+      const TestMatrix m = test_matrix(*gpu_, rng_, dt, s);
+      for (int64_t T : {4, 9, 16}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K) + " T=" + std::to_string(T);
+        const long long before = cuda::mma_xs_split_launches();
+        const std::vector<float> a = run(*gpu_, m.d, x), b = run(*gpu_, m.d, x);
+        split_calls += cuda::mma_xs_split_launches() - before;
+        size_t diff = 0;
+        for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << what << ": two runs differ";
+        std::string where;
+        EXPECT_LE(worst_rel_err(a, reference(m.w, int8_activations(x), T, m.step), T, s.N, m.step, &where), 2e-5)
+            << what << " " << where;
+      }
+    }
+  EXPECT_GT(split_calls, 0) << "no call took the block split";
 }
 
 // The 27B MLP's shape, rows spot-checked.

@@ -97,14 +97,17 @@
 //    5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) The split per block, tried at T > 1,
 //    was slower at 16 tokens (bench/RESULTS.md, session 13). Launches per call: quantize (not at
 //    fused T = 1), then one GEMM per group.
-//    XS (9-16 tokens on rows of ≥ 16 super-blocks where it fits, K ≤ ~8192; QWEN36_MMA_XS=on:
-//    any T ≤ 16 where it fits, which is K ≤ 17408 up to 8 tokens): each
+//    XS (4-16 tokens on rows of ≥ 16 super-blocks where it fits: K ≤ 17408 up to 8 tokens, ~8192
+//    up to 16; QWEN36_MMA_XS=on: any T ≤ 16 where it fits): each
 //    block first copies the activations' fragments and scales of the super-blocks its tiles read
 //    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
-//    already requested) and the loop reads them there; blocks of 16 warps, one per SM, the same
-//    warps and ranges as without it (QWEN36_MMA_XS=off: through L1, whose hit rate was 60% on a
-//    27B gate + up at 16 tokens and 32% on a down projection). Its lanes also request each
-//    tile's lines into L2 one tile before its register load (QWEN36_MMA_AHEAD).
+//    already requested) and the loop reads them there; blocks of 16 warps, one per SM
+//    (QWEN36_MMA_XS=off: through L1, whose hit rate was 60% on a 27B gate + up at 16 tokens and 32%
+//    on a down projection). Where the call has a row-tile per SM the tiles split per block as at
+//    T ≤ 3 (whole row-tiles a block, its split row-tiles summed in shared memory: no workspace
+//    tail; QWEN36_MMA_XS_SPLIT=grid: the grid split, the same warps and ranges as without XS). Its
+//    lanes also request each tile's lines into L2 one tile before its register load
+//    (QWEN36_MMA_AHEAD).
 //  - Grid: nwarps = min(tiles, resident warps); a matrix with fewer tiles than one full block per
 //    SM gets blocks of ceil(nwarps / SMs) warps so every SM's load path carries a share (2048 ×
 //    512 Q4_K: 256 tiles → 2 warps on each of 128 SMs, not 8 warps on 32). A tile (2.3–4.3 KB) is
@@ -350,9 +353,11 @@ bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff
 std::atomic<long long> g_pair_launches{0};
 // QWEN36_MMA_XS = on | off | auto (unset: auto): the multi-token kernel (T ≤ 16) with the call's
 // activations copied into each block's shared memory (XS), or read through L1. auto: XS for
-// 9-16 tokens on rows of ≥ 16 super-blocks. H200 (bench/RESULTS.md, session 29), XS everywhere
+// 4-16 tokens on rows of ≥ 16 super-blocks. H200 (bench/RESULTS.md, session 29), XS everywhere
 // against none: 27B Q4_K_M b16 1,292 → 1,330 t/s (+2.9%), b8 even, b4 −1.4%; 35B-A3B (K = 2048
-// mostly) b4 −1.5%, b16 −2.0%.
+// mostly) b4 −1.5%, b16 −2.0%. With the block split (below) XS at 4-8 tokens pays too (H100,
+// session 45, XS everywhere against 9-16 only: 27B b4 431.4 → 439.8, b8 801.7 → 821.8; the
+// 35B-A3B's K = 2048 rows −0.5 / −1%: hence rows of ≥ 16 super-blocks still).
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
 std::atomic<long long> g_norm_gemv_launches{0};  // mma_norm_gemv_kernel launches so far (a test hook)
@@ -367,17 +372,30 @@ int xs_ahead() {
   }();
   return n;
 }
+// QWEN36_MMA_XS_SPLIT = block | grid (unset: block): an XS call over at least a row-tile per SM
+// splits its tiles per block (MmaArgs::block_split: whole row-tiles a block, as the staged
+// kernels; a row-tile split between warps summed in shared memory after a block barrier) or over
+// the grid (perfectly balanced tiles, but every warp's tail a workspace store, a fenced atomic and
+// the last arriver's L2 reads). H100, session 45, grid → block, rounds alternating: 27B Q4_K_M
+// tg64 b16 1,282.5 → 1,318.5 t/s (+2.8%), b9 774.1 → 802.9 (+3.7%).
+std::atomic<int> g_xs_split{-1};
+std::atomic<long long> g_xs_split_launches{0};  // block-split XS launches so far (a test hook)
+bool use_xs_block_split() { return variant(g_xs_split, "QWEN36_MMA_XS_SPLIT", "block", "grid") != kOff; }
+// The block split's shared memory beyond XS's: two piece slots of 8·NT tokens and the first
+// row-tile, per warp.
+size_t xs_split_bytes(int wpb, int NT) { return size_t(wpb) * piece_bytes(8 * NT); }
 // XS applies where the copy fits next to 16 warps' tables, and not where QWEN36_MMA_LOADS=smem
 // asks for the shared-memory ring (which XS's copy leaves no room for).
 bool xs_fits(DType t, int S, int NT) {
   const int v = variant(g_xs, "QWEN36_MMA_XS", "on", "off");
-  if (NT > 2 || v == kOff || (v == kAuto && (NT != 2 || S < kXsMinS)) ||
+  if (NT > 2 || v == kOff || (v == kAuto && S < kXsMinS) ||
       variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem") == kSmem)
     return false;
   size_t need = 0;
   with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
-    need = xs_bytes<D>(S, NT) + size_t(kOneWarps) * warp_smem<D, 0>();
+    need = xs_bytes<D>(S, NT) + size_t(kOneWarps) * warp_smem<D, 0>() +
+           (use_xs_block_split() ? xs_split_bytes(kOneWarps, NT) : 0);
   });
   return need > 0 && need <= size_t(dev_info().smem_optin);
 }
@@ -628,6 +646,10 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         }
       });
       if (!same_split) return false;
+      if (gr.xs && use_xs_block_split() && a.total / a.S >= dev_info().sms) {
+        a.block_split = 1;  // the same blocks and warps (plan_mma: one block of kOneWarps per SM); more shared memory
+        gr.p.smem += xs_split_bytes(gr.p.wpb, NT);
+      }
       if (rows > kColsRows)
         with_mma(gr.t, NT, 1, gr.regs, false, [&](auto dt, auto nt, auto o, auto rg, auto) {
           const MmaPlan q =
@@ -736,6 +758,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   }
   for (const Group& gr : groups) {
     if (gr.xs) g_xs_launches.fetch_add(1, std::memory_order_relaxed);
+    if (gr.a.block_split) g_xs_split_launches.fetch_add(1, std::memory_order_relaxed);
     with_mma(gr.t, NT, rows, gr.regs, gr.xs, [&](auto dt, auto nt, auto o, auto rg, auto x) {
       launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
                             decltype(x)::value>,
@@ -810,6 +833,9 @@ void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair,
 long long mma_pair_launches() { return g_pair_launches.load(); }
 // The same for QWEN36_MMA_XS, and the XS launches made so far.
 void mma_select_xs(const char* xs) { g_xs.store(xs ? parse_variant(xs, "on", "off") : -1); }
+// The same for QWEN36_MMA_XS_SPLIT ("block" | "grid" | "auto").
+void mma_select_xs_split(const char* split) { g_xs_split.store(split ? parse_variant(split, "block", "grid") : -1); }
+long long mma_xs_split_launches() { return g_xs_split_launches.load(); }
 long long mma_xs_launches() { return g_xs_launches.load(); }
 // The launches of a one-token norm GEMM with f32 projections beside it so far.
 long long mma_norm_gemv_launches() { return g_norm_gemv_launches.load(); }

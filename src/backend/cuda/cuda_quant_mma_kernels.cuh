@@ -112,6 +112,7 @@ struct MmaArgs {
   long long total;     // tiles = R · S
   int S, T, nwarps;
   int ahead;           // XS: tiles past the register sets whose bytes are requested into L2 (0: none)
+  int block_split = 0; // XS: the split per block as the staged kernels' (whole row-tiles a block, sums in shared memory)
 };
 constexpr int kMaxMats = 4;
 
@@ -205,7 +206,10 @@ __device__ __forceinline__ V ldx(const V* p) {
 // of the `nblocks` that run the call's group a (mma_kernel: the grid; mma_pair_kernel: a share).
 // XS: the multi-token kernel (ROWS = 0, up to 16 tokens, register prefetch) reading the
 // activations from its block's shared-memory copy (xs_bytes); the grid split and every sum as
-// without it, so the outputs are bitwise the same for the same warps.
+// without it, so the outputs are bitwise the same for the same warps. With a.block_split, XS
+// splits the tiles per block as the staged kernels do (whole row-tiles a block, a row-tile split
+// between warps summed in shared memory after a block barrier): no workspace, atomic or L2
+// round trip on the warps' tails (xs_split_bytes more shared memory).
 template <DType D, int NT, int ROWS, int RING, bool XS = false>
 __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
@@ -223,12 +227,18 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   const int g = lane >> 2, t = lane & 3, S = a.S, T = a.T;
   // STAGED: the block's row-tiles [q0, q1) are its nb tiles from q0·S; a warp's range may be empty
   // (fewer tiles than warps) and the warp still takes the block's barriers.
-  [[maybe_unused]] long long q0 = 0, q1 = 0, nb = 0;
-  long long b0, b1;
-  if constexpr (STAGED) {
+  // (Recomputed for the sums after the loop rather than held in registers through it.)
+  auto block_rows = [&](long long& q0, long long& q1, long long& nb) {
     const long long R = a.total / S;
     q0 = (long long)bid * R / nblocks, q1 = (long long)(bid + 1) * R / nblocks;
     nb = (q1 - q0) * S;
+  };
+  long long b0, b1;
+  const bool bsplit = STAGED || (XS && a.block_split);  // the split per block
+  constexpr int kPR = STAGED ? ROWS : 8 * NT;            // tokens of a piece slot in shared memory
+  if (bsplit) {
+    long long q0, q1, nb;
+    block_rows(q0, q1, nb);
     b0 = q0 * S + range_begin(wib, nb, wpb), b1 = q0 * S + range_begin(wib + 1, nb, wpb);
   } else {
     b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
@@ -255,8 +265,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   float* const gss = reinterpret_cast<float*>(vrow + 8 * S * 8);
   float4* const wrow = reinterpret_cast<float4*>(gss + S * 8);
   [[maybe_unused]] float* const bpart = reinterpret_cast<float*>(
-      reinterpret_cast<uint8_t*>(xs) + staged_bytes(S, ROWS, a.norm.y != nullptr, REGS));
-  [[maybe_unused]] int* const wfirst = reinterpret_cast<int*>(bpart + size_t(wpb) * 2 * 16 * ROWS);
+      reinterpret_cast<uint8_t*>(xs) + (XS ? xs_bytes<D>(S, NT) : staged_bytes(S, ROWS, a.norm.y != nullptr, REGS)));
+  [[maybe_unused]] int* const wfirst = reinterpret_cast<int*>(bpart + size_t(wpb) * 2 * 16 * kPR);
   [[maybe_unused]] float4 wq[kNormW];
   auto prefetch_norm = [&]() {
     if constexpr (STAGED)
@@ -269,7 +279,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       // or wraps past one's end; a small matrix's blocks may hold a few tiles of one).
       const long long B0 = range_begin(bid * wpb, a.total, a.nwarps), B1 = range_begin((bid + 1) * wpb, a.total, a.nwarps);
       long long s0 = 0, s1 = S;
-      if (B1 - B0 < S && B0 % S <= (B1 - 1) % S) s0 = B0 % S, s1 = (B1 - 1) % S + 1;
+      if (!bsplit && B1 - B0 < S && B0 % S <= (B1 - 1) % S) s0 = B0 % S, s1 = (B1 - 1) % S + 1;
       const size_t per = size_t(8) * NT;  // (group, n8 tile) fragments of a super-block
       auto copy = [&](void* dst, const void* src, size_t unit) {  // unit: bytes a fragment
         uint8_t* d = static_cast<uint8_t*>(dst) + size_t(s0) * per * unit;
@@ -358,8 +368,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
 
   int r = int(b0 / S), s = int(b0 - (long long)r * S);
   const int r_first = r;
-  if constexpr (STAGED)
-    if (lane == 0) wfirst[wib] = r_first;  // read by the split row-tiles' sums after the loop
+  if (bsplit && lane == 0) wfirst[wib] = r_first;  // read by the split row-tiles' sums after the loop
   // T = 1 (tile_cols): col_mask[jj] keeps this lane's fragment of the row in MMA jj's B (g == jj).
   [[maybe_unused]] uint32_t col_mask[8];
 #pragma unroll
@@ -468,7 +477,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     size_t stride = 16;
     const int slot = r == r_first ? 0 : 1;
     float* base = whole ? out_of(a, r, stride)
-                  : STAGED ? bpart + (wib * 2 + slot) * 16 * ROWS
+                  : bsplit ? bpart + (wib * 2 + slot) * 16 * kPR
                         : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
     if constexpr (kPairs) {  // tile_pairs: lanes t, t ^ 2 hold the two group parities
 #pragma unroll
@@ -640,24 +649,26 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       if (s == S) s = 0, ++r;
     }
   }
-  if constexpr (STAGED) {
+  if (bsplit) {
     // The block's split row-tiles, each summed by one warp's lanes (entry e: token e / 16, row
     // e mod 16) in warp order (bitwise the same every run) from the pieces in shared memory. A
     // piece's slot comes from its warp's first row-tile as the warp stored it (wfirst): computed
     // here per warp and entry it took two 64-bit divisions each, a serial chain on every block's
     // tail (ncu, 35B-A3B out_proj, a row-tile over 16 warps: ~40% of the kernel's stall samples).
     __syncthreads();
+    long long q0, q1, nb;
+    block_rows(q0, q1, nb);
     for (long long rr = q0 + wib; rr < q1; rr += wpb) {
       const long long ls = (rr - q0) * S;  // the row-tile's first tile in the block's nb
       const int v0 = warp_of(ls, nb, wpb), v1 = warp_of(ls + S - 1, nb, wpb);
       if (v0 == v1) continue;  // whole: written by finish
       size_t stride = 0;
       float* const o = out_of(a, int(rr), stride);
-      for (int e = lane; e < 16 * ROWS; e += 32) {
+      for (int e = lane; e < 16 * (STAGED ? ROWS : T); e += 32) {
         float sum = 0.0f;
         for (int v = v0; v <= v1; ++v) {
           const int slot = wfirst[v] == rr ? 0 : 1;  // rr is v's first row-tile, or its last
-          sum += bpart[(v * 2 + slot) * 16 * ROWS + e];
+          sum += bpart[(v * 2 + slot) * 16 * kPR + e];
         }
         o[size_t(e >> 4) * stride + (e & 15)] = sum;
       }
