@@ -171,6 +171,19 @@ TestMatrix test_matrix(Backend& gpu, std::mt19937& rng, DType dt, const Shape& s
   return {std::move(w), std::move(d), s.N >= 2048 ? 61 : 1};
 }
 
+// got equals other bit for bit (else the failure says `differ`), and is within 2e-5 of m's int8
+// twin on x.
+void expect_same_and_near_twin(const std::vector<float>& got, const std::vector<float>& other, const TestMatrix& m,
+                               const HostT& x, int64_t N, const std::string& what, const char* differ) {
+  size_t diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &other[i], sizeof(float)) != 0;
+  EXPECT_EQ(diff, 0u) << what << ": " << differ;
+  std::string where;
+  const int64_t T = x.t.rows();
+  EXPECT_LE(worst_rel_err(got, reference(m.w, int8_activations(x), T, m.step), T, N, m.step, &where), 2e-5)
+      << what << " " << where;
+}
+
 // The multi-token kernel (4 ≤ T ≤ 16 here) with the activations copied into each block's shared
 // memory (XS; its grid split, QWEN36_MMA_XS_SPLIT=grid) reads the same fragments and scales as
 // from the workspace, in the same order, on the same warps for these shapes (tiles ≥ 16 warps per
@@ -200,12 +213,7 @@ TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
         const long long off_before = cuda::mma_xs_launches();
         const std::vector<float> global = run(*gpu_, m.d, x);
         EXPECT_EQ(cuda::mma_xs_launches(), off_before) << what << ": QWEN36_MMA_XS=off launched the copy";
-        size_t diff = 0;
-        for (size_t i = 0; i < shared.size(); ++i) diff += std::memcmp(&shared[i], &global[i], sizeof(float)) != 0;
-        EXPECT_EQ(diff, 0u) << what << ": outputs differ with the activations in shared memory";
-        std::string where;
-        EXPECT_LE(worst_rel_err(shared, reference(m.w, int8_activations(x), T, m.step), T, s.N, m.step, &where), 2e-5)
-            << what << " " << where;
+        expect_same_and_near_twin(shared, global, m, x, s.N, what, "outputs differ with the activations in shared memory");
       }
     }
   EXPECT_GT(xs_calls, 0) << "no call took the shared-memory copy of the activations";
@@ -233,12 +241,7 @@ TEST_F(CudaQuantMma, SharedActivationsSplitPerBlock) {
         const long long before = cuda::mma_xs_split_launches();
         const std::vector<float> a = run(*gpu_, m.d, x), b = run(*gpu_, m.d, x);
         split_calls += cuda::mma_xs_split_launches() - before;
-        size_t diff = 0;
-        for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-        EXPECT_EQ(diff, 0u) << what << ": two runs differ";
-        std::string where;
-        EXPECT_LE(worst_rel_err(a, reference(m.w, int8_activations(x), T, m.step), T, s.N, m.step, &where), 2e-5)
-            << what << " " << where;
+        expect_same_and_near_twin(a, b, m, x, s.N, what, "two runs differ");
       }
     }
   EXPECT_GT(split_calls, 0) << "no call took the block split";
