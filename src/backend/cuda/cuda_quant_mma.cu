@@ -97,8 +97,8 @@
 //    5120 × 17408, the cause of its 30–60 % loss at T ≥ 2.) The split per block, tried at T > 1,
 //    was slower at 16 tokens (bench/RESULTS.md, session 13). Launches per call: quantize (not at
 //    fused T = 1), then one GEMM per group.
-//    XS (4-16 tokens on rows of ≥ 16 super-blocks where it fits: K ≤ 17408 up to 8 tokens, ~8192
-//    up to 16; QWEN36_MMA_XS=on: any T ≤ 16 where it fits): each
+//    XS (9-16 tokens on rows of ≥ 16 super-blocks where it fits, K ≤ ~8192; QWEN36_MMA_XS=on:
+//    any T ≤ 16 where it fits, which is K ≤ 17408 up to 8 tokens): each
 //    block first copies the activations' fragments and scales of the super-blocks its tiles read
 //    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
 //    already requested) and the loop reads them there; blocks of 16 warps, one per SM
@@ -353,11 +353,11 @@ bool use_pair() { return variant(g_pair, "QWEN36_MMA_PAIR", "on", "off") != kOff
 std::atomic<long long> g_pair_launches{0};
 // QWEN36_MMA_XS = on | off | auto (unset: auto): the multi-token kernel (T ≤ 16) with the call's
 // activations copied into each block's shared memory (XS), or read through L1. auto: XS for
-// 4-16 tokens on rows of ≥ 16 super-blocks. H200 (bench/RESULTS.md, session 29), XS everywhere
+// 9-16 tokens on rows of ≥ 16 super-blocks. H200 (bench/RESULTS.md, session 29), XS everywhere
 // against none: 27B Q4_K_M b16 1,292 → 1,330 t/s (+2.9%), b8 even, b4 −1.4%; 35B-A3B (K = 2048
-// mostly) b4 −1.5%, b16 −2.0%. With the block split (below) XS at 4-8 tokens pays too (H100,
-// session 45, XS everywhere against 9-16 only: 27B b4 431.4 → 439.8, b8 801.7 → 821.8; the
-// 35B-A3B's K = 2048 rows −0.5 / −1%: hence rows of ≥ 16 super-blocks still).
+// mostly) b4 −1.5%, b16 −2.0%. With the block split (below), session 45: at 4-8 tokens the H100
+// gained (27B b4 431.4 → 439.8, b8 801.7 → 821.8) but the H200 did not (b4 502.7 → 497.4, b8
+// 943.1 → 940.0; b9 851.3 → 888.7), so auto stays at 9-16.
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
 std::atomic<long long> g_norm_gemv_launches{0};  // mma_norm_gemv_kernel launches so far (a test hook)
@@ -388,7 +388,7 @@ size_t xs_split_bytes(int wpb, int NT) { return size_t(wpb) * piece_bytes(8 * NT
 // asks for the shared-memory ring (which XS's copy leaves no room for).
 bool xs_fits(DType t, int S, int NT) {
   const int v = variant(g_xs, "QWEN36_MMA_XS", "on", "off");
-  if (NT > 2 || v == kOff || (v == kAuto && S < kXsMinS) ||
+  if (NT > 2 || v == kOff || (v == kAuto && (NT != 2 || S < kXsMinS)) ||
       variant(g_loads, "QWEN36_MMA_LOADS", "regs", "smem") == kSmem)
     return false;
   size_t need = 0;
