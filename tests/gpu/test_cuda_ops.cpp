@@ -11,6 +11,7 @@
 
 namespace qwen36::cuda {  // test hooks of cuda_matmul_norm.cu
 void norm_gemv_select(const char* mode);
+void norm_gemv_select_warps(int warps);
 long long norm_gemv_launches();
 }  // namespace qwen36::cuda
 
@@ -366,7 +367,8 @@ TEST_F(CudaOps, NormPrefillFormsAreTheComposition) {
 // bitwise the norm launch followed by the GEMVs. Shapes: the 35B-A3B's router + shared expert
 // (K = 2048, a grid of at most two blocks a SM: whole rows a round), projections of more blocks
 // (four loads a row in flight), the 27B's K = 5120 (a thread's five quads of the row), a row of
-// fewer quads than threads and one of a partial warp of quads; f16 once.
+// fewer quads than threads and one of a partial warp of quads; f16 once. Blocks of 8 warps and
+// of 16 (QWEN36_NORM_GEMV16_WARPS) for the GEMVs that do not take whole rows a round.
 TEST_F(CudaOps, NormInOneTokenGemvIsTheComposition) {
   struct Case {
     DType dt;
@@ -380,61 +382,65 @@ TEST_F(CudaOps, NormInOneTokenGemvIsTheComposition) {
                         {DType::F16, 1024, {300, 20}, 130},
                         {DType::BF16, 96, {40, 3}, 24}};
   struct Restore {
-    ~Restore() { cuda::norm_gemv_select(nullptr); }
+    ~Restore() { cuda::norm_gemv_select(nullptr), cuda::norm_gemv_select_warps(0); }
   } restore;
   cuda::norm_gemv_select("on");  // every form, whatever the default takes
-  for (const Case& c : cases) {
-    const int64_t K = c.K;
-    const std::string what = std::string(dtype_name(c.dt)) + " K=" + std::to_string(K);
-    HostT y = random_t(rng_, DType::F32, {1, K}, -3, 3), d = random_t(rng_, DType::F32, {1, K}, -3, 3),
-          nw = random_t(rng_, DType::F32, {K}, 0.5f, 1.5f);
-    DevT dy = upload(*gpu_, y), dd = upload(*gpu_, d), dnw = upload(*gpu_, nw);
-    std::vector<DevT> dw;
-    std::vector<const Tensor*> ws;
-    for (int64_t n : c.rows) dw.push_back(upload(*gpu_, random_t(rng_, c.dt, {n, K})));
-    for (const DevT& w : dw) ws.push_back(&w.t);
-    auto fresh = [&](int64_t cols) { return upload(*gpu_, HostT(DType::F32, {1, cols})); };
-    auto outs_of = [&](std::vector<DevT>& o) {
-      std::vector<Tensor*> p;
-      for (int64_t n : c.rows) o.push_back(fresh(n));
-      for (DevT& t : o) p.push_back(&t.t);
-      return p;
-    };
-    // the composition, then the layer form
-    std::vector<DevT> o1, o2;
-    const std::vector<Tensor*> outs1 = outs_of(o1), outs2 = outs_of(o2);
-    DevT y1 = fresh(K), x1 = fresh(K), y2 = fresh(K), x2 = fresh(K);
-    gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
-    gpu_->matmul_multi(x1.t, ws, outs1);
-    const long long before = cuda::norm_gemv_launches();
-    gpu_->add_rms_norm_matmul_multi(dy.t, dd.t, y2.t, dnw.t, 1e-6f, x2.t, ws, outs2);
-    EXPECT_EQ(cuda::norm_gemv_launches(), before + 1) << what << ": the norm-computing GEMV was not taken";
-    EXPECT_EQ(download(*gpu_, dy.t), y.floats()) << what << ": y was written";
-    EXPECT_EQ(download(*gpu_, y2.t), download(*gpu_, y1.t)) << what;
-    EXPECT_EQ(download(*gpu_, x2.t), download(*gpu_, x1.t)) << what;
-    for (size_t i = 0; i < o1.size(); ++i)
-      EXPECT_EQ(download(*gpu_, o2[i].t), download(*gpu_, o1[i].t)) << what << " matrix " << i;
-    // and against the CPU's layer form
-    HostT cy(DType::F32, {1, K}), cx(DType::F32, {1, K});
-    cpu::add_rms_norm_into(y.t, d.t, cy.t, nw.t, 1e-6f, cx.t);
-    EXPECT_LE(rel_err(download(*gpu_, x2.t), cx.floats()), 1e-5) << what;
+  for (int warps : {8, 16}) {  // blocks of the GEMVs that do not take whole rows a round
+    for (const Case& c : cases) {
+      cuda::norm_gemv_select_warps(warps);
+      const int64_t K = c.K;
+      const std::string what =
+          std::string(dtype_name(c.dt)) + " K=" + std::to_string(K) + " warps=" + std::to_string(warps);
+      HostT y = random_t(rng_, DType::F32, {1, K}, -3, 3), d = random_t(rng_, DType::F32, {1, K}, -3, 3),
+            nw = random_t(rng_, DType::F32, {K}, 0.5f, 1.5f);
+      DevT dy = upload(*gpu_, y), dd = upload(*gpu_, d), dnw = upload(*gpu_, nw);
+      std::vector<DevT> dw;
+      std::vector<const Tensor*> ws;
+      for (int64_t n : c.rows) dw.push_back(upload(*gpu_, random_t(rng_, c.dt, {n, K})));
+      for (const DevT& w : dw) ws.push_back(&w.t);
+      auto fresh = [&](int64_t cols) { return upload(*gpu_, HostT(DType::F32, {1, cols})); };
+      auto outs_of = [&](std::vector<DevT>& o) {
+        std::vector<Tensor*> p;
+        for (int64_t n : c.rows) o.push_back(fresh(n));
+        for (DevT& t : o) p.push_back(&t.t);
+        return p;
+      };
+      // the composition, then the layer form
+      std::vector<DevT> o1, o2;
+      const std::vector<Tensor*> outs1 = outs_of(o1), outs2 = outs_of(o2);
+      DevT y1 = fresh(K), x1 = fresh(K), y2 = fresh(K), x2 = fresh(K);
+      gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
+      gpu_->matmul_multi(x1.t, ws, outs1);
+      const long long before = cuda::norm_gemv_launches();
+      gpu_->add_rms_norm_matmul_multi(dy.t, dd.t, y2.t, dnw.t, 1e-6f, x2.t, ws, outs2);
+      EXPECT_EQ(cuda::norm_gemv_launches(), before + 1) << what << ": the norm-computing GEMV was not taken";
+      EXPECT_EQ(download(*gpu_, dy.t), y.floats()) << what << ": y was written";
+      EXPECT_EQ(download(*gpu_, y2.t), download(*gpu_, y1.t)) << what;
+      EXPECT_EQ(download(*gpu_, x2.t), download(*gpu_, x1.t)) << what;
+      for (size_t i = 0; i < o1.size(); ++i)
+        EXPECT_EQ(download(*gpu_, o2[i].t), download(*gpu_, o1[i].t)) << what << " matrix " << i;
+      // and against the CPU's layer form
+      HostT cy(DType::F32, {1, K}), cx(DType::F32, {1, K});
+      cpu::add_rms_norm_into(y.t, d.t, cy.t, nw.t, 1e-6f, cx.t);
+      EXPECT_LE(rel_err(download(*gpu_, x2.t), cx.floats()), 1e-5) << what;
 
-    // the MLP (gate + up + SwiGLU, then down)
-    const int64_t I = c.I;
-    DevT dg = upload(*gpu_, random_t(rng_, c.dt, {I, K})), du = upload(*gpu_, random_t(rng_, c.dt, {I, K})),
-         ddown = upload(*gpu_, random_t(rng_, c.dt, {K, I}));
-    const MlpWeights m{dg.t, du.t, ddown.t};
-    DevT g1 = fresh(I), u1 = fresh(I), m1 = fresh(K), g2 = fresh(I), u2 = fresh(I), m2 = fresh(K);
-    DevT y3 = fresh(K), x3 = fresh(K);
-    gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
-    gpu_->mlp(x1.t, m, g1.t, u1.t, m1.t);
-    const long long before_mlp = cuda::norm_gemv_launches();
-    gpu_->add_rms_norm_mlp(dy.t, dd.t, y3.t, dnw.t, 1e-6f, x3.t, m, g2.t, u2.t, m2.t);
-    EXPECT_EQ(cuda::norm_gemv_launches(), before_mlp + 1) << what << ": the norm-computing MLP was not taken";
-    EXPECT_EQ(download(*gpu_, y3.t), download(*gpu_, y1.t)) << what << " MLP";
-    EXPECT_EQ(download(*gpu_, x3.t), download(*gpu_, x1.t)) << what << " MLP";
-    EXPECT_EQ(download(*gpu_, g2.t), download(*gpu_, g1.t)) << what << " MLP SwiGLU";
-    EXPECT_EQ(download(*gpu_, m2.t), download(*gpu_, m1.t)) << what << " MLP";
+      // the MLP (gate + up + SwiGLU, then down)
+      const int64_t I = c.I;
+      DevT dg = upload(*gpu_, random_t(rng_, c.dt, {I, K})), du = upload(*gpu_, random_t(rng_, c.dt, {I, K})),
+           ddown = upload(*gpu_, random_t(rng_, c.dt, {K, I}));
+      const MlpWeights m{dg.t, du.t, ddown.t};
+      DevT g1 = fresh(I), u1 = fresh(I), m1 = fresh(K), g2 = fresh(I), u2 = fresh(I), m2 = fresh(K);
+      DevT y3 = fresh(K), x3 = fresh(K);
+      gpu_->add_rms_norm_into(dy.t, dd.t, y1.t, dnw.t, 1e-6f, x1.t);
+      gpu_->mlp(x1.t, m, g1.t, u1.t, m1.t);
+      const long long before_mlp = cuda::norm_gemv_launches();
+      gpu_->add_rms_norm_mlp(dy.t, dd.t, y3.t, dnw.t, 1e-6f, x3.t, m, g2.t, u2.t, m2.t);
+      EXPECT_EQ(cuda::norm_gemv_launches(), before_mlp + 1) << what << ": the norm-computing MLP was not taken";
+      EXPECT_EQ(download(*gpu_, y3.t), download(*gpu_, y1.t)) << what << " MLP";
+      EXPECT_EQ(download(*gpu_, x3.t), download(*gpu_, x1.t)) << what << " MLP";
+      EXPECT_EQ(download(*gpu_, g2.t), download(*gpu_, g1.t)) << what << " MLP SwiGLU";
+      EXPECT_EQ(download(*gpu_, m2.t), download(*gpu_, m1.t)) << what << " MLP";
+    }
   }
 }
 

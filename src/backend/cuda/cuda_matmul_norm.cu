@@ -16,8 +16,13 @@
 // blocks a SM only (the 35B-A3B's router + shared expert GEMV: H200, 35B-A3B bf16 tg64 b1 396.1 →
 // 407.3), multi for every matmul_multi (the mixers' input projections too: 409.3, but the 27B's),
 // on for the MLP's gate + up as well (27B bf16 b1 74.5 → 71.8: every block of a 17408-row GEMV
-// reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); off composes.
-// bench/RESULTS.md, session 43.
+// reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); off composes. Those
+// other GEMVs in blocks of 16 warps (QWEN36_NORM_GEMV16_WARPS=16: half the blocks recompute the
+// norm) made on the faster form everywhere: H200, session 45, small / 8 → on / 16, rounds
+// alternating, 35B-A3B bf16 tg64 b1 408.91 / 407.17 → 422.77 / 422.51 (+3.6%), 27B bf16 73.59 /
+// 73.58 → 74.05 / 74.05 (+0.6%). Not the default yet: the 16-warp kernels' bitwise test
+// (CudaOps.NormInOneTokenGemvIsTheComposition at both widths) has not run on a GPU.
+// bench/RESULTS.md, sessions 43-45.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -45,17 +50,20 @@ NormGemvMode norm_gemv_mode() {
   return m < 0 ? env : NormGemvMode(m);
 }
 
-// Blocks of NW warps (kGemvWarps, or 16: half the blocks recomputing the norm, QWEN36_NORM_GEMV16_WARPS)
+// Blocks of NW warps (kGemvWarps, or 16: half the blocks recomputing the norm, QWEN36_NORM_GEMV16_WARPS;
+// norm_gemv_select_warps for tests)
 // hold the row in quads of 4 values, NQ a thread: K ≤ kNormMaxK (the 27B's hidden size).
 constexpr int kNormMaxK = 5120;
 template <int NW>
 __host__ __device__ constexpr int norm_quads() { return (kNormMaxK / 4 + NW * 32 - 1) / (NW * 32); }
+std::atomic<int> g_warps{0};  // norm_gemv_select_warps's choice; 0: the environment's
 int norm_warps() {
   static const int w = [] {
     const char* v = std::getenv("QWEN36_NORM_GEMV16_WARPS");
     return v && std::strcmp(v, "16") == 0 ? 16 : kGemvWarps;
   }();
-  return w;
+  const int s = g_warps.load(std::memory_order_relaxed);
+  return s > 0 ? s : w;
 }
 
 // Shared memory of a block: x's chunk halves (K / 8 float4 each), then the K / 32 group sums.
@@ -247,6 +255,8 @@ bool norm_gemv_mlp(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, 
 // Tests: QWEN36_NORM_GEMV16's choice for this process ("off" | "small" | "multi" | "on"; null:
 // the environment's again), and the norm-computing launches made so far.
 void norm_gemv_select(const char* mode) { g_mode.store(mode ? int(parse_mode(mode)) : -1); }
+// The same for QWEN36_NORM_GEMV16_WARPS (8 or 16; 0: the environment's again).
+void norm_gemv_select_warps(int warps) { g_warps.store(warps == 8 || warps == 16 ? warps : 0); }
 long long norm_gemv_launches() { return g_launches.load(); }
 
 }  // namespace qwen36::cuda
