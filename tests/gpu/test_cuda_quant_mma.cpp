@@ -221,7 +221,7 @@ TEST_F(CudaQuantMma, SharedActivationsBitwiseAsWorkspace) {
 
 // XS with the split per block (QWEN36_MMA_XS_SPLIT=block: whole row-tiles a block, a row-tile
 // split between warps summed in shared memory): within 2e-5 of the int8 twin, bitwise the same on
-// every run; taken where the call has a row-tile per SM (6144 and 5120 rows; 38400 rows of 4
+// every run; taken where every block gets a row-tile (6144 and 5120 rows; 38400 rows of 4
 // super-blocks), not on 2048 rows (128 row-tiles: the grid split).
 TEST_F(CudaQuantMma, SharedActivationsSplitPerBlock) {
   const Shape shapes[] = {{6144, 5120}, {5120, 6144}, {2048, 5120}, {38400, 1024}};

@@ -16,12 +16,12 @@
 // blocks a SM only (the 35B-A3B's router + shared expert GEMV: H200, 35B-A3B bf16 tg64 b1 396.1 →
 // 407.3), multi for every matmul_multi (the mixers' input projections too: 409.3, but the 27B's),
 // on for the MLP's gate + up as well (27B bf16 b1 74.5 → 71.8: every block of a 17408-row GEMV
-// reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); off composes. Those
-// other GEMVs in blocks of 16 warps (QWEN36_NORM_GEMV16_WARPS=16: half the blocks recompute the
-// norm) made on the faster form everywhere: H200, session 45, small / 8 → on / 16, rounds
-// alternating, 35B-A3B bf16 tg64 b1 408.91 / 407.17 → 422.77 / 422.51 (+3.6%), 27B bf16 73.59 /
-// 73.58 → 74.05 / 74.05 (+0.6%). Not the default yet: the 16-warp kernels' bitwise test
-// (CudaOps.NormInOneTokenGemvIsTheComposition at both widths) has not run on a GPU.
+// reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); off composes. With the
+// GEMVs that do not take whole rows in blocks of 16 warps (QWEN36_NORM_GEMV16_WARPS=16: half the
+// blocks recompute the norm) on is the fastest form on both models: H200, session 45, small / 8 →
+// on / 16, rounds alternating, 35B-A3B bf16 tg64 b1 408.91 / 407.17 → 422.77 / 422.51 (+3.6%),
+// 27B bf16 73.59 / 73.58 → 74.05 / 74.05 (+0.6%). Not the default yet: the 16-warp kernels'
+// bitwise test (CudaOps.NormInOneTokenGemvIsTheComposition at both widths) has not run on a GPU.
 // bench/RESULTS.md, sessions 43-45.
 #include <algorithm>
 #include <atomic>

@@ -103,7 +103,7 @@
 //    from the workspace into its shared memory (cp.async, after griddep_wait; its first two tiles
 //    already requested) and the loop reads them there; blocks of 16 warps, one per SM
 //    (QWEN36_MMA_XS=off: through L1, whose hit rate was 60% on a 27B gate + up at 16 tokens and 32%
-//    on a down projection). Where the call has a row-tile per SM the tiles split per block as at
+//    on a down projection). Where every block gets a row-tile the tiles split per block as at
 //    T ≤ 3 (whole row-tiles a block, its split row-tiles summed in shared memory: no workspace
 //    tail; QWEN36_MMA_XS_SPLIT=grid: the grid split, the same warps and ranges as without XS). Its
 //    lanes also request each tile's lines into L2 one tile before its register load
@@ -372,8 +372,8 @@ int xs_ahead() {
   }();
   return n;
 }
-// QWEN36_MMA_XS_SPLIT = block | grid (unset: block): an XS call over at least a row-tile per SM
-// splits its tiles per block (MmaArgs::block_split: whole row-tiles a block, as the staged
+// QWEN36_MMA_XS_SPLIT = block | grid (unset: block): an XS call with a row-tile per block splits
+// its tiles per block (MmaArgs::block_split: whole row-tiles a block, as the staged
 // kernels; a row-tile split between warps summed in shared memory after a block barrier) or over
 // the grid (perfectly balanced tiles, but every warp's tail a workspace store, a fenced atomic and
 // the last arriver's L2 reads). H100, session 45, grid → block, rounds alternating: 27B Q4_K_M
@@ -394,8 +394,7 @@ bool xs_fits(DType t, int S, int NT) {
   size_t need = 0;
   with_tiled_dtype(t, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
-    need = xs_bytes<D>(S, NT) + size_t(kOneWarps) * warp_smem<D, 0>() +
-           (use_xs_block_split() ? xs_split_bytes(kOneWarps, NT) : 0);
+    need = xs_bytes<D>(S, NT) + size_t(kOneWarps) * warp_smem<D, 0>();
   });
   return need > 0 && need <= size_t(dev_info().smem_optin);
 }
@@ -646,8 +645,11 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         }
       });
       if (!same_split) return false;
-      if (gr.xs && use_xs_block_split() && a.total / a.S >= dev_info().sms) {
-        a.block_split = 1;  // the same blocks and warps (plan_mma: one block of kOneWarps per SM); more shared memory
+      // The block split where every block gets a row-tile and its pieces fit beside the copy
+      // (else the grid split: XS never gives way to it); the same blocks and warps.
+      if (gr.xs && use_xs_block_split() && a.total / a.S >= gr.p.grid &&
+          gr.p.smem + xs_split_bytes(gr.p.wpb, NT) <= size_t(dev_info().smem_optin)) {
+        a.block_split = 1;
         gr.p.smem += xs_split_bytes(gr.p.wpb, NT);
       }
       if (rows > kColsRows)
