@@ -6,8 +6,8 @@
 // Block-quantized experts (Q4_K / Q6_K ...) are checked against the CPU twin on their
 // dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill; experts
 // in the device's tiled layout (cuda_tile_matrix, as tile_weights repacks a model's) through
-// the int8 tensor-core pair kernels (same int8 twin, same tolerance as the GEMVs), their graph
-// replay (bitwise), the shared expert as one more pair of those kernels, the tiled dequantizing
+// the int8 tensor-core pair kernels (same int8 twin, same tolerance as the GEMVs) and their
+// grouped form (bitwise the pair kernels), their graph replay (bitwise), the shared expert as one more pair of those kernels, the tiled dequantizing
 // prefill, and a tiny MoE model tiled vs untiled.
 //
 // Tolerances (rel_err: max |Δ| / max(1, max |want|)):
@@ -39,6 +39,11 @@
 #include "model/qwen36.h"
 #include "model/random_quant_weights.h"
 #include "quant/quant.h"
+
+namespace qwen36::cuda {
+// cuda_moe.cu: force the routed experts' grouped form on ("on"), off ("off") or by pair count ("auto"); null: the environment's.
+void moe_grouped_select(const char* mode);
+}  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
 namespace {
@@ -814,6 +819,64 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
     gpu_->copy_from_host(nan.t.data, o.t);
     ASSERT_TRUE(gpu_->replay(0x6d6f6510));
     EXPECT_EQ(download(*gpu_, o.t), eager) << "replay " << rep << " differs from the eager call";
+  }
+}
+
+// The grouped form (pairs sorted by expert, a chunk of up to 8 pairs of one expert in the MMA's
+// columns; cuda_moe.cu takes it from 128 pairs) against the per-pair kernels, forced either way
+// (moe_grouped_select): bit for bit, since a column's sums do not depend on the others. The
+// types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 with top-8 puts
+// 1-8 pairs in a chunk and several chunks in an expert; invalid ids contribute nothing on both
+// sides; moe_expert_rows (expert offload's rows) the same; a graph replay bitwise the eager call.
+TEST_F(CudaMoe, TiledGroupedIsThePairKernelsBitwise) {
+  struct Restore {
+    ~Restore() { cuda::moe_grouped_select(nullptr); }
+  } restore;
+  struct Case {
+    ExpertTypes mx;
+    int64_t E, D, I, k = 8;
+  };
+  for (const Case& cs : {Case{{DType::Q4_K, DType::Q6_K}, 16, 2048, 512}, Case{{DType::Q4_K, DType::Q4_K}, 16, 2048, 512},
+                         Case{{DType::Q8_0, DType::Q8_0}, 16, 512, 256}, Case{{DType::Q4_K, DType::Q6_K}, 8, 2304, 768},
+                         Case{{DType::Q8_0, DType::Q4_K}, 8, 1024, 512}, Case{{DType::Q8_0, DType::Q8_0}, 8, 256, 256, 2},
+                         Case{{DType::W4_G128, DType::NVFP4_B64}, 16, 1024, 512},
+                         Case{{DType::W4_G32, DType::W4_G32}, 8, 1024, 512}}) {
+    const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
+    const TiledExperts te = tile_experts(*gpu_, ex);
+    for (int64_t T : {1, 5, 16, 40}) {
+      const std::string name = shape_name(cs.mx, cs.D, cs.I, T);
+      HostT x = random_t(rng_, DType::F32, {T, cs.D}), w, ids;
+      route(rng_, T, cs.E, cs.k, w, ids, cs.E);
+      if (T > 1) ids.t.as<int32_t>()[cs.k + 1] = -1, ids.t.as<int32_t>()[T * cs.k - 1] = int32_t(cs.E);
+      cuda::moe_grouped_select("off");
+      const std::vector<float> pairs = run_experts(*gpu_, te.d, x, w, ids);
+      cuda::moe_grouped_select("on");
+      const std::vector<float> grouped = run_experts(*gpu_, te.d, x, w, ids);
+      ASSERT_EQ(grouped.size(), pairs.size());
+      EXPECT_EQ(std::memcmp(grouped.data(), pairs.data(), pairs.size() * sizeof(float)), 0)
+          << name << ": grouped " << worst_at(grouped, pairs, cs.D);
+      EXPECT_LE(rel_err(grouped, moe_int8_reference(ex, x, w, ids)), kQuantDecodeTol) << name;
+      // expert offload's rows: every valid pair's row, the invalid ones untouched (NaN) both ways
+      HostT init(DType::F32, {T * cs.k, cs.D});
+      std::fill(init.f(), init.f() + init.t.numel(), std::numeric_limits<float>::quiet_NaN());
+      DevT dx = upload(*gpu_, x), di = upload(*gpu_, ids), r = upload(*gpu_, init);
+      std::vector<float> rows[2];
+      for (int on = 0; on < 2; ++on) {
+        cuda::moe_grouped_select(on ? "on" : "off");
+        gpu_->copy_from_host(init.t.data, r.t);
+        ASSERT_TRUE(gpu_->moe_expert_rows(dx.t, di.t, te.d, r.t)) << name;
+        rows[on] = download(*gpu_, r.t);
+      }
+      EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].size() * sizeof(float)), 0) << name << ": rows";
+      if (T == 40) {  // recorded and replayed
+        DevT dw = upload(*gpu_, w), o = upload(*gpu_, HostT(DType::F32, {T, cs.D}));
+        ASSERT_TRUE(gpu_->begin_capture());
+        gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
+        ASSERT_TRUE(gpu_->end_capture(0x6d6f6560, true)) << name << ": the grouped call could not be recorded";
+        ASSERT_TRUE(gpu_->replay(0x6d6f6560));
+        EXPECT_EQ(download(*gpu_, o.t), grouped) << name << ": the replay differs from the eager call";
+      }
+    }
   }
 }
 

@@ -12,17 +12,17 @@
 // the later readers (the routed experts, the residual stream). The other blocks still read y while
 // it does: y_out must be another buffer (the model's residual stream alternates two).
 //
-// QWEN36_NORM_GEMV16 = small (default) | multi | on | off: small takes it for grids of at most two
-// blocks a SM only (the 35B-A3B's router + shared expert GEMV: H200, 35B-A3B bf16 tg64 b1 396.1 →
-// 407.3), multi for every matmul_multi (the mixers' input projections too: 409.3, but the 27B's),
-// on for the MLP's gate + up as well (27B bf16 b1 74.5 → 71.8: every block of a 17408-row GEMV
-// reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); off composes. With the
-// GEMVs that do not take whole rows in blocks of 16 warps (QWEN36_NORM_GEMV16_WARPS=16: half the
-// blocks recompute the norm) on is the fastest form on both models: H200, session 45, small / 8 →
-// on / 16, rounds alternating, 35B-A3B bf16 tg64 b1 408.91 / 407.17 → 422.77 / 422.51 (+3.6%),
-// 27B bf16 73.59 / 73.58 → 74.05 / 74.05 (+0.6%). Not the default yet: the 16-warp kernels'
-// bitwise test (CudaOps.NormInOneTokenGemvIsTheComposition at both widths) has not run on a GPU.
-// bench/RESULTS.md, sessions 43-45.
+// QWEN36_NORM_GEMV16 = on (default) | small | multi | off: on takes it for every one-token bf16
+// GEMV that reads a norm (the mixers' input projections, the MoE router + shared expert, the
+// MLP's gate + up); small for grids of at most two blocks a SM only (the 35B-A3B's router +
+// shared expert GEMV: H200, 35B-A3B bf16 tg64 b1 396.1 → 407.3), multi for every matmul_multi
+// (409.3); off composes. With 8-warp blocks on cost the 27B (b1 74.5 → 71.8: every block of a
+// 17408-row GEMV reading y, delta and w, 60 KB of L2 a block, at fewer resident blocks); the
+// GEMVs that do not take whole rows run blocks of 16 warps (QWEN36_NORM_GEMV16_WARPS = 16, the
+// default, or 8: half the blocks recompute the norm), and on is the fastest form on both models:
+// H200, session 45, small / 8 → on / 16, rounds alternating, 35B-A3B bf16 tg64 b1 408.91 /
+// 407.17 → 422.77 / 422.51 (+3.6%), 27B bf16 73.59 / 73.58 → 74.05 / 74.05 (+0.6%).
+// bench/RESULTS.md, sessions 43-46.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -39,8 +39,8 @@ enum class NormGemvMode { kOff, kSmall, kMulti, kOn };
 NormGemvMode parse_mode(const char* v) {
   if (v && std::strcmp(v, "off") == 0) return NormGemvMode::kOff;
   if (v && std::strcmp(v, "multi") == 0) return NormGemvMode::kMulti;
-  if (v && std::strcmp(v, "on") == 0) return NormGemvMode::kOn;
-  return NormGemvMode::kSmall;
+  if (v && std::strcmp(v, "small") == 0) return NormGemvMode::kSmall;
+  return NormGemvMode::kOn;
 }
 std::atomic<int> g_mode{-1};                  // norm_gemv_select's choice; -1: the environment's
 std::atomic<long long> g_launches{0};         // norm-computing GEMV launches so far (tests)
@@ -60,7 +60,7 @@ std::atomic<int> g_warps{0};  // norm_gemv_select_warps's choice; 0: the environ
 int norm_warps() {
   static const int w = [] {
     const char* v = std::getenv("QWEN36_NORM_GEMV16_WARPS");
-    return v && std::strcmp(v, "16") == 0 ? 16 : kGemvWarps;
+    return v && std::strcmp(v, "8") == 0 ? kGemvWarps : 16;
   }();
   const int s = g_warps.load(std::memory_order_relaxed);
   return s > 0 ? s : w;

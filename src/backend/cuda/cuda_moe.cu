@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -1026,6 +1027,31 @@ QuantExperts check_quant_experts(const Tensor& x, const Tensor& ids, std::span<c
   return {gu, dn, tiled, MoeShape{T, D, I, E, k, T * k}};
 }
 
+// Tiled experts from kMinGroupedPairs pairs a call: grouped by expert (quant_tiled_moe_grouped),
+// each expert read once per chunk of its pairs, rather than once per pair; fewer pairs share
+// few experts, and the grouping and combine launches would cost more than they save.
+// QWEN36_MOE_GROUPED=on / off forces it either way (moe_grouped_select for tests).
+constexpr int64_t kMinGroupedPairs = 128;
+std::atomic<int> g_grouped{-1};  // moe_grouped_select's choice: 0 off, 1 on, 2 auto; -1 the environment's
+bool grouped_pays(const QuantExperts& q) {
+  static const int env = [] {
+    const char* v = std::getenv("QWEN36_MOE_GROUPED");
+    return !v ? 2 : std::strcmp(v, "on") == 0 ? 1 : std::strcmp(v, "off") == 0 ? 0 : 2;
+  }();
+  const int sel = g_grouped.load(std::memory_order_relaxed), mode = sel >= 0 ? sel : env;
+  return q.tiled && (mode == 1 || (mode == 2 && q.s.P >= kMinGroupedPairs)) &&
+         quant_tiled_moe_grouped_fits(q.gu, q.dn, q.s.D, q.s.I);
+}
+// rows [P, D] of the routed pairs by the grouped kernels (grouped_pays said yes).
+void grouped_rows(Ctx& c, const QuantExperts& q, const Tensor& x, const Tensor& ids, const void* const* table,
+                  Tensor& rows) {
+  const MoeShape& s = q.s;
+  const Grouping grp(c, s, ids, kMoeGroupCols);
+  // Σ_e ⌈n_e / 8⌉ ≤ ⌊P / 8⌋ + (experts with pairs)
+  const MoeGrouping g{grp.off, grp.tile_off, grp.row_pair, s.P / kMoeGroupCols + std::min(s.E, s.P)};
+  quant_tiled_moe_grouped(c, x, ids, table, q.gu, q.dn, s.E, s.I, g, rows);
+}
+
 // Block-quantized experts: up to 1,024 pairs by the quantized GEMVs over the routed pairs
 // (cuda_quant_matmul.cu) or, tiled, the tensor-core pair kernels (cuda_quant_moe_mma.cu), else
 // the grouped GEMM on experts dequantized per pass; exact_matmul and shapes the GEMM cannot tile
@@ -1039,9 +1065,14 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
   const ExpertPtrs* table = expert_table(c, experts);
   if (!table) return;  // recording, and the table is new: the recording is dropped anyway
   if (q.tiled) {
-    if (s.P <= kMaxTiledMoePairs && quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table),
-                                                    q.gu, q.dn, s.E, s.I, out))
-      return;
+    const auto* tab = reinterpret_cast<const void* const*>(table);
+    if (s.P <= kMaxTiledMoePairs && grouped_pays(q)) {
+      Temp<float> rows(c, size_t(s.P * s.D));
+      Tensor rt(rows.get(), DType::F32, {s.P, s.D});
+      grouped_rows(c, q, x, ids, tab, rt);
+      return moe_combine_rows(c, rt, weights, ids, s.E, nullptr, nullptr, out);
+    }
+    if (s.P <= kMaxTiledMoePairs && quant_tiled_moe(c, x, weights, ids, tab, q.gu, q.dn, s.E, s.I, out)) return;
   } else if (s.P <= kMaxQuantDecodePairs && quant_moe_decode_chunked(c, s, x, weights, ids, table, q.gu, q.dn, out)) {
     return;
   }
@@ -1182,6 +1213,10 @@ bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Te
 
 int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
 
+void moe_grouped_select(const char* mode) {
+  g_grouped.store(!mode ? -1 : std::strcmp(mode, "on") == 0 ? 1 : std::strcmp(mode, "off") == 0 ? 0 : 2);
+}
+
 bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
   if (experts.empty() || !dtype_is_tiled(experts[0].gate_proj.dtype)) return false;
   const QuantExperts q = check_quant_experts(x, ids, experts);
@@ -1189,8 +1224,15 @@ bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const
   if (q.s.T == 0) return true;
   const ExpertPtrs* table = expert_table(c, experts);
   if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
-  return quant_tiled_moe_rows(c, q.s.T, q.s.D, &x, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn,
-                              q.s.E, q.s.I, &rows, nullptr, nullptr);
+  const auto* tab = reinterpret_cast<const void* const*>(table);
+  if (grouped_pays(q)) {
+    QWEN36_CHECK(rows.dtype == DType::F32 && rows.numel() == q.s.P * q.s.D, "moe_expert_rows: rows {} for {} pairs of {}",
+                 rows.shape_str(), q.s.P, q.s.D);
+    Tensor rt(rows.data, DType::F32, {q.s.P, q.s.D});
+    grouped_rows(c, q, x, ids, tab, rt);
+    return true;
+  }
+  return quant_tiled_moe_rows(c, q.s.T, q.s.D, &x, ids, tab, q.gu, q.dn, q.s.E, q.s.I, &rows, nullptr, nullptr);
 }
 
 namespace {

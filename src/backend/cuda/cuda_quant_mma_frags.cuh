@@ -350,13 +350,16 @@ __device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_u
   }
 }
 
-// One tile (row-tile r, super-block s) against one quantized row (its 8 groups at xg): acc0 +=
-// rows g, acc1 += rows g + 8 of the tile. Every MMA column holds the row, so the 4 lanes of a g
-// hold the same values. The integer products and the float epilogue are mma_kernel's for a
-// token column (the same roundings: the int8 twin is the same).
+// One tile (row-tile r, super-block s) against the 8 MMA columns' quantized rows (8 groups
+// each): xb the groups of this lane's B column g (lane / 4), xf0 / xf1 those of its C columns
+// 2t, 2t + 1 (t = lane % 4). acc[0] += (row g, 2t), acc[1] += (g, 2t + 1), acc[2] += (g + 8, 2t),
+// acc[3] += (g + 8, 2t + 1). Each column's integer products and float epilogue are mma_kernel's
+// for a token column and do not depend on the other columns: a row gives the same sums in any
+// column, beside any others (the routed experts' grouped kernels rely on it).
 template <DType D>
-__device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane,
-                                         [[maybe_unused]] float2* tab, float& acc0, float& acc1) {
+__device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xb,
+                                          const ColGroup* __restrict__ xf0, const ColGroup* __restrict__ xf1,
+                                          int lane, [[maybe_unused]] float2* tab, float (&acc)[4]) {
   const int t = lane & 3;
   [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
   tile_scales(R, lane, tab, dg, dg8);
@@ -364,41 +367,59 @@ __device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __rest
   for (int jj = 0; jj < 8; ++jj) {
     uint32_t a0, a1, a2, a3;
     a_frags(R, jj, a0, a1, a2, a3);
-    const uint2 bf = xg[jj].b[t];
-    const float4 f = xg[jj].s;
+    const uint2 bf = xb[jj].b[t];
+    const float4 f0 = xf0[jj].s, f1 = xf1[jj].s;
     if constexpr (min_tile(D)) {
       const int g = lane >> 2;
       const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
       int c[4];
       mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc0 = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc0));
-      acc1 = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc1));
+      acc[0] = fmaf(m0.x, f0.x * float(c[0]), fmaf(-m0.y, f0.y, acc[0]));
+      acc[1] = fmaf(m0.x, f1.x * float(c[1]), fmaf(-m0.y, f1.y, acc[1]));
+      acc[2] = fmaf(m1.x, f0.x * float(c[2]), fmaf(-m1.y, f0.y, acc[2]));
+      acc[3] = fmaf(m1.x, f1.x * float(c[3]), fmaf(-m1.y, f1.y, acc[3]));
     } else if constexpr (D == DType::Q6_K_T16) {
       const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
       const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
-      const int za = __float_as_int(f.z), zb = __float_as_int(f.w);
       int ca[4], cb[4];
-      mma_u8s8_k16(ca, a0, a1, bf.x, za, za);  // Σ (q − 32) · x over the first 16
-      mma_u8s8_k16(cb, a2, a3, bf.y, zb, zb);  // and the second
-      acc0 = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc0);
-      acc1 = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc1);
+      mma_u8s8_k16(ca, a0, a1, bf.x, __float_as_int(f0.z), __float_as_int(f1.z));  // Σ (q − 32) · x, first 16
+      mma_u8s8_k16(cb, a2, a3, bf.y, __float_as_int(f0.w), __float_as_int(f1.w));  // and the second
+      acc[0] = fmaf(dg * f0.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[0]);
+      acc[1] = fmaf(dg * f1.x, float(sa0 * ca[1] + sb0 * cb[1]), acc[1]);
+      acc[2] = fmaf(dg8 * f0.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[2]);
+      acc[3] = fmaf(dg8 * f1.x, float(sa1 * ca[3] + sb1 * cb[3]), acc[3]);
     } else if constexpr (D == DType::NVFP4_B64_T16) {
       const int g = lane >> 2;
       const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
       int ca[4], cb[4];
       mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
       mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
-      acc0 = fmaf(m0.y * f.x, float(cb[0]), fmaf(m0.x * f.x, float(ca[0]), acc0));
-      acc1 = fmaf(m1.y * f.x, float(cb[2]), fmaf(m1.x * f.x, float(ca[2]), acc1));
+      acc[0] = fmaf(m0.y * f0.x, float(cb[0]), fmaf(m0.x * f0.x, float(ca[0]), acc[0]));
+      acc[1] = fmaf(m0.y * f1.x, float(cb[1]), fmaf(m0.x * f1.x, float(ca[1]), acc[1]));
+      acc[2] = fmaf(m1.y * f0.x, float(cb[2]), fmaf(m1.x * f0.x, float(ca[2]), acc[2]));
+      acc[3] = fmaf(m1.y * f1.x, float(cb[3]), fmaf(m1.x * f1.x, float(ca[3]), acc[3]));
     } else {
       float e0, e1;
       s8_scales(R, jj, e0, e1);
       int c[4];
       mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc0 = fmaf(e0 * f.x, float(c[0]), acc0);
-      acc1 = fmaf(e1 * f.x, float(c[2]), acc1);
+      acc[0] = fmaf(e0 * f0.x, float(c[0]), acc[0]);
+      acc[1] = fmaf(e0 * f1.x, float(c[1]), acc[1]);
+      acc[2] = fmaf(e1 * f0.x, float(c[2]), acc[2]);
+      acc[3] = fmaf(e1 * f1.x, float(c[3]), acc[3]);
     }
   }
+}
+
+// One tile against one quantized row (its 8 groups at xg) in every MMA column: acc0 += rows g,
+// acc1 += rows g + 8 of the tile (the 4 lanes of a g hold the same values). tile_cols with one
+// row; the other column's arithmetic is dead and compiles away.
+template <DType D>
+__device__ __forceinline__ void tile_row(const Raw<D>& R, const ColGroup* __restrict__ xg, int lane, float2* tab,
+                                         float& acc0, float& acc1) {
+  float acc[4] = {acc0, acc0, acc1, acc1};
+  tile_cols<D>(R, xg, xg, xg, lane, tab, acc);
+  acc0 = acc[0], acc1 = acc[2];
 }
 
 }  // namespace
