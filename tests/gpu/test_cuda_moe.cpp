@@ -823,7 +823,7 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
 }
 
 // The grouped form (pairs sorted by expert, a chunk of up to 8 pairs of one expert in the MMA's
-// columns; cuda_moe.cu takes it from 128 pairs) against the per-pair kernels, forced either way
+// columns; cuda_moe.cu takes it from 192 pairs) against the per-pair kernels, forced either way
 // (moe_grouped_select): bit for bit, since a column's sums do not depend on the others. The
 // types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 with top-8 puts
 // 1-8 pairs in a chunk and several chunks in an expert; invalid ids contribute nothing on both

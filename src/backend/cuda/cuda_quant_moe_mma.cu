@@ -59,8 +59,8 @@ struct MoeArgs {
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
-  // grouped gate+up: x's rows quantized [T][K / 32] by quantize_cols_kernel (null: each block
-  // quantizes its pairs' rows itself)
+  // grouped kernels: their input rows quantized by quantize_cols_kernel, [rows][K / 32] (gate+up:
+  // x's T rows, down: act's P rows; null: each block quantizes its pairs' f32 rows itself)
   const ColGroup* xq = nullptr;
 };
 
@@ -318,13 +318,15 @@ __global__ void __launch_bounds__(kGroupWarps * 32) moe_grouped_kernel(const Moe
   }
   if (int(threadIdx.x) < NC) pairs[threadIdx.x] = g.row_pair[row0 + min(int(threadIdx.x), n - 1)];
   __syncthreads();
-  if (kGateUp && a.xq) {  // the rows' groups as quantize_cols_kernel stored them: 3 uint4 each
+  if (a.xq) {  // the rows' groups as quantize_cols_kernel stored them (3 × 16 bytes each), all in flight at once
     const int per = 3 * G;
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(xg));
     for (int i = int(threadIdx.x); i < n * per; i += int(blockDim.x)) {
       const int col = i / per;
-      reinterpret_cast<uint4*>(xg)[i] =
-          reinterpret_cast<const uint4*>(a.xq + size_t(pairs[col] / a.k) * G)[i - col * per];
+      const ColGroup* row = a.xq + size_t(kGateUp ? pairs[col] / a.k : pairs[col]) * G;
+      cpa_16_at<0>(base + 16 * uint32_t(i), reinterpret_cast<const uint8_t*>(row) + 16 * size_t(i - col * per));
     }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
   } else {
     const int q = G * 8;  // quads a row
     quantize_row_of(
@@ -384,9 +386,10 @@ __global__ void __launch_bounds__(kGroupWarps * 32) moe_grouped_kernel(const Moe
   }
 }
 
-// x [T, 32·G] quantized once per call for the grouped gate+up blocks (every chunk of a token's
-// pairs reads its row: 48 bytes per 32 values instead of 128 of f32, and no quantization per
-// block): a block per row, quantize_row's codes (bitwise the blocks' own).
+// Rows [n, 32·G] quantized once per call for the grouped blocks (gate+up: x, every chunk of a
+// token's pairs reads its row; down: act, every row-tile group of a chunk reads its pairs'):
+// 48 bytes per 32 values instead of 128 of f32, and no quantization per block. A block per row,
+// quantize_row's codes (bitwise the blocks' own).
 __global__ void __launch_bounds__(256) quantize_cols_kernel(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
   griddep_trigger();
   griddep_wait();
@@ -495,17 +498,17 @@ namespace {
 // The grouped kernels' warps per row-tile for S units: a power of two (kGroupWarps / wr row-tiles a block).
 int grouped_wr(int S) { return S >= 8 ? 8 : S >= 4 ? 4 : S >= 2 ? 2 : 1; }
 
-// Warps of a grouped block: 16 (QWEN36_MOE_GROUPED_WARPS=8: 8, more blocks a SM, each one's
-// activations re-read for half the rows).
+// Warps of a grouped block: 8 (two blocks a SM by registers; H100, 35B-A3B Q4_K_M tg32 b64
+// 2,985 → 3,172 tok/s against 16, one block a SM), QWEN36_MOE_GROUPED_WARPS=16: 16.
 int group_warps() {
   static const int w = [] {
     const char* v = std::getenv("QWEN36_MOE_GROUPED_WARPS");
-    return v && std::strcmp(v, "8") == 0 ? 8 : kGroupWarps;
+    return v && std::strcmp(v, "16") == 0 ? kGroupWarps : 8;
   }();
   return w;
 }
-// Whether the grouped gate+up reads x quantized once per call (QWEN36_MOE_GROUPED_XQ=0: each
-// block quantizes its pairs' f32 rows).
+// Whether the grouped kernels read their rows quantized once per call (QWEN36_MOE_GROUPED_XQ=0:
+// each block quantizes its pairs' f32 rows).
 bool group_xq() {
   static const bool on = [] {
     const char* v = std::getenv("QWEN36_MOE_GROUPED_XQ");
@@ -561,16 +564,17 @@ void quant_tiled_moe_grouped(Ctx& c, const Tensor& x, const Tensor& ids, const v
   const int32_t* id = ids.as<const int32_t>();
   MoeArgs gu{x.as<const float>(), id, nullptr, table, act.get(), int(D), int(I), int(k), int(E),
              grouped_wr(int(D / 256))};
-  std::optional<Temp<ColGroup>> xq;
-  if (group_xq()) {
-    xq.emplace(c, size_t(T * (D / 32)));
-    launch_pdl(quantize_cols_kernel, dim3(unsigned(T)), dim3(256), 0, c.stream, x.as<const float>(), int(D / 32),
-               xq->get());
-    gu.xq = xq->get();
-  }
-  const MoeArgs dn{act.get(), id, nullptr, table, rows.as<float>(), int(I), int(D), int(k), int(E),
-                   grouped_wr(int(I / 256))};
+  MoeArgs dn{act.get(), id, nullptr, table, rows.as<float>(), int(I), int(D), int(k), int(E), grouped_wr(int(I / 256))};
+  const bool xq = group_xq();
+  std::optional<Temp<ColGroup>> xqs, aqs;
+  auto quantize = [&](const float* src, int64_t n, int64_t K, std::optional<Temp<ColGroup>>& dst) {
+    dst.emplace(c, size_t(n * (K / 32)));
+    launch_pdl(quantize_cols_kernel, dim3(unsigned(n)), dim3(256), 0, c.stream, src, int(K / 32), dst->get());
+    return dst->get();
+  };
+  if (xq) gu.xq = quantize(x.as<const float>(), T, D, xqs);
   with_tiled_dtype(gate_up, [&](auto dt) { launch_grouped<decltype(dt)::value, true>(c, gu, g, grouping.chunks); });
+  if (xq) dn.xq = quantize(act.get(), P, I, aqs);
   with_tiled_dtype(down, [&](auto dt) { launch_grouped<decltype(dt)::value, false>(c, dn, g, grouping.chunks); });
 }
 
