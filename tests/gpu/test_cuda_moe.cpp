@@ -43,6 +43,7 @@
 namespace qwen36::cuda {
 // cuda_moe.cu: force the routed experts' grouped form on ("on"), off ("off") or by pair count ("auto"); null: the environment's.
 void moe_grouped_select(const char* mode);
+int64_t moe_tiled_pairs();  // the most pairs the tiled experts compute on their int8 kernels
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -762,7 +763,7 @@ TEST_F(CudaMoe, TiledDecodeMatchesInt8Twin) {
     const QuantExperts ex = make_quant_experts(*gpu_, rng_, cs.mx.gu, cs.mx.dn, cs.E, cs.D, cs.I);
     const TiledExperts te = tile_experts(*gpu_, ex);
     ASSERT_TRUE(dtype_is_tiled(te.d[0].gate_proj.dtype) && dtype_is_tiled(te.d[0].down_proj.dtype));
-    // 35B shape also at T = 64 and 128 (512 and 1,024 pairs: the dispatch bound).
+    // 35B shape also at T = 64 and 128 (512 and 1,024 pairs: the grouped kernels, to their bound).
     std::vector<int64_t> Ts{1, 2, 8, 16, 32};
     if (cs.D == 2048 && cs.mx.gu == DType::Q4_K && cs.mx.dn == DType::Q6_K) Ts.insert(Ts.end(), {64, 128});
     for (int64_t T : Ts) {
@@ -982,7 +983,10 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
       double(2 * I * int64_t(dtype_row_bytes(DType::Q4_K, D)) + D * int64_t(dtype_row_bytes(DType::Q6_K, I)));
   // T = 64 and 128 (512 and 1,024 pairs): the GGUF GEMVs' bound is the tiled kernels' (before
   // session 20 it was 256 pairs, and that column the dequantizing prefill path).
-  for (int64_t T : {1, 8, 16, 32, 64, 128}) {
+  // T = 256 and 512 (2,048 and 4,096 pairs: a serving step's prefill chunk) take the grouped
+  // kernels with QWEN36_MOE_GROUPED_MAX_PAIRS=4096, else the dequantizing prefill path, whose
+  // bf16 activations are not the int8 twin's (not checked against it there).
+  for (int64_t T : {1, 8, 16, 32, 64, 128, 256, 512}) {
     const int64_t n = calls * T;
     HostT x = random_t(rng_, DType::F32, {n, D}), logits = random_t(rng_, DType::F32, {n, E}, -2, 2);
     DevT dx = upload(*gpu_, x), dl = upload(*gpu_, logits), dw = upload(*gpu_, HostT(DType::F32, {n, k})),
@@ -1023,7 +1027,9 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
     std::copy(ids.t.as<const int32_t>(), ids.t.as<const int32_t>() + nc * k, is.t.as<int32_t>());
     const std::vector<float> all = download(*gpu_, o.t), part(all.begin(), all.begin() + nc * D),
                              want = moe_int8_reference(ex, xs, ws, is);
-    EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B tiled T=" << T << ": " << worst_at(part, want, D);
+    if (T * k <= cuda::moe_tiled_pairs()) {
+      EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B tiled T=" << T << ": " << worst_at(part, want, D);
+    }
     const double bytes = distinct * expert_bytes;
     std::printf("[ moe ] 35B q4_k/q6_k T=%2lld (%3lld pairs, %5.1f distinct experts, %5.1f MB): tiled %7.1f us "
                 "(%4.0f GB/s), GGUF layout %7.1f us (%4.0f GB/s) per layer\n",

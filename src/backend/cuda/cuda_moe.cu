@@ -1034,6 +1034,22 @@ QuantExperts check_quant_experts(const Tensor& x, const Tensor& ids, std::span<c
 // 130 / 140, 256 pairs 245 / 217, 512 470 / 302, 1,024 923 / 399.
 // QWEN36_MOE_GROUPED=on / off forces it either way (moe_grouped_select for tests).
 constexpr int64_t kMinGroupedPairs = 192;
+// and up to kMaxTiledMoePairs. QWEN36_MOE_GROUPED_MAX_PAIRS raises the bound for moe_experts
+// (e.g. 4096: a serving step's prefill chunk, bench-serve's 512 tokens, on the grouped kernels
+// instead of dequantizing every used expert to bf16 each pass; H100, 35B-A3B Q4_K_M: pp512
+// 5,755 -> 10,497 tok/s, bench-serve 64 streams output 552 -> 1,030 t/s, session 46). Not the
+// default: expert offload streams a host layer's experts in their file layout above
+// moe_row_pairs() and computes them on the dequantizing path, which is then what the all-GPU
+// run computes bit for bit; above the bound the all-GPU run would take the int8 grouped
+// kernels instead (CudaOffload.ExactOffloadIsBitwiseAllGpu's 600-token prompt). Tiling the
+// streamed experts would keep both on one path.
+int64_t max_grouped_pairs() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("QWEN36_MOE_GROUPED_MAX_PAIRS");
+    return v && std::atoll(v) > 0 ? int64_t(std::atoll(v)) : kMaxTiledMoePairs;
+  }();
+  return n;
+}
 std::atomic<int> g_grouped{-1};  // moe_grouped_select's choice: 0 off, 1 on, 2 auto; -1 the environment's
 bool grouped_pays(const QuantExperts& q) {
   static const int env = [] {
@@ -1068,7 +1084,7 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
   if (!table) return;  // recording, and the table is new: the recording is dropped anyway
   if (q.tiled) {
     const auto* tab = reinterpret_cast<const void* const*>(table);
-    if (s.P <= kMaxTiledMoePairs && grouped_pays(q)) {
+    if (s.P <= moe_tiled_pairs() && grouped_pays(q)) {
       Temp<float> rows(c, size_t(s.P * s.D));
       Tensor rt(rows.get(), DType::F32, {s.P, s.D});
       grouped_rows(c, q, x, ids, tab, rt);
@@ -1214,6 +1230,8 @@ bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Te
 // ---- expert offload's exact combination (Backend::moe_expert_rows, moe_shared_row, moe_combine_rows) ----
 
 int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
+
+int64_t moe_tiled_pairs() { return std::max(kMaxTiledMoePairs, max_grouped_pairs()); }
 
 void moe_grouped_select(const char* mode) {
   g_grouped.store(!mode ? -1 : std::strcmp(mode, "on") == 0 ? 1 : std::strcmp(mode, "off") == 0 ? 0 : 2);

@@ -582,6 +582,8 @@ bool moe_shared_row(Ctx&, std::span<const MlpWeights> experts, int64_t k, const 
 void moe_combine_rows(Ctx&, const Tensor& rows, const Tensor& weights, const Tensor& ids, int64_t E,
                       const Tensor* sh_row, const Tensor* s, Tensor& out);
 int64_t moe_row_pairs();
+// The most pairs moe_experts computes on tiled experts' int8 kernels (per pair or grouped; above: dequantized).
+int64_t moe_tiled_pairs();
 // Backend::moe_experts_shared in the tiled experts' kernels (the shared expert one more pair of
 // every token); false, nothing launched, where they do not take the call.
 bool moe_experts_shared(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids,
