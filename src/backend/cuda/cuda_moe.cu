@@ -30,8 +30,10 @@
 //    weighted, two launches); prefill by the grouped GEMM above on bf16 weights, the experts
 //    that received pairs dequantized per pass into a bounded scratch (run_prefill_quant).
 //    Experts in the device's tiled layout (CudaBackend::tile_weights; a layer's experts all or
-//    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_moe_mma.cu)
-//    and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
+//    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_moe_mma.cu),
+//    from kMinGroupedPairs pairs grouped by expert (the prefill's grouping below, in chunks of 8
+//    pairs of an expert: quant_tiled_moe_grouped, then combine_rows_kernel; bitwise the per-pair
+//    kernels), and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
 //  - moe_experts_shared (Backend's), up to kMaxSharedFoldTokens tokens on tiled experts whose
 //    down type the shared expert's down shares: the shared expert is one more pair of every
 //    token in the tiled down kernel; on bf16 / f16 experts taking the decode kernels, one more

@@ -16,10 +16,11 @@
 // reproducible (eager or graph replay). A block quantizes its
 // rows itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from L2, while its
 // first tiles load) and puts a row in all 8 MMA columns: 7/8 of each MMA is wasted, free next
-// to the tile loads, and there is no quantization launch or token-column bookkeeping. Why per
-// pair rather than per expert with its tokens as MMA columns: that needs a device-side
-// grouping by expert (a sort, an extra launch) and pays only where a step's tokens share
-// experts; per pair the cost is linear in pairs, as the GEMVs'. Tiles load with default
+// to the tile loads, and there is no quantization launch or token-column bookkeeping. Per pair
+// rather than per expert with its tokens as MMA columns up to a few tokens a call: grouping by
+// expert needs a device-side sort and more launches, and pays only where a step's tokens share
+// experts; per pair the cost is linear in pairs, as the GEMVs'. Many pairs (batch 32 and more
+// on the 35B-A3B) take the grouped form below (quant_tiled_moe_grouped). Tiles load with default
 // eviction (pairs sharing an expert may find them in L2).
 // Ids outside [0, E) contribute nothing. Shapes: D, I multiples of 256 up to kMaxMoeWidth, k ≤ 32,
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
