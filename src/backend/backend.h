@@ -451,6 +451,10 @@ class Backend {
   // The most pairs (T·k) for which moe_experts on experts that moe_expert_rows takes sums as
   // moe_combine_rows does.
   virtual int64_t moe_row_pairs() const { return 0; }
+  // The most pairs for which moe_experts on experts in this backend's repacked layout (tile_into's,
+  // tile_weights') computes on the kernels whose rows moe_expert_rows gives (above: another path,
+  // e.g. dequantized); at least moe_row_pairs() where that is not 0.
+  virtual int64_t moe_tiled_pairs() const { return moe_row_pairs(); }
   // ws[i] (GGUF blocks in this backend's memory) repacked into dsts[i] (ws[i].nbytes()) in the
   // layout this backend's expert kernels read (the CUDA backend's tiles, one launch for a few
   // experts); tiled[i]: the view of dsts[i]. False, nothing done, when this backend has no such

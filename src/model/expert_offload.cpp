@@ -272,11 +272,19 @@ struct Model::ExpertStream {
     std::vector<Piece> pieces;                    // in host (and staging) address order
     std::vector<std::array<size_t, 3>> offsets;   // per expert: gate, up, down offsets
     std::vector<MlpWeights> views;                // the experts in the staging area: same dtypes, shapes
+    std::vector<MlpWeights> tiled_views;          // the experts in `tiled` (with it only)
     size_t bytes = 0;                             // staging bytes the layer spans
   };
   ExpertStreamMode mode;
   ExpertStreamCost cost;
   std::unique_ptr<DeviceBuffer> buf;
+  // Passes of more pairs than the main backend's exact rows take (Backend::moe_row_pairs) that
+  // its tiled experts still compute on its int8 kernels (Backend::moe_tiled_pairs; CUDA with
+  // QWEN36_MOE_GROUPED_MAX_PAIRS above 1,024): the routed experts repacked from the staging area
+  // into `tiled` at the same offsets (Backend::tile_into), so that such a pass computes what the
+  // all-GPU run's resident (tiled) experts compute, not the file layout's dequantizing path.
+  // Null: every streamed pass reads the file layout.
+  std::unique_ptr<DeviceBuffer> tiled;
   std::unordered_map<const MlpWeights*, Layer> layers;  // by the layer's host experts (span data)
   bool pinned = false;  // the host experts are page-locked (Model::host_copy_): uploads by DMA
 
@@ -317,6 +325,26 @@ struct Model::ExpertStream {
         copies.push_back({p.src, p.dst, p.bytes});
     }
     return copies;
+  }
+  // Layer l's experts `experts` repacked from the staging area into `tiled` at the same offsets,
+  // l.tiled_views updated; false when the backend does not repack them. One tile_into call.
+  bool tile(Backend& b, Layer& l, std::span<const int32_t> experts) const {
+    auto* from = static_cast<std::byte*>(buf->data());
+    auto* to = static_cast<std::byte*>(tiled->data());
+    std::vector<Tensor> src;
+    std::vector<void*> dst;
+    std::vector<std::pair<int32_t, int>> which;  // (expert, kind) of each part
+    for (const int32_t e : experts)
+      for (int kind = 0; kind < 3; ++kind)
+        if (const Tensor& t = part(l.views[size_t(e)], kind); !t.empty()) {
+          src.push_back(t);
+          dst.push_back(to + (static_cast<const std::byte*>(t.data) - from));
+          which.emplace_back(e, kind);
+        }
+    std::vector<Tensor> out(src.size());
+    if (!b.tile_into(src, dst, out)) return false;
+    for (size_t i = 0; i < out.size(); ++i) part(l.tiled_views[size_t(which[i].first)], which[i].second) = out[i];
+    return true;
   }
   void upload(Backend& b, const std::vector<Copy>& copies) const {
     auto* base = static_cast<std::byte*>(buf->data());
@@ -387,6 +415,24 @@ void Model::init_expert_stream() {
         if (!t.empty()) t.data = base + l.offsets[e][size_t(kind)];
       }
   stream_ = std::move(st);
+  if (backend_.moe_tiled_pairs() > backend_.moe_row_pairs()) init_tiled_stream(need);
+}
+
+void Model::init_tiled_stream(size_t bytes) {
+  ExpertStream& st = *stream_;
+  st.tiled = backend_.alloc(bytes);
+  for (auto& [key, l] : st.layers) {
+    // Every expert once (the area's bytes are whatever they are: a byte permutation), for the views.
+    std::vector<int32_t> all(l.views.size());
+    for (size_t e = 0; e < all.size(); ++e) all[e] = int32_t(e);
+    l.tiled_views = l.views;
+    if (!st.tile(backend_, l, all)) {
+      spdlog::debug("expert offload: the main backend does not repack streamed experts; they stay in the file layout");
+      for (auto& [k2, l2] : st.layers) l2.tiled_views.clear();
+      st.tiled.reset();
+      return;
+    }
+  }
 }
 
 bool Model::may_stream_experts(int64_t tokens) const {
@@ -421,7 +467,15 @@ bool Model::stream_moe_experts(const Tensor& x, const Tensor& weights, const Ten
     if (!stream_experts_faster(w, st.cost)) return false;
   }
   st.upload(backend_, copies);
-  backend_.moe_experts(x, weights, ids, l.views, y);
+  if (st.tiled && x.rows() * ids.cols() <= backend_.moe_tiled_pairs()) {
+    std::vector<int32_t> routed;
+    for (int64_t e = 0; e < E; ++e)
+      if (used[size_t(e)]) routed.push_back(int32_t(e));
+    QWEN36_CHECK(st.tile(backend_, l, routed), "expert offload: the main backend did not repack the streamed experts");
+    backend_.moe_experts(x, weights, ids, l.tiled_views, y);
+  } else {
+    backend_.moe_experts(x, weights, ids, l.views, y);
+  }
   device_work();
   return true;
 }

@@ -252,6 +252,9 @@ class Model {
   };
   // The staging area of streamed experts (stream_), when QWEN36_MOE_STREAM and the backend allow.
   void init_expert_stream();
+  // Its tiled twin (ExpertStream::tiled), where the main backend's tiled experts compute more
+  // pairs on its int8 kernels than its exact rows take (Backend::moe_tiled_pairs).
+  void init_tiled_stream(size_t bytes);
   // Uploads the experts that host_ids (ids, on the host) route to into the staging area, runs
   // moe_experts on the main backend into y, then device_work; false (nothing done): the host
   // computes this pass (ExpertStreamMode, stream_experts_faster in model/expert_placement.h;

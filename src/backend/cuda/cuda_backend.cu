@@ -761,6 +761,7 @@ class CudaBackend final : public Backend {
     cuda::moe_combine_rows(ctx_, rows, weights, ids, E, sh_row, s, out);
   }
   int64_t moe_row_pairs() const override { return cuda::moe_row_pairs(); }
+  int64_t moe_tiled_pairs() const override { return cuda::moe_tiled_pairs(); }
   bool tile_into(std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled) override {
     Prof p_(*this, "tile_into");
     return cuda::quant_tile_into(ctx_, ws, dsts, tiled);

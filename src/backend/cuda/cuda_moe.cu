@@ -1043,8 +1043,10 @@ constexpr int64_t kMinGroupedPairs = 192;
 // default: expert offload streams a host layer's experts in their file layout above
 // moe_row_pairs() and computes them on the dequantizing path, which is then what the all-GPU
 // run computes bit for bit; above the bound the all-GPU run would take the int8 grouped
-// kernels instead (CudaOffload.ExactOffloadIsBitwiseAllGpu's 600-token prompt). Tiling the
-// streamed experts would keep both on one path.
+// kernels instead (CudaOffload.ExactOffloadIsBitwiseAllGpu's 600-token prompt differed). With a
+// raised bound expert offload repacks its streamed experts (Backend::moe_tiled_pairs, the
+// offload's tiled staging twin) so that both runs take the grouped kernels there; that path has
+// not yet run on a GPU, hence the bound's default.
 int64_t max_grouped_pairs() {
   static const int64_t n = [] {
     const char* v = std::getenv("QWEN36_MOE_GROUPED_MAX_PAIRS");
