@@ -421,17 +421,27 @@ void Model::init_expert_stream() {
 void Model::init_tiled_stream(size_t bytes) {
   ExpertStream& st = *stream_;
   st.tiled = backend_.alloc(bytes);
+  auto* from = static_cast<std::byte*>(st.buf->data());
+  auto* to = static_cast<std::byte*>(st.tiled->data());
   for (auto& [key, l] : st.layers) {
-    // Every expert once (the area's bytes are whatever they are: a byte permutation), for the views.
-    std::vector<int32_t> all(l.views.size());
-    for (size_t e = 0; e < all.size(); ++e) all[e] = int32_t(e);
+    // Whether the backend repacks this layer's experts, tried on expert 0 (whatever bytes the
+    // area holds: a byte permutation); the others' views follow from its types (every expert of
+    // a layer shares them) and their offsets.
     l.tiled_views = l.views;
-    if (!st.tile(backend_, l, all)) {
+    const int32_t first = 0;
+    if (!st.tile(backend_, l, std::span(&first, 1))) {
       spdlog::debug("expert offload: the main backend does not repack streamed experts; they stay in the file layout");
       for (auto& [k2, l2] : st.layers) l2.tiled_views.clear();
       st.tiled.reset();
       return;
     }
+    for (size_t e = 1; e < l.views.size(); ++e)
+      for (int kind = 0; kind < 3; ++kind) {
+        Tensor& t = ExpertStream::part(l.tiled_views[e], kind);
+        if (t.empty()) continue;
+        t.dtype = ExpertStream::part(l.tiled_views[0], kind).dtype;
+        t.data = to + (static_cast<std::byte*>(t.data) - from);
+      }
   }
 }
 

@@ -45,7 +45,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
@@ -1054,14 +1053,10 @@ int64_t max_grouped_pairs() {
   }();
   return n;
 }
-std::atomic<int> g_grouped{-1};  // moe_grouped_select's choice: 0 off, 1 on, 2 auto; -1 the environment's
+std::atomic<int> g_grouped{-1};  // QWEN36_MOE_GROUPED (variant: 0 auto, 1 on, 2 off; −1 not read yet)
 bool grouped_pays(const QuantExperts& q) {
-  static const int env = [] {
-    const char* v = std::getenv("QWEN36_MOE_GROUPED");
-    return !v ? 2 : std::strcmp(v, "on") == 0 ? 1 : std::strcmp(v, "off") == 0 ? 0 : 2;
-  }();
-  const int sel = g_grouped.load(std::memory_order_relaxed), mode = sel >= 0 ? sel : env;
-  return q.tiled && (mode == 1 || (mode == 2 && q.s.P >= kMinGroupedPairs)) &&
+  const int mode = variant(g_grouped, "QWEN36_MOE_GROUPED", "on", "off");
+  return q.tiled && (mode == 1 || (mode == 0 && q.s.P >= kMinGroupedPairs)) &&
          quant_tiled_moe_grouped_fits(q.gu, q.dn, q.s.D, q.s.I);
 }
 // rows [P, D] of the routed pairs by the grouped kernels (grouped_pays said yes).
@@ -1237,9 +1232,7 @@ int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
 
 int64_t moe_tiled_pairs() { return std::max(kMaxTiledMoePairs, max_grouped_pairs()); }
 
-void moe_grouped_select(const char* mode) {
-  g_grouped.store(!mode ? -1 : std::strcmp(mode, "on") == 0 ? 1 : std::strcmp(mode, "off") == 0 ? 0 : 2);
-}
+void moe_grouped_select(const char* mode) { g_grouped.store(mode ? parse_variant(mode, "on", "off") : -1); }
 
 bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
   if (experts.empty() || !dtype_is_tiled(experts[0].gate_proj.dtype)) return false;

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <span>
@@ -190,6 +192,25 @@ void once_per_device(std::atomic<uint64_t>& done, F&& set) {
   if (done.load(std::memory_order_acquire) & bit) return;
   set();
   done.fetch_or(bit, std::memory_order_release);
+}
+
+// A kernel variant switch of two named forms and auto: 1 for a, 2 for b, 0 (auto) for null,
+// empty, "auto" or anything else.
+inline int parse_variant(const char* v, const char* a, const char* b) {
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return 0;
+  if (std::strcmp(v, a) == 0) return 1;
+  if (std::strcmp(v, b) == 0) return 2;
+  return 0;
+}
+// The switch `env` read once into v (−1: not read yet; a test hook stores a choice, or −1 to
+// read the environment again).
+inline int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) {
+  int x = v.load(std::memory_order_relaxed);
+  if (x < 0) {
+    x = parse_variant(std::getenv(env), a, b);
+    v.store(x, std::memory_order_relaxed);
+  }
+  return x;
 }
 
 // ---- device helpers ----

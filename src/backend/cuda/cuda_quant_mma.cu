@@ -305,22 +305,9 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
 
 // The variant switches, read from the environment once (a test may override them):
 // QWEN36_MMA_LOADS = regs | smem (unset: per type and shape, use_regs).
+// (parse_variant / variant, cuda_ops.cuh: 0 auto, 1 the first form, 2 the second.)
 enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOff = 2 };
-int parse_variant(const char* v, const char* a, const char* b) {
-  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAuto;
-  if (std::strcmp(v, a) == 0) return 1;
-  if (std::strcmp(v, b) == 0) return 2;
-  return kAuto;
-}
 std::atomic<int> g_loads{-1};  // −1: not read yet
-int variant(std::atomic<int>& v, const char* env, const char* a, const char* b) {
-  int x = v.load(std::memory_order_relaxed);
-  if (x < 0) {
-    x = parse_variant(std::getenv(env), a, b);
-    v.store(x, std::memory_order_relaxed);
-  }
-  return x;
-}
 // Defaults from the H200 measurements: Q4_K and Q8_0 were faster with register prefetch (round
 // 1), Q6_K with the shared-memory ring (round 2); at T = 1 with the split in blocks, Q4_K rows of
 // S ≥ 16 super-blocks with the ring (27B Q4_K_M tg128 b1 151.1 → 154.1 t/s), shorter ones still

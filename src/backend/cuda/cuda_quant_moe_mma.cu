@@ -27,8 +27,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
@@ -501,22 +499,11 @@ int grouped_wr(int S) { return S >= 8 ? 8 : S >= 4 ? 4 : S >= 2 ? 2 : 1; }
 
 // Warps of a grouped block: 8 (two blocks a SM by registers; H100, 35B-A3B Q4_K_M tg32 b64
 // 2,985 → 3,172 tok/s against 16, one block a SM), QWEN36_MOE_GROUPED_WARPS=16: 16.
-int group_warps() {
-  static const int w = [] {
-    const char* v = std::getenv("QWEN36_MOE_GROUPED_WARPS");
-    return v && std::strcmp(v, "16") == 0 ? kGroupWarps : 8;
-  }();
-  return w;
-}
+std::atomic<int> g_group_warps{-1}, g_group_xq{-1};  // variant switches (cuda_ops.cuh), −1 not read yet
+int group_warps() { return variant(g_group_warps, "QWEN36_MOE_GROUPED_WARPS", "8", "16") == 2 ? kGroupWarps : 8; }
 // Whether the grouped kernels read their rows quantized once per call (QWEN36_MOE_GROUPED_XQ=0:
 // each block quantizes its pairs' f32 rows).
-bool group_xq() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWEN36_MOE_GROUPED_XQ");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
+bool group_xq() { return variant(g_group_xq, "QWEN36_MOE_GROUPED_XQ", "1", "0") != 2; }
 
 // Shared memory of a grouped block over K (the rows' width), M matrices (gate+up 2, down 1).
 template <DType D>
