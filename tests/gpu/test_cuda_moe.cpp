@@ -7,8 +7,9 @@
 // dequantized f32 values, through the int8 decode GEMVs and the dequantizing prefill; experts
 // in the device's tiled layout (cuda_tile_matrix, as tile_weights repacks a model's) through
 // the int8 tensor-core pair kernels (same int8 twin, same tolerance as the GEMVs) and their
-// grouped form (bitwise the pair kernels), their graph replay (bitwise), the shared expert as one more pair of those kernels, the tiled dequantizing
-// prefill, and a tiny MoE model tiled vs untiled.
+// grouped form (bitwise the pair kernels), their graph replay (bitwise), the shared expert as
+// one more pair of those kernels, the tiled dequantizing prefill, and a tiny MoE model tiled vs
+// untiled.
 //
 // Tolerances (rel_err: max |Δ| / max(1, max |want|)):
 //  - decode: f32 activations and f32 accumulation, only the summation order differs: 1e-4.
