@@ -44,6 +44,10 @@
 namespace qwen36::cuda {
 // cuda_moe.cu: force the routed experts' grouped form on ("on"), off ("off") or by pair count ("auto"); null: the environment's.
 void moe_grouped_select(const char* mode);
+// cuda_quant_moe_grouped.cu: the grouped kernels' form, "grid" or "pipe" with `loop` row-tile groups
+// a block (0: QWEN36_MOE_GROUPED_LOOP or 4) and its register double buffer "on" (where it fits)
+// or "off"; null: the environment's.
+void moe_grouped_form_select(const char* form, int loop = 0, const char* ahead = nullptr);
 int64_t moe_tiled_pairs();  // the most pairs the tiled experts compute on their int8 kernels
 }  // namespace qwen36::cuda
 
@@ -830,10 +834,19 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
 // types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 with top-8 puts
 // 1-8 pairs in a chunk and several chunks in an expert; invalid ids contribute nothing on both
 // sides; moe_expert_rows (expert offload's rows) the same; a graph replay bitwise the eager call.
+// Both forms of the grouped block: grid, and pipe with 1, 3 (last blocks with fewer groups, e.g.
+// D = 1024's gate+up: 32 row-tiles, 2 a group) and 4 row-tile groups a block, with its next tiles
+// loading ahead where that fits (Q4_K gate+up, Q4_K and Q6_K down; not Q8_0) and without.
 TEST_F(CudaMoe, TiledGroupedIsThePairKernelsBitwise) {
   struct Restore {
-    ~Restore() { cuda::moe_grouped_select(nullptr); }
+    ~Restore() { cuda::moe_grouped_select(nullptr), cuda::moe_grouped_form_select(nullptr); }
   } restore;
+  struct Form {
+    const char* form;
+    int loop;
+    const char* ahead;
+  };
+  const Form forms[] = {{"grid", 0, "on"}, {"pipe", 1, "on"}, {"pipe", 3, "on"}, {"pipe", 4, "on"}, {"pipe", 4, "off"}};
   struct Case {
     ExpertTypes mx;
     int64_t E, D, I, k = 8;
@@ -852,32 +865,38 @@ TEST_F(CudaMoe, TiledGroupedIsThePairKernelsBitwise) {
       if (T > 1) ids.t.as<int32_t>()[cs.k + 1] = -1, ids.t.as<int32_t>()[T * cs.k - 1] = int32_t(cs.E);
       cuda::moe_grouped_select("off");
       const std::vector<float> pairs = run_experts(*gpu_, te.d, x, w, ids);
-      cuda::moe_grouped_select("on");
-      const std::vector<float> grouped = run_experts(*gpu_, te.d, x, w, ids);
-      ASSERT_EQ(grouped.size(), pairs.size());
-      EXPECT_EQ(std::memcmp(grouped.data(), pairs.data(), pairs.size() * sizeof(float)), 0)
-          << name << ": grouped " << worst_at(grouped, pairs, cs.D);
-      EXPECT_LE(rel_err(grouped, moe_int8_reference(ex, x, w, ids)), kQuantDecodeTol) << name;
       // expert offload's rows: every valid pair's row, the invalid ones untouched (NaN) both ways
       HostT init(DType::F32, {T * cs.k, cs.D});
       std::fill(init.f(), init.f() + init.t.numel(), std::numeric_limits<float>::quiet_NaN());
       DevT dx = upload(*gpu_, x), di = upload(*gpu_, ids), r = upload(*gpu_, init);
-      std::vector<float> rows[2];
-      for (int on = 0; on < 2; ++on) {
-        cuda::moe_grouped_select(on ? "on" : "off");
+      auto expert_rows = [&] {
         gpu_->copy_from_host(init.t.data, r.t);
-        ASSERT_TRUE(gpu_->moe_expert_rows(dx.t, di.t, te.d, r.t)) << name;
-        rows[on] = download(*gpu_, r.t);
+        EXPECT_TRUE(gpu_->moe_expert_rows(dx.t, di.t, te.d, r.t)) << name;
+        return download(*gpu_, r.t);
+      };
+      const std::vector<float> pair_rows = expert_rows();
+      cuda::moe_grouped_select("on");
+      for (const Form& f : forms) {
+        cuda::moe_grouped_form_select(f.form, f.loop, f.ahead);
+        const std::string what = name + ", " + f.form + (f.loop ? " loop " + std::to_string(f.loop) : "") +
+                                 (std::strcmp(f.ahead, "off") == 0 ? ", nothing ahead" : "");
+        const std::vector<float> grouped = run_experts(*gpu_, te.d, x, w, ids);
+        ASSERT_EQ(grouped.size(), pairs.size());
+        EXPECT_EQ(std::memcmp(grouped.data(), pairs.data(), pairs.size() * sizeof(float)), 0)
+            << what << ": grouped " << worst_at(grouped, pairs, cs.D);
+        EXPECT_LE(rel_err(grouped, moe_int8_reference(ex, x, w, ids)), kQuantDecodeTol) << what;
+        const std::vector<float> rows = expert_rows();
+        EXPECT_EQ(std::memcmp(rows.data(), pair_rows.data(), rows.size() * sizeof(float)), 0) << what << ": rows";
+        if (T == 40) {  // recorded and replayed
+          DevT dw = upload(*gpu_, w), o = upload(*gpu_, HostT(DType::F32, {T, cs.D}));
+          ASSERT_TRUE(gpu_->begin_capture());
+          gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
+          ASSERT_TRUE(gpu_->end_capture(0x6d6f6560, true)) << what << ": the grouped call could not be recorded";
+          ASSERT_TRUE(gpu_->replay(0x6d6f6560));
+          EXPECT_EQ(download(*gpu_, o.t), grouped) << what << ": the replay differs from the eager call";
+        }
       }
-      EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].size() * sizeof(float)), 0) << name << ": rows";
-      if (T == 40) {  // recorded and replayed
-        DevT dw = upload(*gpu_, w), o = upload(*gpu_, HostT(DType::F32, {T, cs.D}));
-        ASSERT_TRUE(gpu_->begin_capture());
-        gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
-        ASSERT_TRUE(gpu_->end_capture(0x6d6f6560, true)) << name << ": the grouped call could not be recorded";
-        ASSERT_TRUE(gpu_->replay(0x6d6f6560));
-        EXPECT_EQ(download(*gpu_, o.t), grouped) << name << ": the replay differs from the eager call";
-      }
+      cuda::moe_grouped_select("off");
     }
   }
 }

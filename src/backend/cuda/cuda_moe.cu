@@ -32,8 +32,9 @@
 //    Experts in the device's tiled layout (CudaBackend::tile_weights; a layer's experts all or
 //    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_moe_mma.cu),
 //    from kMinGroupedPairs pairs grouped by expert (the prefill's grouping below, in chunks of 8
-//    pairs of an expert: quant_tiled_moe_grouped, then combine_rows_kernel; bitwise the per-pair
-//    kernels), and dequantize from tiles for the prefill (quant_dequant_tiled_experts).
+//    pairs of an expert: quant_tiled_moe_grouped, cuda_quant_moe_grouped.cu, then
+//    combine_rows_kernel; bitwise the per-pair kernels), and dequantize from tiles for the
+//    prefill (quant_dequant_tiled_experts).
 //  - moe_experts_shared (Backend's), up to kMaxSharedFoldTokens tokens on tiled experts whose
 //    down type the shared expert's down shares: the shared expert is one more pair of every
 //    token in the tiled down kernel; on bf16 / f16 experts taking the decode kernels, one more
@@ -45,9 +46,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_quant_moe_grouped.cuh"
 
 namespace qwen36::cuda {
 
@@ -440,10 +443,13 @@ constexpr int kGroupThreads = 1024;  // ≥ kMaxExperts: thread e owns expert e 
 // One block. Counting sort of the P pairs by expert: off[e] = first row of expert e,
 // tile_off[e] = its first m-tile (bm rows each), row_pair[row] = pair, pair_row[pair] = row
 // (-1 for an invalid id). Rows within an expert come in atomic order; that does not change
-// any result (every row is computed on its own and read back through pair_row).
+// any result (every row is computed on its own and read back through pair_row). With chunk
+// (the grouped experts' pipe form, MoeGrouping::chunk): m-tile i's {expert, first row, rows, 0}
+// for i < nchunk, rows 0 from tile_off[E] on.
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids, int P, int E, int bm, int32_t* off,
-                                                              int32_t* tile_off, int32_t* row_pair, int32_t* pair_row) {
-  __shared__ int cnt[kMaxExperts], cur[kMaxExperts], wc[kGroupThreads / 32], wm[kGroupThreads / 32];
+                                                              int32_t* tile_off, int32_t* row_pair, int32_t* pair_row,
+                                                              int4* chunk, int nchunk) {
+  __shared__ int cnt[kMaxExperts], cur[kMaxExperts], wc[kGroupThreads / 32], wm[kGroupThreads / 32], total;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   if (tid < E) cnt[tid] = 0;
   __syncthreads();
@@ -469,8 +475,12 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids
     tile_off[tid] = im - m;
     cur[tid] = ic - c;
   }
-  if (tid == E - 1) off[E] = ic, tile_off[E] = im;
+  if (tid == E - 1) off[E] = ic, tile_off[E] = im, total = im;
+  if (chunk && tid < E)
+    for (int j = 0; j < m; ++j) chunk[im - m + j] = make_int4(tid, ic - c + bm * j, min(bm, c - bm * j), 0);
   __syncthreads();
+  if (chunk)
+    for (int i = total + tid; i < nchunk; i += kGroupThreads) chunk[i] = make_int4(0, 0, 0, 0);
   for (int p = tid; p < P; p += kGroupThreads) {
     const int e = ids[p];
     int r = -1;
@@ -827,17 +837,22 @@ void run_decode(Ctx& c, const MoeShape& s, DType dt, bool vec, const Tensor& x, 
     run(float{});
 }
 
-// The grouping's device arrays: off [E+1] | tile_off [E+1] | row_pair [P] | pair_row [P].
+// The grouping's device arrays: off [E+1] | tile_off [E+1] | row_pair [P] | pair_row [P], and
+// with nchunk > 0 the m-tiles' records (group_kernel's chunk) in a buffer of their own (16-byte aligned).
 struct Grouping {
   Temp<int32_t> buf;
+  std::optional<Temp<int4>> records;
   int32_t *off, *tile_off, *row_pair, *pair_row;
-  Grouping(Ctx& c, const MoeShape& s, const Tensor& ids, int bm) : buf(c, size_t(2 * (s.E + 1) + 2 * s.P)) {
+  int4* chunk = nullptr;
+  Grouping(Ctx& c, const MoeShape& s, const Tensor& ids, int bm, int64_t nchunk = 0)
+      : buf(c, size_t(2 * (s.E + 1) + 2 * s.P)) {
     off = buf.get();
     tile_off = off + s.E + 1;
     row_pair = tile_off + s.E + 1;
     pair_row = row_pair + s.P;
+    if (nchunk > 0) chunk = records.emplace(c, size_t(nchunk)).get();
     group_kernel<<<1, kGroupThreads, 0, c.stream>>>(ids.as<const int32_t>(), int(s.P), int(s.E), bm, off, tile_off,
-                                                    row_pair, pair_row);
+                                                    row_pair, pair_row, chunk, int(nchunk));
     CUDA_LAUNCH_CHECK();
   }
 };
@@ -1063,9 +1078,10 @@ bool grouped_pays(const QuantExperts& q) {
 void grouped_rows(Ctx& c, const QuantExperts& q, const Tensor& x, const Tensor& ids, const void* const* table,
                   Tensor& rows) {
   const MoeShape& s = q.s;
-  const Grouping grp(c, s, ids, kMoeGroupCols);
   // Σ_e ⌈n_e / 8⌉ ≤ ⌊P / 8⌋ + (experts with pairs)
-  const MoeGrouping g{grp.off, grp.tile_off, grp.row_pair, s.P / kMoeGroupCols + std::min(s.E, s.P)};
+  const int64_t chunks = s.P / kMoeGroupCols + std::min(s.E, s.P);
+  const Grouping grp(c, s, ids, kMoeGroupCols, moe_grouped_chunk_records() ? chunks : 0);
+  const MoeGrouping g{grp.off, grp.tile_off, grp.row_pair, chunks, grp.chunk};
   quant_tiled_moe_grouped(c, x, ids, table, q.gu, q.dn, s.E, s.I, g, rows);
 }
 

@@ -526,22 +526,7 @@ bool quant_tiled_moe_fits(int64_t D, int64_t I, int64_t kk);
 bool quant_tiled_moe_rows(Ctx&, int64_t T, int64_t D, const Tensor* x, const Tensor& ids, const void* const* table,
                           DType gate_up, DType down, int64_t E, int64_t I, Tensor* rows, const SharedDown* sh,
                           Tensor* sh_row);
-// The grouped form of the routed experts (many pairs; cuda_quant_moe_mma.cu): pairs sorted by expert
-// on the device in chunks of up to kMoeGroupCols of one expert, each chunk's expert read once for
-// its pairs. off [E+1]: expert e's first sorted row; tile_off [E+1]: its first chunk; row_pair [P]:
-// sorted row -> pair (cuda_moe.cu's group_kernel with bm = kMoeGroupCols); chunks: a bound on
-// tile_off[E] known on the host (the launch's size).
-constexpr int kMoeGroupCols = 8;
-struct MoeGrouping {
-  const int32_t *off, *tile_off, *row_pair;
-  int64_t chunks;
-};
-// Whether the grouped kernels take these types and shapes (shared memory within the opt-in).
-bool quant_tiled_moe_grouped_fits(DType gate_up, DType down, int64_t D, int64_t I);
-// rows [T·k, D]: row t·k + j = expert ids[t, j]'s down · SwiGLU(gate, up) of x[t], bitwise
-// quant_tiled_moe_rows's rows (ids outside [0, E): untouched). Two launches.
-void quant_tiled_moe_grouped(Ctx&, const Tensor& x, const Tensor& ids, const void* const* table, DType gate_up,
-                             DType down, int64_t E, int64_t I, const MoeGrouping& grouping, Tensor& rows);
+// The grouped form of the routed experts: cuda_quant_moe_grouped.cuh.
 void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int kind0, int nkind, const int32_t* off,
                                  int e0, int ne, int64_t rows, int64_t K, __nv_bfloat16* scratch);
 

@@ -20,14 +20,12 @@
 // rather than per expert with its tokens as MMA columns up to a few tokens a call: grouping by
 // expert needs a device-side sort and more launches, and pays only where a step's tokens share
 // experts; per pair the cost is linear in pairs, as the GEMVs'. Many pairs (batch 32 and more
-// on the 35B-A3B) take the grouped form below (quant_tiled_moe_grouped). Tiles load with default
+// on the 35B-A3B) take the grouped form (cuda_quant_moe_grouped.cu). Tiles load with default
 // eviction (pairs sharing an expert may find them in L2).
 // Ids outside [0, E) contribute nothing. Shapes: D, I multiples of 256 up to kMaxMoeWidth, k ≤ 32,
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
@@ -58,9 +56,6 @@ struct MoeArgs {
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
-  // grouped kernels: their input rows quantized by quantize_cols_kernel, [rows][K / 32] (gate+up:
-  // x's T rows, down: act's P rows; null: each block quantizes its pairs' f32 rows itself)
-  const ColGroup* xq = nullptr;
 };
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
@@ -253,148 +248,6 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   a.out[size_t(t) * a.N + col] = acc;
 }
 
-// The grouped form (many pairs: batch decode, short prefill chunks). Per pair, every pair reads
-// its expert's matrices, so a step of P pairs reads P experts; grouped by expert, a block takes a
-// chunk of up to kGroupCols pairs of one expert as the MMA's 8 columns and reads the expert once
-// for all of them (35B-A3B at batch 64: 512 pairs over ~221 experts). The pairs come sorted by
-// expert from cuda_moe.cu's group_kernel (chunks of kGroupCols sorted rows; g.tile_off[E] of
-// them); a column's sums are the per-pair kernels' to the bit (tile_cols: the columns do not
-// mix), so the grouped form writes what moe_down_kernel's rows path writes, and a combine pass
-// weights and sums them in pair order as that kernel's block does.
-//   gate+up (kGateUp): act [P, N] = silu(gate · x[p / k]) ⊙ (up · x[p / k]);
-//   down: rows [P, N] = down · act[p].
-// grid (row-tile groups, chunk bound), kGroupWarps warps: block (b, c) computes rows
-// 16·r .. 16·r + 15, r = b · rpb + warp / wr, for chunk c's pairs; warp w takes units
-// (super-blocks) w % wr, + wr, ... of its row-tile. The block quantizes its pairs' rows into
-// shared memory while its first tiles load; a unit's 4 sums a lane go to shared memory (a
-// column's 16 rows kColStride floats apart: conflict-free stores), and the block adds a row's
-// units in super-block order. Pairs with ids outside [0, E) are in no chunk (nothing written).
-constexpr int kGroupCols = kMoeGroupCols;  // pairs a chunk: the MMA's columns
-constexpr int kGroupWarps = 16;   // warps a block, at most (QWEN36_MOE_GROUPED_WARPS: 8 or 16)
-constexpr int kColStride = 20;    // floats per column of a unit's partial sums (16 rows + 4 pad)
-
-struct MoeGroups {
-  const int32_t* off;       // [E + 1]: expert e's first sorted row
-  const int32_t* tile_off;  // [E + 1]: its first chunk; tile_off[E] chunks in all
-  const int32_t* row_pair;  // [P]: sorted row -> pair
-};
-
-template <DType D, bool kGateUp>
-__global__ void __launch_bounds__(kGroupWarps * 32) moe_grouped_kernel(const MoeArgs a, const MoeGroups g) {
-  constexpr int B = TileLayout<D>::kBytes, M = kGateUp ? 2 : 1, NC = kGroupCols;
-  extern __shared__ __align__(16) uint8_t smem[];
-  griddep_trigger();
-  griddep_wait();  // the grouping, x or act come from the kernels before
-  const int c = int(blockIdx.y);
-  if (c >= g.tile_off[a.E]) return;  // past the last chunk: the whole block, before any barrier
-  int lo = 0, hi = a.E - 1;  // the chunk's expert: the last e with tile_off[e] <= c (a non-empty one)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (g.tile_off[mid] <= c)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
-  const int row0 = g.off[e] + NC * (c - g.tile_off[e]), n = min(NC, g.off[e + 1] - row0);
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, rpb = int(blockDim.x >> 5) / wr, R = a.N >> 4;
-  const int r = int(blockIdx.x) * rpb + warp / wr;
-  int* pairs = reinterpret_cast<int*>(smem);                                       // [NC]: the chunk's pairs
-  ColGroup* xg = reinterpret_cast<ColGroup*>(smem + NC * sizeof(int));            // [NC][G]
-  float* red = reinterpret_cast<float*>(xg + size_t(NC) * G);                      // [rpb][S][M][NC · kColStride]
-  float2* tab = reinterpret_cast<float2*>(red + size_t(rpb) * S * M * NC * kColStride) + warp * 16 * kTabStride;
-
-  const bool live = r < R;
-  const size_t off = size_t(live ? r : 0) * S * B;
-  const uint8_t* w0 = static_cast<const uint8_t*>(a.table[3 * size_t(e) + (kGateUp ? 0 : 2)]) + off;
-  const uint8_t* w1 = kGateUp ? static_cast<const uint8_t*>(a.table[3 * size_t(e) + 1]) + off : nullptr;
-  int s = warp % wr;  // < S: wr ≤ S
-  Raw<D> R0{}, R1{};
-  if (live) {
-    load_tile<D, true, false>(w0 + size_t(s) * B, lane, R0);
-    if constexpr (kGateUp) load_tile<D, true, false>(w1 + size_t(s) * B, lane, R1);
-  }
-  if (int(threadIdx.x) < NC) pairs[threadIdx.x] = g.row_pair[row0 + min(int(threadIdx.x), n - 1)];
-  __syncthreads();
-  if (a.xq) {  // the rows' groups as quantize_cols_kernel stored them (3 × 16 bytes each), all in flight at once
-    const int per = 3 * G;
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(xg));
-    for (int i = int(threadIdx.x); i < n * per; i += int(blockDim.x)) {
-      const int col = i / per;
-      const ColGroup* row = a.xq + size_t(kGateUp ? pairs[col] / a.k : pairs[col]) * G;
-      cpa_16_at<0>(base + 16 * uint32_t(i), reinterpret_cast<const uint8_t*>(row) + 16 * size_t(i - col * per));
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-  } else {
-    const int q = G * 8;  // quads a row
-    quantize_row_of(
-        [&](int id) {
-          const int i = id / q, p = pairs[i];
-          const float* src = a.x + size_t(kGateUp ? p / a.k : p) * a.K;
-          return reinterpret_cast<const float4*>(src)[id - i * q];
-        },
-        n * G, xg);
-  }
-  __syncthreads();
-  // B: this lane's column g (a padding column repeats the last pair; its sums are not written);
-  // the epilogue's columns 2t, 2t + 1
-  const int t = lane & 3;
-  const ColGroup* xb = xg + size_t(min(lane >> 2, n - 1)) * G;
-  const ColGroup* xf0 = xg + size_t(min(2 * t, n - 1)) * G;
-  const ColGroup* xf1 = xg + size_t(min(2 * t + 1, n - 1)) * G;
-  float* mine = red + size_t(warp / wr) * S * M * NC * kColStride;
-  // a unit's 4 sums of this lane: rows gr, gr + 8 of columns 2t, 2t + 1
-  auto store = [&](float* slot, const float (&v)[4]) {
-    const int gr = lane >> 2;
-    slot[(2 * t) * kColStride + gr] = v[0], slot[(2 * t + 1) * kColStride + gr] = v[1];
-    slot[(2 * t) * kColStride + gr + 8] = v[2], slot[(2 * t + 1) * kColStride + gr + 8] = v[3];
-  };
-  if (live) {
-    for (;;) {
-      float v0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tile_cols<D>(R0, xb + s * 8, xf0 + s * 8, xf1 + s * 8, lane, tab, v0);
-      store(mine + size_t(M * s) * NC * kColStride, v0);
-      if constexpr (kGateUp) {
-        float v1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile_cols<D>(R1, xb + s * 8, xf0 + s * 8, xf1 + s * 8, lane, tab, v1);
-        store(mine + size_t(2 * s + 1) * NC * kColStride, v1);
-      }
-      s += wr;
-      if (s >= S) break;
-      load_tile<D, true, false>(w0 + size_t(s) * B, lane, R0);
-      if constexpr (kGateUp) load_tile<D, true, false>(w1 + size_t(s) * B, lane, R1);
-    }
-  }
-  __syncthreads();
-  // a thread per (column, row-tile, row): 16 consecutive threads write 16 consecutive floats
-  for (int i = int(threadIdx.x); i < NC * rpb * 16; i += int(blockDim.x)) {
-    const int row = i & 15, rt = (i >> 4) % rpb, col = i / (16 * rpb), ro = int(blockIdx.x) * rpb + rt;
-    if (col >= n || ro >= R) continue;
-    const float* pr = red + size_t(rt) * S * M * NC * kColStride + col * kColStride + row;
-    float* dst = a.out + size_t(pairs[col]) * a.N + 16 * size_t(ro) + row;
-    if constexpr (kGateUp) {
-      float gate = 0.0f, up = 0.0f;
-      for (int u = 0; u < S; ++u) gate += pr[(2 * u) * NC * kColStride], up += pr[(2 * u + 1) * NC * kColStride];
-      *dst = silu_portable(gate) * up;
-    } else {
-      float y = 0.0f;
-      for (int u = 0; u < S; ++u) y += pr[u * NC * kColStride];
-      *dst = y;
-    }
-  }
-}
-
-// Rows [n, 32·G] quantized once per call for the grouped blocks (gate+up: x, every chunk of a
-// token's pairs reads its row; down: act, every row-tile group of a chunk reads its pairs'):
-// 48 bytes per 32 values instead of 128 of f32, and no quantization per block. A block per row,
-// quantize_row's codes (bitwise the blocks' own).
-__global__ void __launch_bounds__(256) quantize_cols_kernel(const float* __restrict__ x, int G, ColGroup* __restrict__ out) {
-  griddep_trigger();
-  griddep_wait();
-  quantize_row(x + size_t(blockIdx.x) * G * 32, G, out + size_t(blockIdx.x) * G);
-}
-
 // Warps per row-tile for `units` tiles per row-tile. From 8 units on, as many warps as give each
 // ⌊units / 8⌋ (up to kMoeMaxWarps): the 35B's gate/up, K = 2048: 8 super-blocks, 8 warps of one,
 // all the row-tile's tiles in flight at once; its down, 8 pairs × 2 super-blocks: 8 warps of 2;
@@ -491,80 +344,6 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
 }
 
 }  // namespace
-
-namespace {
-
-// The grouped kernels' warps per row-tile for S units: a power of two (kGroupWarps / wr row-tiles a block).
-int grouped_wr(int S) { return S >= 8 ? 8 : S >= 4 ? 4 : S >= 2 ? 2 : 1; }
-
-// Warps of a grouped block: 8 (two blocks a SM by registers; H100, 35B-A3B Q4_K_M tg32 b64
-// 2,985 → 3,172 tok/s against 16, one block a SM), QWEN36_MOE_GROUPED_WARPS=16: 16.
-std::atomic<int> g_group_warps{-1}, g_group_xq{-1};  // variant switches (cuda_ops.cuh), −1 not read yet
-int group_warps() { return variant(g_group_warps, "QWEN36_MOE_GROUPED_WARPS", "8", "16") == 2 ? kGroupWarps : 8; }
-// Whether the grouped kernels read their rows quantized once per call (QWEN36_MOE_GROUPED_XQ=0:
-// each block quantizes its pairs' f32 rows).
-bool group_xq() { return variant(g_group_xq, "QWEN36_MOE_GROUPED_XQ", "1", "0") != 2; }
-
-// Shared memory of a grouped block over K (the rows' width), M matrices (gate+up 2, down 1).
-template <DType D>
-size_t grouped_smem(int K, int M) {
-  const int nw = group_warps(), S = K / 256, rpb = nw / grouped_wr(S);
-  return kGroupCols * sizeof(int) + size_t(kGroupCols) * (K / 32) * sizeof(ColGroup) + size_t(rpb) * S * M * kGroupCols * kColStride * sizeof(float) +
-         (table_tile(D) ? size_t(nw) * 16 * kTabStride * sizeof(float2) : 0);
-}
-
-template <DType D, bool kGateUp>
-void launch_grouped(Ctx& c, const MoeArgs& a, const MoeGroups& g, int64_t chunks) {
-  auto* kernel = moe_grouped_kernel<D, kGateUp>;
-  const size_t smem = grouped_smem<D>(a.K, kGateUp ? 2 : 1);
-  static std::atomic<uint64_t> done{0};
-  once_per_device(done, [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev_info().smem_optin));
-  });
-  const int nw = group_warps(), rpb = nw / a.wr;
-  launch_pdl(kernel, dim3(unsigned((a.N / 16 + rpb - 1) / rpb), unsigned(chunks)), dim3(nw * 32), smem, c.stream, a, g);
-}
-
-}  // namespace
-
-bool quant_tiled_moe_grouped_fits(DType gate_up, DType down, int64_t D, int64_t I) {
-  if (!dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth ||
-      I > kMaxMoeWidth)
-    return false;
-  const size_t limit = size_t(dev_info().smem_optin);
-  bool fits = true;
-  with_tiled_dtype(gate_up, [&](auto dt) { fits = fits && grouped_smem<decltype(dt)::value>(int(D), 2) <= limit; });
-  with_tiled_dtype(down, [&](auto dt) { fits = fits && grouped_smem<decltype(dt)::value>(int(I), 1) <= limit; });
-  return fits;
-}
-
-void quant_tiled_moe_grouped(Ctx& c, const Tensor& x, const Tensor& ids, const void* const* table, DType gate_up,
-                             DType down, int64_t E, int64_t I, const MoeGrouping& grouping, Tensor& rows) {
-  const int64_t T = x.rows(), D = x.cols(), k = ids.cols(), P = T * k;
-  QWEN36_CHECK(quant_tiled_moe_grouped_fits(gate_up, down, D, I) && x.dtype == DType::F32 && aligned16(x.data) &&
-                   ids.rows() == T && P <= kMaxMoePairs && grouping.chunks <= kMaxMoePairs &&
-                   rows.dtype == DType::F32 && rows.numel() == P * D,
-               "quant_tiled_moe_grouped: x {} top-{} of {} / {} experts is not a shape it takes", x.shape_str(), k,
-               dtype_name(gate_up), dtype_name(down));
-  if (P == 0) return;
-  const MoeGroups g{grouping.off, grouping.tile_off, grouping.row_pair};
-  Temp<float> act(c, size_t(P * I));
-  const int32_t* id = ids.as<const int32_t>();
-  MoeArgs gu{x.as<const float>(), id, nullptr, table, act.get(), int(D), int(I), int(k), int(E),
-             grouped_wr(int(D / 256))};
-  MoeArgs dn{act.get(), id, nullptr, table, rows.as<float>(), int(I), int(D), int(k), int(E), grouped_wr(int(I / 256))};
-  const bool xq = group_xq();
-  std::optional<Temp<ColGroup>> xqs, aqs;
-  auto quantize = [&](const float* src, int64_t n, int64_t K, std::optional<Temp<ColGroup>>& dst) {
-    dst.emplace(c, size_t(n * (K / 32)));
-    launch_pdl(quantize_cols_kernel, dim3(unsigned(n)), dim3(256), 0, c.stream, src, int(K / 32), dst->get());
-    return dst->get();
-  };
-  if (xq) gu.xq = quantize(x.as<const float>(), T, D, xqs);
-  with_tiled_dtype(gate_up, [&](auto dt) { launch_grouped<decltype(dt)::value, true>(c, gu, g, grouping.chunks); });
-  if (xq) dn.xq = quantize(act.get(), P, I, aqs);
-  with_tiled_dtype(down, [&](auto dt) { launch_grouped<decltype(dt)::value, false>(c, dn, g, grouping.chunks); });
-}
 
 bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
                      DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh) {
