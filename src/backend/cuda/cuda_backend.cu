@@ -305,6 +305,20 @@ class PinnedHostRanges {
   bool warned_ = false;
 };
 
+// QWEN36_NO_TILE: 1 tiles nothing; "experts" all but the routed experts, "dense" only them
+// (to tell which layout a difference between two runs comes from); unset or 0 both.
+struct TileChoice {
+  bool dense, experts;
+};
+TileChoice tile_choice() {
+  const char* no_tile = std::getenv("QWEN36_NO_TILE");
+  const std::string nt = no_tile ? no_tile : "";
+  if (nt.empty() || nt == "0") return {true, true};
+  if (nt == "experts") return {true, false};
+  if (nt == "dense") return {false, true};
+  return {false, false};
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaOptions& o) {
@@ -762,7 +776,11 @@ class CudaBackend final : public Backend {
   }
   int64_t moe_row_pairs() const override { return cuda::moe_row_pairs(); }
   int64_t moe_tiled_pairs() const override { return cuda::moe_tiled_pairs(); }
+  // Not where QWEN36_NO_TILE keeps the routed experts in the GGUF layout: a repacked copy would
+  // compute on other kernels than the resident experts do (expert offload's streamed passes
+  // must compute what the all-GPU run computes).
   bool tile_into(std::span<const Tensor> ws, std::span<void* const> dsts, std::span<Tensor> tiled) override {
+    if (!tile_choice().experts) return false;
     Prof p_(*this, "tile_into");
     return cuda::quant_tile_into(ctx_, ws, dsts, tiled);
   }
@@ -1014,12 +1032,9 @@ void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const T
 // anything sharing storage with a tensor not tiled (a tied lm_head). QWEN36_NO_TILE=1 keeps
 // the GGUF layout.
 void CudaBackend::tile_weights(ModelWeights& w) {
-  // QWEN36_NO_TILE: 1 tiles nothing; "experts" all but the routed experts, "dense" only them
-  // (to tell which layout a difference between two runs comes from).
-  const char* no_tile = std::getenv("QWEN36_NO_TILE");
-  const std::string nt = no_tile ? no_tile : "";
-  if (!nt.empty() && nt != "0" && nt != "experts" && nt != "dense") return;
-  const bool tile_dense = nt != "dense", tile_experts = nt != "experts";
+  const TileChoice choice = tile_choice();
+  if (!choice.dense && !choice.experts) return;
+  const bool tile_dense = choice.dense, tile_experts = choice.experts;
   std::vector<Tensor*> cand;
   if (tile_dense) cand.push_back(&w.lm_head);
   auto mlp = [&](MlpWeights& m) {

@@ -1045,26 +1045,25 @@ QuantExperts check_quant_experts(const Tensor& x, const Tensor& ids, std::span<c
 
 // Tiled experts from kMinGroupedPairs pairs a call: grouped by expert (quant_tiled_moe_grouped),
 // each expert read once per chunk of its pairs, rather than once per pair; fewer pairs share
-// few experts, and the grouping, quantize and combine launches cost more than they save. H100,
-// 35B-A3B Q4_K_M, one layer's experts (CudaMoe.Time35BLayerTiled), pairs / grouped µs: 128 pairs
-// 130 / 140, 256 pairs 245 / 217, 512 470 / 302, 1,024 923 / 399.
+// few experts, and the grouping, quantize and combine launches cost more than they save. H200,
+// 35B-A3B Q4_K_M, one layer's experts (CudaMoe.Time35BLayerTiled), pairs / grouped (pipe form)
+// µs: 8 pairs 14.9 / 27.9, 64 67.7 / 60.8, 128 124.5 / 94.4, 256 235.3 / 136.2, 512 455.9 /
+// 189.6, 1,024 898.3 / 253.4; tg32 at batch 4 (32 pairs) the same either way, batch 8 +5%,
+// batch 16 +15% grouped (session 47; the grid form lost up to 128 pairs and started at 192).
 // QWEN36_MOE_GROUPED=on / off forces it either way (moe_grouped_select for tests).
-constexpr int64_t kMinGroupedPairs = 192;
-// and up to kMaxTiledMoePairs. QWEN36_MOE_GROUPED_MAX_PAIRS raises the bound for moe_experts
-// (e.g. 4096: a serving step's prefill chunk, bench-serve's 512 tokens, on the grouped kernels
-// instead of dequantizing every used expert to bf16 each pass; H100, 35B-A3B Q4_K_M: pp512
-// 5,755 -> 10,497 tok/s, bench-serve 64 streams output 552 -> 1,030 t/s, session 46). Not the
-// default: expert offload streams a host layer's experts in their file layout above
-// moe_row_pairs() and computes them on the dequantizing path, which is then what the all-GPU
-// run computes bit for bit; above the bound the all-GPU run would take the int8 grouped
-// kernels instead (CudaOffload.ExactOffloadIsBitwiseAllGpu's 600-token prompt differed). With a
-// raised bound expert offload repacks its streamed experts (Backend::moe_tiled_pairs, the
-// offload's tiled staging twin) so that both runs take the grouped kernels there; that path has
-// not yet run on a GPU, hence the bound's default.
+constexpr int64_t kMinGroupedPairs = 64;
+// and up to kMaxGroupedPairs (QWEN36_MOE_GROUPED_MAX_PAIRS another bound; 1024: the pair
+// kernels' kMaxTiledMoePairs, as before session 47): a serving step's prefill chunk and a
+// 512-token prefill take the grouped kernels instead of dequantizing every used expert to bf16
+// each pass (H100, 35B-A3B Q4_K_M: pp512 5,755 -> 10,497 tok/s, bench-serve 64 streams output
+// 552 -> 1,030 t/s, session 46). Expert offload then repacks the experts it streams into its
+// tiled staging twin (Backend::moe_tiled_pairs), so that a streamed pass computes what the
+// all-GPU run's resident experts compute (CudaOffload.ExactOffloadIsBitwiseAllGpu, 600 tokens).
+constexpr int64_t kMaxGroupedPairs = 4096;
 int64_t max_grouped_pairs() {
   static const int64_t n = [] {
     const char* v = std::getenv("QWEN36_MOE_GROUPED_MAX_PAIRS");
-    return v && std::atoll(v) > 0 ? int64_t(std::atoll(v)) : kMaxTiledMoePairs;
+    return v && std::atoll(v) > 0 ? int64_t(std::atoll(v)) : kMaxGroupedPairs;
   }();
   return n;
 }

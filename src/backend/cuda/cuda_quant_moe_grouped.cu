@@ -13,16 +13,16 @@
 // codes) and copied into the blocks by cp.async.
 //
 // Two forms of the block, the same arithmetic (QWEN36_MOE_GROUPED_FORM):
-//  - grid (the default): grid (row-tile groups, chunk bound), a block computes one group of
-//    rpb row-tiles for one chunk. It finds its chunk's expert by a binary search over tile_off
+//  - pipe (the default since session 47): group_kernel also writes a record per chunk (expert,
+//    first row, pairs), one read away; a block takes `loop` row-tile groups of its chunk in turn
+//    (QWEN36_MOE_GROUPED_LOOP, 4), the chunk's rows copied in once, and its partial sums in two
+//    shared buffers so that one barrier a group separates them. H100, one 35B-A3B Q4_K_M layer
+//    (CudaMoe.Time35BLayerTiled), grid -> pipe µs: 128 pairs 134.6 -> 102.0, 256 208.2 -> 148.7,
+//    512 283.5 -> 203.0, 1,024 366.0 -> 260.0, 4,096 924.1 -> 673.2.
+//  - grid (session 46): grid (row-tile groups, chunk bound), a block computes one group of rpb
+//    row-tiles for one chunk. It finds its chunk's expert by a binary search over tile_off
 //    (eight dependent L2 reads on 256 experts before its first weight load), and its blocks are
-//    short: a chain of tile loads, the rows' copy, 8 MMAs a warp and two barriers, at two
-//    blocks a SM (H100: ~1.6 TB/s of distinct bytes against ~3.0 copy, session 46).
-//  - pipe: group_kernel also writes a record per chunk (expert, first row, pairs), one read
-//    away; a block takes `loop` row-tile groups of its chunk in turn, with the chunk's rows
-//    copied in once, each warp's next tiles loading while it computes the current ones
-//    (register double buffer where two tiles' registers fit), and the partial sums in two
-//    shared buffers so that one barrier a group separates them. Not yet measured on a GPU.
+//    short: a chain of tile loads, the rows' copy, 8 MMAs a warp and two barriers.
 // In both, warp w of a row-tile takes units (super-blocks) w % wr, + wr, ... of it; a unit's 4
 // sums a lane go to shared memory (a column's 16 rows kColStride floats apart: conflict-free
 // stores), and the block adds a row's units in super-block order. Pairs with ids outside [0, E)
@@ -206,9 +206,10 @@ template <DType D, bool kGateUp>
 constexpr bool kPipeAhead = (kGateUp ? 3 : 2) * sizeof(Raw<D>) <= 288;
 
 // The pipe form: grid (⌈R / (loop · rpb)⌉, chunk bound), 8 warps; block (b, c) computes row-tile
-// groups b · loop .. b · loop + loop − 1 (rpb row-tiles each) for chunk c's pairs. kAhead: the
-// register double buffer (kPipeAhead, unless QWEN36_MOE_GROUPED_AHEAD=off; ptxas spills 44 bytes
-// a thread for it in the 35B's Q4_K gate+up).
+// groups b · loop .. b · loop + loop − 1 (rpb row-tiles each) for chunk c's pairs. kAhead: a
+// warp's next unit loads while it computes the current one (QWEN36_MOE_GROUPED_AHEAD=on, where
+// kPipeAhead; ptxas spills 44 bytes a thread for it in the 35B's Q4_K gate+up, and it measured
+// slower).
 template <DType D, bool kGateUp, bool kAhead>
 __global__ void __launch_bounds__(8 * 32, 2) moe_grouped_pipe_kernel(const GroupArgs a, const MoeGroups g) {
   constexpr int B = TileLayout<D>::kBytes, M = kGateUp ? 2 : 1, NC = kGroupCols;
@@ -314,11 +315,13 @@ int group_warps() { return variant(g_group_warps, "QWEN36_MOE_GROUPED_WARPS", "8
 // Whether the grouped kernels read their rows quantized once per call (QWEN36_MOE_GROUPED_XQ=0:
 // each grid-form block quantizes its pairs' f32 rows; the pipe form needs them quantized).
 bool group_xq() { return variant(g_group_xq, "QWEN36_MOE_GROUPED_XQ", "1", "0") != 2; }
-// QWEN36_MOE_GROUPED_FORM=pipe: the pipe form (with QWEN36_MOE_GROUPED_LOOP row-tile groups a
-// block, default 4); grid or unset: the grid form.
-bool group_pipe() { return variant(g_group_form, "QWEN36_MOE_GROUPED_FORM", "grid", "pipe") == 2 && group_xq(); }
-// QWEN36_MOE_GROUPED_AHEAD=off: the pipe form without its register double buffer.
-bool group_ahead() { return variant(g_group_ahead, "QWEN36_MOE_GROUPED_AHEAD", "on", "off") != 2; }
+// The pipe form (QWEN36_MOE_GROUPED_LOOP row-tile groups a block, default 4) unless
+// QWEN36_MOE_GROUPED_FORM=grid (or QWEN36_MOE_GROUPED_XQ=0, which the pipe form does not take).
+bool group_pipe() { return variant(g_group_form, "QWEN36_MOE_GROUPED_FORM", "grid", "pipe") != 1 && group_xq(); }
+// QWEN36_MOE_GROUPED_AHEAD=on: the pipe form with its register double buffer where it fits
+// (kPipeAhead). Off by default: the other warps' loads hide a unit's latency as well, and the
+// buffer's registers cost (H100, one 35B-A3B layer at 512 pairs: 223.0 µs with it, 203.0 without).
+bool group_ahead() { return variant(g_group_ahead, "QWEN36_MOE_GROUPED_AHEAD", "on", "off") == 1; }
 std::atomic<int> g_group_loop{-1};
 int group_loop() {
   int n = g_group_loop.load(std::memory_order_relaxed);
