@@ -45,18 +45,6 @@ part tests && for suite in $("$TESTS" --gtest_list_tests | grep -v '^ ' | grep '
   timeout 240 "$TESTS" --gtest_filter="$suite.*" >> "$OUT/tests.log" 2>&1
   echo "=== $suite rc=$?" | tee -a "$OUT/tests.log"
 done
-# The grouped MoE kernels above the tiled kernels' 1,024 pairs (QWEN36_MOE_GROUPED_MAX_PAIRS, read
-# once a process): the routed experts' and expert offload's suites again with the bound raised
-# (offload then repacks its streamed experts so that it stays bitwise the all-GPU run).
-# The same with the grouped kernels' pipe form (QWEN36_MOE_GROUPED_FORM=pipe; CudaMoe's grouped test
-# runs both forms itself, the rest of the suites take the form the environment names).
-part tests && for env in QWEN36_MOE_GROUPED_MAX_PAIRS=4096 "QWEN36_MOE_GROUPED_MAX_PAIRS=4096 QWEN36_MOE_GROUPED_FORM=pipe"; do
-  for suite in CudaMoe CudaOffload; do
-    echo "=== $suite, $env" >> "$OUT/tests.log"
-    env $env timeout 240 "$TESTS" --gtest_filter="$suite.*" >> "$OUT/tests.log" 2>&1
-    echo "=== $suite, $env rc=$?" | tee -a "$OUT/tests.log"
-  done
-done
 part tests && grep -E "^\[  (PASSED|FAILED) |Failure|^\[ [a-z0-9-]+ \]" "$OUT/tests.log"
 
 bench() { echo "## qwen36 bench $*" | tee -a "$OUT/bench.md"; timeout 300 "$Q" bench --backend cuda "$@" 2>&1 | tee -a "$OUT/bench.md"; echo | tee -a "$OUT/bench.md"; }

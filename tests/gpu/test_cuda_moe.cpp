@@ -44,10 +44,8 @@
 namespace qwen36::cuda {
 // cuda_moe.cu: force the routed experts' grouped form on ("on"), off ("off") or by pair count ("auto"); null: the environment's.
 void moe_grouped_select(const char* mode);
-// cuda_quant_moe_grouped.cu: the grouped kernels' form, "grid" or "pipe" with `loop` row-tile groups
-// a block (0: QWEN36_MOE_GROUPED_LOOP or 4) and its register double buffer "on" (where it fits)
-// or "off"; null: the environment's.
-void moe_grouped_form_select(const char* form, int loop = 0, const char* ahead = nullptr);
+// cuda_quant_moe_grouped.cu: the grouped kernels' row-tile groups a block (0: QWEN36_MOE_GROUPED_LOOP's, or 4).
+void moe_grouped_loop_select(int loop);
 int64_t moe_tiled_pairs();  // the most pairs the tiled experts compute on their int8 kernels
 }  // namespace qwen36::cuda
 
@@ -834,19 +832,12 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
 // types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 with top-8 puts
 // 1-8 pairs in a chunk and several chunks in an expert; invalid ids contribute nothing on both
 // sides; moe_expert_rows (expert offload's rows) the same; a graph replay bitwise the eager call.
-// Both forms of the grouped block: grid, and pipe with 1, 3 (last blocks with fewer groups, e.g.
-// D = 1024's gate+up: 32 row-tiles, 2 a group) and 4 row-tile groups a block, with its next tiles
-// loading ahead where that fits (Q4_K gate+up, Q4_K and Q6_K down; not Q8_0) and without.
+// Blocks of 1, 3 (last blocks with fewer groups, e.g. D = 1024's gate+up: 32 row-tiles, 2 a
+// group) and 4 (the default) row-tile groups.
 TEST_F(CudaMoe, TiledGroupedIsThePairKernelsBitwise) {
   struct Restore {
-    ~Restore() { cuda::moe_grouped_select(nullptr), cuda::moe_grouped_form_select(nullptr); }
+    ~Restore() { cuda::moe_grouped_select(nullptr), cuda::moe_grouped_loop_select(0); }
   } restore;
-  struct Form {
-    const char* form;
-    int loop;
-    const char* ahead;
-  };
-  const Form forms[] = {{"grid", 0, "on"}, {"pipe", 1, "on"}, {"pipe", 3, "on"}, {"pipe", 4, "on"}, {"pipe", 4, "off"}};
   struct Case {
     ExpertTypes mx;
     int64_t E, D, I, k = 8;
@@ -876,10 +867,9 @@ TEST_F(CudaMoe, TiledGroupedIsThePairKernelsBitwise) {
       };
       const std::vector<float> pair_rows = expert_rows();
       cuda::moe_grouped_select("on");
-      for (const Form& f : forms) {
-        cuda::moe_grouped_form_select(f.form, f.loop, f.ahead);
-        const std::string what = name + ", " + f.form + (f.loop ? " loop " + std::to_string(f.loop) : "") +
-                                 (std::strcmp(f.ahead, "off") == 0 ? ", nothing ahead" : "");
+      for (const int loop : {1, 3, 4}) {
+        cuda::moe_grouped_loop_select(loop);
+        const std::string what = name + ", " + std::to_string(loop) + " row-tile groups a block";
         const std::vector<float> grouped = run_experts(*gpu_, te.d, x, w, ids);
         ASSERT_EQ(grouped.size(), pairs.size());
         EXPECT_EQ(std::memcmp(grouped.data(), pairs.data(), pairs.size() * sizeof(float)), 0)

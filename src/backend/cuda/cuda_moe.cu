@@ -444,8 +444,8 @@ constexpr int kGroupThreads = 1024;  // ≥ kMaxExperts: thread e owns expert e 
 // tile_off[e] = its first m-tile (bm rows each), row_pair[row] = pair, pair_row[pair] = row
 // (-1 for an invalid id). Rows within an expert come in atomic order; that does not change
 // any result (every row is computed on its own and read back through pair_row). With chunk
-// (the grouped experts' pipe form, MoeGrouping::chunk): m-tile i's {expert, first row, rows, 0}
-// for i < nchunk, rows 0 from tile_off[E] on.
+// (the tiled experts' grouped kernels, MoeGrouping::chunk): m-tile i's {expert, first row, rows,
+// 0} for i < nchunk, rows 0 from tile_off[E] on.
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids, int P, int E, int bm, int32_t* off,
                                                               int32_t* tile_off, int32_t* row_pair, int32_t* pair_row,
                                                               int4* chunk, int nchunk) {
@@ -1079,9 +1079,8 @@ void grouped_rows(Ctx& c, const QuantExperts& q, const Tensor& x, const Tensor& 
   const MoeShape& s = q.s;
   // Σ_e ⌈n_e / 8⌉ ≤ ⌊P / 8⌋ + (experts with pairs)
   const int64_t chunks = s.P / kMoeGroupCols + std::min(s.E, s.P);
-  const Grouping grp(c, s, ids, kMoeGroupCols, moe_grouped_chunk_records() ? chunks : 0);
-  const MoeGrouping g{grp.off, grp.tile_off, grp.row_pair, chunks, grp.chunk};
-  quant_tiled_moe_grouped(c, x, ids, table, q.gu, q.dn, s.E, s.I, g, rows);
+  const Grouping grp(c, s, ids, kMoeGroupCols, chunks);
+  quant_tiled_moe_grouped(c, x, ids, table, q.gu, q.dn, s.I, MoeGrouping{grp.row_pair, grp.chunk, chunks}, rows);
 }
 
 // Block-quantized experts: up to 1,024 pairs by the quantized GEMVs over the routed pairs

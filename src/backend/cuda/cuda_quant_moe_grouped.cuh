@@ -10,24 +10,21 @@ namespace qwen36::cuda {
 
 // The grouped form of the routed experts (many pairs; cuda_quant_moe_grouped.cu): pairs sorted by
 // expert on the device in chunks of up to kMoeGroupCols of one expert, each chunk's expert read
-// once for its pairs. off [E+1]: expert e's first sorted row; tile_off [E+1]: its first chunk;
-// row_pair [P]: sorted row -> pair (cuda_moe.cu's group_kernel with bm = kMoeGroupCols); chunks:
-// a bound on tile_off[E] known on the host (the launch's size); chunk [chunks] (null where
-// moe_grouped_chunk_records() said no): chunk c's {expert, first sorted row, pairs, 0}, pairs 0
-// from tile_off[E] on.
+// once for its pairs. From cuda_moe.cu's group_kernel with bm = kMoeGroupCols: row_pair [P],
+// sorted row -> pair; chunk [chunks], chunk c's {expert, first sorted row, pairs, 0}, pairs 0
+// past the last; chunks: a bound on their number known on the host (the launch's size).
 constexpr int kMoeGroupCols = 8;
 struct MoeGrouping {
-  const int32_t *off, *tile_off, *row_pair;
+  const int32_t* row_pair;
+  const int4* chunk;
   int64_t chunks;
-  const int4* chunk = nullptr;
 };
-// Whether the grouped kernels' form reads per-chunk records (QWEN36_MOE_GROUPED_FORM=pipe).
-bool moe_grouped_chunk_records();
 // Whether the grouped kernels take these types and shapes (shared memory within the opt-in).
 bool quant_tiled_moe_grouped_fits(DType gate_up, DType down, int64_t D, int64_t I);
 // rows [T·k, D]: row t·k + j = expert ids[t, j]'s down · SwiGLU(gate, up) of x[t], bitwise
-// quant_tiled_moe_rows's rows (ids outside [0, E): untouched). Two launches.
+// quant_tiled_moe_rows's rows (ids outside [0, E): untouched). Four launches: x quantized,
+// gate+up, their rows quantized, down.
 void quant_tiled_moe_grouped(Ctx&, const Tensor& x, const Tensor& ids, const void* const* table, DType gate_up,
-                             DType down, int64_t E, int64_t I, const MoeGrouping& grouping, Tensor& rows);
+                             DType down, int64_t I, const MoeGrouping& grouping, Tensor& rows);
 
 }  // namespace qwen36::cuda
