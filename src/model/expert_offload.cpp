@@ -279,8 +279,8 @@ struct Model::ExpertStream {
   ExpertStreamCost cost;
   std::unique_ptr<DeviceBuffer> buf;
   // Passes of more pairs than the main backend's exact rows take (Backend::moe_row_pairs) that
-  // its tiled experts still compute on its int8 kernels (Backend::moe_tiled_pairs; CUDA with
-  // QWEN36_MOE_GROUPED_MAX_PAIRS above 1,024): the routed experts repacked from the staging area
+  // its tiled experts still compute on its int8 kernels (Backend::moe_tiled_pairs; CUDA: the
+  // grouped kernels from 1,024 to 4,096 pairs): the routed experts repacked from the staging area
   // into `tiled` at the same offsets (Backend::tile_into), so that such a pass computes what the
   // all-GPU run's resident (tiled) experts compute, not the file layout's dequantizing path.
   // Null: every streamed pass reads the file layout.

@@ -994,8 +994,8 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
   // T = 64 and 128 (512 and 1,024 pairs): the GGUF GEMVs' bound is the tiled kernels' (before
   // session 20 it was 256 pairs, and that column the dequantizing prefill path).
   // T = 256 and 512 (2,048 and 4,096 pairs: a serving step's prefill chunk) take the grouped
-  // kernels with QWEN36_MOE_GROUPED_MAX_PAIRS=4096, else the dequantizing prefill path, whose
-  // bf16 activations are not the int8 twin's (not checked against it there).
+  // kernels (with QWEN36_MOE_GROUPED=off or QWEN36_MOE_GROUPED_MAX_PAIRS=1024 the dequantizing
+  // prefill path, whose bf16 activations are not the int8 twin's: not checked against it there).
   for (int64_t T : {1, 8, 16, 32, 64, 128, 256, 512}) {
     const int64_t n = calls * T;
     HostT x = random_t(rng_, DType::F32, {n, D}), logits = random_t(rng_, DType::F32, {n, E}, -2, 2);
