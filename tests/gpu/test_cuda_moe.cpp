@@ -47,6 +47,7 @@ void moe_grouped_select(const char* mode);
 // cuda_quant_moe_grouped.cu: the grouped kernels' row-tile groups a block (0: QWEN36_MOE_GROUPED_LOOP's, or 4).
 void moe_grouped_loop_select(int loop);
 int64_t moe_tiled_pairs();  // the most pairs the tiled experts compute on their int8 kernels
+int64_t moe_row_pairs();    // of which the pair kernels take up to this many
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -1037,11 +1038,11 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
     std::copy(ids.t.as<const int32_t>(), ids.t.as<const int32_t>() + nc * k, is.t.as<int32_t>());
     const std::vector<float> all = download(*gpu_, o.t), part(all.begin(), all.begin() + nc * D),
                              want = moe_int8_reference(ex, xs, ws, is);
-    // the int8 kernels' result: up to the pair kernels' 1,024 pairs, and above up to the grouped
-    // kernels' bound unless QWEN36_MOE_GROUPED=off sends those calls to the dequantizing path
+    // the int8 kernels' result: up to the pair kernels' bound, and above up to the grouped
+    // kernels' unless QWEN36_MOE_GROUPED=off sends those calls to the dequantizing path
     const char* grouped = std::getenv("QWEN36_MOE_GROUPED");
     const bool grouped_off = grouped && std::strcmp(grouped, "off") == 0;
-    if (T * k <= (grouped_off ? std::min<int64_t>(1024, cuda::moe_tiled_pairs()) : cuda::moe_tiled_pairs())) {
+    if (T * k <= (grouped_off ? cuda::moe_row_pairs() : cuda::moe_tiled_pairs())) {
       EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B tiled T=" << T << ": " << worst_at(part, want, D);
     }
     const double bytes = distinct * expert_bytes;
