@@ -326,25 +326,34 @@ struct Model::ExpertStream {
     }
     return copies;
   }
+  // One part to repack (Backend::tile_into): its bytes, where the repacked bytes go, and the
+  // view that then points at them.
+  struct TileJob {
+    const Tensor* src;
+    void* dst;
+    Tensor* view;
+  };
+  // Every job's part repacked in one tile_into call, each view set; false (views untouched) when
+  // the backend does not repack them.
+  static bool tile_parts(Backend& b, std::span<const TileJob> jobs) {
+    std::vector<Tensor> src, out(jobs.size());
+    std::vector<void*> dst;
+    for (const TileJob& j : jobs) src.push_back(*j.src), dst.push_back(j.dst);
+    if (!b.tile_into(src, dst, out)) return false;
+    for (size_t i = 0; i < jobs.size(); ++i) *jobs[i].view = out[i];
+    return true;
+  }
   // Layer l's experts `experts` repacked from the staging area into `tiled` at the same offsets,
-  // l.tiled_views updated; false when the backend does not repack them. One tile_into call.
+  // l.tiled_views updated; false when the backend does not repack them.
   bool tile(Backend& b, Layer& l, std::span<const int32_t> experts) const {
     auto* from = static_cast<std::byte*>(buf->data());
     auto* to = static_cast<std::byte*>(tiled->data());
-    std::vector<Tensor> src;
-    std::vector<void*> dst;
-    std::vector<std::pair<int32_t, int>> which;  // (expert, kind) of each part
+    std::vector<TileJob> jobs;
     for (const int32_t e : experts)
       for (int kind = 0; kind < 3; ++kind)
-        if (const Tensor& t = part(l.views[size_t(e)], kind); !t.empty()) {
-          src.push_back(t);
-          dst.push_back(to + (static_cast<const std::byte*>(t.data) - from));
-          which.emplace_back(e, kind);
-        }
-    std::vector<Tensor> out(src.size());
-    if (!b.tile_into(src, dst, out)) return false;
-    for (size_t i = 0; i < out.size(); ++i) part(l.tiled_views[size_t(which[i].first)], which[i].second) = out[i];
-    return true;
+        if (const Tensor& t = part(l.views[size_t(e)], kind); !t.empty())
+          jobs.push_back({&t, to + (static_cast<const std::byte*>(t.data) - from), &part(l.tiled_views[size_t(e)], kind)});
+    return tile_parts(b, jobs);
   }
   void upload(Backend& b, const std::vector<Copy>& copies) const {
     auto* base = static_cast<std::byte*>(buf->data());
@@ -536,17 +545,12 @@ void Model::init_share_slots() {
 bool Model::tile_share(std::span<const MlpWeights> views, std::span<const int32_t> experts) {
   ExpertStream& st = *stream_;
   auto* base = static_cast<std::byte*>(st.slots->data());
-  std::vector<Tensor> src, tiled(3 * experts.size());
-  std::vector<void*> dst;
+  std::vector<ExpertStream::TileJob> jobs;
   for (size_t j = 0; j < experts.size(); ++j)
-    for (int kind = 0; kind < 3; ++kind) {
-      src.push_back(ExpertStream::part(views[size_t(experts[j])], kind));
-      dst.push_back(base + j * st.slot_bytes + st.slot_part[size_t(kind)]);
-    }
-  if (!backend_.tile_into(src, dst, tiled)) return false;
-  for (size_t j = 0; j < experts.size(); ++j)
-    for (int kind = 0; kind < 3; ++kind) ExpertStream::part(st.slot_views[j], kind) = tiled[3 * j + size_t(kind)];
-  return true;
+    for (int kind = 0; kind < 3; ++kind)
+      jobs.push_back({&ExpertStream::part(views[size_t(experts[j])], kind),
+                      base + j * st.slot_bytes + st.slot_part[size_t(kind)], &ExpertStream::part(st.slot_views[j], kind)});
+  return ExpertStream::tile_parts(backend_, jobs);
 }
 
 // The device share's rows: its experts uploaded into the staging area, repacked into the slots,
