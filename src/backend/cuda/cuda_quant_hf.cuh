@@ -12,10 +12,10 @@ namespace qwen36::cuda {
 
 // W4_G32, W4_G128, F8_B128, NVFP4_B64.
 bool hf_quant_supported(DType t);
-// out[T, N] = x[T, K] · w[N, K]ᵀ (f32 x and out): T ≤ 8 without exact_matmul: the GEMV of
-// cuda_quant_hf.cu (f32 activations); otherwise dequantized slices and cuBLAS (bf16, or f32
-// with exact_matmul), as quant_matmul does for GGUF types.
-void hf_quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out);
+// out[T, N] = x[T, K] · w[N, K]ᵀ (f32 rows, T, N ≥ 1; quant_matmul checks the shapes): T ≤ 8
+// without exact_matmul: the GEMV of cuda_quant_hf.cu (f32 activations); otherwise dequantized
+// slices and cuBLAS (bf16, or f32 with exact_matmul), as quant_matmul does for GGUF types.
+void hf_quant_matmul(Ctx& c, const Tensor& w, const float* x, float* out, int T, int N, int K);
 // Rows r0 .. r0 + n − 1 of w as bf16 rows of out (the prefill's values); false for other types.
 bool hf_quant_dequant_rows(Ctx& c, const Tensor& w, int64_t r0, int64_t n, __nv_bfloat16* out);
 // Rows rows[0 .. n) (device ids, checked by the caller: quant_embed) of an HF-quantized table as

@@ -1019,18 +1019,19 @@ void quant_matmul(Ctx& c, const Tensor& x, const Tensor& w, Tensor& out) {
     Tensor* os[] = {&out};
     return quant_tiled_matmul(c, x, ws, os);
   }
-  if (hf_quant_supported(w.dtype)) return hf_quant_matmul(c, x, w, out);  // cuda_quant_hf.cu
   const int64_t K = w.cols(), N = w.rows(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(quant_supported(w.dtype), "matmul: weight dtype {} is not supported by the CUDA backend",
                dtype_name(w.dtype));
   QWEN36_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "matmul: activations must be f32");
   QWEN36_CHECK(x.cols() == K && out.numel() == T * N, "matmul: x {} · w {} → out {}", x.shape_str(), w.shape_str(),
                out.shape_str());
-  QWEN36_CHECK(N < (int64_t(1) << 30) && T * K < (int64_t(1) << 31), "matmul: {} is too large", w.shape_str());
+  QWEN36_CHECK(N < (int64_t(1) << 30) && T * K < (int64_t(1) << 31) && T * N < (int64_t(1) << 31),
+               "matmul: {} is too large", w.shape_str());
   QWEN36_CHECK(aligned16(w.data) && aligned16(x.data), "matmul: quantized weights and activations must be 16-byte aligned");
   if (T == 0 || N == 0) return;
   const float* xp = x.as<const float>();
   float* op = out.as<float>();
+  if (hf_quant_supported(w.dtype)) return hf_quant_matmul(c, w, xp, op, int(T), int(N), int(K));  // cuda_quant_hf.cu
   with_quant_type(w.dtype, [&](auto dt) {
     constexpr DType D = decltype(dt)::value;
     if (T <= 8 && !c.exact_matmul)
