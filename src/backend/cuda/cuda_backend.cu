@@ -1114,48 +1114,12 @@ std::string cuda_device_name(int device) {
 
 void cuda_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
-double cuda_copy_bandwidth_gbs(size_t bytes, int reps) {
-  void *a = nullptr, *b = nullptr;
-  CUDA_CHECK(cudaMalloc(&a, bytes));
-  CUDA_CHECK(cudaMalloc(&b, bytes));
-  CUDA_CHECK(cudaMemset(a, 1, bytes));
-  CUDA_CHECK(cudaMemset(b, 0, bytes));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));  // warm-up
-  float best = 1e30f;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(e0);
-    CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
-}
+namespace {
 
-double cuda_bf16_gemm_tflops(int n, int reps) {
-  void *a = nullptr, *b = nullptr, *c = nullptr;
-  const size_t e = size_t(n) * size_t(n);
-  CUDA_CHECK(cudaMalloc(&a, e * 2));
-  CUDA_CHECK(cudaMalloc(&b, e * 2));
-  CUDA_CHECK(cudaMalloc(&c, e * 2));
-  CUDA_CHECK(cudaMemset(a, 0x3c, e * 2));  // bf16 0x3c3c ≈ 0.0115: finite, non-zero
-  CUDA_CHECK(cudaMemset(b, 0x3c, e * 2));
-  cublasHandle_t h;
-  CUBLAS_CHECK(cublasCreate(&h));
-  const float one = 1, zero = 0;
-  auto run = [&] {
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
-                              c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  };
+// The fastest of `reps` timed runs of `run` (ms, events on the default stream), after one
+// untimed warm-up run.
+template <class F>
+float best_ms(int reps, F&& run) {
   run();
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
@@ -1172,6 +1136,38 @@ double cuda_bf16_gemm_tflops(int n, int reps) {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  return best;
+}
+
+}  // namespace
+
+double cuda_copy_bandwidth_gbs(size_t bytes, int reps) {
+  void *a = nullptr, *b = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, bytes));
+  CUDA_CHECK(cudaMalloc(&b, bytes));
+  CUDA_CHECK(cudaMemset(a, 1, bytes));
+  CUDA_CHECK(cudaMemset(b, 0, bytes));
+  const float best = best_ms(reps, [&] { CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+double cuda_bf16_gemm_tflops(int n, int reps) {
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  const size_t e = size_t(n) * size_t(n);
+  CUDA_CHECK(cudaMalloc(&a, e * 2));
+  CUDA_CHECK(cudaMalloc(&b, e * 2));
+  CUDA_CHECK(cudaMalloc(&c, e * 2));
+  CUDA_CHECK(cudaMemset(a, 0x3c, e * 2));  // bf16 0x3c3c ≈ 0.0115: finite, non-zero
+  CUDA_CHECK(cudaMemset(b, 0x3c, e * 2));
+  cublasHandle_t h;
+  CUBLAS_CHECK(cublasCreate(&h));
+  const float one = 1, zero = 0;
+  const float best = best_ms(reps, [&] {
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
+                              c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
   cublasDestroy(h);
   cudaFree(a);
   cudaFree(b);
