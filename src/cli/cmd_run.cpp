@@ -38,14 +38,7 @@ struct RunOptions {
   int threads = 0;
   bool ignore_eos = false, chat = false, no_think = false;
   std::string chat_template_file;  // --chat: instead of the model's own template
-  std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
-  int32_t spec_draft_n = 3;
-  std::string draft_model;    // dflash: the drafter checkpoint
-  int32_t block_size = 0;     // dflash: 0 = the drafter's
-  int32_t tree_budget = 0;    // dflash: DDTree drafts per round (0: the chain)
-  bool dflash_sliding_causal = false;
-  bool spec_adaptive = false;
-  std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
+  SpecCliOptions spec;  // --spec, --spec-draft-n, --speculative-config, DFlash flags
   bool json = false;               // structured output: any JSON object
   std::string json_schema, json_schema_file;
   std::string json_whitespace = "limited";
@@ -96,18 +89,7 @@ GenerateOptions generate_options(const RunOptions& o, const ModelConfig& c) {
 GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::vector<int32_t>& prompt,
                               const GenerateOptions& g, const std::function<bool(int32_t)>& on_token) {
   const ModelConfig& c = lm.model->config();
-  SpecOptions spec;
-  if (!o.speculative_config.empty()) {
-    spec = parse_speculative_config(o.speculative_config);
-  } else {
-    spec.method = parse_spec_method(o.spec);
-    spec.draft_n = o.spec_draft_n;
-  }
-  spec.adaptive = o.spec_adaptive;
-  if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
-  if (o.block_size) spec.dflash.block_size = o.block_size;
-  spec.dflash.sliding_causal = o.dflash_sliding_causal;
-  spec.tree_budget = o.tree_budget;
+  SpecOptions spec = spec_cli_options(o.spec);
   const SpecMethod method = spec.method;
   const int64_t ctx = std::min<int64_t>(o.ctx, c.max_position_embeddings);
   MemoryRequest mem;
@@ -127,7 +109,7 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
                  r.metrics.summary().c_str());
   else
     std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
-                 o.spec_adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
+                 o.spec.adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
   return r.gen;
 }
 
@@ -305,29 +287,29 @@ void register_run(CLI::App& app) {
   for (CLI::Option* a : constraints)
     for (CLI::Option* b : constraints)
       if (a != b) a->excludes(b);
-  auto* spec = cmd->add_option("--spec", o->spec,
+  auto* spec = cmd->add_option("--spec", o->spec.method,
                                "Speculative decoding: mtp (the checkpoint's MTP head), ngram (prompt lookup), dflash "
                                "(block drafter, --draft-model) or none")
                     ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
                     ->capture_default_str();
-  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per verify pass (1..16)")
+  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec.draft_n, "Draft tokens per verify pass (1..16)")
                      ->check(CLI::Range(1, 16))
                      ->capture_default_str();
-  cmd->add_option("--speculative-config", o->speculative_config,
+  cmd->add_option("--speculative-config", o->spec.speculative_config,
                   "Speculative decoding as vLLM JSON: {\"method\":\"mtp\",\"num_speculative_tokens\":3}; ngram also "
                   "takes \"prompt_lookup_max\" / \"prompt_lookup_min\"")
       ->excludes(spec)
       ->excludes(spec_n);
-  cmd->add_flag("--spec-adaptive", o->spec_adaptive, "Adapt the draft count to recent acceptance");
-  cmd->add_option("--draft-model", o->draft_model, "DFlash drafter checkpoint (Hugging Face directory) for --spec dflash");
-  cmd->add_option("--block-size", o->block_size, "DFlash block size: the pending token + B-1 drafts (2..17; default: the "
+  cmd->add_flag("--spec-adaptive", o->spec.adaptive, "Adapt the draft count to recent acceptance");
+  cmd->add_option("--draft-model", o->spec.draft_model, "DFlash drafter checkpoint (Hugging Face directory) for --spec dflash");
+  cmd->add_option("--block-size", o->spec.block_size, "DFlash block size: the pending token + B-1 drafts (2..17; default: the "
                   "drafter's)")->check(CLI::Range(2, 17));
-  cmd->add_option("--tree-budget", o->tree_budget,
+  cmd->add_option("--tree-budget", o->spec.tree_budget,
                   "DFlash: verify a DDTree of up to N drafts per round (the most probable paths through the drafter's "
                   "top-8 per block position) instead of the block's chain; greedy or sampled (CUDA: composed of chain ops, "
                   "slow, until tree kernels exist)")
       ->check(CLI::Range(1, 63));
-  cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
+  cmd->add_flag("--dflash-sliding-causal", o->spec.dflash_sliding_causal,
                 "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as the "
                 "reference");
   add_sampling_options(cmd, o->sampling);
@@ -336,7 +318,7 @@ void register_run(CLI::App& app) {
   add_offload_options(cmd, o->offload);
   add_lora_options(cmd, o->lora);
   cmd->callback([o] {
-    if (!o->speculative_config.empty()) parse_speculative_config(o->speculative_config);  // fail before loading
+    if (!o->spec.speculative_config.empty()) parse_speculative_config(o->spec.speculative_config);  // fail before loading
     o->sampling.validate();
     QWEN36_CHECK(o->n_predict >= 0, "--n-predict {} must be >= 0", o->n_predict);
     QWEN36_CHECK(o->ctx > 0 && o->ctx <= (1 << 24), "--ctx-size {} is out of range", o->ctx);

@@ -51,37 +51,19 @@ struct ServeOptions {
   OffloadOptions offload;
   LoraOptions lora;
   TpCliOptions tp;
-  std::string spec = "none";  // speculative decoding: mtp, ngram, dflash or none
-  int32_t spec_draft_n = 3;
-  std::string draft_model;    // dflash: the drafter checkpoint
-  int32_t block_size = 0;     // dflash: 0 = the drafter's
-  int32_t tree_budget = 0;    // dflash: DDTree drafts per round (0: the chain)
-  bool dflash_sliding_causal = false;
-  bool spec_adaptive = false;
-  std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
+  SpecCliOptions spec;  // --spec, --spec-draft-n, --speculative-config, DFlash flags
 };
 
-// --speculative-config wins over --spec / --spec-draft-n (the parser excludes mixing them).
+// spec_cli_options, checked for serving (a DFlash drafter given, its flags with DFlash only).
 SpecOptions spec_options(const ServeOptions& o) {
-  SpecOptions spec = no_speculation();
-  if (!o.speculative_config.empty()) {
-    spec = parse_speculative_config(o.speculative_config);
-  } else if (o.spec != "none") {
-    spec.method = parse_spec_method(o.spec);
-    spec.draft_n = o.spec_draft_n;
-  }
-  spec.adaptive = o.spec_adaptive;
-  if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
-  if (o.block_size) spec.dflash.block_size = o.block_size;
-  spec.tree_budget = o.tree_budget;
-  spec.dflash.sliding_causal = o.dflash_sliding_causal;
+  SpecOptions spec = spec_cli_options(o.spec);
   if (spec.method == SpecMethod::Dflash) {
     QWEN36_CHECK(!spec.draft_model.empty(), "--spec dflash needs a drafter checkpoint (--draft-model DIR)");
     // A round drafts the whole block (SpecStepper sets draft_n = B − 1 once the drafter is
     // loaded); the memory plan takes the largest block when the drafter's is not known yet.
     spec.draft_n = spec.dflash.block_size ? spec.dflash.block_size - 1 : 16;
   } else {
-    QWEN36_CHECK(o.draft_model.empty() && !o.block_size && !o.tree_budget,
+    QWEN36_CHECK(o.spec.draft_model.empty() && !o.spec.block_size && !o.spec.tree_budget,
                  "--draft-model, --block-size and --tree-budget apply to --spec dflash only");
   }
   return spec;
@@ -322,7 +304,7 @@ void register_serve(CLI::App& app) {
       ->envname("QWEN36_PREFIX_CACHE_FILE");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may finish after SIGTERM")
       ->envname("QWEN36_SHUTDOWN_TIMEOUT")->capture_default_str();
-  auto* spec = cmd->add_option("--spec", o->spec,
+  auto* spec = cmd->add_option("--spec", o->spec.method,
                                "Speculative decoding of every sequence: mtp (the checkpoint's MTP head drafts), ngram "
                                "(prompt lookup), dflash (block drafter, --draft-model) or none. Each step verifies every sequence's drafts in the one batch "
                                "it shares with other sequences' decode tokens and prompt chunks; the output is "
@@ -330,31 +312,31 @@ void register_serve(CLI::App& app) {
                     ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
                     ->envname("QWEN36_SPEC")
                     ->capture_default_str();
-  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec_draft_n, "Draft tokens per sequence and step, at most (1..16)")
+  auto* spec_n = cmd->add_option("--spec-draft-n", o->spec.draft_n, "Draft tokens per sequence and step, at most (1..16)")
                      ->check(CLI::Range(1, 16))
                      ->envname("QWEN36_SPEC_DRAFT_N")
                      ->capture_default_str();
-  cmd->add_flag("--spec-adaptive", o->spec_adaptive,
+  cmd->add_flag("--spec-adaptive", o->spec.adaptive,
                 "Per sequence, draft one more after a fully accepted round, else (accepted + 1)")
       ->envname("QWEN36_SPEC_ADAPTIVE");
-  cmd->add_option("--draft-model", o->draft_model,
+  cmd->add_option("--draft-model", o->spec.draft_model,
                   "DFlash drafter checkpoint (z-lab DFlashDraftModel directory) for --spec dflash; each slot keeps its "
                   "own drafter context, prefix-cache checkpoints are off (same-slot prefix reuse stays)")
       ->envname("QWEN36_DRAFT_MODEL");
-  cmd->add_option("--block-size", o->block_size,
+  cmd->add_option("--block-size", o->spec.block_size,
                   "DFlash block size: the pending token + B-1 drafts per step (2..17; default: the drafter's)")
       ->envname("QWEN36_BLOCK_SIZE")
       ->check(CLI::Range(2, 17));
-  cmd->add_option("--tree-budget", o->tree_budget,
+  cmd->add_option("--tree-budget", o->spec.tree_budget,
                   "DFlash: each step verifies a DDTree of up to N drafts per sequence (the most probable paths through "
                   "the drafter's top-8 per block position) instead of the block's chain; the step's token budget counts "
                   "the nodes (CUDA: composed of chain ops, slow, until tree kernels exist)")
       ->envname("QWEN36_TREE_BUDGET")
       ->check(CLI::Range(1, 63));
-  cmd->add_flag("--dflash-sliding-causal", o->dflash_sliding_causal,
+  cmd->add_flag("--dflash-sliding-causal", o->spec.dflash_sliding_causal,
                 "DFlash: causal attention within the block in sliding-window layers (vLLM); default non-causal as "
                 "the reference");
-  cmd->add_option("--speculative-config", o->speculative_config,
+  cmd->add_option("--speculative-config", o->spec.speculative_config,
                   "Speculative decoding as vLLM JSON, in place of --spec/--spec-draft-n: "
                   "{\"method\":\"mtp\",\"num_speculative_tokens\":3}; ngram also takes \"prompt_lookup_max\" / "
                   "\"prompt_lookup_min\"")

@@ -281,4 +281,20 @@ DType resolve_state_type(const CacheTypes& t) {
   fail("--state-type {}: unknown DeltaNet state type (supported: f32, bf16)", t.state);
 }
 
+SpecOptions spec_cli_options(const SpecCliOptions& o) {
+  SpecOptions spec = no_speculation();
+  if (!o.speculative_config.empty()) {
+    spec = parse_speculative_config(o.speculative_config);
+  } else if (o.method != "none") {
+    spec.method = parse_spec_method(o.method);
+    spec.draft_n = o.draft_n;
+  }
+  spec.adaptive = o.adaptive;
+  if (!o.draft_model.empty()) spec.draft_model = o.draft_model;
+  if (o.block_size) spec.dflash.block_size = o.block_size;
+  spec.tree_budget = o.tree_budget;
+  spec.dflash.sliding_causal = o.dflash_sliding_causal;
+  return spec;
+}
+
 }  // namespace qwen36::cli

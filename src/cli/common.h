@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "engine/sampler.h"
+#include "engine/spec/spec_generate.h"
 #include "model/memory_plan.h"
 #include "model/qwen36.h"
 #include "text/chat_template.h"
@@ -115,5 +116,20 @@ DType resolve_state_type(const CacheTypes& t);
 
 // --temp, --top-k, ... for subcommands that sample.
 void add_sampling_options(CLI::App* cmd, SamplingParams& s);
+
+// Speculative decoding's flags, as `run` and `serve` take them (each with its own help texts).
+struct SpecCliOptions {
+  std::string method = "none";  // --spec: mtp, ngram, dflash or none
+  int32_t draft_n = 3;          // --spec-draft-n
+  std::string draft_model;      // dflash: the drafter checkpoint
+  int32_t block_size = 0;       // dflash: 0 = the drafter's
+  int32_t tree_budget = 0;      // dflash: DDTree drafts per round (0: the chain)
+  bool dflash_sliding_causal = false;
+  bool adaptive = false;
+  std::string speculative_config;  // vLLM-style JSON; replaces --spec / --spec-draft-n
+};
+// The options the flags ask for: --speculative-config wins over --spec / --spec-draft-n (the
+// parsers exclude mixing them); a bad method or JSON throws Error.
+SpecOptions spec_cli_options(const SpecCliOptions& o);
 
 }  // namespace qwen36::cli
