@@ -4,7 +4,9 @@
 // of the one-token prefix is right); a real (non-simulated) spec bench run equals plain greedy
 // at batch 1 and 3 with MTP, n-gram and the repeat stand-in; the JSON config parser accepts
 // good and names the key of bad input; a CLI smoke test of bench / run / serve through the
-// built binary (skipped when it is not built).
+// built binary, and run's speculative flags reaching the generator (greedy output unchanged by
+// --spec / --speculative-config, k and adaptivity as asked) and serve's checks of them (skipped
+// when the binary is not built).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -229,6 +231,37 @@ TEST(SpecBenchCli, ConfigErrorsAreOneLine) {
       &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("\"num_speculative_tokens\" must be an integer in 1..16"), std::string::npos) << out;
+}
+
+// run's speculative flags (cli/common.h, spec_cli_options) on the built-in model: greedy output
+// is the plain run's token for token, and the acceptance line names the method, k and adaptivity
+// each flag asked for; serve refuses DFlash's flags without DFlash before loading anything.
+TEST(SpecBenchCli, RunFlagsReachTheGenerator) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  const std::string run = std::string(QWEN36_BIN) + " run --tokens 1,2,3 -n 16 --temp 0 -t 1";
+  int status = -1;
+  const std::string plain = test::run_command(run + " 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << plain;
+  ASSERT_FALSE(plain.empty());
+  struct Case {
+    std::string flags, line;
+  };
+  const Case cases[] = {
+      {"--spec mtp", "speculative mtp, k = 3:"},
+      {"--spec ngram --spec-draft-n 2", "speculative ngram, k = 2:"},
+      {"--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'", "speculative mtp, k = 2:"},
+      {"--spec mtp --spec-adaptive", "speculative mtp, k = 3 (adaptive):"},
+  };
+  for (const Case& c : cases) {
+    const std::string out = test::run_command(run + " " + c.flags + " 2>/dev/null", &status);
+    EXPECT_EQ(status, 0) << c.flags;
+    EXPECT_EQ(out, plain) << c.flags;
+    const std::string err = test::run_command(run + " " + c.flags + " 2>&1 >/dev/null", &status);
+    EXPECT_NE(err.find(c.line), std::string::npos) << c.flags << "\n" << err;
+  }
+  const std::string serve = test::run_command(std::string(QWEN36_BIN) + " serve --spec mtp --block-size 4 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(serve.find("apply to --spec dflash only"), std::string::npos) << serve;
 }
 
 }  // namespace
