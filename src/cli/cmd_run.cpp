@@ -109,7 +109,7 @@ GenerateResult run_generation(const RunOptions& o, LoadedModel& lm, const std::v
                  r.metrics.summary().c_str());
   else
     std::fprintf(stderr, "\nspeculative %s, k = %d%s: %s\n", spec_method_name(method), spec.draft_n,
-                 o.spec.adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
+                 spec.adaptive ? " (adaptive)" : "", r.metrics.summary().c_str());
   return r.gen;
 }
 
