@@ -390,6 +390,36 @@ __device__ bool find_chunk(const ChunkArgs& a, int64_t gc, SeqRun& run, int& c) 
   return true;
 }
 
+// Where a block of the per-chunk kernels works: chunk a.seg0 + blockIdx.x, value head blockIdx.y.
+struct ChunkSite {
+  SeqRun r;
+  int c, n, h, kh;            // the run's chunk, its token rows (≤ 64), the value head and its key head
+  int64_t row0, head, khead;  // the chunk's first token row; its slot per value head and per key head
+};
+
+__device__ bool locate_chunk(const ChunkArgs& a, ChunkSite& at) {
+  const int64_t gcl = blockIdx.x;
+  if (!find_chunk(a, a.seg0 + gcl, at.r, at.c)) return false;
+  at.h = int(blockIdx.y);
+  at.kh = at.h / (a.Hv / a.Hk);
+  at.n = min(kC, at.r.count - at.c * kC);
+  at.row0 = int64_t(at.r.begin) + int64_t(at.c) * kC;
+  at.head = gcl * a.Hv + at.h;
+  at.khead = gcl * a.Hk + at.kh;
+  return true;
+}
+
+// γ's prefix sum over the chunk, serial in the CPU's order (every later e^{γ} sees the same γ);
+// the caller synchronises the block before and after.
+__device__ void cumulate_gamma(float* gs) {
+  if (threadIdx.x != 0) return;
+  float v[kC], acc = 0;  // loads first (independent), then the dependent adds
+#pragma unroll
+  for (int i = 0; i < kC; ++i) v[i] = gs[i];
+#pragma unroll
+  for (int i = 0; i < kC; ++i) gs[i] = acc += v[i];
+}
+
 // Rows [0, n) of a chunk of q̂, k̂ (heads H, head hh) or v (Hv, h) into smem rows of stride
 // ld (a multiple of 4), rows n..63 zero-filled; asynchronous (cp.async, the caller commits and
 // waits): all of a thread's loads are in flight at once. (Plain loads stored to shared memory
@@ -463,13 +493,10 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   float* gs = Ts + kC * L::LA;                  // [64] γ
   float* bs = gs + kC;                          // [64] β
   float* Ys = bs + kC;                          // [3][16][16] blocks of the inverse in progress
-  SeqRun r;
-  int c;
-  const int64_t gcl = blockIdx.x;
-  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
-  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
-  const int n = min(kC, r.count - c * kC);
-  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
+  ChunkSite at;
+  if (!locate_chunk(a, at)) return;
+  const auto& [r, c, n, h, kh, row0, head, khead] = at;
+  const int tid = int(threadIdx.x);
 
   load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
   load_rows_async<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
@@ -481,13 +508,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
-    float v[kC], acc = 0;  // loads first (independent), then the dependent adds
-#pragma unroll
-    for (int i = 0; i < kC; ++i) v[i] = gs[i];
-#pragma unroll
-    for (int i = 0; i < kC; ++i) gs[i] = acc += v[i];
-  }
+  cumulate_gamma(gs);
   __syncthreads();
   if (tid < kC) a.gam[head * kC + tid] = gs[tid];
 
@@ -644,13 +665,10 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_output_kernel(ChunkArgs a) 
   float* Bt = Ks;                                // [NB][TB][LB] after P: tiles of S_c and V'
   float* Ps = Ks + L::KB;                        // [64][LP] tril(Q̂K̂ᵀ ⊙ e^{γ_i−γ_j})
   float* gs = Ps + kC * L::LP;                   // [64] γ
-  SeqRun r;
-  int c;
-  const int64_t gcl = blockIdx.x;
-  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
-  const int h = int(blockIdx.y), kh = h / (a.Hv / a.Hk), tid = int(threadIdx.x);
-  const int n = min(kC, r.count - c * kC);
-  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h;
+  ChunkSite at;
+  if (!locate_chunk(a, at)) return;
+  const auto& [r, c, n, h, kh, row0, head, khead] = at;
+  const int tid = int(threadIdx.x);
 
   load_rows_async<DK>(Qs, L::LQ, a.qn, row0, n, a.Hk, kh);
   load_rows_async<DK>(Ks, L::LQ, a.kn, row0, n, a.Hk, kh);
@@ -773,13 +791,10 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
   float* gs = Ts + kC * L::LA;                  // [64] γ
   float* bs = gs + kC;                          // [64] β
   float* Ys = bs + kC;                          // [3][16][16] blocks of the inverse in progress
-  SeqRun r;
-  int c;
-  const int64_t gcl = blockIdx.x;
-  if (!find_chunk(a, a.seg0 + gcl, r, c)) return;
-  const int h = int(blockIdx.y), ratio = a.Hv / a.Hk, kh = h / ratio, tid = int(threadIdx.x), lane = tid & 31;
-  const int n = min(kC, r.count - c * kC);
-  const int64_t row0 = int64_t(r.begin) + int64_t(c) * kC, head = gcl * a.Hv + h, khead = gcl * a.Hk + kh;
+  ChunkSite at;
+  if (!locate_chunk(a, at)) return;
+  const auto& [r, c, n, h, kh, row0, head, khead] = at;
+  const int ratio = a.Hv / a.Hk, tid = int(threadIdx.x), lane = tid & 31;
 
   load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
   load_rows_async<DK>(Qs, L::LK, a.qn, row0, n, a.Hk, kh);
@@ -790,13 +805,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
     bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
   }
   __syncthreads();
-  if (tid == 0) {  // serial, in the CPU's order: every later e^{γ} sees the same γ
-    float v[kC], acc = 0;
-#pragma unroll
-    for (int i = 0; i < kC; ++i) v[i] = gs[i];
-#pragma unroll
-    for (int i = 0; i < kC; ++i) gs[i] = acc += v[i];
-  }
+  cumulate_gamma(gs);
   __syncthreads();
   if (tid < kC) {  // Gt: the scan's per-token factors
     float* G = a.gt + head * R::G;
