@@ -827,11 +827,12 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
   }
 }
 
-// The grouped form (pairs sorted by expert, a chunk of up to 8 pairs of one expert in the MMA's
-// columns; cuda_moe.cu takes it from 64 pairs) against the per-pair kernels, forced either way
-// (moe_grouped_select): bit for bit, since a column's sums do not depend on the others. The
-// types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 with top-8 puts
-// 1-8 pairs in a chunk and several chunks in an expert; invalid ids contribute nothing on both
+// The grouped form (pairs sorted by expert, a chunk of up to 16 pairs of one expert in one or two
+// sets of the MMA's 8 columns; cuda_moe.cu takes it from 64 pairs) against the per-pair kernels,
+// forced either way (moe_grouped_select): bit for bit, since a column's sums do not depend on the
+// others. The types and shapes cover the warp splits of TiledDecodeMatchesInt8Twin; E = 16 and 8
+// with top-8 put 1-16 pairs in a chunk (one set or two, the second part padding) and several
+// chunks in an expert (T = 40: 20 or 40 pairs an expert); invalid ids contribute nothing on both
 // sides; moe_expert_rows (expert offload's rows) the same; a graph replay bitwise the eager call.
 // Blocks of 1, 3 (last blocks with fewer groups, e.g. D = 1024's gate+up: 32 row-tiles, 2 a
 // group) and 4 (the default) row-tile groups.

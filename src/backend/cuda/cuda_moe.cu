@@ -31,8 +31,8 @@
 //    that received pairs dequantized per pass into a bounded scratch (run_prefill_quant).
 //    Experts in the device's tiled layout (CudaBackend::tile_weights; a layer's experts all or
 //    none) decode on the int8 tensor cores per pair instead (quant_tiled_moe, cuda_quant_moe_mma.cu),
-//    from kMinGroupedPairs pairs grouped by expert (the prefill's grouping below, in chunks of 8
-//    pairs of an expert: quant_tiled_moe_grouped, cuda_quant_moe_grouped.cu, then
+//    from kMinGroupedPairs pairs grouped by expert (the prefill's grouping below, in chunks of up
+//    to 16 pairs of an expert: quant_tiled_moe_grouped, cuda_quant_moe_grouped.cu, then
 //    combine_rows_kernel; bitwise the per-pair kernels), and dequantize from tiles for the
 //    prefill (quant_dequant_tiled_experts).
 //  - moe_experts_shared (Backend's), up to kMaxSharedFoldTokens tokens on tiled experts whose
@@ -1077,9 +1077,10 @@ bool grouped_pays(const QuantExperts& q) {
 void grouped_rows(Ctx& c, const QuantExperts& q, const Tensor& x, const Tensor& ids, const void* const* table,
                   Tensor& rows) {
   const MoeShape& s = q.s;
-  // Σ_e ⌈n_e / 8⌉ ≤ ⌊P / 8⌋ + (experts with pairs)
-  const int64_t chunks = s.P / kMoeGroupCols + std::min(s.E, s.P);
-  const Grouping grp(c, s, ids, kMoeGroupCols, chunks);
+  // Σ_e ⌈n_e / bm⌉ ≤ ⌊P / bm⌋ + (experts with pairs)
+  const int bm = moe_grouped_cols();
+  const int64_t chunks = s.P / bm + std::min(s.E, s.P);
+  const Grouping grp(c, s, ids, bm, chunks);
   quant_tiled_moe_grouped(c, x, ids, table, q.gu, q.dn, s.I, MoeGrouping{grp.row_pair, grp.chunk, chunks}, rows);
 }
 

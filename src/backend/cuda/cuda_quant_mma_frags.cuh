@@ -350,64 +350,92 @@ __device__ __forceinline__ void tile_scales(const Raw<D>& R, int lane, [[maybe_u
   }
 }
 
+// k32 group jj of a tile (its A fragments a0..a3 already unpacked) against the 8 MMA columns'
+// quantized rows: xb the groups of this lane's B column g (lane / 4), xf0 / xf1 those of its C
+// columns 2t, 2t + 1 (t = lane % 4); tab, dg, dg8: tile_scales'. acc[0] += (row g, 2t), acc[1] +=
+// (g, 2t + 1), acc[2] += (g + 8, 2t), acc[3] += (g + 8, 2t + 1).
+template <DType D>
+__device__ __forceinline__ void group_cols(const Raw<D>& R, int jj, uint32_t a0, uint32_t a1, uint32_t a2,
+                                           uint32_t a3, const ColGroup* __restrict__ xb,
+                                           const ColGroup* __restrict__ xf0, const ColGroup* __restrict__ xf1,
+                                           int lane, [[maybe_unused]] const float2* tab, [[maybe_unused]] float dg,
+                                           [[maybe_unused]] float dg8, float (&acc)[4]) {
+  const int t = lane & 3;
+  const uint2 bf = xb[jj].b[t];
+  const float4 f0 = xf0[jj].s, f1 = xf1[jj].s;
+  if constexpr (min_tile(D)) {
+    const int g = lane >> 2;
+    const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+    int c[4];
+    mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+    acc[0] = fmaf(m0.x, f0.x * float(c[0]), fmaf(-m0.y, f0.y, acc[0]));
+    acc[1] = fmaf(m0.x, f1.x * float(c[1]), fmaf(-m0.y, f1.y, acc[1]));
+    acc[2] = fmaf(m1.x, f0.x * float(c[2]), fmaf(-m1.y, f0.y, acc[2]));
+    acc[3] = fmaf(m1.x, f1.x * float(c[3]), fmaf(-m1.y, f1.y, acc[3]));
+  } else if constexpr (D == DType::Q6_K_T16) {
+    const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
+    const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+    int ca[4], cb[4];
+    mma_u8s8_k16(ca, a0, a1, bf.x, __float_as_int(f0.z), __float_as_int(f1.z));  // Σ (q − 32) · x, first 16
+    mma_u8s8_k16(cb, a2, a3, bf.y, __float_as_int(f0.w), __float_as_int(f1.w));  // and the second
+    acc[0] = fmaf(dg * f0.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[0]);
+    acc[1] = fmaf(dg * f1.x, float(sa0 * ca[1] + sb0 * cb[1]), acc[1]);
+    acc[2] = fmaf(dg8 * f0.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[2]);
+    acc[3] = fmaf(dg8 * f1.x, float(sa1 * ca[3] + sb1 * cb[3]), acc[3]);
+  } else if constexpr (D == DType::NVFP4_B64_T16) {
+    const int g = lane >> 2;
+    const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+    int ca[4], cb[4];
+    mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
+    mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
+    acc[0] = fmaf(m0.y * f0.x, float(cb[0]), fmaf(m0.x * f0.x, float(ca[0]), acc[0]));
+    acc[1] = fmaf(m0.y * f1.x, float(cb[1]), fmaf(m0.x * f1.x, float(ca[1]), acc[1]));
+    acc[2] = fmaf(m1.y * f0.x, float(cb[2]), fmaf(m1.x * f0.x, float(ca[2]), acc[2]));
+    acc[3] = fmaf(m1.y * f1.x, float(cb[3]), fmaf(m1.x * f1.x, float(ca[3]), acc[3]));
+  } else {
+    float e0, e1;
+    s8_scales(R, jj, e0, e1);
+    int c[4];
+    mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+    acc[0] = fmaf(e0 * f0.x, float(c[0]), acc[0]);
+    acc[1] = fmaf(e0 * f1.x, float(c[1]), acc[1]);
+    acc[2] = fmaf(e1 * f0.x, float(c[2]), acc[2]);
+    acc[3] = fmaf(e1 * f1.x, float(c[3]), acc[3]);
+  }
+}
+
 // One tile (row-tile r, super-block s) against the 8 MMA columns' quantized rows (8 groups
-// each): xb the groups of this lane's B column g (lane / 4), xf0 / xf1 those of its C columns
-// 2t, 2t + 1 (t = lane % 4). acc[0] += (row g, 2t), acc[1] += (g, 2t + 1), acc[2] += (g + 8, 2t),
-// acc[3] += (g + 8, 2t + 1). Each column's integer products and float epilogue are mma_kernel's
-// for a token column and do not depend on the other columns: a row gives the same sums in any
-// column, beside any others (the routed experts' grouped kernels rely on it).
+// each; group_cols' xb, xf0, xf1, acc). Each column's integer products and float epilogue are
+// mma_kernel's for a token column and do not depend on the other columns: a row gives the same
+// sums in any column, beside any others (the routed experts' grouped kernels rely on it).
 template <DType D>
 __device__ __forceinline__ void tile_cols(const Raw<D>& R, const ColGroup* __restrict__ xb,
                                           const ColGroup* __restrict__ xf0, const ColGroup* __restrict__ xf1,
                                           int lane, [[maybe_unused]] float2* tab, float (&acc)[4]) {
-  const int t = lane & 3;
-  [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+  float dg = 0.0f, dg8 = 0.0f;
   tile_scales(R, lane, tab, dg, dg8);
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     uint32_t a0, a1, a2, a3;
     a_frags(R, jj, a0, a1, a2, a3);
-    const uint2 bf = xb[jj].b[t];
-    const float4 f0 = xf0[jj].s, f1 = xf1[jj].s;
-    if constexpr (min_tile(D)) {
-      const int g = lane >> 2;
-      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
-      int c[4];
-      mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc[0] = fmaf(m0.x, f0.x * float(c[0]), fmaf(-m0.y, f0.y, acc[0]));
-      acc[1] = fmaf(m0.x, f1.x * float(c[1]), fmaf(-m0.y, f1.y, acc[1]));
-      acc[2] = fmaf(m1.x, f0.x * float(c[2]), fmaf(-m1.y, f0.y, acc[2]));
-      acc[3] = fmaf(m1.x, f1.x * float(c[3]), fmaf(-m1.y, f1.y, acc[3]));
-    } else if constexpr (D == DType::Q6_K_T16) {
-      const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
-      const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
-      int ca[4], cb[4];
-      mma_u8s8_k16(ca, a0, a1, bf.x, __float_as_int(f0.z), __float_as_int(f1.z));  // Σ (q − 32) · x, first 16
-      mma_u8s8_k16(cb, a2, a3, bf.y, __float_as_int(f0.w), __float_as_int(f1.w));  // and the second
-      acc[0] = fmaf(dg * f0.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[0]);
-      acc[1] = fmaf(dg * f1.x, float(sa0 * ca[1] + sb0 * cb[1]), acc[1]);
-      acc[2] = fmaf(dg8 * f0.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[2]);
-      acc[3] = fmaf(dg8 * f1.x, float(sa1 * ca[3] + sb1 * cb[3]), acc[3]);
-    } else if constexpr (D == DType::NVFP4_B64_T16) {
-      const int g = lane >> 2;
-      const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
-      int ca[4], cb[4];
-      mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
-      mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
-      acc[0] = fmaf(m0.y * f0.x, float(cb[0]), fmaf(m0.x * f0.x, float(ca[0]), acc[0]));
-      acc[1] = fmaf(m0.y * f1.x, float(cb[1]), fmaf(m0.x * f1.x, float(ca[1]), acc[1]));
-      acc[2] = fmaf(m1.y * f0.x, float(cb[2]), fmaf(m1.x * f0.x, float(ca[2]), acc[2]));
-      acc[3] = fmaf(m1.y * f1.x, float(cb[3]), fmaf(m1.x * f1.x, float(ca[3]), acc[3]));
-    } else {
-      float e0, e1;
-      s8_scales(R, jj, e0, e1);
-      int c[4];
-      mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-      acc[0] = fmaf(e0 * f0.x, float(c[0]), acc[0]);
-      acc[1] = fmaf(e0 * f1.x, float(c[1]), acc[1]);
-      acc[2] = fmaf(e1 * f0.x, float(c[2]), acc[2]);
-      acc[3] = fmaf(e1 * f1.x, float(c[3]), acc[3]);
-    }
+    group_cols<D>(R, jj, a0, a1, a2, a3, xb, xf0, xf1, lane, tab, dg, dg8, acc);
+  }
+}
+
+// tile_cols for two sets of 8 columns (x[h]: set h's xb, xf0, xf1 for set h; acc[h] its sums),
+// the tile's fragments unpacked once for both; the second set only where `two` (warp-uniform).
+// Each column's sums are tile_cols'.
+template <DType D>
+__device__ __forceinline__ void tile_cols2(const Raw<D>& R, const ColGroup* const (&x)[2][3], bool two, int lane,
+                                           [[maybe_unused]] float2* tab, float (&acc)[2][4]) {
+  float dg = 0.0f, dg8 = 0.0f;
+  tile_scales(R, lane, tab, dg, dg8);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t a0, a1, a2, a3;
+    a_frags(R, jj, a0, a1, a2, a3);
+    group_cols<D>(R, jj, a0, a1, a2, a3, x[0][0], x[0][1], x[0][2], lane, tab, dg, dg8, acc[0]);
+    if (two) group_cols<D>(R, jj, a0, a1, a2, a3, x[1][0], x[1][1], x[1][2], lane, tab, dg, dg8, acc[1]);
   }
 }
 

@@ -1,8 +1,9 @@
 // The grouped form of the routed experts on tiled weights (many pairs: batch decode, prefill
 // chunks; cuda_moe.cu takes it from kMinGroupedPairs). The pair kernels (cuda_quant_moe_mma.cu)
 // read each pair's expert matrices, so a step of P pairs reads P experts; grouped by expert, a
-// block takes a chunk of up to kGroupCols pairs of one expert as the int8 MMA's 8 columns and
-// reads the expert once for all of them (35B-A3B at batch 64: 512 pairs over ~221 experts). The
+// block takes a chunk of up to kGroupCols (16) pairs of one expert as the columns of one or two
+// sets of the int8 MMA's 8 (a tile's fragments unpacked once for both: tile_cols2) and reads the
+// expert once for all of them (35B-A3B at batch 64: 512 pairs over ~221 experts). The
 // pairs come sorted by expert from cuda_moe.cu's group_kernel (chunks of kGroupCols sorted rows,
 // a record per chunk: its expert, first row and pairs); a column's sums are the pair kernels' to
 // the bit (tile_cols: the columns do not mix), so the grouped form writes what moe_down_kernel's
@@ -40,7 +41,7 @@ namespace qwen36::cuda {
 
 namespace {
 
-constexpr int kGroupCols = kMoeGroupCols;  // pairs a chunk: the MMA's columns
+constexpr int kGroupCols = kMoeGroupCols;  // pairs a chunk: two sets of the MMA's 8 columns
 constexpr int kGroupWarps = 8;             // warps a block: two blocks a SM by registers
 constexpr int kColStride = 20;             // floats per column of a unit's partial sums (16 rows + 4 pad)
 constexpr int kMaxWidth = 16384;           // D and I bound: a chunk's rows in shared memory
@@ -141,25 +142,34 @@ __global__ void __launch_bounds__(kGroupWarps * 32, 2) moe_grouped_kernel(const 
     asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
   __syncthreads();
-  // B: this lane's column g (a padding column repeats the last pair; its sums are not written);
-  // the epilogue's columns 2t, 2t + 1
+  // Column set h (pairs 8h .. 8h + 7; the second only where the chunk has more than 8): this
+  // lane's B column g, its C columns 2t, 2t + 1 (a padding column repeats the last pair; its sums
+  // are not written). Offsets in ColGroups; super-block s's groups start 8·s further.
   const int t = lane & 3;
-  const ColGroup* xb = xg + size_t(min(lane >> 2, n - 1)) * G;
-  const ColGroup* xf0 = xg + size_t(min(2 * t, n - 1)) * G;
-  const ColGroup* xf1 = xg + size_t(min(2 * t + 1, n - 1)) * G;
+  const bool two = n > 8;
+  int xo[2][3];
+  for (int h = 0; h < 2; ++h) {
+    xo[h][0] = min(8 * h + (lane >> 2), n - 1) * G;
+    xo[h][1] = min(8 * h + 2 * t, n - 1) * G;
+    xo[h][2] = min(8 * h + 2 * t + 1, n - 1) * G;
+  }
+  // A tile against the chunk's columns (both sets: one unpacking of its fragments) into slot.
+  auto unit = [&](const Raw<D>& W, int s, float* slot) {
+    const ColGroup* x[2][3];
+    for (int h = 0; h < 2; ++h)
+      for (int q = 0; q < 3; ++q) x[h][q] = xg + xo[h][q] + s * 8;
+    float v[2][4] = {};
+    tile_cols2<D>(W, x, two, lane, tab, v);
+    store_unit(slot, lane, v[0]);
+    if (two) store_unit(slot + 8 * kColStride, lane, v[1]);
+  };
   for (int i = 0; i < groups; ++i) {
     float* buf = red + size_t(i & 1) * red_n;
     float* mine = buf + size_t(warp / wr) * S * M * NC * kColStride;
     if (row_of(i) < R) {
       for (int s = s0; s < S; s += wr) {
-        float v0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile_cols<D>(C0, xb + s * 8, xf0 + s * 8, xf1 + s * 8, lane, tab, v0);
-        store_unit(mine + size_t(M * s) * NC * kColStride, lane, v0);
-        if constexpr (kGateUp) {
-          float v1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          tile_cols<D>(C1, xb + s * 8, xf0 + s * 8, xf1 + s * 8, lane, tab, v1);
-          store_unit(mine + size_t(2 * s + 1) * NC * kColStride, lane, v1);
-        }
+        unit(C0, s, mine + size_t(M * s) * NC * kColStride);
+        if constexpr (kGateUp) unit(C1, s, mine + size_t(2 * s + 1) * NC * kColStride);
         // this warp's next unit: (i, s + wr), else (i + 1, s0) if the block has it
         const int ni = s + wr < S ? i : i + 1, ns = s + wr < S ? s + wr : s0;
         if (ni < groups && row_of(ni) < R) {
@@ -242,6 +252,14 @@ bool quant_tiled_moe_grouped_fits(DType gate_up, DType down, int64_t D, int64_t 
 }
 
 void moe_grouped_loop_select(int loop) { g_group_loop.store(loop >= 1 && loop <= 64 ? loop : -1); }
+
+int moe_grouped_cols() {
+  static const int n = [] {
+    const char* v = std::getenv("QWEN36_MOE_GROUPED_COLS");
+    return v && std::atoi(v) == 8 ? 8 : kGroupCols;
+  }();
+  return n;
+}
 
 void quant_tiled_moe_grouped(Ctx& c, const Tensor& x, const Tensor& ids, const void* const* table, DType gate_up,
                              DType down, int64_t I, const MoeGrouping& grouping, Tensor& rows) {

@@ -10,10 +10,13 @@ namespace qwen36::cuda {
 
 // The grouped form of the routed experts (many pairs; cuda_quant_moe_grouped.cu): pairs sorted by
 // expert on the device in chunks of up to kMoeGroupCols of one expert, each chunk's expert read
-// once for its pairs. From cuda_moe.cu's group_kernel with bm = kMoeGroupCols: row_pair [P],
+// once for its pairs. From cuda_moe.cu's group_kernel with bm = moe_grouped_cols(): row_pair [P],
 // sorted row -> pair; chunk [chunks], chunk c's {expert, first sorted row, pairs, 0}, pairs 0
 // past the last; chunks: a bound on their number known on the host (the launch's size).
-constexpr int kMoeGroupCols = 8;
+constexpr int kMoeGroupCols = 16;
+// Pairs a chunk for group_kernel: QWEN36_MOE_GROUPED_COLS=8 (one set of columns a chunk, session
+// 46's chunks), else kMoeGroupCols.
+int moe_grouped_cols();
 struct MoeGrouping {
   const int32_t* row_pair;
   const int4* chunk;
