@@ -36,7 +36,8 @@ namespace {
 struct ServeBenchOptions {
   std::string model, synthetic, type = "bf16", backend = "cpu", output = "md", streams = "1,4,16,64";
   int64_t prompt_tokens = 512, gen_tokens = 128, ctx = 0, layers = 0;
-  int64_t rounds = 3, prefill_chunk = 256, batch_tokens = 512;
+  int64_t rounds = 3;
+  ServeStep step;  // as serve's (0: the backend's)
   int threads = 0;
   uint64_t seed = 42;
   CacheTypes cache;
@@ -172,10 +173,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
   QWEN36_CHECK(o.gen_tokens >= 1 && o.gen_tokens <= (1 << 24), "--gen-tokens {} must be in 1..{}", o.gen_tokens,
                1 << 24);
   QWEN36_CHECK(o.rounds >= 1 && o.rounds <= 1000, "--rounds {} must be in 1..1000", o.rounds);
-  QWEN36_CHECK(o.prefill_chunk >= 1 && o.prefill_chunk <= (1 << 20), "--prefill-chunk {} must be in 1..{}",
-               o.prefill_chunk, 1 << 20);
-  QWEN36_CHECK(o.batch_tokens >= 1 && o.batch_tokens <= (1 << 20), "-b/--batch-size {} must be in 1..{}",
-               o.batch_tokens, 1 << 20);
+  const ServeStep step = resolve_serve_step(o.step, o.backend);
   QWEN36_CHECK(o.ctx >= 0, "-c/--ctx-size {} must be >= 0 (0: prompt + generated tokens, rounded up)", o.ctx);
   const int64_t need = o.prompt_tokens + o.gen_tokens;
   QWEN36_CHECK(o.ctx == 0 || need <= o.ctx,
@@ -200,7 +198,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     OffloadOptions off = o.offload;  // --fit leaves room for the most streams' caches
     for (int64_t S : streams) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(S));
     off.plan.ctx = ctx;
-    off.plan.batch_tokens = std::max<int64_t>(o.batch_tokens, off.plan.slots + o.prefill_chunk);
+    off.plan.batch_tokens = std::max<int64_t>(step.batch_tokens, off.plan.slots + step.prefill_chunk);
     off.plan.output_rows = off.plan.slots;
     off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
     off.plan.state_type = state_type;
@@ -219,8 +217,8 @@ void run_bench_serve(const ServeBenchOptions& o) {
     SchedulerOptions so;
     so.slots = int32_t(S);
     so.context = ctx;
-    so.prefill_chunk = int32_t(o.prefill_chunk);
-    so.max_batch_tokens = int32_t(o.batch_tokens);
+    so.prefill_chunk = int32_t(step.prefill_chunk);
+    so.max_batch_tokens = int32_t(step.batch_tokens);
     so.max_queue = int32_t(S);
     so.prefix_cache = true;
     so.kv_type = kv_type;
@@ -230,7 +228,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     mem.ctx = ctx;
     // The largest pass: the step budget, or every decode token plus the one prefill chunk
     // that a step always takes, whichever is more.
-    mem.batch_tokens = std::max<int64_t>(o.batch_tokens, S + o.prefill_chunk);
+    mem.batch_tokens = std::max<int64_t>(step.batch_tokens, S + step.prefill_chunk);
     mem.output_rows = S;
     mem.kv_type = kv_type;
     mem.state_type = state_type;
@@ -287,8 +285,8 @@ void run_bench_serve(const ServeBenchOptions& o) {
                     {"context", ctx},
                     {"kv_type", std::string(dtype_name(kv_type))},
                     {"state_type", std::string(dtype_name(state_type))},
-                    {"prefill_chunk", o.prefill_chunk},
-                    {"batch_tokens", o.batch_tokens},
+                    {"prefill_chunk", step.prefill_chunk},
+                    {"batch_tokens", step.batch_tokens},
                     {"rounds_counted", counted_rounds},
                     {"requests", S * counted_rounds},
                     {"output_tokens", out_tokens},
@@ -314,7 +312,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
               dev.name.c_str(), double(bw.bytes) / double(1 << 30), (long long)o.prompt_tokens,
               (long long)o.gen_tokens, (long long)ctx, std::string(dtype_name(kv_type)).c_str(),
               state_type == DType::F32 ? "" : fmt::format(", DeltaNet state {}", dtype_name(state_type)).c_str(),
-              (long long)o.prefill_chunk, (long long)o.batch_tokens, (long long)(o.rounds - warmup),
+              (long long)step.prefill_chunk, (long long)step.batch_tokens, (long long)(o.rounds - warmup),
               warmup ? " after 1 warm-up" : "");
   std::printf("| model | backend | streams | requests | output tokens | wall s | output t/s | prompt t/s | decode t/s "
               "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak batch |\n");
@@ -356,10 +354,7 @@ void register_bench_serve(CLI::App& app) {
   add_cache_type_options(cmd, o->cache);
   add_offload_options(cmd, o->offload);
   add_tp_options(cmd, o->tp);
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step (as serve)")
-      ->capture_default_str();
-  cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step, decode + prefill (as serve's -b)")
-      ->capture_default_str();
+  add_serve_step_options(cmd, o->step);  // as serve's
   cmd->add_option("--seed", o->seed, "Seed of the random prompts")->capture_default_str();
   cmd->add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   cmd->footer(kColumns);

@@ -32,7 +32,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1", api_key;
   int port = 8080, threads = 0, parallel = 4, max_queue = 64, http_threads = 0;
   int64_t ctx = 4096;
-  int32_t prefill_chunk = 256, batch_tokens = 512;
+  ServeStep step;  // -b/--batch-size, --prefill-chunk (0: the backend's)
   double shutdown_timeout = 5;
   bool no_prefix_cache = false;
   std::string json_whitespace = "limited";  // structured output's default (text::whitespace_named)
@@ -75,6 +75,7 @@ void serve(const ServeOptions& o) {
   QWEN36_CHECK(o.ctx >= 16 && o.ctx <= (1 << 24), "--ctx-size {} is out of range", o.ctx);
   QWEN36_CHECK(o.max_queue >= 0, "--max-queue {} must be >= 0", o.max_queue);
   QWEN36_CHECK(o.shutdown_timeout >= 0, "--shutdown-timeout must be >= 0");
+  const ServeStep step = resolve_serve_step(o.step, o.backend);
 
   // SIGTERM / SIGINT are taken by sigwait below, so block them before any thread starts
   // (threads inherit the mask) and no handler ever runs inside a worker.
@@ -116,7 +117,7 @@ void serve(const ServeOptions& o) {
   OffloadOptions offload = o.offload;  // --fit leaves room for the caches this server will ask for
   offload.plan.slots = o.parallel;
   offload.plan.ctx = o.ctx;
-  offload.plan.batch_tokens = o.batch_tokens;
+  offload.plan.batch_tokens = step.batch_tokens;
   offload.plan.output_rows = o.parallel;
   offload.plan.kv_type = o.backend == "cuda" ? DType::BF16 : DType::F32;
   offload.plan.state_type = resolve_state_type(o.cache);
@@ -148,8 +149,8 @@ void serve(const ServeOptions& o) {
   so.spec = spec;
   so.slots = o.parallel;
   so.context = std::min<int64_t>(o.ctx, c.max_position_embeddings);
-  so.prefill_chunk = o.prefill_chunk;
-  so.max_batch_tokens = o.batch_tokens;
+  so.prefill_chunk = int32_t(step.prefill_chunk);
+  so.max_batch_tokens = int32_t(step.batch_tokens);
   so.max_queue = o.max_queue;
   so.prefix_cache = !o.no_prefix_cache;
   so.snapshots = {.interval = o.snapshot_interval,
@@ -237,10 +238,9 @@ void register_serve(CLI::App& app) {
   cmd->get_option("--cache-type-k")->envname("QWEN36_CACHE_TYPE_K");
   cmd->get_option("--cache-type-v")->envname("QWEN36_CACHE_TYPE_V");
   cmd->get_option("--state-type")->envname("QWEN36_STATE_TYPE");
-  cmd->add_option("-b,--batch-size", o->batch_tokens, "Tokens per engine step (decode + prefill)")
-      ->envname("QWEN36_BATCH_SIZE")->capture_default_str();
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens per sequence per step")
-      ->envname("QWEN36_PREFILL_CHUNK")->capture_default_str();
+  add_serve_step_options(cmd, o->step);
+  cmd->get_option("--batch-size")->envname("QWEN36_BATCH_SIZE");
+  cmd->get_option("--prefill-chunk")->envname("QWEN36_PREFILL_CHUNK");
   cmd->add_option("--max-queue", o->max_queue, "Waiting requests before new ones get 503")
       ->envname("QWEN36_MAX_QUEUE")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = parallel + max-queue + 8)")
@@ -344,7 +344,8 @@ void register_serve(CLI::App& app) {
       ->excludes(spec)
       ->excludes(spec_n);
   cmd->callback([o] {
-    spec_options(*o);  // a bad --speculative-config fails before the model loads
+    spec_options(*o);  // a bad --speculative-config, -b or --prefill-chunk fails before the model loads
+    resolve_serve_step(o->step, o->backend);
 #if QWEN36_HAVE_SERVER
     serve(*o);
 #else

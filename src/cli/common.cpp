@@ -297,4 +297,31 @@ SpecOptions spec_cli_options(const SpecCliOptions& o) {
   return spec;
 }
 
+namespace {
+constexpr ServeStep kCpuStep{.prefill_chunk = 256, .batch_tokens = 512};
+constexpr ServeStep kCudaStep{.prefill_chunk = 512, .batch_tokens = 2048};
+}  // namespace
+
+ServeStep resolve_serve_step(ServeStep o, const std::string& backend) {
+  const ServeStep d = backend == "cuda" ? kCudaStep : kCpuStep;
+  if (o.prefill_chunk == 0) o.prefill_chunk = d.prefill_chunk;
+  if (o.batch_tokens == 0) o.batch_tokens = d.batch_tokens;
+  QWEN36_CHECK(o.prefill_chunk >= 1 && o.prefill_chunk <= (1 << 20), "--prefill-chunk {} must be in 1..{} (0: default)",
+               o.prefill_chunk, 1 << 20);
+  QWEN36_CHECK(o.batch_tokens >= 1 && o.batch_tokens <= (1 << 20), "-b/--batch-size {} must be in 1..{} (0: default)",
+               o.batch_tokens, 1 << 20);
+  return o;
+}
+
+void add_serve_step_options(CLI::App* cmd, ServeStep& o) {
+  cmd->add_option("-b,--batch-size", o.batch_tokens,
+                  fmt::format("Tokens per engine step, decode + prefill (0: {} on the CPU, {} on CUDA)",
+                              kCpuStep.batch_tokens, kCudaStep.batch_tokens))
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                  fmt::format("Prompt tokens per sequence per step (0: {} on the CPU, {} on CUDA)",
+                              kCpuStep.prefill_chunk, kCudaStep.prefill_chunk))
+      ->capture_default_str();
+}
+
 }  // namespace qwen36::cli

@@ -132,4 +132,18 @@ struct SpecCliOptions {
 // parsers exclude mixing them); a bad method or JSON throws Error.
 SpecOptions spec_cli_options(const SpecCliOptions& o);
 
+// The engine step of serve and bench-serve: -b/--batch-size (tokens a step, decode +
+// prefill) and --prefill-chunk (prompt tokens a sequence a step), 0 = the backend's default.
+// The CPU reads a few hundred tokens a second, so short steps keep every stream's tokens
+// coming; on CUDA a step of 2,048 costs little more than one of 512, and 64 streams of
+// 512-token prompts on 35B-A3B Q4_K_M go 1,332 -> 1,595 output t/s, TTFT p50 2.0 -> 1.2 s
+// (H100, bench/RESULTS.md session 49), as llama-server's -b 2048.
+struct ServeStep {
+  int64_t prefill_chunk = 0, batch_tokens = 0;
+};
+// `o` with its zeros replaced by `backend`'s defaults; an Error names a flag out of 1..2^20.
+ServeStep resolve_serve_step(ServeStep o, const std::string& backend);
+// The flags (help texts name both backends' defaults); `serve` adds its QWEN36_* names.
+void add_serve_step_options(CLI::App* cmd, ServeStep& o);
+
 }  // namespace qwen36::cli

@@ -56,6 +56,8 @@ TEST(BenchServeCli, JsonTotalsAndPercentiles) {
     EXPECT_EQ(r["gen_tokens"].get<int64_t>(), gen);
     EXPECT_GE(r["context"].get<int64_t>(), prompt + gen);
     EXPECT_EQ(r["state_type"].get<std::string>(), "f32");  // the default --state-type
+    EXPECT_EQ(r["prefill_chunk"].get<int64_t>(), 256);  // the CPU's default step (0 = the backend's)
+    EXPECT_EQ(r["batch_tokens"].get<int64_t>(), 512);
     EXPECT_EQ(r["rounds_counted"].get<int64_t>(), rounds - 1);  // the first is a warm-up
     EXPECT_EQ(r["requests"].get<int64_t>(), S * (rounds - 1));
     EXPECT_EQ(r["output_tokens"].get<int64_t>(), S * gen * (rounds - 1));
@@ -132,6 +134,8 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
       {"--prompt-tokens 0", "--prompt-tokens"},
       {"--prompt-tokens 30 --gen-tokens 20 -c 40", "do not fit -c/--ctx-size 40"},
       {"--rounds 0", "--rounds"},
+      {"--prefill-chunk -4", "--prefill-chunk -4 must be in 1..1048576 (0: default)"},
+      {"-b 2000000", "-b/--batch-size 2000000 must be in 1..1048576 (0: default)"},
       {"--state-type f16", "--state-type f16: unknown DeltaNet state type (supported: f32, bf16)"},
   };
   for (const auto& [args, what] : cases) {
@@ -144,6 +148,15 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
     EXPECT_NE(err.find("error: "), std::string::npos) << args << ": " << err;
     EXPECT_NE(err.find(what), std::string::npos) << args << ": " << err;
   }
+}
+
+// serve takes the same step flags and checks them before anything loads (or binds).
+TEST(BenchServeCli, ServeRefusesABadStepFirst) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  int status = -1;
+  const std::string out = test::run_command(std::string(QWEN36_BIN) + " serve --prefill-chunk -4 2>&1", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--prefill-chunk -4 must be in 1..1048576 (0: default)"), std::string::npos) << out;
 }
 
 }  // namespace
