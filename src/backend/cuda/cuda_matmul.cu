@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <functional>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv.cuh"
@@ -39,13 +40,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-template <typename W, int T, int U = kUnroll>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K) {
+// Chunks: tokens t0 + T·blockIdx.y onwards (a batch of more than 8 tokens over small matrices,
+// matmul_multi); otherwise tokens 0..T-1 and t0 unused.
+template <typename W, int T, int U = kUnroll, bool Chunks = false>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_multi_kernel(MultiRows m, const float* __restrict__ x, int K, int t0) {
   griddep_trigger();
   const int row = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= m.total) return;
-  const MultiRow mr = multi_row(m, row);
+  MultiRow mr = multi_row(m, row);
+  if constexpr (Chunks) {
+    const int64_t first = t0 + int64_t(blockIdx.y) * T;
+    x += first * K;
+    mr.out += first * mr.N;
+  }
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
@@ -447,12 +456,47 @@ bool release_late_before(const Ctx& c, const Tensor& w) {
   return (t == DType::BF16 || t == DType::F16 || t == DType::F32) && !gemv_split_k(c, w.rows(), w.cols());
 }
 
+// Small f32 matrices at 8 < T ≤ kTiledMaxT (the MoE router and shared-expert gate of a batch
+// step): the GEMV over chunks of 8 tokens in the grid's y, the matrices re-read from L2 once per
+// chunk. One or two launches (the chunks, the T % 8 left), against cuBLAS's SIMT SGEMM with its
+// split-K reduce plus a GEMV for the one-row gate (~17 µs a layer at 64 tokens on the H100).
+// QWEN36_F32_CHUNKS=off: cuBLAS as before (the A / B of bench/RESULTS.md, session 49).
+constexpr size_t kChunkedF32MaxBytes = size_t(4) << 20;
+
+bool small_f32_in_chunks(const Ctx& c, std::span<const Tensor* const> ws, int64_t T) {
+  static const bool on = [] {
+    const char* v = std::getenv("QWEN36_F32_CHUNKS");
+    return !(v && std::strcmp(v, "off") == 0);
+  }();
+  if (!on || c.exact_matmul || T <= 8 || T > kTiledMaxT || ws[0]->dtype != DType::F32) return false;
+  size_t bytes = 0;
+  for (const Tensor* w : ws) bytes += w->nbytes();
+  return bytes <= kChunkedF32MaxBytes;
+}
+
+void launch_f32_chunks(Ctx& c, const MultiRows& m, const float* x, int T, int K) {
+  const dim3 block(kGemvWarps * 32);
+  const unsigned blocks = unsigned(gemv_blocks(m.total)), chunks = unsigned(T / 8);
+  launch_pdl(gemv_multi_kernel<float, 8, kUnroll, true>, dim3(blocks, chunks), block, 0, c.stream, m, x, K, 0);
+  if (T % 8)
+    with_batch(T % 8, [&](auto tc) {
+      launch_pdl(gemv_multi_kernel<float, tc.value, kUnroll, true>, dim3(blocks), block, 0, c.stream, m, x, K,
+                 int(chunks * 8));
+    });
+  CUDA_LAUNCH_CHECK();
+}
+
 bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (ws.empty() || ws.size() > size_t(kMaxMulti) || ws.size() != outs.size() || x.dtype != DType::F32) return false;
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
-  if (T < 1 || T > 8 || x.cols() != K || K % 8 != 0 || !gemv_dtype(ws[0]->dtype)) return false;
+  const bool chunked = small_f32_in_chunks(c, ws, T);
+  if (T < 1 || (T > 8 && !chunked) || x.cols() != K || K % 8 != 0 || !gemv_dtype(ws[0]->dtype)) return false;
   MultiRows m{};
   if (!multi_rows(ws, outs, K, T, m)) return false;
+  if (chunked) {
+    launch_f32_chunks(c, m, x.as<const float>(), int(T), int(K));
+    return true;
+  }
   const int64_t rows = m.total;
   const dim3 grid(unsigned(gemv_blocks(rows))), block(kGemvWarps * 32);
   with_weight_type(ws[0]->dtype, [&](auto wt) {
@@ -476,12 +520,12 @@ bool matmul_multi(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     if constexpr (sizeof(W) == 2) {
       if (T == 1 && grid.x <= unsigned(2 * dev_info().sms) && K % (8 * 32 * kWholeRowUnroll) == 0) {
         launch_pdl(gemv_multi_kernel<W, 1, kWholeRowUnroll>, grid, block, 0, c.stream, m, x.as<const float>(),
-                   int(K));
+                   int(K), 0);
         return;
       }
     }
     with_batch(int(T), [&](auto tc) {
-      launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K));
+      launch_pdl(gemv_multi_kernel<W, tc.value>, grid, block, 0, c.stream, m, x.as<const float>(), int(K), 0);
     });
   });
   CUDA_LAUNCH_CHECK();
