@@ -299,7 +299,7 @@ SpecOptions spec_cli_options(const SpecCliOptions& o) {
 
 namespace {
 constexpr ServeStep kCpuStep{.prefill_chunk = 256, .batch_tokens = 512};
-constexpr ServeStep kCudaStep{.prefill_chunk = 512, .batch_tokens = 2048};
+constexpr ServeStep kCudaStep{.prefill_chunk = 512, .batch_tokens = 4096};
 }  // namespace
 
 ServeStep resolve_serve_step(ServeStep o, const std::string& backend) {

@@ -135,9 +135,10 @@ SpecOptions spec_cli_options(const SpecCliOptions& o);
 // The engine step of serve and bench-serve: -b/--batch-size (tokens a step, decode +
 // prefill) and --prefill-chunk (prompt tokens a sequence a step), 0 = the backend's default.
 // The CPU reads a few hundred tokens a second, so short steps keep every stream's tokens
-// coming; on CUDA a step of 2,048 costs little more than one of 512, and 64 streams of
-// 512-token prompts on 35B-A3B Q4_K_M go 1,332 -> 1,595 output t/s, TTFT p50 2.0 -> 1.2 s
-// (H100, bench/RESULTS.md session 49), as llama-server's -b 2048.
+// coming. On CUDA a step of 4,096 reads prompts at several times the rate of one of 512: 64
+// streams of 512-token prompts on 35B-A3B Q4_K_M give 1,991 output t/s against 1,332 (TTFT p50
+// 0.75 s against 2.0), 16 on the 27B 805 against 561, for an inter-token p99 of ~150 ms behind a
+// step of prompts (8,192 adds ~1% more and doubles that p99; H100, bench/RESULTS.md session 49).
 struct ServeStep {
   int64_t prefill_chunk = 0, batch_tokens = 0;
 };
