@@ -182,8 +182,10 @@ void serve(const ServeOptions& o) {
                    : o.model.empty() ? "qwen36-default"
                                      : std::filesystem::path(o.model).filename().string();
   http.attach(ctx);
-  spdlog::info("ready: model \"{}\" on {}, {} slots x {} tokens, http://{}:{}/", ctx.model_name, lm.backend->name(),
-               so.slots, so.context, o.host, port);
+  spdlog::info("ready: model \"{}\" on {}, {} slots x {} tokens, steps of {} tokens (prompt chunks of {}), "
+               "http://{}:{}/",
+               ctx.model_name, lm.backend->name(), so.slots, so.context, so.max_batch_tokens, so.prefill_chunk, o.host,
+               port);
   if (so.spec.method != SpecMethod::None)
     spdlog::info("speculative decoding: {}, up to {} drafts per sequence and step{}", spec_method_name(so.spec.method),
                  so.spec.method == SpecMethod::Dflash && !so.spec.dflash.block_size ? std::string("block - 1 of the drafter")
