@@ -75,7 +75,7 @@ void serve(const ServeOptions& o) {
   QWEN36_CHECK(o.ctx >= 16 && o.ctx <= (1 << 24), "--ctx-size {} is out of range", o.ctx);
   QWEN36_CHECK(o.max_queue >= 0, "--max-queue {} must be >= 0", o.max_queue);
   QWEN36_CHECK(o.shutdown_timeout >= 0, "--shutdown-timeout must be >= 0");
-  const ServeStep step = resolve_serve_step(o.step, o.backend);
+  const ServeStep& step = o.step;  // resolved by the command's callback (no zeros left)
 
   // SIGTERM / SIGINT are taken by sigwait below, so block them before any thread starts
   // (threads inherit the mask) and no handler ever runs inside a worker.
@@ -347,7 +347,7 @@ void register_serve(CLI::App& app) {
       ->excludes(spec_n);
   cmd->callback([o] {
     spec_options(*o);  // a bad --speculative-config, -b or --prefill-chunk fails before the model loads
-    resolve_serve_step(o->step, o->backend);
+    o->step = resolve_serve_step(o->step, o->backend);
 #if QWEN36_HAVE_SERVER
     serve(*o);
 #else
