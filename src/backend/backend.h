@@ -377,6 +377,12 @@ class Backend {
   virtual void gated_delta_rule_tree_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                               const Tensor& beta, const Tensor& state, const SeqRun& run,
                                               std::span<const int32_t> parent, Tensor& out);
+  // A tree commit's rows (Model::commit_speculative): in every tensor of `ts` (each [n, ...] of
+  // any type, rows contiguous) row j becomes row from[j], for j = 0, 1, ... in order, so that the
+  // accepted path stands where a chain's accepted tokens would. from[j] ≥ j and < n: no row is
+  // overwritten before it is read. The default copies row by row; a device backend moves them
+  // all in one launch.
+  virtual void compact_rows(std::span<Tensor> ts, std::span<const int32_t> from);
 
   // ---- batch tables and one-step graphs (optional; the defaults do nothing) ----
   // The token ids, runs and output rows of the forward pass about to run. A device backend

@@ -147,7 +147,31 @@ void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Ten
   scatter_last(b, po.t, p.last, out, run.begin);
 }
 
+void check_compaction(std::span<const Tensor> ts, std::span<const int32_t> from) {
+  for (const Tensor& t : ts) {
+    QWEN36_CHECK(t.ndim >= 1 && t.dim(0) >= int64_t(from.size()), "compact_rows: {} rows of {}", from.size(),
+                 t.shape_str());
+    for (size_t j = 0; j < from.size(); ++j)
+      QWEN36_CHECK(from[j] >= int32_t(j) && from[j] < t.dim(0), "compact_rows: row {} from row {} of {}", j, from[j],
+                   t.shape_str());
+  }
+}
+
 }  // namespace tree_ops
+
+void Backend::compact_rows(std::span<Tensor> ts, std::span<const int32_t> from) {
+  tree_ops::check_compaction(ts, from);
+  for (Tensor& t : ts) {
+    const int64_t row = int64_t(t.nbytes()) / t.dim(0);
+    auto* base = static_cast<std::byte*>(t.data);
+    for (size_t j = 0; j < from.size(); ++j) {
+      if (from[j] == int32_t(j)) continue;
+      const Tensor src(base + from[j] * row, DType::U8, {row});
+      Tensor dst(base + int64_t(j) * row, DType::U8, {row});
+      copy(src, dst);
+    }
+  }
+}
 
 // The Backend defaults: the composition above.
 void Backend::rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,

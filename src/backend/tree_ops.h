@@ -1,7 +1,8 @@
 #pragma once
 // defines: tree_ops::* — tree verification (DDTree) composed of a backend's own ops, so that
 //          every backend verifies trees correctly before it has tree kernels: the Backend
-//          defaults of rope_tree, attention_tree and the tree read-only DeltaNet ops.
+//          defaults of rope_tree, attention_tree and the tree read-only DeltaNet ops (and the
+//          checks of compact_rows, a tree commit's row moves).
 //
 // Each token of the tree is computed as a token of a root path run as a chain through the
 // backend's chain ops on rows gathered with get_rows (correct, not fast). The read-only DeltaNet
@@ -27,5 +28,7 @@ void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& 
 void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
                          Tensor& out);
+// Backend::compact_rows's conditions (every backend checks them the same way).
+void check_compaction(std::span<const Tensor> ts, std::span<const int32_t> from);
 
 }  // namespace qwen36::tree_ops

@@ -627,44 +627,42 @@ std::vector<int32_t> SpecCommit::path_tokens() const {
   return p;
 }
 
-// A tree commit's K/V: the accepted path's rows from pos0 + path[j] to pos0 + j, in path order
-// (path[j] ≥ j, so no row is overwritten before it is read).
-void Model::move_tree_kv(ModelState& state, std::span<const SpecCommit> commits,
-                         std::span<const std::vector<int32_t>> paths) {
+// A tree commit's accepted path moved to the front of its rows, in every layer in one backend
+// op: the DeltaNet layers' saved verify inputs (rows path[j] → j of the slot's) and the
+// attention layers' K/V (positions pos0 + path[j] → pos0 + j; an fp8 cache's per-head scales
+// too). What is left is a chain's commit of the first `keep` rows.
+void Model::compact_tree_path(ModelState& state, const SpecCommit& cm, std::span<const int32_t> path) {
   const ModelConfig& c = w_.config;
-  for (size_t ci = 0; ci < commits.size(); ++ci) {
-    const SpecCommit& cm = commits[ci];
-    const std::vector<int32_t>& path = paths[ci];
-    if (path.empty()) continue;
-    for (int64_t i = 0; i < c.n_layers; ++i) {
-      if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention) continue;
-      for (Tensor* cache : {&state.k_cache(i), &state.v_cache(i)}) {
-        // A position's rows of every KV head are contiguous in any cache type (backend/kv_cache.h);
-        // an fp8 cache also keeps one scale per (slot, head, position) after the rows.
-        const DType t = cache->dtype;
-        const int64_t slots = cache->dim(0), cap = cache->dim(1), kvh = cache->dim(2), hd = cache->dim(3);
-        QWEN36_CHECK(cm.pos0 >= 0 && cm.pos0 + path.back() < cap, "commit: path rows past the cache ({} + {} ≥ {})",
-                     cm.pos0, path.back(), cap);
-        const int64_t row = kvh * int64_t(dtype_row_bytes(t, hd));
-        auto* bytes = static_cast<std::byte*>(cache->data);
-        auto* base = bytes + (int64_t(cm.slot) * cap + cm.pos0) * row;
-        float* scales = t == DType::F8_E4M3 ? reinterpret_cast<float*>(bytes + kv_scale_offset(t, slots, cap, kvh, hd))
-                                           : nullptr;
-        for (size_t j = 1; j < path.size(); ++j) {
-          if (path[j] == int32_t(j)) continue;
-          const Tensor from(base + path[j] * row, DType::U8, {row});
-          Tensor to(base + int64_t(j) * row, DType::U8, {row});
-          backend_.copy(from, to);
-          for (int64_t h = 0; scales && h < kvh; ++h) {
-            float* head = scales + (int64_t(cm.slot) * kvh + h) * cap + cm.pos0;
-            const Tensor sf(head + path[j], DType::F32, {1});
-            Tensor st(head + j, DType::F32, {1});
-            backend_.copy(sf, st);
-          }
-        }
+  const int64_t n = state.spec_max_tokens();
+  std::vector<Tensor> rows;
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    if (c.layer_kinds[size_t(i)] != LayerKind::FullAttention) {
+      for (Tensor* buf : {&state.spec_conv_input(i), &state.spec_g(i), &state.spec_beta(i)}) {
+        const int64_t w = buf->cols();
+        rows.emplace_back(buf->as<float>() + int64_t(cm.slot) * n * w, DType::F32, std::initializer_list<int64_t>{n, w});
       }
+      continue;
+    }
+    for (Tensor* cache : {&state.k_cache(i), &state.v_cache(i)}) {
+      // A position's rows of every KV head are contiguous in any cache type (backend/kv_cache.h);
+      // an fp8 cache also keeps one scale per (slot, head, position) after the rows.
+      const DType t = cache->dtype;
+      const int64_t slots = cache->dim(0), cap = cache->dim(1), kvh = cache->dim(2), hd = cache->dim(3);
+      const int64_t used = int64_t(path.back()) + 1;
+      QWEN36_CHECK(cm.pos0 >= 0 && cm.pos0 + used <= cap, "commit: path rows past the cache ({} + {} > {})", cm.pos0,
+                   used, cap);
+      const int64_t row = kvh * int64_t(dtype_row_bytes(t, hd));
+      auto* bytes = static_cast<std::byte*>(cache->data);
+      rows.emplace_back(bytes + (int64_t(cm.slot) * cap + cm.pos0) * row, DType::U8,
+                        std::initializer_list<int64_t>{used, row});
+      if (t != DType::F8_E4M3) continue;
+      auto* scales = reinterpret_cast<float*>(bytes + kv_scale_offset(t, slots, cap, kvh, hd));
+      for (int64_t h = 0; h < kvh; ++h)
+        rows.emplace_back(scales + (int64_t(cm.slot) * kvh + h) * cap + cm.pos0, DType::F32,
+                          std::initializer_list<int64_t>{used, 1});
     }
   }
+  backend_.compact_rows(rows, path);
 }
 
 void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits) {
@@ -672,7 +670,7 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   const int32_t n_max = state.spec_max_tokens();
   std::vector<SeqRun> runs;  // the kept tokens of every commit, packed
   int32_t T = 0;
-  std::vector<std::vector<int32_t>> paths;  // each tree commit's path, computed once
+  std::vector<std::vector<int32_t>> paths;  // each commit's tree path (empty for a chain)
   for (const SpecCommit& cm : commits) {
     QWEN36_CHECK(cm.slot >= 0 && cm.slot < state.slots(), "commit: slot {} out of range", cm.slot);
     QWEN36_CHECK(cm.keep >= 0 && cm.keep <= n_max, "commit: keep {} outside 0..{}", cm.keep, n_max);
@@ -687,16 +685,14 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
     T += cm.keep;
   }
   if (T == 0) return;
-  move_tree_kv(state, commits, paths);
+  for (size_t i = 0; i < commits.size(); ++i)  // every commit checked first: then each tree's becomes a chain's
+    if (commits[i].path) compact_tree_path(state, commits[i], paths[i]);
   // The ops read the runs from the batch tables and their temporaries come from the workspace,
-  // so that a chain commit (no tree paths: each run's rows are its slot's first `keep`) can be
-  // recorded and replayed like a decode step, keyed by the runs' slots and lengths: ~8
-  // launches a DeltaNet layer otherwise cost the host more than the device.
+  // so that a commit can be recorded and replayed like a decode step, keyed by the runs' slots
+  // and lengths: ~8 launches a DeltaNet layer otherwise cost the host more than the device.
   ws_->begin(backend_);
   backend_.set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
-  const bool chain = std::none_of(commits.begin(), commits.end(), [](const SpecCommit& cm) { return cm.path != 0; });
-  auto run = [&] { commit_layers(state, commits, runs, paths, T, chain); };
-  if (!chain) return run();  // a tree commit's row copies follow its path: not recorded
+  auto run = [&] { commit_layers(state, runs, T); };
   RecordingKey key(0x9e3779b97f4a7c15ull);
   key.mix(uint64_t(T));
   for (const SeqRun& r : runs) key.mix(uint64_t(uint32_t(r.slot)) << 32 | uint32_t(r.count));
@@ -711,10 +707,10 @@ void Model::commit_speculative_rank(ModelState& state, std::span<const SpecCommi
   replay_or_record(key.value, seen, run);
 }
 
-// commit_speculative_rank's device work: each DeltaNet layer's kept rows replayed through the
-// plain conv and delta rule (from the verify pass's saved inputs), advancing the slots' states.
-void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
-                          std::span<const std::vector<int32_t>> paths, int32_t T, bool chain) {
+// commit_speculative_rank's device work: each DeltaNet layer's kept rows (every run's first
+// `count` saved inputs of its slot) replayed through the plain conv and delta rule, advancing
+// the slots' states.
+void Model::commit_layers(ModelState& state, std::span<const SeqRun> runs, int32_t T) {
   const ModelConfig& c = w_.config;
   const int32_t n_max = state.spec_max_tokens();
   const int64_t Hk = c.linear_k_heads, Hv = c.linear_v_heads, dk = c.linear_k_dim, dv = c.linear_v_dim,
@@ -724,31 +720,18 @@ void Model::commit_layers(ModelState& state, std::span<const SpecCommit> commits
     Scratch s(backend_, *ws_);
     Tensor mixed = s.f32({T, C});
     const DeltaNetWeights& d = w_.layers[size_t(i)].deltanet;
-    // chain: each run's rows are its slot's first `keep`, in one backend op where it fuses them
-    if (chain && backend_.deltanet_commit(d, state.conv_state(i), state.recurrent_state(i), runs,
-                                          state.spec_conv_input(i), state.spec_g(i), state.spec_beta(i), mixed))
+    if (backend_.deltanet_commit(d, state.conv_state(i), state.recurrent_state(i), runs, state.spec_conv_input(i),
+                                 state.spec_g(i), state.spec_beta(i), mixed))
       continue;
     Tensor g = s.f32({T, Hv}), beta = s.f32({T, Hv});
     const std::pair<Tensor*, Tensor*> parts[] = {
         {&state.spec_conv_input(i), &mixed}, {&state.spec_g(i), &g}, {&state.spec_beta(i), &beta}};
     for (const auto& [buf, dst] : parts) {
       const int64_t w = dst->cols(), per_slot = int64_t(n_max) * w;
-      for (size_t ri = 0, ci = 0; ri < runs.size(); ++ci) {
-        if (commits[ci].keep == 0) continue;
-        const SeqRun& r = runs[ri++];
-        float* slot_rows = static_cast<float*>(buf->data) + int64_t(r.slot) * per_slot;
-        if (!commits[ci].path) {  // a chain: its first keep rows
-          const Tensor from(slot_rows, DType::F32, {r.count, w});
-          Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin) * w, DType::F32, {r.count, w});
-          backend_.copy(from, to);
-          continue;
-        }
-        const std::vector<int32_t>& path = paths[ci];
-        for (int32_t j = 0; j < r.count; ++j) {  // a tree: the accepted path's rows, in path order
-          const Tensor from(slot_rows + int64_t(path[size_t(j)]) * w, DType::F32, {1, w});
-          Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin + j) * w, DType::F32, {1, w});
-          backend_.copy(from, to);
-        }
+      for (const SeqRun& r : runs) {
+        const Tensor from(static_cast<float*>(buf->data) + int64_t(r.slot) * per_slot, DType::F32, {r.count, w});
+        Tensor to(static_cast<float*>(dst->data) + int64_t(r.begin) * w, DType::F32, {r.count, w});
+        backend_.copy(from, to);
       }
     }
     Tensor q = s.f32({T, Hk, dk}), k = s.f32({T, Hk, dk}), v = s.f32({T, Hv, dv});

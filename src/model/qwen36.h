@@ -295,9 +295,8 @@ class Model {
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
                    SampleRequest* sample = nullptr, const VerifySave* verify = nullptr, Tensor* chain = nullptr);
   void replay_or_record(uint64_t key, int seen, const std::function<void()>& run);
-  // chain: no commit has a tree path (every run's rows are its slot's first `keep`).
-  void commit_layers(ModelState& state, std::span<const SpecCommit> commits, std::span<const SeqRun> runs,
-                     std::span<const std::vector<int32_t>> paths, int32_t T, bool chain);
+  // Every run's rows are its slot's first `keep` (a tree's path compacted there first).
+  void commit_layers(ModelState& state, std::span<const SeqRun> runs, int32_t T);
   // A forward pass on every rank: the peers' plain pass, rank0() here (forward / forward_sample).
   void forward_peers(const ForwardBatch& batch, ModelState& state, const std::function<void()>& rank0);
   // This rank's part of the public passes.
@@ -307,9 +306,8 @@ class Model {
                         std::span<const SeqRun> runs, ModelState& state, float* logits, float* mtp_hidden,
                         std::span<const int32_t> output_rows);
   void commit_speculative_rank(ModelState& state, std::span<const SpecCommit> commits);
-  // paths[i]: commits[i].path_tokens() (empty for a chain).
-  void move_tree_kv(ModelState& state, std::span<const SpecCommit> commits,
-                    std::span<const std::vector<int32_t>> paths);
+  // path: cm.path_tokens().
+  void compact_tree_path(ModelState& state, const SpecCommit& cm, std::span<const int32_t> path);
   // y ← Σ over ranks of y (a row-parallel projection's partial output); nothing without a comm.
   void reduce(Tensor& y);
 

@@ -606,6 +606,38 @@ TEST_F(CudaOps, CopyColsGetRowsSplitQGate) {
   EXPECT_EQ(rel_err(download(*gpu_, dg.t), g.floats()), 0.0);
 }
 
+// A tree commit's row moves (Backend::compact_rows): bitwise the CPU backend's row-by-row
+// copies, over more tensors than one launch takes (32) and rows of 4 B to 40 KB, a path with a
+// row that stays; a row that is not whole 4-byte words (a bf16 row of 3) takes the copies.
+TEST_F(CudaOps, CompactRowsIsTheRowByRowCopies) {
+  const std::vector<int32_t> from{0, 2, 3, 3, 7, 9, 12, 13, 14, 20};
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  for (const bool odd : {false, true}) {
+    std::vector<HostT> host;
+    for (int i = 0; i < 40; ++i) {
+      const int64_t w = i % 3 == 0 ? 10240 : i % 3 == 1 ? 48 : 1;
+      host.push_back(odd && i == 5 ? random_t(rng_, DType::BF16, {24, 3}) : random_t(rng_, DType::F32, {24, w}));
+    }
+    std::vector<DevT> dev;
+    std::vector<Tensor> dts, hts;
+    for (HostT& h : host) {
+      dev.push_back(upload(*gpu_, h));
+      dts.push_back(dev.back().t);
+      hts.push_back(h.t);
+    }
+    cpu->compact_rows(hts, from);
+    gpu_->compact_rows(dts, from);
+    for (size_t i = 0; i < host.size(); ++i) {
+      std::vector<uint8_t> got(host[i].bytes.size());
+      gpu_->copy_to_host(dts[i], got.data());
+      EXPECT_EQ(got, host[i].bytes) << "tensor " << i << (odd ? " (with an odd row)" : "");
+    }
+  }
+  const DevT small = upload(*gpu_, random_t(rng_, DType::F32, {4, 8}));
+  std::vector<Tensor> one{small.t};
+  EXPECT_THROW(gpu_->compact_rows(one, std::vector<int32_t>{0, 0}), Error);  // a row from before it
+}
+
 // A prefill's column split (the DeltaNet projections [4096, 16480] → q|k|v|z blocks): bytes
 // moved per second, printed; the copy itself checked exactly.
 TEST_F(CudaOps, ColumnCopyBandwidth) {

@@ -432,6 +432,10 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "get_rows");
     cuda::get_rows(ctx_, src, rows, dst);
   }
+  void compact_rows(std::span<Tensor> ts, std::span<const int32_t> from) override {
+    Prof p_(*this, "compact_rows");
+    if (!cuda::compact_rows(ctx_, ts, from)) Backend::compact_rows(ts, from);
+  }
   void prepare_weights(ModelWeights& w) override { prepare_weights_except(w, {}); }
   void prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) override;
   void tile_weights(ModelWeights& w);

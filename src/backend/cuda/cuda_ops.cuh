@@ -326,6 +326,9 @@ void copy_cols(Ctx&, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t d
 bool qk_norm_rope(Ctx&, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
                   const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
 void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& dst);
+// Backend::compact_rows in one launch per 32 tensors; false (nothing done) where a row is not
+// whole 4-byte words or more than 64 rows move (cuda_compact_rows.cu).
+bool compact_rows(Ctx&, std::span<Tensor> ts, std::span<const int32_t> from);
 // get_rows with the row list already on the device (n rows)
 void get_rows_dev(Ctx&, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst);
 

@@ -194,5 +194,29 @@ TEST(CpuTreeVerify, MalformedTreesAreRefused) {
                Error);  // fewer parents than tokens
 }
 
+// A tree commit's row moves (Backend::compact_rows, the default every backend is checked
+// against): row j of each tensor becomes the original row from[j] (from[j] ≥ j: moving in order
+// never reads a row already overwritten), the rows past the path stay; bad paths are refused
+// before anything moves.
+TEST(CpuTreeVerify, CompactRowsMovesThePathToTheFront) {
+  const std::vector<int32_t> from{0, 2, 3, 3, 7, 9};
+  std::vector<float> a(12 * 5), b(12 * 1);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(-int(i));
+  const std::vector<float> a0 = a, b0 = b;
+  std::vector<Tensor> ts{f32(a, {12, 5}), f32(b, {12, 1})};
+  cpu_backend().compact_rows(ts, from);
+  for (int64_t r = 0; r < 12; ++r) {
+    const int64_t src = r < int64_t(from.size()) ? from[size_t(r)] : r;
+    for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(a[size_t(r * 5 + c)], a0[size_t(src * 5 + c)]) << r << "," << c;
+    EXPECT_EQ(b[size_t(r)], b0[size_t(src)]) << r;
+  }
+  std::vector<Tensor> one{f32(a, {12, 5})};
+  const std::vector<float> before = a;
+  EXPECT_THROW(cpu_backend().compact_rows(one, std::vector<int32_t>{0, 0}), Error);   // a row from before it
+  EXPECT_THROW(cpu_backend().compact_rows(one, std::vector<int32_t>{0, 12}), Error);  // past the rows
+  EXPECT_EQ(a, before);
+}
+
 }  // namespace
 }  // namespace qwen36::cpu
