@@ -87,7 +87,7 @@ struct Shape {
 // row-tile summed over 9 warps); 16 rows of 68 super-blocks (one row-tile over 68 warps); 2400
 // row-tiles of 4 super-blocks (more tiles than warps: ranges start and end mid row-tile).
 const Shape kShapes[] = {{16, 256}, {48, 512}, {48, 2304}, {16, 17408}, {38400, 1024}};
-const int64_t kTs[] = {1, 2, 3, 4, 8, 9, 17, 64};
+const int64_t kTs[] = {1, 2, 3, 4, 8, 9, 17, 23, 40, 64};
 
 TEST_F(CudaQuantMma, EqualsDotWithInt8Activations) {
   for (DType dt : kTypes)
@@ -538,7 +538,7 @@ TEST_F(CudaQuantMma, Bandwidth27B) {
     for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}}) {
       const HostT w = repeated_rows(rng_, dt, N, K);
       std::vector<DevT> dw = cold_tiled_copies(*gpu_, w);
-      for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
+      for (int64_t T : {1, 2, 4, 8, 16, 23, 32, 64}) {
         const HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
         const double s = time_per_call(int(dw.size()), [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });

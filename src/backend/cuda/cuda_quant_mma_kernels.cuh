@@ -392,80 +392,88 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       tile_cols<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, col_mask, sacc);
       return;
     }
-    [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
-    tile_scales(R, lane, tab, dg, dg8);
-    // x's entries of this super-block: the unrolled loops below index them with constants, so
-    // every load is one instruction with an immediate offset (indexing from a.xb per load, the
-    // compiler rebuilt each 64-bit address: 3 integer instructions per load, ~15% of the
-    // instructions of a tile at 16 tokens).
-    // (XS: the same offsets into the block's copy, read as shared-memory loads.)
-    const uint2* __restrict__ xb = (XS ? xs_b : a.xb) + size_t(s) * (8 * NT * 32) + lane;
-    const float4* __restrict__ xf = (XS ? xs_f : a.xf) + size_t(s) * (8 * NT * 4) + t;
-    [[maybe_unused]] const int4* __restrict__ xi = (XS ? xs_i : a.xi) + size_t(s) * (8 * NT * 4) + t;
+    // NL n8 tiles of tokens (of the layout's NT): only those that hold a token, so 17-24 tokens
+    // (a DDTree verify of budget 22) skip the fourth of NT = 4, all padding, and 33-56 the last of
+    // NT = 8 (a padding column's sums are never stored).
+    auto tiles = [&]<int NL>() {
+      [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
+      tile_scales(R, lane, tab, dg, dg8);
+      // x's entries of this super-block: the unrolled loops below index them with constants, so
+      // every load is one instruction with an immediate offset (indexing from a.xb per load, the
+      // compiler rebuilt each 64-bit address: 3 integer instructions per load, ~15% of the
+      // instructions of a tile at 16 tokens).
+      // (XS: the same offsets into the block's copy, read as shared-memory loads.)
+      const uint2* __restrict__ xb = (XS ? xs_b : a.xb) + size_t(s) * (8 * NT * 32) + lane;
+      const float4* __restrict__ xf = (XS ? xs_f : a.xf) + size_t(s) * (8 * NT * 4) + t;
+      [[maybe_unused]] const int4* __restrict__ xi = (XS ? xs_i : a.xi) + size_t(s) * (8 * NT * 4) + t;
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      uint32_t a0, a1, a2, a3;
-      a_frags(R, jj, a0, a1, a2, a3);
-      if constexpr (min_tile(D)) {
-        const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+      for (int jj = 0; jj < 8; ++jj) {
+        uint32_t a0, a1, a2, a3;
+        a_frags(R, jj, a0, a1, a2, a3);
+        if constexpr (min_tile(D)) {
+          const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
-          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
-          int c[4];
-          mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-          acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
-          acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
-          acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
-          acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
-        }
-      } else if constexpr (D == DType::NVFP4_B64_T16) {
-        const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
+          for (int n = 0; n < NL; ++n) {
+            const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+            const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
+            int c[4];
+            mma_u8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+            acc[n][0] = fmaf(m0.x, f.x * float(c[0]), fmaf(-m0.y, f.y, acc[n][0]));
+            acc[n][2] = fmaf(m1.x, f.x * float(c[2]), fmaf(-m1.y, f.y, acc[n][2]));
+            acc[n][1] = fmaf(m0.x, f.z * float(c[1]), fmaf(-m0.y, f.w, acc[n][1]));
+            acc[n][3] = fmaf(m1.x, f.z * float(c[3]), fmaf(-m1.y, f.w, acc[n][3]));
+          }
+        } else if constexpr (D == DType::NVFP4_B64_T16) {
+          const float2 m0 = tab[g * kTabStride + jj], m1 = tab[(g + 8) * kTabStride + jj];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
-          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
-          int ca[4], cb[4];
-          mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
-          mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
-          acc[n][0] = fmaf(m0.y * f.x, float(cb[0]), fmaf(m0.x * f.x, float(ca[0]), acc[n][0]));
-          acc[n][2] = fmaf(m1.y * f.x, float(cb[2]), fmaf(m1.x * f.x, float(ca[2]), acc[n][2]));
-          acc[n][1] = fmaf(m0.y * f.z, float(cb[1]), fmaf(m0.x * f.z, float(ca[1]), acc[n][1]));
-          acc[n][3] = fmaf(m1.y * f.z, float(cb[3]), fmaf(m1.x * f.z, float(ca[3]), acc[n][3]));
-        }
-      } else if constexpr (D == DType::Q6_K_T16) {
-        // int8 scales of the group's two 16-halves, rows g and g + 8
-        const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
-        const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
+          for (int n = 0; n < NL; ++n) {
+            const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+            const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
+            int ca[4], cb[4];
+            mma_s8s8_k16(ca, a0, a1, bf.x);  // the first 16-group
+            mma_s8s8_k16(cb, a2, a3, bf.y);  // the second
+            acc[n][0] = fmaf(m0.y * f.x, float(cb[0]), fmaf(m0.x * f.x, float(ca[0]), acc[n][0]));
+            acc[n][2] = fmaf(m1.y * f.x, float(cb[2]), fmaf(m1.x * f.x, float(ca[2]), acc[n][2]));
+            acc[n][1] = fmaf(m0.y * f.z, float(cb[1]), fmaf(m0.x * f.z, float(ca[1]), acc[n][1]));
+            acc[n][3] = fmaf(m1.y * f.z, float(cb[3]), fmaf(m1.x * f.z, float(ca[3]), acc[n][3]));
+          }
+        } else if constexpr (D == DType::Q6_K_T16) {
+          // int8 scales of the group's two 16-halves, rows g and g + 8
+          const uint32_t w0 = pick(R.sc0, jj >> 1) >> (16 * (jj & 1)), w1 = pick(R.sc1, jj >> 1) >> (16 * (jj & 1));
+          const int sa0 = sext8(w0), sb0 = sext8(w0 >> 8), sa1 = sext8(w1), sb1 = sext8(w1 >> 8);
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
-          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
-          const int4 z = ldx<XS>(xi + (jj * NT + n) * 4);
-          int ca[4], cb[4];
-          mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
-          mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
-          acc[n][0] = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[n][0]);
-          acc[n][2] = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[n][2]);
-          acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
-          acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
-        }
-      } else {
-        float e0, e1;
-        s8_scales(R, jj, e0, e1);
+          for (int n = 0; n < NL; ++n) {
+            const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+            const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
+            const int4 z = ldx<XS>(xi + (jj * NT + n) * 4);
+            int ca[4], cb[4];
+            mma_u8s8_k16(ca, a0, a1, bf.x, z.x, z.y);  // Σ (q − 32) · x over the first 16
+            mma_u8s8_k16(cb, a2, a3, bf.y, z.z, z.w);  // and the second
+            acc[n][0] = fmaf(dg * f.x, float(sa0 * ca[0] + sb0 * cb[0]), acc[n][0]);
+            acc[n][2] = fmaf(dg8 * f.x, float(sa1 * ca[2] + sb1 * cb[2]), acc[n][2]);
+            acc[n][1] = fmaf(dg * f.z, float(sa0 * ca[1] + sb0 * cb[1]), acc[n][1]);
+            acc[n][3] = fmaf(dg8 * f.z, float(sa1 * ca[3] + sb1 * cb[3]), acc[n][3]);
+          }
+        } else {
+          float e0, e1;
+          s8_scales(R, jj, e0, e1);
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
-          const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
-          int c[4];
-          mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
-          acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
-          acc[n][2] = fmaf(e1 * f.x, float(c[2]), acc[n][2]);
-          acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
-          acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
+          for (int n = 0; n < NL; ++n) {
+            const uint2 bf = ldx<XS>(xb + (jj * NT + n) * 32);
+            const float4 f = ldx<XS>(xf + (jj * NT + n) * 4);
+            int c[4];
+            mma_s8s8_k32(c, a0, a1, a2, a3, bf.x, bf.y);
+            acc[n][0] = fmaf(e0 * f.x, float(c[0]), acc[n][0]);
+            acc[n][2] = fmaf(e1 * f.x, float(c[2]), acc[n][2]);
+            acc[n][1] = fmaf(e0 * f.z, float(c[1]), acc[n][1]);
+            acc[n][3] = fmaf(e1 * f.z, float(c[3]), acc[n][3]);
+          }
         }
       }
-    }
+    };
+    if constexpr (NT > 2)
+      if (8 * (NT - 1) >= T) return tiles.template operator()<NT - 1>();
+    tiles.template operator()<NT>();
   };
   // A row-tile's piece ends at its last super-block or at the range's end (flush, with r the
   // row-tile). A whole row-tile is written out; a piece of a split one goes to the warp's slot 0
