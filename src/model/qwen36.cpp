@@ -432,9 +432,10 @@ void Model::replay_or_record(uint64_t key, int seen, const std::function<void()>
 // tables (an op that would need the host instead drops the recording: the step runs eagerly).
 // Returns false when the step must run the ordinary way.
 bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                        SampleRequest* sample, const VerifySave* verify, Tensor* chain) {
+                        SampleRequest* sample, const VerifySave* verify, Tensor* chain, float* captured) {
   const ModelConfig& c = w_.config;
   const int64_t T = int64_t(batch.tokens.size()), n = int64_t(batch.output_rows.size());
+  const int64_t n_cap = captured ? int64_t(batch.capture_layers.size()) : 0;  // of the output rows
   // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
   if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || host_) return false;
   if (verify && (!verify->trees.empty() || std::any_of(verify->plain.begin(), verify->plain.end(),
@@ -457,6 +458,8 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     }
   }
   key.mix(uint64_t(logits != nullptr || sample != nullptr));  // the same recording serves both
+  key.mix(uint64_t(n_cap));
+  for (int64_t j = 0; j < n_cap; ++j) key.mix(uint64_t(batch.capture_layers[size_t(j)]));
   key.mix(chain ? reinterpret_cast<uintptr_t>(chain->data) : 0);
   key.mix(reinterpret_cast<uintptr_t>(ws_->buf ? ws_->buf->data() : nullptr));
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -473,6 +476,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
   Tensor sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
+  Tensor cap = n_cap ? s.f32({n, n_cap * c.hidden_size}) : Tensor();
   auto run = [&] {
     r.has_pending = false;
     if (chain)
@@ -488,6 +492,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
       decoder_layer(layer_scratch, w_.layers[size_t(i)], r, attn ? state.k_cache(i) : state.conv_state(i),
                     attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode,
                     verify && !attn ? &save : nullptr);
+      if (n_cap) capture_layer(layer_scratch, r, batch.capture_layers, i, batch.output_rows, cap);
     }
     finish(r);
     backend_.get_rows(r.h, batch.output_rows, sel);
@@ -501,6 +506,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     replay_or_record(key.value, seen, run);
   // The hidden rows come with the logits or candidates: one wait for the host, not two.
   const uint64_t hidden_copy = hidden ? backend_.download(sel, hidden) : 0;
+  if (n_cap) backend_.copy_to_host(cap, captured);
   // Sampling runs after the replay, not inside it: its penalty tables change every step.
   if (sample)
     sample_rows(out, *sample, /*on_host=*/false);
@@ -508,6 +514,22 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
     backend_.copy_to_host(out, logits);
   if (hidden) backend_.wait_download(hidden_copy);
   return true;
+}
+
+// Layer i's output rows into cap's column blocks of the capture layers equal to i. A layer's output
+// is h plus its FFN output, which is still pending (added with the next layer's norm), so the two
+// rows are summed here.
+void Model::capture_layer(Scratch& s, const Residual& r, std::span<const int32_t> layers, int64_t i,
+                          std::span<const int32_t> rows, Tensor& cap) {
+  const int64_t H = w_.config.hidden_size, n = int64_t(rows.size());
+  for (size_t j = 0; j < layers.size() && n > 0; ++j) {
+    if (layers[j] != i) continue;
+    Tensor out = s.f32({n, H}), ffn = s.f32({n, H});
+    backend_.get_rows(r.h, rows, out);
+    backend_.get_rows(r.pending, rows, ffn);
+    backend_.add(out, ffn);
+    backend_.copy_cols(out, 0, cap, int64_t(j) * H, H);
+  }
 }
 
 void Model::forward(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden, float* captured) {
@@ -559,13 +581,12 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
   const VerifySave chain{plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs, nullptr, nullptr, nullptr};
-  if (tree_runs.empty() && batch.hidden_rows.empty() && batch.capture_layers.empty() &&
-      decode_step(batch, state, logits, hidden, sample, verify_runs.empty() ? nullptr : &chain))
+  if (tree_runs.empty() && batch.hidden_rows.empty() &&
+      decode_step(batch, state, logits, hidden, sample, verify_runs.empty() ? nullptr : &chain, nullptr, captured))
     return;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);
-  // Captured layer outputs [rows, layers · H]: a layer's output is h plus its FFN output, which
-  // is still pending (added with the next layer's norm), so the two rows are summed here.
+  // Captured layer outputs [rows, layers · H] (capture_layer).
   const std::vector<int32_t>& cap_rows = batch.hidden_rows.empty() ? batch.output_rows : batch.hidden_rows;
   const int64_t n_cap = captured ? int64_t(batch.capture_layers.size()) : 0, H = c.hidden_size;
   Tensor cap = n_cap ? s.f32({int64_t(cap_rows.size()), n_cap * H}) : Tensor();
@@ -591,14 +612,7 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
       save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
     const VerifySave* sv = attn ? (tree_runs.empty() ? nullptr : &save) : (verifying ? &save : nullptr);
     decoder_layer(layer_scratch, w_.layers[size_t(i)], r, ca, cb, batch.runs, batch.deltanet_mode, sv);
-    for (int64_t j = 0; j < n_cap && !cap_rows.empty(); ++j) {
-      if (batch.capture_layers[size_t(j)] != i) continue;
-      Tensor out = layer_scratch.f32({int64_t(cap_rows.size()), H}), ffn = layer_scratch.f32({int64_t(cap_rows.size()), H});
-      backend_.get_rows(r.h, cap_rows, out);
-      backend_.get_rows(r.pending, cap_rows, ffn);
-      backend_.add(out, ffn);
-      backend_.copy_cols(out, 0, cap, j * H, H);
-    }
+    if (n_cap) capture_layer(layer_scratch, r, batch.capture_layers, i, cap_rows, cap);
   }
   finish_host_pass();
   if (n_cap && !cap_rows.empty()) backend_.copy_to_host(cap, captured);

@@ -292,8 +292,13 @@ class Model {
 
   // chain (decode_greedy): the step's tokens are read from chain (I32, backend memory), and
   // its output rows' argmax ids written back there; the step runs even at its first sight.
+  // captured: the output rows' batch.capture_layers outputs (a DFlash verify pass), as forward.
   bool decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
-                   SampleRequest* sample = nullptr, const VerifySave* verify = nullptr, Tensor* chain = nullptr);
+                   SampleRequest* sample = nullptr, const VerifySave* verify = nullptr, Tensor* chain = nullptr,
+                   float* captured = nullptr);
+  // Layer i's outputs at `rows` into cap's column block j for each capture layer j equal to i.
+  void capture_layer(Scratch& s, const Residual& r, std::span<const int32_t> layers, int64_t i,
+                     std::span<const int32_t> rows, Tensor& cap);
   void replay_or_record(uint64_t key, int seen, const std::function<void()>& run);
   // Every run's rows are its slot's first `keep` (a tree's path compacted there first).
   void commit_layers(ModelState& state, std::span<const SeqRun> runs, int32_t T);

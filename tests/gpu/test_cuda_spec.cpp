@@ -82,14 +82,16 @@ TEST_P(CudaSpec, DeviceChainDraftsEqualMtpForward) {
 // step-by-step loop's tokens and states (tests/common/greedy_chain_check.h).
 TEST_P(CudaSpec, GreedyChainEqualsStepwise) { test::expect_greedy_chain_equals_stepwise(*model_, *backend_, GetParam()); }
 
-TEST_P(CudaSpec, TreeDraftingEqualsPlainGreedy) {
+// DFlash chains (budget 0: 16-token verify passes, the flash attention kernel's runs, recorded
+// from the third round) and trees equal plain greedy decoding token for token.
+TEST_P(CudaSpec, DflashChainAndTreeEqualPlainGreedy) {
   if (GetParam() != "dense-mtp") GTEST_SKIP() << "the DFlash fixture drafts for dense-mtp";
   GenerateOptions g;
   g.max_tokens = 40;
   g.sampling = SamplingParams::greedy();
   for (int i = 0; i < 3; ++i) {
     const std::vector<int32_t> p = prompt(i), want = plain(p, g);
-    for (int32_t budget : {3, 12}) {
+    for (int32_t budget : {0, 3, 12}) {
       ModelState st(*backend_, model_->config(), 1, 128, false);
       SpecOptions spec;
       spec.method = SpecMethod::Dflash;
@@ -97,7 +99,8 @@ TEST_P(CudaSpec, TreeDraftingEqualsPlainGreedy) {
       spec.tree_budget = budget;
       const SpecResult r = spec_generate(*model_, st, p, g, spec);
       EXPECT_EQ(r.gen.tokens, want) << "tree budget " << budget << " prompt " << i;
-      if (i == 0) std::printf("[ spec ] dflash tree budget %d on cuda: %s\n", budget, r.metrics.summary().c_str());
+      if (i == 0) std::printf("[ spec ] dflash %s %d on cuda: %s\n", budget ? "tree budget" : "chain, budget", budget,
+                              r.metrics.summary().c_str());
     }
   }
 }

@@ -486,33 +486,44 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     CUDA_LAUNCH_CHECK();
   }
 
+  // A batch a step could record (decode_step: T ≤ 64) keeps its tables fixed by its runs' lengths
+  // and order (device constants, cached at its eager first sight); a longer one uploads them.
+  const bool recordable = T <= 64;
+  auto upload = [&](const std::vector<int32_t>& v, Temp<int32_t>& tmp) {
+    return dev_i32(c, std::span<const int32_t>(v.data(), v.size()), tmp, recordable);
+  };
   Temp<int32_t> tile_tmp(c, 0), list_tmp(c, 0), flist_tmp(c, 0);
+  Temp<SeqRun> run_tmp(c, 0);
   Temp<float> qrot(c, rot && !flash_runs.empty() ? size_t(T * H * hd) : 0);
   if (!flash_runs.empty()) {
-    if (!host_work_allowed(c)) return;
-    // Tiles of 64 (token, head) rows; the heaviest (latest max position) first.
+    // Tiles {run, row0} of 64 (token, head) rows, the heaviest first: by the tile's latest
+    // position, or where that may change between replays of a recording by its latest row in
+    // its run (within a run the same order).
     const int bm = flash_attention_tile_rows();
     struct Tile {
       int64_t work;
-      int32_t v[5];
+      int32_t run, row0;
     };
     std::vector<Tile> tl;
     for (const SeqRun* r : flash_runs)
-      for (int32_t row0 = 0; row0 < r->count * G; row0 += bm)
-        tl.push_back({r->pos0 + std::min<int64_t>(r->count - 1, (row0 + bm - 1) / G),
-                      {r->slot, r->pos0, r->begin, r->count, row0}});
+      for (int32_t row0 = 0; row0 < r->count * G; row0 += bm) {
+        const int64_t last = std::min<int64_t>(r->count - 1, (row0 + bm - 1) / G);
+        tl.push_back({(recordable ? 0 : r->pos0) + last, int32_t(r - runs.data()), row0});
+      }
     std::stable_sort(tl.begin(), tl.end(), [](const Tile& a, const Tile& b) { return a.work > b.work; });
     std::vector<int32_t> flat;
-    flat.reserve(tl.size() * 5);
-    for (const Tile& t : tl) flat.insert(flat.end(), t.v, t.v + 5);
-    const int32_t* dtiles = tile_tmp.assign(std::span<const int32_t>(flat.data(), flat.size()));
+    flat.reserve(tl.size() * 2);
+    for (const Tile& t : tl) flat.insert(flat.end(), {t.run, t.row0});
+    const int32_t* dtiles = upload(flat, tile_tmp);
+    const SeqRun* druns = dev_runs(c, runs, run_tmp);
+    if (!dtiles || !druns) return;  // recording a graph that needed the host: it is dropped
     const float* qf = q.as<const float>();
     if (rot) {  // q rotated into a temporary; the flash rows of out rotated back afterwards
       hadamard_rows(c, qf, qrot.get(), nullptr, T * H, int(H), int(hd), hscale);
       qf = qrot.get();
     }
-    flash_attention(c, qf, k_cache.data, v_cache.data, ksc, vsc, kind, dtiles, int(tl.size()), int(H), int(KVH),
-                    int(hd), cap, scale, out.as<float>());
+    flash_attention(c, qf, k_cache.data, v_cache.data, ksc, vsc, kind, dtiles, druns, int(tl.size()), int(H),
+                    int(KVH), int(hd), cap, scale, out.as<float>());
     if (rot) {
       const int32_t* fl = nullptr;
       int64_t n_flash = T;
@@ -520,7 +531,8 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
         std::vector<int32_t> list;
         for (const SeqRun* r : flash_runs)
           for (int32_t j = 0; j < r->count; ++j) list.push_back(r->begin + j);
-        fl = flist_tmp.assign(std::span<const int32_t>(list.data(), list.size()));
+        fl = upload(list, flist_tmp);
+        if (!fl) return;
         n_flash = int64_t(list.size());
       }
       hadamard_rows(c, out.as<const float>(), out.as<float>(), fl, n_flash * H, int(H), int(hd), hscale);
@@ -536,7 +548,8 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     for (const SeqRun& r : runs)
       if (r.count > 0 && std::find(flash_runs.begin(), flash_runs.end(), &r) == flash_runs.end())
         for (int32_t j = 0; j < r.count; ++j) list.push_back(r.begin + j);
-    tlist = list_tmp.assign(std::span<const int32_t>(list.data(), list.size()));
+    tlist = upload(list, list_tmp);
+    if (!tlist) return;
     n_tok = int64_t(list.size());
   }
   if (tc_ok) {

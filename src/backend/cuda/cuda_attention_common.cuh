@@ -451,14 +451,14 @@ __device__ __forceinline__ void warp_hadamard(float (&r)[NPL], int lane, float s
 }
 
 // ---- entry points ----
-// cuda_flash_attention.cu: prefill runs. tiles: n_tiles × {slot, pos0, begin, count, row0}
-// on the device; q (rotated already for q8_0/q4_0), out [T, H, hd] f32; caches
+// cuda_flash_attention.cu: runs of kFlashMinTokens or more. tiles: n_tiles × {run, row0} and
+// the runs on the device; q (rotated already for q8_0/q4_0), out [T, H, hd] f32; caches
 // [slots, cap, KVH, hd] holding this batch's keys; ksc/vsc: fp8 row scales (else null).
 int flash_attention_tile_rows();
 bool flash_attention_supported(Ctx& c, int64_t hd);
 void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
-                     KvKind kind, const int32_t* tiles, int n_tiles, int H, int KVH, int hd, int64_t cap, float scale,
-                     float* out);
+                     KvKind kind, const int32_t* tiles, const SeqRun* runs, int n_tiles, int H, int KVH, int hd,
+                     int64_t cap, float scale, float* out);
 // cuda_attention_decode.cu: tensor-core decode of n_tok single-token rows (tlist: their
 // batch rows, or null for rows 0 .. n_tok − 1) over bf16 / fp8 / q8_0 / q4_0 caches; rotates
 // q and the output itself. Capturable (positions from tslot/tpos on the device).

@@ -37,7 +37,7 @@ namespace {
 constexpr int kBM = 64;  // query rows per block
 constexpr int kBN = 64;  // keys per K/V tile
 constexpr int kThreads = 128;
-constexpr int kTileInts = 5;  // per tile: slot, pos0, begin, count, row0 (see flash_attention)
+constexpr int kTileInts = 2;  // per tile: its run (an index into the runs) and row0 (see flash_attention)
 
 template <int D>
 constexpr size_t smem_bytes() {
@@ -125,8 +125,8 @@ template <int D, KvKind K>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                            const float* __restrict__ ksc, const float* __restrict__ vsc,
-                           const int32_t* __restrict__ tiles, float* __restrict__ out, int H, int KVH, int64_t cap,
-                           float scale_log2) {
+                           const int32_t* __restrict__ tiles, const SeqRun* __restrict__ runs,
+                           float* __restrict__ out, int H, int KVH, int64_t cap, float scale_log2) {
   using E = std::conditional_t<kv_quantized(K), __half, __nv_bfloat16>;
   constexpr int S = D + 8;  // shared row stride, E elements
   constexpr int KS = D / 16;  // k-steps of S = Q·Kᵀ
@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Block b: tile b / KVH, kv head b % KVH (all kv heads of the heaviest tiles go first).
   const int32_t* tile = tiles + int64_t(blockIdx.x / KVH) * kTileInts;
-  const int slot = tile[0], pos0 = tile[1], begin = tile[2], count = tile[3], row0 = tile[4];
+  const SeqRun run = runs[tile[0]];
+  const int slot = run.slot, pos0 = run.pos0, begin = run.begin, count = run.count, row0 = tile[1];
   const int kvh = int(blockIdx.x % KVH), G = H / KVH, nrows = count * G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -317,6 +318,7 @@ struct Args {
   const void *kc, *vc;
   const float *ksc, *vsc;
   const int32_t* tiles;
+  const SeqRun* runs;
   int n_tiles, H, KVH;
   int64_t cap;
   float scale;
@@ -332,7 +334,7 @@ void launch(Ctx& c, const Args& a) {
   });
   const unsigned grid = static_cast<unsigned>(int64_t(a.n_tiles) * a.KVH);
   kernel<<<grid, kThreads, smem_bytes<D>(), c.stream>>>(a.q, static_cast<const uint8_t*>(a.kc),
-                                                        static_cast<const uint8_t*>(a.vc), a.ksc, a.vsc, a.tiles, a.out,
+                                                        static_cast<const uint8_t*>(a.vc), a.ksc, a.vsc, a.tiles, a.runs, a.out,
                                                         a.H, a.KVH, a.cap, a.scale * 1.4426950408889634f);
   CUDA_LAUNCH_CHECK();
 }
@@ -361,15 +363,16 @@ bool flash_attention_supported(Ctx& c, int64_t hd) {
   }
 }
 
-// tiles: n_tiles × {slot, pos0, begin, count, row0} on the device: rows [row0, row0 + 64) of
-// the run (slot, pos0, begin, count)'s count·G rows, R = token·G + head in group. q, out
+// tiles: n_tiles × {run, row0} on the device: rows [row0, row0 + 64) of runs[run]'s count·G
+// rows, R = token·G + head in group (the runs read on the device, so a recorded step's tiles are
+// fixed by its run lengths alone). q, out
 // [T, H, hd] f32; caches [slots, cap, KVH, hd] holding this batch's keys already; all
 // 16-byte aligned.
 void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
-                     KvKind kind, const int32_t* tiles, int n_tiles, int H, int KVH, int hd, int64_t cap, float scale,
-                     float* out) {
+                     KvKind kind, const int32_t* tiles, const SeqRun* runs, int n_tiles, int H, int KVH, int hd,
+                     int64_t cap, float scale, float* out) {
   if (n_tiles == 0) return;
-  const Args a{q, kc, vc, ksc, vsc, tiles, n_tiles, H, KVH, cap, scale, out};
+  const Args a{q, kc, vc, ksc, vsc, tiles, runs, n_tiles, H, KVH, cap, scale, out};
   switch (hd) {
     case 64: launch_kind<64>(c, kind, a); break;
     case 128: launch_kind<128>(c, kind, a); break;
