@@ -392,9 +392,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       tile_cols<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, col_mask, sacc);
       return;
     }
-    // NL n8 tiles of tokens (of the layout's NT): only those that hold a token, so 17-24 tokens
-    // (a DDTree verify of budget 22) skip the fourth of NT = 4, all padding, and 33-56 the last of
-    // NT = 8 (a padding column's sums are never stored).
+    // NL n8 tiles of tokens (of the layout's NT): 17-24 tokens (a DDTree verify of budget 22)
+    // skip the fourth of NT = 4, all padding (a padding column's sums are never stored). At NT = 8
+    // the second instantiation cost more than the tile it saved (bench/RESULTS.md, session 50:
+    // 35B-A3B b48 −3%, b64 −2%; only the 27B's b48 gained), so 33-64 tokens compute all 8.
     auto tiles = [&]<int NL>() {
       [[maybe_unused]] float dg = 0.0f, dg8 = 0.0f;
       tile_scales(R, lane, tab, dg, dg8);
@@ -471,7 +472,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         }
       }
     };
-    if constexpr (NT > 2)
+    if constexpr (NT == 4)
       if (8 * (NT - 1) >= T) return tiles.template operator()<NT - 1>();
     tiles.template operator()<NT>();
   };
