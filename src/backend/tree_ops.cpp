@@ -62,16 +62,8 @@ Rows gather(Backend& b, const Tensor& src, const SeqRun& run, std::span<const in
   return gather_rows(b, src, rows);
 }
 
-// The root paths of the tree's leaves, each a run of its own in the run's slot, the paths' rows
-// one after another: a read-only chain op starts each run from the slot's state and writes an
-// output for every row, so one call computes every token of the tree (each lies on some leaf's
-// path) in Σ over leaves of (depth + 1) rows; `last[i]` is the row of token i's output (on the
-// first leaf path through it). A chain is one path; a star of n tokens is n − 1 paths of 2.
-struct Paths {
-  std::vector<int32_t> rows;  // source rows (run.begin + path index), path after path
-  std::vector<SeqRun> runs;   // one per leaf, over those rows
-  std::vector<int32_t> last;  // token i's row among them
-};
+}  // namespace
+
 Paths leaf_paths(const SeqRun& run, std::span<const int32_t> parent) {
   std::vector<bool> has_child(parent.size(), false);
   for (int32_t pa : parent)
@@ -89,6 +81,8 @@ Paths leaf_paths(const SeqRun& run, std::span<const int32_t> parent) {
   }
   return p;
 }
+
+namespace {
 
 // Rows `rows` of src (f32) into dst's rows [begin, begin + rows.size()).
 void scatter_last(Backend& b, const Tensor& src, std::span<const int32_t> rows, Tensor& dst, int32_t begin) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -28,6 +29,18 @@ void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& 
 void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
                          Tensor& out);
+// The root paths of the tree's leaves, each a run of its own in the run's slot, the paths' rows
+// one after another: a read-only chain op starts each run from the slot's state and writes an
+// output for every row, so one call computes every token of the tree (each lies on some leaf's
+// path) in Σ over leaves of (depth + 1) rows; `last[i]` is the row of token i's output (on the
+// first leaf path through it). A chain is one path; a star of n tokens is n − 1 paths of 2.
+// (A device backend's one-pass kernels read the rows through `rows` instead of gathering them.)
+struct Paths {
+  std::vector<int32_t> rows;  // source rows (run.begin + path index), path after path
+  std::vector<SeqRun> runs;   // one per leaf, over those rows
+  std::vector<int32_t> last;  // token i's row among them
+};
+Paths leaf_paths(const SeqRun& run, std::span<const int32_t> parent);
 // Backend::compact_rows's conditions (every backend checks them the same way).
 void check_compaction(std::span<const Tensor> ts, std::span<const int32_t> from);
 

@@ -32,7 +32,9 @@
 // runs too); a 4096 × 10240 timing print.
 //
 // Read-only ops (speculative verify) vs the CPU read-only ops, the state compared bit for bit
-// with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit).
+// with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit). The tree
+// read-only ops' one-launch forms vs the Backend composition (backend/tree_ops.h) on the same
+// device: bit for bit (the same window and recurrence steps over the same root paths).
 //
 // Timing tests print one 4096-token prefill layer of the 27B shape (chunked vs recurrent,
 // and each chunked form per kernel, both also checked against the recurrent kernel), a
@@ -654,6 +656,48 @@ TEST_F(CudaDeltaNet, Bf16StateRecurrentMatchesCpu) {
               (long long)off, gs.size());
   EXPECT_EQ(far, 0) << "state values beyond the f32 bound + one bf16 step from the CPU's";
   EXPECT_LE(off, int64_t(gs.size() / 100)) << "state values one bf16 step from the CPU's";
+}
+
+// DDTree verify's DeltaNet ops: a random tree of 23 tokens (and a chain, and a star) at rows 3..
+// of a 30-row batch in slot 1; the one-launch CUDA forms equal the composition of chain ops over
+// the leaves' root paths bit for bit, rows outside the run untouched, the states only read.
+TEST_F(CudaDeltaNet, TreeReadonlyOpsAreTheComposition) {
+  const int64_t T = 30, Hk = 2, Hv = 4, dk = 128, dv = 128, C = 2 * Hk * dk + Hv * dv, K = 4, slots = 2;
+  const SeqRun run{1, 9, 3, 23};
+  std::vector<std::vector<int32_t>> trees(3, std::vector<int32_t>(size_t(run.count), -1));
+  for (int32_t i = 1; i < run.count; ++i) {
+    trees[0][size_t(i)] = int32_t(rng_() % uint32_t(i));
+    trees[1][size_t(i)] = i - 1;
+    trees[2][size_t(i)] = 0;
+  }
+  const HostT q = random_t(rng_, DType::F32, {T, Hk, dk}), k = random_t(rng_, DType::F32, {T, Hk, dk}),
+              v = random_t(rng_, DType::F32, {T, Hv, dv}), g = random_t(rng_, DType::F32, {T, Hv}, -1.0f, -0.01f),
+              beta = random_t(rng_, DType::F32, {T, Hv}, 0.0f, 1.0f),
+              state = random_t(rng_, DType::F32, {slots, Hv, dk, dv}, -0.5f, 0.5f),
+              x = random_t(rng_, DType::F32, {T, C}), w = random_t(rng_, DType::F32, {C, K}),
+              cs = random_t(rng_, DType::F32, {slots, C, K - 1}), out0 = random_t(rng_, DType::F32, {T, Hv, dv});
+  const DevT dq = upload(*gpu_, q), dk_ = upload(*gpu_, k), dv_ = upload(*gpu_, v), dg = upload(*gpu_, g),
+             db = upload(*gpu_, beta), ds = upload(*gpu_, state), dw = upload(*gpu_, w), dcs = upload(*gpu_, cs);
+  for (size_t ti = 0; ti < trees.size(); ++ti) {
+    const std::vector<int32_t>& parent = trees[ti];
+    DevT xa = upload(*gpu_, x), xb = upload(*gpu_, x), oa = upload(*gpu_, out0), ob = upload(*gpu_, out0);
+    gpu_->causal_conv1d_silu_tree_readonly(xa.t, dw.t, dcs.t, run, parent);
+    gpu_->Backend::causal_conv1d_silu_tree_readonly(xb.t, dw.t, dcs.t, run, parent);
+    EXPECT_EQ(download(*gpu_, xa.t), download(*gpu_, xb.t)) << "conv, tree " << ti;
+    gpu_->gated_delta_rule_tree_readonly(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, run, parent, oa.t);
+    gpu_->Backend::gated_delta_rule_tree_readonly(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, run, parent, ob.t);
+    const std::vector<float> a = download(*gpu_, oa.t), b = download(*gpu_, ob.t);
+    EXPECT_EQ(a, b) << "delta rule, tree " << ti;
+    const size_t per = size_t(Hv * dv);
+    const std::vector<float> before = out0.floats();
+    for (size_t r = 0; r < size_t(T); ++r) {  // rows outside the run keep what was there
+      if (r >= size_t(run.begin) && r < size_t(run.begin + run.count)) continue;
+      EXPECT_TRUE(std::equal(a.begin() + long(r * per), a.begin() + long((r + 1) * per), before.begin() + long(r * per)))
+          << "row " << r;
+    }
+  }
+  EXPECT_EQ(download(*gpu_, ds.t), state.floats());
+  EXPECT_EQ(download(*gpu_, dcs.t), cs.floats());
 }
 
 }  // namespace

@@ -729,6 +729,23 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "delta_rule_readonly");
     cuda::gated_delta_rule_readonly(ctx_, q, k, v, g, beta, state, runs, out);
   }
+  void causal_conv1d_silu_tree_readonly(Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
+                                        std::span<const int32_t> parent) override {
+    {
+      Prof p_(*this, "conv1d_tree_readonly");
+      if (cuda::causal_conv1d_silu_tree_readonly(ctx_, x, w, conv_state, run, parent)) return;
+    }
+    Backend::causal_conv1d_silu_tree_readonly(x, w, conv_state, run, parent);
+  }
+  void gated_delta_rule_tree_readonly(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                      const Tensor& beta, const Tensor& state, const SeqRun& run,
+                                      std::span<const int32_t> parent, Tensor& out) override {
+    {
+      Prof p_(*this, "delta_rule_tree_readonly");
+      if (cuda::gated_delta_rule_tree_readonly(ctx_, q, k, v, g, beta, state, run, parent, out)) return;
+    }
+    Backend::gated_delta_rule_tree_readonly(q, k, v, g, beta, state, run, parent, out);
+  }
   void deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
                        float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
                        Tensor& out) override {

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_conv_window.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
+#include "backend/tree_ops.h"
 
 namespace qwen36::cuda {
 
@@ -36,6 +37,7 @@ namespace {
 // as a few dozen serial recurrent steps; 64 (one full chunk) is a conservative start, to be
 // tuned from the crossover sweep printed by the CudaDeltaNet timing test.
 constexpr int kAutoChunkedMin = 64;
+constexpr int kMaxTreeTokens = 64;  // a tree verify run's tokens (kMaxTreeBudget + the root)
 
 // One thread per (run, channel): the run's tokens in order, window in registers. Read-only
 // (speculative verify): the state is not written back.
@@ -51,6 +53,23 @@ __global__ void conv1d_silu_kernel(float* x, const float* w, float* state, const
     *xp = cw.step(*xp);
   }
   if (write_state) cw.store(st);
+}
+
+// A tree's read-only conv: one thread per (channel, token i of the run): the window starts from
+// the slot's state and steps through i's root path (its inputs from xin, the run's rows as they
+// were), as the chain conv over that path would, and the last output is i's.
+__global__ void conv1d_silu_tree_kernel(const float* __restrict__ xin, float* __restrict__ x, const float* w,
+                                        const float* state, const int32_t* __restrict__ parent, SeqRun r, int64_t C,
+                                        int K) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int i = int(blockIdx.y);
+  int path[kMaxTreeTokens], n = 0;
+  for (int j = i; j >= 0 && n < kMaxTreeTokens; j = parent[j]) path[n++] = j;
+  ConvWindow cw(state + (int64_t(r.slot) * C + c) * (K - 1), w + c * K, K);
+  float o = 0.0f;
+  for (int m = n - 1; m >= 0; --m) o = cw.step(xin[int64_t(path[m]) * C + c]);
+  x[int64_t(r.begin + i) * C + c] = o;
 }
 
 // a, b: rows of G ≥ Hv values (Backend::deltanet_gates), g, beta: rows of Hv.
@@ -88,14 +107,17 @@ __global__ void l2norm_qk_kernel(const float* q, const float* k, float* qn, floa
 }
 
 // Recurrent gated delta rule. grid (runs, Hv), block = dv rounded up to a warp multiple.
-// !write_state: read-only (speculative verify), the state is left as it was.
+// !write_state: read-only (speculative verify), the state is left as it was. rowmap (else
+// null): token t of run r is batch row rowmap[r.begin + t] (a tree's leaf paths, whose shared
+// prefixes several blocks compute alike and store alike).
 template <int DK>
 __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
                                   const float* __restrict__ v, const float* __restrict__ g,
                                   const float* __restrict__ beta, StateRef state, const SeqRun* runs,
                                   float* __restrict__ out, int Hk, int Hv, int dv, int min_chunked,
-                                  bool write_state) {
+                                  bool write_state, const int32_t* __restrict__ rowmap) {
   const SeqRun r = runs[blockIdx.x];
+  auto row_of = [&](int t) -> int64_t { return rowmap ? rowmap[r.begin + t] : r.begin + t; };
   if (r.count >= min_chunked) return;  // the chunked kernels' run
   const int h = blockIdx.y, kh = h / (Hv / Hk), j = threadIdx.x;
   const bool active = j < dv;
@@ -106,7 +128,7 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
   for (int i = 0; i < DK; ++i) s[i] = active ? state.load(S + int64_t(i) * dv + j) : 0.0f;
 
   auto stage = [&](int t, int buf) {
-    const int64_t row = r.begin + t;
+    const int64_t row = row_of(t);
     for (int i = threadIdx.x; i < DK; i += blockDim.x) {
       ks[buf][i] = kn[(row * Hk + kh) * DK + i];
       qs[buf][i] = qn[(row * Hk + kh) * DK + i];
@@ -121,7 +143,7 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
   for (int t = 0; t < r.count; ++t) {
     const int buf = t & 1;
     if (t + 1 < r.count) stage(t + 1, buf ^ 1);
-    const int64_t row = r.begin + t;
+    const int64_t row = row_of(t);
     const float vj = active ? v[(row * Hv + h) * dv + j] : 0.0f;
     const float decay = gb[buf][0], bt = gb[buf][1];
     float u = 0;
@@ -193,14 +215,14 @@ void l2norm_qk(Ctx& c, const Tensor& q, const Tensor& k, float* qn, float* kn) {
 // The recurrent kernel over the runs shorter than min_chunked.
 void launch_recurrent(Ctx& c, const float* qn, const float* kn, const Tensor& v, const Tensor& g, const Tensor& beta,
                       StateRef state, const SeqRun* dr, size_t nruns, Tensor& out, int64_t Hk, int64_t dk,
-                      int min_chunked, bool write_state) {
+                      int min_chunked, bool write_state, const int32_t* rowmap = nullptr) {
   const int64_t Hv = v.dim(1), dv = v.dim(2);
   const dim3 grid{unsigned(nruns), unsigned(Hv)};
   const int threads = int((dv + 31) / 32 * 32);
   auto launch = [&](auto kernel) {
     kernel<<<grid, threads, 0, c.stream>>>(qn, kn, v.as<const float>(), g.as<const float>(), beta.as<const float>(),
                                            state, dr, out.as<float>(), int(Hk), int(Hv), int(dv), min_chunked,
-                                           write_state);
+                                           write_state, rowmap);
   };
   switch (dk) {
     case 16: launch(delta_rule_kernel<16>); break;
@@ -298,6 +320,47 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
   if (!dr) return;
   // token by token whatever the run length, as the CPU twin (Recurrent), the state not written
   launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), dr, runs.size(), out, Hk, dk, INT_MAX, false);
+}
+
+// Backend::causal_conv1d_silu_tree_readonly and gated_delta_rule_tree_readonly in one launch
+// each (the composition of backend/tree_ops.h gathers every leaf's root path, runs the chain op
+// over them and scatters: ~10 launches and as many uploads a layer). Bitwise the composition:
+// the same window and recurrence steps over the same root paths. False (nothing done) for a
+// tree of more than 64 tokens or while recording (tree passes are eager).
+bool causal_conv1d_silu_tree_readonly(Ctx& c, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
+                                      std::span<const int32_t> parent) {
+  const SeqRun one[] = {run};
+  check_conv(x, w, conv_state, one);
+  const int64_t C = x.cols();
+  if (run.count < 1 || run.count > kMaxTreeTokens || size_t(run.count) != parent.size() || c.capturing) return false;
+  if (C == 0) return true;
+  Temp<float> xin(c, size_t(run.count) * size_t(C));
+  CUDA_CHECK(cudaMemcpyAsync(xin.get(), x.as<float>() + int64_t(run.begin) * C, xin.size() * sizeof(float),
+                             cudaMemcpyDeviceToDevice, c.stream));
+  Temp<int32_t> dparent(c, parent);
+  const dim3 grid(unsigned(blocks_for(C, 128)), unsigned(run.count));
+  conv1d_silu_tree_kernel<<<grid, 128, 0, c.stream>>>(xin.get(), x.as<float>(), w.as<const float>(),
+                                                      conv_state.as<const float>(), dparent.get(), run, C,
+                                                      int(w.cols()));
+  CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                    const Tensor& beta, const Tensor& state, const SeqRun& run,
+                                    std::span<const int32_t> parent, Tensor& out) {
+  const SeqRun one[] = {run};
+  check_delta_rule(q, k, v, state, one);
+  const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2);
+  if (run.count < 1 || run.count > kMaxTreeTokens || size_t(run.count) != parent.size() || c.capturing) return false;
+  const tree_ops::Paths p = tree_ops::leaf_paths(run, parent);
+  Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
+  l2norm_qk(c, q, k, qn.get(), kn.get());
+  Temp<int32_t> rows(c, std::span<const int32_t>(p.rows));
+  Temp<SeqRun> runs(c, std::span<const SeqRun>(p.runs));
+  launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), runs.get(), p.runs.size(), out, Hk, dk, INT_MAX,
+                   false, rows.get());
+  return true;
 }
 
 }  // namespace qwen36::cuda

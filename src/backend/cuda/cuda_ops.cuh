@@ -562,6 +562,13 @@ void causal_conv1d_silu_readonly(Ctx&, Tensor& x, const Tensor& w, const Tensor&
                                  std::span<const SeqRun> runs);
 void gated_delta_rule_readonly(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                const Tensor& beta, const Tensor& state, std::span<const SeqRun> runs, Tensor& out);
+// The Backend tree read-only DeltaNet ops in one launch each; false (nothing done) where they do
+// not apply (cuda_deltanet.cu).
+bool causal_conv1d_silu_tree_readonly(Ctx&, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
+                                      std::span<const int32_t> parent);
+bool gated_delta_rule_tree_readonly(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                    const Tensor& beta, const Tensor& state, const SeqRun& run,
+                                    std::span<const int32_t> parent, Tensor& out);
 // Backend::deltanet_decode in two launches; false: shapes or dtypes the fused kernels do not
 // handle (the caller then composes the plain ops).
 bool deltanet_decode(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
