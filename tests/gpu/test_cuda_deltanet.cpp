@@ -34,7 +34,8 @@
 // Read-only ops (speculative verify) vs the CPU read-only ops, the state compared bit for bit
 // with what was uploaded, and vs the GPU plain ops (the same kernels: bit for bit). The tree
 // read-only ops' one-launch forms vs the Backend composition (backend/tree_ops.h) on the same
-// device: bit for bit (the same window and recurrence steps over the same root paths).
+// device: bit for bit (the same window and recurrence steps over the same root paths); a
+// malformed tree refused before anything runs.
 //
 // Timing tests print one 4096-token prefill layer of the 27B shape (chunked vs recurrent,
 // and each chunked form per kernel, both also checked against the recurrent kernel), a
@@ -50,6 +51,7 @@
 #include <utility>
 
 #include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
 #include "deltanet_test_util.h"
 #include "gpu_test_util.h"
 
@@ -698,6 +700,12 @@ TEST_F(CudaDeltaNet, TreeReadonlyOpsAreTheComposition) {
   }
   EXPECT_EQ(download(*gpu_, ds.t), state.floats());
   EXPECT_EQ(download(*gpu_, dcs.t), cs.floats());
+  std::vector<int32_t> bad = trees[1];
+  bad[5] = 7;  // a parent after its child: refused before anything runs
+  DevT xo = upload(*gpu_, x), oo = upload(*gpu_, out0);
+  EXPECT_THROW(gpu_->causal_conv1d_silu_tree_readonly(xo.t, dw.t, dcs.t, run, bad), Error);
+  EXPECT_THROW(gpu_->gated_delta_rule_tree_readonly(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, run, bad, oo.t), Error);
+  EXPECT_EQ(download(*gpu_, xo.t), x.floats());
 }
 
 }  // namespace

@@ -326,13 +326,28 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 // each (the composition of backend/tree_ops.h gathers every leaf's root path, runs the chain op
 // over them and scatters: ~10 launches and as many uploads a layer). Bitwise the composition:
 // the same window and recurrence steps over the same root paths. False (nothing done) for a
-// tree of more than 64 tokens or while recording (tree passes are eager).
+// tree of more than 64 tokens or while recording (tree passes are eager); a malformed tree is
+// refused as the composition refuses it.
+namespace {
+bool tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows) {
+  QWEN36_CHECK(run.count >= 1 && size_t(run.count) == parent.size(), "tree verify: {} tokens, {} parents", run.count,
+               parent.size());
+  QWEN36_CHECK(run.begin >= 0 && run.begin + run.count <= rows, "tree verify: rows {} .. +{} of {}", run.begin,
+               run.count, rows);
+  for (int32_t i = 0; i < run.count; ++i) {
+    const int32_t pa = parent[size_t(i)];
+    QWEN36_CHECK((i == 0) == (pa < 0) && pa < i, "tree verify: token {} has parent {}", i, pa);
+  }
+  return run.count <= kMaxTreeTokens && !c.capturing;
+}
+}  // namespace
+
 bool causal_conv1d_silu_tree_readonly(Ctx& c, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
                                       std::span<const int32_t> parent) {
   const SeqRun one[] = {run};
   check_conv(x, w, conv_state, one);
   const int64_t C = x.cols();
-  if (run.count < 1 || run.count > kMaxTreeTokens || size_t(run.count) != parent.size() || c.capturing) return false;
+  if (!tree_kernels_take(c, run, parent, x.rows())) return false;
   if (C == 0) return true;
   Temp<float> xin(c, size_t(run.count) * size_t(C));
   CUDA_CHECK(cudaMemcpyAsync(xin.get(), x.as<float>() + int64_t(run.begin) * C, xin.size() * sizeof(float),
@@ -352,7 +367,9 @@ bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, co
   const SeqRun one[] = {run};
   check_delta_rule(q, k, v, state, one);
   const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2);
-  if (run.count < 1 || run.count > kMaxTreeTokens || size_t(run.count) != parent.size() || c.capturing) return false;
+  QWEN36_CHECK(out.numel() == v.numel(), "gated_delta_rule_tree_readonly: out {} for v {}", out.shape_str(),
+               v.shape_str());
+  if (!tree_kernels_take(c, run, parent, T)) return false;
   const tree_ops::Paths p = tree_ops::leaf_paths(run, parent);
   Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
   l2norm_qk(c, q, k, qn.get(), kn.get());
