@@ -19,12 +19,6 @@ std::vector<int32_t> root_path(std::span<const int32_t> parent, int32_t i) {
   return {path.rbegin(), path.rend()};
 }
 
-void check(const SeqRun& run, std::span<const int32_t> parent) {
-  QWEN36_CHECK(run.count >= 1 && size_t(run.count) == parent.size(), "tree verify: {} tokens, {} parents", run.count,
-               parent.size());
-  cpu::tree_depths(parent);  // the tree's form
-}
-
 // Backend memory for `rows` rows shaped like t's (f32), and a tensor over it.
 struct Rows {
   std::unique_ptr<DeviceBuffer> buf;
@@ -95,7 +89,7 @@ void scatter_last(Backend& b, const Tensor& src, std::span<const int32_t> rows, 
 }  // namespace
 
 void rope(Backend& b, Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim, float theta) {
-  check(run, parent);
+  check_tree(run, parent);
   const std::vector<int32_t> depth = cpu::tree_depths(parent);
   std::vector<SeqRun> one(size_t(run.count));
   for (int32_t i = 0; i < run.count; ++i) one[size_t(i)] = {run.slot, run.pos0 + depth[size_t(i)], run.begin + i, 1};
@@ -104,7 +98,7 @@ void rope(Backend& b, Tensor& x, const SeqRun& run, std::span<const int32_t> par
 
 void attention(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out) {
-  check(run, parent);
+  check_tree(run, parent);
   for (int32_t i = 0; i < run.count; ++i) {
     // The path as a chain at positions pos0 .. pos0 + depth (its K/V overwrite those rows; the
     // final layout is written below); its last token's output is token i's.
@@ -122,7 +116,7 @@ void attention(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, Te
 
 void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
                           std::span<const int32_t> parent) {
-  check(run, parent);
+  check_tree(run, parent);
   const Paths p = leaf_paths(run, parent);
   Rows px = gather_rows(b, x, p.rows);  // every path reads x's inputs: the outputs go to x at the end
   b.causal_conv1d_silu_readonly(px.t, w, conv_state, p.runs);
@@ -132,13 +126,19 @@ void conv1d_silu_readonly(Backend& b, Tensor& x, const Tensor& w, const Tensor& 
 void delta_rule_readonly(Backend& b, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                          const Tensor& beta, const Tensor& state, const SeqRun& run, std::span<const int32_t> parent,
                          Tensor& out) {
-  check(run, parent);
+  check_tree(run, parent);
   const Paths p = leaf_paths(run, parent);
   const Rows pq = gather_rows(b, q, p.rows), pk = gather_rows(b, k, p.rows), pv = gather_rows(b, v, p.rows),
              pg = gather_rows(b, g, p.rows), pb = gather_rows(b, beta, p.rows);
   Rows po(b, out, int64_t(p.rows.size()));
   b.gated_delta_rule_readonly(pq.t, pk.t, pv.t, pg.t, pb.t, state, p.runs, po.t);
   scatter_last(b, po.t, p.last, out, run.begin);
+}
+
+void check_tree(const SeqRun& run, std::span<const int32_t> parent) {
+  QWEN36_CHECK(run.count >= 1 && size_t(run.count) == parent.size(), "tree verify: {} tokens, {} parents", run.count,
+               parent.size());
+  cpu::tree_depths(parent);  // the tree's form
 }
 
 void check_compaction(std::span<const Tensor> ts, std::span<const int32_t> from) {

@@ -41,6 +41,9 @@ struct Paths {
   std::vector<int32_t> last;  // token i's row among them
 };
 Paths leaf_paths(const SeqRun& run, std::span<const int32_t> parent);
+// A tree verify run's parents: one per token, the root first and alone, parents before children
+// (refused with a message otherwise; every tree op checks them so).
+void check_tree(const SeqRun& run, std::span<const int32_t> parent);
 // Backend::compact_rows's conditions (every backend checks them the same way).
 void check_compaction(std::span<const Tensor> ts, std::span<const int32_t> from);
 

@@ -330,14 +330,9 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 // refused as the composition refuses it.
 namespace {
 bool tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows) {
-  QWEN36_CHECK(run.count >= 1 && size_t(run.count) == parent.size(), "tree verify: {} tokens, {} parents", run.count,
-               parent.size());
+  tree_ops::check_tree(run, parent);
   QWEN36_CHECK(run.begin >= 0 && run.begin + run.count <= rows, "tree verify: rows {} .. +{} of {}", run.begin,
                run.count, rows);
-  for (int32_t i = 0; i < run.count; ++i) {
-    const int32_t pa = parent[size_t(i)];
-    QWEN36_CHECK((i == 0) == (pa < 0) && pa < i, "tree verify: token {} has parent {}", i, pa);
-  }
   return run.count <= kMaxTreeTokens && !c.capturing;
 }
 }  // namespace
