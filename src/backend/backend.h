@@ -389,6 +389,12 @@ class Backend {
   // uploads them once; ops later given spans with the same contents read that device copy.
   virtual void set_batch(std::span<const int32_t> /*tokens*/, std::span<const SeqRun> /*runs*/,
                          std::span<const int32_t> /*rows*/) {}
+  // The tree verify runs of that forward pass (after set_batch; none until called again): run
+  // i's tokens have parents[i], as the tree ops will be given them. A device backend builds the
+  // tree ops' tables (positions, ancestor masks, root paths) and uploads them once, so that those
+  // ops read them on the device and a recorded pass can replay any tree of the same size.
+  virtual void set_batch_trees(std::span<const SeqRun> /*runs*/,
+                               std::span<const std::span<const int32_t>> /*parents*/) {}
   // Records the ops issued until end_capture instead of running them; false: not supported
   // (then nothing is being recorded).
   virtual bool begin_capture() { return false; }

@@ -423,13 +423,14 @@ void Model::replay_or_record(uint64_t key, int seen, const std::function<void()>
   }
 }
 
-// A decode step (every run one token, or a chain verify run of speculative decoding, `verify`;
-// plain Auto/Recurrent mode) on a backend that records: the first forward of a shape runs
+// A decode step (every run one token, or a chain or tree verify run of speculative decoding,
+// `verify`; plain Auto/Recurrent mode) on a backend that records: the first forward of a shape runs
 // eagerly, the second is recorded and every later one is a replay of that recording (embedding
 // to lm_head, no host work between layers), followed by the copies to the host. The key names
 // everything the recorded ops bake in: batch shape (each run's length and kind), workspace and
-// state addresses; slots, positions and token ids are read on the device from the set_batch
-// tables (an op that would need the host instead drops the recording: the step runs eagerly).
+// state addresses; slots, positions, token ids and trees' shapes are read on the device from the
+// set_batch and set_batch_trees tables (an op that would need the host instead drops the
+// recording: the step runs eagerly).
 // Returns false when the step must run the ordinary way.
 bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* logits, float* hidden,
                         SampleRequest* sample, const VerifySave* verify, Tensor* chain, float* captured) {
@@ -438,8 +439,7 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   const int64_t n_cap = captured ? int64_t(batch.capture_layers.size()) : 0;  // of the output rows
   // Host-placed experts copy to and from the host mid-step, which a recording cannot hold.
   if (T > 64 || n == 0 || batch.deltanet_mode == DeltaRuleMode::Chunked || host_) return false;
-  if (verify && (!verify->trees.empty() || std::any_of(verify->plain.begin(), verify->plain.end(),
-                                                       [](const SeqRun& r) { return r.count != 1; })))
+  if (verify && std::any_of(verify->plain.begin(), verify->plain.end(), [](const SeqRun& r) { return r.count != 1; }))
     return false;
   if (!verify && int64_t(batch.runs.size()) != T) return false;
   RecordingKey key(1469598103934665603ull);
@@ -449,12 +449,16 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   if (verify) {  // the runs' lengths (the plain ones are length 1), and the verify runs' slots:
     // the copies of their saved DeltaNet inputs (save_rows) address the slot's rows directly
     key.mix(uint64_t(batch.runs.size()) | uint64_t(1) << 63);
-    // (a verify run of one token reads its state as a longer one: marked by bit 31)
-    std::vector<bool> is_verify(batch.runs.size(), false);
-    for (int32_t i : batch.verify_runs) is_verify[size_t(i)] = true;
+    // (a verify run of one token reads its state as a longer one: marked by bit 31; a tree, whose
+    // shape the recorded tree ops read from set_batch_trees' tables, by bit 30)
+    std::vector<uint64_t> kind(batch.runs.size(), 0);
+    for (size_t j = 0; j < batch.verify_runs.size(); ++j) {
+      const bool tree = j < batch.verify_trees.size() && !batch.verify_trees[j].empty();
+      kind[size_t(batch.verify_runs[j])] = uint64_t(1) << 31 | (tree ? uint64_t(1) << 30 : 0);
+    }
     for (size_t i = 0; i < batch.runs.size(); ++i) {
       const SeqRun& r = batch.runs[i];
-      key.mix(uint64_t(r.count) | (is_verify[i] ? uint64_t(1) << 31 | uint64_t(uint32_t(r.slot)) << 32 : 0));
+      key.mix(uint64_t(r.count) | (kind[i] ? kind[i] | uint64_t(uint32_t(r.slot)) << 32 : 0));
     }
   }
   key.mix(uint64_t(logits != nullptr || sample != nullptr));  // the same recording serves both
@@ -489,9 +493,11 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
       VerifySave save = verify ? *verify : VerifySave{};
       if (verify && !attn)  // a DeltaNet layer keeps the verify runs' inputs (forward_rank's rule)
         save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
+      // (an attention layer takes the verify runs only for a tree's ops: forward_rank's rule)
+      const bool attn_save = verify && !verify->trees.empty();
       decoder_layer(layer_scratch, w_.layers[size_t(i)], r, attn ? state.k_cache(i) : state.conv_state(i),
                     attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode,
-                    verify && !attn ? &save : nullptr);
+                    verify && (!attn || attn_save) ? &save : nullptr);
       if (n_cap) capture_layer(layer_scratch, r, batch.capture_layers, i, batch.output_rows, cap);
     }
     finish(r);
@@ -580,9 +586,16 @@ void Model::forward_rank(const ForwardBatch& batch, ModelState& state, float* lo
   split_verify_runs(batch, state, plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs);
   ws_->begin(backend_);
   backend_.set_batch(batch.tokens, batch.runs, batch.output_rows);
+  if (!tree_runs.empty()) {
+    std::vector<SeqRun> truns;
+    std::vector<std::span<const int32_t>> parents;
+    for (const TreeRun& t : tree_runs) truns.push_back(t.run), parents.push_back(t.parent);
+    backend_.set_batch_trees(truns, parents);
+  }
   const VerifySave chain{plain_runs, verify_runs, tree_runs, untreed_runs, saved_runs, nullptr, nullptr, nullptr};
-  if (tree_runs.empty() && batch.hidden_rows.empty() &&
-      decode_step(batch, state, logits, hidden, sample, verify_runs.empty() ? nullptr : &chain, nullptr, captured))
+  if (batch.hidden_rows.empty() &&
+      decode_step(batch, state, logits, hidden, sample, verify_runs.empty() && tree_runs.empty() ? nullptr : &chain,
+                  nullptr, captured))
     return;
   Scratch s(backend_, *ws_);
   Residual r = residual(s, T);

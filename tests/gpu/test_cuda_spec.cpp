@@ -6,6 +6,10 @@
 // Greedy MTP drafting chained on the device drafts what the per-step path drafts.
 #include <gtest/gtest.h>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
 #include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
@@ -108,6 +112,58 @@ TEST_P(CudaSpec, DflashChainAndTreeEqualPlainGreedy) {
 std::string fixture_name(const ::testing::TestParamInfo<std::string>& p) {
   return p.param == "dense-mtp" ? "dense_mtp" : "moe_mtp";
 }
+// Tree verify passes of one size and five shapes at one place of a sequence, in turn: the first
+// runs eagerly, the second is recorded and the later ones replay that recording, each reading its
+// tree's shape (positions, ancestor masks, parents, leaf paths) from set_batch_trees' tables.
+// Their logits equal bit for bit those of the same passes run eagerly on another state (asking
+// for the hidden rows keeps a pass out of the recorded step), and the debug log shows the
+// recording kept (a graph's shape logged, no op that needed the host while recording).
+TEST_P(CudaSpec, TreeVerifyRecordedEqualsEager) {
+  const ModelConfig& c = model_->config();
+  const int64_t V = c.vocab_size;
+  constexpr int32_t n = 9;
+  const std::vector<std::vector<int32_t>> trees = {{-1, 0, 1, 2, 3, 4, 5, 6, 7},  // a chain
+                                                   {-1, 0, 0, 0, 0, 0, 0, 0, 0},  // a star
+                                                   {-1, 0, 1, 1, 0, 4, 2, 6, 3},
+                                                   {-1, 0, 0, 1, 2, 3, 4, 5, 6},
+                                                   {-1, 0, 1, 0, 3, 1, 5, 2, 7}};
+  const std::vector<int32_t> p = prompt(1);
+  const int32_t P = int32_t(p.size());
+  ModelState recorded(*backend_, c, 1, 128, false), eager(*backend_, c, 1, 128, false);
+  for (ModelState* st : {&recorded, &eager}) {
+    st->enable_speculation(n);
+    model_->forward(ForwardBatch::single(p, 0, 0), *st, nullptr);
+  }
+  auto log = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  auto logger = spdlog::default_logger();
+  logger->sinks().push_back(log);
+  const spdlog::level::level_enum level = logger->level();
+  logger->set_level(spdlog::level::debug);
+  for (size_t k = 0; k < 2 * trees.size(); ++k) {  // every shape twice: replays of each after the recording
+    const std::vector<int32_t>& parent = trees[k % trees.size()];
+    ForwardBatch b;
+    for (int32_t j = 0; j < n; ++j) b.tokens.push_back(int32_t((int64_t(k) * 131 + j * 17 + 3) % V));
+    b.runs = {{0, P, 0, n}};
+    b.verify_runs = {0};
+    b.verify_trees = {parent};
+    for (int32_t j = 0; j < n; ++j) b.output_rows.push_back(j);
+    std::vector<float> got(size_t(n * V)), want(size_t(n * V)), hidden(size_t(n * c.hidden_size));
+    model_->forward(b, recorded, got.data());
+    b.hidden_rows = b.output_rows;
+    model_->forward(b, eager, want.data(), hidden.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "pass " << k;
+  }
+  logger->set_level(level);
+  logger->sinks().pop_back();
+  int shapes = 0, dropped = 0;
+  for (const std::string& m : log->last_formatted()) {
+    shapes += m.find("graph: ") != std::string::npos;
+    dropped += m.find("needed the host while recording") != std::string::npos;
+  }
+  EXPECT_EQ(dropped, 0);
+  EXPECT_GE(shapes, 1) << "no pass was recorded";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaSpec, ::testing::Values("dense-mtp", "moe-mtp"), fixture_name);
 
 }  // namespace

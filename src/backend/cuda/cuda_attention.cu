@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z, G = H / KVH;
   const int slot = tslot[t], pos = tpos[t];
   if (slot < 0) return;
+  const TreeView tv = tree_view(tree, t);
   // This split's positions: 0..pos cut into nsplit chunks of a multiple of 32 positions.
   // Trailing splits may be empty; they still report (max −∞, sum 0) to the merge.
   const int n = pos + 1;
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // latency at this occupancy) and one rescale of the running output for both.
   for (int p = p_begin + warp; p < p_end; p += 2 * kWarps) {
     const bool two = p + kWarps < p_end;  // warp-uniform
-    const bool see0 = tree_visible(tree, t, p), see1 = two && tree_visible(tree, t, p + kWarps);
+    const bool see0 = tree_visible(tv, p), see1 = two && tree_visible(tv, p + kWarps);
     float k0[NPL], v0[NPL], k1[NPL], v1[NPL];
     load_dims<NPL>(kb + int64_t(p) * row, lane, hd, vec, k0);
     load_dims<NPL>(vb + int64_t(p) * row, lane, hd, vec, v0);

@@ -11,6 +11,7 @@
 // q4_0, whose values are exact in f16 (fp8) or defined as f16(d·q) (kv_cache.h), so the tiles
 // hold exactly the values the CPU twin reads.
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -467,9 +468,19 @@ void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc,
                          KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
                          int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out, TreeMask tree);
 
-// Whether token t (its row of the call) sees cache position p (TreeMask).
-__device__ __forceinline__ bool tree_visible(const TreeMask& tm, int t, int p) {
-  return !tm.mask || p < tm.base || ((tm.mask[t] >> (p - tm.base)) & 1u);
+// Token t's (its row of the call) part of a TreeMask, read once per kernel, and whether it sees
+// cache position p.
+struct TreeView {
+  uint64_t bits = 0;
+  int32_t base = INT_MAX;  // no tree: every position is context
+};
+__device__ __forceinline__ TreeView tree_view(const TreeMask& tm, int t) {
+  TreeView v;
+  if (tm.mask) v.bits = tm.mask[t], v.base = tm.base[t];
+  return v;
+}
+__device__ __forceinline__ bool tree_visible(const TreeView& v, int p) {
+  return p < v.base || ((v.bits >> (p - v.base)) & 1u);
 }
 
 }  // namespace qwen36::cuda

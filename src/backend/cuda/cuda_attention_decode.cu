@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   const int kvh = int(blockIdx.y), split = int(blockIdx.z), nsplit = int(gridDim.z), G = H / KVH;
   const int slot = tslot[t];
   if (slot < 0) return;
+  const TreeView tv = tree_view(tree, t);
   // This split's positions: 0 .. pos cut into nsplit chunks of a multiple of 64. Trailing
   // splits may be empty; they report (max −∞, sum 0) to the merge.
   const int n = tpos[t] + 1;
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
       const int h = i >> 1, e = i & 1;
       const float s = ((acc[0][h][e] + acc[0][h][e + 2]) + (acc[1][h][e] + acc[1][h][e + 2])) * kf[i];
       const int key = p0 + h * 8 + 2 * tig + e;
-      sc[i] = key < p_end && tree_visible(tree, t, key) ? s * scale_log2 : -INFINITY;
+      sc[i] = key < p_end && tree_visible(tv, key) ? s * scale_log2 : -INFINITY;
       mx = fmaxf(mx, sc[i]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

@@ -21,6 +21,8 @@
 #include "backend/cuda/graph_shape.h"
 #include "backend/cuda/host_bounce.h"
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/tree_ops.h"
 
 namespace qwen36 {
 
@@ -132,6 +134,14 @@ const SeqRun* dev_runs(Ctx& c, std::span<const SeqRun> runs, Temp<SeqRun>& tmp) 
   if (b.dev && same_contents(b.runs, runs)) return reinterpret_cast<const SeqRun*>(b.dev + b.off_runs);
   if (!host_work_allowed(c)) return nullptr;
   return tmp.assign(runs);
+}
+
+const TreeTable* batch_tree(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent) {
+  for (const TreeTable& t : c.trees.trees)
+    if (t.run.slot == run.slot && t.run.pos0 == run.pos0 && t.run.begin == run.begin && t.run.count == run.count &&
+        same_contents(t.parent, parent))
+      return &t;
+  return nullptr;
 }
 
 void dev_token_map(Ctx& c, std::span<const SeqRun> runs, int64_t T, Temp<int32_t>& slot_tmp, Temp<int32_t>& pos_tmp,
@@ -352,6 +362,7 @@ class CudaBackend final : public Backend {
       ctx_.scratch = &scratch_;
     }
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.trees.uploaded, cudaEventDisableTiming));
     const char* prof = std::getenv("QWEN36_PROFILE");
     profile_ = prof && *prof && std::string(prof) != "0";
   }
@@ -369,6 +380,9 @@ class CudaBackend final : public Backend {
     cudaFree(ctx_.batch.dev);
     cudaFreeHost(ctx_.batch.pinned);
     cudaEventDestroy(ctx_.batch.uploaded);
+    cudaFree(ctx_.trees.dev);
+    cudaFreeHost(ctx_.trees.pinned);
+    cudaEventDestroy(ctx_.trees.uploaded);
     cudaFree(cublas_ws_);
     cudaFree(scratch_.base());
     for (auto& kv : ctx_.expert_tables) cudaFree(kv.second.dev);
@@ -507,6 +521,7 @@ class CudaBackend final : public Backend {
 
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                  std::span<const int32_t> rows) override;
+  void set_batch_trees(std::span<const SeqRun> runs, std::span<const std::span<const int32_t>> parents) override;
   bool begin_capture() override {
     if (profile_ || ctx_.capturing) return false;  // profiling times ops one by one
     CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
@@ -677,24 +692,52 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "attention");
     cuda::attention(ctx_, q, k, v, k_cache, v_cache, runs, scale, out);
   }
+  // RoPE at each tree token's position pos0 + depth: one launch over the batch (the tree's rows
+  // at their positions, the others left), from set_batch_trees' table, or uploaded.
+  void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,
+                 float theta) override {
+    const int64_t T = x.ndim == 3 ? x.dim(0) : 0;
+    if (const cuda::TreeTable* t = cuda::batch_tree(ctx_, run, parent); t && int64_t(ctx_.batch.tokens.size()) == T) {
+      Prof p_(*this, "rope_tree");
+      return cuda::rope_at(ctx_, x, ctx_.trees.dev + t->off_pos, rotary_dim, theta);
+    }
+    Backend::rope_tree(x, run, parent, rotary_dim, theta);
+  }
   // One pass over the tree: every token's K/V to cache row pos0 + i as for a chain, then each
   // token's decode attention over the context and the rows its ancestor mask shows (≤ 64 tokens:
-  // kMaxTreeBudget + the root). Anything else takes the composition of chain ops.
+  // kMaxTreeBudget + the root). The masks come from set_batch_trees' table (a recording can hold
+  // the pass), else they are uploaded (not while recording). Anything else takes the
+  // composition of chain ops.
   void attention_tree(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                       const SeqRun& run, std::span<const int32_t> parent, float scale, Tensor& out) override {
     const int64_t T = q.dim(0);
+    const cuda::TreeTable* t = cuda::batch_tree(ctx_, run, parent);
+    if (t && int64_t(ctx_.batch.tokens.size()) != T) t = nullptr;
     if (run.count < 1 || run.count > 64 || size_t(run.count) != parent.size() || run.begin < 0 ||
-        run.begin + run.count > T || ctx_.capturing)
+        run.begin + run.count > T || (ctx_.capturing && !t))
       return Backend::attention_tree(q, k, v, k_cache, v_cache, run, parent, scale, out);
     Prof p_(*this, "attention_tree");
-    std::vector<uint64_t> mask(size_t(T), 0);  // per batch row (the kernels' token index)
+    tree_ops::check_tree(run, parent);
+    if (t) {
+      const int32_t* d = ctx_.trees.dev;
+      return cuda::attention(ctx_, q, k, v, k_cache, v_cache, std::span(&run, 1), scale, out,
+                             {reinterpret_cast<const uint64_t*>(d + t->off_mask), d + t->off_base});
+    }
+    const std::vector<uint64_t> mask = tree_masks(run, parent, T);
+    const std::vector<int32_t> base(size_t(T), run.pos0);
+    cuda::Temp<uint64_t> dmask(ctx_, std::span<const uint64_t>(mask));
+    cuda::Temp<int32_t> dbase(ctx_, std::span<const int32_t>(base));
+    cuda::attention(ctx_, q, k, v, k_cache, v_cache, std::span(&run, 1), scale, out, {dmask.get(), dbase.get()});
+  }
+  // Per batch row (T): the ancestor mask of the tree token it holds (bit j: token j of the run
+  // is itself or an ancestor), 0 for the other rows.
+  static std::vector<uint64_t> tree_masks(const SeqRun& run, std::span<const int32_t> parent, int64_t T) {
+    std::vector<uint64_t> mask(size_t(T), 0);
     for (int32_t i = 0; i < run.count; ++i) {
       const int32_t pa = parent[size_t(i)];
-      QWEN36_CHECK((i == 0) == (pa < 0) && pa < i, "attention_tree: token {} has parent {}", i, pa);
       mask[size_t(run.begin + i)] = (pa < 0 ? 0 : mask[size_t(run.begin + pa)]) | (uint64_t(1) << i);
     }
-    cuda::Temp<uint64_t> dmask(ctx_, std::span<const uint64_t>(mask));
-    cuda::attention(ctx_, q, k, v, k_cache, v_cache, std::span(&run, 1), scale, out, {dmask.get(), run.pos0});
+    return mask;
   }
   void causal_conv1d_silu(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs) override {
     Prof p_(*this, "conv1d");
@@ -933,6 +976,7 @@ class CudaBackend final : public Backend {
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                             std::span<const int32_t> rows) {
   ++forwards_;
+  ctx_.trees.trees.clear();  // until set_batch_trees names this pass's
   cuda::BatchTables& b = ctx_.batch;
   const int64_t T = int64_t(tokens.size());
   const cuda::TokenMap m = cuda::token_map(runs, T);
@@ -965,6 +1009,70 @@ void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const Seq
   std::copy(rows.begin(), rows.end(), b.pinned + b.off_rows);
   CUDA_CHECK(cudaMemcpyAsync(b.dev, b.pinned, total * 4, cudaMemcpyHostToDevice, ctx_.stream));
   CUDA_CHECK(cudaEventRecord(b.uploaded, ctx_.stream));
+}
+
+void CudaBackend::set_batch_trees(std::span<const SeqRun> runs, std::span<const std::span<const int32_t>> parents) {
+  QWEN36_CHECK(runs.size() == parents.size(), "set_batch_trees: {} runs, {} parent lists", runs.size(), parents.size());
+  cuda::TreeTables& tt = ctx_.trees;
+  tt.trees.clear();
+  const int64_t T = int64_t(ctx_.batch.tokens.size());
+  // Each tree's region: its size depends on the tree's token count and T only (even offsets:
+  // the masks are 8-byte words). A leaf path holds at most count tokens, so the paths' rows
+  // fit in count · (count + 1) / 2.
+  auto even = [](size_t n) { return (n + 1) & ~size_t(1); };
+  size_t total = 0;
+  for (size_t j = 0; j < runs.size(); ++j) {
+    const SeqRun& r = runs[j];
+    tree_ops::check_tree(r, parents[j]);
+    if (r.count > 64) continue;  // the tree kernels' limit: such a tree takes the composition
+    QWEN36_CHECK(r.begin >= 0 && r.begin + r.count <= T, "set_batch_trees: rows {} .. +{} of {}", r.begin, r.count, T);
+    cuda::TreeTable t;
+    t.run = r;
+    t.parent.assign(parents[j].begin(), parents[j].end());
+    const size_t n = size_t(r.count);
+    t.off = total;
+    t.off_pos = t.off + even(n);
+    t.off_mask = t.off_pos + even(size_t(T));
+    t.off_base = t.off_mask + 2 * size_t(T);
+    t.off_paths = t.off_base + even(size_t(T));
+    t.off_rows = t.off_paths + 4 * n;
+    total = t.off_rows + even(n * (n + 1) / 2);
+    tt.trees.push_back(std::move(t));
+  }
+  if (total == 0) return;
+  if (total > tt.cap) {
+    CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    drop_graphs();  // recordings read the old device table
+    cudaFree(tt.dev);
+    cudaFreeHost(tt.pinned);
+    tt.cap = std::max<size_t>(total, size_t(1) << 14);
+    CUDA_CHECK(cudaMalloc(&tt.dev, tt.cap * 4));
+    CUDA_CHECK(cudaMallocHost(&tt.pinned, tt.cap * 4));
+  } else {
+    CUDA_CHECK(cudaEventSynchronize(tt.uploaded));  // the last upload has left the staging buffer
+  }
+  int32_t* h = tt.pinned;
+  std::fill(h, h + total, 0);
+  for (const cuda::TreeTable& t : tt.trees) {
+    const SeqRun& r = t.run;
+    std::copy(t.parent.begin(), t.parent.end(), h + t.off);
+    const std::vector<int32_t> depth = cpu::tree_depths(t.parent);
+    std::fill(h + t.off_pos, h + t.off_pos + T, -1);
+    for (int32_t i = 0; i < r.count; ++i) h[t.off_pos + size_t(r.begin + i)] = r.pos0 + depth[size_t(i)];
+    const std::vector<uint64_t> mask = tree_masks(r, t.parent, T);
+    std::memcpy(h + t.off_mask, mask.data(), mask.size() * sizeof(uint64_t));
+    std::fill(h + t.off_base, h + t.off_base + T, r.pos0);
+    const tree_ops::Paths p = tree_ops::leaf_paths(r, t.parent);
+    // (L leaves' paths hold at most n − L + 1 tokens each: L · (n − L + 1) ≤ n · (n + 1) / 2)
+    QWEN36_CHECK(p.rows.size() <= size_t(r.count) * size_t(r.count + 1) / 2 && p.runs.size() <= size_t(r.count),
+                 "set_batch_trees: {} leaf paths of {} rows for {} tokens", p.runs.size(), p.rows.size(), r.count);
+    std::vector<SeqRun> padded(p.runs);
+    padded.resize(size_t(r.count), SeqRun{r.slot, r.pos0, 0, 0});  // empty runs: blocks that return at once
+    std::memcpy(h + t.off_paths, padded.data(), padded.size() * sizeof(SeqRun));
+    std::copy(p.rows.begin(), p.rows.end(), h + t.off_rows);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(tt.dev, tt.pinned, total * 4, cudaMemcpyHostToDevice, ctx_.stream));
+  CUDA_CHECK(cudaEventRecord(tt.uploaded, ctx_.stream));
 }
 
 // Every weight tensor of `w`, once per distinct data pointer (a tied head is its embedding).

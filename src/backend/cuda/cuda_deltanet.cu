@@ -118,7 +118,7 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
                                   bool write_state, const int32_t* __restrict__ rowmap) {
   const SeqRun r = runs[blockIdx.x];
   auto row_of = [&](int t) -> int64_t { return rowmap ? rowmap[r.begin + t] : r.begin + t; };
-  if (r.count >= min_chunked) return;  // the chunked kernels' run
+  if (r.count == 0 || r.count >= min_chunked) return;  // nothing (a tree's padding), or the chunked kernels' run
   const int h = blockIdx.y, kh = h / (Hv / Hk), j = threadIdx.x;
   const bool active = j < dv;
   __shared__ float ks[2][DK], qs[2][DK], gb[2][2];
@@ -325,15 +325,20 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 // Backend::causal_conv1d_silu_tree_readonly and gated_delta_rule_tree_readonly in one launch
 // each (the composition of backend/tree_ops.h gathers every leaf's root path, runs the chain op
 // over them and scatters: ~10 launches and as many uploads a layer). Bitwise the composition:
-// the same window and recurrence steps over the same root paths. False (nothing done) for a
-// tree of more than 64 tokens or while recording (tree passes are eager); a malformed tree is
+// the same window and recurrence steps over the same root paths. The parents and leaf paths
+// come from set_batch_trees' table (TreeTable), so a recording holds the pass for any tree of
+// the size; a tree without one uploads them (not while recording). False (nothing done) for a
+// tree of more than 64 tokens, or one without a table while recording; a malformed tree is
 // refused as the composition refuses it.
 namespace {
-bool tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows) {
+const TreeTable* tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows,
+                                   bool& take) {
   tree_ops::check_tree(run, parent);
   QWEN36_CHECK(run.begin >= 0 && run.begin + run.count <= rows, "tree verify: rows {} .. +{} of {}", run.begin,
                run.count, rows);
-  return run.count <= kMaxTreeTokens && !c.capturing;
+  const TreeTable* t = batch_tree(c, run, parent);
+  take = run.count <= kMaxTreeTokens && (t || !c.capturing);
+  return t;
 }
 }  // namespace
 
@@ -342,16 +347,18 @@ bool causal_conv1d_silu_tree_readonly(Ctx& c, Tensor& x, const Tensor& w, const 
   const SeqRun one[] = {run};
   check_conv(x, w, conv_state, one);
   const int64_t C = x.cols();
-  if (!tree_kernels_take(c, run, parent, x.rows())) return false;
+  bool take = false;
+  const TreeTable* t = tree_kernels_take(c, run, parent, x.rows(), take);
+  if (!take) return false;
   if (C == 0) return true;
   Temp<float> xin(c, size_t(run.count) * size_t(C));
   CUDA_CHECK(cudaMemcpyAsync(xin.get(), x.as<float>() + int64_t(run.begin) * C, xin.size() * sizeof(float),
                              cudaMemcpyDeviceToDevice, c.stream));
-  Temp<int32_t> dparent(c, parent);
+  Temp<int32_t> dparent(c, t ? std::span<const int32_t>() : parent);
+  const int32_t* pa = t ? c.trees.dev + t->off : dparent.get();
   const dim3 grid(unsigned(blocks_for(C, 128)), unsigned(run.count));
   conv1d_silu_tree_kernel<<<grid, 128, 0, c.stream>>>(xin.get(), x.as<float>(), w.as<const float>(),
-                                                      conv_state.as<const float>(), dparent.get(), run, C,
-                                                      int(w.cols()));
+                                                      conv_state.as<const float>(), pa, run, C, int(w.cols()));
   CUDA_LAUNCH_CHECK();
   return true;
 }
@@ -364,10 +371,19 @@ bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, co
   const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2);
   QWEN36_CHECK(out.numel() == v.numel(), "gated_delta_rule_tree_readonly: out {} for v {}", out.shape_str(),
                v.shape_str());
-  if (!tree_kernels_take(c, run, parent, T)) return false;
-  const tree_ops::Paths p = tree_ops::leaf_paths(run, parent);
+  bool take = false;
+  const TreeTable* t = tree_kernels_take(c, run, parent, T, take);
+  if (!take) return false;
   Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
   l2norm_qk(c, q, k, qn.get(), kn.get());
+  if (t) {  // the table's leaf paths, padded to `count` runs (the grid does not depend on the tree)
+    const int32_t* d = c.trees.dev;
+    launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state),
+                     reinterpret_cast<const SeqRun*>(d + t->off_paths), size_t(run.count), out, Hk, dk, INT_MAX, false,
+                     d + t->off_rows);
+    return true;
+  }
+  const tree_ops::Paths p = tree_ops::leaf_paths(run, parent);
   Temp<int32_t> rows(c, std::span<const int32_t>(p.rows));
   Temp<SeqRun> runs(c, std::span<const SeqRun>(p.runs));
   launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), runs.get(), p.runs.size(), out, Hk, dk, INT_MAX,

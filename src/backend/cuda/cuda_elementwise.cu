@@ -668,7 +668,7 @@ struct RopeInputs {
   const float* freq = nullptr;
   const int32_t* pos = nullptr;
   explicit RopeInputs(Ctx& c) : ftmp(c, 0), stmp(c, 0), ptmp(c, 0) {}
-  bool load(Ctx& c, std::span<const SeqRun> runs, int64_t T, int64_t rotary_dim, float theta) {
+  bool load_freq(Ctx& c, int64_t rotary_dim, float theta) {
     const int64_t half = rotary_dim / 2;
     std::vector<float> inv_freq(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(rotary_dim));
@@ -677,6 +677,10 @@ struct RopeInputs {
       if (!host_work_allowed(c)) return false;
       freq = ftmp.assign(std::span<const float>(inv_freq.data(), inv_freq.size()));
     }
+    return true;
+  }
+  bool load(Ctx& c, std::span<const SeqRun> runs, int64_t T, int64_t rotary_dim, float theta) {
+    if (!load_freq(c, rotary_dim, theta)) return false;
     const int32_t* slot = nullptr;
     dev_token_map(c, runs, T, stmp, ptmp, &slot, &pos);
     return true;
@@ -694,6 +698,18 @@ void rope(Ctx& c, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, f
   const int64_t n = T * heads * half;
   launch_pdl(rope_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), in.pos, in.freq, heads, hd, half,
              n);
+  CUDA_LAUNCH_CHECK();
+}
+
+void rope_at(Ctx& c, Tensor& x, const int32_t* pos, int64_t rotary_dim, float theta) {
+  QWEN36_CHECK(x.ndim == 3, "rope: expected [T, heads, head_dim], got {}", x.shape_str());
+  const int64_t T = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = rotary_dim / 2;
+  QWEN36_CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd, "rope: rotary_dim {} vs head_dim {}", rotary_dim, hd);
+  if (half == 0 || T == 0) return;
+  RopeInputs in(c);
+  if (!in.load_freq(c, rotary_dim, theta)) return;
+  const int64_t n = T * heads * half;
+  launch_pdl(rope_kernel, dim3(grid_for(n)), dim3(256), 0, c.stream, x.as<float>(), pos, in.freq, heads, hd, half, n);
   CUDA_LAUNCH_CHECK();
 }
 

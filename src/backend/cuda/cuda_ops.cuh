@@ -107,6 +107,24 @@ struct BatchTables {
   cudaEvent_t uploaded = nullptr;
 };
 
+// The tree ops' tables of the current pass's tree verify runs (Backend::set_batch_trees), each
+// tree in a region of a fixed size for its token count and the batch's T, so that a recording's
+// pointers hold for any tree of that size. Per tree, ints from `off`: parent [count], rope
+// positions [T] (pos0 + depth on the tree's rows, −1 elsewhere: left as they are), ancestor masks
+// [T] u64, mask bases [T], the leaf paths' runs [count] (padded with empty runs) and their rows.
+struct TreeTable {
+  SeqRun run;
+  std::vector<int32_t> parent;
+  size_t off = 0, off_pos = 0, off_mask = 0, off_base = 0, off_paths = 0, off_rows = 0;
+};
+struct TreeTables {
+  std::vector<TreeTable> trees;
+  int32_t* dev = nullptr;
+  int32_t* pinned = nullptr;
+  size_t cap = 0;  // ints in dev and pinned
+  cudaEvent_t uploaded = nullptr;
+};
+
 struct Ctx {
   cudaStream_t stream = nullptr;
   ScratchStack* scratch = nullptr;  // owned by the backend; null: every Temp is stream-ordered memory
@@ -119,6 +137,7 @@ struct Ctx {
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
   std::unordered_map<const void*, ExpertTable> expert_tables;
   BatchTables batch;
+  TreeTables trees;
   // small constant tables (RoPE frequencies, head orders) by content → device copy
   std::unordered_map<std::string, void*> constants;
   bool capturing = false;       // ops are being recorded into a graph (Backend::begin_capture)
@@ -171,6 +190,8 @@ class Temp {
 // and returns null). `constant`: a table that recurs (a head order), cached by content.
 const int32_t* dev_i32(Ctx& c, std::span<const int32_t> host, Temp<int32_t>& tmp, bool constant = false);
 const SeqRun* dev_runs(Ctx& c, std::span<const SeqRun> runs, Temp<SeqRun>& tmp);
+// The current pass's table of the tree (run, parent) (set_batch_trees), or null.
+const TreeTable* batch_tree(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent);
 // The per-token slot and position of `runs` (T rows) on the device.
 void dev_token_map(Ctx& c, std::span<const SeqRun> runs, int64_t T, Temp<int32_t>& slot_tmp, Temp<int32_t>& pos_tmp,
                    const int32_t** slot, const int32_t** pos);
@@ -536,12 +557,15 @@ void quant_dequant_tiled_experts(Ctx&, DType t, const void* const* table, int ki
 void split_q_gate(Ctx&, const Tensor& qg, Tensor& q, Tensor& gate);
 void rope(Ctx&, Tensor& x, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
 // Tree verification (Backend::attention_tree): token t of the call sees a cache position p ≥
-// base only where bit p − base of mask[t] is set (its ancestors and itself, whose K/V sit at
-// rows base + index); positions below base (the context) always. mask null: no tree.
+// base[t] only where bit p − base[t] of mask[t] is set (its ancestors and itself, whose K/V sit
+// at rows base + index); positions below base (the context) always. Both on the device (a
+// recording reads the pass's), one per token of the call; mask null: no tree.
 struct TreeMask {
-  const uint64_t* mask = nullptr;  // device, one per token of the call
-  int32_t base = 0;
+  const uint64_t* mask = nullptr;
+  const int32_t* base = nullptr;
 };
+// rope at the device positions pos (one per row of x; a row at −1 is left as it is).
+void rope_at(Ctx&, Tensor& x, const int32_t* pos, int64_t rotary_dim, float theta);
 void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree = {});
 

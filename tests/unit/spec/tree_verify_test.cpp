@@ -108,6 +108,36 @@ TEST(TreeVerify, EveryNodeIsItsRootPathDecodedAndTheCommitLandsOnThePath) {
   }
 }
 
+// Tree verify passes of one size and several shapes at one place, repeated: from a shape's
+// second sight they take Model's decode step (recorded on a device backend; here its ops run as
+// they are), whose logits must be those of the ordinary pass (hidden rows asked for keep a pass
+// out of the decode step), bit for bit.
+TEST(TreeVerify, DecodeStepPassesEqualTheOrdinaryPass) {
+  auto be = make_cpu_backend(1);
+  auto model = test::random_model(*be, 256, 4, false);
+  const int64_t V = model->config().vocab_size;
+  const int32_t n = int32_t(kParent.size()), P = int32_t(kPrompt.size());
+  const std::vector<std::vector<int32_t>> trees = {kParent, {-1, 0, 1, 2, 3, 4, 5, 6}, {-1, 0, 0, 0, 0, 0, 0, 0}};
+  ModelState a(*be, model->config(), 1, 64, false), b(*be, model->config(), 1, 64, false);
+  for (ModelState* st : {&a, &b}) {
+    st->enable_speculation(n);
+    model->forward(ForwardBatch::single(kPrompt, 0, 0), *st, nullptr);
+  }
+  for (size_t k = 0; k < 3 * trees.size(); ++k) {
+    ForwardBatch v;
+    for (int32_t j = 0; j < n; ++j) v.tokens.push_back(int32_t((int64_t(k) * 31 + j * 7 + 1) % V));
+    v.runs = {{0, P, 0, n}};
+    v.verify_runs = {0};
+    v.verify_trees = {trees[k % trees.size()]};
+    for (int32_t j = 0; j < n; ++j) v.output_rows.push_back(j);
+    std::vector<float> got(size_t(n * V)), want(size_t(n * V));
+    model->forward(v, a, got.data());
+    v.hidden_rows = v.output_rows;
+    model->forward(v, b, want.data());
+    EXPECT_EQ(max_diff(got.data(), want.data(), n * V), 0.0f) << "pass " << k;
+  }
+}
+
 TEST(TreeVerify, MalformedTreesAndPathsAreRefused) {
   auto be = make_cpu_backend(1);
   auto model = test::random_model(*be, 64, 1);
