@@ -522,6 +522,7 @@ class CudaBackend final : public Backend {
   void set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                  std::span<const int32_t> rows) override;
   void set_batch_trees(std::span<const SeqRun> runs, std::span<const std::span<const int32_t>> parents) override;
+  void table_room(int32_t*& dev, int32_t*& pinned, size_t& cap, cudaEvent_t uploaded, size_t ints, size_t min_cap);
   bool begin_capture() override {
     if (profile_ || ctx_.capturing) return false;  // profiling times ops one by one
     CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
@@ -973,6 +974,24 @@ class CudaBackend final : public Backend {
   const unsigned long long* signal_dev_ = nullptr;
 };
 
+// Room for `ints` in a device table (dev, cap ints) and its pinned staging: a larger pair (at
+// least min_cap) when it does not fit, after the stream's work and the recordings that read the
+// old table are gone; else once the last upload has left the staging buffer.
+void CudaBackend::table_room(int32_t*& dev, int32_t*& pinned, size_t& cap, cudaEvent_t uploaded, size_t ints,
+                             size_t min_cap) {
+  if (ints <= cap) {
+    CUDA_CHECK(cudaEventSynchronize(uploaded));
+    return;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  drop_graphs();
+  cudaFree(dev);
+  cudaFreeHost(pinned);
+  cap = std::max(ints, min_cap);
+  CUDA_CHECK(cudaMalloc(&dev, cap * 4));
+  CUDA_CHECK(cudaMallocHost(&pinned, cap * 4));
+}
+
 void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const SeqRun> runs,
                             std::span<const int32_t> rows) {
   ++forwards_;
@@ -991,17 +1010,7 @@ void CudaBackend::set_batch(std::span<const int32_t> tokens, std::span<const Seq
   b.off_tpos = b.off_tslot + size_t(T);
   b.off_rows = b.off_tpos + size_t(T);
   const size_t total = b.off_rows + rows.size();
-  if (total > b.cap) {
-    CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
-    drop_graphs();  // recordings read the old device table
-    cudaFree(b.dev);
-    cudaFreeHost(b.pinned);
-    b.cap = std::max<size_t>(total, size_t(1) << 16);
-    CUDA_CHECK(cudaMalloc(&b.dev, b.cap * 4));
-    CUDA_CHECK(cudaMallocHost(&b.pinned, b.cap * 4));
-  } else {
-    CUDA_CHECK(cudaEventSynchronize(b.uploaded));  // the last upload has left the staging buffer
-  }
+  table_room(b.dev, b.pinned, b.cap, b.uploaded, total, size_t(1) << 16);
   std::copy(tokens.begin(), tokens.end(), b.pinned);
   std::memcpy(b.pinned + b.off_runs, runs.data(), runs.size_bytes());
   std::copy(m.slot.begin(), m.slot.end(), b.pinned + b.off_tslot);
@@ -1040,17 +1049,7 @@ void CudaBackend::set_batch_trees(std::span<const SeqRun> runs, std::span<const 
     tt.trees.push_back(std::move(t));
   }
   if (total == 0) return;
-  if (total > tt.cap) {
-    CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
-    drop_graphs();  // recordings read the old device table
-    cudaFree(tt.dev);
-    cudaFreeHost(tt.pinned);
-    tt.cap = std::max<size_t>(total, size_t(1) << 14);
-    CUDA_CHECK(cudaMalloc(&tt.dev, tt.cap * 4));
-    CUDA_CHECK(cudaMallocHost(&tt.pinned, tt.cap * 4));
-  } else {
-    CUDA_CHECK(cudaEventSynchronize(tt.uploaded));  // the last upload has left the staging buffer
-  }
+  table_room(tt.dev, tt.pinned, tt.cap, tt.uploaded, total, size_t(1) << 14);
   int32_t* h = tt.pinned;
   std::fill(h, h + total, 0);
   for (const cuda::TreeTable& t : tt.trees) {
