@@ -294,8 +294,9 @@ class Backend {
   // and copies the blocks out; a device backend writes them from its conv kernel directly.
   virtual void causal_conv1d_silu_split(Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs,
                                         Tensor& q, Tensor& k, Tensor& v);
-  // x's [q | k | v] column blocks (widths from q, k, v [T, ·]) copied to q, k, v.
-  void copy_column_blocks(const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
+  // x's [q | k | v] column blocks (widths from q, k, v [T, ·]) copied to q, k, v. The default
+  // runs three copy_cols; a device backend copies them in one launch.
+  virtual void copy_column_blocks(const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
   // g = a_neg_exp * softplus(a + dt_bias), beta = sigmoid(b)      g, beta [T, Hv]; a, b [T, Hv],
   // or [T, G > Hv] whose first Hv columns count (a shard's padded projections, ModelConfig::gate_rows)
   virtual void deltanet_gates(const Tensor& a, const Tensor& b, const Tensor& a_neg_exp, const Tensor& dt_bias,

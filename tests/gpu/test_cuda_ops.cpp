@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <tuple>
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
@@ -636,6 +637,25 @@ TEST_F(CudaOps, CompactRowsIsTheRowByRowCopies) {
   const DevT small = upload(*gpu_, random_t(rng_, DType::F32, {4, 8}));
   std::vector<Tensor> one{small.t};
   EXPECT_THROW(gpu_->compact_rows(one, std::vector<int32_t>{0, 0}), Error);  // a row from before it
+}
+
+// x's [q | k | v] blocks copied out (Backend::copy_column_blocks, one launch on CUDA): bitwise
+// the CPU backend's three copies, at the 27B's DeltaNet widths (23 rows: a tree verify pass) and
+// at widths that are not whole 16-byte units (the copies' fallback).
+TEST_F(CudaOps, CopyColumnBlocksIsTheThreeCopies) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  for (auto [nq, nk, nv] : {std::tuple<int64_t, int64_t, int64_t>{2048, 2048, 6144}, {64, 32, 4}, {6, 5, 3}}) {
+    const int64_t T = 23;
+    HostT x = random_t(rng_, DType::F32, {T, nq + nk + nv});
+    HostT q(DType::F32, {T, nq}), k(DType::F32, {T, nk}), v(DType::F32, {T, nv});
+    cpu->copy_column_blocks(x.t, q.t, k.t, v.t);
+    DevT dx = upload(*gpu_, x), dq = upload(*gpu_, HostT(DType::F32, {T, nq})),
+         dk = upload(*gpu_, HostT(DType::F32, {T, nk})), dv = upload(*gpu_, HostT(DType::F32, {T, nv}));
+    gpu_->copy_column_blocks(dx.t, dq.t, dk.t, dv.t);
+    EXPECT_EQ(download(*gpu_, dq.t), q.floats()) << nq << " " << nk << " " << nv;
+    EXPECT_EQ(download(*gpu_, dk.t), k.floats());
+    EXPECT_EQ(download(*gpu_, dv.t), v.floats());
+  }
 }
 
 // A prefill's column split (the DeltaNet projections [4096, 16480] → q|k|v|z blocks): bytes

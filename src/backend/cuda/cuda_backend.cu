@@ -438,6 +438,13 @@ class CudaBackend final : public Backend {
                  dst.shape_str());
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream));
   }
+  void copy_column_blocks(const Tensor& x, Tensor& q, Tensor& k, Tensor& v) override {
+    {
+      Prof p_(*this, "copy_column_blocks");
+      if (cuda::copy_column_blocks(ctx_, x, q, k, v)) return;
+    }
+    Backend::copy_column_blocks(x, q, k, v);
+  }
   void copy_cols(const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width) override {
     Prof p_(*this, "copy_cols");
     cuda::copy_cols(ctx_, src, src_col0, dst, dst_col0, width);

@@ -276,6 +276,20 @@ __global__ void copy_cols4_kernel(const float4* src, int64_t sc, int64_t s0, flo
                                   int64_t width, int64_t rows) {
   QWEN36_ROWS_COLS(r, c, rows, width) dst[r * dc + d0 + c] = src[r * sc + s0 + c];
 }
+// A row's three column blocks [0, w0), [w0, w0 + w1), [w0 + w1, sc) into d0, d1, d2 (16-byte units).
+__global__ void split_cols3_kernel(const float4* src, int64_t sc, float4* d0, float4* d1, float4* d2, int64_t w0,
+                                   int64_t w1, int64_t rows) {
+  const int64_t w2 = sc - w0 - w1;
+  QWEN36_ROWS_COLS(r, c, rows, sc) {
+    const float4 v = src[r * sc + c];
+    if (c < w0)
+      d0[r * w0 + c] = v;
+    else if (c < w0 + w1)
+      d1[r * w1 + c - w0] = v;
+    else
+      d2[r * w2 + c - w0 - w1] = v;
+  }
+}
 __global__ void get_rows_kernel(const float* src, int64_t D, const int32_t* rows, float* dst, int64_t n) {
   QWEN36_ROWS_COLS(r, c, n, D) dst[r * D + c] = src[int64_t(rows[r]) * D + c];
 }
@@ -630,6 +644,24 @@ void copy_cols(Ctx& c, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t
                                                                dst.as<float>(), dst.cols(), dst_col0, width, R);
   }
   CUDA_LAUNCH_CHECK();
+}
+
+bool copy_column_blocks(Ctx& c, const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t R = x.rows(), C = x.cols();
+  const int64_t nq = R ? q.numel() / R : 0, nk = R ? k.numel() / R : 0, nv = R ? v.numel() / R : 0;
+  const bool shapes = x.dtype == DType::F32 && q.dtype == DType::F32 && k.dtype == DType::F32 &&
+                      v.dtype == DType::F32 && q.numel() == R * nq && k.numel() == R * nk && v.numel() == R * nv &&
+                      nq + nk + nv == C;
+  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = (nq | nk | nv) % 4 == 0 && a16(x.data) && a16(q.data) && a16(k.data) && a16(v.data);
+  if (!shapes || !vec) return false;
+  if (R * C == 0) return true;
+  const int64_t c4 = C / 4;
+  const dim3 grid(unsigned(blocks_for(c4, 256)), unsigned(std::clamp<int64_t>(R, 1, 65535)));
+  split_cols3_kernel<<<grid, 256, 0, c.stream>>>(x.as<const float4>(), c4, q.as<float4>(), k.as<float4>(),
+                                                 v.as<float4>(), nq / 4, nk / 4, R);
+  CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void get_rows_dev(Ctx& c, const float* src, int64_t D, const int32_t* rows, int64_t n, float* dst) {

@@ -564,6 +564,9 @@ struct TreeMask {
   const uint64_t* mask = nullptr;
   const int32_t* base = nullptr;
 };
+// x's [q | k | v] column blocks copied out in one launch (Backend::copy_column_blocks); false
+// (nothing done) unless every block is whole 16-byte units.
+bool copy_column_blocks(Ctx&, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
 // rope at the device positions pos (one per row of x; a row at −1 is left as it is).
 void rope_at(Ctx&, Tensor& x, const int32_t* pos, int64_t rotary_dim, float theta);
 void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
