@@ -661,8 +661,10 @@ TEST_F(CudaDeltaNet, Bf16StateRecurrentMatchesCpu) {
 }
 
 // DDTree verify's DeltaNet ops: a random tree of 23 tokens (and a chain, and a star) at rows 3..
-// of a 30-row batch in slot 1; the one-launch CUDA forms equal the composition of chain ops over
-// the leaves' root paths bit for bit, rows outside the run untouched, the states only read.
+// of a 30-row batch in slot 1, against the composition of chain ops over the leaves' root paths:
+// the one-launch conv bit for bit; the delta rule (the fused decode kernels' 32-column slices,
+// the composition's recurrent kernel sums in another order) within 1e-5 of the largest output;
+// rows outside the run untouched, the states only read.
 TEST_F(CudaDeltaNet, TreeReadonlyOpsAreTheComposition) {
   const int64_t T = 30, Hk = 2, Hv = 4, dk = 128, dv = 128, C = 2 * Hk * dk + Hv * dv, K = 4, slots = 2;
   const SeqRun run{1, 9, 3, 23};
@@ -689,7 +691,8 @@ TEST_F(CudaDeltaNet, TreeReadonlyOpsAreTheComposition) {
     gpu_->gated_delta_rule_tree_readonly(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, run, parent, oa.t);
     gpu_->Backend::gated_delta_rule_tree_readonly(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, run, parent, ob.t);
     const std::vector<float> a = download(*gpu_, oa.t), b = download(*gpu_, ob.t);
-    EXPECT_EQ(a, b) << "delta rule, tree " << ti;
+    const Worst wd = worst_of(a, b);
+    EXPECT_LE(wd.err, 1e-5) << "delta rule, tree " << ti << ": got " << wd.got << ", want " << wd.want;
     const size_t per = size_t(Hv * dv);
     const std::vector<float> before = out0.floats();
     for (size_t r = 0; r < size_t(T); ++r) {  // rows outside the run keep what was there

@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_conv_window.cuh"
+#include "backend/cuda/cuda_deltanet_slices.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
 #include "backend/tree_ops.h"
@@ -172,6 +173,56 @@ __global__ void delta_rule_kernel(const float* __restrict__ qn, const float* __r
 }
 
 
+// A tree's leaf paths through the fused decode kernels' state arithmetic (slice_token, on
+// q̂, k̂ from l2norm_qk and the gates' g, β): grid (paths, Hv, dv/32) of kDecThreads threads;
+// path r's token t is batch row rowmap[r.begin + t]. A block loads its 32-column slice of the
+// head's state (only read: a verify), steps through its path and writes each row's output; a row
+// on several paths is computed alike and stored alike. An empty run (a table's padding) returns.
+// 32 registers of state a thread instead of the recurrent kernel's 128 (255 with spills there:
+// two blocks a SM, two waves for a tree of ~10 leaves).
+template <int DK>
+__global__ void __launch_bounds__(kDecThreads) tree_slices_kernel(const float* __restrict__ qn,
+                                                                  const float* __restrict__ kn,
+                                                                  const float* __restrict__ v, const float* __restrict__ g,
+                                                                  const float* __restrict__ beta, StateRef state,
+                                                                  const SeqRun* paths, const int32_t* __restrict__ rowmap,
+                                                                  float* __restrict__ out, int Hk, int Hv, int dv) {
+  static_assert(DK % 16 == 0 && DK <= kDecThreads, "16 row groups of 8 threads");
+  constexpr int R = DK / 16;
+  const SeqRun r = paths[blockIdx.x];
+  if (r.count == 0) return;
+  const int h = int(blockIdx.y), tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
+  const int col = int(blockIdx.z) * kDecCols + 4 * cg, kh = h / (Hv / Hk);
+  __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
+  const int64_t S = (int64_t(r.slot) * Hv + h) * DK * dv + col;  // in elements
+  float4 s[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) s[k] = state.load4(S + int64_t(rg + 16 * k) * dv);
+  auto fetch = [&](int t, float& q, float& k, float4& v4) {  // token t's q̂, k̂ element and v columns
+    const int64_t row = rowmap[r.begin + t];
+    if (tid < DK) q = qn[(row * Hk + kh) * DK + tid], k = kn[(row * Hk + kh) * DK + tid];
+    v4 = *reinterpret_cast<const float4*>(v + (row * Hv + h) * dv + col);
+  };
+  float nq = 0.0f, nk = 0.0f;
+  float4 v4;
+  fetch(0, nq, nk, v4);
+  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
+  for (int t = 0; t < r.count; ++t) {
+    const int64_t row = rowmap[r.begin + t];
+    const float* q_s = qs[t & 1];
+    const float* k_s = ks[t & 1];
+    __syncthreads();  // token t's q̂, k̂ are in; the previous token's reads of the other buffer are done
+    const float4 vj = v4;
+    if (t + 1 < r.count) fetch(t + 1, nq, nk, v4);  // in flight while token t computes
+    float o[4];
+    slice_token<R, true>(
+        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(g[row * Hv + h]),
+        beta[row * Hv + h], red, state, state.bf16, o);
+    if (tid < 8) *reinterpret_cast<float4*>(out + (row * Hv + h) * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
+    if (t + 1 < r.count && tid < DK) qs[(t + 1) & 1][tid] = nq, ks[(t + 1) & 1][tid] = nk;
+  }
+}
+
 void check_conv(const Tensor& x, const Tensor& w, const Tensor& conv_state, std::span<const SeqRun> runs) {
   const int64_t C = x.cols(), K = w.cols(), S = K - 1;
   QWEN36_CHECK(w.rows() == C && w.dtype == DType::F32, "conv1d: weight {} for {} channels", w.shape_str(), C);
@@ -324,8 +375,10 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 
 // Backend::causal_conv1d_silu_tree_readonly and gated_delta_rule_tree_readonly in one launch
 // each (the composition of backend/tree_ops.h gathers every leaf's root path, runs the chain op
-// over them and scatters: ~10 launches and as many uploads a layer). Bitwise the composition:
-// the same window and recurrence steps over the same root paths. The parents and leaf paths
+// over them and scatters: ~10 launches and as many uploads a layer). The conv is bitwise the
+// composition (the same window steps over the same root paths); the delta rule steps the same
+// root paths through the fused decode kernels' slices (tree_slices_kernel), whose sums run in
+// another order than the recurrent kernel's (within 1e-5 of it). The parents and leaf paths
 // come from set_batch_trees' table (TreeTable), so a recording holds the pass for any tree of
 // the size; a tree without one uploads them (not while recording). False (nothing done) for a
 // tree of more than 64 tokens, or one without a table while recording; a malformed tree is
@@ -376,18 +429,35 @@ bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, co
   if (!take) return false;
   Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
   l2norm_qk(c, q, k, qn.get(), kn.get());
-  if (t) {  // the table's leaf paths, padded to `count` runs (the grid does not depend on the tree)
-    const int32_t* d = c.trees.dev;
-    launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state),
-                     reinterpret_cast<const SeqRun*>(d + t->off_paths), size_t(run.count), out, Hk, dk, INT_MAX, false,
-                     d + t->off_rows);
+  // The leaf paths: the table's, padded to `count` runs (the grid does not depend on the tree),
+  // or uploaded.
+  tree_ops::Paths p;
+  if (!t) p = tree_ops::leaf_paths(run, parent);
+  Temp<int32_t> up_rows(c, std::span<const int32_t>(p.rows));
+  Temp<SeqRun> up_paths(c, std::span<const SeqRun>(p.runs));
+  const SeqRun* paths = t ? reinterpret_cast<const SeqRun*>(c.trees.dev + t->off_paths) : up_paths.get();
+  const int32_t* rows = t ? c.trees.dev + t->off_rows : up_rows.get();
+  const size_t n = t ? size_t(run.count) : p.runs.size();
+  const int64_t Hv = v.dim(1), dv = v.dim(2);
+  const StateRef st = state_ref(state);
+  if (dv % kDecCols == 0) {
+    const dim3 grid{unsigned(n), unsigned(Hv), unsigned(dv / kDecCols)};
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kDecThreads, 0, c.stream>>>(qn.get(), kn.get(), v.as<const float>(), g.as<const float>(),
+                                                 beta.as<const float>(), st, paths, rows, out.as<float>(), int(Hk),
+                                                 int(Hv), int(dv));
+    };
+    switch (dk) {
+      case 16: launch(tree_slices_kernel<16>); break;
+      case 32: launch(tree_slices_kernel<32>); break;
+      case 64: launch(tree_slices_kernel<64>); break;
+      case 128: launch(tree_slices_kernel<128>); break;
+      default: fail("gated_delta_rule_tree_readonly: key head dim {} is not supported by the CUDA backend", dk);
+    }
+    CUDA_LAUNCH_CHECK();
     return true;
   }
-  const tree_ops::Paths p = tree_ops::leaf_paths(run, parent);
-  Temp<int32_t> rows(c, std::span<const int32_t>(p.rows));
-  Temp<SeqRun> runs(c, std::span<const SeqRun>(p.runs));
-  launch_recurrent(c, qn.get(), kn.get(), v, g, beta, state_ref(state), runs.get(), p.runs.size(), out, Hk, dk, INT_MAX,
-                   false, rows.get());
+  launch_recurrent(c, qn.get(), kn.get(), v, g, beta, st, paths, n, out, Hk, dk, INT_MAX, false, rows);
   return true;
 }
 
