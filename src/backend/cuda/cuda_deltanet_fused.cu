@@ -15,7 +15,7 @@
 // head, which spans the slices: the last of a head's blocks to finish (counter per head)
 // normalises all dv columns. (2) is launched programmatically dependent: it loads its state
 // slice while (1) finishes. Both forms do the same float operations in the same order (the
-// shared device functions below), bit for bit.
+// shared device functions below and slice_token, cuda_deltanet_slices.cuh), bit for bit.
 //
 // Fused chain verify (Backend::deltanet_verify): the two kernels (the one kernel stepping
 // through k + 1 tokens measured slower: bench/RESULTS.md, session 33), each block stepping
