@@ -481,6 +481,8 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
   Residual r = residual(s, T);
   Tensor sel = s.f32({n, c.hidden_size}), out = s.f32({n, c.vocab_size});
   Tensor cap = n_cap ? s.f32({n, n_cap * c.hidden_size}) : Tensor();
+  // An attention layer takes the verify runs only for a tree's ops (forward_rank's rule).
+  const bool attn_save = verify && !verify->trees.empty();
   auto run = [&] {
     r.has_pending = false;
     if (chain)
@@ -493,8 +495,6 @@ bool Model::decode_step(const ForwardBatch& batch, ModelState& state, float* log
       VerifySave save = verify ? *verify : VerifySave{};
       if (verify && !attn)  // a DeltaNet layer keeps the verify runs' inputs (forward_rank's rule)
         save.conv_input = &state.spec_conv_input(i), save.g = &state.spec_g(i), save.beta = &state.spec_beta(i);
-      // (an attention layer takes the verify runs only for a tree's ops: forward_rank's rule)
-      const bool attn_save = verify && !verify->trees.empty();
       decoder_layer(layer_scratch, w_.layers[size_t(i)], r, attn ? state.k_cache(i) : state.conv_state(i),
                     attn ? state.v_cache(i) : state.recurrent_state(i), batch.runs, batch.deltanet_mode,
                     verify && (!attn || attn_save) ? &save : nullptr);

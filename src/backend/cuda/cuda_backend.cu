@@ -701,7 +701,8 @@ class CudaBackend final : public Backend {
     cuda::attention(ctx_, q, k, v, k_cache, v_cache, runs, scale, out);
   }
   // RoPE at each tree token's position pos0 + depth: one launch over the batch (the tree's rows
-  // at their positions, the others left), from set_batch_trees' table, or uploaded.
+  // at their positions, the others left) from set_batch_trees' table; a tree without one takes
+  // the composition.
   void rope_tree(Tensor& x, const SeqRun& run, std::span<const int32_t> parent, int64_t rotary_dim,
                  float theta) override {
     const int64_t T = x.ndim == 3 ? x.dim(0) : 0;
@@ -721,7 +722,7 @@ class CudaBackend final : public Backend {
     const int64_t T = q.dim(0);
     const cuda::TreeTable* t = cuda::batch_tree(ctx_, run, parent);
     if (t && int64_t(ctx_.batch.tokens.size()) != T) t = nullptr;
-    if (run.count < 1 || run.count > 64 || size_t(run.count) != parent.size() || run.begin < 0 ||
+    if (run.count < 1 || run.count > cuda::kMaxTreeTokens || size_t(run.count) != parent.size() || run.begin < 0 ||
         run.begin + run.count > T || (ctx_.capturing && !t))
       return Backend::attention_tree(q, k, v, k_cache, v_cache, run, parent, scale, out);
     Prof p_(*this, "attention_tree");
@@ -1040,7 +1041,7 @@ void CudaBackend::set_batch_trees(std::span<const SeqRun> runs, std::span<const 
   for (size_t j = 0; j < runs.size(); ++j) {
     const SeqRun& r = runs[j];
     tree_ops::check_tree(r, parents[j]);
-    if (r.count > 64) continue;  // the tree kernels' limit: such a tree takes the composition
+    if (r.count > cuda::kMaxTreeTokens) continue;  // such a tree takes the composition
     QWEN36_CHECK(r.begin >= 0 && r.begin + r.count <= T, "set_batch_trees: rows {} .. +{} of {}", r.begin, r.count, T);
     cuda::TreeTable t;
     t.run = r;

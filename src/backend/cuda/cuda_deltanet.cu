@@ -38,7 +38,6 @@ namespace {
 // as a few dozen serial recurrent steps; 64 (one full chunk) is a conservative start, to be
 // tuned from the crossover sweep printed by the CudaDeltaNet timing test.
 constexpr int kAutoChunkedMin = 64;
-constexpr int kMaxTreeTokens = 64;  // a tree verify run's tokens (kMaxTreeBudget + the root)
 
 // One thread per (run, channel): the run's tokens in order, window in registers. Read-only
 // (speculative verify): the state is not written back.
@@ -384,14 +383,16 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 // tree of more than 64 tokens, or one without a table while recording; a malformed tree is
 // refused as the composition refuses it.
 namespace {
-const TreeTable* tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows,
-                                   bool& take) {
+struct TreeTake {
+  bool take;               // the one-launch kernels run
+  const TreeTable* table;  // set_batch_trees' table of the tree, or null (then uploads)
+};
+TreeTake tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows) {
   tree_ops::check_tree(run, parent);
   QWEN36_CHECK(run.begin >= 0 && run.begin + run.count <= rows, "tree verify: rows {} .. +{} of {}", run.begin,
                run.count, rows);
   const TreeTable* t = batch_tree(c, run, parent);
-  take = run.count <= kMaxTreeTokens && (t || !c.capturing);
-  return t;
+  return {run.count <= kMaxTreeTokens && (t || !c.capturing), t};
 }
 }  // namespace
 
@@ -400,8 +401,7 @@ bool causal_conv1d_silu_tree_readonly(Ctx& c, Tensor& x, const Tensor& w, const 
   const SeqRun one[] = {run};
   check_conv(x, w, conv_state, one);
   const int64_t C = x.cols();
-  bool take = false;
-  const TreeTable* t = tree_kernels_take(c, run, parent, x.rows(), take);
+  const auto [take, t] = tree_kernels_take(c, run, parent, x.rows());
   if (!take) return false;
   if (C == 0) return true;
   Temp<float> xin(c, size_t(run.count) * size_t(C));
@@ -424,8 +424,7 @@ bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, co
   const int64_t T = q.dim(0), Hk = q.dim(1), dk = q.dim(2);
   QWEN36_CHECK(out.numel() == v.numel(), "gated_delta_rule_tree_readonly: out {} for v {}", out.shape_str(),
                v.shape_str());
-  bool take = false;
-  const TreeTable* t = tree_kernels_take(c, run, parent, T, take);
+  const auto [take, t] = tree_kernels_take(c, run, parent, T);
   if (!take) return false;
   Temp<float> qn(c, size_t(T * Hk * dk)), kn(c, size_t(T * Hk * dk));
   l2norm_qk(c, q, k, qn.get(), kn.get());

@@ -112,6 +112,9 @@ struct BatchTables {
 // pointers hold for any tree of that size. Per tree, ints from `off`: parent [count], rope
 // positions [T] (pos0 + depth on the tree's rows, −1 elsewhere: left as they are), ancestor masks
 // [T] u64, mask bases [T], the leaf paths' runs [count] (padded with empty runs) and their rows.
+// A tree verify run's tokens the CUDA tree ops take (kMaxTreeBudget + the root; one mask bit
+// each); a larger tree has no table and takes the composition of chain ops.
+constexpr int kMaxTreeTokens = 64;
 struct TreeTable {
   SeqRun run;
   std::vector<int32_t> parent;
