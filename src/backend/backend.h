@@ -312,7 +312,9 @@ class Backend {
   //   causal_conv1d_silu(mixed, w.conv1d, conv_state); g, beta = deltanet_gates(a, b, ...);
   //   q, k, v = mixed's [q | k | v] column blocks; gated_delta_rule(q, k, v, g, beta, ssm_state,
   //   Recurrent) → out; out = gated_rms_norm(out, z, w.norm, eps).
-  // mixed [T, conv_dim] is scratch (its contents afterwards are unspecified); z, out [T, Hv, dv];
+  // mixed [T, conv_dim] is scratch (its contents afterwards are unspecified); z, out [T, Hv, dv],
+  // out's head blocks in out_proj's order where w.out_proj_heads gives one (block p: head
+  // out_proj_heads[p], as a GGUF out_proj reads them; the same in deltanet_verify and _tree);
   // a, b as deltanet_gates' ([T, Hv] or padded rows); conv_state, ssm_state as above (updated).
   // Head counts and dims come from the shapes: dk = ssm_state.dim(2), Hk = (conv_dim − Hv·dv) /
   // (2·dk). The default composes the ops above (the reference); a device backend fuses them, since a decode step's DeltaNet is
@@ -334,6 +336,18 @@ class Backend {
                                Tensor& /*ssm_state*/, std::span<const SeqRun> /*runs*/,
                                std::span<const SeqRun> /*verify*/, Tensor& /*conv_in*/, Tensor& /*g_in*/,
                                Tensor& /*beta_in*/, Tensor& /*out*/) {
+    return false;
+  }
+  // The DeltaNet mixer of a tree verify pass (DDTree) whose only run is the tree `run` (parents
+  // `parent`, as the _tree_readonly ops below take them), in one op: the state only read, every
+  // token's output that of a chain verify pass over its root path, the inputs kept for the
+  // commit as deltanet_verify keeps a verify run's (row i of the slot: token i). The rest as
+  // deltanet_verify; false, having done nothing, where the backend has no fused form (the model
+  // composes the tree ops, the reference).
+  virtual bool deltanet_verify_tree(Tensor& /*mixed*/, const Tensor& /*z*/, const Tensor& /*a*/, const Tensor& /*b*/,
+                                    const DeltaNetWeights& /*w*/, float /*eps*/, Tensor& /*conv_state*/,
+                                    Tensor& /*ssm_state*/, const SeqRun& /*run*/, std::span<const int32_t> /*parent*/,
+                                    Tensor& /*conv_in*/, Tensor& /*g_in*/, Tensor& /*beta_in*/, Tensor& /*out*/) {
     return false;
   }
   // The commit of a chain verify pass (Model::commit_speculative) in one op: each run's state
@@ -549,6 +563,16 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
   deltanet_gates(a, b, w.a_neg_exp, w.dt_bias, g, beta);
   gated_delta_rule(q, k, v, g, beta, ssm_state, runs, out, DeltaRuleMode::Recurrent);
   gated_rms_norm(out, z, w.norm, eps, out);
+  if (w.out_proj_heads.empty()) return;
+  std::vector<int32_t> rows(size_t(T * Hv));  // row (t, j) of the result is head out_proj_heads[j] of token t
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < Hv; ++j) rows[size_t(t * Hv + j)] = int32_t(t * Hv + w.out_proj_heads[size_t(j)]);
+  std::unique_ptr<DeviceBuffer> ordered = alloc(size_t(T * Hv * dv) * sizeof(float));
+  const Tensor heads(out.data, DType::F32, {T * Hv, dv});
+  Tensor to(ordered->data(), DType::F32, {T * Hv, dv});
+  get_rows(heads, rows, to);
+  Tensor back(out.data, DType::F32, {T * Hv, dv});
+  copy(to, back);
 }
 
 // The CPU backend (always available). `threads` 0 means all cores.

@@ -13,15 +13,6 @@ namespace qwen36 {
 
 namespace {
 
-// Tiled position p = j * Hk + i holds grouped head g = i * r + j (i: key head, j: 0..r-1).
-std::vector<int32_t> tiled_to_grouped(int64_t Hk, int64_t Hv) {
-  const int64_t r = Hv / Hk;
-  std::vector<int32_t> grouped_of_tiled(static_cast<size_t>(Hv));
-  for (int64_t j = 0; j < r; ++j)
-    for (int64_t i = 0; i < Hk; ++i) grouped_of_tiled[size_t(j * Hk + i)] = int32_t(i * r + j);
-  return grouped_of_tiled;
-}
-
 class GgufModelReader {
  public:
   GgufModelReader(const GgufFile& f, ModelWeights& w) : f_(f), w_(w) {}
@@ -42,7 +33,7 @@ class GgufModelReader {
   // A copy of `t` whose value-head blocks (block_rows rows each, starting at row0) are moved
   // from tiled to grouped order. Rows are independent in every GGUF type, so this is exact.
   Tensor regroup_rows(const Tensor& t, int64_t row0, int64_t block_rows) {
-    const auto perm = tiled_to_grouped(Hk_, Hv_);
+    const auto perm = gguf_tiled_heads(Hk_, Hv_);
     auto buf = std::make_shared<HostBuffer>(t.nbytes());
     std::memcpy(buf->data(), t.data, t.nbytes());
     const size_t rb = t.row_bytes() * size_t(block_rows);
@@ -145,7 +136,7 @@ LayerWeights read_layer(GgufModelReader& r, const ModelConfig& c, int64_t i, Lay
     d.a_neg_exp.ndim = 1;
     d.norm = r.f32(p + "ssm_norm.weight");
     d.out_proj = r.get(p + "ssm_out.weight");
-    d.out_proj_heads = tiled_to_grouped(c.linear_k_heads, c.linear_v_heads);
+    d.out_proj_heads = gguf_tiled_heads(c.linear_k_heads, c.linear_v_heads);
   }
   if (c.moe) {
     l.moe.router = r.get(p + "ffn_gate_inp.weight");

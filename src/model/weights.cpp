@@ -26,6 +26,14 @@ class ShapeChecker {
 
 }  // namespace
 
+std::vector<int32_t> gguf_tiled_heads(int64_t Hk, int64_t Hv) {
+  const int64_t r = Hv / Hk;
+  std::vector<int32_t> grouped_of_tiled(static_cast<size_t>(Hv));
+  for (int64_t j = 0; j < r; ++j)
+    for (int64_t i = 0; i < Hk; ++i) grouped_of_tiled[size_t(j * Hk + i)] = int32_t(i * r + j);
+  return grouped_of_tiled;
+}
+
 size_t ModelWeights::total_bytes() const {
   std::set<const void*> seen;
   size_t total = 0;

@@ -44,6 +44,9 @@ struct DeltaNetWeights {
   // tiled order there, since a quantization block may straddle two heads' columns.
   std::vector<int32_t> out_proj_heads;
 };
+// llama.cpp's tiled order of Hv value heads over Hk key heads as out_proj_heads gives it:
+// block p = j·Hk + i holds grouped head i·(Hv / Hk) + j (i: key head, j: its value head).
+std::vector<int32_t> gguf_tiled_heads(int64_t Hk, int64_t Hv);
 
 struct MlpWeights {
   Tensor gate_proj;  // (intermediate, hidden)

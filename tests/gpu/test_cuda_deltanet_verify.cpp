@@ -296,6 +296,54 @@ TEST_F(CudaDeltaNetVerify, VerifyThenCommitIsDecodeBitForBit) {
     }
 }
 
+// A GGUF's out_proj reads its heads in llama.cpp's tiled order (DeltaNetWeights::out_proj_heads):
+// the fused decode, chain verify and tree verify ops then write out's head blocks in that order —
+// bit for bit the blocks they write without it, moved (as the default composition moves them).
+TEST_F(CudaDeltaNetVerify, FusedOpsWriteOutProjsHeadOrder) {
+  const DecodeShape& s = kDecD64;
+  const int64_t C = 2 * s.Hk * s.dk + s.Hv * s.dv, slots = 6, n = 9, T = 6, HD = s.Hv * s.dv, r = s.Hv / s.Hk;
+  const DecodeWeights w(*gpu_, rng_, s);
+  const DeltaNetWeights plain = w.dev();
+  DeltaNetWeights ordered = plain;
+  for (int64_t j = 0; j < r; ++j)  // block j·Hk + i holds head i·r + j
+    for (int64_t i = 0; i < s.Hk; ++i) ordered.out_proj_heads.push_back(int32_t(i * r + j));
+  const HostT conv = random_t(rng_, DType::F32, {slots, C, kConvK - 1});
+  const HostT st = random_t(rng_, DType::F32, {slots, s.Hv, s.dk, s.dv}, -0.5f, 0.5f);
+  const HostT mixed = random_t(rng_, DType::F32, {T, C}), z = random_t(rng_, DType::F32, {T, s.Hv, s.dv});
+  const HostT a = random_t(rng_, DType::F32, {T, s.Hv}, -3.0f, 3.0f), b = random_t(rng_, DType::F32, {T, s.Hv}, -3.0f, 3.0f);
+  const std::vector<int32_t> parent{-1, 0, 0, 1, 1, 2};
+  // op 0: decode (six one-token runs), 1: a chain verify run of six, 2: a tree of six
+  auto run_op = [&](int op, const DeltaNetWeights& dw) {
+    DevT dconv = upload(*gpu_, conv), dst = upload(*gpu_, st), dm = upload(*gpu_, mixed), dz = upload(*gpu_, z);
+    DevT da = upload(*gpu_, a), db = upload(*gpu_, b), dout = upload(*gpu_, HostT(DType::F32, {T, s.Hv, s.dv}));
+    DevT dci = upload(*gpu_, HostT(DType::F32, {slots, n, C})), dgi = upload(*gpu_, HostT(DType::F32, {slots, n, s.Hv}));
+    DevT dbi = upload(*gpu_, HostT(DType::F32, {slots, n, s.Hv}));
+    const std::vector<SeqRun> one{{1, 0, 0, int32_t(T)}};
+    std::vector<SeqRun> runs;
+    for (int32_t i = 0; i < int32_t(T); ++i) runs.push_back({i, 0, i, 1});
+    if (op == 0) {
+      gpu_->deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+    } else if (op == 1) {
+      EXPECT_TRUE(gpu_->deltanet_verify(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, one, one, dci.t, dgi.t,
+                                        dbi.t, dout.t));
+    } else {
+      EXPECT_TRUE(gpu_->deltanet_verify_tree(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, one[0], parent, dci.t,
+                                             dgi.t, dbi.t, dout.t));
+    }
+    return download(*gpu_, dout.t);
+  };
+  for (int op : {0, 1, 2}) {
+    const std::vector<float> want = run_op(op, plain), got = run_op(op, ordered);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t q = 0; q < s.Hv; ++q) {
+        const int64_t h = ordered.out_proj_heads[size_t(q)];
+        EXPECT_TRUE(std::equal(got.begin() + t * HD + q * s.dv, got.begin() + t * HD + (q + 1) * s.dv,
+                               want.begin() + t * HD + h * s.dv))
+            << "op " << op << ", token " << t << ": block " << q << " is not head " << h;
+      }
+  }
+}
+
 // Batches the fused form does not take, nothing written: a plain run of many tokens (a prefill
 // beside the verify runs), and more runs than its read-only mask holds.
 TEST_F(CudaDeltaNetVerify, NotTakenLeavesEverything) {

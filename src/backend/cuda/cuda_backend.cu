@@ -117,6 +117,10 @@ static const void* dev_constant(Ctx& c, const void* host, size_t bytes) {
   return d;
 }
 
+const int32_t* dev_constant_i32(Ctx& c, std::span<const int32_t> host) {
+  return static_cast<const int32_t*>(dev_constant(c, host.data(), host.size_bytes()));
+}
+
 const int32_t* dev_i32(Ctx& c, std::span<const int32_t> host, Temp<int32_t>& tmp, bool constant) {
   const BatchTables& b = c.batch;
   if (b.dev && !host.empty()) {
@@ -815,6 +819,14 @@ class CudaBackend final : public Backend {
     return cuda::deltanet_verify(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, runs, verify, conv_in, g_in,
                                  beta_in, out);
   }
+  bool deltanet_verify_tree(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
+                            float eps, Tensor& conv_state, Tensor& ssm_state, const SeqRun& run,
+                            std::span<const int32_t> parent, Tensor& conv_in, Tensor& g_in, Tensor& beta_in,
+                            Tensor& out) override {
+    Prof p_(*this, "deltanet_verify_tree");
+    return cuda::deltanet_verify_tree(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, run, parent, conv_in, g_in,
+                                      beta_in, out);
+  }
   bool deltanet_commit(const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
                        const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in, Tensor& mixed) override {
     Prof p_(*this, "deltanet_commit");
@@ -1053,7 +1065,8 @@ void CudaBackend::set_batch_trees(std::span<const SeqRun> runs, std::span<const 
     t.off_base = t.off_mask + 2 * size_t(T);
     t.off_paths = t.off_base + even(size_t(T));
     t.off_rows = t.off_paths + 4 * n;
-    total = t.off_rows + even(n * (n + 1) / 2);
+    t.off_first = t.off_rows + even(n * (n + 1) / 2);
+    total = t.off_first + even(n);
     tt.trees.push_back(std::move(t));
   }
   if (total == 0) return;
@@ -1077,6 +1090,7 @@ void CudaBackend::set_batch_trees(std::span<const SeqRun> runs, std::span<const 
     padded.resize(size_t(r.count), SeqRun{r.slot, r.pos0, 0, 0});  // empty runs: blocks that return at once
     std::memcpy(h + t.off_paths, padded.data(), padded.size() * sizeof(SeqRun));
     std::copy(p.rows.begin(), p.rows.end(), h + t.off_rows);
+    std::copy(p.last.begin(), p.last.end(), h + t.off_first);
   }
   CUDA_CHECK(cudaMemcpyAsync(tt.dev, tt.pinned, total * 4, cudaMemcpyHostToDevice, ctx_.stream));
   CUDA_CHECK(cudaEventRecord(tt.uploaded, ctx_.stream));

@@ -382,11 +382,6 @@ void gated_delta_rule_readonly(Ctx& c, const Tensor& q, const Tensor& k, const T
 // the size; a tree without one uploads them (not while recording). False (nothing done) for a
 // tree of more than 64 tokens, or one without a table while recording; a malformed tree is
 // refused as the composition refuses it.
-namespace {
-struct TreeTake {
-  bool take;               // the one-launch kernels run
-  const TreeTable* table;  // set_batch_trees' table of the tree, or null (then uploads)
-};
 TreeTake tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows) {
   tree_ops::check_tree(run, parent);
   QWEN36_CHECK(run.begin >= 0 && run.begin + run.count <= rows, "tree verify: rows {} .. +{} of {}", run.begin,
@@ -394,7 +389,6 @@ TreeTake tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int3
   const TreeTable* t = batch_tree(c, run, parent);
   return {run.count <= kMaxTreeTokens && (t || !c.capturing), t};
 }
-}  // namespace
 
 bool causal_conv1d_silu_tree_readonly(Ctx& c, Tensor& x, const Tensor& w, const Tensor& conv_state, const SeqRun& run,
                                       std::span<const int32_t> parent) {

@@ -23,6 +23,10 @@
 // written back for a verify run, whose raw inputs, g and β go to the commit's buffers as they
 // are read — instead of ~10 launches a layer (saving copies, conv, q/k/v column copies, gates,
 // L2 norm, delta rule, gated norm).
+// Fused tree verify (Backend::deltanet_verify_tree, a DDTree pass's one tree run): the same
+// two kernels over the tree (cuda_deltanet_tree_kernels.cuh): the prep per token, its window
+// from its root path; the state kernel per leaf path, each token stored by the path where it
+// first occurs — instead of ~10 launches and copies a layer of the tree ops' composition.
 // Fused chain commit (Backend::deltanet_commit): the same kernels again, reading each run's
 // saved raw inputs, g and β instead of the pass's, advancing the conv window and the state
 // through the kept tokens and storing them once; no outputs. The arithmetic is a decode step's
@@ -36,54 +40,14 @@
 #include <vector>
 
 #include "backend/cuda/cuda_conv_window.cuh"
-#include "backend/cuda/cuda_deltanet_slices.cuh"
+#include "backend/cuda/cuda_deltanet_fused.cuh"
+#include "backend/cuda/cuda_deltanet_tree_kernels.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
+#include "backend/tree_ops.h"
 
 namespace qwen36::cuda {
 namespace {
-
-constexpr int kDecPrepThreads = 256;  // prep kernel: a key head's q and k channels (2·dk ≤ 256), or 256 v channels
-constexpr int kDecMaxSlices = 4;      // fused_decode_kernel: a head's 32-column slices (dv ≤ 128)
-constexpr int kVerifyMaxRuns = 64;    // a verify pass's runs: bits of FusedArgs::readonly
-constexpr int kPrepChunk = 8;         // prep kernel: tokens whose inputs a thread requests at once
-constexpr int kFusedMaxTokens = 64;   // a run's tokens in a verify pass or a commit (the state kernel's gates)
-
-// Both kernels take a block's run from blockIdx.x and step through its tokens. Decode: one
-// token per run, advancing its state. Verify: runs of k + 1 tokens that only read their state
-// (bit i of `readonly`), their raw inputs, g and β saved for the commit, beside plain one-token
-// runs. Commit: runs of the kept tokens, from those saved inputs, advancing the state; no
-// outputs (mixed is the kernels' scratch).
-enum class Fused { Decode, Verify, Commit };
-
-struct FusedArgs {
-  float* mixed;                                // [T, C]: raw inputs; after prep, [q̂ | k̂ | v] per row
-  const float *z, *a, *b;                      // [T, Hv, dv], [T, gs], [T, gs] (not Commit)
-  const float *conv_w, *a_neg_exp, *dt_bias, *norm;  // the layer's small weights
-  float* conv_state;                           // [slots, C, K − 1]
-  StateRef state;                              // [slots, Hv, dk, dv]
-  float* out;                                  // [T, Hv, dv] (not Commit)
-  const SeqRun* runs;
-  int* counters;    // [T, Hv]: at (a run's first row, head), the head's slices finished (not Commit)
-  float* partials;  // [T, Hv, dv/32]: Σ o² of each slice
-  // Verify: the read-only runs' inputs, saved; Commit: read. Rows [0, count) of the run's slot.
-  float *conv_in, *g_in, *beta_in;  // [slots, n_save, C], [slots, n_save, Hv] ×2
-  uint64_t readonly;
-  int n_save;
-  bool late_trigger;  // fused_decode_kernel: release dependents after the update, not at the start
-  int C, K, Hk, dk, Hv, dv;
-  int gs;  // a's and b's row length (Hv, or a shard's padded gate rows)
-  float scale, eps;
-};
-
-// A key head's q / k channel's share of the sums of squares of its q and k: the warp's sums
-// (active: the thread holds a channel; is_q: of q). As l2norm_qk_kernel, q̂ = q / ‖q‖ · scale,
-// k̂ = k / ‖k‖ from the head's totals tq, tk. Both fused decode forms' arithmetic, in one order.
-__device__ __forceinline__ float2 qk_warp_ss(float val, bool active, bool is_q) {
-  return make_float2(warp_sum(active && is_q ? val * val : 0.0f), warp_sum(active && !is_q ? val * val : 0.0f));
-}
-__device__ __forceinline__ float q_hat(float val, float tq, float scale) { return (val * (1.0f / sqrtf(tq + 1e-6f))) * scale; }
-__device__ __forceinline__ float k_hat(float val, float tk) { return val * (1.0f / sqrtf(tk + 1e-6f)); }
 
 // grid (runs, Hk + ⌈Hv·dv/256⌉). Block (i, y < Hk): key head y's q and k channels, one per
 // thread, conv + SiLU, then L2-normalised (q̂ also scaled by 1/√dk) in place; block
@@ -144,38 +108,11 @@ __global__ void __launch_bounds__(kDecPrepThreads) fused_prep_kernel(FusedArgs p
     for (int u = 1; u < kPrepChunk; ++u)
       if (j % kPrepChunk == u) xj_in = xin[u];  // (a register array indexed by constants only)
     const float val = active ? cw.step(xj_in) : 0.0f;
-    const float2 ss = qk_warp_ss(val, active, is_q);
-    float(*pj)[kDecPrepThreads / 32] = part[j & 1];  // written again two tokens on, past a barrier
-    if ((tid & 31) == 0) {
-      pj[0][tid >> 5] = ss.x;
-      pj[1][tid >> 5] = ss.y;
-    }
-    __syncthreads();
-    float tq = 0, tk = 0;
-#pragma unroll
-    for (int w = 0; w < kDecPrepThreads / 32; ++w) {
-      tq += pj[0][w];
-      tk += pj[1][w];
-    }
-    if (active) xj[ch] = is_q ? q_hat(val, tq, p.scale) : k_hat(val, tk);
+    // (part[j & 1] is written again two tokens on, past a barrier)
+    const float2 t = qk_block_totals(val, active, is_q, part[j & 1]);
+    if (active) xj[ch] = is_q ? q_hat(val, t.x, p.scale) : k_hat(val, t.y);
   }
   if (active && !ro) cw.store(st + int64_t(ch) * (K - 1));
-}
-
-// The gates of (token row, head h), as deltanet_gates: g = a_neg_exp · softplus(a + dt_bias), β = σ(b).
-__device__ __forceinline__ float2 gates_of(const FusedArgs& p, int64_t row, int h) {
-  const int64_t i = row * p.gs + h;
-  const float ga = p.a[i] + p.dt_bias[h];
-  return make_float2(p.a_neg_exp[h] * (ga > 20.0f ? ga : log1pf(expf(ga))), sigmoid_f(p.b[i]));
-}
-
-// Σo² of a slice's 32 columns, in the first 8 lanes of its first warp (each holds 4 columns' o).
-__device__ __forceinline__ float slice_ss(const float (&o)[4]) {
-  float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
-  ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // over the 8 column groups
-  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-  return ss;
 }
 
 // grid (runs, Hv, dv/32), 128 threads. Thread (cg = tid % 8, rg = tid / 8) owns columns
@@ -245,7 +182,7 @@ __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
       const int64_t hs = row * p.Hv + h;
       if (tid < 32) {
         const float ss = slice_ss(o);
-        if (tid < 8) *reinterpret_cast<float4*>(p.out + hs * dv + col) = make_float4(o[0], o[1], o[2], o[3]);
+        if (tid < 8) *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) = make_float4(o[0], o[1], o[2], o[3]);
         if (tid == 0) p.partials[hs * ns + slice] = ss;
       }
     }
@@ -262,15 +199,7 @@ __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
   if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(r.begin) * p.Hv + h, 1) == ns - 1;
   __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
   if (!last) return;
-  for (int j = 0; j < n; ++j) {
-    const int64_t hs = (int64_t(r.begin) + j) * p.Hv + h;
-    float ss = 0;
-    for (int e = 0; e < ns; ++e) ss += __ldcg(p.partials + hs * ns + e);
-    const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-    float* orow = p.out + hs * dv;
-    const float* zr = p.z + hs * dv;
-    for (int e = tid; e < dv; e += kDecThreads) orow[e] = p.norm[e] * (__ldcg(orow + e) * inv) * silu_f(zr[e]);
-  }
+  for (int j = 0; j < n; ++j) gated_norm_head(p, int64_t(r.begin) + j, h, ns);
 }
 // Thread block cluster barrier halves (sm_90; fused_decode_kernel runs only there): arrive
 // releases this thread's earlier memory operations to the cluster, wait acquires the others'.
@@ -364,7 +293,7 @@ __global__ void __launch_bounds__(kDecMaxSlices* kDecThreads) fused_decode_kerne
   float ss = 0;  // in slice order, as the state kernel's last block
   for (int e = 0; e < ns; ++e) ss += sso[e];
   const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-  *reinterpret_cast<float4*>(p.out + hs * dv + col) =
+  *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) =
       make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
                   nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
 }
@@ -380,6 +309,7 @@ struct FusedCall {
   Tensor* out;
   std::span<const SeqRun> runs, verify;
   Tensor *conv_in, *g_in, *beta_in;  // written by a verify pass, read by a commit
+  std::span<const int32_t> parent = {};  // a tree verify pass: its one run's parents
 };
 
 // cuda_ops.cuh's launch_pdl in thread block clusters of `cluster` blocks (sm_90; the grid a
@@ -437,12 +367,42 @@ static bool late_release(const Ctx& c, const DeltaNetWeights& w) {
   return release_late_before(c, w.out_proj);
 }
 
+// A tree verify pass's two launches (tree_prep_kernel, tree_state_kernel) for p as launch_fused
+// fills it: the tree's parents, leaf paths and first occurrences from its set_batch_trees table
+// (then the grid, count paths, does not depend on the tree's shape), or uploaded.
+static void launch_tree(Ctx& c, FusedArgs& p, const TreeTable* t, const SeqRun& run, std::span<const int32_t> parent,
+                        int64_t T, int ns) {
+  tree_ops::Paths tp;
+  if (!t) tp = tree_ops::leaf_paths(run, parent);
+  Temp<int32_t> up_parent(c, t ? std::span<const int32_t>() : parent), up_rows(c, std::span<const int32_t>(tp.rows)),
+      up_first(c, std::span<const int32_t>(tp.last));
+  Temp<SeqRun> up_paths(c, std::span<const SeqRun>(tp.runs));
+  p.parent = t ? c.trees.dev + t->off : up_parent.get();
+  p.paths = t ? reinterpret_cast<const SeqRun*>(c.trees.dev + t->off_paths) : up_paths.get();
+  p.rows = t ? c.trees.dev + t->off_rows : up_rows.get();
+  p.first = t ? c.trees.dev + t->off_first : up_first.get();
+  Temp<float> qkv(c, size_t(T) * size_t(p.C));
+  p.qkv = qkv.get();
+  const unsigned np = t ? unsigned(run.count) : unsigned(tp.runs.size());
+  const dim3 pgrid{unsigned(run.count), unsigned(p.Hk + blocks_for(int64_t(p.Hv) * p.dv, kDecPrepThreads))};
+  const dim3 sgrid{np, unsigned(p.Hv), unsigned(ns)};
+  tree_prep_kernel<<<pgrid, kDecPrepThreads, 0, c.stream>>>(p);
+  CUDA_LAUNCH_CHECK();
+  switch (p.dk) {
+    case 16: launch_pdl(tree_state_kernel<16>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+    case 32: launch_pdl(tree_state_kernel<32>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+    case 64: launch_pdl(tree_state_kernel<64>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+    default: launch_pdl(tree_state_kernel<128>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
 // Launches a FusedCall; false: shapes, dtypes or runs the kernels do not handle, nothing launched.
 static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, float eps, Tensor& conv_state,
                          Tensor& ssm_state) {
   static constexpr const char* kOps[] = {"deltanet_decode", "deltanet_verify", "deltanet_commit"};
   const char* op = kOps[int(f.mode)];
-  const bool pass = f.mode != Fused::Commit, saves = f.mode != Fused::Decode;
+  const bool pass = f.mode != Fused::Commit, saves = f.mode != Fused::Decode, tree = !f.parent.empty();
   Tensor& mixed = f.mixed;
   const std::span<const SeqRun> runs = f.runs;
   if (ssm_state.ndim != 4 || conv_state.ndim != 3 || mixed.ndim != 2 || runs.empty() || runs.size() > 65535)
@@ -504,16 +464,37 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
     rows += r.count;
   }
   QWEN36_CHECK(rows == T, "{}: runs of {} tokens in a batch of {}", op, rows, T);
+  TreeTake tt{false, nullptr};
+  if (tree) {  // one tree verify run, the pass's only run
+    if (runs.size() != 1 || readonly != 1) return false;
+    tt = tree_kernels_take(c, runs[0], f.parent, T);
+    if (!tt.take) return false;
+  }
   Temp<SeqRun> tmp(c, 0);
   const SeqRun* dr = dev_runs(c, runs, tmp);
   if (!dr) return true;  // recording could not upload the runs: marked failed, nothing runs
+  const int32_t* out_pos = nullptr;  // out's heads in out_proj's order (Backend::deltanet_decode)
+  Temp<int32_t> pos_tmp(c, 0);
+  if (pass && !w.out_proj_heads.empty()) {
+    QWEN36_CHECK(int64_t(w.out_proj_heads.size()) == Hv, "{}: out_proj's order of {} heads for {}", op,
+                 w.out_proj_heads.size(), Hv);
+    std::vector<int32_t> pos(size_t(Hv), -1);
+    for (size_t q = 0; q < pos.size(); ++q) {
+      const int32_t h = w.out_proj_heads[q];
+      QWEN36_CHECK(h >= 0 && h < Hv && pos[size_t(h)] < 0, "{}: out_proj's head order is not a permutation", op);
+      pos[size_t(h)] = int32_t(q);
+    }
+    out_pos = dev_constant_i32(c, pos);
+    if (!out_pos && c.capturing) return true;  // (as dev_runs above)
+    if (!out_pos) out_pos = pos_tmp.assign(pos);  // the constants' cache is full
+  }
   const int ns = int(dv / kDecCols);
   const bool one = f.mode == Fused::Decode && decode_in_one_kernel(int64_t(runs.size()), Hk, Hv, dk, dv);
   Temp<float> scratch(c, pass && !one ? size_t(T * Hv * (1 + ns)) : 0);  // head counters (int), then the slices' Σo²
   FusedArgs p{};
   p.mixed = mixed.as<float>();
   if (pass) p.z = f.z->as<const float>(), p.a = f.a->as<const float>(), p.b = f.b->as<const float>();
-  if (pass) p.out = f.out->as<float>();
+  if (pass) p.out = f.out->as<float>(), p.out_pos = out_pos;
   p.conv_w = w.conv1d.as<const float>(), p.a_neg_exp = w.a_neg_exp.as<const float>();
   p.dt_bias = w.dt_bias.as<const float>(), p.norm = w.norm.as<const float>();
   p.conv_state = conv_state.as<float>(), p.state = state_ref(ssm_state), p.runs = dr;
@@ -523,6 +504,10 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
   p.C = int(C), p.K = int(K), p.Hk = int(Hk), p.dk = int(dk), p.Hv = int(Hv), p.dv = int(dv), p.gs = int(G);
   p.scale = 1.0f / std::sqrt(float(dk)), p.eps = eps;
   p.late_trigger = late_release(c, w);
+  if (tree) {
+    launch_tree(c, p, tt.table, runs[0], f.parent, T, ns);
+    return true;
+  }
   const unsigned nr = unsigned(runs.size());
   if (one) {
     const dim3 grid{nr, unsigned(Hv)}, block(unsigned(ns * kDecThreads)), cluster{1, unsigned(Hv / Hk), 1};
@@ -569,6 +554,15 @@ bool deltanet_verify(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, co
                      std::span<const SeqRun> runs, std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in,
                      Tensor& beta_in, Tensor& out) {
   const FusedCall f{Fused::Verify, mixed, &z, &a, &b, &out, runs, verify, &conv_in, &g_in, &beta_in};
+  return launch_fused(c, f, w, eps, conv_state, ssm_state);
+}
+
+bool deltanet_verify_tree(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                          const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state, const SeqRun& run,
+                          std::span<const int32_t> parent, Tensor& conv_in, Tensor& g_in, Tensor& beta_in, Tensor& out) {
+  if (parent.empty()) return false;
+  const SeqRun one[] = {run};
+  const FusedCall f{Fused::Verify, mixed, &z, &a, &b, &out, one, one, &conv_in, &g_in, &beta_in, parent};
   return launch_fused(c, f, w, eps, conv_state, ssm_state);
 }
 

@@ -111,14 +111,15 @@ struct BatchTables {
 // tree in a region of a fixed size for its token count and the batch's T, so that a recording's
 // pointers hold for any tree of that size. Per tree, ints from `off`: parent [count], rope
 // positions [T] (pos0 + depth on the tree's rows, −1 elsewhere: left as they are), ancestor masks
-// [T] u64, mask bases [T], the leaf paths' runs [count] (padded with empty runs) and their rows.
+// [T] u64, mask bases [T], the leaf paths' runs [count] (padded with empty runs), their rows, and
+// where in those rows each token first occurs [count].
 // A tree verify run's tokens the CUDA tree ops take (kMaxTreeBudget + the root; one mask bit
 // each); a larger tree has no table and takes the composition of chain ops.
 constexpr int kMaxTreeTokens = 64;
 struct TreeTable {
   SeqRun run;
   std::vector<int32_t> parent;
-  size_t off = 0, off_pos = 0, off_mask = 0, off_base = 0, off_paths = 0, off_rows = 0;
+  size_t off = 0, off_pos = 0, off_mask = 0, off_base = 0, off_paths = 0, off_rows = 0, off_first = 0;
 };
 struct TreeTables {
   std::vector<TreeTable> trees;
@@ -192,9 +193,20 @@ class Temp {
 // anything else is uploaded into `tmp` (not while recording: that marks the recording failed
 // and returns null). `constant`: a table that recurs (a head order), cached by content.
 const int32_t* dev_i32(Ctx& c, std::span<const int32_t> host, Temp<int32_t>& tmp, bool constant = false);
+// A table of the model's (a layer's head order) as a device constant, cached by content; null
+// while recording a table not seen before (the recording is then marked failed).
+const int32_t* dev_constant_i32(Ctx& c, std::span<const int32_t> host);
 const SeqRun* dev_runs(Ctx& c, std::span<const SeqRun> runs, Temp<SeqRun>& tmp);
 // The current pass's table of the tree (run, parent) (set_batch_trees), or null.
 const TreeTable* batch_tree(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent);
+// Whether a tree verify op's one-launch kernels take the tree (run, parent) of a pass of `rows`
+// rows, and its table: a tree of at most kMaxTreeTokens, with a table or not while recording
+// (then the op uploads its own). A malformed tree is refused (fail) as the composition refuses it.
+struct TreeTake {
+  bool take;               // the one-launch kernels run
+  const TreeTable* table;  // set_batch_trees' table of the tree, or null (then uploads)
+};
+TreeTake tree_kernels_take(const Ctx& c, const SeqRun& run, std::span<const int32_t> parent, int64_t rows);
 // The per-token slot and position of `runs` (T rows) on the device.
 void dev_token_map(Ctx& c, std::span<const SeqRun> runs, int64_t T, Temp<int32_t>& slot_tmp, Temp<int32_t>& pos_tmp,
                    const int32_t** slot, const int32_t** pos);
@@ -607,6 +619,10 @@ bool deltanet_decode(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, cons
 bool deltanet_verify(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b, const DeltaNetWeights& w,
                      float eps, Tensor& conv_state, Tensor& ssm_state, std::span<const SeqRun> runs,
                      std::span<const SeqRun> verify, Tensor& conv_in, Tensor& g_in, Tensor& beta_in, Tensor& out);
+// Backend::deltanet_verify_tree in two launches; false: not taken (nothing launched).
+bool deltanet_verify_tree(Ctx&, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
+                          const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state, const SeqRun& run,
+                          std::span<const int32_t> parent, Tensor& conv_in, Tensor& g_in, Tensor& beta_in, Tensor& out);
 // Backend::deltanet_commit in the same two launches; false: not taken (nothing launched).
 bool deltanet_commit(Ctx&, const DeltaNetWeights& w, Tensor& conv_state, Tensor& ssm_state,
                      std::span<const SeqRun> runs, const Tensor& conv_in, const Tensor& g_in, const Tensor& beta_in,

@@ -129,7 +129,9 @@ MlpWeights random_mlp(DeviceBuilder& b, int64_t H, int64_t I, const std::string&
           b.matrix("ffn_down" + kind + ".weight", {H, I}, 1.0f / std::sqrt(float(I)))};
 }
 
-LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind) {
+// gguf: the layer as a GGUF file loads (format/gguf_model.h), its out_proj reading the value
+// heads in llama.cpp's tiled order — so that a benchmark pays what a real file's pass does.
+LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind, bool gguf) {
   const int64_t H = c.hidden_size;
   const float sh = 1.0f / std::sqrt(float(H));
   LayerWeights l;
@@ -154,6 +156,7 @@ LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind
     d.a_neg_exp = b.f32({c.linear_v_heads}, -1.0f, 0.5f);
     d.norm = b.f32({c.linear_v_dim}, 1.0f, 0.1f);
     d.out_proj = b.matrix("ssm_out.weight", {H, vd}, 1.0f / std::sqrt(float(vd)));
+    if (gguf) d.out_proj_heads = gguf_tiled_heads(c.linear_k_heads, c.linear_v_heads);
   }
   if (c.moe) {
     // router, shared gate, shared gate/up back to back: the model reads them in one pass
@@ -184,7 +187,7 @@ DType quant_block_type(const std::string& name) {
 }
 
 ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
-                   const std::unordered_map<std::string, DType>* types, bool with_mtp) {
+                   const std::unordered_map<std::string, DType>* types, bool with_mtp, bool gguf = false) {
   c.validate();
   ModelWeights w;
   w.config = c;
@@ -196,7 +199,7 @@ ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
                                                1.0f / std::sqrt(float(c.hidden_size)));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     b.set_layer(i);
-    w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)]));
+    w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)], gguf));
   }
   if (with_mtp && c.mtp_layers > 0) {  // the MTP head (GGUF nextn names, as the CPU model's plan): real drafting in benches
     const int64_t H = c.hidden_size;
@@ -206,7 +209,7 @@ ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
     m.pre_fc_norm_embedding = b.f32({H}, 1.0f, 0.1f);
     m.pre_fc_norm_hidden = b.f32({H}, 1.0f, 0.1f);
     m.norm = b.f32({H}, 1.0f, 0.1f);
-    m.layer = random_layer(b, c, LayerKind::FullAttention);
+    m.layer = random_layer(b, c, LayerKind::FullAttention, gguf);
     w.mtp = std::move(m);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -261,7 +264,7 @@ ModelWeights make_random_quant_weights_cuda(const ModelConfig& c, const std::str
     if (!mix && dtype_is_quantized(t) && plan.tensors[i].cols() % dtype_block_elems(pure) == 0) t = pure;
     by_name[plan.tensors[i].name] = t;
   }
-  return build(c, DType::BF16, seed, &by_name, with_mtp);
+  return build(c, DType::BF16, seed, &by_name, with_mtp, /*gguf=*/true);
 }
 
 }  // namespace qwen36

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/weights.h"
 #include "cpu_ops_test_util.h"
 
 namespace qwen36 {
@@ -306,6 +307,44 @@ TEST(CpuOpsDeltaRuleCalls, RejectsBadShapesAndSlots) {
   Inputs in3 = random_inputs(r, odd, 2);
   std::vector<float> st3(size_t(odd.Hv * odd.dk * odd.dv));
   EXPECT_THROW(run_op(*be, odd, in3, 2, {{0, 0, 0, 2}}, st3, DeltaRuleMode::Chunked), Error);
+}
+
+// Backend::deltanet_decode (the composition the CPU backend runs) with a GGUF's out_proj head
+// order (DeltaNetWeights::out_proj_heads, llama.cpp's tiled order): out's head blocks are the
+// blocks of the same step without it, moved — block q holds head out_proj_heads[q].
+TEST(CpuOpsDeltaNetDecode, OutProjsHeadOrderMovesTheBlocks) {
+  auto be = make_cpu_backend(0);
+  const int64_t Hk = 2, Hv = 6, dk = 8, dv = 4, K = 4, T = 3, C = 2 * Hk * dk + Hv * dv;
+  Rng r(11);
+  std::vector<float> conv_w = r.vec(size_t(C * K), -0.5f, 0.5f), a_neg = r.vec(size_t(Hv), -1.0f, -0.1f),
+                     dt = r.vec(size_t(Hv), 0.0f, 0.5f), norm = r.vec(size_t(dv), 0.9f, 1.1f);
+  DeltaNetWeights w;
+  w.conv1d = test::f32(conv_w, {C, K}), w.a_neg_exp = test::f32(a_neg, {Hv}), w.dt_bias = test::f32(dt, {Hv});
+  w.norm = test::f32(norm, {dv});
+  DeltaNetWeights tiled = w;
+  tiled.out_proj_heads = gguf_tiled_heads(Hk, Hv);
+  const std::vector<float> mixed0 = r.vec(size_t(T * C), -1.0f, 1.0f), conv0 = r.vec(size_t(T * C * (K - 1)), -1.0f, 1.0f),
+                           st0 = r.vec(size_t(T * Hv * dk * dv), -0.5f, 0.5f);
+  std::vector<float> z = r.vec(size_t(T * Hv * dv), -1.0f, 1.0f), a = r.vec(size_t(T * Hv), -2.0f, 2.0f),
+                     b = r.vec(size_t(T * Hv), -2.0f, 2.0f);
+  const std::vector<SeqRun> runs{{2, 0, 0, 1}, {0, 0, 1, 1}, {1, 0, 2, 1}};
+  auto step = [&](const DeltaNetWeights& dw) {
+    std::vector<float> mixed = mixed0, conv = conv0, st = st0, out(size_t(T * Hv * dv));
+    Tensor tm = test::f32(mixed, {T, C}), tc = test::f32(conv, {T, C, K - 1}), ts = test::f32(st, {T, Hv, dk, dv});
+    Tensor to = test::f32(out, {T, Hv, dv});
+    be->deltanet_decode(tm, test::f32(z, {T, Hv, dv}), test::f32(a, {T, Hv}), test::f32(b, {T, Hv}), dw, 1e-6f, tc,
+                        ts, runs, to);
+    return out;
+  };
+  const std::vector<float> want = step(w), got = step(tiled);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t q = 0; q < Hv; ++q) {
+      const int64_t h = tiled.out_proj_heads[size_t(q)];
+      EXPECT_TRUE(std::equal(got.begin() + (t * Hv + q) * dv, got.begin() + (t * Hv + q + 1) * dv,
+                             want.begin() + (t * Hv + h) * dv))
+          << "token " << t << ": block " << q << " is not head " << h;
+    }
+  EXPECT_NE(got, want);  // (the order is not the identity)
 }
 
 }  // namespace

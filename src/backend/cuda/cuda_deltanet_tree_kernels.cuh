@@ -1,0 +1,130 @@
+#pragma once
+// defines (file-local to cuda_deltanet_fused.cu, which launches them): a tree verify pass's
+// fused DeltaNet kernels (Backend::deltanet_verify_tree), the chain verify's prep and state
+// kernels over a tree: the prep per token, its conv window taken from its root path; the state
+// kernel per leaf path. A token's arithmetic is the chain verify's over its root path, so each
+// path's outputs are bitwise those of a chain verify pass of that path. Included by .cu only.
+
+#include "backend/cuda/cuda_conv_window.cuh"
+#include "backend/cuda/cuda_deltanet_fused.cuh"
+
+namespace qwen36::cuda {
+namespace {
+
+// grid (count, Hk + ⌈Hv·dv/256⌉): block (j, y) is token j of the tree (runs[0]), row begin + j,
+// and the chain prep kernel's channels of block y (key head y's q and k, or 256 v channels).
+// A channel's window is the one j's root path leaves: the slot's conv state, then j's nearest
+// K − 1 ancestors' raw inputs stepped root first (the window holds copies of inputs, so this is
+// bitwise the chain's window after stepping the whole path). Outputs go to qkv, since mixed's
+// raw rows are read by the descendants' blocks; j's raw inputs are saved for the commit (row j of
+// the slot). Block (0, 0) zeroes the state kernel's counters of the count paths.
+__global__ void __launch_bounds__(kDecPrepThreads) tree_prep_kernel(FusedArgs p) {
+  griddep_trigger();  // the state kernel may start loading its state slices
+  const int j = int(blockIdx.x), y = int(blockIdx.y), tid = int(threadIdx.x);
+  const SeqRun r = p.runs[0];
+  const int C = p.C, K = p.K, Hk = p.Hk, dk = p.dk;
+  if (j == 0 && y == 0)
+    for (int e = tid; e < r.count * p.Hv; e += kDecPrepThreads) p.counters[e] = 0;
+  int anc[kMaxConvK];  // j's ancestors, nearest first (constant indices below: registers)
+  int na = 0;
+#pragma unroll
+  for (int m = 0; m < kMaxConvK; ++m) {
+    anc[m] = m >= K - 1 ? -1 : m == 0 ? p.parent[j] : anc[m - 1] >= 0 ? p.parent[anc[m - 1]] : -1;
+    if (anc[m] >= 0) na = m + 1;
+  }
+  const int64_t row = int64_t(r.begin) + j;
+  auto convolve = [&](int ch) {
+    ConvWindow cw(p.conv_state + (int64_t(r.slot) * C + ch) * (K - 1), p.conv_w + int64_t(ch) * K, K);
+#pragma unroll
+    for (int m = kMaxConvK - 1; m >= 0; --m)
+      if (m < na) cw.step(p.mixed[(int64_t(r.begin) + anc[m]) * C + ch]);
+    const float xin = p.mixed[row * C + ch];
+    p.conv_in[(int64_t(r.slot) * p.n_save + j) * C + ch] = xin;
+    return cw.step(xin);
+  };
+  if (y >= Hk) {
+    const int ch = 2 * Hk * dk + (y - Hk) * kDecPrepThreads + tid;
+    if (ch < C) p.qkv[row * C + ch] = convolve(ch);
+    return;
+  }
+  __shared__ float part[2][kDecPrepThreads / 32];  // [q, k][warp]
+  const bool is_q = tid < dk, active = tid < 2 * dk;
+  const int ch = is_q ? y * dk + tid : Hk * dk + y * dk + (tid - dk);
+  const float val = active ? convolve(ch) : 0.0f;
+  const float2 t = qk_block_totals(val, active, is_q, part);
+  if (active) p.qkv[row * C + ch] = is_q ? q_hat(val, t.x, p.scale) : k_hat(val, t.y);
+}
+
+// grid (count, Hv, dv/32), 128 threads: the chain state kernel (fused_state_kernel, Verify) on
+// leaf path i (paths[i]; an empty one, the table's padding, returns), its tokens' rows through
+// the rows table, its state slice only read. A token on several paths is computed alike on each;
+// only the path where it first occurs (first) stores its output, its Σo² and its saved g, β, and
+// that path's last block of the head applies the gated RMSNorm to them.
+template <int DK>
+__global__ void __launch_bounds__(kDecThreads) tree_state_kernel(FusedArgs p) {
+  static_assert(kDecThreads == 128 && DK % 16 == 0 && DK <= kDecThreads, "16 row groups of 8 threads");
+  constexpr int R = DK / 16;
+  const int i = int(blockIdx.x), h = int(blockIdx.y), slice = int(blockIdx.z), ns = int(gridDim.z);
+  const SeqRun path = p.paths[i];
+  if (path.count == 0) return;
+  const SeqRun r = p.runs[0];
+  const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
+  const int dv = p.dv, col = slice * kDecCols + 4 * cg, n = path.count;
+  __shared__ float2 gts[kFusedMaxTokens];  // (g, β) of each token
+  __shared__ int rws[kFusedMaxTokens];     // its row
+  __shared__ bool own[kFusedMaxTokens];    // whether this path stores it
+  __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
+  __shared__ int last;
+  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
+  float4 s[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  for (int t = tid; t < n; t += kDecThreads) {  // a and b come from before the prep kernel
+    const int row = p.rows[path.begin + t], j = row - r.begin;
+    const bool mine = p.first[j] == path.begin + t;
+    rws[t] = row, own[t] = mine, gts[t] = gates_of(p, row, h);
+    const int64_t si = (int64_t(r.slot) * p.n_save + j) * p.Hv + h;
+    if (mine && slice == 0) p.g_in[si] = gts[t].x, p.beta_in[si] = gts[t].y;
+  }
+  __syncthreads();
+  griddep_trigger();
+  griddep_wait();
+
+  const int kh = h / (p.Hv / p.Hk);
+  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * dv + col;
+  auto fetch = [&](int t, float& q, float& k, float4& v) {  // token t's q̂, k̂ element and v columns
+    const float* xr = p.qkv + int64_t(rws[t]) * p.C;
+    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
+    v = *reinterpret_cast<const float4*>(xr + v_off);
+  };
+  float nq = 0.0f, nk = 0.0f;
+  float4 v4;
+  fetch(0, nq, nk, v4);
+  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
+  for (int t = 0; t < n; ++t) {
+    const float* q_s = qs[t & 1];
+    const float* k_s = ks[t & 1];
+    __syncthreads();  // token t's q̂, k̂ are in; the previous token's reads of the other buffer are done
+    const float4 vj = v4;
+    if (t + 1 < n) fetch(t + 1, nq, nk, v4);  // in flight while token t computes
+    float o[4];
+    slice_token<R, true>(
+        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(gts[t].x), gts[t].y, red,
+        p.state, p.state.bf16 && n > 1, o);
+    if (own[t] && tid < 32) {  // (block-uniform)
+      const float ss = slice_ss(o);
+      if (tid < 8) *reinterpret_cast<float4*>(p.out + out_at(p, rws[t], h) + col) = make_float4(o[0], o[1], o[2], o[3]);
+      if (tid == 0) p.partials[(int64_t(rws[t]) * p.Hv + h) * ns + slice] = ss;
+    }
+    if (t + 1 < n && tid < DK) qs[(t + 1) & 1][tid] = nq, ks[(t + 1) & 1][tid] = nk;
+  }
+  __syncthreads();  // the block's stores come before thread 0's release
+  if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(i) * p.Hv + h, 1) == ns - 1;
+  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
+  if (!last) return;
+  for (int t = 0; t < n; ++t)
+    if (own[t]) gated_norm_head(p, rws[t], h, ns);
+}
+
+}  // namespace
+}  // namespace qwen36::cuda
