@@ -154,40 +154,8 @@ __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
   griddep_trigger();
   griddep_wait();
 
-  const int kh = h / (p.Hv / p.Hk);
-  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * dv + col;
-  // token j's q̂, k̂ element (thread tid < DK) and v columns, from the prep kernel's rows
-  auto fetch = [&](int j, float& q, float& k, float4& v) {
-    const float* xr = p.mixed + (int64_t(r.begin) + j) * p.C;
-    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
-    v = *reinterpret_cast<const float4*>(xr + v_off);
-  };
-  float nq = 0.0f, nk = 0.0f;
-  float4 v4;
-  fetch(0, nq, nk, v4);
-  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
-  for (int j = 0; j < n; ++j) {
-    const int64_t row = int64_t(r.begin) + j;
-    const float* q_s = qs[j & 1];
-    const float* k_s = ks[j & 1];
-    __syncthreads();  // token j's q̂, k̂ (and gts) are in; the previous token's reads of the other buffer are done
-    const float4 vj = v4;
-    if (j + 1 < n) fetch(j + 1, nq, nk, v4);  // in flight while token j computes
-    float o[4];
-    slice_token<R, kOut>(
-        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(gts[j].x), gts[j].y, red,
-        p.state, p.state.bf16 && n > 1, o);
-    if constexpr (kOut) {
-      // this slice's raw o and Σo² of (token, head): normalised below, once the head is whole
-      const int64_t hs = row * p.Hv + h;
-      if (tid < 32) {
-        const float ss = slice_ss(o);
-        if (tid < 8) *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) = make_float4(o[0], o[1], o[2], o[3]);
-        if (tid == 0) p.partials[hs * ns + slice] = ss;
-      }
-    }
-    if (j + 1 < n && tid < DK) qs[(j + 1) & 1][tid] = nq, ks[(j + 1) & 1][tid] = nk;
-  }
+  step_slice<DK, kOut>(
+      p, p.mixed, s, n, h, slice, gts, [&](int j) { return r.begin + j; }, [](int) { return true; }, qs, ks, red);
   if (!ro) {
 #pragma unroll
     for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);

@@ -104,6 +104,50 @@ __device__ __forceinline__ int64_t out_at(const FusedArgs& p, int64_t row, int h
   return (row * p.Hv + (p.out_pos ? p.out_pos[h] : h)) * p.dv;
 }
 
+// A state kernel's block stepping its slice s through n tokens (row(t): token t's row, whose
+// [q̂ | k̂ | v] src holds; gts[t]: its (g, β)): the next token's q̂, k̂, v requested while one
+// computes, q̂ and k̂ through the double buffers qs, ks. kOut: where stores(t), the token's raw
+// o and Σo² go to out (at out_at) and partials, for the head's gated RMSNorm once it is whole.
+// Both state kernels' token loop (fused_state_kernel, tree_state_kernel), in one order.
+template <int DK, bool kOut, typename Row, typename Stores>
+__device__ __forceinline__ void step_slice(const FusedArgs& p, const float* __restrict__ src, float4 (&s)[DK / 16],
+                                           int n, int h, int slice, const float2* gts, Row row, Stores stores,
+                                           float (&qs)[2][DK], float (&ks)[2][DK],
+                                           float (*red)[kDecThreads / 32][kDecCols]) {
+  const int tid = int(threadIdx.x), rg = tid >> 3, ns = int(gridDim.z), col = slice * kDecCols + 4 * (tid & 7);
+  const int kh = h / (p.Hv / p.Hk);
+  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * p.dv + col;
+  auto fetch = [&](int t, float& q, float& k, float4& v) {  // token t's q̂, k̂ element (tid < DK) and v columns
+    const float* xr = src + int64_t(row(t)) * p.C;
+    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
+    v = *reinterpret_cast<const float4*>(xr + v_off);
+  };
+  float nq = 0.0f, nk = 0.0f;
+  float4 v4;
+  fetch(0, nq, nk, v4);
+  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
+  for (int t = 0; t < n; ++t) {
+    const float* q_s = qs[t & 1];
+    const float* k_s = ks[t & 1];
+    __syncthreads();  // token t's q̂, k̂ (and gts) are in; the previous token's reads of the other buffer are done
+    const float4 vj = v4;
+    if (t + 1 < n) fetch(t + 1, nq, nk, v4);  // in flight while token t computes
+    float o[4];
+    slice_token<DK / 16, kOut>(
+        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(gts[t].x), gts[t].y, red,
+        p.state, p.state.bf16 && n > 1, o);
+    if constexpr (kOut) {
+      if (tid < 32 && stores(t)) {  // (stores: block-uniform)
+        const int64_t rw = row(t);
+        const float ss = slice_ss(o);
+        if (tid < 8) *reinterpret_cast<float4*>(p.out + out_at(p, rw, h) + col) = make_float4(o[0], o[1], o[2], o[3]);
+        if (tid == 0) p.partials[(rw * p.Hv + h) * ns + slice] = ss;
+      }
+    }
+    if (t + 1 < n && tid < DK) qs[(t + 1) & 1][tid] = nq, ks[(t + 1) & 1][tid] = nk;
+  }
+}
+
 // The gated RMSNorm of (row, head h) over its dv columns, once the head's ns slices have stored
 // their raw o (at out_at) and Σo² (the state kernels' last block of the head), in place.
 __device__ __forceinline__ void gated_norm_head(const FusedArgs& p, int64_t row, int h, int ns) {

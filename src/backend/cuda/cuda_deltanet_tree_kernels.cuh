@@ -90,34 +90,8 @@ __global__ void __launch_bounds__(kDecThreads) tree_state_kernel(FusedArgs p) {
   griddep_trigger();
   griddep_wait();
 
-  const int kh = h / (p.Hv / p.Hk);
-  const int64_t q_off = int64_t(kh) * DK, k_off = int64_t(p.Hk + kh) * DK, v_off = 2 * int64_t(p.Hk) * DK + h * dv + col;
-  auto fetch = [&](int t, float& q, float& k, float4& v) {  // token t's q̂, k̂ element and v columns
-    const float* xr = p.qkv + int64_t(rws[t]) * p.C;
-    if (tid < DK) q = xr[q_off + tid], k = xr[k_off + tid];
-    v = *reinterpret_cast<const float4*>(xr + v_off);
-  };
-  float nq = 0.0f, nk = 0.0f;
-  float4 v4;
-  fetch(0, nq, nk, v4);
-  if (tid < DK) qs[0][tid] = nq, ks[0][tid] = nk;
-  for (int t = 0; t < n; ++t) {
-    const float* q_s = qs[t & 1];
-    const float* k_s = ks[t & 1];
-    __syncthreads();  // token t's q̂, k̂ are in; the previous token's reads of the other buffer are done
-    const float4 vj = v4;
-    if (t + 1 < n) fetch(t + 1, nq, nk, v4);  // in flight while token t computes
-    float o[4];
-    slice_token<R, true>(
-        s, rg, [&](int e) { return k_s[e]; }, [&](int e) { return q_s[e]; }, vj, expf(gts[t].x), gts[t].y, red,
-        p.state, p.state.bf16 && n > 1, o);
-    if (own[t] && tid < 32) {  // (block-uniform)
-      const float ss = slice_ss(o);
-      if (tid < 8) *reinterpret_cast<float4*>(p.out + out_at(p, rws[t], h) + col) = make_float4(o[0], o[1], o[2], o[3]);
-      if (tid == 0) p.partials[(int64_t(rws[t]) * p.Hv + h) * ns + slice] = ss;
-    }
-    if (t + 1 < n && tid < DK) qs[(t + 1) & 1][tid] = nq, ks[(t + 1) & 1][tid] = nk;
-  }
+  step_slice<DK, true>(
+      p, p.qkv, s, n, h, slice, gts, [&](int t) { return rws[t]; }, [&](int t) { return own[t]; }, qs, ks, red);
   __syncthreads();  // the block's stores come before thread 0's release
   if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(i) * p.Hv + h, 1) == ns - 1;
   __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
