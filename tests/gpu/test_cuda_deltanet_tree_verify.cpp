@@ -6,6 +6,7 @@
 // recurrent states are only read. Trees: random (23 tokens), a chain, a star, a lone root; the
 // 27B and dk = 64 head shapes; f32 and bf16 recurrent states; run directly, and recorded once
 // and replayed for other trees of the same size (set_batch_trees' tables).
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,15 @@
 namespace qwen36::gputest {
 namespace {
 
-class CudaDeltaNetTreeVerify : public CudaTest {};
+// The CUDA backend takes the fused tree op only with QWEN36_TREE_FUSED=on (until it is measured).
+class CudaDeltaNetTreeVerify : public CudaTest {
+ protected:
+  void SetUp() override {
+    setenv("QWEN36_TREE_FUSED", "on", 1);
+    CudaTest::SetUp();
+  }
+  void TearDown() override { unsetenv("QWEN36_TREE_FUSED"); }
+};
 
 constexpr int64_t kSlots = 3, kSave = 24;
 constexpr int32_t kSlot = 2;

@@ -14,6 +14,7 @@
 // Against decode steps (the same kernels' arithmetic): bit for bit.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -332,6 +333,7 @@ TEST_F(CudaDeltaNetVerify, FusedOpsWriteOutProjsHeadOrder) {
     }
     return download(*gpu_, dout.t);
   };
+  setenv("QWEN36_TREE_FUSED", "on", 1);  // (the fused tree op is opt-in)
   for (int op : {0, 1, 2}) {
     const std::vector<float> want = run_op(op, plain), got = run_op(op, ordered);
     for (int64_t t = 0; t < T; ++t)
@@ -342,6 +344,7 @@ TEST_F(CudaDeltaNetVerify, FusedOpsWriteOutProjsHeadOrder) {
             << "op " << op << ", token " << t << ": block " << q << " is not head " << h;
       }
   }
+  unsetenv("QWEN36_TREE_FUSED");
 }
 
 // Batches the fused form does not take, nothing written: a plain run of many tokens (a prefill
