@@ -77,6 +77,10 @@ else
   # paths (session 42), SIMULATED acceptance
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
     --tree-budget 22 --simulate-accept-length 9
+  # the same with the fused tree verify DeltaNet op (opt-in until measured: bench/RESULTS.md, session 52)
+  echo "## (the next run with QWEN36_TREE_FUSED=on)" | tee -a "$OUT/bench.md"
+  QWEN36_TREE_FUSED=on bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash \
+    --spec-draft-n 15 --tree-budget 22 --simulate-accept-length 9
   # speculative decoding (issue 8): real MTP draft / verify / commit kernels, SIMULATED accept
   # decisions (per-position probabilities; the last one repeats), labelled so in every line
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 128 -b 1,8 -r 2 --spec mtp --spec-draft-n 1,2,3,4,5 \
