@@ -136,13 +136,11 @@ __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
   const int n = M == Fused::Decode ? 1 : r.count;
   __shared__ float2 gts[kFusedMaxTokens];  // (g, β) of each token
   __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
-  __shared__ int last;
   // Before the prep kernel's results: the state slice and the gates (a, b or the saved g, β
   // come from before it); a verify run's gates are saved for its commit.
   const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
   float4 s[R];
-#pragma unroll
-  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  load_slice<DK>(p, r.slot, h, col, s);
   for (int j = tid; j < n; j += kDecThreads) {
     const int64_t si = (int64_t(r.slot) * p.n_save + j) * p.Hv + h;  // (Verify, Commit) token j in g_in, beta_in
     if constexpr (M == Fused::Commit) {
@@ -164,10 +162,7 @@ __global__ void __launch_bounds__(kDecThreads) fused_state_kernel(FusedArgs p) {
   if constexpr (!kOut) return;
   // The gated RMSNorm spans the head's dv/32 slices: the last of its blocks to finish (an
   // acquire-release count on the run's first token's counter) normalises all the run's rows.
-  __syncthreads();  // the block's stores come before thread 0's release
-  if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(r.begin) * p.Hv + h, 1) == ns - 1;
-  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
-  if (!last) return;
+  if (!last_of_head(p.counters + int64_t(r.begin) * p.Hv + h, ns)) return;
   for (int j = 0; j < n; ++j) gated_norm_head(p, int64_t(r.begin) + j, h, ns);
 }
 // Thread block cluster barrier halves (sm_90; fused_decode_kernel runs only there): arrive

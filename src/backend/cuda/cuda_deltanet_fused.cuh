@@ -104,6 +104,27 @@ __device__ __forceinline__ int64_t out_at(const FusedArgs& p, int64_t row, int h
   return (row * p.Hv + (p.out_pos ? p.out_pos[h] : h)) * p.dv;
 }
 
+// A state kernel's block's slice of head h's state in slot `slot`: its thread's 4 columns
+// (col) of rows rg + 16k.
+template <int DK>
+__device__ __forceinline__ void load_slice(const FusedArgs& p, int slot, int h, int col, float4 (&s)[DK / 16]) {
+  const int64_t S = (int64_t(slot) * p.Hv + h) * DK * p.dv + col;  // in elements
+  const int rg = int(threadIdx.x) >> 3;
+#pragma unroll
+  for (int k = 0; k < DK / 16; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * p.dv);
+}
+
+// After a state kernel's block has stored its slice's outputs: whether it is the last of its
+// head's ns blocks to finish (an acquire-release count on *counter, which the prep kernel
+// zeroed), the one that applies the head's gated RMSNorm.
+__device__ __forceinline__ bool last_of_head(int* counter, int ns) {
+  __shared__ int last;
+  __syncthreads();  // the block's stores come before thread 0's release
+  if (threadIdx.x == 0) last = atomic_add_acq_rel(counter, 1) == ns - 1;
+  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
+  return last;
+}
+
 // A state kernel's block stepping its slice s through n tokens (row(t): token t's row, whose
 // [q̂ | k̂ | v] src holds; gts[t]: its (g, β)): the next token's q̂, k̂, v requested while one
 // computes, q̂ and k̂ through the double buffers qs, ks. kOut: where stores(t), the token's raw

@@ -68,17 +68,13 @@ __global__ void __launch_bounds__(kDecThreads) tree_state_kernel(FusedArgs p) {
   const SeqRun path = p.paths[i];
   if (path.count == 0) return;
   const SeqRun r = p.runs[0];
-  const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
-  const int dv = p.dv, col = slice * kDecCols + 4 * cg, n = path.count;
+  const int tid = int(threadIdx.x), col = slice * kDecCols + 4 * (tid & 7), n = path.count;
   __shared__ float2 gts[kFusedMaxTokens];  // (g, β) of each token
   __shared__ int rws[kFusedMaxTokens];     // its row
   __shared__ bool own[kFusedMaxTokens];    // whether this path stores it
   __shared__ float qs[2][DK], ks[2][DK], red[2][kDecThreads / 32][kDecCols];
-  __shared__ int last;
-  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
   float4 s[R];
-#pragma unroll
-  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  load_slice<DK>(p, r.slot, h, col, s);
   for (int t = tid; t < n; t += kDecThreads) {  // a and b come from before the prep kernel
     const int row = p.rows[path.begin + t], j = row - r.begin;
     const bool mine = p.first[j] == path.begin + t;
@@ -92,10 +88,7 @@ __global__ void __launch_bounds__(kDecThreads) tree_state_kernel(FusedArgs p) {
 
   step_slice<DK, true>(
       p, p.qkv, s, n, h, slice, gts, [&](int t) { return rws[t]; }, [&](int t) { return own[t]; }, qs, ks, red);
-  __syncthreads();  // the block's stores come before thread 0's release
-  if (tid == 0) last = atomic_add_acq_rel(p.counters + int64_t(i) * p.Hv + h, 1) == ns - 1;
-  __syncthreads();  // and thread 0's acquire before the block's reads of the other slices
-  if (!last) return;
+  if (!last_of_head(p.counters + int64_t(i) * p.Hv + h, ns)) return;
   for (int t = 0; t < n; ++t)
     if (own[t]) gated_norm_head(p, rws[t], h, ns);
 }
