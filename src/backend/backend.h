@@ -538,6 +538,18 @@ inline void Backend::gated_delta_rule_readonly(const Tensor&, const Tensor&, con
   throw std::runtime_error("gated_delta_rule_readonly (speculative decoding) is not implemented on the " + name() + " backend");
 }
 
+// o [T, Hv, dv]'s head blocks in out_proj's order `heads` (DeltaNetWeights::out_proj_heads: block
+// p of a row is head heads[p]) → dst [T, Hv, dv] (not o's memory): one get_rows.
+inline void order_out_proj_heads(Backend& be, const Tensor& o, std::span<const int32_t> heads, Tensor& dst) {
+  const int64_t Hv = int64_t(heads.size()), rows_n = o.numel() / o.cols(), T = rows_n / Hv, dv = o.cols();
+  std::vector<int32_t> rows(size_t(T * Hv));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < Hv; ++j) rows[size_t(t * Hv + j)] = int32_t(t * Hv + heads[size_t(j)]);
+  const Tensor from(o.data, DType::F32, {T * Hv, dv});
+  Tensor to(dst.data, DType::F32, {T * Hv, dv});
+  be.get_rows(from, rows, to);
+}
+
 inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
                                      const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
                                      std::span<const SeqRun> runs, Tensor& out) {
@@ -564,15 +576,10 @@ inline void Backend::deltanet_decode(Tensor& mixed, const Tensor& z, const Tenso
   gated_delta_rule(q, k, v, g, beta, ssm_state, runs, out, DeltaRuleMode::Recurrent);
   gated_rms_norm(out, z, w.norm, eps, out);
   if (w.out_proj_heads.empty()) return;
-  std::vector<int32_t> rows(size_t(T * Hv));  // row (t, j) of the result is head out_proj_heads[j] of token t
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < Hv; ++j) rows[size_t(t * Hv + j)] = int32_t(t * Hv + w.out_proj_heads[size_t(j)]);
-  std::unique_ptr<DeviceBuffer> ordered = alloc(size_t(T * Hv * dv) * sizeof(float));
-  const Tensor heads(out.data, DType::F32, {T * Hv, dv});
-  Tensor to(ordered->data(), DType::F32, {T * Hv, dv});
-  get_rows(heads, rows, to);
-  Tensor back(out.data, DType::F32, {T * Hv, dv});
-  copy(to, back);
+  std::unique_ptr<DeviceBuffer> buf = alloc(size_t(T * Hv * dv) * sizeof(float));
+  Tensor ordered(buf->data(), DType::F32, {T, Hv, dv});
+  order_out_proj_heads(*this, out, w.out_proj_heads, ordered);
+  copy(ordered, out);
 }
 
 // The CPU backend (always available). `threads` 0 means all cores.

@@ -137,15 +137,14 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   // A chain verify pass (no trees), or a pass of one tree: conv, gates, delta rule, norm and the
   // saved inputs in one backend op where the backend fuses them; otherwise the composition below
   // is the reference.
-  const bool one_tree = save && save->trees.size() == 1 && runs.size() == 1;
-  const bool fused_verify =
-      save && mode != DeltaRuleMode::Chunked &&
-      (save->trees.empty()
-           ? backend_.deltanet_verify(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs, save->verify,
-                                      *save->conv_input, *save->g, *save->beta, o)
-           : one_tree && backend_.deltanet_verify_tree(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state,
-                                                       save->trees[0].run, save->trees[0].parent, *save->conv_input,
-                                                       *save->g, *save->beta, o));
+  bool fused_verify = false;
+  if (save && mode != DeltaRuleMode::Chunked && save->trees.empty())
+    fused_verify = backend_.deltanet_verify(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs,
+                                            save->verify, *save->conv_input, *save->g, *save->beta, o);
+  else if (save && mode != DeltaRuleMode::Chunked && save->trees.size() == 1 && runs.size() == 1)
+    fused_verify = backend_.deltanet_verify_tree(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state,
+                                                 save->trees[0].run, save->trees[0].parent, *save->conv_input,
+                                                 *save->g, *save->beta, o);
   // The composed path's gated norm goes with out_proj as one op where out_proj reads the heads in
   // order (a device backend then writes the GEMM's input from the norm).
   bool norm_in_projection = false;
@@ -197,13 +196,8 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   Tensor o2(o.data, DType::F32, {T, Hv * dv});
   // out_proj reads its heads in another order (GGUF): the fused ops wrote them so already
   if (!d.out_proj_heads.empty() && !decode && !fused_verify) {
-    std::vector<int32_t> rows(static_cast<size_t>(T * Hv));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t p = 0; p < Hv; ++p) rows[size_t(t * Hv + p)] = int32_t(t * Hv + d.out_proj_heads[size_t(p)]);
-    Tensor heads(o.data, DType::F32, {T * Hv, dv});
     o2 = s.f32({T, Hv * dv});
-    Tensor dst(o2.data, DType::F32, {T * Hv, dv});
-    backend_.get_rows(heads, rows, dst);
+    order_out_proj_heads(backend_, o, d.out_proj_heads, o2);
   }
   backend_.matmul(o2, d.out_proj, y);
   return y;

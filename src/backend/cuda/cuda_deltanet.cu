@@ -274,13 +274,8 @@ void launch_recurrent(Ctx& c, const float* qn, const float* kn, const Tensor& v,
                                            state, dr, out.as<float>(), int(Hk), int(Hv), int(dv), min_chunked,
                                            write_state, rowmap);
   };
-  switch (dk) {
-    case 16: launch(delta_rule_kernel<16>); break;
-    case 32: launch(delta_rule_kernel<32>); break;
-    case 64: launch(delta_rule_kernel<64>); break;
-    case 128: launch(delta_rule_kernel<128>); break;
-    default: fail("gated_delta_rule: key head dim {} is not supported by the CUDA backend (16, 32, 64, 128)", dk);
-  }
+  if (!with_key_dim(dk, [&](auto d) { launch(delta_rule_kernel<decltype(d)::value>); }))
+    fail("gated_delta_rule: key head dim {} is not supported by the CUDA backend (16, 32, 64, 128)", dk);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -440,13 +435,8 @@ bool gated_delta_rule_tree_readonly(Ctx& c, const Tensor& q, const Tensor& k, co
                                                  beta.as<const float>(), st, paths, rows, out.as<float>(), int(Hk),
                                                  int(Hv), int(dv));
     };
-    switch (dk) {
-      case 16: launch(tree_slices_kernel<16>); break;
-      case 32: launch(tree_slices_kernel<32>); break;
-      case 64: launch(tree_slices_kernel<64>); break;
-      case 128: launch(tree_slices_kernel<128>); break;
-      default: fail("gated_delta_rule_tree_readonly: key head dim {} is not supported by the CUDA backend", dk);
-    }
+    if (!with_key_dim(dk, [&](auto d) { launch(tree_slices_kernel<decltype(d)::value>); }))
+      fail("gated_delta_rule_tree_readonly: key head dim {} is not supported by the CUDA backend", dk);
     CUDA_LAUNCH_CHECK();
     return true;
   }

@@ -352,12 +352,9 @@ static void launch_tree(Ctx& c, FusedArgs& p, const TreeTable* t, const SeqRun& 
   const dim3 sgrid{np, unsigned(p.Hv), unsigned(ns)};
   tree_prep_kernel<<<pgrid, kDecPrepThreads, 0, c.stream>>>(p);
   CUDA_LAUNCH_CHECK();
-  switch (p.dk) {
-    case 16: launch_pdl(tree_state_kernel<16>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    case 32: launch_pdl(tree_state_kernel<32>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    case 64: launch_pdl(tree_state_kernel<64>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    default: launch_pdl(tree_state_kernel<128>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-  }
+  with_key_dim(p.dk, [&](auto d) {  // (launch_fused checked dk)
+    launch_pdl(tree_state_kernel<decltype(d)::value>, sgrid, dim3(kDecThreads), 0, c.stream, p);
+  });
   CUDA_LAUNCH_CHECK();
 }
 
@@ -475,12 +472,9 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
   const unsigned nr = unsigned(runs.size());
   if (one) {
     const dim3 grid{nr, unsigned(Hv)}, block(unsigned(ns * kDecThreads)), cluster{1, unsigned(Hv / Hk), 1};
-    switch (dk) {
-      case 16: launch_pdl_cluster(fused_decode_kernel<16>, grid, block, cluster, 0, c.stream, p); break;
-      case 32: launch_pdl_cluster(fused_decode_kernel<32>, grid, block, cluster, 0, c.stream, p); break;
-      case 64: launch_pdl_cluster(fused_decode_kernel<64>, grid, block, cluster, 0, c.stream, p); break;
-      default: launch_pdl_cluster(fused_decode_kernel<128>, grid, block, cluster, 0, c.stream, p); break;
-    }
+    with_key_dim(dk, [&](auto d) {
+      launch_pdl_cluster(fused_decode_kernel<decltype(d)::value>, grid, block, cluster, 0, c.stream, p);
+    });
     CUDA_LAUNCH_CHECK();
     return true;
   }
@@ -489,12 +483,9 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
     constexpr Fused M = decltype(mode)::value;
     fused_prep_kernel<M><<<pgrid, kDecPrepThreads, 0, c.stream>>>(p);
     CUDA_LAUNCH_CHECK();
-    switch (dk) {
-      case 16: launch_pdl(fused_state_kernel<16, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-      case 32: launch_pdl(fused_state_kernel<32, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-      case 64: launch_pdl(fused_state_kernel<64, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-      default: launch_pdl(fused_state_kernel<128, M>, sgrid, dim3(kDecThreads), 0, c.stream, p); break;
-    }
+    with_key_dim(dk, [&](auto d) {
+      launch_pdl(fused_state_kernel<decltype(d)::value, M>, sgrid, dim3(kDecThreads), 0, c.stream, p);
+    });
     CUDA_LAUNCH_CHECK();
   };
   switch (f.mode) {

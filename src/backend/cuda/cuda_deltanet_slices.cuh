@@ -5,11 +5,26 @@
 // 4cg .. 4cg + 3 of the slice, rows rg + 16i), the fused decode kernels' arithmetic in one order.
 // Included by .cu only.
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
 
 namespace qwen36::cuda {
 namespace {
+
+// Calls f(std::integral_constant<int, DK>{}) for a key head dim dk of the DeltaNet kernels'
+// instantiations (16, 32, 64, 128); false, nothing called, for another.
+template <typename F>
+bool with_key_dim(int64_t dk, F&& f) {
+  switch (dk) {
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    default: return false;
+  }
+}
 
 constexpr int kDecThreads = 128;  // a slice's threads: 8 column groups (4 columns each) × 16 row groups
 constexpr int kDecCols = 32;      // state columns per slice
