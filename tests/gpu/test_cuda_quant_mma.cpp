@@ -52,12 +52,23 @@ void mma_select_xs_split(const char* split);
 long long mma_xs_split_launches();
 // The launches of a one-token norm GEMM with f32 projections in its launch so far.
 long long mma_norm_gemv_launches();
+// The same for QWEN36_MMA_HB ("on" | "off" | "auto"): Q4_K / Q6_K at 17-64 tokens in the bf16 form.
+void mma_select_hb(const char* hb);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
 namespace {
 
-class CudaQuantMma : public CudaTest {};
+// The int8 form throughout (QWEN36_MMA_HB=off): these tests bound it against its int8 twin; the
+// bf16 form of Q4_K / Q6_K at 17-64 tokens has its own twin (test_cuda_quant_mma_half.cpp).
+class CudaQuantMma : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    cuda::mma_select_hb("off");
+  }
+  void TearDown() override { cuda::mma_select_hb(nullptr); }
+};
 
 // W4_G128 (AWQ / GPTQ group 128), W4_G32 and NVFP4 tile too: their blocks come from random_hf
 // (quant_test_util.h).
@@ -782,55 +793,61 @@ TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
 // 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
 // tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
 TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
-  for (const int64_t K : {1024, 8192}) {
-    const int64_t I = 768;
-    for (DType dt : kTypes) {
-      const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K));
-      const DevT w2 = upload_tiled(*gpu_, quantized(rng_, dt, 16, K));
-      const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, K}));
-      MlpWeights m;
-      const DevT g = upload_tiled(*gpu_, quantized(rng_, dt, I, K)), u = upload_tiled(*gpu_, quantized(rng_, dt, I, K));
-      const DevT d = upload_tiled(*gpu_, quantized(rng_, dt, K, I));
-      m.gate_proj = g.t, m.up_proj = u.t, m.down_proj = d.t;
-      const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
-      for (int64_t T : {1, 3, 5, 40}) {  // the norm in the staged GEMMs at T ≤ 3
-        if (K > 1024 && T > 3) continue;
-        const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
-        const DevT dd = upload(*gpu_, delta);
-        struct Run {
-          DevT h, h2, x, o1, o2, o3, gate, up, y;
-        };
-        auto run = [&](bool fused) {
-          Run r{upload(*gpu_, h), upload(*gpu_, HostT(DType::F32, {T, K})), upload(*gpu_, HostT(DType::F32, {T, K})),
-                upload(*gpu_, HostT(DType::F32, {T, 304})), upload(*gpu_, HostT(DType::F32, {T, 16})),
-                upload(*gpu_, HostT(DType::F32, {T, 16})), upload(*gpu_, HostT(DType::F32, {T, I})),
-                upload(*gpu_, HostT(DType::F32, {T, I})), upload(*gpu_, HostT(DType::F32, {T, K}))};
-          const Tensor* ws[] = {&w1.t, &wb.t, &w2.t};
-          Tensor* outs[] = {&r.o1.t, &r.o3.t, &r.o2.t};
-          if (fused) {
-            gpu_->add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
-            gpu_->add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
-          } else {
-            gpu_->Backend::add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
-            gpu_->Backend::add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
-          }
-          return r;
-        };
-        const Run a = run(true), b = run(false);
-        auto same = [&](const char* what, const DevT& p, const DevT& q) {
-          const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
-          size_t diff = 0;
-          for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
-          EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " K=" << K << " T=" << T << ": " << diff << " of "
-                              << vp.size() << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
-        };
-        same("residual stream, first add", a.h2, b.h2);
-        same("residual stream, second add", a.h, b.h);
-        same("normalised x", a.x, b.x);
-        same("tiled projection 1", a.o1, b.o1);
-        same("tiled projection 2", a.o2, b.o2);
-        same("bf16 projection", a.o3, b.o3);
-        same("mlp output", a.y, b.y);
+  // both forms at T = 40: the bf16 one reads the fragments the norm kernel and the SwiGLU
+  // quantization write beside the int8 codes (store_act_half)
+  for (const char* hb : {"off", "on"}) {
+    cuda::mma_select_hb(hb);
+    for (const int64_t K : {1024, 8192}) {
+      const int64_t I = 768;
+      for (DType dt : kTypes) {
+        const DevT w1 = upload_tiled(*gpu_, quantized(rng_, dt, 304, K));
+        const DevT w2 = upload_tiled(*gpu_, quantized(rng_, dt, 16, K));
+        const DevT wb = upload(*gpu_, random_t(rng_, DType::BF16, {16, K}));
+        MlpWeights m;
+        const DevT g = upload_tiled(*gpu_, quantized(rng_, dt, I, K)), u = upload_tiled(*gpu_, quantized(rng_, dt, I, K));
+        const DevT d = upload_tiled(*gpu_, quantized(rng_, dt, K, I));
+        m.gate_proj = g.t, m.up_proj = u.t, m.down_proj = d.t;
+        const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
+        for (int64_t T : {1, 3, 5, 40}) {  // the norm in the staged GEMMs at T ≤ 3
+          if (K > 1024 && T > 3) continue;
+          const HostT h = random_t(rng_, DType::F32, {T, K}), delta = random_t(rng_, DType::F32, {T, K});
+          const DevT dd = upload(*gpu_, delta);
+          struct Run {
+            DevT h, h2, x, o1, o2, o3, gate, up, y;
+          };
+          auto run = [&](bool fused) {
+            Run r{upload(*gpu_, h), upload(*gpu_, HostT(DType::F32, {T, K})), upload(*gpu_, HostT(DType::F32, {T, K})),
+                  upload(*gpu_, HostT(DType::F32, {T, 304})), upload(*gpu_, HostT(DType::F32, {T, 16})),
+                  upload(*gpu_, HostT(DType::F32, {T, 16})), upload(*gpu_, HostT(DType::F32, {T, I})),
+                  upload(*gpu_, HostT(DType::F32, {T, I})), upload(*gpu_, HostT(DType::F32, {T, K}))};
+            const Tensor* ws[] = {&w1.t, &wb.t, &w2.t};
+            Tensor* outs[] = {&r.o1.t, &r.o3.t, &r.o2.t};
+            if (fused) {
+              gpu_->add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+              gpu_->add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
+            } else {
+              gpu_->Backend::add_rms_norm_matmul_multi(r.h.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
+              gpu_->Backend::add_rms_norm_mlp(r.h2.t, dd.t, r.h.t, norm.t, 1e-6f, r.x.t, m, r.gate.t, r.up.t, r.y.t);
+            }
+            return r;
+          };
+          const Run a = run(true), b = run(false);
+          auto same = [&](const char* what, const DevT& p, const DevT& q) {
+            const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
+            size_t diff = 0;
+            for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
+            EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " K=" << K << " T=" << T << " bf16 form " << hb << ": "
+                                << diff << " of "
+                                << vp.size() << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
+          };
+          same("residual stream, first add", a.h2, b.h2);
+          same("residual stream, second add", a.h, b.h);
+          same("normalised x", a.x, b.x);
+          same("tiled projection 1", a.o1, b.o1);
+          same("tiled projection 2", a.o2, b.o2);
+          same("bf16 projection", a.o3, b.o3);
+          same("mlp output", a.y, b.y);
+        }
       }
     }
   }

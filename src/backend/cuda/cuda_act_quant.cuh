@@ -6,6 +6,8 @@
 // cuda_elementwise.cu; used by cuda_quant_norm.cu).
 // Included by .cu files only.
 
+#include <cuda_bf16.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -19,11 +21,13 @@ namespace {
 inline int act_n_tiles(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
 // [K/32][NT][32] uint2 B fragments, then [K/32][NT][4] float4 {d, d·Σq} of token pairs, then
-// [K/32][NT][4] int4 of Q6_K's −32·Σq per 16-half; each part 256-byte aligned.
+// [K/32][NT][4] int4 of Q6_K's −32·Σq per 16-half; each part 256-byte aligned. Beyond 16 tokens
+// (NT ≥ 4) also the activations rounded to bf16 as the bf16 GEMM's B fragments (o_xh: [K/32][NT]
+// [32] uint4, store_act_half), which the Q4_K and Q6_K tiles read there (cuda_quant_mma_half.cuh).
 struct ActLayout {
   int64_t G = 0;  // k32 groups
   int NT = 1;
-  size_t o_xb = 0, o_xf = 0, o_xi = 0, bytes = 0;
+  size_t o_xb = 0, o_xf = 0, o_xi = 0, o_xh = 0, bytes = 0;  // o_xh = 0: none (NT ≤ 2)
 
   ActLayout(int64_t T, int64_t K) : G(K / 32), NT(act_n_tiles(T)) {
     auto up = [](size_t b) { return (b + 255) / 256 * 256; };
@@ -31,6 +35,7 @@ struct ActLayout {
     o_xf = o_xb + up(frags * 32 * sizeof(uint2));
     o_xi = o_xf + up(frags * 4 * sizeof(float4));
     bytes = o_xi + up(frags * 4 * sizeof(int4));
+    if (NT >= 4) o_xh = bytes, bytes += up(frags * 32 * sizeof(uint4));
   }
 };
 
@@ -50,6 +55,16 @@ __device__ __forceinline__ void store_act_quad(uint8_t* __restrict__ xb, float* 
     xi[e + (gg & 1)] = -32 * qq.half;  // int4 {−32·ΣqA(2t), −32·ΣqA(2t+1), −32·ΣqB(2t), −32·ΣqB(2t+1)}
     xi[e + 2 + (gg & 1)] = -32 * qq.other;
   }
+}
+
+// Token c's values 4u .. 4u + 3 of k32 group j (v, unquantized) rounded to bf16 into the bf16
+// GEMM's B fragments: lane (c % 8, u % 4) of fragment (j, c / 8), its 8-byte half u / 4, the pairs
+// (v.x, v.z) and (v.y, v.w) (the k order of cuda_quant_mma_half.cuh's header).
+__device__ __forceinline__ void store_act_half(uint4* __restrict__ xh, int NT, int c, int64_t j, int u, float4 v) {
+  const size_t frag = size_t(j) * size_t(NT) + size_t(c >> 3);
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.z), hi = __floats2bfloat162_rn(v.y, v.w);
+  reinterpret_cast<uint2*>(xh + frag * 32 + 4 * (c & 7) + (u & 3))[u >> 2] =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
 
 // The sum of squares of a normalised row in one fixed order, whatever the block's size, so that

@@ -165,7 +165,7 @@ namespace {
 template <bool kSwiglu>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ up, int T, int K, int NT,
                                 uint8_t* __restrict__ xb, float* __restrict__ xf, int* __restrict__ xi,
-                                int* __restrict__ cnt, int ncnt) {
+                                uint4* __restrict__ xh, int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
   griddep_wait();  // x comes from the kernel before; this call's workspace may be the last one's
   const int G = K >> 5, u = int(threadIdx.x & 7);
@@ -185,6 +185,7 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
       }
     }
     store_act_quad(xb, xf, xi, NT, c, j, u, quantize_quad(v));
+    if (xh) store_act_half(xh, NT, c, j, u, v);  // beyond 16 tokens (ActLayout::o_xh)
   }
 }
 
@@ -194,7 +195,8 @@ void launch_quantize(Ctx& c, const float* x, const float* up, int T, int K, uint
   const long long qthreads = (long long)L.NT * 8 * (long long)L.G * 8;
   const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
   launch_pdl(quantize_kernel<kSwiglu>, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, x, up, T, K, L.NT, act + L.o_xb,
-             reinterpret_cast<float*>(act + L.o_xf), reinterpret_cast<int*>(act + L.o_xi), cnt, ncnt);
+             reinterpret_cast<float*>(act + L.o_xf), reinterpret_cast<int*>(act + L.o_xi),
+             L.o_xh ? reinterpret_cast<uint4*>(act + L.o_xh) : nullptr, cnt, ncnt);
 }
 
 
@@ -211,7 +213,7 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
-template <DType D, int NT, int ROWS, int RING, bool XS = false>
+template <DType D, int NT, int ROWS, int RING, bool XS = false, int HB = 0>
 MmaPlan plan_mma(long long total, int S, bool norm) {
   constexpr bool REGS = RING == 0;
   struct PerDev {
@@ -223,7 +225,8 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   CUDA_CHECK(cudaGetDevice(&dev));
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
-  auto* kern = mma_kernel<D, NT, ROWS, RING, XS>;
+  auto* kern = mma_kernel<D, NT, ROWS, RING, XS, HB>;
+  constexpr int kWarpSmem = warp_smem<D, RING, (HB > 0)>();
   once_per_device(done, [&] {
     if constexpr (XS) {
       // Blocks of up to kOneWarps (the copy of the activations takes most of an SM's shared memory:
@@ -237,8 +240,8 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
       pd.wpb = kWarps;
     } else {
       // As many warps per block as the shared memory allows (sm_86 / sm_89: 7 for Q8_0).
-      pd.wpb = std::clamp(info.smem_optin / warp_smem<D, RING>(), 1, kWarps);
-      const int smem = pd.wpb * warp_smem<D, RING>();
+      pd.wpb = std::clamp(info.smem_optin / kWarpSmem, 1, kWarps);
+      const int smem = pd.wpb * kWarpSmem;
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       // The rings want shared memory over L1.
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -246,7 +249,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     }
     int bps = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
-                                                             size_t(pd.wpb) * warp_smem<D, RING>()));
+                                                             size_t(pd.wpb) * kWarpSmem));
     pd.bps = std::max(bps, 1);
     // The staged kernels keep the activations in shared memory (sized by K and T): allow any size
     // up to the device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
@@ -298,7 +301,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   p.nwarps = p.nwarps / p.wpb * p.wpb;
   if (XS && p.nwarps > info.sms * p.wpb) p.wpb = kOneWarps, p.nwarps = p.nwarps / kOneWarps * kOneWarps;
   p.grid = p.nwarps / p.wpb;
-  p.smem = size_t(p.wpb) * warp_smem<D, RING>() + (XS ? xs_bytes<D>(S, NT) : 0);
+  p.smem = size_t(p.wpb) * kWarpSmem + (XS ? xs_bytes<D>(S, NT) : 0);
   p.bps = bps, p.regs = pd.regs, p.local = pd.local;
   return p;
 }
@@ -333,6 +336,24 @@ bool use_fused_t1() { return variant(g_t1_quant, "QWEN36_MMA_T1_QUANT", "fused",
 // kernel (grid split, B fragments and scales read through L1).
 std::atomic<int> g_staged{-1};
 bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") != kOff; }
+// QWEN36_MMA_HB = on | off (unset: on): Q4_K and Q6_K tiles at 17-64 tokens in the bf16 form
+// (cuda_quant_mma_half.cuh: no per-group epilogue), or the int8 one. g_hb_launches counts the
+// bf16 form's launches (a test hook).
+std::atomic<int> g_hb{-1};
+bool use_hb() { return variant(g_hb, "QWEN36_MMA_HB", "on", "off") != kOff; }
+// QWEN36_MMA_HB_BLOCKS = 1 | 2 (unset: 2): the bf16 form at 17-32 tokens in one block of 8 warps
+// per SM (≤ 255 registers) or two (≤ 128, a few spills); 33-64 tokens always one.
+std::atomic<int> g_hb_blocks{0};  // 0: not read yet (or a test's reset)
+int hb_blocks() {
+  int n = g_hb_blocks.load(std::memory_order_relaxed);
+  if (n == 0) {
+    const char* v = std::getenv("QWEN36_MMA_HB_BLOCKS");
+    n = v && std::strcmp(v, "1") == 0 ? 1 : 2;
+    g_hb_blocks.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+std::atomic<long long> g_hb_launches{0};
 // QWEN36_MMA_PAIR = on | off (unset: on): a staged call's two groups of two types (mma_pair_kernel)
 // in one launch, or one launch each. g_pair_launches counts the pair launches (a test hook).
 std::atomic<int> g_pair{-1};
@@ -445,23 +466,37 @@ int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool reg
   return grid1;
 }
 
-// Calls f(type, NT, ROWS, RING) as compile-time constants for a tiled type, NT ∈ {1, 2, 4, 8},
-// ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path (RING: 0
-// registers, else the ring's depth). (A ring of 4 or 5 tiles measured slower than 3 for Q4_K at
-// T = 1 on the H200: 27B Q4_K_M tg128 b1 154.1, 152.5, 141.5 t/s.)
+// Calls f(type, NT, ROWS, RING, XS, HB) as compile-time constants for a tiled type, NT ∈ {1, 2,
+// 4, 8}, ROWS (the staged tokens, 0 or T ≤ kMaxStagedRows, only with NT = 1) and the load path
+// (RING: 0 registers, else the ring's depth). (A ring of 4 or 5 tiles measured slower than 3 for
+// Q4_K at T = 1 on the H200: 27B Q4_K_M tg128 b1 154.1, 152.5, 141.5 t/s.)
 // xs (NT ≤ 2, rows = 0): the multi-token kernel with the activations in shared memory (XS),
-// always on registers.
+// always on registers. hb (NT ≥ 4, rows = 0, half_tile): the bf16 form, HB = 1 or (NT = 4, hb =
+// 2) 2: its blocks per SM (mma_kernel).
+template <int V>
+using Int = std::integral_constant<int, V>;
 template <typename F>
-void with_mma(DType t, int NT, int rows, bool regs, bool xs, F&& f) {
+void with_mma(DType t, int NT, int rows, bool regs, bool xs, int hb, F&& f) {
   with_tiled_dtype(t, [&](auto dt) {
     using Off = std::false_type;
+    using On = std::true_type;
     auto go = [&](auto nt, auto o) {
-      if constexpr (decltype(nt)::value <= 2 && decltype(o)::value == 0)
-        if (xs) return f(dt, nt, o, std::integral_constant<int, 0>{}, std::true_type{});
+      constexpr int kNT = decltype(nt)::value, kRows = decltype(o)::value;
+      if constexpr (kNT <= 2 && kRows == 0)
+        if (xs) return f(dt, nt, o, std::integral_constant<int, 0>{}, On{}, Int<0>{});
+      if constexpr (kNT >= 4 && kRows == 0 && half_tile(std::remove_cvref_t<decltype(dt)>::value)) {
+        auto half = [&](auto h) {
+          if (regs) return f(dt, nt, o, std::integral_constant<int, 0>{}, Off{}, h);
+          return f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{}, h);
+        };
+        if constexpr (kNT == 4)
+          if (hb == 2) return half(Int<2>{});
+        if (hb > 0) return half(Int<1>{});
+      }
       if (regs)
-        f(dt, nt, o, std::integral_constant<int, 0>{}, Off{});
+        f(dt, nt, o, std::integral_constant<int, 0>{}, Off{}, Int<0>{});
       else
-        f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{});
+        f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{}, Int<0>{});
     };
     using NT1 = std::integral_constant<int, 1>;
     static_assert(kMaxStagedRows == 3);
@@ -482,7 +517,7 @@ void with_mma(DType t, int NT, int rows, bool regs, bool xs, F&& f) {
 }
 
 // QWEN36_MMA_VERBOSE=1: each (type, rows, K, T, variant) launched, once per process, to stderr.
-void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool xs,
+void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool xs, bool hb,
               const MmaPlan& p, long long total) {
   static const bool on = [] {
     const char* v = std::getenv("QWEN36_MMA_VERBOSE");
@@ -492,15 +527,15 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
   static std::mutex mu;
   static std::set<std::string> seen;
   char key[160];
-  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d %d", int(t), nmat, rows, K, T, int(regs), int(xs));
+  std::snprintf(key, sizeof key, "%d %d %lld %lld %lld %d %d %d", int(t), nmat, rows, K, T, int(regs), int(xs), int(hb));
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert(key).second) return;
   const std::string name(dtype_name(t));
   std::fprintf(stderr,
-               "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s | %d regs, %d B local, "
+               "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s%s | %d regs, %d B local, "
                "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld tiles, %.2f "
                "tiles/warp\n",
-               name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem",
+               name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem", hb ? ", bf16" : "",
                p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
 }
 
@@ -587,6 +622,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     MmaPlan p;
     DType t = DType::F32;
     bool regs = true, xs = false;  // xs: the multi-token kernel with the activations in shared memory
+    int hb = 0;                    // the bf16 form (17-64 tokens, Q4_K / Q6_K): its blocks per SM (with_mma)
   };
   std::vector<Group> groups;
   int max_warps = 1;
@@ -621,10 +657,11 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       gr.t = ws[i]->dtype;
       gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
       gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
+      gr.hb = rows == 0 && NT >= 4 && half_tile(gr.t) && use_hb() ? hb_blocks() : 0;
       bool same_split = true;
-      with_mma(gr.t, NT, rows, gr.regs, gr.xs, [&](auto dt, auto nt, auto o, auto rg, auto x) {
+      with_mma(gr.t, NT, rows, gr.regs, gr.xs, gr.hb, [&](auto dt, auto nt, auto o, auto rg, auto x, auto h) {
         auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
-                             decltype(x)::value>;
+                             decltype(x)::value, decltype(h)::value>;
         gr.p = plan(a.total, a.S, norm != nullptr);
         if (norm) {
           const MmaPlan q = plan(a.total, a.S, false);
@@ -640,7 +677,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         gr.p.smem += xs_split_bytes(gr.p.wpb, NT);
       }
       if (rows > kColsRows)
-        with_mma(gr.t, NT, 1, gr.regs, false, [&](auto dt, auto nt, auto o, auto rg, auto) {
+        with_mma(gr.t, NT, 1, gr.regs, false, 0, [&](auto dt, auto nt, auto o, auto rg, auto, auto) {
           const MmaPlan q =
               plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value>(a.total, a.S,
                                                                                                           false);
@@ -682,7 +719,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       return false;
   }
   for (const Group& gr : groups)
-    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs,
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs, gr.hb > 0,
              pair.grid > 0 ? pair : gr.p, gr.a.total);
   // One workspace: the activations once for every matrix (none when the staged kernels quantize
   // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
@@ -716,6 +753,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.xb = reinterpret_cast<const uint2*>(xq + L.o_xb);
     gr.a.xf = reinterpret_cast<const float4*>(xq + L.o_xf);
     gr.a.xi = reinterpret_cast<const int4*>(xq + L.o_xi);
+    gr.a.xh = L.o_xh ? reinterpret_cast<const uint4*>(xq + L.o_xh) : nullptr;
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
     gr.a.ahead = gr.xs ? xs_ahead() : 0;
@@ -748,9 +786,10 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   for (const Group& gr : groups) {
     if (gr.xs) g_xs_launches.fetch_add(1, std::memory_order_relaxed);
     if (gr.a.block_split) g_xs_split_launches.fetch_add(1, std::memory_order_relaxed);
-    with_mma(gr.t, NT, rows, gr.regs, gr.xs, [&](auto dt, auto nt, auto o, auto rg, auto x) {
+    if (gr.hb) g_hb_launches.fetch_add(1, std::memory_order_relaxed);
+    with_mma(gr.t, NT, rows, gr.regs, gr.xs, gr.hb, [&](auto dt, auto nt, auto o, auto rg, auto x, auto h) {
       launch_pdl(mma_kernel<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
-                            decltype(x)::value>,
+                            decltype(x)::value, decltype(h)::value>,
                  dim3(unsigned(gr.p.grid)), dim3(unsigned(gr.p.wpb * 32)), gr.p.smem, c.stream, gr.a);
     });
   }
@@ -817,6 +856,11 @@ void mma_select_variant(const char* loads, const char* t1_quant) {
 }
 // The same for QWEN36_MMA_STAGED ("on" | "off" | "auto").
 void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_variant(staged, "on", "off") : -1); }
+// The same for QWEN36_MMA_HB ("on" | "off" | "auto"), and the bf16 form's launches so far.
+void mma_select_hb(const char* hb) { g_hb.store(hb ? parse_variant(hb, "on", "off") : -1); }
+// The same for QWEN36_MMA_HB_BLOCKS (1 | 2; 0 reads the environment again).
+void mma_select_hb_blocks(int n) { g_hb_blocks.store(n == 1 || n == 2 ? n : 0); }
+long long mma_hb_launches() { return g_hb_launches.load(); }
 // The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
 void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }
 long long mma_pair_launches() { return g_pair_launches.load(); }

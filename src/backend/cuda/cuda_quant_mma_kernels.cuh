@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
+#include "backend/cuda/cuda_quant_mma_half.cuh"
 #include "backend/cuda/cuda_quant_staged_tiles.cuh"
 
 namespace qwen36::cuda {
@@ -103,6 +104,7 @@ struct MmaArgs {
   const uint2* xb;     // [K/32][NT][32] B fragments
   const float4* xf;    // [K/32][NT][4] {d, d·Σq} of tokens 2t, 2t + 1
   const int4* xi;      // [K/32][NT][4] −32 · Σq per 16-half (Q6_K)
+  const uint4* xh;     // HB: [K/32][NT][32] bf16 B fragments (store_act_half), else unused
   // Up to kMaxMats matrices stored back to back (one tiled matrix of stacked rows): matrix m
   // holds row-tiles [rt_end[m − 1], rt_end[m]) and writes out[m] ([T, n[m]]).
   float* out[4];
@@ -166,11 +168,14 @@ constexpr int kMaxStagedRows = 3;
 constexpr int kColsRows = 2;
 constexpr int kPairsMinS = 16;
 
-// Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4) the scale table.
-template <DType D, int RING>
+// Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4; every tile of the
+// bf16 form, HB) the scale table.
+template <DType D, int RING, bool HB = false>
 __host__ __device__ constexpr int warp_smem() {
-  return RING * TileLayout<D>::kBytes + (table_tile(D) ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  return RING * TileLayout<D>::kBytes + (table_tile(D) || HB ? 16 * kTabStride * int(sizeof(float2)) : 0);
 }
+// The tiles the bf16 form (HB, cuda_quant_mma_half.cuh) is built for.
+__host__ __device__ constexpr bool half_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::Q6_K_T16; }
 
 // Threads per block and minimum blocks per SM asked of the compiler (__launch_bounds__), i.e.
 // the register cap: ≤ 128 registers (16 warps per SM) up to 16 tokens, as one block of 16 warps
@@ -210,9 +215,12 @@ __device__ __forceinline__ V ldx(const V* p) {
 // splits the tiles per block as the staged kernels do (whole row-tiles a block, a row-tile split
 // between warps summed in shared memory after a block barrier): no workspace, atomic or L2
 // round trip on the warps' tails (xs_split_bytes more shared memory).
-template <DType D, int NT, int ROWS, int RING, bool XS = false>
+// HB: the multi-token kernel (ROWS = 0, no XS) at 17-64 tokens in the bf16 form (tile_half: the
+// tiles dequantized to bf16, the activations a.xh), its sums and split as without it.
+template <DType D, int NT, int ROWS, int RING, bool XS = false, bool HB = false>
 __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
+  static_assert(!HB || (ROWS == 0 && !XS && NT >= 4 && half_tile(D)), "HB: Q4_K / Q6_K at 17-64 tokens");
   static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
   static_assert(!XS || (ROWS == 0 && RING == 0 && NT <= 2), "XS: the register-prefetch multi-token kernel, ≤ 16 tokens");
   constexpr bool REGS = RING == 0;
@@ -246,7 +254,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * B;
   [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
-  constexpr int kWarpSmem = warp_smem<D, RING>();
+  constexpr int kWarpSmem = warp_smem<D, RING, HB>();
   // ROWS: the tokens' activation rows, staged in shared memory once per block as the routed
   // experts' ColGroups (x_stage_bytes; token c's at xs + c·S·8), so that each tile is tile_cols
   // against them: the loop's B-fragment and scale reads are shared-memory loads, not L1 / L2
@@ -385,7 +393,12 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   // One tile: every k32 group against every n8 tile of tokens (T = 1: against the staged row;
   // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
   auto compute = [&](const Raw<D>& R) {
-    if constexpr (kPairs) {
+    if constexpr (HB) {
+      const uint4* __restrict__ xh = a.xh + size_t(s) * (8 * NT * 32) + lane;
+      if constexpr (NT == 4)
+        if (8 * (NT - 1) >= T) return tile_half<D, NT, NT - 1>(R, xh, lane, tab, acc);
+      return tile_half<D, NT, NT>(R, xh, lane, tab, acc);
+    } else if constexpr (kPairs) {
       tile_pairs<D, ROWS>(R, xs + size_t(s) * 8, xrow, lane, tab, acc[0]);
       return;
     } else if constexpr (STAGED) {
@@ -687,10 +700,14 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   }
 }
 
-template <DType D, int NT, int ROWS, int RING, bool XS>
-__global__ void __launch_bounds__(max_threads(ROWS, XS), min_blocks(NT, ROWS, XS)) mma_kernel(const MmaArgs a) {
+// HB: 0 the int8 form; 1 the bf16 form, one block of 8 warps per SM as the int8 one at NT ≥ 4;
+// 2 the bf16 form capped at 128 registers, two blocks per SM (its 17-32-token tiles take ~170-230
+// registers uncapped; capped, ~40-100 bytes spill: QWEN36_MMA_HB_BLOCKS picks, cuda_quant_mma.cu).
+template <DType D, int NT, int ROWS, int RING, bool XS, int HB>
+__global__ void __launch_bounds__(max_threads(ROWS, XS), HB == 2 ? 2 : min_blocks(NT, ROWS, XS))
+    mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  mma_block<D, NT, ROWS, RING, XS>(a, int(blockIdx.x), int(gridDim.x), smem);
+  mma_block<D, NT, ROWS, RING, XS, (HB > 0)>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
 // A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet

@@ -1,0 +1,265 @@
+// The tiled GEMM's bf16 form (backend/cuda/cuda_quant_mma_half.cuh: Q4_K and Q6_K tiles at 17-64
+// tokens, QWEN36_MMA_HB) against its CPU twin: every weight as the kernel forms it — Q4_K
+// bf16(q · bf16(d · sc) + bf16(−dmin · m)), Q6_K bf16((q − 32) · bf16(d · sc)), each one rounding
+// to nearest even of the exact value — times x rounded to bf16, summed in double. Only the f32
+// sums of the tensor cores differ from the twin (products exact, K terms): 1e-4 of the largest
+// output (max(1, max |want|), worst_rel_err). The twin's decoding of the blocks is itself checked
+// against the CPU dequantizer (the same codes and scales in f32: 1e-4, an f32 rounding).
+// Split row-tiles and stacked matrices: the same call eagerly and replayed from a CUDA graph gives
+// bitwise the same outputs (the pieces summed in warp order). The producers of the bf16 fragments
+// (the norm kernel, the SwiGLU quantization) are checked bitwise against the composed ops by
+// test_cuda_quant_mma.cpp's NormAndSwigluQuantizeForTheGemmBitwiseAsComposed, in both forms.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "gpu_test_util.h"
+#include "quant/blocks.h"
+#include "quant_test_util.h"
+
+namespace qwen36::cuda {
+// cuda_quant_mma.cu's test hooks: the GEMM's load path (QWEN36_MMA_LOADS: "regs" | "smem"), the
+// bf16 form (QWEN36_MMA_HB: "on" | "off"; nullptr reads the environment again) and its launches.
+void mma_select_variant(const char* loads, const char* t1_quant);
+void mma_select_hb(const char* hb);
+void mma_select_hb_blocks(int n);  // QWEN36_MMA_HB_BLOCKS: 1 | 2 blocks per SM at 17-32 tokens
+long long mma_hb_launches();
+}  // namespace qwen36::cuda
+
+namespace qwen36::gputest {
+namespace {
+
+class CudaQuantMmaHalf : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    cuda::mma_select_hb("on");
+  }
+  void TearDown() override {
+    cuda::mma_select_hb(nullptr);
+    cuda::mma_select_hb_blocks(0);
+    cuda::mma_select_variant(nullptr, nullptr);
+  }
+};
+
+// v rounded to bf16, nearest even (8 significant bits), from the exact double.
+double bf16_rne(double v) {
+  if (v == 0.0) return v;
+  int e = 0;
+  const double m = std::frexp(v, &e);  // |m| in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8);
+}
+float f16(uint16_t h) { return f16_to_f32(h); }
+
+// One Q4_K / Q6_K row's weights as the bf16 form computes them (want_form), and as the CPU
+// dequantizer's codes and scales give them in f32 (want_f32: the twin's own decoding check).
+void form_row(const HostT& w, int64_t n, float* out, float* out_f32) {
+  const int64_t K = w.t.cols();
+  const uint8_t* row = w.bytes.data() + size_t(n) * w.t.row_bytes();
+  for (int64_t b = 0; b < K / 256; ++b) {
+    float* o = out + 256 * b;
+    float* of = out_f32 + 256 * b;
+    if (w.t.dtype == DType::Q4_K) {
+      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(row)[b];
+      const float d = f16(blk.d), dmin = f16(blk.dmin);
+      for (int e = 0; e < 256; ++e) {
+        const int j = e / 32, c = j / 2, l = e % 32;
+        const int q = j % 2 == 0 ? blk.qs[32 * c + l] & 15 : blk.qs[32 * c + l] >> 4;
+        uint8_t sc = 0, m = 0;
+        unpack_k_scale_min(j, blk.scales, sc, m);
+        const double s = bf16_rne(double(d * float(sc))), nm = bf16_rne(double(-dmin * float(m)));
+        o[e] = float(bf16_rne(double(q) * s + nm));
+        of[e] = d * float(sc) * float(q) - dmin * float(m);
+      }
+    } else {
+      const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(row)[b];
+      const float d = f16(blk.d);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, g4 = (e % 128) / 32, l = e % 32;
+        const uint8_t lo = blk.ql[64 * h + l + (g4 % 2 ? 32 : 0)];
+        const int q = ((g4 < 2 ? lo & 15 : lo >> 4) | (((blk.qh[32 * h + l] >> (2 * g4)) & 3) << 4)) - 32;
+        const int sc = blk.scales[e / 16];
+        o[e] = float(bf16_rne(double(q) * bf16_rne(double(d * float(sc)))));
+        of[e] = d * float(sc) * float(q);
+      }
+    }
+  }
+}
+
+// The bf16 form's weights of w ([N, K] f32; rows n % step == 0, the rest zero), the decoding
+// checked against cpu::weight_row_to_f32.
+HostT form_weights(const HostT& w, int64_t step) {
+  const int64_t N = w.t.rows(), K = w.t.cols();
+  HostT out(DType::F32, {N, K});
+  std::vector<float> f32(static_cast<size_t>(K)), cpu(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; n += step) {
+    form_row(w, n, out.f() + n * K, f32.data());
+    cpu::weight_row_to_f32(w.t, n, cpu.data());
+    double worst = 0.0;
+    for (int64_t k = 0; k < K; ++k) worst = std::max(worst, double(std::abs(f32[size_t(k)] - cpu[size_t(k)])));
+    EXPECT_LE(worst, 1e-4) << dtype_name(w.t.dtype) << " row " << n << ": the twin decodes the blocks wrongly";
+  }
+  return out;
+}
+
+HostT bf16_rounded(const HostT& x) {
+  HostT y = x;
+  for (int64_t i = 0; i < x.t.numel(); ++i) y.f()[i] = float(bf16_rne(double(x.t.as<const float>()[i])));
+  return y;
+}
+
+DevT upload_tiled(Backend& gpu, const HostT& w) {
+  DevT d = upload(gpu, w);
+  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
+  return d;
+}
+
+struct Shape {
+  int64_t N, K;
+};
+
+// Shapes: one tile; 3 row-tiles of 2 super-blocks; a row-tile over 68 warps; the 27B's attention
+// output and MLP down (K = 17408: the Q6_K ring's and the 24-token verify's shapes); 2400 row-tiles
+// of 4 super-blocks (ranges start and end mid row-tile). T: 17-24 (three n8 tiles of four), 25-32,
+// 33-64; both load paths, one or two blocks per SM (QWEN36_MMA_HB_BLOCKS, 17-32 tokens).
+TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
+  const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (const Shape& s : shapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const int64_t step = big ? 61 : 1;
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const HostT wf = form_weights(w, step);
+      const DevT dw = upload_tiled(*gpu_, w);
+      for (const char* loads : {"regs", "smem"})
+        for (int64_t T : {17, 23, 24, 25, 32, 33, 64}) {
+          cuda::mma_select_variant(loads, nullptr);
+          cuda::mma_select_hb_blocks(T % 2 ? 1 : 2);  // each T on one of the two: both for every shape
+          const HostT x = random_t(rng_, DType::F32, {T, s.K});
+          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+          const long long before = cuda::mma_hb_launches();
+          gpu_->matmul(dx.t, dw.t, dout.t);
+          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
+                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads +
+                                   " blocks=" + (T % 2 ? "1" : "2");
+          EXPECT_EQ(cuda::mma_hb_launches(), before + 1) << what << ": the bf16 form did not run";
+          std::string where;
+          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, step), T, s.N, step, &where),
+                    1e-4)
+              << what << " " << where;
+        }
+    }
+}
+
+// Three matrices stored back to back (one stacked launch, its row-tiles split between warps
+// across the matrices' borders), at 17, 40 and 64 tokens: three eager calls and two replays of
+// the recorded call give bitwise the same outputs, each within 1e-4 of the twin; with the form
+// off (QWEN36_MMA_HB=off) the int8 form runs instead (no bf16 launch).
+TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
+  const int64_t K = 2048;
+  const int64_t rows[] = {48, 4096, 16};
+  uint64_t key = 0x4842'0000;
+  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+    std::vector<HostT> hw;
+    int64_t total = 0;
+    for (int64_t n : rows) total += n;
+    HostT all(dt, {total, K});
+    size_t at = 0;
+    for (int64_t n : rows) {
+      hw.push_back(quantized(rng_, dt, n, K));
+      std::memcpy(all.bytes.data() + at, hw.back().bytes.data(), hw.back().bytes.size());
+      at += hw.back().bytes.size();
+    }
+    const DevT dall = upload_tiled(*gpu_, all);
+    std::vector<Tensor> views;
+    size_t off = 0;
+    for (int64_t n : rows) {
+      views.emplace_back(static_cast<uint8_t*>(dall.t.data) + off, dall.t.dtype, std::initializer_list<int64_t>{n, K});
+      off += views.back().nbytes();
+    }
+    for (int64_t T : {17, 40, 64}) {
+      const HostT x = random_t(rng_, DType::F32, {T, K}), xb = bf16_rounded(x);
+      DevT dx = upload(*gpu_, x);
+      std::vector<DevT> dout;
+      std::vector<const Tensor*> ws;
+      std::vector<Tensor*> outs;
+      for (int64_t n : rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
+      for (size_t i = 0; i < views.size(); ++i) ws.push_back(&views[i]), outs.push_back(&dout[i].t);
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
+      auto outputs = [&]() {
+        std::vector<float> v;
+        for (const DevT& o : dout) {
+          const std::vector<float> d = download(*gpu_, o.t);
+          v.insert(v.end(), d.begin(), d.end());
+        }
+        return v;
+      };
+      std::vector<std::vector<float>> runs;
+      for (int r = 0; r < 3; ++r) {
+        gpu_->matmul_multi(dx.t, ws, outs);
+        runs.push_back(outputs());
+      }
+      ++key;
+      ASSERT_TRUE(gpu_->begin_capture());
+      gpu_->matmul_multi(dx.t, ws, outs);
+      ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the call could not be recorded";
+      for (int r = 0; r < 2; ++r) {
+        for (DevT& o : dout) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
+        ASSERT_TRUE(gpu_->replay(key));
+        runs.push_back(outputs());
+      }
+      for (size_t r = 1; r < runs.size(); ++r) {
+        size_t diff = 0;
+        for (size_t i = 0; i < runs[0].size(); ++i) diff += std::memcmp(&runs[r][i], &runs[0][i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << what << (r < 3 ? " eager run " : " replay ") << r << ": outputs differ from run 0";
+      }
+      size_t o = 0;
+      for (size_t i = 0; i < hw.size(); ++i) {
+        const std::vector<float> got(runs.back().begin() + o, runs.back().begin() + o + size_t(T * rows[i]));
+        o += got.size();
+        std::string where;
+        EXPECT_LE(worst_rel_err(got, reference(form_weights(hw[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
+            << what << " matrix " << i << " " << where;
+      }
+      cuda::mma_select_hb("off");
+      const long long before = cuda::mma_hb_launches();
+      gpu_->matmul_multi(dx.t, ws, outs);
+      EXPECT_EQ(cuda::mma_hb_launches(), before) << what << ": QWEN36_MMA_HB=off still ran the bf16 form";
+      cuda::mma_select_hb("on");
+    }
+  }
+}
+
+// Cold-L2 times of the 27B's large Q4_K and Q6_K matrices at 17-64 tokens in both forms (the
+// int8 one with QWEN36_MMA_HB=off; the bf16 one with one and two blocks per SM), one process, the
+// forms alternating per shape; the bf16 form spot-checked against its twin. Copies adding up to > 256 MB (over 4× the H200's L2), rotated.
+TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}}) {
+      const HostT w = repeated_rows(rng_, dt, N, K);
+      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
+      std::vector<DevT> dw;
+      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
+      const HostT wf = form_weights(w, 997);
+      for (int64_t T : {17, 23, 24, 32, 40, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+        double us[3] = {0, 0, 0};  // int8, bf16 one block per SM, bf16 two (the last checked below)
+        for (int form = 0; form < 3; ++form) {
+          cuda::mma_select_hb(form ? "on" : "off");
+          cuda::mma_select_hb_blocks(form == 1 ? 1 : 2);
+          us[form] = 1e6 * time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
+        }
+        const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
+                                 ", T=" + std::to_string(T);
+        std::string where;
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where), 1e-4)
+            << what << " " << where;
+        std::printf("[ gemm-cold ] %s: int8 form %.1f us, bf16 form %.1f us (1 block / SM), %.1f us (2; T > 32: 1)\n",
+                    what.c_str(), us[0], us[1], us[2]);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace qwen36::gputest
