@@ -73,13 +73,17 @@ else
   # DFlash chain (issue 9), random drafter of the published shape, SIMULATED accept length
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
     --simulate-accept-length 6
-  # DDTree (issue 9), budget 22: the tree verify's DeltaNet ops composed over the leaves' root
-  # paths (session 42), SIMULATED acceptance
+  # DDTree (issue 9), budget 22: a tree verify pass's DeltaNet layers in two launches each (the
+  # fused tree op, session 52), its 23-token GEMMs in the bf16 form (session 53), SIMULATED acceptance
   bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash --spec-draft-n 15 \
     --tree-budget 22 --simulate-accept-length 9
-  # the same with the fused tree verify DeltaNet op (opt-in until measured: bench/RESULTS.md, session 52)
-  echo "## (the next run with QWEN36_TREE_FUSED=on)" | tee -a "$OUT/bench.md"
-  QWEN36_TREE_FUSED=on bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash \
+  # the same with the tree ops composed (QWEN36_TREE_FUSED=off) and with the 17-32-token GEMMs in
+  # the int8 form (QWEN36_MMA_HB=off): the A / B of bench/RESULTS.md, session 53
+  echo "## (the next run with QWEN36_TREE_FUSED=off)" | tee -a "$OUT/bench.md"
+  QWEN36_TREE_FUSED=off bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash \
+    --spec-draft-n 15 --tree-budget 22 --simulate-accept-length 9
+  echo "## (the next run with QWEN36_MMA_HB=off)" | tee -a "$OUT/bench.md"
+  QWEN36_MMA_HB=off bench --synthetic qwen3.6-27b --type q4_k_m -p "" -n 64 -b 1 -r 2 --spec dflash \
     --spec-draft-n 15 --tree-budget 22 --simulate-accept-length 9
   # speculative decoding (issue 8): real MTP draft / verify / commit kernels, SIMULATED accept
   # decisions (per-position probabilities; the last one repeats), labelled so in every line

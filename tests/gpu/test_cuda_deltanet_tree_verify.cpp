@@ -18,15 +18,7 @@
 namespace qwen36::gputest {
 namespace {
 
-// The CUDA backend takes the fused tree op only with QWEN36_TREE_FUSED=on (until it is measured).
-class CudaDeltaNetTreeVerify : public CudaTest {
- protected:
-  void SetUp() override {
-    setenv("QWEN36_TREE_FUSED", "on", 1);
-    CudaTest::SetUp();
-  }
-  void TearDown() override { unsetenv("QWEN36_TREE_FUSED"); }
-};
+class CudaDeltaNetTreeVerify : public CudaTest {};
 
 constexpr int64_t kSlots = 3, kSave = 24;
 constexpr int32_t kSlot = 2;

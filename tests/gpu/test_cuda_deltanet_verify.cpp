@@ -333,7 +333,6 @@ TEST_F(CudaDeltaNetVerify, FusedOpsWriteOutProjsHeadOrder) {
     }
     return download(*gpu_, dout.t);
   };
-  setenv("QWEN36_TREE_FUSED", "on", 1);  // (the fused tree op is opt-in)
   for (int op : {0, 1, 2}) {
     const std::vector<float> want = run_op(op, plain), got = run_op(op, ordered);
     for (int64_t t = 0; t < T; ++t)
@@ -344,7 +343,6 @@ TEST_F(CudaDeltaNetVerify, FusedOpsWriteOutProjsHeadOrder) {
             << "op " << op << ", token " << t << ": block " << q << " is not head " << h;
       }
   }
-  unsetenv("QWEN36_TREE_FUSED");
 }
 
 // Batches the fused form does not take, nothing written: a plain run of many tokens (a prefill

@@ -27,7 +27,7 @@
 // two kernels over the tree (cuda_deltanet_tree_kernels.cuh): the prep per token, its window
 // from its root path; the state kernel per leaf path, each token stored by the path where it
 // first occurs — instead of ~10 launches and copies a layer of the tree ops' composition.
-// (The backend takes it only with QWEN36_TREE_FUSED=on until it is measured on a GPU.)
+// (QWEN36_TREE_FUSED=off: the composition instead, for A / B.)
 // Fused chain commit (Backend::deltanet_commit): the same kernels again, reading each run's
 // saved raw inputs, g and β instead of the pass's, advancing the conv window and the state
 // through the kept tokens and storing them once; no outputs. The arithmetic is a decode step's

@@ -340,20 +340,30 @@ bool use_staged() { return variant(g_staged, "QWEN36_MMA_STAGED", "on", "off") !
 // (cuda_quant_mma_half.cuh: no per-group epilogue), or the int8 one. g_hb_launches counts the
 // bf16 form's launches (a test hook).
 std::atomic<int> g_hb{-1};
-bool use_hb() { return variant(g_hb, "QWEN36_MMA_HB", "on", "off") != kOff; }
-// QWEN36_MMA_HB_BLOCKS = 1 | 2 (unset: 2): the bf16 form at 17-32 tokens in one block of 8 warps
-// per SM (≤ 255 registers) or two (≤ 128, a few spills); 33-64 tokens always one.
-std::atomic<int> g_hb_blocks{0};  // 0: not read yet (or a test's reset)
-int hb_blocks() {
+std::atomic<long long> g_hb_launches{0};
+// QWEN36_MMA_HB_BLOCKS = 1 | 2 (unset: per type, hb_form): the bf16 form at 17-32 tokens in one
+// block of 8 warps per SM (≤ 255 registers) or two (≤ 128, a few spills).
+std::atomic<int> g_hb_blocks{-1};  // −1: not read yet; 0: unset
+int hb_blocks_env() {
   int n = g_hb_blocks.load(std::memory_order_relaxed);
-  if (n == 0) {
+  if (n < 0) {
     const char* v = std::getenv("QWEN36_MMA_HB_BLOCKS");
-    n = v && std::strcmp(v, "1") == 0 ? 1 : 2;
+    n = v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : 0;
     g_hb_blocks.store(n, std::memory_order_relaxed);
   }
   return n;
 }
-std::atomic<long long> g_hb_launches{0};
+// The form of a multi-token call's group (with_mma's hb): 0 int8, else the bf16 form's blocks per
+// SM. H100 (bench/RESULTS.md, session 53; cold L2, µs int8 / bf16 one block / two): at 17-32
+// tokens every 27B shape gains or ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.2 /
+// 38.7 / 35.2) and Q6_K on one (54.6 / 47.8 / 49.1); at 33-64 tokens all but Q4_K rows of ≥ 32
+// super-blocks (5120 × 17408 at 40 tokens 84.0 / 94.4: the bf16 fragments' L2 traffic).
+int hb_form(DType t, int S, int NT) {
+  if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
+  if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
+  const int env = hb_blocks_env();
+  return env ? env : t == DType::Q4_K_T16 ? 2 : 1;
+}
 // QWEN36_MMA_PAIR = on | off (unset: on): a staged call's two groups of two types (mma_pair_kernel)
 // in one launch, or one launch each. g_pair_launches counts the pair launches (a test hook).
 std::atomic<int> g_pair{-1};
@@ -657,7 +667,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       gr.t = ws[i]->dtype;
       gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
       gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
-      gr.hb = rows == 0 && NT >= 4 && half_tile(gr.t) && use_hb() ? hb_blocks() : 0;
+      gr.hb = rows == 0 ? hb_form(gr.t, a.S, NT) : 0;
       bool same_split = true;
       with_mma(gr.t, NT, rows, gr.regs, gr.xs, gr.hb, [&](auto dt, auto nt, auto o, auto rg, auto x, auto h) {
         auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
@@ -859,7 +869,7 @@ void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_varia
 // The same for QWEN36_MMA_HB ("on" | "off" | "auto"), and the bf16 form's launches so far.
 void mma_select_hb(const char* hb) { g_hb.store(hb ? parse_variant(hb, "on", "off") : -1); }
 // The same for QWEN36_MMA_HB_BLOCKS (1 | 2; 0 reads the environment again).
-void mma_select_hb_blocks(int n) { g_hb_blocks.store(n == 1 || n == 2 ? n : 0); }
+void mma_select_hb_blocks(int n) { g_hb_blocks.store(n == 1 || n == 2 ? n : -1); }
 long long mma_hb_launches() { return g_hb_launches.load(); }
 // The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
 void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }
