@@ -213,6 +213,12 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
+// QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token kernels' shared-memory carveout,
+// what their blocks need (the rest L1) or the rings' maximum and the driver's choice on registers
+// (plan_mma).
+std::atomic<int> g_carveout{-1};
+bool carveout_fit() { return variant(g_carveout, "QWEN36_MMA_CARVEOUT", "fit", "max") != 2; }
+
 template <DType D, int NT, int ROWS, int RING, bool XS = false, int HB = 0>
 MmaPlan plan_mma(long long total, int S, bool norm) {
   constexpr bool REGS = RING == 0;
@@ -251,6 +257,21 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
                                                              size_t(pd.wpb) * kWarpSmem));
     pd.bps = std::max(bps, 1);
+    // The multi-token kernels: only the shared memory their resident blocks use, the rest L1,
+    // where the activations' fragments are re-read by the SM's warps (QWEN36_MMA_CARVEOUT=max:
+    // the rings' maximum, as the staged kernels, and the driver's choice on registers). ncu,
+    // H100, 24 tokens: the Q6_K down projection's L1 hit rate was 0.4% (int8 form 11%) with 28 KB
+    // of L1 left beside the rings, its fragments read from L2 at 5.4 TB/s; with the carveout
+    // fitted, the bf16 form of a 64-token 17408 × 5120 Q6_K GEMM took 62.7 µs, not 99.1
+    // (bench/RESULTS.md, session 53).
+    if constexpr (ROWS == 0 && !XS)
+      if (carveout_fit()) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+        const long long need = (long long)pd.bps * (pd.wpb * kWarpSmem + 1024);  // + the block's reserved 1 KB
+        const int pct = int(std::clamp<long long>((need * 100 + per_sm - 1) / std::max(per_sm, 1), 1, 100));
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
+      }
     // The staged kernels keep the activations in shared memory (sized by K and T): allow any size
     // up to the device's opt-in limit (quant_tiled_matmul takes the general kernel beyond it).
     if constexpr (ROWS > 0)
