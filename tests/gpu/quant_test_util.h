@@ -3,13 +3,15 @@
 //          test_cuda_quant_mma.cpp, test_cuda_quant_hf.cpp): random quantized rows and HF
 //          blocks, int8-exact and int8-rounded activations (the decode kernels' CPU twin), the
 //          double-precision reference product, a per-call timer, the worst relative error with
-//          its position, and the fused MLP prefill's check.
+//          its position, the fused MLP prefill's check, tiled device copies (upload_tiled)
+//          and matrices stored back to back (stacked).
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -120,6 +122,59 @@ inline std::vector<float> reference(const HostT& w, const HostT& x, int64_t T, i
     }
   }
   return out;
+}
+
+// A device copy of w in the tiled layout.
+inline DevT upload_tiled(Backend& gpu, const HostT& w) {
+  DevT d = upload(gpu, w);
+  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
+  EXPECT_TRUE(dtype_is_tiled(d.t.dtype));
+  return d;
+}
+
+// Random matrices of `rows` rows each stored back to back in one tiled device matrix (as
+// prepare_weights lays out a layer's projections), and views of them apart.
+struct Stacked {
+  std::vector<HostT> host;
+  DevT dev;
+  std::vector<Tensor> views;
+};
+inline Stacked stacked(Backend& gpu, std::mt19937& rng, DType dt, std::span<const int64_t> rows, int64_t K) {
+  Stacked st;
+  int64_t total = 0;
+  for (int64_t n : rows) total += n;
+  HostT all(dt, {total, K});
+  size_t at = 0;
+  for (int64_t n : rows) {
+    st.host.push_back(quantized(rng, dt, n, K));
+    std::memcpy(all.bytes.data() + at, st.host.back().bytes.data(), st.host.back().bytes.size());
+    at += st.host.back().bytes.size();
+  }
+  st.dev = upload_tiled(gpu, all);
+  size_t off = 0;
+  for (int64_t n : rows) {
+    st.views.emplace_back(static_cast<uint8_t*>(st.dev.t.data) + off, st.dev.t.dtype, std::initializer_list<int64_t>{n, K});
+    off += st.views.back().nbytes();
+  }
+  return st;
+}
+
+// matmul_multi's arguments for a stacked matrix's views at T tokens: the views, and zeroed
+// outputs [T, rows] (outs point into out: move the struct, do not copy it).
+struct StackedCall {
+  std::vector<DevT> out;
+  std::vector<const Tensor*> ws;
+  std::vector<Tensor*> outs;
+};
+inline StackedCall stacked_call(Backend& gpu, const Stacked& st, int64_t T) {
+  StackedCall c;
+  c.out.reserve(st.views.size());
+  for (const Tensor& v : st.views) {
+    c.out.push_back(upload(gpu, HostT(DType::F32, {T, v.rows()})));
+    c.ws.push_back(&v);
+    c.outs.push_back(&c.out.back().t);
+  }
+  return c;
 }
 
 // N rows repeated from 64 quantized random rows (building 90 M weights stays fast).

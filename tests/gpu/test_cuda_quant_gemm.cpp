@@ -54,13 +54,6 @@ HostT periodic_rows(std::mt19937& rng, DType dt, int64_t N, int64_t K, int64_t p
   return w;
 }
 
-DevT upload_tiled(Backend& gpu, const HostT& w) {
-  DevT d = upload(gpu, w);
-  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
-  EXPECT_TRUE(dtype_is_tiled(d.t.dtype));
-  return d;
-}
-
 std::vector<float> run(Backend& gpu, const DevT& w, const DevT& x, int64_t T) {
   DevT out = upload(gpu, HostT(DType::F32, {T, w.t.rows()}));
   gpu.matmul(x.t, w.t, out.t);

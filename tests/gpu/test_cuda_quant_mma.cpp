@@ -75,14 +75,6 @@ class CudaQuantMma : public CudaTest {
 const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::W4_G128, DType::NVFP4_B64, DType::W4_G32};
 const DType kGgufTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
 
-// A device copy of w in the tiled layout.
-DevT upload_tiled(Backend& gpu, const HostT& w) {
-  DevT d = upload(gpu, w);
-  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
-  EXPECT_TRUE(dtype_is_tiled(d.t.dtype));
-  return d;
-}
-
 std::vector<float> run(Backend& gpu, const DevT& w, const HostT& x) {
   const int64_t T = x.t.rows(), N = w.t.rows();
   DevT dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {T, N}));
@@ -388,33 +380,6 @@ TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
   }
 }
 
-// Random matrices of `rows` rows each stored back to back in one tiled device matrix (as
-// prepare_weights lays out a layer's projections), and views of them apart.
-struct Stacked {
-  std::vector<HostT> host;
-  DevT dev;
-  std::vector<Tensor> views;
-};
-Stacked stacked(Backend& gpu, std::mt19937& rng, DType dt, std::span<const int64_t> rows, int64_t K) {
-  Stacked st;
-  int64_t total = 0;
-  for (int64_t n : rows) total += n;
-  HostT all(dt, {total, K});
-  size_t at = 0;
-  for (int64_t n : rows) {
-    st.host.push_back(quantized(rng, dt, n, K));
-    std::memcpy(all.bytes.data() + at, st.host.back().bytes.data(), st.host.back().bytes.size());
-    at += st.host.back().bytes.size();
-  }
-  st.dev = upload_tiled(gpu, all);
-  size_t off = 0;
-  for (int64_t n : rows) {
-    st.views.emplace_back(static_cast<uint8_t*>(st.dev.t.data) + off, st.dev.t.dtype, std::initializer_list<int64_t>{n, K});
-    off += st.views.back().nbytes();
-  }
-  return st;
-}
-
 // Matrices stored back to back (as prepare_weights lays out a layer's projections) run as one
 // stacked matrix in one launch: three of 48, 304 and 16 rows tiled together, viewed apart.
 TEST_F(CudaQuantMma, StackedMatricesOneLaunch) {
@@ -427,12 +392,9 @@ TEST_F(CudaQuantMma, StackedMatricesOneLaunch) {
     for (int64_t T : {1, 9, 40}) {
       const HostT x = random_t(rng_, DType::F32, {T, K}), xq = int8_activations(x);
       DevT dx = upload(*gpu_, x);
-      std::vector<DevT> dout;
-      std::vector<const Tensor*> ws;
-      std::vector<Tensor*> outs;
-      for (int64_t n : rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
-      for (size_t i = 0; i < views.size(); ++i) ws.push_back(&views[i]), outs.push_back(&dout[i].t);
-      gpu_->matmul_multi(dx.t, ws, outs);
+      StackedCall call = stacked_call(*gpu_, st, T);
+      const std::vector<DevT>& dout = call.out;
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
       for (size_t i = 0; i < views.size(); ++i) {
         std::string where;
         EXPECT_LE(worst_rel_err(download(*gpu_, dout[i].t), reference(hw[i], xq, T), T, rows[i], 1, &where), 2e-5)

@@ -113,12 +113,6 @@ HostT bf16_rounded(const HostT& x) {
   return y;
 }
 
-DevT upload_tiled(Backend& gpu, const HostT& w) {
-  DevT d = upload(gpu, w);
-  EXPECT_TRUE(cuda_tile_matrix(d.t)) << dtype_name(w.t.dtype) << " " << w.t.shape_str();
-  return d;
-}
-
 struct Shape {
   int64_t N, K;
 };
@@ -169,31 +163,15 @@ TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
   const int64_t rows[] = {48, 4096, 16};
   uint64_t key = 0x4842'0000;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
-    std::vector<HostT> hw;
-    int64_t total = 0;
-    for (int64_t n : rows) total += n;
-    HostT all(dt, {total, K});
-    size_t at = 0;
-    for (int64_t n : rows) {
-      hw.push_back(quantized(rng_, dt, n, K));
-      std::memcpy(all.bytes.data() + at, hw.back().bytes.data(), hw.back().bytes.size());
-      at += hw.back().bytes.size();
-    }
-    const DevT dall = upload_tiled(*gpu_, all);
-    std::vector<Tensor> views;
-    size_t off = 0;
-    for (int64_t n : rows) {
-      views.emplace_back(static_cast<uint8_t*>(dall.t.data) + off, dall.t.dtype, std::initializer_list<int64_t>{n, K});
-      off += views.back().nbytes();
-    }
+    const Stacked st = stacked(*gpu_, rng_, dt, rows, K);
+    const std::vector<HostT>& hw = st.host;
     for (int64_t T : {17, 40, 64}) {
       const HostT x = random_t(rng_, DType::F32, {T, K}), xb = bf16_rounded(x);
       DevT dx = upload(*gpu_, x);
-      std::vector<DevT> dout;
-      std::vector<const Tensor*> ws;
-      std::vector<Tensor*> outs;
-      for (int64_t n : rows) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, n})));
-      for (size_t i = 0; i < views.size(); ++i) ws.push_back(&views[i]), outs.push_back(&dout[i].t);
+      StackedCall call = stacked_call(*gpu_, st, T);
+      std::vector<DevT>& dout = call.out;
+      const std::vector<const Tensor*>& ws = call.ws;
+      const std::vector<Tensor*>& outs = call.outs;
       const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
       auto outputs = [&]() {
         std::vector<float> v;

@@ -121,6 +121,13 @@
 //    2 LDG + 1 MMA + 16 epilogue ≈ 27 (8 fewer at T = 1; + ~50 per tile for the copy, the
 //    shared-memory reads and scales): ~2 per weight; Q6_K ~2.6; Q8_0 ~1.3. Each more n8 tile
 //    adds ~19 per 16 weights.
+//  - 17-64 tokens, Q4_K and Q6_K (QWEN36_MMA_HB, hb_form): the bf16 form (cuda_quant_mma_half.cuh),
+//    the tiles dequantized to bf16 in registers against x rounded to bf16 (ActLayout::o_xh, written
+//    beside the int8 codes by the same producers), bf16 MMAs accumulating in f32 along the row: no
+//    per-group epilogue, so each n8 tile of tokens costs two MMAs and a 16-byte load. Same grid,
+//    split and sums as the int8 form. Its numerics are the prefill GEMMs' (bf16 x and weights, f32
+//    sums), not the int8 twin's: a 17-64-token verify pass or batch differs from one-token decode
+//    by those roundings (1e-4 of its bf16 twin; test_cuda_quant_mma_half.cpp).
 //  - Prefill (T > 64) and exact_matmul: row slices dequantized to bf16 (f32), cuBLAS, as
 //    cuda_quant_matmul.cu's quant_gemm; x rounded to bf16 once for the matrices of one call. The
 //    dequantizer takes a warp per tile (dequant_tile, cuda_quant_tile_layout.cu): its loads are the tile's 512-byte rows, its
@@ -213,9 +220,8 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
-// QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token kernels' shared-memory carveout,
-// what their blocks need (the rest L1) or the rings' maximum and the driver's choice on registers
-// (plan_mma).
+// QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token ring kernels' shared-memory
+// carveout, what their blocks need (the rest L1) or the maximum (plan_mma).
 std::atomic<int> g_carveout{-1};
 bool carveout_fit() { return variant(g_carveout, "QWEN36_MMA_CARVEOUT", "fit", "max") != 2; }
 
@@ -257,14 +263,14 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, pd.wpb * 32,
                                                              size_t(pd.wpb) * kWarpSmem));
     pd.bps = std::max(bps, 1);
-    // The multi-token kernels: only the shared memory their resident blocks use, the rest L1,
-    // where the activations' fragments are re-read by the SM's warps (QWEN36_MMA_CARVEOUT=max:
-    // the rings' maximum, as the staged kernels, and the driver's choice on registers). ncu,
-    // H100, 24 tokens: the Q6_K down projection's L1 hit rate was 0.4% (int8 form 11%) with 28 KB
-    // of L1 left beside the rings, its fragments read from L2 at 5.4 TB/s; with the carveout
-    // fitted, the bf16 form of a 64-token 17408 × 5120 Q6_K GEMM took 62.7 µs, not 99.1
-    // (bench/RESULTS.md, session 53).
-    if constexpr (ROWS == 0 && !XS)
+    // The multi-token rings: only the shared memory their resident blocks use, the rest L1, where
+    // the activations' fragments are re-read by the SM's warps (QWEN36_MMA_CARVEOUT=max: the
+    // maximum, as the staged kernels). ncu, H100, 24 tokens: the Q6_K down projection's L1 hit
+    // rate was 0.4% (int8 form 11%) with 28 KB of L1 left beside the rings, its fragments read
+    // from L2 at 5.4 TB/s; fitted, the bf16 form of a 64-token 17408 × 5120 Q6_K GEMM took 62.7
+    // µs, not 99.1 (bench/RESULTS.md, session 53). (The register kernels keep the driver's
+    // choice: their blocks use a few KB of shared memory; not measured fitted.)
+    if constexpr (!REGS && ROWS == 0 && !XS)
       if (carveout_fit()) {
         int per_sm = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));

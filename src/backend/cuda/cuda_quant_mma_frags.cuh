@@ -192,15 +192,25 @@ __device__ __forceinline__ void store_table(const float2 (&v)[4], int lane, floa
 // Q4_K: the tile's (S, M) = (d·sc, dmin·m), S of the odd groups divided by 16: their A
 // fragments are the codes' high nibbles in place, 16·q (a_frags), so (S / 16) · (x · 16c) is
 // S · (x · c) exactly (powers of two), and every epilogue computes what it computes with q.
-__device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
+// A lane's share of a Q4_K row header h (row lane % 16): the 6-bit scales and mins of k32 groups
+// 4 · (lane / 16) .. + 3, one a byte, and the row's d and dmin.
+struct Q4kScales {
+  uint32_t sc4, m4;
+  float d, dmin;
+};
+__device__ __forceinline__ Q4kScales q4k_scales(const uint4& h, int lane) {
   const bool up = lane >= 16;
-  const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
-  const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
-  const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+  return {up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu,
+          up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu,
+          h2f(uint16_t(h.x & 0xFFFFu)), h2f(uint16_t(h.x >> 16))};
+}
+__device__ __forceinline__ void q4k_table(const uint4& h, int lane, float2* tab) {
+  const Q4kScales q = q4k_scales(h, lane);
   float2 sm[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    sm[i] = make_float2(d * float((sc4 >> (8 * i)) & 255u) * (i & 1 ? 0.0625f : 1.0f), dmin * float((m4 >> (8 * i)) & 255u));
+    sm[i] = make_float2(q.d * float((q.sc4 >> (8 * i)) & 255u) * (i & 1 ? 0.0625f : 1.0f),
+                        q.dmin * float((q.m4 >> (8 * i)) & 255u));
   store_table(sm, lane, tab);
 }
 

@@ -61,17 +61,14 @@ __device__ __forceinline__ void code_pairs(uint32_t w, uint32_t& lo, uint32_t& h
 
 // Q4_K: the warp's table of bf16 pairs {(s, s), (−m, −m)} per (row, k32 group), s = d · sc, m =
 // dmin · m (no 1/16 on the odd groups: their codes are shifted down here, not used in place).
-// Each lane decodes row lane % 16, groups 4 · (lane / 16) .. + 3, as q4k_table does.
+// Each lane decodes row lane % 16, groups 4 · (lane / 16) .. + 3 (q4k_scales), as q4k_table does.
 __device__ __forceinline__ void q4k_half_table(const uint4& h, int lane, float2* tab) {
-  const bool up = lane >= 16;
-  const uint32_t sc4 = up ? (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3F3F3F3Fu;
-  const uint32_t m4 = up ? ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3F3F3F3Fu;
-  const float d = h2f(uint16_t(h.x & 0xFFFFu)), dmin = h2f(uint16_t(h.x >> 16));
+  const Q4kScales q = q4k_scales(h, lane);
   float2 sm[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    sm[i] = make_float2(__uint_as_float(bf2_splat(d * float((sc4 >> (8 * i)) & 255u))),
-                        __uint_as_float(bf2_splat(-dmin * float((m4 >> (8 * i)) & 255u))));
+    sm[i] = make_float2(__uint_as_float(bf2_splat(q.d * float((q.sc4 >> (8 * i)) & 255u))),
+                        __uint_as_float(bf2_splat(-q.dmin * float((q.m4 >> (8 * i)) & 255u))));
   store_table(sm, lane, tab);
 }
 
