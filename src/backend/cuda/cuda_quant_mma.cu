@@ -220,10 +220,13 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
+// The variant switches' values (parse_variant / variant, cuda_ops.cuh: 0 auto, 1 the first form,
+// 2 the second).
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOff = 2, kMax = 2 };
 // QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token ring kernels' shared-memory
 // carveout, what their blocks need (the rest L1) or the maximum (plan_mma).
 std::atomic<int> g_carveout{-1};
-bool carveout_fit() { return variant(g_carveout, "QWEN36_MMA_CARVEOUT", "fit", "max") != 2; }
+bool carveout_fit() { return variant(g_carveout, "QWEN36_MMA_CARVEOUT", "fit", "max") != kMax; }
 
 template <DType D, int NT, int ROWS, int RING, bool XS = false, int HB = 0>
 MmaPlan plan_mma(long long total, int S, bool norm) {
@@ -335,8 +338,6 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
 
 // The variant switches, read from the environment once (a test may override them):
 // QWEN36_MMA_LOADS = regs | smem (unset: per type and shape, use_regs).
-// (parse_variant / variant, cuda_ops.cuh: 0 auto, 1 the first form, 2 the second.)
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOff = 2 };
 std::atomic<int> g_loads{-1};  // −1: not read yet
 // Defaults from the H200 measurements: Q4_K and Q8_0 were faster with register prefetch (round
 // 1), Q6_K with the shared-memory ring (round 2); at T = 1 with the split in blocks, Q4_K rows of
