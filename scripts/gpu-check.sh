@@ -139,6 +139,13 @@ if part trace && [ -f "$TRACE_LIB" ]; then
         >> "$OUT/trace.md" 2>&1
     done
   done
+  # A DDTree round's verify pass (27B Q4_K_M, budget 22, SIMULATED acceptance): the round's largest
+  # graph (a decode step's is ~440 kernels, the verify pass's more than 600).
+  CUDA_INJECTION64_PATH=$TRACE_LIB QWEN36_TRACE_OUT=/tmp/qwen36-trace.csv timeout 200 "$Q" bench --backend cuda \
+    --synthetic qwen3.6-27b --type q4_k_m -p "" -n 48 -b 1 -r 1 --spec dflash --spec-draft-n 15 --tree-budget 22 \
+    --simulate-accept-length 9 > /dev/null 2>&1
+  { echo "## qwen3.6-27b q4_k_m DDTree verify pass, budget 22 (kernel_trace, SIMULATED acceptance)"
+    scripts/trace-step.py /tmp/qwen36-trace.csv --min-kernels 600 --steps 5; echo; } >> "$OUT/trace.md" 2>&1
   # A whole quantized prefill (bench's warm-up + one forward: --per 2), the generation excluded.
   for mp in "qwen3.6-27b 512" "qwen3.6-35b-a3b 4096"; do
     set -- $mp
