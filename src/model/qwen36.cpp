@@ -137,11 +137,12 @@ Tensor Model::deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput
   // A chain verify pass (no trees), or a pass of one tree: conv, gates, delta rule, norm and the
   // saved inputs in one backend op where the backend fuses them; otherwise the composition below
   // is the reference.
+  const bool verify_pass = save && mode != DeltaRuleMode::Chunked;
   bool fused_verify = false;
-  if (save && mode != DeltaRuleMode::Chunked && save->trees.empty())
+  if (verify_pass && save->trees.empty())
     fused_verify = backend_.deltanet_verify(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state, runs,
                                             save->verify, *save->conv_input, *save->g, *save->beta, o);
-  else if (save && mode != DeltaRuleMode::Chunked && save->trees.size() == 1 && runs.size() == 1)
+  else if (verify_pass && save->trees.size() == 1 && runs.size() == 1)
     fused_verify = backend_.deltanet_verify_tree(mixed, z, a, b, d, c.rms_norm_eps, conv_state, ssm_state,
                                                  save->trees[0].run, save->trees[0].parent, *save->conv_input,
                                                  *save->g, *save->beta, o);

@@ -75,7 +75,7 @@ template <typename... A>
 namespace qwen36::cuda {
 
 struct DevInfo {
-  int sms = 0, smem_optin = 0;
+  int sms = 0, smem_optin = 0, smem_per_sm = 0;
 };
 // The current device's SM count and opt-in shared memory per block, cached per device.
 inline DevInfo dev_info() {
@@ -86,6 +86,7 @@ inline DevInfo dev_info() {
   if (d.sms == 0) {
     CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   }
   return d;
 }

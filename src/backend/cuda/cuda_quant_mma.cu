@@ -275,10 +275,9 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
     // choice: their blocks use a few KB of shared memory; not measured fitted.)
     if constexpr (!REGS && ROWS == 0 && !XS)
       if (carveout_fit()) {
-        int per_sm = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
         const long long need = (long long)pd.bps * (pd.wpb * kWarpSmem + 1024);  // + the block's reserved 1 KB
-        const int pct = int(std::clamp<long long>((need * 100 + per_sm - 1) / std::max(per_sm, 1), 1, 100));
+        const int per_sm = std::max(info.smem_per_sm, 1);
+        const int pct = int(std::clamp<long long>((need * 100 + per_sm - 1) / per_sm, 1, 100));
         CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
       }
     // The staged kernels keep the activations in shared memory (sized by K and T): allow any size
@@ -371,16 +370,7 @@ std::atomic<int> g_hb{-1};
 std::atomic<long long> g_hb_launches{0};
 // QWEN36_MMA_HB_BLOCKS = 1 | 2 (unset: per type, hb_form): the bf16 form at 17-32 tokens in one
 // block of 8 warps per SM (≤ 255 registers) or two (≤ 128, a few spills).
-std::atomic<int> g_hb_blocks{-1};  // −1: not read yet; 0: unset
-int hb_blocks_env() {
-  int n = g_hb_blocks.load(std::memory_order_relaxed);
-  if (n < 0) {
-    const char* v = std::getenv("QWEN36_MMA_HB_BLOCKS");
-    n = v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : 0;
-    g_hb_blocks.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
+std::atomic<int> g_hb_blocks{-1};
 // The form of a multi-token call's group (with_mma's hb): 0 int8, else the bf16 form's blocks per
 // SM. H100 (bench/RESULTS.md, session 53; cold L2, µs int8 / bf16 one block / two): at 17-32
 // tokens every 27B shape gains or ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.2 /
@@ -389,8 +379,8 @@ int hb_blocks_env() {
 int hb_form(DType t, int S, int NT) {
   if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
   if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
-  const int env = hb_blocks_env();
-  return env ? env : t == DType::Q4_K_T16 ? 2 : 1;
+  const int blocks = variant(g_hb_blocks, "QWEN36_MMA_HB_BLOCKS", "1", "2");  // 0: unset
+  return blocks ? blocks : t == DType::Q4_K_T16 ? 2 : 1;
 }
 // QWEN36_MMA_PAIR = on | off (unset: on): a staged call's two groups of two types (mma_pair_kernel)
 // in one launch, or one launch each. g_pair_launches counts the pair launches (a test hook).
@@ -520,21 +510,18 @@ void with_mma(DType t, int NT, int rows, bool regs, bool xs, int hb, F&& f) {
     using On = std::true_type;
     auto go = [&](auto nt, auto o) {
       constexpr int kNT = decltype(nt)::value, kRows = decltype(o)::value;
+      auto on_path = [&](auto h) {  // the load path regs picks, without XS, HB = h
+        if (regs) return f(dt, nt, o, Int<0>{}, Off{}, h);
+        return f(dt, nt, o, Int<kStages>{}, Off{}, h);
+      };
       if constexpr (kNT <= 2 && kRows == 0)
-        if (xs) return f(dt, nt, o, std::integral_constant<int, 0>{}, On{}, Int<0>{});
+        if (xs) return f(dt, nt, o, Int<0>{}, On{}, Int<0>{});
       if constexpr (kNT >= 4 && kRows == 0 && half_tile(std::remove_cvref_t<decltype(dt)>::value)) {
-        auto half = [&](auto h) {
-          if (regs) return f(dt, nt, o, std::integral_constant<int, 0>{}, Off{}, h);
-          return f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{}, h);
-        };
         if constexpr (kNT == 4)
-          if (hb == 2) return half(Int<2>{});
-        if (hb > 0) return half(Int<1>{});
+          if (hb == 2) return on_path(Int<2>{});
+        if (hb > 0) return on_path(Int<1>{});
       }
-      if (regs)
-        f(dt, nt, o, std::integral_constant<int, 0>{}, Off{}, Int<0>{});
-      else
-        f(dt, nt, o, std::integral_constant<int, kStages>{}, Off{}, Int<0>{});
+      on_path(Int<0>{});
     };
     using NT1 = std::integral_constant<int, 1>;
     static_assert(kMaxStagedRows == 3);

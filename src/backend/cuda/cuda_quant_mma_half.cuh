@@ -52,11 +52,11 @@ __device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t v) { return *reinter
 __device__ __forceinline__ uint32_t bf2_splat(float v) { return bf2_bits(__float2bfloat162_rn(v)); }
 
 // The bf16 pairs 128 + code of a word's bytes 0 and 2 (lo) and 1 and 3 (hi), each byte's code
-// the bits under kMask after a right shift by kShift (exact: 128 + q with q < 128).
-template <uint32_t kMask, int kShift>
+// its bits under kMask (exact: 128 + q with q < 128).
+template <uint32_t kMask>
 __device__ __forceinline__ void code_pairs(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  lo = ((w >> kShift) & (kMask * 0x00010001u)) | 0x43004300u;
-  hi = ((w >> (kShift + 8)) & (kMask * 0x00010001u)) | 0x43004300u;
+  lo = (w & (kMask * 0x00010001u)) | 0x43004300u;
+  hi = ((w >> 8) & (kMask * 0x00010001u)) | 0x43004300u;
 }
 
 // Q4_K: the warp's table of bf16 pairs {(s, s), (−m, −m)} per (row, k32 group), s = d · sc, m =
@@ -119,13 +119,9 @@ __device__ __forceinline__ void tile_half(const Raw<D>& R, const uint4* __restri
     if constexpr (D == DType::Q4_K_T16) {
       // Group 2i in the low nibbles of load i's words, 2i + 1 in the high ones.
       const uint4& v = R.q[jj >> 1];
-      if (jj & 1) {
-        code_pairs<0xFu, 4>(v.x, p0, q0), code_pairs<0xFu, 4>(v.y, p1, q1);
-        code_pairs<0xFu, 4>(v.z, p2, q2), code_pairs<0xFu, 4>(v.w, p3, q3);
-      } else {
-        code_pairs<0xFu, 0>(v.x, p0, q0), code_pairs<0xFu, 0>(v.y, p1, q1);
-        code_pairs<0xFu, 0>(v.z, p2, q2), code_pairs<0xFu, 0>(v.w, p3, q3);
-      }
+      const int sh = 4 * (jj & 1);  // a constant once unrolled
+      code_pairs<0xFu>(v.x >> sh, p0, q0), code_pairs<0xFu>(v.y >> sh, p1, q1);
+      code_pairs<0xFu>(v.z >> sh, p2, q2), code_pairs<0xFu>(v.w >> sh, p3, q3);
       const float2 e0 = tab[g * kTabStride + jj], e1 = tab[(g + 8) * kTabStride + jj];
       const uint32_t s0 = __float_as_uint(e0.x), n0 = __float_as_uint(e0.y);
       const uint32_t s1 = __float_as_uint(e1.x), n1 = __float_as_uint(e1.y);
@@ -134,8 +130,8 @@ __device__ __forceinline__ void tile_half(const Raw<D>& R, const uint4* __restri
     } else {
       uint32_t a0, a1, a2, a3;  // u8 codes 0..63
       a_frags(R, jj, a0, a1, a2, a3);
-      code_pairs<0x3Fu, 0>(a0, p0, q0), code_pairs<0x3Fu, 0>(a1, p1, q1);
-      code_pairs<0x3Fu, 0>(a2, p2, q2), code_pairs<0x3Fu, 0>(a3, p3, q3);
+      code_pairs<0x3Fu>(a0, p0, q0), code_pairs<0x3Fu>(a1, p1, q1);
+      code_pairs<0x3Fu>(a2, p2, q2), code_pairs<0x3Fu>(a3, p3, q3);
       // halves 2jj (k 0-15) and 2jj + 1 (k 16-31) of rows g and g + 8
       const uint2 e0 = reinterpret_cast<const uint2*>(tab + g * kTabStride)[jj];
       const uint2 e1 = reinterpret_cast<const uint2*>(tab + (g + 8) * kTabStride)[jj];
