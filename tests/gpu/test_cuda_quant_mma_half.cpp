@@ -23,6 +23,7 @@ namespace qwen36::cuda {
 void mma_select_variant(const char* loads, const char* t1_quant);
 void mma_select_hb(const char* hb);
 void mma_select_hb_blocks(int n);  // QWEN36_MMA_HB_BLOCKS: 1 | 2 blocks per SM at 17-32 tokens
+void mma_select_hb_pairs(const char* pairs);  // QWEN36_MMA_HB_PAIRS: "on" | "off" | nullptr
 long long mma_hb_launches();
 }  // namespace qwen36::cuda
 
@@ -38,6 +39,7 @@ class CudaQuantMmaHalf : public CudaTest {
   void TearDown() override {
     cuda::mma_select_hb(nullptr);
     cuda::mma_select_hb_blocks(0);
+    cuda::mma_select_hb_pairs(nullptr);
     cuda::mma_select_variant(nullptr, nullptr);
   }
 };
@@ -217,6 +219,81 @@ TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
   }
 }
 
+// The pair form (QWEN36_MMA_HB_PAIRS=on: units of two row-tiles sharing each B fragment load) on
+// both load paths: every shape within 1e-4 of the bf16 twin (a group of an odd row-tile count
+// falls back to single tiles, as {48, 512} does), Q4_K rows of ≥ 32 super-blocks past 32 tokens
+// included (pairs take them too); stacked matrices whose pairs straddle a matrix border (48 + 4096
+// + 16 rows: row-tiles 2 and 3 of different matrices) bitwise the same eagerly and replayed.
+TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
+  cuda::mma_select_hb_pairs("on");
+  const Shape shapes[] = {{32, 256}, {48, 512}, {32, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (const Shape& s : shapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const int64_t step = big ? 61 : 1;
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const HostT wf = form_weights(w, step);
+      const DevT dw = upload_tiled(*gpu_, w);
+      for (const char* loads : {"regs", "smem"})
+        for (int64_t T : {17, 24, 32, 40, 64}) {
+          cuda::mma_select_variant(loads, nullptr);
+          const HostT x = random_t(rng_, DType::F32, {T, s.K});
+          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+          const long long before = cuda::mma_hb_launches();
+          gpu_->matmul(dx.t, dw.t, dout.t);
+          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
+                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads + " pairs";
+          // odd row-tile counts fall back to single tiles, Q4_K rows of ≥ 32 super-blocks past 32
+          // tokens then staying int8
+          const bool half = (s.N / 16) % 2 == 0 || takes_half(dt, s.K, T);
+          EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what;
+          const std::vector<float> want =
+              half ? reference(wf, bf16_rounded(x), T, step) : reference(w, int8_activations(x), T, step);
+          std::string where;
+          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), want, T, s.N, step, &where), half ? 1e-4 : 2e-5)
+              << what << " " << where;
+        }
+    }
+  cuda::mma_select_variant(nullptr, nullptr);
+  const int64_t rows[] = {48, 4096, 16};
+  uint64_t key = 0x5041'0000;
+  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+    const Stacked st = stacked(*gpu_, rng_, dt, rows, 2048);
+    for (int64_t T : {24, 64}) {
+      const HostT x = random_t(rng_, DType::F32, {T, 2048}), xb = bf16_rounded(x);
+      DevT dx = upload(*gpu_, x);
+      StackedCall call = stacked_call(*gpu_, st, T);
+      auto outputs = [&]() {
+        std::vector<float> v;
+        for (const DevT& o : call.out) {
+          const std::vector<float> d = download(*gpu_, o.t);
+          v.insert(v.end(), d.begin(), d.end());
+        }
+        return v;
+      };
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
+      const std::vector<float> eager = outputs();
+      ++key;
+      ASSERT_TRUE(gpu_->begin_capture());
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
+      ASSERT_TRUE(gpu_->end_capture(key, true));
+      for (DevT& o : call.out) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
+      ASSERT_TRUE(gpu_->replay(key));
+      const std::vector<float> replayed = outputs();
+      EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), eager.size() * sizeof(float)), 0)
+          << dtype_name(dt) << " T=" << T << ": the replayed pairs differ from the eager ones";
+      size_t o = 0;
+      for (size_t i = 0; i < st.host.size(); ++i) {
+        const std::vector<float> got(eager.begin() + o, eager.begin() + o + size_t(T * rows[i]));
+        o += got.size();
+        std::string where;
+        EXPECT_LE(worst_rel_err(got, reference(form_weights(st.host[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
+            << dtype_name(dt) << " T=" << T << " matrix " << i << " (pairs) " << where;
+      }
+    }
+  }
+}
+
 // Cold-L2 times of the 27B's large Q4_K and Q6_K matrices at 17-64 tokens in both forms (the
 // int8 one with QWEN36_MMA_HB=off; the bf16 one with one and two blocks per SM), one process, the
 // forms alternating per shape; the bf16 form spot-checked against its twin. Copies adding up to > 256 MB (over 4× the H200's L2), rotated.
@@ -231,10 +308,12 @@ TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
       for (int64_t T : {17, 23, 24, 32, 40, 64}) {
         const HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
-        double us[3] = {0, 0, 0};  // int8, bf16 one block per SM, bf16 two (the last checked below)
-        for (int form = 0; form < 3; ++form) {
+        // int8, bf16 one block per SM, bf16 two (checked below), bf16 on pairs of row-tiles
+        double us[4] = {0, 0, 0, 0};
+        for (int form : {0, 1, 3, 2}) {
           cuda::mma_select_hb(form ? "on" : "off");
           cuda::mma_select_hb_blocks(form == 1 ? 1 : 2);
+          cuda::mma_select_hb_pairs(form == 3 ? "on" : "off");
           us[form] = 1e6 * time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
         }
         const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
@@ -244,8 +323,10 @@ TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
             half ? reference(wf, bf16_rounded(x), T, 997) : reference(w, int8_activations(x), T, 997);
         std::string where;
         EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), want, T, N, 997, &where), half ? 1e-4 : 2e-5) << what << " " << where;
-        std::printf("[ gemm-cold ] %s: int8 form %.1f us, bf16 form %.1f us (1 block / SM), %.1f us (2; T > 32: 1)%s\n",
-                    what.c_str(), us[0], us[1], us[2], half ? "" : " (stays int8: the last two are the int8 form)");
+        std::printf("[ gemm-cold ] %s: int8 form %.1f us, bf16 form %.1f us (1 block / SM), %.1f us (2; T > 32: 1)%s, "
+                    "bf16 pairs %.1f us\n",
+                    what.c_str(), us[0], us[1], us[2], half ? "" : " (stays int8: the two before are the int8 form)",
+                    us[3]);
       }
     }
 }

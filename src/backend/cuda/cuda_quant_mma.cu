@@ -222,7 +222,7 @@ size_t staged_smem(int S, int wpb, bool norm) {
 
 // The variant switches' values (parse_variant / variant, cuda_ops.cuh: 0 auto, 1 the first form,
 // 2 the second).
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOff = 2, kMax = 2 };
+enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOn = 1, kOff = 2, kMax = 2 };
 // QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token ring kernels' shared-memory
 // carveout, what their blocks need (the rest L1) or the maximum (plan_mma).
 std::atomic<int> g_carveout{-1};
@@ -241,7 +241,7 @@ MmaPlan plan_mma(long long total, int S, bool norm) {
   PerDev& pd = per_dev[dev % 64];
   const DevInfo info = dev_info();
   auto* kern = mma_kernel<D, NT, ROWS, RING, XS, HB>;
-  constexpr int kWarpSmem = warp_smem<D, RING, (HB > 0)>();
+  constexpr int kWarpSmem = warp_smem<D, RING, (HB > 0), HB == 3>();
   once_per_device(done, [&] {
     if constexpr (XS) {
       // Blocks of up to kOneWarps (the copy of the activations takes most of an SM's shared memory:
@@ -376,8 +376,14 @@ std::atomic<int> g_hb_blocks{-1};
 // tokens every 27B shape gains or ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.2 /
 // 38.7 / 35.2) and Q6_K on one (54.6 / 47.8 / 49.1); at 33-64 tokens all but Q4_K rows of ≥ 32
 // super-blocks (5120 × 17408 at 40 tokens 84.0 / 94.4: the bf16 fragments' L2 traffic).
-int hb_form(DType t, int S, int NT) {
+// QWEN36_MMA_HB_PAIRS = on | off (unset: off; pairs, where a group's row-tiles pair up): 3, the
+// bf16 form on pairs of row-tiles sharing each B fragment load (mma_block's PAIR) — half the
+// fragments' L2 traffic that bounds these GEMMs (bench/RESULTS.md, session 53). Written, not yet
+// measured: opt-in.
+std::atomic<int> g_hb_pairs{-1};
+int hb_form(DType t, int S, int NT, bool pairs = true) {
   if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
+  if (pairs && variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") == kOn) return 3;
   if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
   const int blocks = variant(g_hb_blocks, "QWEN36_MMA_HB_BLOCKS", "1", "2");  // 0: unset
   return blocks ? blocks : t == DType::Q4_K_T16 ? 2 : 1;
@@ -500,7 +506,7 @@ int plan_pair(MmaArgs& a1, DType t1, bool regs1, MmaArgs& a2, DType t2, bool reg
 // Q4_K at T = 1 on the H200: 27B Q4_K_M tg128 b1 154.1, 152.5, 141.5 t/s.)
 // xs (NT ≤ 2, rows = 0): the multi-token kernel with the activations in shared memory (XS),
 // always on registers. hb (NT ≥ 4, rows = 0, half_tile): the bf16 form, HB = 1 or (NT = 4, hb =
-// 2) 2: its blocks per SM (mma_kernel).
+// 2) 2: its blocks per SM, 3: on pairs of row-tiles (mma_kernel).
 template <int V>
 using Int = std::integral_constant<int, V>;
 template <typename F>
@@ -519,6 +525,7 @@ void with_mma(DType t, int NT, int rows, bool regs, bool xs, int hb, F&& f) {
       if constexpr (kNT >= 4 && kRows == 0 && half_tile(std::remove_cvref_t<decltype(dt)>::value)) {
         if constexpr (kNT == 4)
           if (hb == 2) return on_path(Int<2>{});
+        if (hb == 3) return on_path(Int<3>{});
         if (hb > 0) return on_path(Int<1>{});
       }
       on_path(Int<0>{});
@@ -542,7 +549,7 @@ void with_mma(DType t, int NT, int rows, bool regs, bool xs, int hb, F&& f) {
 }
 
 // QWEN36_MMA_VERBOSE=1: each (type, rows, K, T, variant) launched, once per process, to stderr.
-void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool xs, bool hb,
+void log_plan(DType t, int nmat, long long rows, long long K, long long T, int NT, bool regs, bool xs, int hb,
               const MmaPlan& p, long long total) {
   static const bool on = [] {
     const char* v = std::getenv("QWEN36_MMA_VERBOSE");
@@ -558,9 +565,10 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
   const std::string name(dtype_name(t));
   std::fprintf(stderr,
                "[qwen36 mma] %s N=%lld (%d matrices) K=%lld T=%lld NT=%d: loads=%s%s | %d regs, %d B local, "
-               "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld tiles, %.2f "
-               "tiles/warp\n",
-               name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem", hb ? ", bf16" : "",
+               "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld units, %.2f "
+               "units/warp\n",
+               name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem",
+               hb == 3 ? ", bf16 pairs" : hb ? ", bf16" : "",
                p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
 }
 
@@ -647,10 +655,11 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     MmaPlan p;
     DType t = DType::F32;
     bool regs = true, xs = false;  // xs: the multi-token kernel with the activations in shared memory
-    int hb = 0;                    // the bf16 form (17-64 tokens, Q4_K / Q6_K): its blocks per SM (with_mma)
+    int hb = 0;                    // the bf16 form (17-64 tokens, Q4_K / Q6_K): with_mma's hb
   };
   std::vector<Group> groups;
   int max_warps = 1;
+  bool any_pair = false;  // a group on pairs of row-tiles (hb 3): pieces of two row-tiles a slot
   // tile_pairs' rows take shared memory from the warps' rings: where that leaves a block fewer
   // warps than one token's (a Q6_K down projection's K = 17408 at 3 tokens: 14 of 16), the
   // call takes the multi-token kernel, which keeps 16 warps per SM (H200: ≈ even at 4 tokens
@@ -659,6 +668,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   auto plan_groups = [&]() -> bool {
     groups.clear();
     max_warps = 1;
+    any_pair = false;
     for (size_t i = 0; i < ws.size();) {
       size_t e = i + 1;
       while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
@@ -683,6 +693,13 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
       gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
       gr.hb = rows == 0 ? hb_form(gr.t, a.S, NT) : 0;
+      if (gr.hb == 3) {  // units of two row-tiles: the group's row-tiles must pair up
+        if (rt % 2 == 0)
+          a.total = (long long)(rt / 2) * a.S;
+        else
+          gr.hb = hb_form(gr.t, a.S, NT, false);
+      }
+      any_pair = any_pair || gr.hb == 3;
       bool same_split = true;
       with_mma(gr.t, NT, rows, gr.regs, gr.xs, gr.hb, [&](auto dt, auto nt, auto o, auto rg, auto x, auto h) {
         auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
@@ -744,7 +761,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       return false;
   }
   for (const Group& gr : groups)
-    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs, gr.hb > 0,
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs, gr.hb,
              pair.grid > 0 ? pair : gr.p, gr.a.total);
   // One workspace: the activations once for every matrix (none when the staged kernels quantize
   // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
@@ -760,7 +777,9 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_part = fused || act || norm ? 0 : L.bytes;
-  const size_t o_cnt = o_part + (staged ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * sizeof(float)));
+  // (pieces of two row-tiles a slot where a group runs on pairs of them)
+  const size_t o_cnt =
+      o_part + (staged ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * (any_pair ? 2 : 1) * sizeof(float)));
   Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_warps) * sizeof(int)) : 0));
   uint8_t* const base = ws_mem.get();
   const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
@@ -885,6 +904,8 @@ void mma_select_staged(const char* staged) { g_staged.store(staged ? parse_varia
 void mma_select_hb(const char* hb) { g_hb.store(hb ? parse_variant(hb, "on", "off") : -1); }
 // The same for QWEN36_MMA_HB_BLOCKS (1 | 2; 0 reads the environment again).
 void mma_select_hb_blocks(int n) { g_hb_blocks.store(n == 1 || n == 2 ? n : -1); }
+// The same for QWEN36_MMA_HB_PAIRS ("on" | "off" | "auto").
+void mma_select_hb_pairs(const char* pairs) { g_hb_pairs.store(pairs ? parse_variant(pairs, "on", "off") : -1); }
 long long mma_hb_launches() { return g_hb_launches.load(); }
 // The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
 void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }

@@ -101,48 +101,88 @@ __device__ __forceinline__ uint32_t q6k_weight(uint32_t v, uint32_t s) {
   return bf2_bits(__hmul2(q, bits_bf2(s)));
 }
 
+// A tile's scale table (q4k_half_table / q6k_half_table) into the warp's tab.
+template <DType D>
+__device__ __forceinline__ void half_table(const Raw<D>& R, int lane, float2* tab) {
+  static_assert(D == DType::Q4_K_T16 || D == DType::Q6_K_T16, "the bf16 form: Q4_K and Q6_K tiles");
+  if constexpr (D == DType::Q4_K_T16)
+    q4k_half_table(R.h, lane, tab);
+  else
+    q6k_half_table(R, lane, tab);
+}
+
+// The bf16 A fragments of k32 group jj of a tile (its table in tab): w[0..3] the first MMA's
+// (k 0-15: rows g / g + 8 of the even bytes, then of the odd ones), w[4..7] the second's (k 16-31).
+template <DType D>
+__device__ __forceinline__ void half_group(const Raw<D>& R, int jj, int g, const float2* tab, uint32_t (&w)[8]) {
+  uint32_t p0, q0, p1, q1, p2, q2, p3, q3;  // rows g / g + 8 of the first 16, then the second
+  if constexpr (D == DType::Q4_K_T16) {
+    // Group 2i in the low nibbles of load i's words, 2i + 1 in the high ones.
+    const uint4& v = R.q[jj >> 1];
+    const int sh = 4 * (jj & 1);  // a constant once unrolled
+    code_pairs<0xFu>(v.x >> sh, p0, q0), code_pairs<0xFu>(v.y >> sh, p1, q1);
+    code_pairs<0xFu>(v.z >> sh, p2, q2), code_pairs<0xFu>(v.w >> sh, p3, q3);
+    const float2 e0 = tab[g * kTabStride + jj], e1 = tab[(g + 8) * kTabStride + jj];
+    const uint32_t s0 = __float_as_uint(e0.x), n0 = __float_as_uint(e0.y);
+    const uint32_t s1 = __float_as_uint(e1.x), n1 = __float_as_uint(e1.y);
+    p0 = q4k_weight(p0, s0, n0), q0 = q4k_weight(q0, s0, n0), p2 = q4k_weight(p2, s0, n0), q2 = q4k_weight(q2, s0, n0);
+    p1 = q4k_weight(p1, s1, n1), q1 = q4k_weight(q1, s1, n1), p3 = q4k_weight(p3, s1, n1), q3 = q4k_weight(q3, s1, n1);
+  } else {
+    uint32_t a0, a1, a2, a3;  // u8 codes 0..63
+    a_frags(R, jj, a0, a1, a2, a3);
+    code_pairs<0x3Fu>(a0, p0, q0), code_pairs<0x3Fu>(a1, p1, q1);
+    code_pairs<0x3Fu>(a2, p2, q2), code_pairs<0x3Fu>(a3, p3, q3);
+    // halves 2jj (k 0-15) and 2jj + 1 (k 16-31) of rows g and g + 8
+    const uint2 e0 = reinterpret_cast<const uint2*>(tab + g * kTabStride)[jj];
+    const uint2 e1 = reinterpret_cast<const uint2*>(tab + (g + 8) * kTabStride)[jj];
+    p0 = q6k_weight(p0, e0.x), q0 = q6k_weight(q0, e0.x), p2 = q6k_weight(p2, e0.y), q2 = q6k_weight(q2, e0.y);
+    p1 = q6k_weight(p1, e1.x), q1 = q6k_weight(q1, e1.x), p3 = q6k_weight(p3, e1.y), q3 = q6k_weight(q3, e1.y);
+  }
+  w[0] = p0, w[1] = p1, w[2] = q0, w[3] = q1, w[4] = p2, w[5] = p3, w[6] = q2, w[7] = q3;
+}
+
 // One tile against the first NL n8 tiles of tokens (of the layout's NT): xh is this lane's B
 // fragments of the tile's super-block (entry (jj · NT + n) · 32 for group jj, n8 tile n).
 template <DType D, int NT, int NL>
 __device__ __forceinline__ void tile_half(const Raw<D>& R, const uint4* __restrict__ xh, int lane, float2* tab,
                                           float (&acc)[NT][4]) {
-  static_assert(D == DType::Q4_K_T16 || D == DType::Q6_K_T16, "the bf16 form: Q4_K and Q6_K tiles");
   const int g = lane >> 2;
-  if constexpr (D == DType::Q4_K_T16)
-    q4k_half_table(R.h, lane, tab);
-  else
-    q6k_half_table(R, lane, tab);
+  half_table(R, lane, tab);
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
-    // A fragments of the group's two MMAs (k 0-15, 16-31): p* the even bytes, q* the odd ones.
-    uint32_t p0, q0, p1, q1, p2, q2, p3, q3;  // rows g / g + 8 of the first 16, then the second
-    if constexpr (D == DType::Q4_K_T16) {
-      // Group 2i in the low nibbles of load i's words, 2i + 1 in the high ones.
-      const uint4& v = R.q[jj >> 1];
-      const int sh = 4 * (jj & 1);  // a constant once unrolled
-      code_pairs<0xFu>(v.x >> sh, p0, q0), code_pairs<0xFu>(v.y >> sh, p1, q1);
-      code_pairs<0xFu>(v.z >> sh, p2, q2), code_pairs<0xFu>(v.w >> sh, p3, q3);
-      const float2 e0 = tab[g * kTabStride + jj], e1 = tab[(g + 8) * kTabStride + jj];
-      const uint32_t s0 = __float_as_uint(e0.x), n0 = __float_as_uint(e0.y);
-      const uint32_t s1 = __float_as_uint(e1.x), n1 = __float_as_uint(e1.y);
-      p0 = q4k_weight(p0, s0, n0), q0 = q4k_weight(q0, s0, n0), p2 = q4k_weight(p2, s0, n0), q2 = q4k_weight(q2, s0, n0);
-      p1 = q4k_weight(p1, s1, n1), q1 = q4k_weight(q1, s1, n1), p3 = q4k_weight(p3, s1, n1), q3 = q4k_weight(q3, s1, n1);
-    } else {
-      uint32_t a0, a1, a2, a3;  // u8 codes 0..63
-      a_frags(R, jj, a0, a1, a2, a3);
-      code_pairs<0x3Fu>(a0, p0, q0), code_pairs<0x3Fu>(a1, p1, q1);
-      code_pairs<0x3Fu>(a2, p2, q2), code_pairs<0x3Fu>(a3, p3, q3);
-      // halves 2jj (k 0-15) and 2jj + 1 (k 16-31) of rows g and g + 8
-      const uint2 e0 = reinterpret_cast<const uint2*>(tab + g * kTabStride)[jj];
-      const uint2 e1 = reinterpret_cast<const uint2*>(tab + (g + 8) * kTabStride)[jj];
-      p0 = q6k_weight(p0, e0.x), q0 = q6k_weight(q0, e0.x), p2 = q6k_weight(p2, e0.y), q2 = q6k_weight(q2, e0.y);
-      p1 = q6k_weight(p1, e1.x), q1 = q6k_weight(q1, e1.x), p3 = q6k_weight(p3, e1.y), q3 = q6k_weight(q3, e1.y);
-    }
+    uint32_t w[8];
+    half_group(R, jj, g, tab, w);
 #pragma unroll
     for (int n = 0; n < NL; ++n) {
       const uint4 b = __ldca(xh + (jj * NT + n) * 32);
-      mma_bf16_k16(acc[n], p0, p1, q0, q1, b.x, b.y);
-      mma_bf16_k16(acc[n], p2, p3, q2, q3, b.z, b.w);
+      mma_bf16_k16(acc[n], w[0], w[1], w[2], w[3], b.x, b.y);
+      mma_bf16_k16(acc[n], w[4], w[5], w[6], w[7], b.z, b.w);
+    }
+  }
+}
+
+// Two tiles of one super-block (row-tiles 2p and 2p + 1: the pair form, QWEN36_MMA_HB_PAIRS)
+// against the same B fragments, each loaded once for both: half the fragment traffic of
+// tile_half per tile. tab holds the two tiles' tables one after the other.
+template <DType D, int NT, int NL>
+__device__ __forceinline__ void tile_half_pair(const Raw<D>& R0, const Raw<D>& R1, const uint4* __restrict__ xh,
+                                               int lane, float2* tab, float (&acc0)[NT][4], float (&acc1)[NT][4]) {
+  const int g = lane >> 2;
+  float2* const tab1 = tab + 16 * kTabStride;
+  half_table(R0, lane, tab);
+  half_table(R1, lane, tab1);
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint32_t w0[8], w1[8];
+    half_group(R0, jj, g, tab, w0);
+    half_group(R1, jj, g, tab1, w1);
+#pragma unroll
+    for (int n = 0; n < NL; ++n) {
+      const uint4 b = __ldca(xh + (jj * NT + n) * 32);
+      mma_bf16_k16(acc0[n], w0[0], w0[1], w0[2], w0[3], b.x, b.y);
+      mma_bf16_k16(acc0[n], w0[4], w0[5], w0[6], w0[7], b.z, b.w);
+      mma_bf16_k16(acc1[n], w1[0], w1[1], w1[2], w1[3], b.x, b.y);
+      mma_bf16_k16(acc1[n], w1[4], w1[5], w1[6], w1[7], b.z, b.w);
     }
   }
 }

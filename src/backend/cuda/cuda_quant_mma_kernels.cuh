@@ -170,9 +170,10 @@ constexpr int kPairsMinS = 16;
 
 // Shared memory per warp: the tile ring (smem path only), then (Q4_K, NVFP4; every tile of the
 // bf16 form, HB) the scale table.
-template <DType D, int RING, bool HB = false>
+template <DType D, int RING, bool HB = false, bool PAIR = false>
 __host__ __device__ constexpr int warp_smem() {
-  return RING * TileLayout<D>::kBytes + (table_tile(D) || HB ? 16 * kTabStride * int(sizeof(float2)) : 0);
+  constexpr int kRT = PAIR ? 2 : 1;  // tiles a unit of work (a ring stage, a table each)
+  return kRT * (RING * TileLayout<D>::kBytes + (table_tile(D) || HB ? 16 * kTabStride * int(sizeof(float2)) : 0));
 }
 // The tiles the bf16 form (HB, cuda_quant_mma_half.cuh) is built for.
 __host__ __device__ constexpr bool half_tile(DType t) { return t == DType::Q4_K_T16 || t == DType::Q6_K_T16; }
@@ -217,10 +218,15 @@ __device__ __forceinline__ V ldx(const V* p) {
 // round trip on the warps' tails (xs_split_bytes more shared memory).
 // HB: the multi-token kernel (ROWS = 0, no XS) at 17-64 tokens in the bf16 form (tile_half: the
 // tiles dequantized to bf16, the activations a.xh), its sums and split as without it.
-template <DType D, int NT, int ROWS, int RING, bool XS = false, bool HB = false>
+// PAIR (with HB): a unit of work is two row-tiles' tiles of one super-block (row-tiles 2p and
+// 2p + 1; a.total counts units, a.S per unit-row p) sharing each B fragment load
+// (tile_half_pair); its ring stages, tables, pieces and sums hold both.
+template <DType D, int NT, int ROWS, int RING, bool XS = false, bool HB = false, bool PAIR = false>
 __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks, uint8_t* smem) {
   static_assert(RING == 0 || RING >= 2, "a ring loads while a stage computes");
   static_assert(!HB || (ROWS == 0 && !XS && NT >= 4 && half_tile(D)), "HB: Q4_K / Q6_K at 17-64 tokens");
+  static_assert(!PAIR || HB, "PAIR: the bf16 form's pairs of row-tiles");
+  constexpr int kRT = PAIR ? 2 : 1;  // row-tiles a unit
   static_assert(ROWS == 0 || NT == 1, "staged rows are at most 8 tokens");
   static_assert(!XS || (ROWS == 0 && RING == 0 && NT <= 2), "XS: the register-prefetch multi-token kernel, ≤ 16 tokens");
   constexpr bool REGS = RING == 0;
@@ -251,10 +257,17 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   } else {
     b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
   }
-  [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * B;
+  [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * kRT * B;
   [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
-  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * B) + wib * 16 * kTabStride;
-  constexpr int kWarpSmem = warp_smem<D, RING, HB>();
+  float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * kRT * B) + wib * kRT * 16 * kTabStride;
+  constexpr int kWarpSmem = warp_smem<D, RING, HB, PAIR>();
+  // Tile h of unit u: u itself, or (PAIR) row-tile 2p + h of unit-row p = u / S at super-block u % S.
+  auto tile_at = [&](long long u, int h) -> const uint8_t* {
+    if constexpr (PAIR)
+      return a.w + size_t(u + (u / S + h) * S) * B;
+    else
+      return a.w + size_t(u) * B;
+  };
   // ROWS: the tokens' activation rows, staged in shared memory once per block as the routed
   // experts' ColGroups (x_stage_bytes; token c's at xs + c·S·8), so that each tile is tile_cols
   // against them: the loop's B-fragment and scale reads are shared-memory loads, not L1 / L2
@@ -369,7 +382,9 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   if constexpr (!REGS) {
 #pragma unroll
     for (int p = 0; p < RING - 1; ++p) {
-      if (b0 + p < b1) issue_tile<B>(ring_s + p * B, a.w + size_t(b0 + p) * B + 16 * lane, lane);
+      if (b0 + p < b1)
+#pragma unroll
+        for (int h = 0; h < kRT; ++h) issue_tile<B>(ring_s + (p * kRT + h) * B, tile_at(b0 + p, h) + 16 * lane, lane);
       cpa_commit();
     }
   }
@@ -384,6 +399,10 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
   float acc[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  [[maybe_unused]] float acc1[PAIR ? NT : 1][4];  // PAIR: the unit's second row-tile
+  if constexpr (PAIR)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc1[n][0] = acc1[n][1] = acc1[n][2] = acc1[n][3] = 0.0f;
   // ROWS ≤ 2: tile_cols per token (token c's rows g, g + 8); more: tile_pairs (acc[0]).
   constexpr bool kPairs = ROWS > kColsRows;
   [[maybe_unused]] float sacc[STAGED && !kPairs ? ROWS : 1][2];
@@ -392,7 +411,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
 
   // One tile: every k32 group against every n8 tile of tokens (T = 1: against the staged row;
   // rows g and g + 8 of token column 0 are acc[0][0] and acc[0][2]).
-  auto compute = [&](const Raw<D>& R) {
+  auto compute_tile = [&](const Raw<D>& R) {
     if constexpr (HB) {
       const uint4* __restrict__ xh = a.xh + size_t(s) * (8 * NT * 32) + lane;
       if constexpr (NT == 4)
@@ -489,6 +508,18 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       if (8 * (NT - 1) >= T) return tiles.template operator()<NT - 1>();
     tiles.template operator()<NT>();
   };
+  // A unit's tiles in registers: one tile, or (PAIR) the two (tile_half_pair).
+  using Unit = std::conditional_t<PAIR, Raw<D>[2], Raw<D>>;
+  auto compute = [&](const Unit& U) {
+    if constexpr (PAIR) {
+      const uint4* __restrict__ xh = a.xh + size_t(s) * (8 * NT * 32) + lane;
+      if constexpr (NT == 4)
+        if (8 * (NT - 1) >= T) return tile_half_pair<D, NT, NT - 1>(U[0], U[1], xh, lane, tab, acc, acc1);
+      return tile_half_pair<D, NT, NT>(U[0], U[1], xh, lane, tab, acc, acc1);
+    } else {
+      compute_tile(U);
+    }
+  };
   // A row-tile's piece ends at its last super-block or at the range's end (flush, with r the
   // row-tile). A whole row-tile is written out; a piece of a split one goes to the warp's slot 0
   // (its first row-tile) or 1 (its last). Arrivals are counted only after the warp's last tile
@@ -498,9 +529,9 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     const bool whole = rs >= b0 && rs + S <= b1;
     size_t stride = 16;
     const int slot = r == r_first ? 0 : 1;
-    float* base = whole ? out_of(a, r, stride)
+    float* base = whole ? out_of(a, kRT * r, stride)
                   : bsplit ? bpart + (wib * 2 + slot) * 16 * kPR
-                        : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16;
+                        : a.part + (size_t(w) * 2 + slot) * size_t(T) * 16 * kRT;
     if constexpr (kPairs) {  // tile_pairs: lanes t, t ^ 2 hold the two group parities
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][e] += __shfl_xor_sync(0xffffffffu, acc[0][e], 2);
@@ -538,6 +569,22 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         }
 #pragma unroll
       for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+      if constexpr (PAIR) {  // the unit's second row-tile: its output, or the slot's second half
+        size_t stride1 = 16;
+        float* base1 = whole ? out_of(a, kRT * r + 1, stride1) : base + size_t(T) * 16;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * n + 2 * t + e;
+            if (c < T) {
+              base1[size_t(c) * stride1 + g] = acc1[n][e];
+              base1[size_t(c) * stride1 + g + 8] = acc1[n][2 + e];
+            }
+          }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc1[n][0] = acc1[n][1] = acc1[n][2] = acc1[n][3] = 0.0f;
+      }
     }
   };
   // After tile i (the register-prefetch loop).
@@ -569,32 +616,36 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // at rr's first tile (slot 0) or before it (rr its last row-tile: slot 1). One division here,
     // not two 64-bit divisions per warp in the loop (the staged kernels' sums: 27B b1 +4%).
     const int slot0 = range_begin(w0, a.total, a.nwarps) < rs ? 1 : 0;
-    float sum[kE];
+    // (PAIR: the unit-row's two row-tiles in turn, each slot holding both, the first then the second.)
 #pragma unroll
-    for (int k = 0; k < kE; ++k) sum[k] = 0.0f;
-    for (int v0 = w0; v0 <= w1; v0 += kV) {
-      float q[kV][kE];
+    for (int h = 0; h < kRT; ++h) {
+      float sum[kE];
 #pragma unroll
-      for (int dv = 0; dv < kV; ++dv) {
-        const int v = v0 + dv;
-        const int slot = v == w0 ? slot0 : 0;
-        const float* p = a.part + (size_t(v) * 2 + slot) * size_t(T) * 16 + lane;
+      for (int k = 0; k < kE; ++k) sum[k] = 0.0f;
+      for (int v0 = w0; v0 <= w1; v0 += kV) {
+        float q[kV][kE];
 #pragma unroll
-        for (int k = 0; k < kE; ++k) q[dv][k] = v <= w1 && lane + 32 * k < ne ? __ldcg(p + 32 * k) : 0.0f;
-      }
+        for (int dv = 0; dv < kV; ++dv) {
+          const int v = v0 + dv;
+          const int slot = v == w0 ? slot0 : 0;
+          const float* p = a.part + ((size_t(v) * 2 + slot) * kRT + h) * size_t(T) * 16 + lane;
 #pragma unroll
-      for (int dv = 0; dv < kV; ++dv)
-        if (v0 + dv <= w1) {  // warp order, as a serial sum from 0
-#pragma unroll
-          for (int k = 0; k < kE; ++k) sum[k] += q[dv][k];
+          for (int k = 0; k < kE; ++k) q[dv][k] = v <= w1 && lane + 32 * k < ne ? __ldcg(p + 32 * k) : 0.0f;
         }
-    }
-    size_t stride = 0;
-    float* o = out_of(a, rr, stride);
 #pragma unroll
-    for (int k = 0; k < kE; ++k) {
-      const int e = lane + 32 * k;
-      if (e < ne) o[size_t(e >> 4) * stride + (e & 15)] = sum[k];
+        for (int dv = 0; dv < kV; ++dv)
+          if (v0 + dv <= w1) {  // warp order, as a serial sum from 0
+#pragma unroll
+            for (int k = 0; k < kE; ++k) sum[k] += q[dv][k];
+          }
+      }
+      size_t stride = 0;
+      float* o = out_of(a, kRT * rr + h, stride);
+#pragma unroll
+      for (int k = 0; k < kE; ++k) {
+        const int e = lane + 32 * k;
+        if (e < ne) o[size_t(e >> 4) * stride + (e & 15)] = sum[k];
+      }
     }
     if (lane == 0) a.cnt[w0] = 0;
   };
@@ -615,7 +666,15 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // Two register sets in turn: tile i + 1 loads while tile i computes (no copies). b0 < b1:
     // never more warps than tiles. Both sets are requested before the wait, so a small
     // matrix's warps (a few tiles each) have two tiles arriving while the kernel before ends.
-    Raw<D> A, Bt;
+    Unit A, Bt;
+    auto load_unit = [&](long long u, Unit& R) {
+      if constexpr (PAIR) {
+#pragma unroll
+        for (int h = 0; h < kRT; ++h) load_tile<D, true>(tile_at(u, h), lane, R[h]);
+      } else {
+        load_tile<D, true>(a.w + size_t(u) * B, lane, R);
+      }
+    };
     // XS with a.ahead: tile j's 128-byte lines requested into L2 (prefetch.global.L2) a.ahead
     // tiles before its register load, so that load waits on L2, not DRAM (ncu: 31% of the
     // 16-token kernel's stall cycles on the weights' loads with one register set ahead).
@@ -625,8 +684,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
           for (int l = lane; l * 128 < B; l += 32)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + size_t(j) * B + 128 * l));
     };
-    if (b0 < b1) load_tile<D, true>(a.w + size_t(b0) * B, lane, A);
-    if (b0 + 1 < b1) load_tile<D, true>(a.w + size_t(b0 + 1) * B, lane, Bt);
+    if (b0 < b1) load_unit(b0, A);
+    if (b0 + 1 < b1) load_unit(b0 + 1, Bt);
     for (int k = 2; k < 2 + a.ahead; ++k) l2_ahead(b0 + k);
     prefetch_norm();
     griddep_wait();  // the activations (and this call's workspace) come after the kernel before
@@ -634,12 +693,12 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     for (long long i = b0; i < b1; i += 2) {
       compute(A);
       finish(i);
-      if (i + 2 < b1) load_tile<D, true>(a.w + size_t(i + 2) * B, lane, A);
+      if (i + 2 < b1) load_unit(i + 2, A);
       l2_ahead(i + 2 + a.ahead);
       if (i + 1 >= b1) break;
       compute(Bt);
       finish(i + 1);
-      if (i + 3 < b1) load_tile<D, true>(a.w + size_t(i + 3) * B, lane, Bt);
+      if (i + 3 < b1) load_unit(i + 3, Bt);
       l2_ahead(i + 3 + a.ahead);
     }
   } else {
@@ -651,21 +710,34 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // The tiles go by pieces of row-tiles (to the row-tile's end or the range's): the per-tile
     // loop has no flush test and counts in 32 bits (a warp's range is far below 2^31 tiles).
     const uint8_t* next = a.w + size_t(b0 + RING - 1) * B + 16 * lane;
-    int cur = 0, fill = (RING - 1) * B;
+    constexpr int kStage = kRT * B;  // a unit's tiles
+    int cur = 0, fill = (RING - 1) * kStage;
     const int n = int(b1 - b0);
     for (int j = 0; j < n;) {
       for (const int end = min(n, j + (S - s)); j < end; ++j, ++s) {
         __syncwarp();  // every lane is done reading the stage refilled now (tile j − 1's)
-        if (j + RING - 1 < n) issue_tile<B>(ring_s + fill, next, lane);
+        if (j + RING - 1 < n) {
+          if constexpr (PAIR) {
+#pragma unroll
+            for (int h = 0; h < kRT; ++h) issue_tile<B>(ring_s + fill + h * B, tile_at(b0 + j + RING - 1, h) + 16 * lane, lane);
+          } else {
+            issue_tile<B>(ring_s + fill, next, lane);
+          }
+        }
         cpa_commit();  // possibly empty: group k always holds tile b0 + k
         cpa_wait<RING - 1>();
         __syncwarp();  // the headers copied by other lanes are visible
-        Raw<D> R;
-        load_tile<D, false>(ring + cur, lane, R);
+        Unit R;
+        if constexpr (PAIR) {
+#pragma unroll
+          for (int h = 0; h < kRT; ++h) load_tile<D, false>(ring + cur + h * B, lane, R[h]);
+        } else {
+          load_tile<D, false>(ring + cur, lane, R);
+        }
         compute(R);
         next += B;
         fill = cur;  // the stage just read is the next to refill
-        cur = cur == (RING - 1) * B ? 0 : cur + B;
+        cur = cur == (RING - 1) * kStage ? 0 : cur + kStage;
       }
       flush();
       if (s == S) s = 0, ++r;
@@ -702,12 +774,13 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
 
 // HB: 0 the int8 form; 1 the bf16 form, one block of 8 warps per SM as the int8 one at NT ≥ 4;
 // 2 the bf16 form capped at 128 registers, two blocks per SM (its 17-32-token tiles take ~170-230
-// registers uncapped; capped, ~40-100 bytes spill: QWEN36_MMA_HB_BLOCKS picks, cuda_quant_mma.cu).
+// registers uncapped; capped, ~40-100 bytes spill: QWEN36_MMA_HB_BLOCKS picks, cuda_quant_mma.cu);
+// 3 the bf16 form on pairs of row-tiles (mma_block's PAIR; QWEN36_MMA_HB_PAIRS), one block.
 template <DType D, int NT, int ROWS, int RING, bool XS, int HB>
 __global__ void __launch_bounds__(max_threads(ROWS, XS), HB == 2 ? 2 : min_blocks(NT, ROWS, XS))
     mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  mma_block<D, NT, ROWS, RING, XS, (HB > 0)>(a, int(blockIdx.x), int(gridDim.x), smem);
+  mma_block<D, NT, ROWS, RING, XS, (HB > 0), HB == 3>(a, int(blockIdx.x), int(gridDim.x), smem);
 }
 
 // A staged call's (T ≤ 3) two groups of different types that read the same x (a DeltaNet
