@@ -104,10 +104,14 @@ HostT form_weights(const HostT& w, int64_t step) {
   return out;
 }
 
-// Whether the backend takes the bf16 form for dt at T tokens of rows of K (hb_form,
+// Whether the backend takes the bf16 form for dt at T tokens of N rows of K (hb_form,
 // cuda_quant_mma.cu): every 17-64-token call but Q4_K rows of ≥ 32 super-blocks past 32 tokens,
-// which stay int8 (faster there).
-bool takes_half(DType dt, int64_t K, int64_t T) { return T > 16 && !(dt == DType::Q4_K && K >= 32 * 256 && T > 32); }
+// which take pairs of row-tiles where their row-tiles pair up (pairs), else stay int8.
+bool takes_half(DType dt, int64_t N, int64_t K, int64_t T, bool pairs = true) {
+  if (T <= 16) return false;
+  const bool int8_rows = dt == DType::Q4_K && K >= 32 * 256 && T > 32;
+  return !int8_rows || (pairs && (N / 16) % 2 == 0);
+}
 
 HostT bf16_rounded(const HostT& x) {
   HostT y = x;
@@ -144,7 +148,7 @@ TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
           const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
                                    std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads +
                                    " blocks=" + (T % 2 ? "1" : "2");
-          const bool half = takes_half(dt, s.K, T);
+          const bool half = takes_half(dt, s.N, s.K, T);
           EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what << ": the bf16 form ran " << !half;
           // (the int8 form where it stays: its twin's bound, as test_cuda_quant_mma.cpp)
           const std::vector<float> want =
@@ -245,7 +249,7 @@ TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
                                    std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads + " pairs";
           // odd row-tile counts fall back to single tiles, Q4_K rows of ≥ 32 super-blocks past 32
           // tokens then staying int8
-          const bool half = (s.N / 16) % 2 == 0 || takes_half(dt, s.K, T);
+          const bool half = takes_half(dt, s.N, s.K, T);
           EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what;
           const std::vector<float> want =
               half ? reference(wf, bf16_rounded(x), T, step) : reference(w, int8_activations(x), T, step);
@@ -318,7 +322,7 @@ TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
         }
         const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
                                  ", T=" + std::to_string(T);
-        const bool half = takes_half(dt, K, T);
+        const bool half = takes_half(dt, N, K, T, false);  // form 2, pairs off, ran last
         const std::vector<float> want =
             half ? reference(wf, bf16_rounded(x), T, 997) : reference(w, int8_activations(x), T, 997);
         std::string where;

@@ -351,6 +351,20 @@ struct ChunkArgs {
 
 __device__ __forceinline__ int64_t chunks_of(int count) { return (int64_t(count) + kC - 1) / kC; }
 
+// The chunks of run blockIdx.x (r) that this launch scans: run-relative [begin, end), and the
+// run's first chunk number over the chunked runs (base).
+struct RunChunks {
+  int64_t base;
+  int begin, end;
+};
+__device__ __forceinline__ RunChunks run_chunks(const ChunkArgs& a, const SeqRun& r) {
+  int64_t base = 0;
+  for (int i = 0; i < int(blockIdx.x); ++i)
+    if (a.runs[i].count >= a.min_count) base += chunks_of(a.runs[i].count);
+  const int64_t nc = chunks_of(r.count), lo = a.seg0 - base, hi = a.seg1 - base;
+  return {base, int(lo > 0 ? lo : 0), int(hi < nc ? hi : nc)};
+}
+
 // The run and chunk index of chunk `gc` (numbered over the chunked runs in order). Called by
 // the whole block; the first warp scans the run table 32 runs at a time (a batch may hold
 // hundreds of one-token decode runs next to a prefill).
@@ -557,13 +571,10 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
   using L = ScanLayout<DK, DV>;
   const SeqRun r = a.runs[blockIdx.x];
   if (r.count < a.min_count) return;
-  int64_t base = 0;  // this run's first chunk number
-  for (int i = 0; i < int(blockIdx.x); ++i)
-    if (a.runs[i].count >= a.min_count) base += chunks_of(a.runs[i].count);
-  const int nc = int(chunks_of(r.count));
-  const int64_t lo = a.seg0 - base, hi = a.seg1 - base;  // this launch's chunks, relative to the run
-  const int c_begin = int(lo > 0 ? lo : 0), c_end = int(hi < nc ? hi : nc);
-  if (c_begin >= c_end) return;
+  const RunChunks rc = run_chunks(a, r);
+  if (rc.begin >= rc.end) return;
+  const int64_t base = rc.base;
+  const int c_begin = rc.begin, c_end = rc.end;
 
   extern __shared__ float4 smem4[];
   float* Ws = reinterpret_cast<float*>(smem4);  // [64][LW] W of the chunk
@@ -926,13 +937,10 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
   constexpr int KT = DK / 8;  // n8 tiles of Sᵀ (keys)
   const SeqRun r = a.runs[blockIdx.x];
   if (r.count < a.min_count) return;
-  int64_t base = 0;  // this run's first chunk number
-  for (int i = 0; i < int(blockIdx.x); ++i)
-    if (a.runs[i].count >= a.min_count) base += chunks_of(a.runs[i].count);
-  const int nc = int(chunks_of(r.count));
-  const int64_t lo = a.seg0 - base, hi = a.seg1 - base;  // this launch's chunks, relative to the run
-  const int c_begin = int(lo > 0 ? lo : 0), c_end = int(hi < nc ? hi : nc);
-  if (c_begin >= c_end) return;
+  const RunChunks rc = run_chunks(a, r);
+  if (rc.begin >= rc.end) return;
+  const int64_t base = rc.base;
+  const int c_begin = rc.begin, c_end = rc.end;
 
   extern __shared__ float4 smem4[];
   unsigned char* sm = reinterpret_cast<unsigned char*>(smem4);

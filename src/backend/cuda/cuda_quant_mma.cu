@@ -371,19 +371,20 @@ std::atomic<long long> g_hb_launches{0};
 // QWEN36_MMA_HB_BLOCKS = 1 | 2 (unset: per type, hb_form): the bf16 form at 17-32 tokens in one
 // block of 8 warps per SM (≤ 255 registers) or two (≤ 128, a few spills).
 std::atomic<int> g_hb_blocks{-1};
-// The form of a multi-token call's group (with_mma's hb): 0 int8, else the bf16 form's blocks per
-// SM. H100 (bench/RESULTS.md, session 53; cold L2, µs int8 / bf16 one block / two): at 17-32
-// tokens every 27B shape gains or ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.2 /
-// 38.7 / 35.2) and Q6_K on one (54.6 / 47.8 / 49.1); at 33-64 tokens all but Q4_K rows of ≥ 32
-// super-blocks (5120 × 17408 at 40 tokens 84.0 / 94.4: the bf16 fragments' L2 traffic).
-// QWEN36_MMA_HB_PAIRS = on | off (unset: off; pairs, where a group's row-tiles pair up): 3, the
-// bf16 form on pairs of row-tiles sharing each B fragment load (mma_block's PAIR) — half the
-// fragments' L2 traffic that bounds these GEMMs (bench/RESULTS.md, session 53). Written, not yet
-// measured: opt-in.
+// The form of a multi-token call's group (with_mma's hb): 0 int8, 1-2 the bf16 form's blocks per
+// SM, 3 the bf16 form on pairs of row-tiles sharing each B fragment load (mma_block's PAIR: half
+// the fragments' L2 traffic that bounds these GEMMs). H100 (bench/RESULTS.md, sessions 53-54;
+// cold L2, µs int8 / bf16 one block / two / pairs): at 17-32 tokens every 27B shape gains or
+// ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.4 / 39.2 / 35.6 / 42.5) and Q6_K on
+// one (54.1 / 43.8 / 46.0 / 51.3); at 33-64 tokens rows of ≥ 32 super-blocks take pairs (5120 ×
+// 17408 at 40 tokens: Q4_K 84.8 / 84.3 / – / 71.6, Q6_K 116.1 / 94.0 / – / 77.6), the others one
+// block (Q6_K 17408 × 5120: 117.1 / 61.5 / – / 65.3).
+// QWEN36_MMA_HB_PAIRS = on | off (unset: as above): pairs wherever the bf16 form runs, or never.
 std::atomic<int> g_hb_pairs{-1};
 int hb_form(DType t, int S, int NT, bool pairs = true) {
   if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
-  if (pairs && variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") == kOn) return 3;
+  const int pairs_env = pairs ? variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") : kOff;
+  if (pairs_env == kOn || (pairs_env == kAuto && NT > 4 && S >= 32)) return 3;
   if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
   const int blocks = variant(g_hb_blocks, "QWEN36_MMA_HB_BLOCKS", "1", "2");  // 0: unset
   return blocks ? blocks : t == DType::Q4_K_T16 ? 2 : 1;
