@@ -377,8 +377,8 @@ std::atomic<int> g_hb_blocks{-1};
 // cold L2, µs int8 / bf16 one block / two / pairs): at 17-32 tokens every 27B shape gains or
 // ties with Q4_K on two blocks (17408 × 5120 at 24 tokens 41.4 / 39.2 / 35.6 / 42.5) and Q6_K on
 // one (54.1 / 43.8 / 46.0 / 51.3); at 33-64 tokens rows of ≥ 32 super-blocks take pairs (5120 ×
-// 17408 at 40 tokens: Q4_K 84.8 / 84.3 / – / 71.6, Q6_K 116.1 / 94.0 / – / 77.6), the others one
-// block (Q6_K 17408 × 5120: 117.1 / 61.5 / – / 65.3).
+// 17408 at 40 tokens: Q4_K int8 84.8, pairs 71.6; Q6_K 116.1 / 94.0 / – / 77.6), the others one
+// block (Q6_K 17408 × 5120: 117.1 / 61.5 / – / 65.3; pairs lose there at 17-32 tokens).
 // QWEN36_MMA_HB_PAIRS = on | off (unset: as above): pairs wherever the bf16 form runs, or never.
 std::atomic<int> g_hb_pairs{-1};
 int hb_form(DType t, int S, int NT, bool pairs = true) {

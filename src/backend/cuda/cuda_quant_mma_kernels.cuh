@@ -557,33 +557,26 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         sacc[c][0] = sacc[c][1] = 0.0f;
       }
     } else {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = 8 * n + 2 * t + e;
-          if (c < T) {
-            base[size_t(c) * stride + g] = acc[n][e];
-            base[size_t(c) * stride + g + 8] = acc[n][2 + e];
-          }
-        }
-#pragma unroll
-      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-      if constexpr (PAIR) {  // the unit's second row-tile: its output, or the slot's second half
-        size_t stride1 = 16;
-        float* base1 = whole ? out_of(a, kRT * r + 1, stride1) : base + size_t(T) * 16;
+      // A tile's accumulators to rows (token c at dst + c · ld), then cleared for the next piece.
+      auto store = [&](float (&ac)[NT][4], float* dst, size_t ld) {
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = 8 * n + 2 * t + e;
             if (c < T) {
-              base1[size_t(c) * stride1 + g] = acc1[n][e];
-              base1[size_t(c) * stride1 + g + 8] = acc1[n][2 + e];
+              dst[size_t(c) * ld + g] = ac[n][e];
+              dst[size_t(c) * ld + g + 8] = ac[n][2 + e];
             }
           }
 #pragma unroll
-        for (int n = 0; n < NT; ++n) acc1[n][0] = acc1[n][1] = acc1[n][2] = acc1[n][3] = 0.0f;
+        for (int n = 0; n < NT; ++n) ac[n][0] = ac[n][1] = ac[n][2] = ac[n][3] = 0.0f;
+      };
+      store(acc, base, stride);
+      if constexpr (PAIR) {  // the unit's second row-tile: its output, or the slot's second half
+        size_t stride1 = 16;
+        float* base1 = whole ? out_of(a, kRT * r + 1, stride1) : base + size_t(T) * 16;
+        store(acc1, base1, stride1);
       }
     }
   };
