@@ -11,6 +11,9 @@
 // test_cuda_quant_mma.cpp's NormAndSwigluQuantizeForTheGemmBitwiseAsComposed, in both forms.
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <span>
+#include <string>
 
 #include "backend/cpu/cpu_ops.h"
 #include "gpu_test_util.h"
@@ -30,8 +33,17 @@ long long mma_hb_launches();
 namespace qwen36::gputest {
 namespace {
 
+struct Shape {
+  int64_t N, K;
+};
+
 class CudaQuantMmaHalf : public CudaTest {
  protected:
+  // Each shape, on both load paths, at each T: the backend's call within 1e-4 of the bf16 twin,
+  // or, where the form stays int8 (takes_half), of the int8 twin (2e-5, as test_cuda_quant_mma.cpp),
+  // with one bf16 launch or none. pick(T) selects T's variants and names them.
+  void expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts,
+                    const std::function<std::string(int64_t)>& pick);
   void SetUp() override {
     CudaTest::SetUp();
     cuda::mma_select_hb("on");
@@ -119,17 +131,8 @@ HostT bf16_rounded(const HostT& x) {
   return y;
 }
 
-struct Shape {
-  int64_t N, K;
-};
-
-// Where the form stays int8 (takes_half), that form is checked against its int8 twin instead.
-// Shapes: one tile; 3 row-tiles of 2 super-blocks; a row-tile over 68 warps; the 27B's attention
-// output and MLP down (K = 17408: the Q6_K ring's and the 24-token verify's shapes); 2400 row-tiles
-// of 4 super-blocks (ranges start and end mid row-tile). T: 17-24 (three n8 tiles of four), 25-32,
-// 33-64; both load paths, one or two blocks per SM (QWEN36_MMA_HB_BLOCKS, 17-32 tokens).
-TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
-  const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
+void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts,
+                                    const std::function<std::string(int64_t)>& pick) {
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
       const bool big = s.N * s.K > (int64_t(8) << 20);
@@ -138,19 +141,17 @@ TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
       const HostT wf = form_weights(w, step);
       const DevT dw = upload_tiled(*gpu_, w);
       for (const char* loads : {"regs", "smem"})
-        for (int64_t T : {17, 23, 24, 25, 32, 33, 64}) {
+        for (int64_t T : Ts) {
           cuda::mma_select_variant(loads, nullptr);
-          cuda::mma_select_hb_blocks(T % 2 ? 1 : 2);  // each T on one of the two: both for every shape
+          const std::string variants = pick(T);
           const HostT x = random_t(rng_, DType::F32, {T, s.K});
           DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
           const long long before = cuda::mma_hb_launches();
           gpu_->matmul(dx.t, dw.t, dout.t);
           const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
-                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads +
-                                   " blocks=" + (T % 2 ? "1" : "2");
+                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads + " " + variants;
           const bool half = takes_half(dt, s.N, s.K, T);
           EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what << ": the bf16 form ran " << !half;
-          // (the int8 form where it stays: its twin's bound, as test_cuda_quant_mma.cpp)
           const std::vector<float> want =
               half ? reference(wf, bf16_rounded(x), T, step) : reference(w, int8_activations(x), T, step);
           std::string where;
@@ -158,6 +159,21 @@ TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
               << what << " " << where;
         }
     }
+  cuda::mma_select_variant(nullptr, nullptr);
+}
+
+// Where the form stays int8 (takes_half), that form is checked against its int8 twin instead.
+// Shapes: one tile; 3 row-tiles of 2 super-blocks; a row-tile over 68 warps; the 27B's attention
+// output and MLP down (K = 17408: the Q6_K ring's and the 24-token verify's shapes); 2400 row-tiles
+// of 4 super-blocks (ranges start and end mid row-tile). T: 17-24 (three n8 tiles of four), 25-32,
+// 33-64; both load paths, one or two blocks per SM (QWEN36_MMA_HB_BLOCKS, 17-32 tokens).
+TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
+  const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
+  const int64_t Ts[] = {17, 23, 24, 25, 32, 33, 64};
+  expect_twins(shapes, Ts, [](int64_t T) {
+    cuda::mma_select_hb_blocks(T % 2 ? 1 : 2);  // each T on one of the two: both for every shape
+    return std::string("blocks=") + (T % 2 ? "1" : "2");
+  });
 }
 
 // Three matrices stored back to back (one stacked launch, its row-tiles split between warps
@@ -231,34 +247,8 @@ TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
 TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
   cuda::mma_select_hb_pairs("on");
   const Shape shapes[] = {{32, 256}, {48, 512}, {32, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
-  for (DType dt : {DType::Q4_K, DType::Q6_K})
-    for (const Shape& s : shapes) {
-      const bool big = s.N * s.K > (int64_t(8) << 20);
-      const int64_t step = big ? 61 : 1;
-      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
-      const HostT wf = form_weights(w, step);
-      const DevT dw = upload_tiled(*gpu_, w);
-      for (const char* loads : {"regs", "smem"})
-        for (int64_t T : {17, 24, 32, 40, 64}) {
-          cuda::mma_select_variant(loads, nullptr);
-          const HostT x = random_t(rng_, DType::F32, {T, s.K});
-          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
-          const long long before = cuda::mma_hb_launches();
-          gpu_->matmul(dx.t, dw.t, dout.t);
-          const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
-                                   std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads + " pairs";
-          // odd row-tile counts fall back to single tiles, Q4_K rows of ≥ 32 super-blocks past 32
-          // tokens then staying int8
-          const bool half = takes_half(dt, s.N, s.K, T);
-          EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what;
-          const std::vector<float> want =
-              half ? reference(wf, bf16_rounded(x), T, step) : reference(w, int8_activations(x), T, step);
-          std::string where;
-          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), want, T, s.N, step, &where), half ? 1e-4 : 2e-5)
-              << what << " " << where;
-        }
-    }
-  cuda::mma_select_variant(nullptr, nullptr);
+  const int64_t Ts[] = {17, 24, 32, 40, 64};
+  expect_twins(shapes, Ts, [](int64_t) { return std::string("pairs"); });
   const int64_t rows[] = {48, 4096, 16};
   uint64_t key = 0x5041'0000;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
