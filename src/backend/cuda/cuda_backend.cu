@@ -826,11 +826,8 @@ class CudaBackend final : public Backend {
                             Tensor& out) override {
     // QWEN36_TREE_FUSED=off: the model composes the tree ops instead (the A / B of
     // bench/RESULTS.md, session 53: H100, DDTree budget 22, 419.4 → 427.1 t/s SIMULATED).
-    static const bool off = [] {
-      const char* v = std::getenv("QWEN36_TREE_FUSED");
-      return v && std::string_view(v) == "off";
-    }();
-    if (off) return false;
+    static std::atomic<int> tree_fused{-1};
+    if (cuda::variant(tree_fused, "QWEN36_TREE_FUSED", "on", "off") == 2) return false;  // 2: "off"
     Prof p_(*this, "deltanet_verify_tree");
     return cuda::deltanet_verify_tree(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, run, parent, conv_in, g_in,
                                       beta_in, out);

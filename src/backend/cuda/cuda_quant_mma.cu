@@ -380,11 +380,12 @@ std::atomic<int> g_hb_blocks{-1};
 // 17408 at 40 tokens: Q4_K int8 84.8, pairs 71.6; Q6_K 116.1 / 94.0 / – / 77.6), the others one
 // block (Q6_K 17408 × 5120: 117.1 / 61.5 / – / 65.3; pairs lose there at 17-32 tokens).
 // QWEN36_MMA_HB_PAIRS = on | off (unset: as above): pairs wherever the bf16 form runs, or never.
+// Pairs need the group's row-tiles (rt) to pair up; an odd count takes the single-tile rule.
 std::atomic<int> g_hb_pairs{-1};
-int hb_form(DType t, int S, int NT, bool pairs = true) {
+int hb_form(DType t, int S, int NT, int rt) {
   if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
-  const int pairs_env = pairs ? variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") : kOff;
-  if (pairs_env == kOn || (pairs_env == kAuto && NT > 4 && S >= 32)) return 3;
+  const int pairs = rt % 2 == 0 ? variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") : kOff;
+  if (pairs == kOn || (pairs == kAuto && NT > 4 && S >= 32)) return 3;
   if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
   const int blocks = variant(g_hb_blocks, "QWEN36_MMA_HB_BLOCKS", "1", "2");  // 0: unset
   return blocks ? blocks : t == DType::Q4_K_T16 ? 2 : 1;
@@ -660,7 +661,6 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   };
   std::vector<Group> groups;
   int max_warps = 1;
-  bool any_pair = false;  // a group on pairs of row-tiles (hb 3): pieces of two row-tiles a slot
   // tile_pairs' rows take shared memory from the warps' rings: where that leaves a block fewer
   // warps than one token's (a Q6_K down projection's K = 17408 at 3 tokens: 14 of 16), the
   // call takes the multi-token kernel, which keeps 16 warps per SM (H200: ≈ even at 4 tokens
@@ -669,7 +669,6 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   auto plan_groups = [&]() -> bool {
     groups.clear();
     max_warps = 1;
-    any_pair = false;
     for (size_t i = 0; i < ws.size();) {
       size_t e = i + 1;
       while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
@@ -693,14 +692,8 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       gr.t = ws[i]->dtype;
       gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
       gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
-      gr.hb = rows == 0 ? hb_form(gr.t, a.S, NT) : 0;
-      if (gr.hb == 3) {  // units of two row-tiles: the group's row-tiles must pair up
-        if (rt % 2 == 0)
-          a.total = (long long)(rt / 2) * a.S;
-        else
-          gr.hb = hb_form(gr.t, a.S, NT, false);
-      }
-      any_pair = any_pair || gr.hb == 3;
+      gr.hb = rows == 0 ? hb_form(gr.t, a.S, NT, rt) : 0;
+      if (gr.hb == 3) a.total = (long long)(rt / 2) * a.S;  // units of two row-tiles
       bool same_split = true;
       with_mma(gr.t, NT, rows, gr.regs, gr.xs, gr.hb, [&](auto dt, auto nt, auto o, auto rg, auto x, auto h) {
         auto plan = plan_mma<decltype(dt)::value, decltype(nt)::value, decltype(o)::value, decltype(rg)::value,
@@ -779,6 +772,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_part = fused || act || norm ? 0 : L.bytes;
   // (pieces of two row-tiles a slot where a group runs on pairs of them)
+  const bool any_pair = std::any_of(groups.begin(), groups.end(), [](const Group& gr) { return gr.hb == 3; });
   const size_t o_cnt =
       o_part + (staged ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * (any_pair ? 2 : 1) * sizeof(float)));
   Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_warps) * sizeof(int)) : 0));

@@ -141,6 +141,13 @@ __device__ __forceinline__ void half_group(const Raw<D>& R, int jj, int g, const
   w[0] = p0, w[1] = p1, w[2] = q0, w[3] = q1, w[4] = p2, w[5] = p3, w[6] = q2, w[7] = q3;
 }
 
+// acc += a k32 group of one tile against one n8 tile of tokens: its two MMAs, w the group's A
+// fragments (half_group), b the B fragments of both (one 16-byte load).
+__device__ __forceinline__ void mma_group(float (&acc)[4], const uint32_t (&w)[8], const uint4& b) {
+  mma_bf16_k16(acc, w[0], w[1], w[2], w[3], b.x, b.y);
+  mma_bf16_k16(acc, w[4], w[5], w[6], w[7], b.z, b.w);
+}
+
 // One tile against the first NL n8 tiles of tokens (of the layout's NT): xh is this lane's B
 // fragments of the tile's super-block (entry (jj · NT + n) · 32 for group jj, n8 tile n).
 template <DType D, int NT, int NL>
@@ -154,9 +161,7 @@ __device__ __forceinline__ void tile_half(const Raw<D>& R, const uint4* __restri
     half_group(R, jj, g, tab, w);
 #pragma unroll
     for (int n = 0; n < NL; ++n) {
-      const uint4 b = __ldca(xh + (jj * NT + n) * 32);
-      mma_bf16_k16(acc[n], w[0], w[1], w[2], w[3], b.x, b.y);
-      mma_bf16_k16(acc[n], w[4], w[5], w[6], w[7], b.z, b.w);
+      mma_group(acc[n], w, __ldca(xh + (jj * NT + n) * 32));
     }
   }
 }
@@ -179,10 +184,8 @@ __device__ __forceinline__ void tile_half_pair(const Raw<D>& R0, const Raw<D>& R
 #pragma unroll
     for (int n = 0; n < NL; ++n) {
       const uint4 b = __ldca(xh + (jj * NT + n) * 32);
-      mma_bf16_k16(acc0[n], w0[0], w0[1], w0[2], w0[3], b.x, b.y);
-      mma_bf16_k16(acc0[n], w0[4], w0[5], w0[6], w0[7], b.z, b.w);
-      mma_bf16_k16(acc1[n], w1[0], w1[1], w1[2], w1[3], b.x, b.y);
-      mma_bf16_k16(acc1[n], w1[4], w1[5], w1[6], w1[7], b.z, b.w);
+      mma_group(acc0[n], w0, b);
+      mma_group(acc1[n], w1, b);
     }
   }
 }

@@ -508,8 +508,15 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       if (8 * (NT - 1) >= T) return tiles.template operator()<NT - 1>();
     tiles.template operator()<NT>();
   };
-  // A unit's tiles in registers: one tile, or (PAIR) the two (tile_half_pair).
+  // A unit's tiles in registers: one tile, or (PAIR) the two (tile_half_pair); tile_of(U, h) is
+  // tile h of it.
   using Unit = std::conditional_t<PAIR, Raw<D>[2], Raw<D>>;
+  auto tile_of = [](Unit& U, int h) -> Raw<D>& {
+    if constexpr (PAIR)
+      return U[h];
+    else
+      return U;
+  };
   auto compute = [&](const Unit& U) {
     if constexpr (PAIR) {
       const uint4* __restrict__ xh = a.xh + size_t(s) * (8 * NT * 32) + lane;
@@ -661,12 +668,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     // matrix's warps (a few tiles each) have two tiles arriving while the kernel before ends.
     Unit A, Bt;
     auto load_unit = [&](long long u, Unit& R) {
-      if constexpr (PAIR) {
 #pragma unroll
-        for (int h = 0; h < kRT; ++h) load_tile<D, true>(tile_at(u, h), lane, R[h]);
-      } else {
-        load_tile<D, true>(a.w + size_t(u) * B, lane, R);
-      }
+      for (int h = 0; h < kRT; ++h) load_tile<D, true>(tile_at(u, h), lane, tile_of(R, h));
     };
     // XS with a.ahead: tile j's 128-byte lines requested into L2 (prefetch.global.L2) a.ahead
     // tiles before its register load, so that load waits on L2, not DRAM (ncu: 31% of the
@@ -721,12 +724,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         cpa_wait<RING - 1>();
         __syncwarp();  // the headers copied by other lanes are visible
         Unit R;
-        if constexpr (PAIR) {
 #pragma unroll
-          for (int h = 0; h < kRT; ++h) load_tile<D, false>(ring + cur + h * B, lane, R[h]);
-        } else {
-          load_tile<D, false>(ring + cur, lane, R);
-        }
+        for (int h = 0; h < kRT; ++h) load_tile<D, false>(ring + cur + h * B, lane, tile_of(R, h));
         compute(R);
         next += B;
         fill = cur;  // the stage just read is the next to refill
