@@ -1,7 +1,6 @@
 #pragma once
 // defines: what the attention kernels share (cuda_attention.cu, cuda_attention_decode.cu,
-//          cuda_flash_attention.cu): the KV-cache kinds and their row sizes, the sm_80 tensor
-//          core and async-copy wrappers (mma.sync m16n8k16, ldmatrix, cp.async), the
+//          cuda_flash_attention.cu): the KV-cache kinds and their row sizes, the
 //          dequantisation of cached rows into f16 (formats: backend/kv_cache.h), the decode
 //          kernel's stage layout and its mma fragments built straight from raw quantised rows
 //          (DecodeStage, DecodeFrag), the warp Walsh–Hadamard transform, and the entry points
@@ -16,6 +15,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 
@@ -37,86 +37,6 @@ __host__ __device__ constexpr int kv_row_bytes(KvKind k, int D) {
   return k == KvKind::F32 ? 4 * D : k == KvKind::BF16 ? 2 * D : k == KvKind::F8 ? D : k == KvKind::Q8 ? 34 * (D / 32) : 18 * (D / 32);
 }
 
-// ---- sm_80 primitives ----
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-template <int N>  // bytes: 4, 8 or 16 (16 bypasses L1: streamed data)
-__device__ __forceinline__ void cp_async(void* dst, const void* src) {
-  if constexpr (N == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// wait_group takes an immediate: a switch over the pipeline depths in use (warp-uniform).
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-  }
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += a·b for one m16n8k16 tile, E = bf16 or f16 inputs, f32 accumulators.
-template <typename E>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two f32 rounded to E, packed (lo in the lower 16 bits), and the rounded values back.
-template <typename E>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-template <typename E>
-__device__ __forceinline__ float2 unpack2(uint32_t u) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>)
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-  else
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-}
-// x ≈ hi + lo, both E: the pair of operands that makes an E×E product almost an f32 one
-// (lo carries the rounding error of hi: relative 2^-16 for bf16, 2^-22 for f16 left over).
-template <typename E>
-__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  hi = pack2<E>(x0, x1);
-  const float2 h = unpack2<E>(hi);
-  lo = pack2<E>(x0 - h.x, x1 - h.y);
-}
 template <typename E>
 __device__ __forceinline__ void store4(E* dst, float4 x) {  // 4 values, 8-byte aligned
   uint2 u;

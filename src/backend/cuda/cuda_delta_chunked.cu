@@ -38,6 +38,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_ops.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 #include "backend/cuda/cuda_state_ref.cuh"
 
 namespace qwen36::cuda {
@@ -108,42 +109,7 @@ __device__ __forceinline__ uint32_t to_tf32(float x) { return (__float_as_uint(x
 // (x.x, x.y) = hi + lo, both rounded to bf16 and packed in pairs (x.x in the low half, the
 // lower k index, as the mma fragments want): |x − hi − lo| ≤ 2^-18 |x|.
 __device__ __forceinline__ void split_bf16x2(float2 x, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x.x - hf.x, x.y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
-// d += a·b, one m16n8k8 tf32 tile. Fragments (g = lane/4, t = lane%4): a = A(g, t), A(g+8, t),
-// A(g, t+4), A(g+8, t+4); b = B(t, g), B(t+4, g); d = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// d += a·b, one m16n8k16 bf16 tile; each register holds a k pair (low half: the lower k).
-// a = A(g, 2t..2t+1), A(g+8, 2t..), A(g, 2t+8..), A(g+8, 2t+8..); b = B(2t..2t+1, g), B(2t+8.., g);
-// d as for tf32.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// d += a·b, one m16n8k16 f16 tile (fragments as for bf16): the fused scan's output products.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// (lo, hi) rounded to f16 and packed (lo in the low half: the lower k index)
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
+  split2<__nv_bfloat16>(x.x, x.y, hi, lo);
 }
 
 // C[M × N] += A·B over the block's 8 warps: warp w owns an (16·MT) × (8·NT) tile of C in the
@@ -228,9 +194,9 @@ struct Acc {
     for (int i = 0; i < MT; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {  // the small terms first
-        mma_bf16(c[i][j], al[i], bh[j]);
-        mma_bf16(c[i][j], ah[i], bl[j]);
-        mma_bf16(c[i][j], ah[i], bh[j]);
+        mma16816<__nv_bfloat16>(c[i][j], al[i], bh[j]);
+        mma16816<__nv_bfloat16>(c[i][j], ah[i], bl[j]);
+        mma16816<__nv_bfloat16>(c[i][j], ah[i], bh[j]);
       }
   }
 
@@ -306,14 +272,9 @@ struct Acc {
 };
 
 // ---- async copies ----
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid = true) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+// 16 bytes of floats; an invalid copy zero-fills without reading (rows past the sequence).
+__device__ __forceinline__ void cp_async16_or_zero(float* dst, const float* src, bool valid) {
+  cp_async16_fill(smem_addr(dst), src, valid ? 16 : 0);
 }
 // BYTES (a multiple of 16) from global memory to the shared address dst by a block of NT
 // threads, 16 bytes a copy; unrolled, 32-bit shared addresses (the fused scan issues ~6700
@@ -326,8 +287,7 @@ __device__ __forceinline__ void copy_async(uint32_t dst, const void* src) {
   for (int i = 0; i < (N + NT - 1) / NT; ++i) {
     const int e = int(threadIdx.x) + i * NT;
     if (N % NT == 0 || e < N)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16u * uint32_t(e)), "l"(s + 16 * e)
-                   : "memory");
+      cp_async16(dst + 16u * uint32_t(e), s + 16 * e);
   }
 }
 
@@ -443,7 +403,28 @@ __device__ void load_rows_async(float* dst, int ld, const float* src, int64_t ro
   for (int e = int(threadIdx.x); e < kC * D / 4; e += kThreads) {
     const int i = e / (D / 4), x = (e % (D / 4)) * 4;
     const bool ok = i < n;  // padding rows: zero-filled (the source row is only a valid address)
-    cp_async16(dst + i * ld + x, src + ((row0 + (ok ? i : 0)) * H + hh) * D + x, ok);
+    cp_async16_or_zero(dst + i * ld + x, src + ((row0 + (ok ? i : 0)) * H + hh) * D + x, ok);
+  }
+}
+
+// The prepare kernels' start: T's identity (invert_unit_lower's entry state) and the chunk's
+// gates γ (before cumulate_gamma) and β for value head h, zero past its n tokens.
+template <int LA>
+__device__ __forceinline__ void start_prepare(const ChunkArgs& a, int64_t row0, int n, int h, float* Ts, float* gs,
+                                              float* bs) {
+  const int tid = int(threadIdx.x);
+  for (int e = tid; e < kC * LA; e += kThreads) Ts[e] = e / LA == e % LA ? 1.0f : 0.0f;
+  if (tid < kC) {
+    gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
+    bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
+  }
+}
+// Row i of a [64][ld] tile of D columns times f(i): β e^γ k̂ for W's operand, β v for U's.
+template <int D, typename F>
+__device__ __forceinline__ void scale_rows(float* X, int ld, F f) {
+  for (int e = int(threadIdx.x); e < kC * D; e += kThreads) {
+    const int i = e / D, x = e % D;
+    X[i * ld + x] *= f(i);
   }
 }
 
@@ -515,11 +496,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
   load_rows_async<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
   cp_async_commit();
-  for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
-  if (tid < kC) {
-    gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
-    bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
-  }
+  start_prepare<L::LA>(a, row0, n, h, Ts, gs, bs);
   cp_async_wait<0>();
   __syncthreads();
   cumulate_gamma(gs);
@@ -535,14 +512,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prepare_kernel(ChunkArgs a)
   }
   __syncthreads();
   // The W and U operands (nothing reads Ks or Vs during the substitution below).
-  for (int e = tid; e < kC * DK; e += kThreads) {
-    const int i = e / DK, x = e % DK;
-    Ks[i * L::LK + x] *= bs[i] * expf(gs[i]);
-  }
-  for (int e = tid; e < kC * DV; e += kThreads) {
-    const int i = e / DV, x = e % DV;
-    Vs[i * L::LV + x] *= bs[i];
-  }
+  scale_rows<DK>(Ks, L::LK, [&](int i) { return bs[i] * expf(gs[i]); });
+  scale_rows<DV>(Vs, L::LV, [&](int i) { return bs[i]; });
   invert_unit_lower<L::LA>(As, Ts, Ys);
   {  // W = T·(β e^γ K̂); T is lower triangular, so a warp's rows need columns < m0 + 32 only
     Acc<kC, DK, 2, DK / 32, kPrecPrepare> acc;
@@ -607,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_state_kernel(ChunkArgs a) {
     for (int e = tid; e < kC * DK / 4; e += kThreads) {
       const int i = e / (DK / 4), x = (e % (DK / 4)) * 4;
       const bool ok = i < n;  // padding rows are zero-filled (the source row is only a valid address)
-      cp_async16(Kt + i * L::LKt + x, a.kn + ((row0 + (ok ? i : 0)) * a.Hk + kh) * DK + x, ok);
+      cp_async16_or_zero(Kt + i * L::LKt + x, a.kn + ((row0 + (ok ? i : 0)) * a.Hk + kh) * DK + x, ok);
     }
   };
 
@@ -782,7 +753,7 @@ __device__ void write_key_frags(const float* Ks, const float* Qs, int ld, uint4*
       const int kk = tile / 8, i = 8 * (tile % 8) + gg, x0 = 16 * kk + 2 * tt;
       const float2 q0 = *reinterpret_cast<const float2*>(Qs + i * ld + x0);
       const float2 q1 = *reinterpret_cast<const float2*>(Qs + i * ld + x0 + 8);
-      qf[e] = make_uint2(pack_f16x2(q0.x, q0.y), pack_f16x2(q1.x, q1.y));
+      qf[e] = make_uint2(pack2<__half>(q0.x, q0.y), pack2<__half>(q1.x, q1.y));
     }
   }
 }
@@ -810,11 +781,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
   load_rows_async<DK>(Ks, L::LK, a.kn, row0, n, a.Hk, kh);
   load_rows_async<DK>(Qs, L::LK, a.qn, row0, n, a.Hk, kh);
   cp_async_commit();
-  for (int e = tid; e < kC * L::LA; e += kThreads) Ts[e] = e / L::LA == e % L::LA ? 1.0f : 0.0f;
-  if (tid < kC) {
-    gs[tid] = tid < n ? a.g[(row0 + tid) * a.Hv + h] : 0.0f;
-    bs[tid] = tid < n ? a.beta[(row0 + tid) * a.Hv + h] : 0.0f;
-  }
+  start_prepare<L::LA>(a, row0, n, h, Ts, gs, bs);
   __syncthreads();
   cumulate_gamma(gs);
   __syncthreads();
@@ -850,8 +817,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
             const float* c0 = acc.c[mi][nj];
             const float* c1 = acc.c[mi][nj + 1];
             P[(((acc.n0 + 8 * nj) / 16) * 8 + i / 8) * 32 + lane] =
-                make_uint2(pack_f16x2(p(j0, c0[2 * hh]), p(j0 + 1, c0[2 * hh + 1])),
-                           pack_f16x2(p(j0 + 8, c1[2 * hh]), p(j0 + 9, c1[2 * hh + 1])));
+                make_uint2(pack2<__half>(p(j0, c0[2 * hh]), p(j0 + 1, c0[2 * hh + 1])),
+                           pack2<__half>(p(j0 + 8, c1[2 * hh]), p(j0 + 9, c1[2 * hh + 1])));
           }
         }
     }
@@ -859,10 +826,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
   __syncthreads();  // A complete; q̂ (and, for the key head's writer, k̂ unscaled) no longer read
   load_rows_async<DV>(Vs, L::LV, a.v, row0, n, a.Hv, h);
   cp_async_commit();
-  for (int e = tid; e < kC * DK; e += kThreads) {
-    const int i = e / DK, x = e % DK;
-    Ks[i * L::LK + x] *= bs[i] * expf(gs[i]);
-  }
+  scale_rows<DK>(Ks, L::LK, [&](int i) { return bs[i] * expf(gs[i]); });
   invert_unit_lower<L::LA>(As, Ts, Ys);
   {  // W = T·(β e^γ K̂) → Wf as −W; T is lower triangular, so a warp's rows need columns < m0 + 32 only
     constexpr int NT = DK / 32;
@@ -885,10 +849,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_prep_frag_kernel(ChunkArgs 
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int e = tid; e < kC * DV; e += kThreads) {
-    const int i = e / DV, x = e % DV;
-    Vs[i * L::LV + x] *= bs[i];
-  }
+  scale_rows<DV>(Vs, L::LV, [&](int i) { return bs[i]; });
   __syncthreads();
   {  // Uᵀ = (β V)ᵀ·Tᵀ (value columns × tokens): each accumulator tile is one Uf float4 per lane;
      // T lower triangular: a warp's tokens n0.. need columns of T below n0 + 32 only
@@ -949,7 +910,7 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
   const int col0 = int(blockIdx.z) * kScanCols, cw = col0 + 16 * w;
   const int64_t S = (int64_t(r.slot) * a.Hv + h) * DK * DV;  // in elements
 
-  const uint32_t sm_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const uint32_t sm_addr = smem_addr(sm);
   auto issue = [&](int c, int stage) {
     constexpr int NT = 32 * kScanWarps;
     const int64_t hd = (base + c - a.seg0) * a.Hv + h, kd = (base + c - a.seg0) * a.Hk + kh;
@@ -999,20 +960,20 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
       split_bf16x2(make_float2(s[2 * kk][2], s[2 * kk][3]), ah[1], al[1]);
       split_bf16x2(make_float2(s[2 * kk + 1][0], s[2 * kk + 1][1]), ah[2], al[2]);
       split_bf16x2(make_float2(s[2 * kk + 1][2], s[2 * kk + 1][3]), ah[3], al[3]);
-      af[0] = pack_f16x2(s[2 * kk][0], s[2 * kk][1]);
-      af[1] = pack_f16x2(s[2 * kk][2], s[2 * kk][3]);
-      af[2] = pack_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      af[3] = pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      af[0] = pack2<__half>(s[2 * kk][0], s[2 * kk][1]);
+      af[1] = pack2<__half>(s[2 * kk][2], s[2 * kk][3]);
+      af[2] = pack2<__half>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      af[3] = pack2<__half>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint4 wb = Wf[(kk * 8 + j) * 32 + lane];
         const uint32_t bh[2] = {wb.x, wb.y}, bl[2] = {wb.z, wb.w};
-        mma_bf16(v[j], al, bh);  // the small terms first
-        mma_bf16(v[j], ah, bl);
-        mma_bf16(v[j], ah, bh);
+        mma16816<__nv_bfloat16>(v[j], al, bh);  // the small terms first
+        mma16816<__nv_bfloat16>(v[j], ah, bl);
+        mma16816<__nv_bfloat16>(v[j], ah, bh);
         const uint2 qb = Qf[(kk * 8 + j) * 32 + lane];
         const uint32_t bq[2] = {qb.x, qb.y};
-        mma_f16(x[j], af, bq);
+        mma16816<__half>(x[j], af, bq);
       }
     }
     // Oᵀ = e^γ ⊙ Sᵀq̂ᵀ + V'ᵀPᵀ (P lower triangular: k-step kk reaches token tiles n ≥ 2kk only)
@@ -1022,14 +983,14 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
       for (int e = 0; e < 4; ++e) x[j][e] *= G[8 * j + 2 * t + (e & 1)];
 #pragma unroll
     for (int kk = 0; kk < kC / 16; ++kk) {
-      const uint32_t av[4] = {pack_f16x2(v[2 * kk][0], v[2 * kk][1]), pack_f16x2(v[2 * kk][2], v[2 * kk][3]),
-                              pack_f16x2(v[2 * kk + 1][0], v[2 * kk + 1][1]),
-                              pack_f16x2(v[2 * kk + 1][2], v[2 * kk + 1][3])};
+      const uint32_t av[4] = {pack2<__half>(v[2 * kk][0], v[2 * kk][1]), pack2<__half>(v[2 * kk][2], v[2 * kk][3]),
+                              pack2<__half>(v[2 * kk + 1][0], v[2 * kk + 1][1]),
+                              pack2<__half>(v[2 * kk + 1][2], v[2 * kk + 1][3])};
 #pragma unroll
       for (int nn = 2 * kk; nn < 8; ++nn) {
         const uint2 pb = Pf[(kk * 8 + nn) * 32 + lane];
         const uint32_t bp[2] = {pb.x, pb.y};
-        mma_f16(x[nn], av, bp);
+        mma16816<__half>(x[nn], av, bp);
       }
     }
     {
@@ -1062,9 +1023,9 @@ __global__ void __launch_bounds__(32 * kScanWarps, 1) chunk_scan_fused_kernel(Ch
       for (int j = 0; j < KT; ++j) {
         const uint4 kb = Kf[(kk * KT + j) * 32 + lane];
         const uint32_t bh[2] = {kb.x, kb.y}, bl[2] = {kb.z, kb.w};
-        mma_bf16(s[j], al, bh);
-        mma_bf16(s[j], ah, bl);
-        mma_bf16(s[j], ah, bh);
+        mma16816<__nv_bfloat16>(s[j], al, bh);
+        mma16816<__nv_bfloat16>(s[j], ah, bl);
+        mma16816<__nv_bfloat16>(s[j], ah, bh);
       }
     }
     __syncthreads();  // every warp is done with this stage

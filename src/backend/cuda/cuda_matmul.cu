@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 
@@ -129,13 +130,6 @@ struct TileChunk {
   static_assert(J % kTileAhead == 0, "a chunk must hold whole rounds of the weight ring");
 };
 
-__device__ __forceinline__ void tile_cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void tile_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void tile_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // Chunk c of x[T, K] into buf (all threads of the block): float4 v of row t, elements
 // c·KC + 4v .. +3, goes to buf[(t·2 + v % 2)·PC + v / 2]. Positions past K are left unwritten
@@ -147,7 +141,7 @@ __device__ __forceinline__ void tile_fill(float4* buf, const float* __restrict__
   const int e0 = c * C::KC;
   for (int q = threadIdx.x; q < T * per_t; q += blockDim.x) {
     const int t = q / per_t, v = q % per_t, e = e0 + 4 * v;
-    if (e < K) tile_cp_async16(buf + (t * 2 + (v & 1)) * C::PC + (v >> 1), x + size_t(t) * K + e);
+    if (e < K) cp_async16(buf + (t * 2 + (v & 1)) * C::PC + (v >> 1), x + size_t(t) * K + e);
   }
 }
 
@@ -181,13 +175,13 @@ __device__ __forceinline__ void tile_dot(const W* const (&wr)[RR], const float* 
     }
   griddep_wait();
   tile_fill<T>(xs, x, K, 0);
-  tile_cp_async_commit();
+  cp_async_commit();
   for (int c = 0; c < chunks; ++c) {
     // Chunk c has landed for everyone, and everyone is done with chunk c - 1's buffer.
-    tile_cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
     if (c + 1 < chunks) tile_fill<T>(xs + ((c + 1) & 1) * C::kBuf, x, K, c + 1);
-    tile_cp_async_commit();
+    cp_async_commit();
     const float4* xb = xs + (c & 1) * C::kBuf;
 #pragma unroll
     for (int j = 0; j < C::J; ++j) {

@@ -51,6 +51,7 @@
 
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_quant_moe_grouped.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 
@@ -568,44 +569,6 @@ constexpr int kGemmSmem = kStages * 2 * kTileElems * 2;  // bytes: 64 KB
 
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kBK + ((chunk ^ ((row >> 1) & 3)) << 3); }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  // src-size 0 zero-fills the 16 bytes without reading (rows past the group, k past K)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
 struct GemmArgs {
   const void* a;            // gate+up: x rounded [T, K] (rows via row_pair / k); down: act [P, K] by row
   const int32_t* row_pair;  // [P] row → pair
@@ -628,7 +591,7 @@ struct GemmArgs {
 template <typename T, bool kGateUp>
 __global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const GemmArgs g) {
   extern __shared__ uint4 smem[];
-  const uint32_t sA = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t sA = smem_addr(smem);
   const uint32_t sB = sA + kStages * kTileElems * 2;
 
   const int mtile = blockIdx.x / g.n_tiles, ntile = blockIdx.x % g.n_tiles;
@@ -690,8 +653,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const Gem
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool av = a_ok[h] && k_ok, bv = b_ok[h] && k_ok;
-      cp_async16(sA + st + s_off[h], av ? a_src[h] + k0 : a_src[h], av);
-      cp_async16(sB + st + s_off[h], bv ? b_src[h] + k0 : b_src[h], bv);
+      cp_async16_fill(sA + st + s_off[h], av ? a_src[h] + k0 : a_src[h], av ? 16 : 0);
+      cp_async16_fill(sB + st + s_off[h], bv ? b_src[h] + k0 : b_src[h], bv ? 16 : 0);
     }
   };
 
@@ -725,7 +688,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const Gem
         // matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
         const int n = wn * 32 + np * 16 + (lane % 8) + (lane / 16) * 8, ch = kk * 2 + (lane / 8) % 2;
         uint32_t r[4];
-        ldmatrix_x4(r, sB + st + uint32_t(swz(n, ch)) * 2);
+        ldsm_x4(r, sB + st + uint32_t(swz(n, ch)) * 2);
         b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
       }
 #pragma unroll
@@ -734,7 +697,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) grouped_gemm_kernel(const Gem
           // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15)
           const int row = wm * 64 + mt * 16 + lane % 16, ch = kk * 2 + lane / 16;
           uint32_t a[4];
-          ldmatrix_x4(a, sA + st + uint32_t(swz(row, ch)) * 2);
+          ldsm_x4(a, sA + st + uint32_t(swz(row, ch)) * 2);
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) mma16816<T>(acc[mt][nt], a, b[nt][0], b[nt][1]);
         }

@@ -104,17 +104,6 @@ constexpr float kMag = 8388608.0f;         // 2^23: byte 0..255 as is
 constexpr float kMag32 = 8388640.0f;       // 2^23 + 32: Q6_K's q − 32
 constexpr float kMag128 = 8388736.0f;      // 2^23 + 128: a byte XOR 0x80 as its int8 value
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Per tile and super-block: Q4_K's (d·sc, dmin·m) table (16 rows × 8 sub-blocks; lane: row
 // lane % 16, sub-blocks 4·(lane / 16) ..), Q6_K's row scales d; Q8_0 needs nothing.
 template <DType D>
@@ -206,10 +195,10 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
     const int lo = 2 * st, hi = 2 * st + 1;  // words of rows g and g + 8 for this step
-    a[st][0] = pack_bf16(y[lo][0], y[lo][1]);
-    a[st][1] = pack_bf16(y[hi][0], y[hi][1]);
-    a[st][2] = pack_bf16(y[lo][2], y[lo][3]);
-    a[st][3] = pack_bf16(y[hi][2], y[hi][3]);
+    a[st][0] = pack2<__nv_bfloat16>(y[lo][0], y[lo][1]);
+    a[st][1] = pack2<__nv_bfloat16>(y[hi][0], y[hi][1]);
+    a[st][2] = pack2<__nv_bfloat16>(y[lo][2], y[lo][3]);
+    a[st][3] = pack2<__nv_bfloat16>(y[hi][2], y[hi][3]);
   }
 }
 
@@ -221,7 +210,7 @@ __device__ __forceinline__ void issue_weights(uint8_t* st, const QgArgs& a, int 
   constexpr int B = TileLayout<D>::kBytes, C = B / 16;
   for (int q = int(threadIdx.x); q < nrt * C; q += kWarps * 32) {
     const int i = q / C, off = q - i * C;
-    cpa_16(st + i * B + 16 * off, a.w + (size_t(rt0 + i) * size_t(a.S) + size_t(s)) * B + 16 * size_t(off));
+    cp_async16(st + i * B + 16 * off, a.w + (size_t(rt0 + i) * size_t(a.S) + size_t(s)) * B + 16 * size_t(off));
   }
 }
 template <DType D>
@@ -230,7 +219,7 @@ __device__ __forceinline__ void issue_x(uint8_t* st, const QgArgs& a, int tok0, 
 #pragma unroll
   for (int k = 0; k < kXBytes / 16 / (kWarps * 32); ++k) {
     const int q = int(threadIdx.x) + k * kWarps * 32, r = q >> 5, c = q & 31;
-    cpa_16(xs + r * kXRow + 16 * (c ^ ((r & 1) << 2)),
+    cp_async16(xs + r * kXRow + 16 * (c ^ ((r & 1) << 2)),
            a.xp + (size_t(tok0 + r) * size_t(a.K) + size_t(s) * 256) * 2 + 16 * size_t(c));
   }
 }
@@ -263,8 +252,8 @@ __device__ __forceinline__ void stage_compute(const uint8_t* st, int my0, int my
         const uint4 b = lds4(xb + (8 * n + g) * kXRow);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          mma_bf16(acc[r][n], af[r][0], b.x, b.y);
-          mma_bf16(acc[r][n], af[r][1], b.z, b.w);
+          mma16816<__nv_bfloat16>(acc[r][n], af[r][0], b.x, b.y);
+          mma16816<__nv_bfloat16>(acc[r][n], af[r][1], b.z, b.w);
         }
       }
     }
@@ -287,7 +276,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) qgemm_kernel(const QgArgs a) {
   issue_weights<D>(smem, a, rt0, nrt, s_begin);
   griddep_wait();  // x, the counters and the output come after the kernels before
   issue_x<D>(smem, a, tok0, s_begin);
-  cpa_commit();
+  cp_async_commit();
 
   float acc[2][kNT][4];
 #pragma unroll
@@ -301,8 +290,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) qgemm_kernel(const QgArgs a) {
       issue_weights<D>(nxt, a, rt0, nrt, s_begin + it + 1);
       issue_x<D>(nxt, a, tok0, s_begin + it + 1);
     }
-    cpa_commit();  // possibly empty: group k always holds stage k
-    cpa_wait<1>();
+    cp_async_commit();  // possibly empty: group k always holds stage k
+    cp_async_wait<1>();
     __syncthreads();  // every thread's copies of stage `it` are visible
     if (busy) {
       const uint8_t* st = smem + (it & 1) * stage_bytes<D>();
@@ -383,7 +372,8 @@ __global__ void qgemm_x_kernel(const float* __restrict__ x, int T, int Tp, int K
     if (row < T) {
       const float4* xr = reinterpret_cast<const float4*>(x + size_t(row) * K + size_t(j) * 32);
       const float4 lo = xr[t], hi = xr[4 + t];
-      o = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
+      o = make_uint4(pack2<__nv_bfloat16>(lo.x, lo.y), pack2<__nv_bfloat16>(lo.z, lo.w),
+                     pack2<__nv_bfloat16>(hi.x, hi.y), pack2<__nv_bfloat16>(hi.z, hi.w));
     }
     xp[id] = o;
   }

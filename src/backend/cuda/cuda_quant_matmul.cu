@@ -41,6 +41,7 @@
 #include "backend/cuda/cuda_fp8_gemm.cuh"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_hf.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 
@@ -490,16 +491,6 @@ __host__ __device__ constexpr int gemv_warps() {
   return TM >= 4 ? 16 : (TM == 1 ? 32 : 24);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int n>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
-}
-
 // The 16-byte chunks covering [src, src + len) → dst (zero-filled past `end`, never read).
 __device__ __forceinline__ void copy_span(const uint8_t* src, int len, const uint8_t* end, uint8_t* dst, int lane) {
   const uintptr_t c0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
@@ -507,7 +498,8 @@ __device__ __forceinline__ void copy_span(const uint8_t* src, int len, const uin
   for (int k = lane; k < n; k += 32) {
     const uintptr_t g = c0 + uintptr_t(16 * k);
     const long long left = (long long)(reinterpret_cast<uintptr_t>(end) - g);
-    cp_async16(dst + 16 * k, reinterpret_cast<const void*>(g), left >= 16 ? 16 : (left > 0 ? int(left) : 0));
+    const int bytes = left >= 16 ? 16 : (left > 0 ? int(left) : 0);
+    cp_async16_fill(smem_addr(dst + 16 * k), reinterpret_cast<const void*>(g), bytes);
   }
 }
 

@@ -72,20 +72,15 @@ __device__ __forceinline__ void mma_k16_acc(int (&c)[4], uint32_t a0, uint32_t a
 __device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
 
-
 // A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
 // own fragments come from), the tail (headers) by the first lanes. dst, src: the stage and the
 // tile advanced by this lane's 16 L; the copies address them with immediate offsets (built from
 // a generic pointer per copy, the compiler spent two 64-bit adds on each).
-template <int OFF>
-__device__ __forceinline__ void cpa_16_at(uint32_t dst, const uint8_t* src) {
-  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;\n" ::"r"(dst), "l"(src), "n"(OFF) : "memory");
-}
 template <int B, int... I>
 __device__ __forceinline__ void issue_tile(uint32_t dst, const uint8_t* __restrict__ src, int lane,
                                            std::integer_sequence<int, I...>) {
-  (cpa_16_at<512 * I>(dst, src), ...);
-  if (16 * lane < B % 512) cpa_16_at<B / 512 * 512>(dst, src);
+  (cp_async16_at<512 * I>(dst, src), ...);
+  if (16 * lane < B % 512) cp_async16_at<B / 512 * 512>(dst, src);
 }
 template <int B>
 __device__ __forceinline__ void issue_tile(uint32_t dst, const uint8_t* __restrict__ src, int lane) {

@@ -33,18 +33,10 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 namespace {
-
-// d += a · b, bf16 × bf16 → f32, m16n8k16 (a0..a3: rows g / g + 8 × k-slots (2t, 2t + 1) /
-// (2t + 8, 2t + 9); b0, b1: column g, the same k-slots).
-__device__ __forceinline__ void mma_bf16_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
@@ -144,8 +136,9 @@ __device__ __forceinline__ void half_group(const Raw<D>& R, int jj, int g, const
 // acc += a k32 group of one tile against one n8 tile of tokens: its two MMAs, w the group's A
 // fragments (half_group), b the B fragments of both (one 16-byte load).
 __device__ __forceinline__ void mma_group(float (&acc)[4], const uint32_t (&w)[8], const uint4& b) {
-  mma_bf16_k16(acc, w[0], w[1], w[2], w[3], b.x, b.y);
-  mma_bf16_k16(acc, w[4], w[5], w[6], w[7], b.z, b.w);
+  const uint32_t lo[4] = {w[0], w[1], w[2], w[3]}, hi[4] = {w[4], w[5], w[6], w[7]};
+  mma16816<__nv_bfloat16>(acc, lo, b.x, b.y);
+  mma16816<__nv_bfloat16>(acc, hi, b.z, b.w);
 }
 
 // One tile against the first NL n8 tiles of tokens (of the layout's NT): xh is this lane's B

@@ -42,8 +42,8 @@ __device__ __forceinline__ void prefetch_norm_w(const NormIn& n, int G, float4 (
   const int nq = G * 8, nt = int(blockDim.x), tid = int(threadIdx.x);
   const float4* w = reinterpret_cast<const float4*>(n.w);
   if constexpr (kSmemW) {
-    for (int id = tid; id < nq; id += nt) cpa_16(wrow + id, w + id);
-    cpa_commit();
+    for (int id = tid; id < nq; id += nt) cp_async16(wrow + id, w + id);
+    cp_async_commit();
   } else {
 #pragma unroll
     for (int r = 0; r < kNormW; ++r)
@@ -77,7 +77,7 @@ __device__ __forceinline__ void norm_row(const NormIn& n, int G, const float4 (&
       if ((id & 7) == 0) gss[id >> 3] = q;
     }
   }
-  if constexpr (kSmemW) cpa_wait<0>();  // this thread's quads of w (each reads only its own)
+  if constexpr (kSmemW) cp_async_wait<0>();  // this thread's quads of w (each reads only its own)
   __syncthreads();
   const float inv = 1.0f / sqrtf(row_ss(gss, G) / float(32 * G) + n.eps);
   auto scale = [&](int id, const float4& g) {  // a thread's own quads of vrow
@@ -306,13 +306,13 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
         uint8_t* d = static_cast<uint8_t*>(dst) + size_t(s0) * per * unit;
         const uint8_t* g = static_cast<const uint8_t*>(src) + size_t(s0) * per * unit;
         const size_t bytes = size_t(s1 - s0) * per * unit;
-        for (size_t o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x) cpa_16(d + o, g + o);
+        for (size_t o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x) cp_async16(d + o, g + o);
       };
       copy(xs_b, a.xb, 32 * sizeof(uint2));
       copy(xs_f, a.xf, 4 * sizeof(float4));
       if constexpr (D == DType::Q6_K_T16) copy(xs_i, a.xi, 4 * sizeof(int4));
-      cpa_commit();
-      cpa_wait<0>();
+      cp_async_commit();
+      cp_async_wait<0>();
       __syncthreads();  // every warp of the block is live (plan_mma: whole blocks)
     } else if constexpr (STAGED) {
       const int G = S * 8;
@@ -385,7 +385,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
       if (b0 + p < b1)
 #pragma unroll
         for (int h = 0; h < kRT; ++h) issue_tile<B>(ring_s + (p * kRT + h) * B, tile_at(b0 + p, h) + 16 * lane, lane);
-      cpa_commit();
+      cp_async_commit();
     }
   }
 
@@ -720,8 +720,8 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
             issue_tile<B>(ring_s + fill, next, lane);
           }
         }
-        cpa_commit();  // possibly empty: group k always holds tile b0 + k
-        cpa_wait<RING - 1>();
+        cp_async_commit();  // possibly empty: group k always holds tile b0 + k
+        cp_async_wait<RING - 1>();
         __syncwarp();  // the headers copied by other lanes are visible
         Unit R;
 #pragma unroll

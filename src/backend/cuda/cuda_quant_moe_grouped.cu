@@ -133,13 +133,13 @@ __global__ void __launch_bounds__(kGroupWarps * 32, 2) moe_grouped_kernel(const 
   {  // the chunk's n quantized rows (3 × 16 bytes a group), all in flight at once; their pairs
      // read from the grouping (no barrier since the stores to `pairs`)
     const int per = 3 * G;
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(xg));
+    const uint32_t base = smem_addr(xg);
     for (int i = int(threadIdx.x); i < n * per; i += int(blockDim.x)) {
       const int col = i / per;
       const ColGroup* row = a.xq + size_t(src_row<kGateUp>(g.row_pair[row0 + col], a.k)) * G;
-      cpa_16_at<0>(base + 16 * uint32_t(i), reinterpret_cast<const uint8_t*>(row) + 16 * size_t(i - col * per));
+      cp_async16_at<0>(base + 16 * uint32_t(i), reinterpret_cast<const uint8_t*>(row) + 16 * size_t(i - col * per));
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
   }
   __syncthreads();
   // Column set h (pairs 8h .. 8h + 7; the second only where the chunk has more than 8): this

@@ -3,9 +3,9 @@
 // quantized matrices (DTypes *_T16; the layout is described in the header of cuda_quant_mma.cu)
 // as named offsets, the runtime tiled dtype → compile-time dispatch (with_tiled_dtype: every
 // tiled type; with_gguf_tiled_dtype: the three GGUF ones, which the T > 64 GEMM of
-// cuda_quant_gemm.cu takes), the per-type header decoders (and Q4_K's codes), and the cp.async
-// helpers of kernels that stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu,
-// cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
+// cuda_quant_gemm.cu takes) and the per-type header decoders (and Q4_K's codes); it brings
+// cuda_sm80.cuh's cp.async helpers to the kernels that stream tiles through shared memory.
+// Included by .cu only (cuda_quant_mma.cu, cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
 //
 // q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table (whose odd groups' d·sc is
 // divided by 16, exactly) and dequant_tile compute for a tile's (d·sc, dmin·m); the tile byte
@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_quant_blocks.cuh"
+#include "backend/cuda/cuda_sm80.cuh"
 
 namespace qwen36::cuda {
 namespace {
@@ -101,17 +102,6 @@ bool with_tiled_dtype(DType t, F&& f) {
     case DType::W4_G32_T16: f(std::integral_constant<DType, DType::W4_G32_T16>{}); return true;
     default: return with_gguf_tiled_dtype(t, f);
   }
-}
-
-// 16 bytes global → shared without registers (sm_80+), L2 only.
-__device__ __forceinline__ void cpa_16(void* smem, const void* gmem) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cpa_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Q4_K: k32 group jj's codes (0..15, a byte each) from load jj / 2 of a tile, v: group jj in the
