@@ -258,7 +258,7 @@ __device__ __forceinline__ void mma_block(const MmaArgs& a, int bid, int nblocks
     b0 = range_begin(w, a.total, a.nwarps), b1 = range_begin(w + 1, a.total, a.nwarps);
   }
   [[maybe_unused]] uint8_t* ring = smem + size_t(wib) * RING * kRT * B;
-  [[maybe_unused]] const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring)) + 16 * lane;  // this lane's copies
+  [[maybe_unused]] const uint32_t ring_s = smem_addr(ring) + 16 * lane;  // this lane's copies
   float2* tab = reinterpret_cast<float2*>(smem + size_t(wpb) * RING * kRT * B) + wib * kRT * 16 * kTabStride;
   constexpr int kWarpSmem = warp_smem<D, RING, HB, PAIR>();
   // Tile h of unit u: u itself, or (PAIR) row-tile 2p + h of unit-row p = u / S at super-block u % S.
