@@ -90,9 +90,6 @@ struct QgArgs {
   int T, N, K, S, s_per, splits;
 };
 
-__device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ uint32_t pick4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
 // 2^23 + byte b of w (a compile-time b once unrolled): one byte permute into a float's mantissa;
 // subtracting 2^23 (+ an offset) then gives the byte's integer value exactly, without a
 // conversion instruction.
@@ -159,7 +156,7 @@ __device__ __forceinline__ void dequant_group(const uint8_t* tile, const float2*
       // The high 2 bits (file header of cuda_quant_mma.cu): bits 0-1 / 2-3 / 4-5 / 6-7 of each
       // byte of H belong to c[0] / c[1] / c[2] / c[3].
       const uint4 hb = lds4(tile + TileLayout<D>::kHigh + 512 * (jj >> 2) + 16 * lane);
-      const uint32_t H = pick4(hb, jj & 3);
+      const uint32_t H = pick(hb, jj & 3);
       c[0] |= (H << 4) & 0x30303030u;
       c[1] |= (H << 2) & 0x30303030u;
       c[2] |= H & 0x30303030u;

@@ -69,7 +69,6 @@ __device__ __forceinline__ void mma_k16_acc(int (&c)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-__device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ int sext8(uint32_t v) { return int(int8_t(uint8_t(v & 255u))); }
 
 // A tile into a warp's shared-memory stage: lane L copies bytes 512 i + 16 L (the same bytes its
@@ -117,7 +116,6 @@ struct Raw<DType::W4_G128_T16> {
   uint2 h0, h1;  // the headers of rows g and g + 8
 };
 
-__device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 // Global, evict-first (the weights are read once per call; x's fragments stay in cache).
 __device__ __forceinline__ uint4 ldcs4(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 

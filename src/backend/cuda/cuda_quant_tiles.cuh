@@ -3,9 +3,9 @@
 // quantized matrices (DTypes *_T16; the layout is described in the header of cuda_quant_mma.cu)
 // as named offsets, the runtime tiled dtype → compile-time dispatch (with_tiled_dtype: every
 // tiled type; with_gguf_tiled_dtype: the three GGUF ones, which the T > 64 GEMM of
-// cuda_quant_gemm.cu takes) and the per-type header decoders (and Q4_K's codes); it brings
-// cuda_sm80.cuh's cp.async helpers to the kernels that stream tiles through shared memory.
-// Included by .cu only (cuda_quant_mma.cu, cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
+// cuda_quant_gemm.cu takes), a tile's 16-byte loads (lds4, pick) and the per-type header
+// decoders (and Q4_K's codes); it brings cuda_sm80.cuh's cp.async helpers to the kernels that
+// stream tiles through shared memory. Included by .cu only (cuda_quant_mma.cu, cuda_quant_moe_mma.cu, cuda_quant_gemm.cu).
 //
 // q4k_scales gives the same floats as cuda_quant_mma.cu's q4k_table (whose odd groups' d·sc is
 // divided by 16, exactly) and dequant_tile compute for a tile's (d·sc, dmin·m); the tile byte
@@ -20,6 +20,10 @@
 
 namespace qwen36::cuda {
 namespace {
+
+// 16 bytes at p (a tile in global or shared memory) as one load; word i of such a load.
+__device__ __forceinline__ uint4 lds4(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // A tile: 16 rows × one super-block (256 weights) of a [N, K] matrix; tile (r, s) at byte
 // (r·S + s)·kBytes, S = K / 256. Lane L's 16-byte load i of the codes is at 512·i + 16·L.
