@@ -118,11 +118,12 @@ HostT form_weights(const HostT& w, int64_t step) {
 
 // Whether the backend takes the bf16 form for dt at T tokens of N rows of K (hb_form,
 // cuda_quant_mma.cu): every 17-64-token call but Q4_K rows of ≥ 32 super-blocks past 32 tokens,
-// which take pairs of row-tiles where their row-tiles pair up (pairs), else stay int8.
+// which take pairs of row-tiles where their row-tiles pair up into ≥ 3,072 units (pairs), else
+// stay int8.
 bool takes_half(DType dt, int64_t N, int64_t K, int64_t T, bool pairs = true) {
   if (T <= 16) return false;
   const bool int8_rows = dt == DType::Q4_K && K >= 32 * 256 && T > 32;
-  return !int8_rows || (pairs && (N / 16) % 2 == 0);
+  return !int8_rows || (pairs && (N / 16) % 2 == 0 && (N / 32) * (K / 256) >= 3072);
 }
 
 HostT bf16_rounded(const HostT& x) {

@@ -379,13 +379,20 @@ std::atomic<int> g_hb_blocks{-1};
 // one (54.1 / 43.8 / 46.0 / 51.3); at 33-64 tokens rows of ≥ 32 super-blocks take pairs (5120 ×
 // 17408 at 40 tokens: Q4_K int8 84.8, pairs 71.6; Q6_K 116.1 / 94.0 / – / 77.6), the others one
 // block (Q6_K 17408 × 5120: 117.1 / 61.5 / – / 65.3; pairs lose there at 17-32 tokens).
+// In the model at 33-64 tokens the H200 measured otherwise (session 55, tg32, every 27B and
+// 35B-A3B group on pairs against the rule then, S >= 32): 27B Q4_K_M b40 / 48 / 64 1,513.6 /
+// 1,742.0 / 2,163.6 -> 1,613.9 / 1,859.3 / 2,304.0 (+6.6%), 35B-A3B b48 / 64 3,429.7 / 4,109.1 ->
+// 3,207.4 / 3,837.1 (-6.5%); the rule then against none: -0.2 to -0.5%. Pairs halve a group's
+// units of work; the 27B's matrices keep >= 3,840 units of two row-tiles, the 35B-A3B's (K = 2048
+// and 4096) <= 2,048. So past 32 tokens pairs run where a group keeps kPairMinUnits of them.
 // QWEN36_MMA_HB_PAIRS = on | off (unset: as above): pairs wherever the bf16 form runs, or never.
 // Pairs need the group's row-tiles (rt) to pair up; an odd count takes the single-tile rule.
 std::atomic<int> g_hb_pairs{-1};
+constexpr long long kPairMinUnits = 3072;
 int hb_form(DType t, int S, int NT, int rt) {
   if (NT < 4 || !half_tile(t) || variant(g_hb, "QWEN36_MMA_HB", "on", "off") == kOff) return 0;
   const int pairs = rt % 2 == 0 ? variant(g_hb_pairs, "QWEN36_MMA_HB_PAIRS", "on", "off") : kOff;
-  if (pairs == kOn || (pairs == kAuto && NT > 4 && S >= 32)) return 3;
+  if (pairs == kOn || (pairs == kAuto && NT > 4 && (long long)(rt / 2) * S >= kPairMinUnits)) return 3;
   if (NT > 4) return t == DType::Q4_K_T16 && S >= 32 ? 0 : 1;
   const int blocks = variant(g_hb_blocks, "QWEN36_MMA_HB_BLOCKS", "1", "2");  // 0: unset
   return blocks ? blocks : t == DType::Q4_K_T16 ? 2 : 1;
