@@ -36,13 +36,16 @@ namespace {
 struct Shape {
   int64_t N, K;
 };
+// QWEN36_MMA_HB_PAIRS as a test sets it: never, the backend's rule (unset), everywhere.
+enum class Pairs { Off, Auto, On };
 
 class CudaQuantMmaHalf : public CudaTest {
  protected:
   // Each shape, on both load paths, at each T: the backend's call within 1e-4 of the bf16 twin,
   // or, where the form stays int8 (takes_half), of the int8 twin (2e-5, as test_cuda_quant_mma.cpp),
-  // with one bf16 launch or none. pick(T) selects T's variants and names them.
-  void expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts,
+  // with one bf16 launch or none. pick(T) selects T's variants and names them; pairs is set
+  // for the whole run.
+  void expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts, Pairs pairs,
                     const std::function<std::string(int64_t)>& pick);
   void SetUp() override {
     CudaTest::SetUp();
@@ -118,12 +121,14 @@ HostT form_weights(const HostT& w, int64_t step) {
 
 // Whether the backend takes the bf16 form for dt at T tokens of N rows of K (hb_form,
 // cuda_quant_mma.cu): every 17-64-token call but Q4_K rows of ≥ 32 super-blocks past 32 tokens,
-// which take pairs of row-tiles where their row-tiles pair up into ≥ 3,072 units (pairs), else
-// stay int8.
-bool takes_half(DType dt, int64_t N, int64_t K, int64_t T, bool pairs = true) {
+// which take pairs of row-tiles where their row-tiles pair up (Pairs::On; Pairs::Auto: into
+// ≥ 3,072 units of two), else stay int8.
+bool takes_half(DType dt, int64_t N, int64_t K, int64_t T, Pairs pairs) {
   if (T <= 16) return false;
   const bool int8_rows = dt == DType::Q4_K && K >= 32 * 256 && T > 32;
-  return !int8_rows || (pairs && (N / 16) % 2 == 0 && (N / 32) * (K / 256) >= 3072);
+  const bool enough = pairs == Pairs::On || (pairs == Pairs::Auto && (N / 32) * (K / 256) >= 3072);
+  const bool paired = (N / 16) % 2 == 0 && enough;
+  return !int8_rows || paired;
 }
 
 HostT bf16_rounded(const HostT& x) {
@@ -132,8 +137,9 @@ HostT bf16_rounded(const HostT& x) {
   return y;
 }
 
-void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts,
+void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts, Pairs pairs,
                                     const std::function<std::string(int64_t)>& pick) {
+  cuda::mma_select_hb_pairs(pairs == Pairs::On ? "on" : pairs == Pairs::Off ? "off" : nullptr);
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
       const bool big = s.N * s.K > (int64_t(8) << 20);
@@ -151,7 +157,7 @@ void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<con
           gpu_->matmul(dx.t, dw.t, dout.t);
           const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
                                    std::to_string(s.K) + " T=" + std::to_string(T) + " loads=" + loads + " " + variants;
-          const bool half = takes_half(dt, s.N, s.K, T);
+          const bool half = takes_half(dt, s.N, s.K, T, pairs);
           EXPECT_EQ(cuda::mma_hb_launches(), before + (half ? 1 : 0)) << what << ": the bf16 form ran " << !half;
           const std::vector<float> want =
               half ? reference(wf, bf16_rounded(x), T, step) : reference(w, int8_activations(x), T, step);
@@ -171,7 +177,7 @@ void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<con
 TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
   const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
   const int64_t Ts[] = {17, 23, 24, 25, 32, 33, 64};
-  expect_twins(shapes, Ts, [](int64_t T) {
+  expect_twins(shapes, Ts, Pairs::Auto, [](int64_t T) {
     cuda::mma_select_hb_blocks(T % 2 ? 1 : 2);  // each T on one of the two: both for every shape
     return std::string("blocks=") + (T % 2 ? "1" : "2");
   });
@@ -249,7 +255,7 @@ TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
   cuda::mma_select_hb_pairs("on");
   const Shape shapes[] = {{32, 256}, {48, 512}, {32, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
   const int64_t Ts[] = {17, 24, 32, 40, 64};
-  expect_twins(shapes, Ts, [](int64_t) { return std::string("pairs"); });
+  expect_twins(shapes, Ts, Pairs::On, [](int64_t) { return std::string("pairs"); });
   const int64_t rows[] = {48, 4096, 16};
   uint64_t key = 0x5041'0000;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
@@ -313,7 +319,7 @@ TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
         }
         const std::string what = std::string(dtype_name(dt)) + "-t16 " + std::to_string(N) + " x " + std::to_string(K) +
                                  ", T=" + std::to_string(T);
-        const bool half = takes_half(dt, N, K, T, false);  // form 2, pairs off, ran last
+        const bool half = takes_half(dt, N, K, T, Pairs::Off);  // form 2, pairs off, ran last
         const std::vector<float> want =
             half ? reference(wf, bf16_rounded(x), T, 997) : reference(w, int8_activations(x), T, 997);
         std::string where;
