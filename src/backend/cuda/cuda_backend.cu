@@ -827,7 +827,7 @@ class CudaBackend final : public Backend {
     // QWEN36_TREE_FUSED=off: the model composes the tree ops instead (the A / B of
     // bench/RESULTS.md, session 53: H100, DDTree budget 22, 419.4 → 427.1 t/s SIMULATED).
     static std::atomic<int> tree_fused{-1};
-    if (cuda::variant(tree_fused, "QWEN36_TREE_FUSED", "on", "off") == 2) return false;  // 2: "off"
+    if (cuda::variant(tree_fused, "QWEN36_TREE_FUSED", "on", "off") == cuda::kSecondForm) return false;
     Prof p_(*this, "deltanet_verify_tree");
     return cuda::deltanet_verify_tree(ctx_, mixed, z, a, b, w, eps, conv_state, ssm_state, run, parent, conv_in, g_in,
                                       beta_in, out);

@@ -457,7 +457,7 @@ bool release_late_before(const Ctx& c, const Tensor& w) {
 constexpr size_t kChunkedF32MaxBytes = size_t(4) << 20;
 
 bool small_f32_in_chunks(const Ctx& c, std::span<const Tensor* const> ws, int64_t T) {
-  static const bool on = parse_variant(std::getenv("QWEN36_F32_CHUNKS"), "on", "off") != 2;
+  static const bool on = parse_variant(std::getenv("QWEN36_F32_CHUNKS"), "on", "off") != kSecondForm;
   if (!on || c.exact_matmul || T <= 8 || T > kTiledMaxT || ws[0]->dtype != DType::F32) return false;
   size_t bytes = 0;
   for (const Tensor* w : ws) bytes += w->nbytes();

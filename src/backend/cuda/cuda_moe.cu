@@ -1030,10 +1030,10 @@ int64_t max_grouped_pairs() {
   }();
   return n;
 }
-std::atomic<int> g_grouped{-1};  // QWEN36_MOE_GROUPED (variant: 0 auto, 1 on, 2 off; −1 not read yet)
+std::atomic<int> g_grouped{-1};  // QWEN36_MOE_GROUPED (variant: on, off or auto; −1 not read yet)
 bool grouped_pays(const QuantExperts& q) {
   const int mode = variant(g_grouped, "QWEN36_MOE_GROUPED", "on", "off");
-  return q.tiled && (mode == 1 || (mode == 0 && q.s.P >= kMinGroupedPairs)) &&
+  return q.tiled && (mode == kFirstForm || (mode == kAutoForm && q.s.P >= kMinGroupedPairs)) &&
          quant_tiled_moe_grouped_fits(q.gu, q.dn, q.s.D, q.s.I);
 }
 // rows [P, D] of the routed pairs by the grouped kernels (grouped_pays said yes).

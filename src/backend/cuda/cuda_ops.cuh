@@ -231,13 +231,14 @@ void once_per_device(std::atomic<uint64_t>& done, F&& set) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-// A kernel variant switch of two named forms and auto: 1 for a, 2 for b, 0 (auto) for null,
-// empty, "auto" or anything else.
+// A kernel variant switch of two named forms and auto: kFirstForm for a, kSecondForm for b,
+// kAutoForm for null, empty, "auto" or anything else.
+enum : int { kAutoForm = 0, kFirstForm = 1, kSecondForm = 2 };
 inline int parse_variant(const char* v, const char* a, const char* b) {
-  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return 0;
-  if (std::strcmp(v, a) == 0) return 1;
-  if (std::strcmp(v, b) == 0) return 2;
-  return 0;
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return kAutoForm;
+  if (std::strcmp(v, a) == 0) return kFirstForm;
+  if (std::strcmp(v, b) == 0) return kSecondForm;
+  return kAutoForm;
 }
 // The switch `env` read once into v (−1: not read yet; a test hook stores a choice, or −1 to
 // read the environment again).

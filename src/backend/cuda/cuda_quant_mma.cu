@@ -220,9 +220,14 @@ size_t staged_smem(int S, int wpb, bool norm) {
   return staged_bytes(S, ROWS, norm, RING == 0) + size_t(wpb) * (size_t(warp_smem<D, RING>()) + piece_bytes(ROWS));
 }
 
-// The variant switches' values (parse_variant / variant, cuda_ops.cuh: 0 auto, 1 the first form,
-// 2 the second).
-enum : int { kAuto = 0, kRegs = 1, kSmem = 2, kFused = 1, kKernel = 2, kOn = 1, kOff = 2, kMax = 2 };
+// The variant switches' values by name (parse_variant / variant, cuda_ops.cuh).
+enum : int {
+  kAuto = kAutoForm,
+  kRegs = kFirstForm, kSmem = kSecondForm,
+  kFused = kFirstForm, kKernel = kSecondForm,
+  kOn = kFirstForm, kOff = kSecondForm,
+  kMax = kSecondForm
+};
 // QWEN36_MMA_CARVEOUT = fit | max (unset: fit): the multi-token ring kernels' shared-memory
 // carveout, what their blocks need (the rest L1) or the maximum (plan_mma).
 std::atomic<int> g_carveout{-1};
