@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -50,6 +51,21 @@ inline HostT random_t(std::mt19937& rng, DType dt, std::initializer_list<int64_t
     if (dt == DType::F16) h.t.as<uint16_t>()[i] = f32_to_f16(v);
   }
   return h;
+}
+
+// Seconds per replay of what run() issues, recorded once as the graph `key` and replayed reps
+// times; where it could not be recorded (*kept false) run() is timed eagerly instead, so that a
+// failed recording still reports a time beside the test's failure.
+inline double seconds_per_replay(Backend& gpu, uint64_t key, int reps, const std::function<void()>& run,
+                                 bool* kept = nullptr) {
+  const bool ok = gpu.begin_capture() && (run(), gpu.end_capture(key, true));
+  if (kept != nullptr) *kept = ok;
+  cuda_synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r)
+    if (!ok || !gpu.replay(key)) run();
+  cuda_synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
 // A device tensor (a backend buffer) with the shape of a host tensor.

@@ -22,7 +22,6 @@
 //    prefill matmul test.
 //  - f32 weights / exact_matmul fallback: f32 throughout: 1e-4.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -401,17 +400,10 @@ TEST_F(CudaMoe, Time35BLayer) {
     spot_check(x, dw, di, got, T - 8, 8, kPrefillTol, "35B prefill last 8 tokens");
     // The prefill needs no host sync either: it records into a graph; replays are timed and
     // must reproduce the result bit for bit (the grouping's row order does not matter).
-    ASSERT_TRUE(gpu_->begin_capture());
-    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
-    const bool kept = gpu_->end_capture(0x6d6f6501, true);
+    bool kept = false;
+    const double s =
+        seconds_per_replay(*gpu_, 0x6d6f6501, 10, [&] { gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t); }, &kept);
     EXPECT_TRUE(kept) << "the tensor-core prefill could not be recorded";
-    const int reps = 10;
-    cuda_synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r)
-      if (!kept || !gpu_->replay(0x6d6f6501)) gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
-    cuda_synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
     EXPECT_EQ(download(*gpu_, o.t), got) << "prefill is not deterministic";
     const double flop = 2.0 * double(T * k) * 3 * double(I * D);
     std::printf("[ moe ] 35B prefill T=%lld: %.3f ms per layer (routed experts), %.0f TFLOP/s\n", (long long)T,
@@ -430,18 +422,14 @@ TEST_F(CudaMoe, Time35BLayer) {
     const std::vector<float> got = download(*gpu_, o.t);
     spot_check(x, dw, di, got, 0, 4, kDecodeTol, "35B decode steps 0..3");
     // 64 steps recorded as one graph (as the model records decode), so no host time is counted.
-    ASSERT_TRUE(gpu_->begin_capture());
-    for (int64_t r = 0; r < steps; ++r) {
-      Tensor orow = rows_of(o.t, r, 1);
-      gpu_->moe_experts(rows_of(dx.t, r, 1), rows_of(dw.t, r, 1), rows_of(di.t, r, 1), ex.d, orow);
-    }
-    ASSERT_TRUE(gpu_->end_capture(0x6d6f6502, true)) << "the decode path could not be recorded";
-    const int reps = 5;
-    cuda_synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int rep = 0; rep < reps; ++rep) gpu_->replay(0x6d6f6502);
-    cuda_synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (reps * steps);
+    bool kept = false;
+    const double s = seconds_per_replay(*gpu_, 0x6d6f6502, 5, [&] {
+      for (int64_t r = 0; r < steps; ++r) {
+        Tensor orow = rows_of(o.t, r, 1);
+        gpu_->moe_experts(rows_of(dx.t, r, 1), rows_of(dw.t, r, 1), rows_of(di.t, r, 1), ex.d, orow);
+      }
+    }, &kept) / steps;
+    EXPECT_TRUE(kept) << "the decode path could not be recorded";
     EXPECT_EQ(download(*gpu_, o.t), got);
     const double bytes = double(k) * 3 * double(I * D) * 2;
     std::printf("[ moe ] 35B decode T=1: %.1f us per layer (routed experts, %.0f MB), %.0f GB/s; copy bandwidth %.0f GB/s\n",
@@ -658,15 +646,9 @@ TEST_F(CudaMoe, Time35BLayerQuant) {
     const std::vector<float> part(got.begin(), got.begin() + 4 * D),
         want = moe_int8_reference(ex, xs, rows_host(dw, 0, 4, DType::F32), rows_host(di, 0, 4, DType::I32));
     EXPECT_LE(rel_err(part, want), kQuantDecodeTol) << "35B decode steps 0..3: " << worst_at(part, want, D);
-    ASSERT_TRUE(gpu_->begin_capture());
-    run_steps();
-    ASSERT_TRUE(gpu_->end_capture(0x6d6f6503, true)) << "the quantized decode path could not be recorded";
-    const int reps = 5;
-    cuda_synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int rep = 0; rep < reps; ++rep) gpu_->replay(0x6d6f6503);
-    cuda_synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (reps * steps);
+    bool kept = false;
+    const double s = seconds_per_replay(*gpu_, 0x6d6f6503, 5, run_steps, &kept) / steps;
+    EXPECT_TRUE(kept) << "the quantized decode path could not be recorded";
     EXPECT_EQ(download(*gpu_, o.t), got) << "replays must reproduce the decode";
     const double bytes = double(k) * double(2 * I * dtype_row_bytes(DType::Q4_K, D) + D * dtype_row_bytes(DType::Q6_K, I));
     std::printf("[ moe ] 35B q4_k_m decode T=1: %.1f us per layer (routed experts, %.1f MB), %.0f GB/s; copy bandwidth %.0f GB/s\n",
@@ -688,17 +670,10 @@ TEST_F(CudaMoe, Time35BLayerQuant) {
       const std::vector<float> part(got.begin() + r0 * D, got.begin() + (r0 + 8) * D), ref = want.floats();
       EXPECT_LE(rel_err(part, ref), kPrefillTol) << "35B prefill tokens " << r0 << "..: " << worst_at(part, ref, D);
     }
-    ASSERT_TRUE(gpu_->begin_capture());
-    gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
-    const bool kept = gpu_->end_capture(0x6d6f6504, true);
+    bool kept = false;
+    const double s =
+        seconds_per_replay(*gpu_, 0x6d6f6504, 5, [&] { gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t); }, &kept);
     EXPECT_TRUE(kept) << "the quantized prefill could not be recorded";
-    const int reps = 5;
-    cuda_synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r)
-      if (!kept || !gpu_->replay(0x6d6f6504)) gpu_->moe_experts(dx.t, dw.t, di.t, ex.d, o.t);
-    cuda_synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
     EXPECT_EQ(download(*gpu_, o.t), got) << "prefill is not deterministic";
     const double flop = 2.0 * double(T * k) * 3 * double(I * D);
     std::printf("[ moe ] 35B q4_k_m prefill T=%lld: %.3f ms per layer (routed experts, dequantized per pass), %.0f TFLOP/s\n",
@@ -1020,15 +995,10 @@ TEST_F(CudaMoe, Time35BLayerTiled) {
     };
     auto time = [&](const std::vector<MlpWeights>& experts, uint64_t key) {
       run_calls(experts);  // eager first: the expert tables are made outside the recording
-      const bool kept = gpu_->begin_capture() && (run_calls(experts), gpu_->end_capture(key, true));
+      bool kept = false;
+      const double s = seconds_per_replay(*gpu_, key, 5, [&] { run_calls(experts); }, &kept);
       EXPECT_TRUE(kept) << "T=" << T << ": the calls could not be recorded";
-      const int reps = 5;
-      cuda_synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < reps; ++r)
-        if (!kept || !gpu_->replay(key)) run_calls(experts);
-      cuda_synchronize();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(reps * calls);
+      return s / double(calls);
     };
     const double s_gguf = time(ex.d, 0x6d6f6520 + uint64_t(T)), s_tiled = time(te.d, 0x6d6f6540 + uint64_t(T));
     // The last replay was the tiled one: its first call's tokens against the twin.
