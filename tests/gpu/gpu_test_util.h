@@ -87,6 +87,20 @@ inline std::vector<float> download(Backend& b, const Tensor& t) {
   return v;
 }
 
+// Backend::matmul_multi of x [T, K] over the device matrices ws (each [N_i, K]): each [T, N_i]
+// output, downloaded.
+inline std::vector<std::vector<float>> matmul_multi_outputs(Backend& b, const Tensor& x,
+                                                           const std::vector<const Tensor*>& ws) {
+  std::vector<DevT> out;
+  std::vector<Tensor*> outs;
+  for (const Tensor* w : ws) out.push_back(upload(b, HostT(DType::F32, {x.rows(), w->dim(0)})));
+  for (DevT& o : out) outs.push_back(&o.t);
+  b.matmul_multi(x, ws, outs);
+  std::vector<std::vector<float>> got;
+  for (const DevT& o : out) got.push_back(download(b, o.t));
+  return got;
+}
+
 // The largest |got − want|, where it is, and max(1, max |want|), for reports of logits rows.
 struct WorstDiff {
   double worst = 0, scale = 1;

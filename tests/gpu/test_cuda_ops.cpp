@@ -227,20 +227,19 @@ TEST_F(CudaOps, FusedMatmulMultiAndSwiglu) {
       for (int64_t K : {264, 1024}) {
         HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x);
-        std::vector<HostT> w, want;
-        std::vector<DevT> dw, dout;
+        std::vector<HostT> want;
+        std::vector<DevT> dw;
+        std::vector<const Tensor*> ws;
         for (int64_t N : {300, 7, 48, 1}) {
-          w.push_back(random_t(rng_, dt, {N, K}));
+          const HostT w = random_t(rng_, dt, {N, K});
           want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, N});
-          cpu::matmul(x.t, w.back().t, want.back().t);
-          dw.push_back(upload(*gpu_, w.back()));
-          dout.push_back(upload(*gpu_, HostT(DType::F32, {T, N})));
+          cpu::matmul(x.t, w.t, want.back().t);
+          dw.push_back(upload(*gpu_, w));
         }
-        const Tensor* ws[] = {&dw[0].t, &dw[1].t, &dw[2].t, &dw[3].t};
-        Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
-        gpu_->matmul_multi(dx.t, ws, outs);
+        for (const DevT& d : dw) ws.push_back(&d.t);
+        const auto got = matmul_multi_outputs(*gpu_, dx.t, ws);
         for (size_t i = 0; i < 4; ++i)
-          EXPECT_LE(rel_err(download(*gpu_, dout[i].t), want[i].floats()), 2e-5)
+          EXPECT_LE(rel_err(got[i], want[i].floats()), 2e-5)
               << dtype_name(dt) << " T=" << T << " K=" << K << " matrix " << i;
 
         HostT g = random_t(rng_, dt, {130, K}), u = random_t(rng_, dt, {130, K});
@@ -906,20 +905,19 @@ TEST_F(CudaOps, GemvBatchedTileShapes) {
         const int64_t K = 2056;
         HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu, x);
-        std::vector<HostT> w, want;
-        std::vector<DevT> dw, dout;
+        std::vector<HostT> want;
+        std::vector<DevT> dw;
+        std::vector<const Tensor*> ws;
         for (int64_t N : {301, 7, 48, 1}) {
-          w.push_back(random_t(rng_, dt, {N, K}));
+          const HostT w = random_t(rng_, dt, {N, K});
           want.emplace_back(DType::F32, std::initializer_list<int64_t>{T, N});
-          cpu::matmul(x.t, w.back().t, want.back().t);
-          dw.push_back(upload(*gpu, w.back()));
-          dout.push_back(upload(*gpu, HostT(DType::F32, {T, N})));
+          cpu::matmul(x.t, w.t, want.back().t);
+          dw.push_back(upload(*gpu, w));
         }
-        const Tensor* ws[] = {&dw[0].t, &dw[1].t, &dw[2].t, &dw[3].t};
-        Tensor* outs[] = {&dout[0].t, &dout[1].t, &dout[2].t, &dout[3].t};
-        gpu->matmul_multi(dx.t, ws, outs);
+        for (const DevT& d : dw) ws.push_back(&d.t);
+        const auto got = matmul_multi_outputs(*gpu, dx.t, ws);
         for (size_t i = 0; i < 4; ++i)
-          EXPECT_LE(rel_err(download(*gpu, dout[i].t), want[i].floats()), 2e-5)
+          EXPECT_LE(rel_err(got[i], want[i].floats()), 2e-5)
               << dtype_name(dt) << " T=" << T << " warps=" << warps << " multi matrix " << i;
         HostT g = random_t(rng_, dt, {133, K}), u = random_t(rng_, dt, {133, K});
         HostT gw(DType::F32, {T, 133}), uw(DType::F32, {T, 133});

@@ -362,18 +362,16 @@ TEST_F(CudaQuantMma, MultiMixesTiledAndOtherMatrices) {
     hw.push_back(dt == DType::BF16 ? random_t(rng_, dt, {n, K}) : quantized(rng_, dt, n, K));
     dw.push_back(n % 16 == 0 && dt != DType::BF16 ? upload_tiled(*gpu_, hw.back()) : upload(*gpu_, hw.back()));
   }
+  std::vector<const Tensor*> ws;
+  for (const DevT& d : dw) ws.push_back(&d.t);
   for (int64_t T : {1, 3, 8}) {
     const HostT x = int8_exact_activations(rng_, T, K);
     DevT dx = upload(*gpu_, x);
-    std::vector<DevT> dout;
-    std::vector<const Tensor*> ws;
-    std::vector<Tensor*> outs;
-    for (size_t i = 0; i < mats.size(); ++i) dout.push_back(upload(*gpu_, HostT(DType::F32, {T, mats[i].second})));
-    for (size_t i = 0; i < mats.size(); ++i) ws.push_back(&dw[i].t), outs.push_back(&dout[i].t);
-    gpu_->matmul_multi(dx.t, ws, outs);
+    const auto outs = matmul_multi_outputs(*gpu_, dx.t, ws);
     for (size_t i = 0; i < mats.size(); ++i) {
       std::string where;
-      const std::vector<float> got = download(*gpu_, dout[i].t), want = reference(hw[i], x, T);
+      const std::vector<float>& got = outs[i];
+      const std::vector<float> want = reference(hw[i], x, T);
       EXPECT_LE(worst_rel_err(got, want, T, mats[i].second, 1, &where), 2e-5)
           << "matrix " << i << " (" << dtype_name(dw[i].t.dtype) << ") T=" << T << " " << where;
     }
