@@ -43,14 +43,9 @@ class OracleOverDFlash final : public test::ForwardingDrafter<DFlashDrafter> {
       if (inner().context_len(r.slot) != int32_t(r.history.size()) - 1) ++lagged;
       if (r.tokens.empty()) continue;
       ++blocks;
-      const std::vector<int32_t>* ref = nullptr;
-      size_t plen = 0;
-      for (const auto& [p, out] : refs_)
-        if (p.size() <= r.history.size() && p.size() > plen && std::equal(p.begin(), p.end(), r.history.begin()))
-          ref = &out, plen = p.size();
-      if (!ref) continue;
-      const size_t done = r.history.size() - plen;
-      for (size_t i = 0; i < r.tokens.size() && done + i < ref->size(); ++i) r.tokens[i] = (*ref)[done + i];
+      const auto known = test::known_continuation(refs_, r.history, r.tokens.size());
+      if (!known) continue;
+      std::copy(known->begin(), known->end(), r.tokens.begin());
       if (++round_ % 2 == 0) {
         const size_t at = round_ / 2 % r.tokens.size();
         r.tokens[at] = (r.tokens[at] + 1) % 128;

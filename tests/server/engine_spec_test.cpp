@@ -39,14 +39,9 @@ class OracleDrafter final : public Drafter {
   void propose(std::span<DraftRequest> reqs) override {
     for (DraftRequest& r : reqs) {
       r.tokens.clear();
-      const std::vector<int32_t>* ref = nullptr;
-      size_t plen = 0;
-      for (const auto& [p, out] : refs_)
-        if (p.size() <= r.history.size() && p.size() > plen && std::equal(p.begin(), p.end(), r.history.begin()))
-          ref = &out, plen = p.size();
-      if (!ref) continue;
-      const size_t done = r.history.size() - plen;
-      for (int32_t i = 0; i < r.k && done + size_t(i) < ref->size(); ++i) r.tokens.push_back((*ref)[done + size_t(i)]);
+      const auto known = test::known_continuation(refs_, r.history, size_t(r.k));
+      if (!known) continue;
+      r.tokens = *known;
       if (corrupt_ && ++round_ % 2 == 0 && !r.tokens.empty()) {
         const size_t at = round_ / 2 % r.tokens.size();
         r.tokens[at] = (r.tokens[at] + 1) % 7;

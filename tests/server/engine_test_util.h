@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/generate.h"
@@ -67,6 +71,23 @@ inline std::vector<int32_t> generate_alone(Model& model, Backend& backend, const
   g.stop_ids = p.stop_ids;
   g.prefill_chunk = chunk;
   return generate(model, st, p.prompt, g).tokens;
+}
+
+// An oracle drafter's drafts: the known greedy continuation (refs: prompt → generate() output)
+// of the longest prompt that starts `history`, from the token after it, at most n tokens;
+// nullopt where no prompt starts it.
+inline std::optional<std::vector<int32_t>> known_continuation(
+    const std::map<std::vector<int32_t>, std::vector<int32_t>>& refs, std::span<const int32_t> history, size_t n) {
+  const std::vector<int32_t>* ref = nullptr;
+  size_t plen = 0;
+  for (const auto& [p, out] : refs)
+    if (p.size() <= history.size() && p.size() > plen && std::equal(p.begin(), p.end(), history.begin()))
+      ref = &out, plen = p.size();
+  if (ref == nullptr) return std::nullopt;
+  const size_t done = history.size() - plen;
+  std::vector<int32_t> next;
+  for (size_t i = done; i < ref->size() && next.size() < n; ++i) next.push_back((*ref)[i]);
+  return next;
 }
 
 // Steps the scheduler until every request finished (bounded: a hang fails the test).
