@@ -27,6 +27,7 @@ void mma_select_variant(const char* loads, const char* t1_quant);
 void mma_select_hb(const char* hb);
 void mma_select_hb_blocks(int n);  // QWEN36_MMA_HB_BLOCKS: 1 | 2 blocks per SM at 17-32 tokens
 void mma_select_hb_pairs(const char* pairs);  // QWEN36_MMA_HB_PAIRS: "on" | "off" | nullptr
+long long mma_pair_min_units();               // the pairs rule's units past 32 tokens
 long long mma_hb_launches();
 }  // namespace qwen36::cuda
 
@@ -122,11 +123,11 @@ HostT form_weights(const HostT& w, int64_t step) {
 // Whether the backend takes the bf16 form for dt at T tokens of N rows of K (hb_form,
 // cuda_quant_mma.cu): every 17-64-token call but Q4_K rows of ≥ 32 super-blocks past 32 tokens,
 // which take pairs of row-tiles where their row-tiles pair up (Pairs::On; Pairs::Auto: into
-// ≥ 3,072 units of two), else stay int8.
+// at least the backend's mma_pair_min_units() units of two), else stay int8.
 bool takes_half(DType dt, int64_t N, int64_t K, int64_t T, Pairs pairs) {
   if (T <= 16) return false;
   const bool int8_rows = dt == DType::Q4_K && K >= 32 * 256 && T > 32;
-  const bool enough = pairs == Pairs::On || (pairs == Pairs::Auto && (N / 32) * (K / 256) >= 3072);
+  const bool enough = pairs == Pairs::On || (pairs == Pairs::Auto && (N / 32) * (K / 256) >= cuda::mma_pair_min_units());
   const bool paired = (N / 16) % 2 == 0 && enough;
   return !int8_rows || paired;
 }
@@ -252,11 +253,10 @@ TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
 // included (pairs take them too); stacked matrices whose pairs straddle a matrix border (48 + 4096
 // + 16 rows: row-tiles 2 and 3 of different matrices) bitwise the same eagerly and replayed.
 TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
-  cuda::mma_select_hb_pairs("on");
   const Shape shapes[] = {{32, 256}, {48, 512}, {32, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
   const int64_t Ts[] = {17, 24, 32, 40, 64};
   expect_twins(shapes, Ts, Pairs::On, [](int64_t) { return std::string("pairs"); });
-  const int64_t rows[] = {48, 4096, 16};
+  const int64_t rows[] = {48, 4096, 16};  // pairs stay on: expect_twins set them for the test
   uint64_t key = 0x5041'0000;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
     const Stacked st = stacked(*gpu_, rng_, dt, rows, 2048);

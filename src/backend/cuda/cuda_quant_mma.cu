@@ -913,6 +913,8 @@ void mma_select_hb(const char* hb) { g_hb.store(hb ? parse_variant(hb, "on", "of
 void mma_select_hb_blocks(int n) { g_hb_blocks.store(n == 1 || n == 2 ? n : -1); }
 // The same for QWEN36_MMA_HB_PAIRS ("on" | "off" | "auto").
 void mma_select_hb_pairs(const char* pairs) { g_hb_pairs.store(pairs ? parse_variant(pairs, "on", "off") : -1); }
+// The units of two row-tiles a group keeps where pairs run past 32 tokens unforced (hb_form).
+long long mma_pair_min_units() { return kPairMinUnits; }
 long long mma_hb_launches() { return g_hb_launches.load(); }
 // The same for QWEN36_MMA_PAIR, and the count of pair launches so far.
 void mma_select_pair(const char* pair) { g_pair.store(pair ? parse_variant(pair, "on", "off") : -1); }
