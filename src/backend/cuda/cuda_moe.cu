@@ -49,6 +49,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "backend/cuda/cuda_moe_route.cuh"
 #include "backend/cuda/cuda_ops.cuh"
 #include "backend/cuda/cuda_quant_moe_grouped.cuh"
 #include "backend/cuda/cuda_sm80.cuh"
@@ -88,14 +89,8 @@ constexpr int64_t kMaxSharedFoldTokens = 4;
 // bf16 / f16 experts: the shared expert's SwiGLU row in the down kernel's shared memory, up to I = 12,288.
 constexpr int64_t kMaxDecodeSharedBytes = 48 * 1024;
 
-// One warp per token: softmax over the E router logits, top-k, optional renormalisation. Lane l
-// holds experts l + 32 i (i < NE, NE · 32 ≥ E) in registers: the probabilities as the earlier
-// shared-memory form computed them (the same operations in the same order: bitwise its weights
-// and ids). Each of the k rounds takes the lane's first largest, then the warp's largest value and
-// among the lanes holding it the lowest expert (two redux.sync, exact: the values compare as
-// unsigned integers once non-negative, 1 + their bits, a taken expert 0); the round's expert is
-// kept by lane j, which writes it. (The shared-memory form with shuffled (value, index) pairs and
-// lane 0 re-reading its stores took 5.4 µs a 35B-A3B layer.)
+// One warp per token (route_token, cuda_moe_route.cuh: the values bit for bit of the earlier
+// shared-memory form).
 // Launched programmatically dependent (its launch overlaps the router GEMV's tail); it lets its
 // dependents start early (EARLY: griddep_trigger first) only for one token before the bf16 /
 // f16 decode kernels (Ctx::route_release_early): there the experts' kernels resident early
@@ -106,52 +101,8 @@ template <int NE, bool EARLY = false>
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
   if constexpr (EARLY) griddep_trigger();
   griddep_wait();  // the logits come from the kernel before
-  const int t = blockIdx.x, lane = threadIdx.x;
-  const float* l = logits + int64_t(t) * E;
-  float p[NE];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < NE; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? l[e] : -INFINITY;
-    mx = fmaxf(mx, p[i]);
-  }
-  mx = warp_max(mx);
-  float sum = 0;
-#pragma unroll
-  for (int i = 0; i < NE; ++i)
-    if (lane + 32 * i < E) {
-      p[i] = expf(p[i] - mx);
-      sum += p[i];
-    }
-  sum = warp_sum(sum);
-  uint32_t key[NE];  // 1 + bits of p (non-negative: ordered as unsigned); 0: taken or no expert
-#pragma unroll
-  for (int i = 0; i < NE; ++i) {
-    p[i] /= sum;
-    key[i] = lane + 32 * i < E ? __float_as_uint(p[i]) + 1u : 0u;
-  }
-  float mine = 0.0f, top = 0.0f;
-  int mine_id = 0;
-  for (int j = 0; j < k; ++j) {
-    uint32_t best = 0;
-    int bi = 0;
-#pragma unroll
-    for (int i = 0; i < NE; ++i)
-      if (key[i] > best) best = key[i], bi = i;  // ascending i: the lane's first (lowest) max
-    const uint32_t wbest = __reduce_max_sync(0xffffffffu, best);
-    const int e = __reduce_min_sync(0xffffffffu, best == wbest ? uint32_t(lane + 32 * bi) : 0xffffffffu);
-    const float val = __uint_as_float(wbest - 1u);
-    if (lane == j) mine = val, mine_id = e;
-    top += val;  // every lane: the same sum in the same order
-#pragma unroll
-    for (int i = 0; i < NE; ++i)
-      if (lane + 32 * i == e) key[i] = 0u;  // taken
-  }
-  if (lane < k) {
-    ids[int64_t(t) * k + lane] = mine_id;
-    weights[int64_t(t) * k + lane] = renorm ? mine / top : mine;
-  }
+  const int64_t t = blockIdx.x;
+  route_token<NE>(logits + t * E, E, k, renorm, weights + t * k, ids + t * k, int(threadIdx.x));
 }
 
 struct ExpertPtrs {

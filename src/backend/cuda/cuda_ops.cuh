@@ -145,6 +145,9 @@ struct Ctx {
   TreeTables trees;
   // small constant tables (RoPE frequencies, head orders) by content → device copy
   std::unordered_map<std::string, void*> constants;
+  // A zeroed device counter for a launch whose last block to finish does the launch's final
+  // work (route_when_last); that block zeroes it again.
+  int* arrivals = nullptr;
   bool capturing = false;       // ops are being recorded into a graph (Backend::begin_capture)
   bool capture_failed = false;  // an op needed host work while recording: the recording is dropped
 };
@@ -523,9 +526,18 @@ bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::spa
 // The same at T = 1 with f32 projections of x (fws, fouts: the MoE router and shared expert gate)
 // in the GEMM's launch, on blocks of their own that compute the norm too: false (nothing done)
 // where that form does not apply (other types or shapes, no SM left beside the GEMM's blocks).
+// With route, fws[0] is a MoE router: the launch routes its logits too (moe_route's values) where it
+// can (up to kGemvRouteMaxExperts experts, Ctx::arrivals set), and says so in route->done.
+struct RouteInto {
+  int k = 0;
+  bool renorm = true;
+  float* weights = nullptr;  // [1, k]
+  int32_t* ids = nullptr;    // [1, k]
+  bool done = false;
+};
 bool quant_tiled_matmul_norm_gemv(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
-                                  std::span<Tensor* const> fouts);
+                                  std::span<Tensor* const> fouts, RouteInto* route);
 size_t quant_act_bytes(int64_t T, int64_t K);
 void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
 // The layer forms of Backend::add_rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
@@ -533,9 +545,11 @@ void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, v
 // tiled GEMMs after them: no quantization launch before those GEMMs; at T = 1 with y_out other
 // than y the GEMMs compute the norm themselves (quant_tiled_matmul_norm: no norm launch either;
 // cuda_quant_norm.cu). False when not taken (no tiled weight, T > kTiledMaxT, exact_matmul, a
-// shape without the quantizing norm).
+// shape without the quantizing norm). route (or null): outs[0] is a MoE router's, whose top-k the
+// one-token form computes in its launch where it can (route->done; QWEN36_ROUTE_IN_GEMV=off: never).
 bool norm_quant_matmul_multi(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
+                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
+                             RouteInto* route);
 bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                     const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16

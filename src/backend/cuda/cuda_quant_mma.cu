@@ -417,6 +417,7 @@ std::atomic<long long> g_pair_launches{0};
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
 std::atomic<long long> g_norm_gemv_launches{0};  // mma_norm_gemv_kernel launches so far (a test hook)
+std::atomic<long long> g_norm_gemv_routes{0};    // those of them that routed a MoE router's logits
 constexpr int kXsMinS = 16;
 // QWEN36_MMA_AHEAD = N (0-8, unset: 1): XS calls request each tile's bytes into L2 N tiles before
 // its register load (MmaArgs::ahead). H200, 27B Q4_K_M tg64 b16, two rounds each: 0 1,316.6 /
@@ -866,7 +867,7 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
 
 bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
-                                  std::span<Tensor* const> fouts) {
+                                  std::span<Tensor* const> fouts, RouteInto* route) {
   const int64_t K = x.cols();
   if (fws.empty() || fws.size() > size_t(kMaxMats) || fws.size() != fouts.size() || x.rows() != 1) return false;
   GemvRows g{};
@@ -885,7 +886,18 @@ bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, s
       !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) || !aligned16(norm.y_out) ||
       !aligned16(norm.x))
     return false;
-  return tiled_matmul(c, x, ws, outs, nullptr, &norm, &g);
+  const int E = g.r_end[0];
+  const bool routes = route && c.arrivals && E <= kGemvRouteMaxExperts && route->k >= 1 && route->k <= std::min(32, E);
+  if (routes) {
+    g.route_weights = route->weights, g.route_ids = route->ids, g.arrivals = c.arrivals;
+    g.route_k = route->k, g.renorm = route->renorm;
+  }
+  if (!tiled_matmul(c, x, ws, outs, nullptr, &norm, &g)) return false;
+  if (routes) {
+    route->done = true;
+    g_norm_gemv_routes.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
 }
 
 size_t quant_act_bytes(int64_t T, int64_t K) { return ActLayout(T, K).bytes; }
@@ -927,5 +939,7 @@ long long mma_xs_split_launches() { return g_xs_split_launches.load(); }
 long long mma_xs_launches() { return g_xs_launches.load(); }
 // The launches of a one-token norm GEMM with f32 projections beside it so far.
 long long mma_norm_gemv_launches() { return g_norm_gemv_launches.load(); }
+// Those of them that routed a MoE router's logits (RouteInto).
+long long mma_norm_gemv_routes() { return g_norm_gemv_routes.load(); }
 
 }  // namespace qwen36::cuda
