@@ -366,6 +366,10 @@ class CudaBackend final : public Backend {
       scratch_.init(p, scratch_bytes);
       ctx_.scratch = &scratch_;
     }
+    // QWEN36_ROUTE_IN_GEMV=off: a one-token MoE router's top-k by moe_route's own launch after
+    // the norm GEMV, not by that GEMV's last block (add_rms_norm_matmul_multi_route; the A/B).
+    const char* rig = std::getenv("QWEN36_ROUTE_IN_GEMV");
+    route_in_launch_ = !(rig && std::string(rig) == "off");
     CUDA_CHECK(cudaMalloc(&ctx_.arrivals, sizeof(int)));
     CUDA_CHECK(cudaMemset(ctx_.arrivals, 0, sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
@@ -671,8 +675,9 @@ class CudaBackend final : public Backend {
                                        const MoeRouting& r) override {
     // (shapes moe_route would refuse route there, with its message)
     cuda::RouteInto into{int(r.k), r.renorm, r.weights.as<float>(), r.ids.as<int32_t>()};
-    const bool fits = x.rows() == 1 && r.k >= 1 && r.weights.dtype == DType::F32 && r.weights.numel() == r.k &&
-                      r.ids.dtype == DType::I32 && r.ids.numel() == r.k && outs[0]->numel() == outs[0]->cols();
+    const bool fits = route_in_launch_ && x.rows() == 1 && r.k >= 1 && r.weights.dtype == DType::F32 &&
+                      r.weights.numel() == r.k && r.ids.dtype == DType::I32 && r.ids.numel() == r.k &&
+                      outs[0]->numel() == outs[0]->cols();
     norm_projections(y, delta, y_out, w, eps, x, ws, outs, fits ? &into : nullptr);
     if (!into.done) moe_route(*outs[0], r.k, r.renorm, r.weights, r.ids);
   }
@@ -906,7 +911,7 @@ class CudaBackend final : public Backend {
       Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
                               : std::string());
       if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs, route) ||
-          cuda::norm_gemv_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
+          cuda::norm_gemv_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs, route) ||
           cuda::norm_matmul_multi_prefill(ctx_, y, delta, y_out, w, eps, x, ws, outs))
         return;
     }
@@ -994,6 +999,7 @@ class CudaBackend final : public Backend {
   cuda::ScratchStack scratch_;  // op temporaries (ctx_.scratch)
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool profile_ = false;
+  bool route_in_launch_ = true;  // QWEN36_ROUTE_IN_GEMV
   int64_t forwards_ = 0;
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;

@@ -30,6 +30,7 @@
 
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_moe_route.cuh"
 
 namespace qwen36::cuda {
 
@@ -44,6 +45,7 @@ NormGemvMode parse_mode(const char* v) {
 }
 std::atomic<int> g_mode{-1};                  // norm_gemv_select's choice; -1: the environment's
 std::atomic<long long> g_launches{0};         // norm-computing GEMV launches so far (tests)
+std::atomic<long long> g_routes{0};           // those of them that routed a MoE router's logits
 NormGemvMode norm_gemv_mode() {
   static const NormGemvMode env = parse_mode(std::getenv("QWEN36_NORM_GEMV16"));
   const int m = g_mode.load(std::memory_order_relaxed);
@@ -130,7 +132,8 @@ struct NormStage {
 // Every warp joins the norm's barriers: a warp past the last row dots the last row again and
 // stores nothing.
 template <typename W, int U, int NW>
-__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0) gemv_multi_norm_kernel(MultiRows m, NormIn n, int K) {
+__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0)
+    gemv_multi_norm_kernel(MultiRows m, NormIn n, int K, RouteArgs route) {
   extern __shared__ float4 smem[];
   griddep_trigger();
   const NormStage st(smem, K);
@@ -146,6 +149,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0) gemv_multi_norm_ker
   });
   const float s = warp_sum(acc[0][0]);
   if (lane == 0 && row < m.total) mr.out[mr.local] = s;
+  if (route.ids) route_when_last(route, m.out[0], int(gridDim.x));  // matrix 0: a MoE router
 }
 
 // gemv_swiglu_kernel at T = 1 with the norm staged first: out = silu(x · gateᵀ) * (x · upᵀ).
@@ -186,7 +190,7 @@ bool half_weight(DType t) { return t == DType::BF16 || t == DType::F16; }
 }  // namespace
 
 bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                     Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
+                     Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs, RouteInto* route) {
   if (norm_gemv_mode() == NormGemvMode::kOff || c.exact_matmul || ws.empty() || ws.size() > size_t(kMaxMulti) ||
       ws.size() != outs.size() || !norm_gemv_shapes(y, delta, y_out, w, x) || !half_weight(ws[0]->dtype))
     return false;
@@ -203,20 +207,26 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   const dim3 grid(unsigned((rows + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
   const NormIn n = norm_in(y, delta, y_out, w, eps, x);
+  RouteArgs ra{};
+  const bool routes = route && route_args(c, route, ws[0]->rows(), ra);
   auto launch = [&](auto wt) {
     using W = decltype(wt);
     if (whole_rows)
-      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
+      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K), ra);
     else if (nw == 16)
-      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, 16>, grid, block, smem, c.stream, m, n, int(K));
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, 16>, grid, block, smem, c.stream, m, n, int(K), ra);
     else
-      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K), ra);
   };
   if (ws[0]->dtype == DType::BF16)
     launch(__nv_bfloat16{});
   else
     launch(__half{});
   CUDA_LAUNCH_CHECK();
+  if (routes) {
+    route->done = true;
+    g_routes.fetch_add(1, std::memory_order_relaxed);
+  }
   return true;
 }
 
@@ -258,5 +268,6 @@ void norm_gemv_select(const char* mode) { g_mode.store(mode ? int(parse_mode(mod
 // The same for QWEN36_NORM_GEMV16_WARPS (8 or 16; 0: the environment's again).
 void norm_gemv_select_warps(int warps) { g_warps.store(warps == 8 || warps == 16 ? warps : 0); }
 long long norm_gemv_launches() { return g_launches.load(); }
+long long norm_gemv_routes() { return g_routes.load(); }
 
 }  // namespace qwen36::cuda

@@ -1036,6 +1036,13 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
 
 }  // namespace
 
+bool route_args(const Ctx& c, const RouteInto* route, int64_t E, RouteArgs& args) {
+  if (!route || !c.arrivals || E > kRouteInLaunchMaxExperts || route->k < 1 || route->k > std::min<int64_t>(32, E))
+    return false;
+  args = RouteArgs{route->weights, route->ids, c.arrivals, int(E), route->k, route->renorm};
+  return true;
+}
+
 void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) {
   const int64_t E = logits.cols(), T = logits.rows();
   QWEN36_CHECK(k > 0 && k <= E && weights.numel() == T * k && ids.numel() == T * k && ids.dtype == DType::I32,

@@ -1,6 +1,6 @@
 // The MoE router's top-k for one token, by one warp: the device function of route_kernel
-// (cuda_moe.cu) and of the one-token norm GEMM's blocks that route the logits they computed
-// (norm_gemv_block, cuda_quant_mma_kernels.cuh). CPU twin: backend/cpu/cpu_moe.cpp (moe_route).
+// (cuda_moe.cu) and of the one-token norm GEMVs that route the logits they computed
+// (route_when_last). CPU twin: backend/cpu/cpu_moe.cpp (moe_route).
 #pragma once
 
 #include <cmath>
@@ -65,6 +65,33 @@ __device__ __forceinline__ void route_token(const float* l, int E, int k, bool r
     ids[lane] = mine_id;
     weights[lane] = renorm ? mine / top : mine;
   }
+}
+
+// A router's top-k computed by the launch that computes its logits (the one-token norm GEMVs:
+// norm_gemv_block, cuda_quant_mma_kernels.cuh; gemv_multi_norm_kernel, cuda_matmul_norm.cu).
+// ids null: no routing. *arrivals is zero before the launch, and left zero.
+struct RouteArgs {
+  float* weights;  // [k]
+  int32_t* ids;    // [k]
+  int* arrivals;
+  int E, k;
+  bool renorm;
+};
+// The most experts a launch routes (route_token<8>); more go to moe_route's launch.
+constexpr int kRouteInLaunchMaxExperts = 256;
+
+// The last of nblocks blocks to arrive routes the E logits at l, once every block has written its
+// share: the arrival is an acquire-release atomic between two barriers (each block publishes its
+// warps' stores; the last one's threads see every earlier block's). Every thread of every block
+// calls it. The route's own launch and its dependency on the GEMV's end go from the chain (a
+// 35B-A3B decode step: one of a layer's seven launches).
+__device__ __forceinline__ void route_when_last(const RouteArgs& r, const float* l, int nblocks) {
+  __syncthreads();
+  const bool last = threadIdx.x == 0 && atomic_add_acq_rel(r.arrivals, 1) == nblocks - 1;
+  if (!__syncthreads_or(last)) return;
+  if (threadIdx.x < 32)
+    route_token<kRouteInLaunchMaxExperts / 32>(l, r.E, r.k, r.renorm, r.weights, r.ids, int(threadIdx.x));
+  if (threadIdx.x == 0) *r.arrivals = 0;  // for the next launch: every block has arrived
 }
 
 }  // namespace qwen36::cuda

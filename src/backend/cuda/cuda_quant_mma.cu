@@ -886,12 +886,7 @@ bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, s
       !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) || !aligned16(norm.y_out) ||
       !aligned16(norm.x))
     return false;
-  const int E = g.r_end[0];
-  const bool routes = route && c.arrivals && E <= kGemvRouteMaxExperts && route->k >= 1 && route->k <= std::min(32, E);
-  if (routes) {
-    g.route_weights = route->weights, g.route_ids = route->ids, g.arrivals = c.arrivals;
-    g.route_k = route->k, g.renorm = route->renorm;
-  }
+  const bool routes = route_args(c, route, g.r_end[0], g.route);
   if (!tiled_matmul(c, x, ws, outs, nullptr, &norm, &g)) return false;
   if (routes) {
     route->done = true;

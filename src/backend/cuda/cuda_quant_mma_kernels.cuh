@@ -796,36 +796,13 @@ __global__ void __launch_bounds__(max_threads(ROWS), 1)
 // f32 matrices beside a one-token GEMM that computes the norm (NormIn): the MoE router and the
 // shared expert's gate logit beside that expert's gate / up projections. Matrix m holds rows
 // [r_end[m − 1], r_end[m]) of one index space and writes out[m] ([1, rows]).
-// With route_ids, matrix 0 is the router: the GEMV block that finishes last routes its logits
-// (route_token's top-k into route_weights / route_ids), counting arrivals in *arrivals (zero
-// before the launch, and left zero).
+// With route.ids, matrix 0 is a MoE router whose logits the launch routes (route_when_last).
 struct GemvRows {
   const float* w[kMaxMats];
   float* out[kMaxMats];
   int r_end[kMaxMats], nmat;
-  float* route_weights;
-  int32_t* route_ids;
-  int* arrivals;
-  int route_k;
-  bool renorm;
+  RouteArgs route;
 };
-// The largest router route_when_last takes (route_token<8>).
-constexpr int kGemvRouteMaxExperts = 256;
-
-// The last of nblocks GEMV blocks to arrive routes the logits of matrix 0, once every block has
-// written its rows: the arrival is an acquire-release atomic between two barriers (each block
-// publishes its warps' stores; the last one's threads see every earlier block's). The route
-// kernel's launch and its dependency on this kernel's end go from the chain (35B-A3B Q4_K_M: one
-// of a layer's seven launches at one token).
-__device__ __forceinline__ void route_when_last(const GemvRows& g, int nblocks) {
-  __syncthreads();
-  const bool last = threadIdx.x == 0 && atomic_add_acq_rel(g.arrivals, 1) == nblocks - 1;
-  if (!__syncthreads_or(last)) return;
-  if (threadIdx.x < 32)
-    route_token<kGemvRouteMaxExperts / 32>(g.out[0], g.r_end[0], g.route_k, g.renorm, g.route_weights, g.route_ids,
-                                           int(threadIdx.x));
-  if (threadIdx.x == 0) *g.arrivals = 0;  // for the next launch: every block has arrived
-}
 
 // Shared memory of a norm_gemv_block for S super-blocks: the quantized row norm_row writes (unused
 // here), v, the group sums, the norm's weight and x in f32.
@@ -900,7 +877,7 @@ __device__ __forceinline__ void norm_gemv_block(const MmaArgs& a, const GemvRows
     acc = warp_sum(acc);
     if (lane == 0) *o = acc;
   }
-  if (g.route_ids) route_when_last(g, nblocks);
+  if (g.route.ids) route_when_last(g.route, g.out[0], nblocks);
 }
 
 // A one-token GEMM with the norm (blocks [0, grid1): mma_block as its own launch would run them)

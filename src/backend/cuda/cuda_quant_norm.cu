@@ -50,16 +50,6 @@ bool norm_gemv_on() {
   return on;
 }
 
-// QWEN36_ROUTE_IN_GEMV=off: the MoE router's top-k by moe_route's launch after the norm GEMM
-// rather than by that GEMM's last f32-projection block (RouteInto).
-bool route_in_gemv_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWEN36_ROUTE_IN_GEMV");
-    return !(v && std::strcmp(v, "off") == 0);
-  }();
-  return on;
-}
-
 bool any_tiled(std::span<const Tensor* const> ws) {
   return std::any_of(ws.begin(), ws.end(), [](const Tensor* w) { return dtype_is_tiled(w->dtype); });
 }
@@ -76,7 +66,7 @@ bool norm_quant_matmul_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tenso
     // The tiled matrices first: their first launch writes x, which the others read.
     const TiledSplit sp(ws, outs);
     // (the router's logits must be the first f32 projection's)
-    RouteInto* const r = route && route_in_gemv_on() && !sp.ro.empty() && sp.ro[0] == outs[0] ? route : nullptr;
+    RouteInto* const r = route && !sp.ro.empty() && sp.ro[0] == outs[0] ? route : nullptr;
     if (!sp.rw.empty() && norm_gemv_on() &&
         quant_tiled_matmul_norm_gemv(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to, sp.rw, sp.ro, r))
       return true;
