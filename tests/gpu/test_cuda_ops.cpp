@@ -15,6 +15,8 @@ void norm_gemv_select(const char* mode);
 void norm_gemv_select_warps(int warps);
 long long norm_gemv_launches();
 long long norm_gemv_routes();  // those of them that routed a MoE router's logits
+// QWEN36_ROUTE_IN_GEMV's choice for this process ("on" | "off" | "auto"; null: the environment's).
+void route_in_launch_select(const char* mode);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -427,9 +429,10 @@ TEST_F(CudaOps, NormInOneTokenGemvIsTheComposition) {
                         {DType::F16, 1024, {300, 20}, 130},
                         {DType::BF16, 96, {40, 3}, 24}};
   struct Restore {
-    ~Restore() { cuda::norm_gemv_select(nullptr), cuda::norm_gemv_select_warps(0); }
+    ~Restore() { cuda::norm_gemv_select(nullptr), cuda::norm_gemv_select_warps(0), cuda::route_in_launch_select(nullptr); }
   } restore;
   cuda::norm_gemv_select("on");  // every form, whatever the default takes
+  cuda::route_in_launch_select("on");
   for (int warps : {8, 16}) {  // blocks of the GEMVs that do not take whole rows a round
     for (const Case& c : cases) {
       cuda::norm_gemv_select_warps(warps);

@@ -54,6 +54,8 @@ long long mma_xs_split_launches();
 long long mma_norm_gemv_launches();
 // Those of them whose last f32-projection block routed a MoE router's logits.
 long long mma_norm_gemv_routes();
+// QWEN36_ROUTE_IN_GEMV's choice for this process ("on" | "off" | "auto"; null: the environment's).
+void route_in_launch_select(const char* mode);
 // The same for QWEN36_MMA_HB ("on" | "off" | "auto"): Q4_K / Q6_K at 17-64 tokens in the bf16 form.
 void mma_select_hb(const char* hb);
 }  // namespace qwen36::cuda
@@ -872,6 +874,10 @@ TEST_F(CudaQuantMma, NormGemmWithF32ProjectionsBitwiseAsComposed) {
 // experts (moe_route's 4-register form there: the same values), top-8 and top-1, renormalised or
 // not; four calls in a row each, so each leaves the arrival counter zero for the next.
 TEST_F(CudaQuantMma, NormGemmRoutesInItsLaunchBitwiseAsComposed) {
+  struct Restore {
+    ~Restore() { cuda::route_in_launch_select(nullptr); }
+  } restore;
+  cuda::route_in_launch_select("on");  // whatever the default
   const int64_t K = 2048, I = 512;
   const DevT gu = upload_tiled(*gpu_, quantized(rng_, DType::Q4_K, 2 * I, K));
   const DevT gate1 = upload(*gpu_, random_t(rng_, DType::F32, {1, K}));

@@ -366,10 +366,6 @@ class CudaBackend final : public Backend {
       scratch_.init(p, scratch_bytes);
       ctx_.scratch = &scratch_;
     }
-    // QWEN36_ROUTE_IN_GEMV=off: a one-token MoE router's top-k by moe_route's own launch after
-    // the norm GEMV, not by that GEMV's last block (add_rms_norm_matmul_multi_route; the A/B).
-    const char* rig = std::getenv("QWEN36_ROUTE_IN_GEMV");
-    route_in_launch_ = !(rig && std::string(rig) == "off");
     CUDA_CHECK(cudaMalloc(&ctx_.arrivals, sizeof(int)));
     CUDA_CHECK(cudaMemset(ctx_.arrivals, 0, sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
@@ -673,11 +669,10 @@ class CudaBackend final : public Backend {
   void add_rms_norm_matmul_multi_route(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                                        Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                                        const MoeRouting& r) override {
-    // (shapes moe_route would refuse route there, with its message)
+    // (shapes moe_route would refuse route there, with its message; QWEN36_ROUTE_IN_GEMV: route_args)
     cuda::RouteInto into{int(r.k), r.renorm, r.weights.as<float>(), r.ids.as<int32_t>()};
-    const bool fits = route_in_launch_ && x.rows() == 1 && r.k >= 1 && r.weights.dtype == DType::F32 &&
-                      r.weights.numel() == r.k && r.ids.dtype == DType::I32 && r.ids.numel() == r.k &&
-                      outs[0]->numel() == outs[0]->cols();
+    const bool fits = x.rows() == 1 && r.k >= 1 && r.weights.dtype == DType::F32 && r.weights.numel() == r.k &&
+                      r.ids.dtype == DType::I32 && r.ids.numel() == r.k && outs[0]->numel() == outs[0]->cols();
     norm_projections(y, delta, y_out, w, eps, x, ws, outs, fits ? &into : nullptr);
     if (!into.done) moe_route(*outs[0], r.k, r.renorm, r.weights, r.ids);
   }
@@ -999,7 +994,6 @@ class CudaBackend final : public Backend {
   cuda::ScratchStack scratch_;  // op temporaries (ctx_.scratch)
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool profile_ = false;
-  bool route_in_launch_ = true;  // QWEN36_ROUTE_IN_GEMV
   int64_t forwards_ = 0;
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;

@@ -1036,8 +1036,16 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
 
 }  // namespace
 
+// QWEN36_ROUTE_IN_GEMV = on | off | auto: a one-token MoE router's top-k by the norm GEMV that
+// computes its logits (route_when_last) or by moe_route's launch after it. auto is off until the
+// form has run on a GPU: written and compiled in session 57, whose device starts all failed after
+// the first call (bench/RESULTS.md); its tests and the A / B are the next session's first call.
+std::atomic<int> g_route_in_launch{-1};
+bool route_in_launch() { return variant(g_route_in_launch, "QWEN36_ROUTE_IN_GEMV", "on", "off") == kFirstForm; }
+
 bool route_args(const Ctx& c, const RouteInto* route, int64_t E, RouteArgs& args) {
-  if (!route || !c.arrivals || E > kRouteInLaunchMaxExperts || route->k < 1 || route->k > std::min<int64_t>(32, E))
+  if (!route || !c.arrivals || !route_in_launch() || E > kRouteInLaunchMaxExperts || route->k < 1 ||
+      route->k > std::min<int64_t>(32, E))
     return false;
   args = RouteArgs{route->weights, route->ids, c.arrivals, int(E), route->k, route->renorm};
   return true;
@@ -1169,6 +1177,10 @@ int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
 int64_t moe_tiled_pairs() { return std::max(kMaxTiledMoePairs, max_grouped_pairs()); }
 
 void moe_grouped_select(const char* mode) { g_grouped.store(mode ? parse_variant(mode, "on", "off") : -1); }
+// The same for QWEN36_ROUTE_IN_GEMV ("on" | "off" | "auto"; null: the environment's again).
+void route_in_launch_select(const char* mode) {
+  g_route_in_launch.store(mode ? parse_variant(mode, "on", "off") : -1);
+}
 
 bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
   if (experts.empty() || !dtype_is_tiled(experts[0].gate_proj.dtype)) return false;
