@@ -85,7 +85,7 @@ constexpr int kRouteInLaunchMaxExperts = 256;
 // warps' stores; the last one's threads see every earlier block's). Every thread of every block
 // calls it. The route's own launch and its dependency on the GEMV's end go from the chain (a
 // 35B-A3B decode step: one of a layer's seven launches).
-__device__ __forceinline__ void route_when_last(const RouteArgs& r, const float* l, int nblocks) {
+__device__ __forceinline__ void route_when_last(const RouteArgs r, const float* l, int nblocks) {
   __syncthreads();
   const bool last = threadIdx.x == 0 && atomic_add_acq_rel(r.arrivals, 1) == nblocks - 1;
   if (!__syncthreads_or(last)) return;
