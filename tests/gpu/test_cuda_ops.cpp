@@ -14,7 +14,7 @@ namespace qwen36::cuda {  // test hooks of cuda_matmul_norm.cu
 void norm_gemv_select(const char* mode);
 void norm_gemv_select_warps(int warps);
 long long norm_gemv_launches();
-long long norm_gemv_routes();  // those of them that routed a MoE router's logits
+long long routes_in_launch();  // launches that routed a MoE router's logits (cuda_moe.cu)
 // QWEN36_ROUTE_IN_GEMV's choice for this process ("on" | "off" | "auto"; null: the environment's).
 void route_in_launch_select(const char* mode);
 }  // namespace qwen36::cuda
@@ -476,10 +476,10 @@ TEST_F(CudaOps, NormInOneTokenGemvIsTheComposition) {
         DevT y4 = fresh(K), x4 = fresh(K), w1 = fresh(k), w2 = fresh(k);
         DevT i1 = upload(*gpu_, HostT(DType::I32, {1, k})), i2 = upload(*gpu_, HostT(DType::I32, {1, k}));
         gpu_->moe_route(o1[0].t, k, true, w1.t, i1.t);
-        const long long routes = cuda::norm_gemv_routes();
+        const long long routes = cuda::routes_in_launch();
         gpu_->add_rms_norm_matmul_multi_route(dy.t, dd.t, y4.t, dnw.t, 1e-6f, x4.t, ws, outs3,
                                               MoeRouting{k, true, w2.t, i2.t});
-        EXPECT_EQ(cuda::norm_gemv_routes(), routes + 1) << what << ": the routing GEMV was not taken";
+        EXPECT_EQ(cuda::routes_in_launch(), routes + 1) << what << ": the routing GEMV was not taken";
         auto bits = [&](const DevT& t) {
           std::vector<uint32_t> v(size_t(t.t.numel()));
           gpu_->copy_to_host(t.t, v.data());

@@ -52,8 +52,8 @@ void mma_select_xs_split(const char* split);
 long long mma_xs_split_launches();
 // The launches of a one-token norm GEMM with f32 projections in its launch so far.
 long long mma_norm_gemv_launches();
-// Those of them whose last f32-projection block routed a MoE router's logits.
-long long mma_norm_gemv_routes();
+// The launches that routed a MoE router's logits so far (cuda_moe.cu).
+long long routes_in_launch();
 // QWEN36_ROUTE_IN_GEMV's choice for this process ("on" | "off" | "auto"; null: the environment's).
 void route_in_launch_select(const char* mode);
 // The same for QWEN36_MMA_HB ("on" | "off" | "auto"): Q4_K / Q6_K at 17-64 tokens in the bf16 form.
@@ -909,9 +909,9 @@ TEST_F(CudaQuantMma, NormGemmRoutesInItsLaunchBitwiseAsComposed) {
           }
           return r;
         };
-        const long long before = cuda::mma_norm_gemv_routes();
+        const long long before = cuda::routes_in_launch();
         const Run a = run(true);
-        const long long routed = cuda::mma_norm_gemv_routes() - before;
+        const long long routed = cuda::routes_in_launch() - before;
         const Run b = run(false);
         const std::string at = "E=" + std::to_string(E) + " k=" + std::to_string(k) + " call " + std::to_string(call);
         EXPECT_EQ(routed, 1) << at;

@@ -45,7 +45,6 @@ NormGemvMode parse_mode(const char* v) {
 }
 std::atomic<int> g_mode{-1};                  // norm_gemv_select's choice; -1: the environment's
 std::atomic<long long> g_launches{0};         // norm-computing GEMV launches so far (tests)
-std::atomic<long long> g_routes{0};           // those of them that routed a MoE router's logits
 NormGemvMode norm_gemv_mode() {
   static const NormGemvMode env = parse_mode(std::getenv("QWEN36_NORM_GEMV16"));
   const int m = g_mode.load(std::memory_order_relaxed);
@@ -208,7 +207,7 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   const size_t smem = norm_stage_bytes(int(K));
   const NormIn n = norm_in(y, delta, y_out, w, eps, x);
   RouteArgs ra{};
-  const bool routes = route && route_args(c, route, ws[0]->rows(), ra);
+  const bool routes = route_args(c, route, ws[0]->rows(), ra);
   auto launch = [&](auto wt) {
     using W = decltype(wt);
     if (whole_rows)
@@ -223,10 +222,7 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   else
     launch(__half{});
   CUDA_LAUNCH_CHECK();
-  if (routes) {
-    route->done = true;
-    g_routes.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (routes) routed_in_launch(*route);
   return true;
 }
 
@@ -268,6 +264,5 @@ void norm_gemv_select(const char* mode) { g_mode.store(mode ? int(parse_mode(mod
 // The same for QWEN36_NORM_GEMV16_WARPS (8 or 16; 0: the environment's again).
 void norm_gemv_select_warps(int warps) { g_warps.store(warps == 8 || warps == 16 ? warps : 0); }
 long long norm_gemv_launches() { return g_launches.load(); }
-long long norm_gemv_routes() { return g_routes.load(); }
 
 }  // namespace qwen36::cuda

@@ -470,6 +470,8 @@ struct RouteArgs;  // cuda_moe_route.cuh
 // The device arguments of a launch that routes E logits into route (false: it cannot, or
 // QWEN36_ROUTE_IN_GEMV is not on; args untouched).
 bool route_args(const Ctx&, const RouteInto* route, int64_t E, RouteArgs& args);
+// Once that launch is queued: route.done, and the count the tests read.
+void routed_in_launch(RouteInto& route);
 // Backend::add_rms_norm_matmul_multi / add_rms_norm_mlp at prefill over bf16 weights: the norm
 // writes x and its bf16 rounding in one pass (add_rms_norm_half), the GEMMs read the latter (no
 // rounding kernel); false (nothing done) where these forms do not apply.

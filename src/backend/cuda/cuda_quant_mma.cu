@@ -417,7 +417,6 @@ std::atomic<long long> g_pair_launches{0};
 std::atomic<int> g_xs{-1};
 std::atomic<long long> g_xs_launches{0};  // XS launches so far (a test hook)
 std::atomic<long long> g_norm_gemv_launches{0};  // mma_norm_gemv_kernel launches so far (a test hook)
-std::atomic<long long> g_norm_gemv_routes{0};    // those of them that routed a MoE router's logits
 constexpr int kXsMinS = 16;
 // QWEN36_MMA_AHEAD = N (0-8, unset: 1): XS calls request each tile's bytes into L2 N tiles before
 // its register load (MmaArgs::ahead). H200, 27B Q4_K_M tg64 b16, two rounds each: 0 1,316.6 /
@@ -890,10 +889,7 @@ bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, s
   RouteArgs ra{};
   const bool routes = route_args(c, route, g.r_end[0], ra);
   if (!tiled_matmul(c, x, ws, outs, nullptr, &norm, &g, routes ? &ra : nullptr)) return false;
-  if (routes) {
-    route->done = true;
-    g_norm_gemv_routes.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (routes) routed_in_launch(*route);
   return true;
 }
 
@@ -936,7 +932,5 @@ long long mma_xs_split_launches() { return g_xs_split_launches.load(); }
 long long mma_xs_launches() { return g_xs_launches.load(); }
 // The launches of a one-token norm GEMM with f32 projections beside it so far.
 long long mma_norm_gemv_launches() { return g_norm_gemv_launches.load(); }
-// Those of them that routed a MoE router's logits (RouteInto).
-long long mma_norm_gemv_routes() { return g_norm_gemv_routes.load(); }
 
 }  // namespace qwen36::cuda
