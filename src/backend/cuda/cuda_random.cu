@@ -1,7 +1,7 @@
 // Random model weights generated directly in device memory (for `qwen36 bench --synthetic`
 // on full-size shapes, where generating 54 GB on the host and uploading it is slow). The
-// structure and scales follow model/random_weights.cpp (matrices ~ N(0, 1/fan_in), norm
-// multipliers near 1, DeltaNet decays in a realistic range); the values themselves differ.
+// tensors, their order and scales are model/random_layers.h's, as the host builder's
+// (model/random_weights.cpp); the values themselves differ.
 // Block-quantized models take each matrix's type from the rules `qwen36 quantize` applies
 // (quant/mix_rules.h, via the CPU synthetic model's plan) and random valid blocks
 // (cuda::quant_random_fill).
@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
+#include "model/random_layers.h"
 #include "model/random_quant_weights.h"
 #include "quant/quantize_model.h"
 
@@ -122,57 +123,6 @@ class DeviceBuilder {
   std::string prefix_;
 };
 
-// kind: "" (dense MLP), "_exps" (routed experts), "_shexp" (shared expert), as in GGUF names.
-MlpWeights random_mlp(DeviceBuilder& b, int64_t H, int64_t I, const std::string& kind) {
-  return {b.matrix("ffn_gate" + kind + ".weight", {I, H}, 1.0f / std::sqrt(float(H))),
-          b.matrix("ffn_up" + kind + ".weight", {I, H}, 1.0f / std::sqrt(float(H))),
-          b.matrix("ffn_down" + kind + ".weight", {H, I}, 1.0f / std::sqrt(float(I)))};
-}
-
-// gguf: the layer as a GGUF file loads (format/gguf_model.h), its out_proj reading the value
-// heads in llama.cpp's tiled order — so that a benchmark pays what a real file's pass does.
-LayerWeights random_layer(DeviceBuilder& b, const ModelConfig& c, LayerKind kind, bool gguf) {
-  const int64_t H = c.hidden_size;
-  const float sh = 1.0f / std::sqrt(float(H));
-  LayerWeights l;
-  l.kind = kind;
-  l.input_norm = b.f32({H}, 1.0f, 0.1f);
-  l.post_attention_norm = b.f32({H}, 1.0f, 0.1f);
-  if (kind == LayerKind::FullAttention) {
-    const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-    l.attn = {b.matrix("attn_q.weight", {c.q_proj_rows(), H}, sh), b.matrix("attn_k.weight", {kvd, H}, sh),
-              b.matrix("attn_v.weight", {kvd, H}, sh),
-              b.matrix("attn_output.weight", {H, qd}, 1.0f / std::sqrt(float(qd))), b.f32({c.head_dim}, 1.0f, 0.1f),
-              b.f32({c.head_dim}, 1.0f, 0.1f)};
-  } else {
-    const int64_t vd = c.linear_value_dim();
-    auto& d = l.deltanet;
-    d.in_proj_qkv = b.matrix("attn_qkv.weight", {c.conv_dim(), H}, sh);
-    d.in_proj_z = b.matrix("attn_gate.weight", {vd, H}, sh);
-    d.in_proj_b = b.matrix("ssm_beta.weight", {c.gate_rows(), H}, sh);
-    d.in_proj_a = b.matrix("ssm_alpha.weight", {c.gate_rows(), H}, sh);
-    d.conv1d = b.f32({c.conv_dim(), c.conv_kernel}, 0.0f, 0.5f);
-    d.dt_bias = b.f32({c.linear_v_heads}, 0.0f, 0.5f);
-    d.a_neg_exp = b.f32({c.linear_v_heads}, -1.0f, 0.5f);
-    d.norm = b.f32({c.linear_v_dim}, 1.0f, 0.1f);
-    d.out_proj = b.matrix("ssm_out.weight", {H, vd}, 1.0f / std::sqrt(float(vd)));
-    if (gguf) d.out_proj_heads = gguf_tiled_heads(c.linear_k_heads, c.linear_v_heads);
-  }
-  if (c.moe) {
-    // router, shared gate, shared gate/up back to back: the model reads them in one pass
-    l.moe.router = b.matrix("ffn_gate_inp.weight", {c.n_experts, H}, sh);
-    if (c.shared_expert_intermediate_size > 0) {
-      l.moe.shared_gate = b.matrix("ffn_gate_inp_shexp.weight", {1, H}, sh);
-      l.moe.shared = random_mlp(b, H, c.shared_expert_intermediate_size, "_shexp");
-    }
-    for (int64_t e = 0; e < c.n_local_experts(); ++e)
-      l.moe.experts.push_back(random_mlp(b, H, c.moe_intermediate_size, "_exps"));
-  } else {
-    l.mlp = random_mlp(b, H, c.intermediate_size, "");
-  }
-  return l;
-}
-
 // A block type by its name ("q4_k", "IQ4_XS"), case-insensitive; F32 when none.
 DType quant_block_type(const std::string& name) {
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
@@ -192,26 +142,7 @@ ModelWeights build(const ModelConfig& c, DType matrix_dtype, uint64_t seed,
   ModelWeights w;
   w.config = c;
   DeviceBuilder b(w, matrix_dtype, seed, types);
-  w.embed_tokens = b.matrix("token_embd.weight", {c.vocab_size, c.hidden_size}, 1.0f);
-  w.final_norm = b.f32({c.hidden_size}, 1.0f, 0.1f);
-  w.lm_head = c.tie_word_embeddings ? w.embed_tokens
-                                    : b.matrix("output.weight", {c.vocab_size, c.hidden_size},
-                                               1.0f / std::sqrt(float(c.hidden_size)));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    b.set_layer(i);
-    w.layers.push_back(random_layer(b, c, c.layer_kinds[size_t(i)], gguf));
-  }
-  if (with_mtp && c.mtp_layers > 0) {  // the MTP head (GGUF nextn names, as the CPU model's plan): real drafting in benches
-    const int64_t H = c.hidden_size;
-    b.set_layer(c.n_layers);
-    MtpWeights m;
-    m.fc = b.matrix("nextn.eh_proj.weight", {H, 2 * H}, 1.0f / std::sqrt(float(2 * H)));
-    m.pre_fc_norm_embedding = b.f32({H}, 1.0f, 0.1f);
-    m.pre_fc_norm_hidden = b.f32({H}, 1.0f, 0.1f);
-    m.norm = b.f32({H}, 1.0f, 0.1f);
-    m.layer = random_layer(b, c, LayerKind::FullAttention, gguf);
-    w.mtp = std::move(m);
-  }
+  random_model::tensors(b, w, c, 1.0f, with_mtp, gguf);
   CUDA_CHECK(cudaDeviceSynchronize());
   validate_weights(w);
   return w;
