@@ -669,9 +669,10 @@ class CudaBackend final : public Backend {
   void add_rms_norm_matmul_multi_route(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                                        Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
                                        const MoeRouting& r) override {
-    // (shapes moe_route would refuse route there, with its message; QWEN36_ROUTE_IN_GEMV: route_args)
+    // (shapes moe_route would refuse route there, with its message; k's range and
+    // QWEN36_ROUTE_IN_GEMV: route_args)
     cuda::RouteInto into{int(r.k), r.renorm, r.weights.as<float>(), r.ids.as<int32_t>()};
-    const bool fits = x.rows() == 1 && r.k >= 1 && r.weights.dtype == DType::F32 && r.weights.numel() == r.k &&
+    const bool fits = x.rows() == 1 && r.weights.dtype == DType::F32 && r.weights.numel() == r.k &&
                       r.ids.dtype == DType::I32 && r.ids.numel() == r.k;
     norm_projections(y, delta, y_out, w, eps, x, ws, outs, fits ? &into : nullptr);
     if (!into.done) moe_route(*outs[0], r.k, r.renorm, r.weights, r.ids);

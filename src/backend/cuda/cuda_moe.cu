@@ -1038,8 +1038,8 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
 
 // QWEN36_ROUTE_IN_GEMV = on | off | auto: a one-token MoE router's top-k by the norm GEMV that
 // computes its logits (route_when_last) or by moe_route's launch after it. auto is off until the
-// form has run on a GPU: written and compiled in session 57, whose device starts all failed after
-// the first call (bench/RESULTS.md); its tests and the A / B are the next session's first call.
+// form has run on a GPU: written and compiled in session 57; no device start succeeded after that
+// (sessions 57-58; bench/RESULTS.md names the checks to run first: its tests and an A / B).
 namespace {
 std::atomic<int> g_route_in_launch{-1};
 std::atomic<long long> g_routes_in_launch{0};  // launches that routed (a test hook)
