@@ -26,6 +26,7 @@
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
@@ -56,6 +57,7 @@ struct MoeArgs {
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
+  bool early = true;  // down: read ids and the shared expert's inputs before griddep_wait (QWEN36_MOE_DOWN_LATE: A / B)
 };
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
@@ -86,8 +88,8 @@ template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
-  griddep_trigger();
   griddep_wait();  // the ids and x come from the kernels before
+  griddep_trigger();  // after the wait: the down launch reads ids and the shared expert's inputs before its own
   const int p = int(blockIdx.y), e = a.ids[p];
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr, R = a.N >> 4;
@@ -155,8 +157,14 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   griddep_trigger();
-  griddep_wait();  // act comes from the gate+up launch
   const int t = int(blockIdx.y), k = a.k, kk = k + (a.sh_down != nullptr);  // kk pairs: the routed, the shared
+  // With routed pairs the gate+up launch ran first and let this one start only after its own
+  // griddep_wait, so what the kernels before it wrote (ids, weights, the shared expert's gate,
+  // up and logit) is complete: read through L2 before this launch's wait, the warps' first two
+  // tiles requested and the shared expert's SwiGLU row quantized while the gate+up launch
+  // drains; only act waits. The shared expert alone (k = 0) may read the kernel right before.
+  const bool early = k > 0 && a.early;
+  if (!early) griddep_wait();
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int S = a.K >> 8, G = a.K >> 5, U = kk * S, wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr;
   const int R = a.N >> 4;
@@ -170,14 +178,14 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   float wmine = 0.0f;
   const bool rows = a.rows != nullptr || a.sh_row != nullptr;
   if (lane < k) {
-    const int e = a.ids[size_t(t) * k + lane];
+    const int e = __ldcg(a.ids + size_t(t) * k + lane);
     if (e >= 0 && e < a.E) {
       mine = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 2]);
-      if (!rows) wmine = a.w[size_t(t) * k + lane];
+      if (!rows) wmine = __ldcg(a.w + size_t(t) * k + lane);
     }
   } else if (lane < kk) {
     mine = static_cast<const uint8_t*>(a.sh_down);
-    if (!rows) wmine = sigmoid_f(a.sh_logit[t]);
+    if (!rows) wmine = sigmoid_f(__ldcg(a.sh_logit + t));
   }
   const unsigned valid = __ballot_sync(0xffffffffu, mine != nullptr);
   if (warp == 0) wts[lane] = wmine;  // read after the barriers below
@@ -194,31 +202,30 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
         __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
     return base + (size_t(r) * S + size_t(u - j * S)) * B;
   };
-  int u = next(warp % wr);
+  int u = next(warp % wr), un = next(u + wr);  // the warp's first two units
   Raw<D> cur{}, nxt{};
   if (live && u < U) load_tile<D, true, false>(tile_of(u), lane, cur);
-  if (kk == k) {
-    quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
-  } else {  // the routed rows and the shared expert's SwiGLU row in one pass (one L2 round trip)
-    const float4* x4 = reinterpret_cast<const float4*>(a.x + size_t(t) * k * a.K);
+  if (live && un < U) load_tile<D, true, false>(tile_of(un), lane, nxt);
+  if (kk > k) {  // the shared expert's SwiGLU row (per 32, as if in one pass with the routed rows)
     const float4* g4 = reinterpret_cast<const float4*>(a.sh_gate + size_t(t) * a.K);
     const float4* u4 = reinterpret_cast<const float4*>(a.sh_up + size_t(t) * a.K);
-    const int routed = k * G * 8;  // quads
-    quantize_row_of([=](int id) { return id < routed ? x4[id] : swiglu4(g4[id - routed], u4[id - routed]); }, kk * G,
-                    xg);
+    quantize_row_of([=](int id) { return swiglu4(__ldcg(g4 + id), __ldcg(u4 + id)); }, G, xg + size_t(k) * G);
   }
+  if (early) griddep_wait();  // act comes from the gate+up launch
+  if (k > 0) quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
   __syncthreads();
   float* units = red + size_t(warp / wr) * U * 16;
   if (live) {
-    while (u < U) {
-      const int un = next(u + wr);
-      if (un < U) load_tile<D, true, false>(tile_of(un), lane, nxt);
+    while (u < U) {  // cur holds unit u; nxt is unit un's, in flight
       const int j = u / S;
       float p0 = 0.0f, p1 = 0.0f;
       tile_row<D>(cur, xg + size_t(j) * G + size_t(u - j * S) * 8, lane, tab, p0, p1);
       store_partial(units + size_t(u) * 16, p0, p1);
-      cur = nxt;
       u = un;
+      if (u >= U) break;
+      cur = nxt;
+      un = next(u + wr);
+      if (un < U) load_tile<D, true, false>(tile_of(un), lane, nxt);
     }
   }
   __syncthreads();
@@ -324,6 +331,8 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   const int32_t* id = k > 0 ? ids.as<const int32_t>() : nullptr;
   const float* w = by_rows ? nullptr : weights->as<const float>();
   MoeArgs dn{act.get(), id, w, table, by_rows ? nullptr : out->as<float>(), int(I), int(D), int(k), int(E), dn_wr};
+  static const bool late = std::getenv("QWEN36_MOE_DOWN_LATE") != nullptr;  // temporary A / B switch
+  dn.early = !late;
   if (sh) {
     dn.sh_gate = sh->gate.as<const float>(), dn.sh_up = sh->up.as<const float>();
     dn.sh_down = sh->down.data, dn.sh_logit = by_rows ? nullptr : sh->logit.as<const float>();
