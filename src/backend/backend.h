@@ -468,16 +468,6 @@ class Backend {
     matmul(sh_gate, down, sh_out);
     add_sigmoid_scaled(out, sh_out, s);
   }
-  // moe_route of the router's logits into r, then moe_experts_shared with r's weights and ids. A
-  // backend may route inside its expert kernels (the CUDA backend's tiled decode: each block
-  // routes its token with moe_route's arithmetic, and r's tensors are written all the same),
-  // which spares the route its own launch and the experts their wait on it.
-  virtual void moe_route_experts_shared(const Tensor& logits, const MoeRouting& r, const Tensor& x,
-                                        std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
-                                        const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) {
-    moe_route(logits, r.k, r.renorm, r.weights, r.ids);
-    moe_experts_shared(x, r.weights, r.ids, experts, sh_gate, sh_up, down, s, sh_out, out);
-  }
 
   // ---- expert offload's exact combination (Model::host_moe_experts; issue 11) ----
   // moe_experts as rows and one sum, so that pairs computed elsewhere (the host's experts, with

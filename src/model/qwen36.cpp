@@ -237,16 +237,13 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
   }
   const MoeRouting route{K, /*renorm=*/true, weights, ids};  // Qwen3.5-MoE always renormalises
   const bool shared = !m.shared.gate_proj.empty();
-  // The route goes with the experts (moe_route_experts_shared: a backend may route in its expert
-  // kernels) unless the ids are rewritten (expert parallelism) or read by the host first.
-  const bool route_with_experts = shared && !c.local_experts && !host_experts;
   Tensor sg, sh_gate, sh_up;
   if (shared) {  // the router, the shared expert's gate and gate/up projections all read x: one pass
     const int64_t I = m.shared.gate_proj.rows();
     sg = s.f32({T, 1}), sh_gate = s.f32({T, I}), sh_up = s.f32({T, I});
     const Tensor* ws[] = {&m.router, &m.shared_gate, &m.shared.gate_proj, &m.shared.up_proj};
     Tensor* outs[] = {&logits, &sg, &sh_gate, &sh_up};
-    project(in, ws, outs, route_with_experts ? nullptr : &route);
+    project(in, ws, outs, &route);
   } else {
     const Tensor* ws[] = {&m.router};
     Tensor* outs[] = {&logits};
@@ -280,10 +277,7 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
     if (shared) backend_.add_sigmoid_scaled(y, out, sg);
   } else if (shared) {  // the shared expert's SwiGLU, down and gated add with the routed experts
     out = s.f32({T, c.hidden_size});
-    if (route_with_experts)
-      backend_.moe_route_experts_shared(logits, route, x, m.experts, sh_gate, sh_up, m.shared.down_proj, sg, out, y);
-    else
-      backend_.moe_experts_shared(x, weights, ids, m.experts, sh_gate, sh_up, m.shared.down_proj, sg, out, y);
+    backend_.moe_experts_shared(x, weights, ids, m.experts, sh_gate, sh_up, m.shared.down_proj, sg, out, y);
   } else {
     backend_.moe_experts(x, weights, ids, m.experts, y);
   }

@@ -86,11 +86,6 @@ inline std::vector<float> download(Backend& b, const Tensor& t) {
   b.copy_to_host(t, v.data());
   return v;
 }
-inline std::vector<int32_t> download_i32(Backend& b, const Tensor& t) {
-  std::vector<int32_t> v(size_t(t.numel()));
-  b.copy_to_host(t, v.data());
-  return v;
-}
 
 // Backend::matmul_multi of x [T, K] over the device matrices ws (each [N_i, K]): each [T, N_i]
 // output, downloaded.

@@ -889,17 +889,6 @@ class CudaBackend final : public Backend {
     }
     Backend::moe_experts_shared(x, weights, ids, experts, sh_gate, sh_up, down, s, sh_out, out);
   }
-  void moe_route_experts_shared(const Tensor& logits, const MoeRouting& r, const Tensor& x,
-                                std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
-                                const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) override {
-    {  // shapes the kernels do not take fall to the composition, whose moe_route names a bad one
-      Prof p_(*this, "moe_route_experts_shared");
-      if (cuda::moe_route_experts_shared(ctx_, logits, r.renorm, x, r.weights, r.ids, experts,
-                                         {sh_gate, sh_up, down, s}, out))
-        return;
-    }
-    Backend::moe_route_experts_shared(logits, r, x, experts, sh_gate, sh_up, down, s, sh_out, out);
-  }
   void sample_candidates(Tensor& logits, std::span<const SampleRowParams> rows, std::span<const PenaltyEntry> penalties,
                          int32_t k, int32_t* ids, float* vals, float* stats) override {
     Prof p_(*this, "sample_candidates");

@@ -39,8 +39,7 @@
 //    down type the shared expert's down shares: the shared expert is one more pair of every
 //    token in the tiled down kernel; on bf16 / f16 experts taking the decode kernels, one more
 //    row of the down kernel's sums (its SwiGLU row computed there); otherwise the CUDA backend
-//    composes the plain ops. moe_route_experts_shared (Backend's): on the tiled path the two
-//    launches route their tokens themselves (no route launch before them).
+//    composes the plain ops.
 //  Ids outside [0, E) contribute nothing (the CPU twin throws; ids come from moe_route).
 #include <algorithm>
 #include <atomic>
@@ -1177,32 +1176,6 @@ bool moe_experts_shared(Ctx& c, const Tensor& x, const Tensor& weights, const Te
   if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
   return quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn, q.s.E, q.s.I,
                          out, &sh);
-}
-
-// The route in the tiled kernels: each gate+up block and each down block routes its token's
-// logits itself, so the route's launch and the experts' wait on it leave a decode step's chain
-// (its ids and weights are still written, by the gate+up launch).
-namespace {
-std::atomic<long long> g_routes_in_experts{0};  // calls routed in the expert kernels (a test hook)
-}  // namespace
-long long routes_in_experts() { return g_routes_in_experts.load(); }
-
-bool moe_route_experts_shared(Ctx& c, const Tensor& logits, bool renorm, const Tensor& x, Tensor& weights, Tensor& ids,
-                              std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out) {
-  check_moe_call(x, weights, ids, experts, out);
-  const int64_t T = x.rows();
-  static const bool separate = std::getenv("QWEN36_MOE_ROUTE_SEPARATE") != nullptr;  // temporary A / B switch
-  if (separate || T < 1 || T > kMaxSharedFoldTokens || !dtype_is_quantized(experts[0].gate_proj.dtype)) return false;
-  const QuantExperts q = check_quant_experts(x, ids, experts);
-  if (c.exact_matmul || !q.tiled || q.s.P > kMaxTiledMoePairs) return false;
-  const ExpertPtrs* table = expert_table(c, experts);
-  if (!table) return true;  // recording, and the table is new: the recording is dropped anyway
-  const TiledRoute route{logits, renorm};
-  if (!quant_tiled_moe(c, x, weights, ids, reinterpret_cast<const void* const*>(table), q.gu, q.dn, q.s.E, q.s.I,
-                       out, &sh, &route))
-    return false;
-  g_routes_in_experts.fetch_add(1, std::memory_order_relaxed);
-  return true;
 }
 
 // ---- expert offload's exact combination (Backend::moe_expert_rows, moe_shared_row, moe_combine_rows) ----

@@ -1,7 +1,6 @@
 // The MoE router's top-k for one token, by one warp: the device function of route_kernel
-// (cuda_moe.cu), of the one-token norm GEMVs that route the logits they computed
-// (route_when_last) and of the tiled expert kernels that route their token themselves
-// (route_pick; cuda_quant_moe_mma.cu). CPU twin: backend/cpu/cpu_moe.cpp (moe_route).
+// (cuda_moe.cu) and of the one-token norm GEMVs that route the logits they computed
+// (route_when_last). CPU twin: backend/cpu/cpu_moe.cpp (moe_route).
 #pragma once
 
 #include <cmath>
@@ -11,27 +10,23 @@
 
 namespace qwen36::cuda {
 
-// Softmax over the E logits l (E ≤ 32 · NE), top-k, optionally renormalised: lane j < k holds
-// the j-th expert and its weight (route_token writes them to ids[j], weights[j]). Lane l holds
-// experts l + 32 i (i < NE) in registers. Each of the k rounds takes the lane's first largest,
-// then the warp's largest value and among the lanes holding it the lowest expert (two
-// redux.sync, exact: the values compare as unsigned integers once non-negative, 1 + their bits,
-// a taken expert 0); the round's expert is kept by lane j. The logits are read through L2
-// (coherent): their writer may be a block of the same launch, or a launch that the reader knows
-// to be complete before its own griddep_wait. (A shared-memory form with shuffled (value, index)
-// pairs and lane 0 re-reading its stores took 5.4 µs a 35B-A3B layer.)
-struct RoutePick {
-  int id;        // lane j < k: the j-th expert chosen
-  float weight;  // and its weight
-};
+// Softmax over the E logits l (E ≤ 32 · NE), top-k, optionally renormalised: weights[0, k) and
+// ids[0, k), written by lanes 0..k-1. Lane l holds experts l + 32 i (i < NE) in registers. Each of
+// the k rounds takes the lane's first largest, then the warp's largest value and among the lanes
+// holding it the lowest expert (two redux.sync, exact: the values compare as unsigned integers once
+// non-negative, 1 + their bits, a taken expert 0); the round's expert is kept by lane j, which
+// writes it. The logits are read with plain (coherent) loads: their writer may be a block of the
+// same launch. (A shared-memory form with shuffled (value, index) pairs and lane 0 re-reading its
+// stores took 5.4 µs a 35B-A3B layer.)
 template <int NE>
-__device__ __forceinline__ RoutePick route_pick(const float* l, int E, int k, bool renorm, int lane) {
+__device__ __forceinline__ void route_token(const float* l, int E, int k, bool renorm, float* weights, int32_t* ids,
+                                            int lane) {
   float p[NE];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < NE; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < E ? __ldcg(l + e) : -INFINITY;
+    p[i] = e < E ? l[e] : -INFINITY;
     mx = fmaxf(mx, p[i]);
   }
   mx = warp_max(mx);
@@ -66,13 +61,10 @@ __device__ __forceinline__ RoutePick route_pick(const float* l, int E, int k, bo
     for (int i = 0; i < NE; ++i)
       if (lane + 32 * i == e) key[i] = 0u;  // taken
   }
-  return {mine_id, renorm ? mine / top : mine};
-}
-template <int NE>
-__device__ __forceinline__ void route_token(const float* l, int E, int k, bool renorm, float* weights, int32_t* ids,
-                                            int lane) {
-  const RoutePick r = route_pick<NE>(l, E, k, renorm, lane);
-  if (lane < k) ids[lane] = r.id, weights[lane] = r.weight;
+  if (lane < k) {
+    ids[lane] = mine_id;
+    weights[lane] = renorm ? mine / top : mine;
+  }
 }
 
 // A router's top-k computed by the launch that computes its logits (the one-token norm GEMVs:

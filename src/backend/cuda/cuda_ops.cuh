@@ -579,15 +579,8 @@ struct SharedDown {
 // pair of every token (false, nothing launched, when not taken: types, shapes, exact_matmul,
 // > 65535 pairs, sh's down not of the routed down's type and shape); quant_dequant_tiled_experts
 // is quant_dequant_experts.
-// With route, weights and ids are outputs: the kernels route each token's logits themselves
-// (moe_route's top-k, bit for bit; E ≤ kRouteInLaunchMaxExperts, else false).
-struct TiledRoute {
-  const Tensor& logits;  // [T, E] f32
-  bool renorm;
-};
 bool quant_tiled_moe(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
-                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh = nullptr,
-                     const TiledRoute* route = nullptr);
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh = nullptr);
 // Whether quant_tiled_moe takes matrices of D, I with kk pairs a token (the routed, + 1 with a
 // shared expert) as far as its shapes and shared memory go.
 bool quant_tiled_moe_fits(int64_t D, int64_t I, int64_t kk);
@@ -682,9 +675,5 @@ int64_t moe_tiled_pairs();
 // every token); false, nothing launched, where they do not take the call.
 bool moe_experts_shared(Ctx&, const Tensor& x, const Tensor& weights, const Tensor& ids,
                         std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out);
-// Backend::moe_route_experts_shared: the same with the route in those kernels (weights and ids
-// written as moe_route would); false, nothing launched, where they do not take the call.
-bool moe_route_experts_shared(Ctx&, const Tensor& logits, bool renorm, const Tensor& x, Tensor& weights, Tensor& ids,
-                              std::span<const MlpWeights> experts, const SharedDown& sh, Tensor& out);
 
 }  // namespace qwen36::cuda

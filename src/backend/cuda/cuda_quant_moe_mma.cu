@@ -29,7 +29,6 @@
 #include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_moe_route.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
 #include "core/portable_exp.h"
 
@@ -59,28 +58,7 @@ struct MoeArgs {
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
   bool early = true;  // down: read ids and the shared expert's inputs before griddep_wait (QWEN36_MOE_DOWN_LATE: A / B)
-  // The route in the launch (quant_tiled_moe's TiledRoute), else null: token t's router logits at
-  // logits + t·E. Warp 0 of every block routes its token (route_pick: moe_route's arithmetic)
-  // into shared memory and ids and w are not read; gate+up writes them (ids_out, w_out) from its
-  // blocks of pair 0 of each token.
-  const float* logits = nullptr;
-  int32_t* ids_out = nullptr;
-  float* w_out = nullptr;
-  bool renorm = false;
 };
-
-constexpr int kRouteNE = kRouteInLaunchMaxExperts / 32;  // route_pick's experts a lane (E ≤ 256)
-// A block's route (k ≤ 32 picks) in static shared memory, beside moe_smem's dynamic bytes.
-constexpr size_t kRouteSmem = 32 * sizeof(RoutePick);
-
-// Warp 0 routes token t (every thread of the block calls this; a barrier): pick j of the token
-// from shared memory, for lanes j < k (the others {-1, 0}).
-__device__ __forceinline__ RoutePick route_block(const MoeArgs& a, int t, RoutePick* picks) {
-  const int lane = int(threadIdx.x & 31);
-  if (threadIdx.x < 32) picks[lane] = route_pick<kRouteNE>(a.logits + size_t(t) * a.E, a.E, a.k, a.renorm, lane);
-  __syncthreads();
-  return lane < a.k ? picks[lane] : RoutePick{-1, 0.0f};
-}
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
 int moe_block_warps(int wr) { return std::max(kMoeWarps, wr); }
@@ -110,20 +88,10 @@ template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
-  griddep_wait();  // the ids (or logits) and x come from the kernels before
+  griddep_wait();  // the ids and x come from the kernels before
   griddep_trigger();  // after the wait: the down launch reads ids and the shared expert's inputs before its own
-  const int p = int(blockIdx.y), lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  int e;
-  if (a.logits) {  // the block routes the token and takes pair p's expert
-    __shared__ RoutePick picks[32];
-    const int t = p / a.k, j = p % a.k;
-    const RoutePick rp = route_block(a, t, picks);
-    e = picks[j].id;
-    if (blockIdx.x == 0 && j == 0 && warp == 0 && lane < a.k)
-      a.ids_out[size_t(t) * a.k + lane] = rp.id, a.w_out[size_t(t) * a.k + lane] = rp.weight;
-  } else {
-    e = a.ids[p];
-  }
+  const int p = int(blockIdx.y), e = a.ids[p];
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr, R = a.N >> 4;
   const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
   float* act = a.out + size_t(p) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15);
@@ -191,11 +159,10 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   griddep_trigger();
   const int t = int(blockIdx.y), k = a.k, kk = k + (a.sh_down != nullptr);  // kk pairs: the routed, the shared
   // With routed pairs the gate+up launch ran first and let this one start only after its own
-  // griddep_wait, so what the kernels before it wrote (ids, weights or the router's logits, the
-  // shared expert's gate, up and logit) is complete: read through L2 before this launch's wait
-  // (with logits, every warp routes the token), the warps' first two tiles requested and the
-  // shared expert's SwiGLU row quantized while the gate+up launch drains; only act waits. The
-  // shared expert alone (k = 0) may read the kernel right before.
+  // griddep_wait, so what the kernels before it wrote (ids, weights, the shared expert's gate,
+  // up and logit) is complete: read through L2 before this launch's wait, the warps' first two
+  // tiles requested and the shared expert's SwiGLU row quantized while the gate+up launch
+  // drains; only act waits. The shared expert alone (k = 0) may read the kernel right before.
   const bool early = k > 0 && a.early;
   if (!early) griddep_wait();
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
@@ -210,16 +177,11 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   const uint8_t* mine = nullptr;  // lane j < kk: pair j's down matrix, and its weight
   float wmine = 0.0f;
   const bool rows = a.rows != nullptr || a.sh_row != nullptr;
-  RoutePick rp{-1, 0.0f};  // lane j < k: pair j's expert and weight
-  __shared__ RoutePick picks[32];
-  if (a.logits)
-    rp = route_block(a, t, picks);
-  else if (lane < k)
-    rp = {__ldcg(a.ids + size_t(t) * k + lane), rows ? 0.0f : __ldcg(a.w + size_t(t) * k + lane)};
   if (lane < k) {
-    if (rp.id >= 0 && rp.id < a.E) {
-      mine = static_cast<const uint8_t*>(a.table[3 * size_t(rp.id) + 2]);
-      wmine = rp.weight;
+    const int e = __ldcg(a.ids + size_t(t) * k + lane);
+    if (e >= 0 && e < a.E) {
+      mine = static_cast<const uint8_t*>(a.table[3 * size_t(e) + 2]);
+      if (!rows) wmine = __ldcg(a.w + size_t(t) * k + lane);
     }
   } else if (lane < kk) {
     mine = static_cast<const uint8_t*>(a.sh_down);
@@ -333,9 +295,8 @@ struct Split {
 bool quant_tiled_moe_fits(int64_t D, int64_t I, int64_t kk) {
   if (kk < 1 || kk > 32 || D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth) return false;
   const Split sp(D, I, kk);
-  const size_t limit = (size_t(48) << 10) - kRouteSmem;
-  return moe_smem<DType::Q4_K_T16>(int(I), int(kk), sp.dn_partials, sp.dn_nw) <= limit &&
-         moe_smem<DType::Q4_K_T16>(int(D), 1, sp.gu_partials, sp.gu_nw) <= limit;
+  return moe_smem<DType::Q4_K_T16>(int(I), int(kk), sp.dn_partials, sp.dn_nw) <= (size_t(48) << 10) &&
+         moe_smem<DType::Q4_K_T16>(int(D), 1, sp.gu_partials, sp.gu_nw) <= (size_t(48) << 10);
 }
 
 namespace {
@@ -344,12 +305,9 @@ namespace {
 // of D; k = 0 (rows, with sh): the shared expert's row only, no gate+up launch.
 bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weights, const Tensor& ids,
                const void* const* table, DType gate_up, DType down, int64_t E, int64_t I, Tensor* out,
-               const SharedDown* sh, Tensor* rows, Tensor* sh_row, const TiledRoute* route = nullptr) {
+               const SharedDown* sh, Tensor* rows, Tensor* sh_row) {
   const int64_t k = ids.empty() ? 0 : ids.cols(), P = T * k, kk = k + (sh != nullptr);
   const bool by_rows = out == nullptr;
-  if (route && (by_rows || k < 1 || k > E || E > kRouteInLaunchMaxExperts || route->logits.dtype != DType::F32 ||
-                route->logits.rows() != T || route->logits.cols() != E))
-    return false;
   if (c.exact_matmul || !dtype_is_tiled(gate_up) || !dtype_is_tiled(down) || T < 1 || kk < 1 || P > kMaxMoePairs ||
       D % 256 != 0 || I % 256 != 0 || D > kMaxMoeWidth || I > kMaxMoeWidth || E < 1 || E >= (int64_t(1) << 30) ||
       (k > 0 && (!x || x->dtype != DType::F32 || !aligned16(x->data) || x->rows() != T || x->cols() != D ||
@@ -375,20 +333,13 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   MoeArgs dn{act.get(), id, w, table, by_rows ? nullptr : out->as<float>(), int(I), int(D), int(k), int(E), dn_wr};
   static const bool late = std::getenv("QWEN36_MOE_DOWN_LATE") != nullptr;  // temporary A / B switch
   dn.early = !late;
-  if (route) {  // ids and weights: outputs of the gate+up launch; both launches route from the logits
-    dn.logits = route->logits.as<const float>(), dn.renorm = route->renorm;
-  }
   if (sh) {
     dn.sh_gate = sh->gate.as<const float>(), dn.sh_up = sh->up.as<const float>();
     dn.sh_down = sh->down.data, dn.sh_logit = by_rows ? nullptr : sh->logit.as<const float>();
   }
   if (by_rows) dn.rows = k > 0 ? rows->as<float>() : nullptr, dn.sh_row = sh ? sh_row->as<float>() : nullptr;
   if (k > 0) {
-    MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
-    if (route) {
-      gu.logits = dn.logits, gu.renorm = dn.renorm;
-      gu.ids_out = ids.as<int32_t>(), gu.w_out = weights->as<float>();
-    }
+    const MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
     with_tiled_dtype(gate_up, [&](auto dt) {
       constexpr DType DT = decltype(dt)::value;
       launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, gu_partials, gu_nw));
@@ -404,11 +355,9 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
 }  // namespace
 
 bool quant_tiled_moe(Ctx& c, const Tensor& x, const Tensor& weights, const Tensor& ids, const void* const* table,
-                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh,
-                     const TiledRoute* route) {
+                     DType gate_up, DType down, int64_t E, int64_t I, Tensor& out, const SharedDown* sh) {
   if (ids.empty() || ids.cols() < 1) return false;
-  return tiled_moe(c, x.rows(), x.cols(), &x, &weights, ids, table, gate_up, down, E, I, &out, sh, nullptr, nullptr,
-                   route);
+  return tiled_moe(c, x.rows(), x.cols(), &x, &weights, ids, table, gate_up, down, E, I, &out, sh, nullptr, nullptr);
 }
 
 bool quant_tiled_moe_rows(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor& ids, const void* const* table,
