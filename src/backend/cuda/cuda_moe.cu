@@ -91,16 +91,21 @@ constexpr int64_t kMaxDecodeSharedBytes = 48 * 1024;
 
 // One warp per token (route_token, cuda_moe_route.cuh: the values bit for bit of the earlier
 // shared-memory form).
-// Launched programmatically dependent (its launch overlaps the router GEMV's tail); it lets its
-// dependents start early (EARLY: griddep_trigger first) only for one token before the bf16 /
-// f16 decode kernels (Ctx::route_release_early): there the experts' kernels resident early
-// gain (H200, 35B-A3B bf16 b1 391.8 -> 395.9, session 37), elsewhere they measured slower
-// (sessions 33, 34, 37: Q4_K_M b1 -0.5 to -0.7%, bf16 b4 -3%). The kernel right after it reads
-// ids after its griddep_wait.
-template <int NE, bool EARLY = false>
+// Launched programmatically dependent (its launch overlaps the router GEMV's tail). When it lets
+// its dependents start (RouteRelease), for one token: before the bf16 / f16 decode kernels at
+// its start (Ctx::route_release_early: their blocks resident early gain, H200 35B-A3B bf16 b1
+// 391.8 -> 395.9, session 37); before the tiled experts once its logits are in (the gate+up
+// blocks resident while it routes; H100 35B-A3B Q4_K_M b1 496.7 -> 502.6, b4 even, session 59,
+// where at its start measured 501.4 and, before the down kernel read ids ahead of its wait,
+// -0.5 to -0.7% on the H200 in sessions 33-37). Several tokens: at its end, as measured in
+// batches (bf16 b4 -3% at its start). The kernels after it read ids after their griddep_wait
+// (the tiled down kernel: after the gate+up launch's, which triggers it after its own).
+enum class RouteRelease { kAtEnd, kAtStart, kAfterWait };
+template <int NE, RouteRelease R>
 __global__ void route_kernel(const float* logits, int E, int k, bool renorm, float* weights, int32_t* ids) {
-  if constexpr (EARLY) griddep_trigger();
+  if constexpr (R == RouteRelease::kAtStart) griddep_trigger();
   griddep_wait();  // the logits come from the kernel before
+  if constexpr (R == RouteRelease::kAfterWait) griddep_trigger();
   const int64_t t = blockIdx.x;
   route_token<NE>(logits + t * E, E, k, renorm, weights + t * k, ids + t * k, int(threadIdx.x));
 }
@@ -1067,10 +1072,14 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
                E, kMaxExperts);
   if (T == 0) return;
   // The early release goes with the decode kernels, whatever the expert count.
-  const bool early = c.route_release_early && T == 1;
+  using enum RouteRelease;
+  const RouteRelease release = T > 1 ? kAtEnd : c.route_release_early ? kAtStart : kAfterWait;
   auto launch = [&](auto ne) {
     constexpr int NE = decltype(ne)::value;
-    launch_pdl(early ? route_kernel<NE, true> : route_kernel<NE>, dim3(unsigned(T)), dim3(32), 0, c.stream,
+    launch_pdl(release == kAtStart     ? route_kernel<NE, kAtStart>
+               : release == kAfterWait ? route_kernel<NE, kAfterWait>
+                                       : route_kernel<NE, kAtEnd>,
+               dim3(unsigned(T)), dim3(32), 0, c.stream,
                logits.as<const float>(), int(E), int(k), renorm, weights.as<float>(), ids.as<int32_t>());
   };
   if (E <= 128)

@@ -13,7 +13,9 @@
 // an order that does not depend on the split: a row's tiles in super-block order, a token's
 // pairs in pair order, SiLU by silu_portable — the arithmetic the host reproduces bit for bit
 // (quant/cpu_dot_exact.h, expert offload). No atomics, no cross-block arrivals: bitwise
-// reproducible (eager or graph replay). A block quantizes its
+// reproducible (eager or graph replay). gate+up lets the down launch start only after its own
+// griddep_wait, so the down blocks read the routing and request their first tiles before theirs
+// (H100 35B-A3B Q4_K_M tg64 b1 483.5 -> 497.0, b4 930.4 -> 961.6, session 59). A block quantizes its
 // rows itself into shared memory (bitwise quantize_kernel's bytes; 2-8 KB from L2, while its
 // first tiles load) and puts a row in all 8 MMA columns: 7/8 of each MMA is wasted, free next
 // to the tile loads, and there is no quantization launch or token-column bookkeeping. Per pair
@@ -26,7 +28,6 @@
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
@@ -57,7 +58,6 @@ struct MoeArgs {
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
-  bool early = true;  // down: read ids and the shared expert's inputs before griddep_wait (QWEN36_MOE_DOWN_LATE: A / B)
 };
 
 // Warps of a block whose row-tiles are split wr ways: kMoeWarps (8 / wr row-tiles) or wr (one).
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
   // up and logit) is complete: read through L2 before this launch's wait, the warps' first two
   // tiles requested and the shared expert's SwiGLU row quantized while the gate+up launch
   // drains; only act waits. The shared expert alone (k = 0) may read the kernel right before.
-  const bool early = k > 0 && a.early;
+  const bool early = k > 0;
   if (!early) griddep_wait();
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int S = a.K >> 8, G = a.K >> 5, U = kk * S, wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr;
@@ -331,8 +331,6 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   const int32_t* id = k > 0 ? ids.as<const int32_t>() : nullptr;
   const float* w = by_rows ? nullptr : weights->as<const float>();
   MoeArgs dn{act.get(), id, w, table, by_rows ? nullptr : out->as<float>(), int(I), int(D), int(k), int(E), dn_wr};
-  static const bool late = std::getenv("QWEN36_MOE_DOWN_LATE") != nullptr;  // temporary A / B switch
-  dn.early = !late;
   if (sh) {
     dn.sh_gate = sh->gate.as<const float>(), dn.sh_up = sh->up.as<const float>();
     dn.sh_down = sh->down.data, dn.sh_logit = by_rows ? nullptr : sh->logit.as<const float>();
