@@ -66,15 +66,6 @@ struct SampleCandidates {
   int64_t vocab = 0;
 };
 
-// Where a MoE router's top-k goes (Backend::moe_route's arguments): k, renormalised or not, the
-// weights [T, k] f32 and ids [T, k] i32.
-struct MoeRouting {
-  int64_t k = 0;
-  bool renorm = true;
-  Tensor& weights;
-  Tensor& ids;
-};
-
 class DeviceBuffer {
  public:
   virtual ~DeviceBuffer() = default;
@@ -263,15 +254,6 @@ class Backend {
                                          std::span<Tensor* const> outs) {
     add_rms_norm_into(y, delta, y_out, w, eps, x);
     matmul_multi(x, ws, outs);
-  }
-  // The same where outs[0] is a MoE router's logits, then their moe_route into r. A backend may
-  // route in the projections' own pass (the CUDA backend's one-token norm GEMM: its block that
-  // finishes last), which spares the route its own launch and dependency.
-  virtual void add_rms_norm_matmul_multi_route(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w,
-                                               float eps, Tensor& x, std::span<const Tensor* const> ws,
-                                               std::span<Tensor* const> outs, const MoeRouting& r) {
-    add_rms_norm_matmul_multi(y, delta, y_out, w, eps, x, ws, outs);
-    moe_route(*outs[0], r.k, r.renorm, r.weights, r.ids);
   }
   virtual void add_rms_norm_mlp(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                                 Tensor& x, const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) {

@@ -52,18 +52,11 @@ Model::Model(ModelWeights weights, Backend& backend, const ExpertPlacement& plac
   init_offload(host_threads);
 }
 
-void Model::project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                    const MoeRouting* route) {
-  const float eps = w_.config.rms_norm_eps;
-  if (in.delta && route) {
-    backend_.add_rms_norm_matmul_multi_route(in.h, *in.delta, in.h_out, in.norm, eps, in.x, ws, outs, *route);
-    return;
-  }
+void Model::project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (in.delta)
-    backend_.add_rms_norm_matmul_multi(in.h, *in.delta, in.h_out, in.norm, eps, in.x, ws, outs);
+    backend_.add_rms_norm_matmul_multi(in.h, *in.delta, in.h_out, in.norm, w_.config.rms_norm_eps, in.x, ws, outs);
   else
     backend_.matmul_multi(in.x, ws, outs);
-  if (route) backend_.moe_route(*outs[0], route->k, route->renorm, route->weights, route->ids);
 }
 
 Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& k_cache,
@@ -225,6 +218,19 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
   const Tensor& x = in.x;
   const int64_t T = x.rows(), E = c.n_experts, K = c.n_experts_per_tok;
   Tensor logits = s.f32({T, E});
+  const bool shared = !m.shared.gate_proj.empty();
+  Tensor sg, sh_gate, sh_up;
+  if (shared) {  // the router, the shared expert's gate and gate/up projections all read x: one pass
+    const int64_t I = m.shared.gate_proj.rows();
+    sg = s.f32({T, 1}), sh_gate = s.f32({T, I}), sh_up = s.f32({T, I});
+    const Tensor* ws[] = {&m.router, &m.shared_gate, &m.shared.gate_proj, &m.shared.up_proj};
+    Tensor* outs[] = {&logits, &sg, &sh_gate, &sh_up};
+    project(in, ws, outs);
+  } else {
+    const Tensor* ws[] = {&m.router};
+    Tensor* outs[] = {&logits};
+    project(in, ws, outs);
+  }
   // A host-placed layer's routing and (for the host) its input share one buffer, so that one
   // copy takes them to the host: each copy waits for the whole stream (HostPack).
   Tensor pack, weights, ids;
@@ -235,20 +241,7 @@ void Model::moe_block(Scratch& s, const MoeWeights& m, const LayerInput& in, Ten
   } else {
     weights = s.f32({T, K}), ids = s.i32({T, K});
   }
-  const MoeRouting route{K, /*renorm=*/true, weights, ids};  // Qwen3.5-MoE always renormalises
-  const bool shared = !m.shared.gate_proj.empty();
-  Tensor sg, sh_gate, sh_up;
-  if (shared) {  // the router, the shared expert's gate and gate/up projections all read x: one pass
-    const int64_t I = m.shared.gate_proj.rows();
-    sg = s.f32({T, 1}), sh_gate = s.f32({T, I}), sh_up = s.f32({T, I});
-    const Tensor* ws[] = {&m.router, &m.shared_gate, &m.shared.gate_proj, &m.shared.up_proj};
-    Tensor* outs[] = {&logits, &sg, &sh_gate, &sh_up};
-    project(in, ws, outs, &route);
-  } else {
-    const Tensor* ws[] = {&m.router};
-    Tensor* outs[] = {&logits};
-    project(in, ws, outs, &route);
-  }
+  backend_.moe_route(logits, K, /*renorm=*/true, weights, ids);  // Qwen3.5-MoE always renormalises
   if (c.local_experts) {  // expert parallelism: this rank's experts by local index, the others −1 (skipped)
     QWEN36_CHECK(!host_experts, "expert parallelism does not combine with experts on the host (--n-cpu-moe / -ot)");
     backend_.moe_local_ids(ids, c.expert0, c.local_experts);

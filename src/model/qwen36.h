@@ -201,10 +201,8 @@ class Model {
     const Tensor& norm;
     Tensor& x;
   };
-  // outs[i] = x · ws[i]ᵀ, the norm first when `in` has a delta; with route, outs[0] (a MoE
-  // router's logits) then routed (Backend::add_rms_norm_matmul_multi_route).
-  void project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-               const MoeRouting* route = nullptr);
+  // outs[i] = x · ws[i]ᵀ, the norm first when `in` has a delta.
+  void project(const LayerInput& in, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
   Tensor attention_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& k_cache, Tensor& v_cache,
                          std::span<const SeqRun> runs, const VerifySave* save = nullptr);
   Tensor deltanet_block(Scratch& s, const LayerWeights& l, const LayerInput& in, Tensor& conv_state, Tensor& ssm_state,

@@ -52,10 +52,6 @@ void mma_select_xs_split(const char* split);
 long long mma_xs_split_launches();
 // The launches of a one-token norm GEMM with f32 projections in its launch so far.
 long long mma_norm_gemv_launches();
-// The launches that routed a MoE router's logits so far (cuda_moe.cu).
-long long routes_in_launch();
-// QWEN36_ROUTE_IN_GEMV's choice for this process ("on" | "off" | "auto"; null: the environment's).
-void route_in_launch_select(const char* mode);
 // The same for QWEN36_MMA_HB ("on" | "off" | "auto"): Q4_K / Q6_K at 17-64 tokens in the bf16 form.
 void mma_select_hb(const char* hb);
 }  // namespace qwen36::cuda
@@ -865,68 +861,6 @@ TEST_F(CudaQuantMma, NormGemmWithF32ProjectionsBitwiseAsComposed) {
     same("router logits", a.logits, b.logits);
     same("shared gate logit", a.sg, b.sg);
     same("gate / up projection", a.ogu, b.ogu);
-  }
-}
-
-// At one token the norm GEMM's f32-projection block that finishes last routes the router's
-// logits (add_rms_norm_matmul_multi_route: RouteInto, route_when_last): logits, weights and ids
-// bitwise the composed ops' (add_rms_norm_matmul_multi, then moe_route's launch), for 256 and 128
-// experts (moe_route's 4-register form there: the same values), top-8 and top-1, renormalised or
-// not; four calls in a row each, so each leaves the arrival counter zero for the next.
-TEST_F(CudaQuantMma, NormGemmRoutesInItsLaunchBitwiseAsComposed) {
-  struct Restore {
-    ~Restore() { cuda::route_in_launch_select(nullptr); }
-  } restore;
-  cuda::route_in_launch_select("on");  // whatever the default
-  const int64_t K = 2048, I = 512;
-  const DevT gu = upload_tiled(*gpu_, quantized(rng_, DType::Q4_K, 2 * I, K));
-  const DevT gate1 = upload(*gpu_, random_t(rng_, DType::F32, {1, K}));
-  const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {K}, 0.5f, 1.5f));
-  for (const int64_t E : {256, 128}) {
-    const DevT router = upload(*gpu_, random_t(rng_, DType::F32, {E, K}, -0.1f, 0.1f));
-    for (const int64_t k : {8, 1}) {
-      for (int call = 0; call < 4; ++call) {
-        const bool renorm = call % 2 == 0;
-        const HostT h = random_t(rng_, DType::F32, {1, K}), delta = random_t(rng_, DType::F32, {1, K});
-        const DevT dd = upload(*gpu_, delta);
-        struct Run {
-          DevT h2, x, logits, sg, ogu, w, ids;
-        };
-        auto run = [&](bool fused) {
-          const DevT dh = upload(*gpu_, h);
-          Run r{upload(*gpu_, HostT(DType::F32, {1, K})), upload(*gpu_, HostT(DType::F32, {1, K})),
-                upload(*gpu_, HostT(DType::F32, {1, E})),     upload(*gpu_, HostT(DType::F32, {1, 1})),
-                upload(*gpu_, HostT(DType::F32, {1, 2 * I})), upload(*gpu_, HostT(DType::F32, {1, k})),
-                upload(*gpu_, HostT(DType::I32, {1, k}))};
-          const Tensor* ws[] = {&router.t, &gate1.t, &gu.t};
-          Tensor* outs[] = {&r.logits.t, &r.sg.t, &r.ogu.t};
-          if (fused) {
-            const MoeRouting route{k, renorm, r.w.t, r.ids.t};
-            gpu_->add_rms_norm_matmul_multi_route(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs, route);
-          } else {
-            gpu_->add_rms_norm_matmul_multi(dh.t, dd.t, r.h2.t, norm.t, 1e-6f, r.x.t, ws, outs);
-            gpu_->moe_route(r.logits.t, k, renorm, r.w.t, r.ids.t);
-          }
-          return r;
-        };
-        const long long before = cuda::routes_in_launch();
-        const Run a = run(true);
-        const long long routed = cuda::routes_in_launch() - before;
-        const Run b = run(false);
-        const std::string at = "E=" + std::to_string(E) + " k=" + std::to_string(k) + " call " + std::to_string(call);
-        EXPECT_EQ(routed, 1) << at;
-        auto bits = [&](const DevT& d) {
-          std::vector<uint32_t> v(size_t(d.t.numel()));
-          gpu_->copy_to_host(d.t, v.data());
-          return v;
-        };
-        EXPECT_EQ(bits(a.logits), bits(b.logits)) << "router logits, " << at;
-        EXPECT_EQ(bits(a.ids), bits(b.ids)) << "expert ids, " << at;
-        EXPECT_EQ(bits(a.w), bits(b.w)) << "expert weights, " << at;
-        EXPECT_EQ(bits(a.sg), bits(b.sg)) << "shared gate logit, " << at;
-        EXPECT_EQ(bits(a.ogu), bits(b.ogu)) << "gate / up projection, " << at;
-      }
-    }
   }
 }
 

@@ -366,8 +366,6 @@ class CudaBackend final : public Backend {
       scratch_.init(p, scratch_bytes);
       ctx_.scratch = &scratch_;
     }
-    CUDA_CHECK(cudaMalloc(&ctx_.arrivals, sizeof(int)));
-    CUDA_CHECK(cudaMemset(ctx_.arrivals, 0, sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.batch.uploaded, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx_.trees.uploaded, cudaEventDisableTiming));
     const char* prof = std::getenv("QWEN36_PROFILE");
@@ -392,7 +390,6 @@ class CudaBackend final : public Backend {
     cudaEventDestroy(ctx_.trees.uploaded);
     cudaFree(cublas_ws_);
     cudaFree(scratch_.base());
-    cudaFree(ctx_.arrivals);
     for (auto& kv : ctx_.expert_tables) cudaFree(kv.second.dev);
     if (weights_) cudaFree(weights_);
     cublasDestroy(ctx_.cublas);
@@ -664,18 +661,15 @@ class CudaBackend final : public Backend {
   }
   void add_rms_norm_matmul_multi(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
                                  Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) override {
-    norm_projections(y, delta, y_out, w, eps, x, ws, outs, nullptr);
-  }
-  void add_rms_norm_matmul_multi_route(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                                       Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                                       const MoeRouting& r) override {
-    // (shapes moe_route would refuse route there, with its message; k's range and
-    // QWEN36_ROUTE_IN_GEMV: route_args)
-    cuda::RouteInto into{int(r.k), r.renorm, r.weights.as<float>(), r.ids.as<int32_t>()};
-    const bool fits = x.rows() == 1 && r.weights.dtype == DType::F32 && r.weights.numel() == r.k &&
-                      r.ids.dtype == DType::I32 && r.ids.numel() == r.k;
-    norm_projections(y, delta, y_out, w, eps, x, ws, outs, fits ? &into : nullptr);
-    if (!into.done) moe_route(*outs[0], r.k, r.renorm, r.weights, r.ids);
+    {
+      Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
+                              : std::string());
+      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
+          cuda::norm_gemv_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs) ||
+          cuda::norm_matmul_multi_prefill(ctx_, y, delta, y_out, w, eps, x, ws, outs))
+        return;
+    }
+    Backend::add_rms_norm_matmul_multi(y, delta, y_out, w, eps, x, ws, outs);
   }
   void add_rms_norm_mlp(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                         const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out) override {
@@ -900,19 +894,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // add_rms_norm_matmul_multi's forms, first taken wins; route (or null): see its _route form.
-  void norm_projections(const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
-                        std::span<const Tensor* const> ws, std::span<Tensor* const> outs, cuda::RouteInto* route) {
-    {
-      Prof p_(*this, profile_ ? "add_rms_norm + matmul_multi " + std::to_string(ws.size()) + "x" + std::to_string(x.cols())
-                              : std::string());
-      if (cuda::norm_quant_matmul_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs, route) ||
-          cuda::norm_gemv_multi(ctx_, y, delta, y_out, w, eps, x, ws, outs, route) ||
-          cuda::norm_matmul_multi_prefill(ctx_, y, delta, y_out, w, eps, x, ws, outs))
-        return;
-    }
-    Backend::add_rms_norm_matmul_multi(y, delta, y_out, w, eps, x, ws, outs);
-  }
   // QWEN36_PROFILE=1: every op between two cudaEvents; per-op totals printed at exit.
   class Prof {
    public:

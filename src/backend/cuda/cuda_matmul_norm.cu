@@ -30,7 +30,6 @@
 
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
-#include "backend/cuda/cuda_moe_route.cuh"
 
 namespace qwen36::cuda {
 
@@ -131,8 +130,7 @@ struct NormStage {
 // Every warp joins the norm's barriers: a warp past the last row dots the last row again and
 // stores nothing.
 template <typename W, int U, int NW>
-__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0)
-    gemv_multi_norm_kernel(MultiRows m, NormIn n, int K, RouteArgs route) {
+__global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0) gemv_multi_norm_kernel(MultiRows m, NormIn n, int K) {
   extern __shared__ float4 smem[];
   griddep_trigger();
   const NormStage st(smem, K);
@@ -148,7 +146,6 @@ __global__ void __launch_bounds__(NW * 32, NW == 16 ? 2 : 0)
   });
   const float s = warp_sum(acc[0][0]);
   if (lane == 0 && row < m.total) mr.out[mr.local] = s;
-  if (route.ids) route_when_last(route, m.out[0], int(gridDim.x));  // matrix 0: a MoE router
 }
 
 // gemv_swiglu_kernel at T = 1 with the norm staged first: out = silu(x · gateᵀ) * (x · upᵀ).
@@ -189,7 +186,7 @@ bool half_weight(DType t) { return t == DType::BF16 || t == DType::F16; }
 }  // namespace
 
 bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                     Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs, RouteInto* route) {
+                     Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   if (norm_gemv_mode() == NormGemvMode::kOff || c.exact_matmul || ws.empty() || ws.size() > size_t(kMaxMulti) ||
       ws.size() != outs.size() || !norm_gemv_shapes(y, delta, y_out, w, x) || !half_weight(ws[0]->dtype))
     return false;
@@ -206,23 +203,20 @@ bool norm_gemv_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out
   const dim3 grid(unsigned((rows + nw - 1) / nw)), block(unsigned(nw * 32));
   const size_t smem = norm_stage_bytes(int(K));
   const NormIn n = norm_in(y, delta, y_out, w, eps, x);
-  RouteArgs ra{};
-  const bool routes = route_args(c, route, ws[0]->rows(), ra);
   auto launch = [&](auto wt) {
     using W = decltype(wt);
     if (whole_rows)
-      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K), ra);
+      launch_pdl(gemv_multi_norm_kernel<W, kWholeRowUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
     else if (nw == 16)
-      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, 16>, grid, block, smem, c.stream, m, n, int(K), ra);
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, 16>, grid, block, smem, c.stream, m, n, int(K));
     else
-      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K), ra);
+      launch_pdl(gemv_multi_norm_kernel<W, kUnroll, kGemvWarps>, grid, block, smem, c.stream, m, n, int(K));
   };
   if (ws[0]->dtype == DType::BF16)
     launch(__nv_bfloat16{});
   else
     launch(__half{});
   CUDA_LAUNCH_CHECK();
-  if (routes) routed_in_launch(*route);
   return true;
 }
 

@@ -1041,29 +1041,6 @@ void moe_experts_quant(Ctx& c, const Tensor& x, const Tensor& weights, const Ten
 
 }  // namespace
 
-// QWEN36_ROUTE_IN_GEMV = on | off | auto: a one-token MoE router's top-k by the norm GEMV that
-// computes its logits (route_when_last) or by moe_route's launch after it. auto is off until the
-// form has run on a GPU: written and compiled in session 57; no device start succeeded after that
-// (sessions 57-58; bench/RESULTS.md names the checks to run first: its tests and an A / B).
-namespace {
-std::atomic<int> g_route_in_launch{-1};
-std::atomic<long long> g_routes_in_launch{0};  // launches that routed (a test hook)
-bool route_in_launch() { return variant(g_route_in_launch, "QWEN36_ROUTE_IN_GEMV", "on", "off") == kFirstForm; }
-}  // namespace
-
-bool route_args(const Ctx& c, const RouteInto* route, int64_t E, RouteArgs& args) {
-  if (!route || !c.arrivals || !route_in_launch() || E > kRouteInLaunchMaxExperts || route->k < 1 ||
-      route->k > std::min<int64_t>(32, E))
-    return false;
-  args = RouteArgs{route->weights, route->ids, c.arrivals, int(E), route->k, route->renorm};
-  return true;
-}
-
-void routed_in_launch(RouteInto& route) {
-  route.done = true;
-  g_routes_in_launch.fetch_add(1, std::memory_order_relaxed);
-}
-
 void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& weights, Tensor& ids) {
   const int64_t E = logits.cols(), T = logits.rows();
   QWEN36_CHECK(k > 0 && k <= E && weights.numel() == T * k && ids.numel() == T * k && ids.dtype == DType::I32,
@@ -1194,12 +1171,6 @@ int64_t moe_row_pairs() { return kMaxTiledMoePairs; }
 int64_t moe_tiled_pairs() { return std::max(kMaxTiledMoePairs, max_grouped_pairs()); }
 
 void moe_grouped_select(const char* mode) { g_grouped.store(mode ? parse_variant(mode, "on", "off") : -1); }
-// The same for QWEN36_ROUTE_IN_GEMV ("on" | "off" | "auto"; null: the environment's again).
-void route_in_launch_select(const char* mode) {
-  g_route_in_launch.store(mode ? parse_variant(mode, "on", "off") : -1);
-}
-// The launches that routed a MoE router's logits so far (route_args taken).
-long long routes_in_launch() { return g_routes_in_launch.load(); }
 
 bool moe_expert_rows(Ctx& c, const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) {
   if (experts.empty() || !dtype_is_tiled(experts[0].gate_proj.dtype)) return false;

@@ -1,6 +1,5 @@
-// The MoE router's top-k for one token, by one warp: the device function of route_kernel
-// (cuda_moe.cu) and of the one-token norm GEMVs that route the logits they computed
-// (route_when_last). CPU twin: backend/cpu/cpu_moe.cpp (moe_route).
+// The MoE router's top-k for one token, by one warp: route_kernel's (cuda_moe.cu). CPU twin:
+// backend/cpu/cpu_moe.cpp (moe_route).
 #pragma once
 
 #include <cmath>
@@ -15,8 +14,7 @@ namespace qwen36::cuda {
 // the k rounds takes the lane's first largest, then the warp's largest value and among the lanes
 // holding it the lowest expert (two redux.sync, exact: the values compare as unsigned integers once
 // non-negative, 1 + their bits, a taken expert 0); the round's expert is kept by lane j, which
-// writes it. The logits are read with plain (coherent) loads: their writer may be a block of the
-// same launch. (A shared-memory form with shuffled (value, index) pairs and lane 0 re-reading its
+// writes it. (A shared-memory form with shuffled (value, index) pairs and lane 0 re-reading its
 // stores took 5.4 µs a 35B-A3B layer.)
 template <int NE>
 __device__ __forceinline__ void route_token(const float* l, int E, int k, bool renorm, float* weights, int32_t* ids,
@@ -65,33 +63,6 @@ __device__ __forceinline__ void route_token(const float* l, int E, int k, bool r
     ids[lane] = mine_id;
     weights[lane] = renorm ? mine / top : mine;
   }
-}
-
-// A router's top-k computed by the launch that computes its logits (the one-token norm GEMVs:
-// norm_gemv_block, cuda_quant_mma_kernels.cuh; gemv_multi_norm_kernel, cuda_matmul_norm.cu).
-// ids null: no routing. *arrivals is zero before the launch, and left zero.
-struct RouteArgs {
-  float* weights;  // [k]
-  int32_t* ids;    // [k]
-  int* arrivals;
-  int E, k;
-  bool renorm;
-};
-// The most experts a launch routes (route_token<8>); more go to moe_route's launch.
-constexpr int kRouteInLaunchMaxExperts = 256;
-
-// The last of nblocks blocks to arrive routes the E logits at l, once every block has written its
-// share: the arrival is an acquire-release atomic between two barriers (each block publishes its
-// warps' stores; the last one's threads see every earlier block's). Every thread of every block
-// calls it. The route's own launch and its dependency on the GEMV's end go from the chain (a
-// 35B-A3B decode step: one of a layer's seven launches).
-__device__ __forceinline__ void route_when_last(const RouteArgs r, const float* l, int nblocks) {
-  __syncthreads();
-  const bool last = threadIdx.x == 0 && atomic_add_acq_rel(r.arrivals, 1) == nblocks - 1;
-  if (!__syncthreads_or(last)) return;
-  if (threadIdx.x < 32)
-    route_token<kRouteInLaunchMaxExperts / 32>(l, r.E, r.k, r.renorm, r.weights, r.ids, int(threadIdx.x));
-  if (threadIdx.x == 0) *r.arrivals = 0;  // for the next launch: every block has arrived
 }
 
 }  // namespace qwen36::cuda

@@ -145,9 +145,6 @@ struct Ctx {
   TreeTables trees;
   // small constant tables (RoPE frequencies, head orders) by content → device copy
   std::unordered_map<std::string, void*> constants;
-  // A zeroed device counter for a launch whose last block to finish does the launch's final
-  // work (route_when_last); that block zeroes it again.
-  int* arrivals = nullptr;
   bool capturing = false;       // ops are being recorded into a graph (Backend::begin_capture)
   bool capture_failed = false;  // an op needed host work while recording: the recording is dropped
 };
@@ -456,22 +453,6 @@ bool release_late_before(const Ctx&, const Tensor& w);
 bool matmul_multi_prefill(Ctx&, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool matmul_swiglu_prefill(Ctx&, const Tensor& x, const Tensor& gate, const Tensor& up, Tensor& out);
 bool mlp_prefill(Ctx&, const Tensor& x, const MlpWeights& m, Tensor& out);
-// A MoE router's top-k for an op that computes the router's logits and routes them in its own
-// launch (moe_route's values) where it can: up to kRouteInLaunchMaxExperts experts, Ctx::arrivals
-// set. The op says so in done.
-struct RouteInto {
-  int k = 0;
-  bool renorm = true;
-  float* weights = nullptr;  // [1, k]
-  int32_t* ids = nullptr;    // [1, k]
-  bool done = false;
-};
-struct RouteArgs;  // cuda_moe_route.cuh
-// The device arguments of a launch that routes E logits into route (false: it cannot, or
-// QWEN36_ROUTE_IN_GEMV is not on; args untouched).
-bool route_args(const Ctx&, const RouteInto* route, int64_t E, RouteArgs& args);
-// Once that launch is queued: route.done, and the count the tests read.
-void routed_in_launch(RouteInto& route);
 // Backend::add_rms_norm_matmul_multi / add_rms_norm_mlp at prefill over bf16 weights: the norm
 // writes x and its bf16 rounding in one pass (add_rms_norm_half), the GEMMs read the latter (no
 // rounding kernel); false (nothing done) where these forms do not apply.
@@ -482,10 +463,9 @@ bool norm_mlp_prefill(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out,
 // The same at one token over bf16 / f16 weights: every block of the GEMV computes the norm itself
 // (no norm launch; y_out must be another buffer than y), bitwise as the norm launch followed by
 // matmul_multi / matmul_swiglu and the down matmul (cuda_matmul_norm.cu); false (nothing done)
-// where these forms do not apply. With route (or null), ws[0] is a MoE router: its logits are
-// routed in the launch where they can be (route->done; route_args).
+// where these forms do not apply.
 bool norm_gemv_multi(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
-                     std::span<const Tensor* const> ws, std::span<Tensor* const> outs, RouteInto* route);
+                     std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool norm_gemv_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                    const MlpWeights& m, Tensor& gate_out, Tensor& out);
 // Backend::gated_matmul and gated_norm_matmul at prefill over a bf16 matrix: the gate (norm)
@@ -543,10 +523,9 @@ bool quant_tiled_matmul_norm(Ctx&, const NormIn& norm, const Tensor& x, std::spa
 // The same at T = 1 with f32 projections of x (fws, fouts: the MoE router and shared expert gate)
 // in the GEMM's launch, on blocks of their own that compute the norm too: false (nothing done)
 // where that form does not apply (other types or shapes, no SM left beside the GEMM's blocks).
-// With route, fws[0] is a MoE router: the launch routes its logits too (route_args).
 bool quant_tiled_matmul_norm_gemv(Ctx&, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
-                                  std::span<Tensor* const> fouts, RouteInto* route);
+                                  std::span<Tensor* const> fouts);
 size_t quant_act_bytes(int64_t T, int64_t K);
 void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, void* act);
 // The layer forms of Backend::add_rms_norm_matmul_multi (add_rms_norm + matmul_multi) and
@@ -554,11 +533,9 @@ void quantize_act(Ctx&, const float* x, const float* up, int64_t T, int64_t K, v
 // tiled GEMMs after them: no quantization launch before those GEMMs; at T = 1 with y_out other
 // than y the GEMMs compute the norm themselves (quant_tiled_matmul_norm: no norm launch either;
 // cuda_quant_norm.cu). False when not taken (no tiled weight, T > kTiledMaxT, exact_matmul, a
-// shape without the quantizing norm). route (or null): outs[0] is a MoE router's, whose top-k the
-// one-token form computes in its launch where it can (route->done).
+// shape without the quantizing norm).
 bool norm_quant_matmul_multi(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                             RouteInto* route);
+                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs);
 bool norm_quant_mlp(Ctx&, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps, Tensor& x,
                     const MlpWeights& m, Tensor& gate_out, Tensor& up_out, Tensor& out);
 // Its T > 64 form without exact_matmul (cuda_quant_gemm.cu): outs[i] = x · ws[i]ᵀ on the bf16

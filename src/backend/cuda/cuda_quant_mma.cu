@@ -630,8 +630,7 @@ bool with_norm_gemv(DType t, bool regs, F&& f) {
 }
 
 bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                  const void* act, const NormIn* norm, const GemvRows* gemv = nullptr,
-                  const RouteArgs* route = nullptr) {
+                  const void* act, const NormIn* norm, const GemvRows* gemv = nullptr) {
   QWEN36_CHECK(!ws.empty() && ws.size() == outs.size(), "matmul: {} tiled weights for {} outputs", ws.size(), outs.size());
   const int64_t K = ws[0]->cols(), T = x.numel() / std::max<int64_t>(K, 1);
   QWEN36_CHECK(x.dtype == DType::F32 && x.cols() == K && aligned16(x.data), "matmul: activations must be f32 rows of {}", K);
@@ -820,7 +819,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dev_info().smem_optin));
       });
       launch_pdl(kern, dim3(unsigned(gr.p.grid + gemv_blocks)), dim3(unsigned(gr.p.wpb * 32)), gemv_smem, c.stream, gr.a,
-                 *gemv, route ? *route : RouteArgs{}, gr.p.grid);
+                 *gemv, gr.p.grid);
     });
     return true;
   }
@@ -867,7 +866,7 @@ bool quant_tiled_matmul_norm(Ctx& c, const NormIn& norm, const Tensor& x, std::s
 
 bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> outs, std::span<const Tensor* const> fws,
-                                  std::span<Tensor* const> fouts, RouteInto* route) {
+                                  std::span<Tensor* const> fouts) {
   const int64_t K = x.cols();
   if (fws.empty() || fws.size() > size_t(kMaxMats) || fws.size() != fouts.size() || x.rows() != 1) return false;
   GemvRows g{};
@@ -886,11 +885,7 @@ bool quant_tiled_matmul_norm_gemv(Ctx& c, const NormIn& norm, const Tensor& x, s
       !aligned16(norm.y) || !aligned16(norm.delta) || !aligned16(norm.w) || !aligned16(norm.y_out) ||
       !aligned16(norm.x))
     return false;
-  RouteArgs ra{};
-  const bool routes = route_args(c, route, g.r_end[0], ra);
-  if (!tiled_matmul(c, x, ws, outs, nullptr, &norm, &g, routes ? &ra : nullptr)) return false;
-  if (routes) routed_in_launch(*route);
-  return true;
+  return tiled_matmul(c, x, ws, outs, nullptr, &norm, &g);
 }
 
 size_t quant_act_bytes(int64_t T, int64_t K) { return ActLayout(T, K).bytes; }

@@ -10,7 +10,6 @@
 
 #include "backend/cuda/cuda_act_quant.cuh"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_moe_route.cuh"
 #include "backend/cuda/cuda_quant_blocks.cuh"
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
 #include "backend/cuda/cuda_quant_mma_half.cuh"
@@ -817,11 +816,8 @@ __host__ __device__ constexpr size_t norm_gemv_bytes(long long S) {
 // matmul_multi after the norm, bit for bit. A warp's first row's first chunks are requested
 // before griddep_wait (the weights depend on no kernel).
 constexpr int kGemvAhead = 4;  // 8-weight chunks of the first row a lane requests before the wait
-// With route.ids, matrix 0 is a MoE router whose logits the blocks route (route_when_last; a
-// kernel parameter of its own: in GemvRows, whose arrays are indexed, it would join their copy
-// on every thread's stack).
-__device__ __forceinline__ void norm_gemv_block(const MmaArgs& a, const GemvRows& g, const RouteArgs& route, int bid,
-                                                int nblocks, uint8_t* smem) {
+__device__ __forceinline__ void norm_gemv_block(const MmaArgs& a, const GemvRows& g, int bid, int nblocks,
+                                                uint8_t* smem) {
   griddep_trigger();
   const int S = a.S, G = S * 8, K = G * 32, K8 = K / 8, lane = int(threadIdx.x & 31), wpb = int(blockDim.x >> 5);
   const int nw = nblocks * wpb, w0 = bid * wpb + int(threadIdx.x >> 5), R = g.r_end[g.nmat - 1];
@@ -878,19 +874,17 @@ __device__ __forceinline__ void norm_gemv_block(const MmaArgs& a, const GemvRows
     acc = warp_sum(acc);
     if (lane == 0) *o = acc;
   }
-  if (route.ids) route_when_last(route, g.out[0], nblocks);
 }
 
 // A one-token GEMM with the norm (blocks [0, grid1): mma_block as its own launch would run them)
 // and the f32 projections of the same x (the others: norm_gemv_block) in one launch.
 template <DType D, int RING>
-__global__ void __launch_bounds__(max_threads(1), 1)
-    mma_norm_gemv_kernel(const MmaArgs a, const GemvRows g, const RouteArgs route, int grid1) {
+__global__ void __launch_bounds__(max_threads(1), 1) mma_norm_gemv_kernel(const MmaArgs a, const GemvRows g, int grid1) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (int(blockIdx.x) < grid1)
     mma_block<D, 1, 1, RING>(a, int(blockIdx.x), grid1, smem);
   else
-    norm_gemv_block(a, g, route, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
+    norm_gemv_block(a, g, int(blockIdx.x) - grid1, int(gridDim.x) - grid1, smem);
 }
 
 }  // namespace

@@ -11,8 +11,7 @@
 // of the composed ops exactly: the same float operations feed the same quantize_quad.
 // QWEN36_ACT_QUANT=kernel: the composed ops instead; =norm-kernel: the norm launch at T ≤ 3 too
 // (the A/B of the measurements in bench/RESULTS.md). At one token the f32 projections of the same
-// x (the MoE router) run in the norm GEMM's launch (quant_tiled_matmul_norm_gemv), and its
-// last block to finish routes the router's logits (RouteInto: no route launch after it).
+// x (the MoE router) run in the norm GEMM's launch (quant_tiled_matmul_norm_gemv).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -57,18 +56,15 @@ bool any_tiled(std::span<const Tensor* const> ws) {
 }  // namespace
 
 bool norm_quant_matmul_multi(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_out, const Tensor& w, float eps,
-                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs,
-                             RouteInto* route) {
+                             Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> outs) {
   const int64_t K = x.cols(), T = x.rows();
   if (!enabled() || c.exact_matmul || T < 1 || T > kTiledMaxT || x.dtype != DType::F32 || ws.empty() || !any_tiled(ws))
     return false;
   if (norm_in_gemm(y, delta, y_out, w, x)) {
     // The tiled matrices first: their first launch writes x, which the others read.
     const TiledSplit sp(ws, outs);
-    // (the router's logits must be the first f32 projection's)
-    RouteInto* const r = route && !sp.ro.empty() && sp.ro[0] == outs[0] ? route : nullptr;
     if (!sp.rw.empty() && norm_gemv_on() &&
-        quant_tiled_matmul_norm_gemv(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to, sp.rw, sp.ro, r))
+        quant_tiled_matmul_norm_gemv(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to, sp.rw, sp.ro))
       return true;
     if (quant_tiled_matmul_norm(c, norm_in(y, delta, y_out, w, eps, x), x, sp.tw, sp.to)) {
       matmul_untiled(c, x, sp.rw, sp.ro);
