@@ -118,6 +118,9 @@ class Backend {
   // Bytes of backend memory still free for caches and activations; 0: not tracked (host
   // memory), so memory plans are not checked against it.
   virtual size_t free_memory() { return 0; }
+  // Bytes of w already in this backend's memory (a device backend's random weights generated
+  // in place), which free_memory() no longer counts but a plan for w must: 0 on a host backend.
+  virtual size_t resident_bytes(ModelWeights& /*w*/) { return 0; }
 
   // ---- streaming host memory in (expert offload: Model::host_moe_experts streams a host
   // layer's routed experts to the backend for a large batch) ----

@@ -132,7 +132,7 @@ std::unique_ptr<Model> make_model(ModelWeights w, Backend& backend, const Offloa
   const ModelConfig& c = w.config;
   PlacementOptions po = o.placement;
   const size_t cap = o.gpu_mem.empty() ? 0 : parse_byte_size(o.gpu_mem, "--gpu-mem");
-  const size_t free_b = backend.free_memory();
+  const size_t free_b = memory_for_weights(backend, w);
   const size_t budget = cap && free_b ? std::min(cap, free_b) : cap ? cap : free_b;
   QWEN36_CHECK(!o.fit || budget > 0, "--fit: the {} backend reports no device memory; give --gpu-mem", backend.name());
   if (budget > 0 && c.moe) {

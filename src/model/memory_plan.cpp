@@ -66,6 +66,11 @@ void check_memory_plan(Backend& backend, const ModelConfig& c, const MemoryReque
   if (free_b > 0) check_memory_plan(free_b, where, c, r, flags);
 }
 
+size_t memory_for_weights(Backend& backend, ModelWeights& w) {
+  const size_t free_b = backend.free_memory();
+  return free_b > 0 ? free_b + backend.resident_bytes(w) : 0;
+}
+
 size_t expert_staging_bytes(const std::vector<size_t>& expert_bytes, const std::vector<bool>& host) {
   if (expert_stream_mode() == ExpertStreamMode::Never) return 0;
   size_t largest = 0;

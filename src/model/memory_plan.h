@@ -18,6 +18,7 @@
 namespace qwen36 {
 
 class Backend;
+struct ModelWeights;
 
 struct MemoryRequest {
   int32_t slots = 1;            // sequences held at once (--parallel)
@@ -59,6 +60,10 @@ struct WeightSplit {
   size_t device = 0, host = 0;  // device includes staging
   size_t staging = 0;
 };
+// The backend memory a model's device weights and plan may take: what the backend has free plus
+// what w holds there already (Backend::resident_bytes: random weights made on the device, which
+// free memory no longer counts); 0 where the backend reports no free memory (host).
+size_t memory_for_weights(Backend& backend, ModelWeights& w);
 // total: every weight byte; expert_bytes[i]: layer i's routed experts; host[i]: placed on the host.
 WeightSplit split_weights(size_t total, const std::vector<size_t>& expert_bytes, const std::vector<bool>& host);
 // The device staging area for streaming host-placed experts: the largest host layer's routed

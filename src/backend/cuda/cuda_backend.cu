@@ -470,6 +470,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     return free_b;
   }
+  size_t resident_bytes(ModelWeights& w) override;
   // Streaming host memory in (expert offload): page-locked ranges, and uploads queued on the
   // op stream (async from pinned memory; a pageable source is staged by the driver).
   bool pin_host_memory(const void* p, size_t bytes, bool device_writes) override {
@@ -1124,6 +1125,13 @@ std::vector<Tensor*> weight_tensors(ModelWeights& w) {
   for (Tensor* t : v)
     if (!t->empty()) out.push_back(t);
   return out;
+}
+
+size_t CudaBackend::resident_bytes(ModelWeights& w) {
+  size_t bytes = 0;
+  for (const Tensor* t : weight_tensors(w))
+    if (is_device_pointer(t->data)) bytes += t->nbytes();
+  return bytes;
 }
 
 void CudaBackend::prepare_weights_except(ModelWeights& w, const std::set<const Tensor*>& keep) {

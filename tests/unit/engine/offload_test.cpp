@@ -143,6 +143,9 @@ class CountingBackend final : public Backend {
     b_->prepare_weights_except(w, k);
   }
   size_t free_memory() override { return device_free ? device_free : b_->free_memory(); }
+  // Bytes of the weights this backend says it holds already (resident_bytes).
+  size_t resident = 0;
+  size_t resident_bytes(ModelWeights&) override { return resident; }
   bool pin_host_memory(const void* p, size_t n, bool device_writes) override {
     ++pins;
     return b_->pin_host_memory(p, n, device_writes);
@@ -519,6 +522,21 @@ std::string sh(const std::string& cmd, int* rc) {
   while (p && fgets(buf.data(), int(buf.size()), p)) out += buf.data();
   *rc = p ? pclose(p) : -1;
   return out;
+}
+
+// The memory the load-time fit check (cli::make_model) offers a model: the backend's free memory
+// plus the bytes of the model it holds already (random weights made on a device, which free
+// memory no longer counts); nothing on a backend that reports no free memory (host).
+TEST(ExpertOffload, MemoryForWeightsCountsResidentWeights) {
+  CountingBackend b;
+  ModelWeights w = make_random_weights(model_preset("tiny-moe"), DType::F32, 7);
+  EXPECT_EQ(memory_for_weights(b, w), 0u);  // a host backend: not tracked
+  b.resident = w.total_bytes();
+  EXPECT_EQ(memory_for_weights(b, w), 0u);
+  b.device_free = size_t(3) << 20;
+  EXPECT_EQ(memory_for_weights(b, w), (size_t(3) << 20) + w.total_bytes());
+  b.resident = 0;
+  EXPECT_EQ(memory_for_weights(b, w), size_t(3) << 20);
 }
 
 TEST(ExpertOffload, CommandLine) {
