@@ -1048,7 +1048,7 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
   QWEN36_CHECK(E <= kMaxExperts && k <= 32, "moe_route: top-{} of {} experts (CUDA supports ≤ {}, top-k ≤ 32)", k,
                E, kMaxExperts);
   if (T == 0) return;
-  // The early release goes with the decode kernels, whatever the expert count.
+  // The release goes with the experts' kernels (Ctx::route_release_early), whatever the expert count.
   using enum RouteRelease;
   const RouteRelease release = T > 1 ? kAtEnd : c.route_release_early ? kAtStart : kAfterWait;
   auto launch = [&](auto ne) {
@@ -1071,7 +1071,8 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
 }
 
 namespace {
-// A plain launch: like moe_route's kernel, it lets no kernel after it start early.
+// A plain launch: it starts once moe_route's kernel has ended (whatever that one releases) and
+// lets no kernel after it start early, so the experts read the rewritten ids.
 __global__ void local_ids_kernel(int32_t* ids, int64_t n, int e0, int count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int e = ids[i];
