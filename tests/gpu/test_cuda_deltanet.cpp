@@ -65,6 +65,7 @@ void delta_rule_chunked_times(float ms[3], int* calls);
 void delta_rule_chunked_form(int form);
 // the workspace cap in bytes (0: the default 1 GB): small caps run a batch in segments of chunks
 void delta_rule_chunked_workspace(size_t bytes);
+void deltanet_decode_select(const char* mode);  // cuda_deltanet_fused.cu: "two", "head", "slice" or null
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -459,6 +460,64 @@ TEST_F(CudaDeltaNet, FusedDecodeLargeBatches) {
   for (bool record : {false, true}) check_decode(*gpu_, rng_, shape, steps, slots, record, 2);
 }
 
+// The decode step's forms forced in turn (where a form's shapes do not allow it, the two
+// kernels run): a block per 32-column slice in clusters of a key head's slices (27B: 12 blocks,
+// a non-portable size), a block per value head, the prep and state kernels. Each against the
+// CPU as above, on every shape and batch, run directly and recorded.
+TEST_F(CudaDeltaNet, FusedDecodeEachForm) {
+  struct Restore {
+    ~Restore() { cuda::deltanet_decode_select(nullptr); }
+  } restore;
+  const DecodeShape d16{"d16 (Hk 4, Hv 12, dk 16, dv 64)", 4, 12, 16, 64};
+  for (const char* form : {"slice", "head", "two"}) {
+    std::printf("[ deltanet ] decode form %s\n", form);
+    cuda::deltanet_decode_select(form);
+    for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &d16}) check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, false);
+    check_decode(*gpu_, rng_, kDec27B, kDecodeSteps, 7, true);
+  }
+}
+
+// The forms do the same float operations in the same order: one step's outputs, recurrent
+// states and conv states are bit for bit the same from each.
+TEST_F(CudaDeltaNet, FusedDecodeFormsAreBitwiseEqual) {
+  struct Restore {
+    ~Restore() { cuda::deltanet_decode_select(nullptr); }
+  } restore;
+  const DecodeShape d16{"d16 (Hk 4, Hv 12, dk 16, dv 64)", 4, 12, 16, 64};
+  for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &d16}) {
+    const int64_t C = 2 * s->Hk * s->dk + s->Hv * s->dv, slots = 5;
+    const DecodeWeights w(*gpu_, rng_, *s);
+    const DeltaNetWeights dw = w.dev();
+    const std::vector<SeqRun> runs{{3, 0, 0, 1}, {0, 0, 1, 1}, {4, 0, 2, 1}};
+    const int64_t T = int64_t(runs.size());
+    const HostT conv = random_t(rng_, DType::F32, {slots, C, kConvK - 1});
+    const HostT st = random_t(rng_, DType::F32, {slots, s->Hv, s->dk, s->dv}, -0.5f, 0.5f);
+    const HostT mixed = random_t(rng_, DType::F32, {T, C}), z = random_t(rng_, DType::F32, {T, s->Hv, s->dv});
+    const HostT a = random_t(rng_, DType::F32, {T, s->Hv}, -3.0f, 3.0f), b = random_t(rng_, DType::F32, {T, s->Hv}, -3.0f, 3.0f);
+    DevT dz = upload(*gpu_, z), da = upload(*gpu_, a), db = upload(*gpu_, b);
+    std::vector<float> first[3];
+    for (const char* form : {"two", "head", "slice"}) {
+      cuda::deltanet_decode_select(form);
+      DevT dconv = upload(*gpu_, conv), dst = upload(*gpu_, st), dm = upload(*gpu_, mixed);
+      DevT dout = upload(*gpu_, HostT(DType::F32, {T, s->Hv, s->dv}));
+      gpu_->deltanet_decode(dm.t, dz.t, da.t, db.t, dw, kEps, dconv.t, dst.t, runs, dout.t);
+      const std::vector<float> got[3] = {download(*gpu_, dout.t), download(*gpu_, dst.t), download(*gpu_, dconv.t)};
+      for (int k = 0; k < 3; ++k) {
+        if (first[k].empty()) {
+          first[k] = got[k];
+          continue;
+        }
+        size_t differ = 0;
+        for (size_t e = 0; e < got[k].size(); ++e) differ += got[k][e] != first[k][e];
+        static const char* kWhat[] = {"outputs", "recurrent state", "conv state"};
+        std::printf("[ deltanet ] decode %s, form %s: %zu of %zu %s differ from the two kernels'\n", s->name, form,
+                    differ, got[k].size(), kWhat[k]);
+        EXPECT_EQ(differ, 0u) << s->name << ", form " << form << ": " << kWhat[k];
+      }
+    }
+  }
+}
+
 // Microseconds per replay of a recording of one decode-step DeltaNet layer (T one-token runs):
 // the fused op, or (composed) the default composition of the plain CUDA ops.
 double decode_us(Backend& gpu, std::mt19937& rng, const DecodeShape& s, int64_t T, bool composed) {
@@ -492,12 +551,21 @@ double decode_us(Backend& gpu, std::mt19937& rng, const DecodeShape& s, int64_t 
 }
 
 TEST_F(CudaDeltaNet, TimingDecodeStep) {
+  struct Restore {
+    ~Restore() { cuda::deltanet_decode_select(nullptr); }
+  } restore;
   for (const DecodeShape* s : {&kDec27B, &kDec35B})
-    for (int64_t T : {1, 8, 32}) {
-      const double fused = decode_us(*gpu_, rng_, *s, T, false), composed = decode_us(*gpu_, rng_, *s, T, true);
-      std::printf("[ deltanet ] decode %s, %lld runs: fused %.1f us/layer, composed ops %.1f us/layer "
-                  "(graph replays, back to back)\n",
-                  s->name, (long long)T, fused, composed);
+    for (int64_t T : {1, 4, 8, 32}) {
+      double us[3];
+      for (int f = 0; f < 3; ++f) {
+        cuda::deltanet_decode_select(f == 0 ? "slice" : f == 1 ? "head" : "two");
+        us[f] = decode_us(*gpu_, rng_, *s, T, false);
+      }
+      cuda::deltanet_decode_select(nullptr);
+      const double composed = decode_us(*gpu_, rng_, *s, T, true);
+      std::printf("[ deltanet ] decode %s, %lld runs: fused per slice %.1f, per head %.1f, two kernels %.1f, composed "
+                  "ops %.1f us/layer (graph replays, back to back)\n",
+                  s->name, (long long)T, us[0], us[1], us[2], composed);
     }
 }
 

@@ -33,6 +33,7 @@
 // through the kept tokens and storing them once; no outputs. The arithmetic is a decode step's
 // throughout, so a verify pass and its commit leave the state a decode step would, bit for bit.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -177,6 +178,12 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
+// An arrive that orders no memory: for a barrier that only says every block has started.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
 
 // The decode step in one kernel (sm_90; launch_fused takes it for Decode where the shapes
 // allow): grid (runs, Hv) in clusters of the g = Hv / Hk value heads that read one key head,
@@ -262,6 +269,105 @@ __global__ void __launch_bounds__(kDecMaxSlices* kDecThreads) fused_decode_kerne
                   nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
 }
 
+// Stores v at `local`'s place in the shared memory of the cluster's block `rank` (sm_90).
+__device__ __forceinline__ void store_to_cluster_block(float* local, unsigned rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned a = unsigned(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#endif
+}
+
+constexpr int kMaxSliceCluster = 16;  // the largest (non-portable) cluster sm_90 launches
+
+// The decode step in one kernel, a block per 32-column slice (sm_90): grid (runs, Hv, ns) of
+// kDecThreads threads in clusters (1, g, ns) — every slice of the g value heads that read one
+// key head — so a head's state is loaded and stored by ns SMs' worth of blocks, small enough to
+// become resident beside the projection before it. Each block convolves the key head's q and
+// k channels itself (thread t: q channel t and k channel t; the warps' sums added in the prep
+// kernel's order, so q̂ and k̂ are bitwise the other forms') and its slice's v channels, then
+// runs its slice as fused_state_kernel does. The head's Σo² spans its ns blocks: each pushes its
+// slice's into the shared memory of all of them (DSMEM), once a first (relaxed) cluster barrier
+// says they have all started. A second orders those pushes, and every block's reads of the q /
+// k windows, before the cluster's first block stores the advanced windows and each block
+// normalises its columns.
+template <int DK>
+__global__ void __launch_bounds__(kDecThreads) fused_decode_slice_kernel(FusedArgs p) {
+  static_assert(DK % 16 == 0 && DK <= kDecThreads, "a thread per q / k channel pair");
+  constexpr int R = DK / 16, kQkWarps = (DK + 31) / 32;
+  const int i = int(blockIdx.x), h = int(blockIdx.y), sl = int(blockIdx.z), ns = int(gridDim.z);
+  const int tid = int(threadIdx.x), cg = tid & 7, rg = tid >> 3;
+  const int dv = p.dv, col = sl * kDecCols + 4 * cg;
+  const int C = p.C, K = p.K, Hk = p.Hk, g = p.Hv / Hk, kh = h / g;
+  cluster_arrive_relaxed();  // this block has started: the others may push into its shared memory
+  const SeqRun r = p.runs[i];
+  __shared__ float raw[2][DK];                   // q, k of the key head after conv + SiLU
+  __shared__ __align__(16) float vs[kDecCols];   // v of the slice after conv + SiLU
+  __shared__ float ssq[2][kQkWarps];             // [q, k][warp]: the warps' sums of squares
+  __shared__ float red[2][kDecThreads / 32][kDecCols];
+  __shared__ float sso[kMaxSliceCluster];        // Σo² of the head's slices, pushed by their blocks
+  __shared__ float2 gt;                          // (g, β)
+  // Before the wait: the state slice, the conv windows, the norm's weights.
+  const int64_t S = (int64_t(r.slot) * p.Hv + h) * DK * dv + col;  // in elements
+  float4 s[R];
+#pragma unroll
+  for (int k = 0; k < R; ++k) s[k] = p.state.load4(S + int64_t(rg + 16 * k) * dv);
+  const bool has_qk = tid < DK, has_v = tid < kDecCols;
+  const int64_t chq = int64_t(kh) * DK + (has_qk ? tid : 0), chk = chq + int64_t(Hk) * DK;
+  const int64_t chv = 2 * int64_t(Hk) * DK + int64_t(h) * dv + sl * kDecCols + (has_v ? tid : 0);
+  float* const conv = p.conv_state + int64_t(r.slot) * C * (K - 1);
+  ConvWindow cq(conv + chq * (K - 1), p.conv_w + chq * K, K), ck(conv + chk * (K - 1), p.conv_w + chk * K, K);
+  ConvWindow cv(conv + chv * (K - 1), p.conv_w + chv * K, K);
+  const float4 nw = *reinterpret_cast<const float4*>(p.norm + col);
+  if (!p.late_trigger) griddep_trigger();
+  griddep_wait();  // mixed, z, a and b come from the projections before
+  const int64_t row = r.begin, hs = row * p.Hv + h;
+  const float* xr = p.mixed + row * C;
+  const float xq = xr[chq], xk = xr[chk], xv = xr[chv];
+  const float4 z4 = *reinterpret_cast<const float4*>(p.z + hs * dv + col);
+  if (tid == 0) gt = gates_of(p, row, h);
+  const float vq = cq.step(xq), vk = ck.step(xk), vv = cv.step(xv);
+  if (has_v) {  // the slice's own v channels: no other block reads their windows
+    vs[tid] = vv;
+    cv.store(conv + chv * (K - 1));
+  }
+  if (has_qk) raw[0][tid] = vq, raw[1][tid] = vk;
+  if (tid < 32 * kQkWarps) {  // whole warps: lanes past DK hold zeros
+    const float sq = warp_sum(has_qk ? vq * vq : 0.0f), sk = warp_sum(has_qk ? vk * vk : 0.0f);
+    if ((tid & 31) == 0) ssq[0][tid >> 5] = sq, ssq[1][tid >> 5] = sk;
+  }
+  __syncthreads();
+  float tq = 0.0f, tk = 0.0f;  // in warp order, as the prep kernel
+#pragma unroll
+  for (int w = 0; w < kQkWarps; ++w) tq += ssq[0][w], tk += ssq[1][w];
+  float o[4];
+  slice_token<R, true>(
+      s, rg, [&](int e) { return k_hat(raw[1][e], tk); }, [&](int e) { return q_hat(raw[0][e], tq, p.scale); },
+      *reinterpret_cast<const float4*>(vs + 4 * cg), expf(gt.x), gt.y, red, p.state, false, o);
+#pragma unroll
+  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  cluster_wait();  // every block of the cluster has started
+  if (tid < 32) {
+    const float ss = slice_ss(o);  // every lane of warp 0 holds it
+    if (tid < ns) store_to_cluster_block(&sso[sl], unsigned(h % g + g * tid), ss);  // rank of block (h, slice tid)
+  }
+  cluster_arrive();
+  cluster_wait();  // the head's Σo² are in; every block of the key head has read its q and k windows
+  if (has_qk && h % g == 0 && sl == 0) {
+    cq.store(conv + chq * (K - 1));
+    ck.store(conv + chk * (K - 1));
+  }
+  if (p.late_trigger) griddep_trigger();
+  if (tid >= 8) return;
+  float ss = 0;  // in slice order, as the state kernel's last block
+  for (int e = 0; e < ns; ++e) ss += sso[e];
+  const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
+  *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) =
+      make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
+                  nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
+}
+
 }  // namespace
 
 // One call of the fused kernels: its mode and, beyond deltanet_decode's, the verify runs and
@@ -296,24 +402,45 @@ static void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, 
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// Whether a decode step takes fused_decode_kernel: thread block clusters (sm_90) of the value
-// heads of a key head (≤ 8, the portable cluster size), a head's slices in one block (dv ≤ 128)
-// with a thread for each of the key head's q and k channels and the head's v channels; and
-// one wave of blocks (a block of up to 512 threads, ~114 registers each, fills an SM): past
-// it, the state kernel's smaller blocks hide latency better. H200 (bench/RESULTS.md, session
-// 33), one kernel against two: 27B Q4_K_M b1 +1.9% (48 blocks), b4 −2.0% (192), b16 −5%;
-// 35B-A3B b1 +2.9%, b4 +1.6% (128 blocks), b16 −0.9%.
-// QWEN36_DELTANET_DECODE=two keeps the prep and state kernels (an A/B switch).
-static bool decode_in_one_kernel(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
-  static const bool on = [] {
+// How a decode step runs its DeltaNet layer: the prep and state kernels (kTwo), or one kernel
+// in thread block clusters (sm_90) — a block per value head (kHead, fused_decode_kernel: a
+// thread for each of the key head's q and k channels and the head's v channels, dv ≤ 128,
+// clusters of the g = Hv / Hk value heads of a key head, ≤ 8) or a block per 32-column slice
+// of a head (kSlice, fused_decode_slice_kernel: clusters of the g heads' ns slices, ≤ 16).
+// A one-kernel form within one wave of head blocks (a block of up to 512 threads, ~114
+// registers each, fills an SM); past it the state kernel's smaller blocks hide latency better.
+// H200 (bench/RESULTS.md, session 33), kHead against kTwo: 27B Q4_K_M b1 +1.9% (48 blocks), b4
+// −2.0% (192), b16 −5%; 35B-A3B b1 +2.9%, b4 +1.6% (128 blocks), b16 −0.9%.
+// QWEN36_DELTANET_DECODE=two|head|slice forces a form wherever its shapes allow (A / B;
+// deltanet_decode_select for tests).
+enum class DecodeForm { kTwo, kHead, kSlice };
+static std::atomic<int> g_decode_form{-1};  // −1: not read yet; else 1 + the forced DecodeForm, or 0 (auto)
+static int decode_form_choice() {
+  int x = g_decode_form.load(std::memory_order_relaxed);
+  if (x < 0) {
     const char* v = std::getenv("QWEN36_DELTANET_DECODE");
-    int dev = 0, clusters = 0;
-    return !(v && std::strcmp(v, "two") == 0) && cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev) == cudaSuccess && clusters != 0;
+    const std::string_view f = v ? v : "";
+    x = f == "two" ? 1 + int(DecodeForm::kTwo) : f == "head" ? 1 + int(DecodeForm::kHead)
+        : f == "slice" ? 1 + int(DecodeForm::kSlice) : 0;
+    g_decode_form.store(x, std::memory_order_relaxed);
+  }
+  return x;
+}
+static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
+  static const bool clusters = [] {
+    int dev = 0, on = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&on, cudaDevAttrClusterLaunch, dev) == cudaSuccess && on != 0;
   }();
-  const int64_t ns = dv / kDecCols;
-  return on && Hv / Hk <= 8 && dv % kDecCols == 0 && ns <= kDecMaxSlices && 2 * dk + dv <= ns * kDecThreads &&
-         runs * Hv <= dev_info().sms;
+  const int64_t ns = dv / kDecCols, g = Hv / Hk;
+  const bool head = clusters && g <= 8 && dv % kDecCols == 0 && ns <= kDecMaxSlices && 2 * dk + dv <= ns * kDecThreads;
+  const bool slice = clusters && dv % kDecCols == 0 && g * ns <= kMaxSliceCluster && dk <= kDecThreads;
+  const int forced = decode_form_choice();
+  if (forced == 1 + int(DecodeForm::kTwo)) return DecodeForm::kTwo;
+  if (forced == 1 + int(DecodeForm::kHead)) return head ? DecodeForm::kHead : DecodeForm::kTwo;
+  if (forced == 1 + int(DecodeForm::kSlice)) return slice ? DecodeForm::kSlice : DecodeForm::kTwo;
+  if (runs * Hv > dev_info().sms) return DecodeForm::kTwo;
+  return slice ? DecodeForm::kSlice : head ? DecodeForm::kHead : DecodeForm::kTwo;
 }
 
 // When the one-kernel decode step releases the launch after it (in the model's step, the out
@@ -450,7 +577,9 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
     if (!out_pos) out_pos = pos_tmp.assign(pos);  // the constants' cache is full
   }
   const int ns = int(dv / kDecCols);
-  const bool one = f.mode == Fused::Decode && decode_in_one_kernel(int64_t(runs.size()), Hk, Hv, dk, dv);
+  const DecodeForm form =
+      f.mode == Fused::Decode ? decode_form(int64_t(runs.size()), Hk, Hv, dk, dv) : DecodeForm::kTwo;
+  const bool one = form != DecodeForm::kTwo;
   Temp<float> scratch(c, pass && !one ? size_t(T * Hv * (1 + ns)) : 0);  // head counters (int), then the slices' Σo²
   FusedArgs p{};
   p.mixed = mixed.as<float>();
@@ -470,10 +599,23 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
     return true;
   }
   const unsigned nr = unsigned(runs.size());
-  if (one) {
+  if (form == DecodeForm::kHead) {
     const dim3 grid{nr, unsigned(Hv)}, block(unsigned(ns * kDecThreads)), cluster{1, unsigned(Hv / Hk), 1};
     with_key_dim(dk, [&](auto d) {
       launch_pdl_cluster(fused_decode_kernel<decltype(d)::value>, grid, block, cluster, 0, c.stream, p);
+    });
+    CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  if (form == DecodeForm::kSlice) {
+    const dim3 grid{nr, unsigned(Hv), unsigned(ns)}, cluster{1, unsigned(Hv / Hk), unsigned(ns)};
+    with_key_dim(dk, [&](auto d) {
+      constexpr int DK = decltype(d)::value;
+      static std::atomic<uint64_t> wide;  // clusters past 8 blocks allowed, per device
+      once_per_device(wide, [] {
+        CUDA_CHECK(cudaFuncSetAttribute(fused_decode_slice_kernel<DK>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      });
+      launch_pdl_cluster(fused_decode_slice_kernel<DK>, grid, dim3(kDecThreads), cluster, 0, c.stream, p);
     });
     CUDA_LAUNCH_CHECK();
     return true;
@@ -494,6 +636,13 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
     case Fused::Commit: launch(std::integral_constant<Fused, Fused::Commit>{}); break;
   }
   return true;
+}
+
+// Test hook: forces the decode step's form ("two", "head", "slice"), or null for the environment's.
+void deltanet_decode_select(const char* mode) {
+  const std::string_view f = mode ? mode : "";
+  g_decode_form.store(!mode ? -1 : f == "two" ? 1 + int(DecodeForm::kTwo) : f == "head" ? 1 + int(DecodeForm::kHead)
+                                   : f == "slice" ? 1 + int(DecodeForm::kSlice) : 0);
 }
 
 bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
