@@ -428,9 +428,10 @@ const DecodeShape kDecDv48{"dv48 (Hk 2, Hv 4, dk 64, dv 48: composed)", 2, 4, 64
 // batches of 4, 1 and 5 runs in shuffled slots; slot 6 is never used and must stay as it was
 const std::vector<std::vector<int32_t>> kDecodeSteps{{3, 0, 5, 1}, {2}, {1, 5, 0, 3, 2}};
 
-// On an H200 (132 SMs) the steps take both fused forms: one kernel where runs × Hv blocks fit
-// one wave (27B 1 run, 35B 1 and 4, d64), the prep and state kernels beyond (27B 4 and 5 runs,
-// 35B 5); dv48 the composition.
+// On an H100 / H200 (132 SMs) the steps take each fused form as a model's would before a dense
+// out projection (the test weights' empty out_proj is f32): a block per slice where those blocks
+// fit one wave (35B 1 run, d64), a block per head where heads do (27B 1 run, 35B 4), the prep and
+// state kernels beyond (27B 4 and 5 runs, 35B 5); dv48 the composition.
 TEST_F(CudaDeltaNet, FusedDecodeMatchesCpu) {
   for (const DecodeShape* s : {&kDec27B, &kDec35B, &kDecD64, &kDecDv48})
     check_decode(*gpu_, rng_, *s, kDecodeSteps, 7, false);

@@ -9,12 +9,14 @@
 // head) in clusters of the value heads that share a key head, conv + SiLU of its channels, q̂ /
 // k̂ normalised, the state in registers (16-byte loads; a thread owns 4 columns × dk/16 rows of a
 // 32-column slice, u = Sᵀk̂ and o = Sᵀq̂ reduced across the slice's threads), the update and the
-// head's gated RMSNorm. Elsewhere (larger batches, older GPUs, QWEN36_DELTANET_DECODE=two), two
+// head's gated RMSNorm; before a dense out projection, where they fit one wave, a block per
+// 32-column slice instead (fused_decode_slice_kernel, clusters of a key head's slices; the
+// head's norm over DSMEM). Elsewhere (larger batches, older GPUs, QWEN36_DELTANET_DECODE=two), two
 // kernels: (1) per token, conv + SiLU of every channel in place, q̂/k̂ L2-normalised by key head;
 // (2) per (token, value head, slice): gates, the slice's update and the gated RMSNorm of the
 // head, which spans the slices: the last of a head's blocks to finish (counter per head)
 // normalises all dv columns. (2) is launched programmatically dependent: it loads its state
-// slice while (1) finishes. Both forms do the same float operations in the same order (the
+// slice while (1) finishes. All forms do the same float operations in the same order (the
 // shared device functions below and slice_token, cuda_deltanet_slices.cuh), bit for bit.
 //
 // Fused chain verify (Backend::deltanet_verify): the two kernels (the one kernel stepping
@@ -411,6 +413,11 @@ static void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, 
 // registers each, fills an SM); past it the state kernel's smaller blocks hide latency better.
 // H200 (bench/RESULTS.md, session 33), kHead against kTwo: 27B Q4_K_M b1 +1.9% (48 blocks), b4
 // −2.0% (192), b16 −5%; 35B-A3B b1 +2.9%, b4 +1.6% (128 blocks), b16 −0.9%.
+// kSlice only where its blocks are one wave at one an SM and the out projection after it is
+// dense (session 60, H100): alone it is ~1.2 µs faster at one token (35B-A3B: 8.4 against 9.6
+// µs, ncu), but its blocks take nearly every SM, where a tiled GEMM's blocks (each a whole SM)
+// become resident early to request their first tiles: 35B-A3B Q4_K_M b1 −0.5%, b4 −1.6%; before
+// the 35B-A3B bf16's split-K GEMV, b1 +0.8%; 27B bf16 even.
 // QWEN36_DELTANET_DECODE=two|head|slice forces a form wherever its shapes allow (A / B;
 // deltanet_decode_select for tests).
 enum class DecodeForm { kTwo, kHead, kSlice };
@@ -426,7 +433,7 @@ static int decode_form_choice() {
   }
   return x;
 }
-static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv) {
+static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool dense_out) {
   static const bool clusters = [] {
     int dev = 0, on = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
@@ -439,8 +446,9 @@ static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, 
   if (forced == 1 + int(DecodeForm::kTwo)) return DecodeForm::kTwo;
   if (forced == 1 + int(DecodeForm::kHead)) return head ? DecodeForm::kHead : DecodeForm::kTwo;
   if (forced == 1 + int(DecodeForm::kSlice)) return slice ? DecodeForm::kSlice : DecodeForm::kTwo;
-  if (runs * Hv > dev_info().sms) return DecodeForm::kTwo;
-  return slice ? DecodeForm::kSlice : head ? DecodeForm::kHead : DecodeForm::kTwo;
+  const int64_t sms = dev_info().sms;
+  if (slice && dense_out && runs * Hv * ns <= sms) return DecodeForm::kSlice;
+  return head && runs * Hv <= sms ? DecodeForm::kHead : DecodeForm::kTwo;
 }
 
 // When the one-kernel decode step releases the launch after it (in the model's step, the out
@@ -578,7 +586,8 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
   }
   const int ns = int(dv / kDecCols);
   const DecodeForm form =
-      f.mode == Fused::Decode ? decode_form(int64_t(runs.size()), Hk, Hv, dk, dv) : DecodeForm::kTwo;
+      f.mode == Fused::Decode ? decode_form(int64_t(runs.size()), Hk, Hv, dk, dv, !dtype_is_quantized(w.out_proj.dtype))
+                                  : DecodeForm::kTwo;
   const bool one = form != DecodeForm::kTwo;
   Temp<float> scratch(c, pass && !one ? size_t(T * Hv * (1 + ns)) : 0);  // head counters (int), then the slices' Σo²
   FusedArgs p{};
