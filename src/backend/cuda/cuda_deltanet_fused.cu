@@ -187,6 +187,35 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 #endif
 }
 
+// Both one-kernel decode forms' update of a block's slice (held in s, stored at S + rows · dv):
+// q̂ and k̂ normalised from the key head's raw conv outputs by the warps' sums of squares
+// (ssq, added in warp order as the prep kernel adds them), v4 the thread's 4 columns of v.
+template <int R, int W>
+__device__ __forceinline__ void decode_slice(const FusedArgs& p, float4 (&s)[R], int rg, int64_t S,
+                                             const float (&raw)[2][16 * R], const float (&ssq)[2][W], const float* v4,
+                                             float2 gt, float (*red)[kDecThreads / 32][kDecCols], float (&o)[4]) {
+  float tq = 0.0f, tk = 0.0f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) tq += ssq[0][w], tk += ssq[1][w];
+  slice_token<R, true>(
+      s, rg, [&](int e) { return k_hat(raw[1][e], tk); }, [&](int e) { return q_hat(raw[0][e], tq, p.scale); },
+      *reinterpret_cast<const float4*>(v4), expf(gt.x), gt.y, red, p.state, false, o);
+#pragma unroll
+  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * p.dv, s[k]);
+}
+
+// Both one-kernel forms' gated RMSNorm of a thread's 4 columns o of a head, from the head's
+// slices' Σo² (added in slice order, as the state kernel's last block), into dst.
+__device__ __forceinline__ void gated_norm_cols(const FusedArgs& p, const float* sso, int ns, const float (&o)[4],
+                                                float4 nw, float4 z4, float* dst) {
+  float ss = 0;
+  for (int e = 0; e < ns; ++e) ss += sso[e];
+  const float inv = 1.0f / sqrtf(ss / float(p.dv) + p.eps);
+  *reinterpret_cast<float4*>(dst) =
+      make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
+                  nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
+}
+
 // The decode step in one kernel (sm_90; launch_fused takes it for Decode where the shapes
 // allow): grid (runs, Hv) in clusters of the g = Hv / Hk value heads that read one key head,
 // kDecThreads threads per 32-column slice of the head (ns = dv / 32 of them: the state kernel's
@@ -247,15 +276,8 @@ __global__ void __launch_bounds__(kDecMaxSlices* kDecThreads) fused_decode_kerne
   cluster_wait();  // every block of the key head has read its q and k windows
   if (ch >= 0 && (!is_qk || h % g == 0)) cw.store(st);
   __syncthreads();
-  float tq = 0.0f, tk = 0.0f;  // in warp order, as the prep kernel
-#pragma unroll
-  for (int w = 0; w < kQkWarps; ++w) tq += ssq[0][w], tk += ssq[1][w];
   float o[4];
-  slice_token<R, true>(
-      s, rg, [&](int e) { return k_hat(raw[1][e], tk); }, [&](int e) { return q_hat(raw[0][e], tq, p.scale); },
-      *reinterpret_cast<const float4*>(vs + col), expf(gt.x), gt.y, red[sl], p.state, false, o);
-#pragma unroll
-  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  decode_slice(p, s, rg, S, raw, ssq, vs + col, gt, red[sl], o);
   if (t7 < 32) {
     const float ss = slice_ss(o);
     if (t7 == 0) sso[sl] = ss;
@@ -263,12 +285,7 @@ __global__ void __launch_bounds__(kDecMaxSlices* kDecThreads) fused_decode_kerne
   __syncthreads();
   if (p.late_trigger) griddep_trigger();
   if (t7 >= 8) return;
-  float ss = 0;  // in slice order, as the state kernel's last block
-  for (int e = 0; e < ns; ++e) ss += sso[e];
-  const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-  *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) =
-      make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
-                  nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
+  gated_norm_cols(p, sso, ns, o, nw, z4, p.out + out_at(p, row, h) + col);
 }
 
 // Stores v at `local`'s place in the shared memory of the cluster's block `rank` (sm_90).
@@ -340,15 +357,8 @@ __global__ void __launch_bounds__(kDecThreads) fused_decode_slice_kernel(FusedAr
     if ((tid & 31) == 0) ssq[0][tid >> 5] = sq, ssq[1][tid >> 5] = sk;
   }
   __syncthreads();
-  float tq = 0.0f, tk = 0.0f;  // in warp order, as the prep kernel
-#pragma unroll
-  for (int w = 0; w < kQkWarps; ++w) tq += ssq[0][w], tk += ssq[1][w];
   float o[4];
-  slice_token<R, true>(
-      s, rg, [&](int e) { return k_hat(raw[1][e], tk); }, [&](int e) { return q_hat(raw[0][e], tq, p.scale); },
-      *reinterpret_cast<const float4*>(vs + 4 * cg), expf(gt.x), gt.y, red, p.state, false, o);
-#pragma unroll
-  for (int k = 0; k < R; ++k) p.state.store4(S + int64_t(rg + 16 * k) * dv, s[k]);
+  decode_slice(p, s, rg, S, raw, ssq, vs + 4 * cg, gt, red, o);
   cluster_wait();  // every block of the cluster has started
   if (tid < 32) {
     const float ss = slice_ss(o);  // every lane of warp 0 holds it
@@ -362,12 +372,7 @@ __global__ void __launch_bounds__(kDecThreads) fused_decode_slice_kernel(FusedAr
   }
   if (p.late_trigger) griddep_trigger();
   if (tid >= 8) return;
-  float ss = 0;  // in slice order, as the state kernel's last block
-  for (int e = 0; e < ns; ++e) ss += sso[e];
-  const float inv = 1.0f / sqrtf(ss / float(dv) + p.eps);
-  *reinterpret_cast<float4*>(p.out + out_at(p, row, h) + col) =
-      make_float4(nw.x * (o[0] * inv) * silu_f(z4.x), nw.y * (o[1] * inv) * silu_f(z4.y),
-                  nw.z * (o[2] * inv) * silu_f(z4.z), nw.w * (o[3] * inv) * silu_f(z4.w));
+  gated_norm_cols(p, sso, ns, o, nw, z4, p.out + out_at(p, row, h) + col);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 // Ids outside [0, E) contribute nothing. Shapes: D, I multiples of 256 up to kMaxMoeWidth, k ≤ 32,
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
@@ -55,6 +56,7 @@ struct MoeArgs {
   const float *sh_gate = nullptr, *sh_up = nullptr;  // [T, K]: its gate and up projections
   const void* sh_down = nullptr;                      // tiled [N, K]
   const float* sh_logit = nullptr;                    // [T]: its gate logit; its weight is the sigmoid
+  bool x_early = false;  // gate+up: x complete at the launch (EXPERIMENT: quantized before griddep_wait)
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
@@ -88,18 +90,21 @@ template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
   extern __shared__ __align__(16) uint8_t smem[];
+  const int p = int(blockIdx.y);
+  const int S = a.K >> 8, G = a.K >> 5;
+  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
+  if (a.x_early) quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
   griddep_wait();  // the ids and x come from the kernels before
   griddep_trigger();  // after the wait: the down launch reads ids and the shared expert's inputs before its own
-  const int p = int(blockIdx.y), e = a.ids[p];
+  const int e = a.ids[p];
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int S = a.K >> 8, G = a.K >> 5, wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr, R = a.N >> 4;
+  const int wr = a.wr, nw = int(blockDim.x >> 5), rpb = nw / wr, R = a.N >> 4;
   const int r = int(blockIdx.x) * rpb + warp / wr, r_out = int(blockIdx.x) * rpb + (int(threadIdx.x) >> 4);
   float* act = a.out + size_t(p) * a.N + 16 * size_t(r_out) + (threadIdx.x & 15);
   if (e < 0 || e >= a.E) {  // the whole block, before any barrier
     if (int(threadIdx.x) < rpb * 16 && r_out < R) *act = 0.0f;
     return;
   }
-  ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
   float* red = reinterpret_cast<float*>(smem + size_t(G) * sizeof(ColGroup));  // [rpb][S][gate, up][16]
   float2* tab = reinterpret_cast<float2*>(red + rpb * S * 2 * 16) + warp * 16 * kTabStride;
 
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const Mo
     load_tile<D, true, false>(wg + size_t(s) * B, lane, RG);
     load_tile<D, true, false>(wu + size_t(s) * B, lane, RU);
   }
-  quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
+  if (!a.x_early) quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
   __syncthreads();
   if (live) {
     for (;;) {
@@ -337,7 +342,9 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   }
   if (by_rows) dn.rows = k > 0 ? rows->as<float>() : nullptr, dn.sh_row = sh ? sh_row->as<float>() : nullptr;
   if (k > 0) {
-    const MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
+    MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
+    static const bool early = std::getenv("QWEN36_MOE_X_EARLY") != nullptr;  // EXPERIMENT (A / B)
+    gu.x_early = early;
     with_tiled_dtype(gate_up, [&](auto dt) {
       constexpr DType DT = decltype(dt)::value;
       launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, gu_partials, gu_nw));
