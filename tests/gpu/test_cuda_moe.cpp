@@ -802,6 +802,45 @@ TEST_F(CudaMoe, TiledGraphReplayIsBitwiseEager) {
   }
 }
 
+// After moe_route's kernel (it releases the experts' kernels only after its own wait: one token
+// right after it, more at its end) the tiled gate + up quantizes x before its wait
+// (Ctx::routed_ids). Here x is written by an RMSNorm right before the route (its kernel lets the
+// next start at once, as a model's norm GEMV does); the outputs must be bitwise those of the
+// same experts on the route's ids and weights uploaded (no route record: x read after the
+// wait), eager and replayed from a graph.
+TEST_F(CudaMoe, TiledAfterRouteReadsXEarlyBitwise) {
+  const int64_t E = 64, D = 2048, I = 512, k = 8;
+  const QuantExperts ex = make_quant_experts(*gpu_, rng_, DType::Q4_K, DType::Q6_K, E, D, I);
+  const TiledExperts te = tile_experts(*gpu_, ex);
+  const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {D}, 0.5f, 1.5f));
+  for (int64_t T : {1, 3}) {
+    const HostT a = random_t(rng_, DType::F32, {T, D}), logits = random_t(rng_, DType::F32, {T, E}, -3, 3);
+    DevT da = upload(*gpu_, a), dl = upload(*gpu_, logits), dx = upload(*gpu_, HostT(DType::F32, {T, D}));
+    DevT dw = upload(*gpu_, HostT(DType::F32, {T, k})), di = upload(*gpu_, HostT(DType::I32, {T, k}));
+    DevT o = upload(*gpu_, HostT(DType::F32, {T, D}));
+    auto pass = [&] {
+      gpu_->rms_norm(da.t, norm.t, 1e-6f, dx.t);  // x, by the kernel right before the route
+      gpu_->moe_route(dl.t, k, true, dw.t, di.t);
+      gpu_->moe_experts(dx.t, dw.t, di.t, te.d, o.t);
+    };
+    pass();
+    const std::vector<float> eager = download(*gpu_, o.t);
+    HostT x(DType::F32, {T, D}), w(DType::F32, {T, k}), ids(DType::I32, {T, k});
+    gpu_->copy_to_host(dx.t, x.t.data), gpu_->copy_to_host(dw.t, w.t.data), gpu_->copy_to_host(di.t, ids.t.data);
+    const std::vector<float> want = run_experts(*gpu_, te.d, x, w, ids);  // uploaded ids: x after the wait
+    EXPECT_EQ(eager, want) << T << " tokens, eager";
+    ASSERT_TRUE(gpu_->begin_capture());
+    pass();
+    ASSERT_TRUE(gpu_->end_capture(0x6d6f6520 + uint64_t(T), true)) << "the route and experts could not be recorded";
+    for (int rep = 0; rep < 2; ++rep) {
+      gpu_->copy_from_host(HostT(DType::F32, {T, D}).t.data, dx.t);
+      gpu_->copy_from_host(HostT(DType::F32, {T, D}).t.data, o.t);
+      ASSERT_TRUE(gpu_->replay(0x6d6f6520 + uint64_t(T)));
+      EXPECT_EQ(download(*gpu_, o.t), want) << T << " tokens, replay " << rep;
+    }
+  }
+}
+
 // The grouped form (pairs sorted by expert, a chunk of up to 16 pairs of one expert in one or two
 // sets of the MMA's 8 columns; cuda_moe.cu takes it from 64 pairs) against the per-pair kernels,
 // forced either way (moe_grouped_select): bit for bit, since a column's sums do not depend on the

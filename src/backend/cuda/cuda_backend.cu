@@ -846,13 +846,21 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "moe_route");
     cuda::moe_route(ctx_, logits, k, renorm, weights, ids);
   }
+  // An experts call takes moe_route's record of the ids it wrote (Ctx::routed_ids), whichever
+  // kernels serve it: no later call can match it by a reused address.
+  struct RoutedIdsTaken {
+    cuda::Ctx& c;
+    ~RoutedIdsTaken() { c.routed_ids = nullptr; }
+  };
   void moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, std::span<const MlpWeights> experts,
                    Tensor& out) override {
     Prof p_(*this, "moe_experts");
+    RoutedIdsTaken taken{ctx_};
     cuda::moe_experts(ctx_, x, weights, ids, experts, out);
   }
   bool moe_expert_rows(const Tensor& x, const Tensor& ids, std::span<const MlpWeights> experts, Tensor& rows) override {
     Prof p_(*this, "moe_expert_rows");
+    RoutedIdsTaken taken{ctx_};
     return cuda::moe_expert_rows(ctx_, x, ids, experts, rows);
   }
   bool moe_shared_row(std::span<const MlpWeights> experts, int64_t k, const Tensor& sh_gate, const Tensor& sh_up,
@@ -878,6 +886,7 @@ class CudaBackend final : public Backend {
   void moe_experts_shared(const Tensor& x, const Tensor& weights, const Tensor& ids,
                           std::span<const MlpWeights> experts, Tensor& sh_gate, const Tensor& sh_up,
                           const Tensor& down, const Tensor& s, Tensor& sh_out, Tensor& out) override {
+    RoutedIdsTaken taken{ctx_};
     {
       Prof p_(*this, "moe_experts_shared");
       if (cuda::moe_experts_shared(ctx_, x, weights, ids, experts, {sh_gate, sh_up, down, s}, out)) return;

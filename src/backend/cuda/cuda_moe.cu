@@ -1068,6 +1068,7 @@ void moe_route(Ctx& c, const Tensor& logits, int64_t k, bool renorm, Tensor& wei
   else
     launch(std::integral_constant<int, 32>{});
   CUDA_LAUNCH_CHECK();
+  c.routed_ids = release == kAtStart ? nullptr : ids.data;
 }
 
 namespace {

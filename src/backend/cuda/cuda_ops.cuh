@@ -139,6 +139,11 @@ struct Ctx {
   // A one-token moe_route lets the experts' kernels start at once (set for bf16 / f16 experts:
   // their decode kernels gain, the int8 tiled ones lose; bench/RESULTS.md, session 37).
   bool route_release_early = false;
+  // The ids the last moe_route wrote when its kernel released its dependents only after its own
+  // wait (else null): the experts' kernels of the next call reading those ids start after every
+  // kernel before the route has ended, so they may read x before their own wait (x must not be
+  // rewritten between the route and that call). The experts' call clears it.
+  const void* routed_ids = nullptr;
   // MoE: experts span address → device table of [gate, up, down] pointers per expert
   std::unordered_map<const void*, ExpertTable> expert_tables;
   BatchTables batch;

@@ -27,7 +27,6 @@
 // Ids outside [0, E) contribute nothing. Shapes: D, I multiples of 256 up to kMaxMoeWidth, k ≤ 32,
 // P ≤ kMaxMoePairs; anything else returns false and moe_experts takes another path.
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
@@ -56,7 +55,7 @@ struct MoeArgs {
   const float *sh_gate = nullptr, *sh_up = nullptr;  // [T, K]: its gate and up projections
   const void* sh_down = nullptr;                      // tiled [N, K]
   const float* sh_logit = nullptr;                    // [T]: its gate logit; its weight is the sigmoid
-  bool x_early = false;  // gate+up: x complete at the launch (EXPERIMENT: quantized before griddep_wait)
+  bool x_early = false;  // gate+up: x complete when the launch starts (Ctx::routed_ids): quantized before the wait
   // down, rows instead of their weighted sum (expert offload's exact combination): pair (t, j)'s
   // row y_j at rows[t·k + j], the shared expert's at sh_row[t]; w and sh_logit unused.
   float *rows = nullptr, *sh_row = nullptr;
@@ -84,8 +83,10 @@ __device__ __forceinline__ void store_partial(float* slot, float p0, float p1) {
 // super-blocks w % wr, + wr, ... of its row-tile; act = silu(gate) ⊙ up. The arithmetic is
 // the canonical one the host's twin reproduces bit for bit (quant/cpu_dot_exact.h): each tile's
 // sum (tile_row from 0) into shared memory, a row's tiles added in super-block order, SiLU
-// by silu_portable. The block quantizes x's row itself (its first tiles already loading): no
-// quantization launch. An id outside [0, E) gives an act row of zeros.
+// by silu_portable. The block quantizes x's row itself (its first tiles already loading, or,
+// after a route kernel that released it only after its own wait (x_early, Ctx::routed_ids),
+// before its wait, while the route runs: H100 35B-A3B Q4_K_M b1 494 → 506, b4 even, session
+// 60): no quantization launch. An id outside [0, E) gives an act row of zeros.
 template <DType D>
 __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const MoeArgs a) {
   constexpr int B = TileLayout<D>::kBytes;
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_gate_up_kernel(const Mo
   const int S = a.K >> 8, G = a.K >> 5;
   ColGroup* xg = reinterpret_cast<ColGroup*>(smem);
   if (a.x_early) quantize_row(a.x + size_t(p / a.k) * a.K, G, xg);
-  griddep_wait();  // the ids and x come from the kernels before
+  griddep_wait();  // the ids (and x, unless x_early) come from the kernels before
   griddep_trigger();  // after the wait: the down launch reads ids and the shared expert's inputs before its own
   const int e = a.ids[p];
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
@@ -343,8 +344,7 @@ bool tiled_moe(Ctx& c, int64_t T, int64_t D, const Tensor* x, const Tensor* weig
   if (by_rows) dn.rows = k > 0 ? rows->as<float>() : nullptr, dn.sh_row = sh ? sh_row->as<float>() : nullptr;
   if (k > 0) {
     MoeArgs gu{x->as<const float>(), id, w, table, act.get(), int(D), int(I), int(k), int(E), gu_wr};
-    static const bool early = std::getenv("QWEN36_MOE_X_EARLY") != nullptr;  // EXPERIMENT (A / B)
-    gu.x_early = early;
+    gu.x_early = ids.data == c.routed_ids;
     with_tiled_dtype(gate_up, [&](auto dt) {
       constexpr DType DT = decltype(dt)::value;
       launch_moe(c, moe_gate_up_kernel<DT>, gu, unsigned(P), moe_smem<DT>(int(D), 1, gu_partials, gu_nw));
