@@ -35,6 +35,10 @@
 #include "core/error.h"
 #include "gpu_test_util.h"
 
+namespace qwen36::cuda {
+void attention_early_select(const char* mode);  // cuda_attention.cu: "on", "off" or null (the environment's)
+}
+
 namespace qwen36::gputest {
 namespace {
 
@@ -312,6 +316,67 @@ TEST_F(CudaAttention, DecodeGraphReplaysAtNewPositions) {
       expect_tokens_close(download(*gpu_, o.t), want.floats(), H, hd,
                           std::vector<double>(size_t(T), tol_of(path_of(kv, hd, H / KVH, 1))), label);
       rig.check_caches(*gpu_, label);
+    }
+  }
+}
+
+// The tensor-core decode kernel reading early (QWEN36_ATTN_EARLY=on: q staged and the rows older
+// than the call's appended ones requested before its griddep_wait) computes what it does waiting
+// first: outputs and caches bit for bit, eager and replayed from a graph. q comes from an RMSNorm
+// kernel right before the call (it lets the next kernel start at once); one-token runs at short
+// and long (split) positions, and a verify-like run of 4 tokens.
+TEST_F(CudaAttention, DecodeReadingEarlyIsBitwiseWaitingFirst) {
+  struct Restore {
+    ~Restore() { cuda::attention_early_select(nullptr); }
+  } restore;
+  const int64_t H = 16, KVH = 2, hd = 256, T = 4;
+  const std::vector<std::vector<SeqRun>> steps{{{0, 63, 0, 1}, {1, 3000, 1, 1}, {2, 17, 2, 1}, {0 + 3, 700, 3, 1}},
+                                               {{1, 3001, 0, 4}}};
+  const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f));
+  for (DType kv : {DType::BF16, DType::F8_E4M3, DType::Q8_0, DType::Q4_0}) {
+    const HostT kc0 = [&] { HostT c = host_cache(kv, 4, 4096, KVH, hd); fill_random(rng_, c, -2, 2); return c; }();
+    const HostT vc0 = [&] { HostT c = host_cache(kv, 4, 4096, KVH, hd); fill_random(rng_, c, -1, 1); return c; }();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::vector<SeqRun>& runs = steps[i];
+      const HostT q0 = random_t(rng_, DType::F32, {T, H, hd}, -2, 2), k = random_t(rng_, DType::F32, {T, KVH, hd}, -2, 2),
+                  v = random_t(rng_, DType::F32, {T, KVH, hd});
+      const float scale = 1.0f / std::sqrt(float(hd));
+      std::vector<float> out[2];
+      std::vector<uint8_t> caches[2][2];
+      for (int early = 0; early < 2; ++early) {
+        cuda::attention_early_select(early ? "on" : "off");
+        for (int recorded = 0; recorded < 2; ++recorded) {
+          DevT dkc = upload_cache(*gpu_, kc0), dvc = upload_cache(*gpu_, vc0);
+          DevT dq0 = upload(*gpu_, q0), dq = upload(*gpu_, HostT(DType::F32, {T, H, hd})), dk = upload(*gpu_, k),
+               dv = upload(*gpu_, v), o = upload(*gpu_, HostT(DType::F32, {T, H, hd}));
+          Tensor q_rows(dq0.t.data, DType::F32, {T * H, hd}), qn_rows(dq.t.data, DType::F32, {T * H, hd});
+          auto pass = [&] {
+            gpu_->rms_norm(q_rows, norm.t, 1e-6f, qn_rows);  // q, by the kernel right before the call
+            gpu_->attention(dq.t, dk.t, dv.t, dkc.t, dvc.t, runs, scale, o.t);
+          };
+          const std::string label = std::string(dtype_name(kv)) + ", step " + std::to_string(i) +
+                                    (early ? ", early" : ", waiting first") + (recorded ? ", replayed" : ", eager");
+          if (recorded) {
+            const std::vector<int32_t> tokens(size_t(T), 0);
+            gpu_->set_batch(tokens, runs, {});
+            ASSERT_TRUE(gpu_->begin_capture());
+            pass();
+            ASSERT_TRUE(gpu_->end_capture(0xa77e0000u + uint64_t(i * 4 + early * 2), true)) << label;
+            ASSERT_TRUE(gpu_->replay(0xa77e0000u + uint64_t(i * 4 + early * 2))) << label;
+          } else {
+            pass();
+          }
+          const std::vector<float> got = download(*gpu_, o.t);
+          const std::vector<uint8_t> gk = download_cache(*gpu_, dkc, kc0.bytes.size()),
+                                     gv = download_cache(*gpu_, dvc, vc0.bytes.size());
+          if (early == 0 && recorded == 0) {
+            out[0] = got, caches[0][0] = gk, caches[0][1] = gv;
+            continue;
+          }
+          EXPECT_EQ(got, out[0]) << label << ": outputs differ from the eager call waiting first";
+          EXPECT_TRUE(gk == caches[0][0] && gv == caches[0][1]) << label << ": caches differ";
+        }
+      }
     }
   }
 }

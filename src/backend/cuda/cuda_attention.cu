@@ -26,6 +26,7 @@
 // and the capacity, and each block derives its chunk from the device-side position, so the
 // op stays capturable into a CUDA graph whose replays see other positions.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -411,6 +412,14 @@ void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int
 
 }  // namespace
 
+// QWEN36_ATTN_EARLY=on: the tensor-core decode kernel stages q and requests the rows older than
+// the call's appended ones before its griddep_wait (attention_decode_tc's early_rows). Opt-in
+// until measured (written in session 60 without device time to run it); attention_early_select
+// for tests.
+static std::atomic<int> g_early{-1};
+static bool decode_reads_early() { return variant(g_early, "QWEN36_ATTN_EARLY", "on", "off") == kFirstForm; }
+void attention_early_select(const char* mode) { g_early.store(mode ? parse_variant(mode, "on", "off") : -1); }
+
 void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree) {
   QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
@@ -554,8 +563,14 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     n_tok = int64_t(list.size());
   }
   if (tc_ok) {
+    // The launch right before is this call's append (kv_append_kernel releases after its wait;
+    // the quantized appends are plain launches) or a flash launch (after its wait too) or an
+    // upload: everything before this call has ended when the decode kernel starts.
+    int32_t appended = 0;
+    for (const SeqRun& r : runs) appended = std::max(appended, r.count);
     attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
-                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree);
+                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree,
+                        decode_reads_early() ? int(appended) : 0);
     return;
   }
   const bool bf16 = kind == KvKind::BF16;
