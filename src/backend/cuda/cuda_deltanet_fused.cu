@@ -305,8 +305,8 @@ constexpr int kMaxSliceCluster = 16;  // the largest (non-portable) cluster sm_9
 
 // The decode step in one kernel, a block per 32-column slice (sm_90): grid (runs, Hv, ns) of
 // kDecThreads threads in clusters (1, g, ns) — every slice of the g value heads that read one
-// key head — so a head's state is loaded and stored by ns SMs' worth of blocks, small enough to
-// become resident beside the projection before it. Each block convolves the key head's q and
+// key head — so a head's state moves through ns SMs, not one (faster alone; where that pays in
+// a step, decode_form says). Each block convolves the key head's q and
 // k channels itself (thread t: q channel t and k channel t; the warps' sums added in the prep
 // kernel's order, so q̂ and k̂ are bitwise the other forms') and its slice's v channels, then
 // runs its slice as fused_state_kernel does. The head's Σo² spans its ns blocks: each pushes its
