@@ -38,7 +38,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -428,18 +427,20 @@ static void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, 
 // the 35B-A3B bf16's split-K GEMV, b1 +0.8%; 27B bf16 even.
 // QWEN36_DELTANET_DECODE=two|head|slice forces a form wherever its shapes allow (A / B;
 // deltanet_decode_select for tests).
-enum class DecodeForm { kTwo, kHead, kSlice };
-static std::atomic<int> g_decode_form{-1};  // −1: not read yet; else 1 + the forced DecodeForm, or 0 (auto)
-static int decode_form_choice() {
+enum class DecodeForm { kAuto, kTwo, kHead, kSlice };
+static DecodeForm parse_decode_form(const char* v) {
+  const std::string_view f = v ? v : "";
+  return f == "two" ? DecodeForm::kTwo : f == "head" ? DecodeForm::kHead : f == "slice" ? DecodeForm::kSlice
+                                                                                        : DecodeForm::kAuto;
+}
+static std::atomic<int> g_decode_form{-1};  // −1: not read yet; else a DecodeForm
+static DecodeForm decode_form_choice() {
   int x = g_decode_form.load(std::memory_order_relaxed);
   if (x < 0) {
-    const char* v = std::getenv("QWEN36_DELTANET_DECODE");
-    const std::string_view f = v ? v : "";
-    x = f == "two" ? 1 + int(DecodeForm::kTwo) : f == "head" ? 1 + int(DecodeForm::kHead)
-        : f == "slice" ? 1 + int(DecodeForm::kSlice) : 0;
+    x = int(parse_decode_form(std::getenv("QWEN36_DELTANET_DECODE")));
     g_decode_form.store(x, std::memory_order_relaxed);
   }
-  return x;
+  return DecodeForm(x);
 }
 static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, bool dense_out) {
   static const bool clusters = [] {
@@ -450,10 +451,12 @@ static DecodeForm decode_form(int64_t runs, int64_t Hk, int64_t Hv, int64_t dk, 
   const int64_t ns = dv / kDecCols, g = Hv / Hk;
   const bool head = clusters && g <= 8 && dv % kDecCols == 0 && ns <= kDecMaxSlices && 2 * dk + dv <= ns * kDecThreads;
   const bool slice = clusters && dv % kDecCols == 0 && g * ns <= kMaxSliceCluster && dk <= kDecThreads;
-  const int forced = decode_form_choice();
-  if (forced == 1 + int(DecodeForm::kTwo)) return DecodeForm::kTwo;
-  if (forced == 1 + int(DecodeForm::kHead)) return head ? DecodeForm::kHead : DecodeForm::kTwo;
-  if (forced == 1 + int(DecodeForm::kSlice)) return slice ? DecodeForm::kSlice : DecodeForm::kTwo;
+  switch (decode_form_choice()) {
+    case DecodeForm::kTwo: return DecodeForm::kTwo;
+    case DecodeForm::kHead: return head ? DecodeForm::kHead : DecodeForm::kTwo;
+    case DecodeForm::kSlice: return slice ? DecodeForm::kSlice : DecodeForm::kTwo;
+    case DecodeForm::kAuto: break;
+  }
   const int64_t sms = dev_info().sms;
   if (slice && dense_out && runs * Hv * ns <= sms) return DecodeForm::kSlice;
   return head && runs * Hv <= sms ? DecodeForm::kHead : DecodeForm::kTwo;
@@ -656,11 +659,7 @@ static bool launch_fused(Ctx& c, const FusedCall& f, const DeltaNetWeights& w, f
 }
 
 // Test hook: forces the decode step's form ("two", "head", "slice"), or null for the environment's.
-void deltanet_decode_select(const char* mode) {
-  const std::string_view f = mode ? mode : "";
-  g_decode_form.store(!mode ? -1 : f == "two" ? 1 + int(DecodeForm::kTwo) : f == "head" ? 1 + int(DecodeForm::kHead)
-                                   : f == "slice" ? 1 + int(DecodeForm::kSlice) : 0);
-}
+void deltanet_decode_select(const char* mode) { g_decode_form.store(mode ? int(parse_decode_form(mode)) : -1); }
 
 bool deltanet_decode(Ctx& c, Tensor& mixed, const Tensor& z, const Tensor& a, const Tensor& b,
                      const DeltaNetWeights& w, float eps, Tensor& conv_state, Tensor& ssm_state,
