@@ -330,7 +330,7 @@ TEST_F(CudaAttention, DecodeReadingEarlyIsBitwiseWaitingFirst) {
     ~Restore() { cuda::attention_early_select(nullptr); }
   } restore;
   const int64_t H = 16, KVH = 2, hd = 256, T = 4;
-  const std::vector<std::vector<SeqRun>> steps{{{0, 63, 0, 1}, {1, 3000, 1, 1}, {2, 17, 2, 1}, {0 + 3, 700, 3, 1}},
+  const std::vector<std::vector<SeqRun>> steps{{{0, 63, 0, 1}, {1, 3000, 1, 1}, {2, 17, 2, 1}, {3, 700, 3, 1}},
                                                {{1, 3001, 0, 4}}};
   const DevT norm = upload(*gpu_, random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f));
   for (DType kv : {DType::BF16, DType::F8_E4M3, DType::Q8_0, DType::Q4_0}) {
