@@ -384,13 +384,18 @@ TEST_F(CudaAttention, DecodeReadingEarlyIsBitwiseWaitingFirst) {
 
 // qk_norm_rope_attention appending k and v from the norm kernel (QWEN36_KV_APPEND=norm) computes
 // what the composition does (the norm kernel, then attention with its own append): q, the gate,
-// k, the outputs and the bf16 caches bit for bit, eager and replayed from a graph. 35B-A3B heads
+// k, the outputs and the bf16 caches bit for bit, eager and replayed from a graph, with early
+// decode reads off and on (behind this norm kernel, which writes q, the decode kernel must wait
+// first: staging q early, a replay read it stale on an H100). 35B-A3B heads
 // (16 q heads over 2 kv heads of 256, 64 rotary dims, gated); steps of one-token runs at short
 // and long (split) positions, a verify-like run of 4 tokens, and a 20-token run (flash kernel)
 // beside a one-token one (eager only).
 TEST_F(CudaAttention, NormKernelAppendIsTheComposition) {
   struct Restore {
-    ~Restore() { cuda::kv_append_select(nullptr); }
+    ~Restore() {
+      cuda::kv_append_select(nullptr);
+      cuda::attention_early_select(nullptr);
+    }
   } restore;
   const int64_t H = 16, KVH = 2, hd = 256, cap = 4096;
   const std::vector<std::vector<SeqRun>> steps{{{0, 63, 0, 1}, {1, 3000, 1, 1}, {2, 17, 2, 1}, {3, 700, 3, 1}},
@@ -401,14 +406,16 @@ TEST_F(CudaAttention, NormKernelAppendIsTheComposition) {
   const HostT kc0 = [&] { HostT c = host_cache(DType::BF16, 4, cap, KVH, hd); fill_random(rng_, c, -2, 2); return c; }();
   const HostT vc0 = [&] { HostT c = host_cache(DType::BF16, 4, cap, KVH, hd); fill_random(rng_, c, -1, 1); return c; }();
   const float scale = 1.0f / std::sqrt(float(hd));
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const std::vector<SeqRun>& runs = steps[i];
+  for (size_t i = 0; i < 2 * steps.size(); ++i) {
+    const std::vector<SeqRun>& runs = steps[i / 2];
+    const bool early = i % 2 == 1;
+    cuda::attention_early_select(early ? "on" : "off");
     const int64_t T = runs.back().begin + runs.back().count;
     const HostT qg = random_t(rng_, DType::F32, {T, H, 2 * hd}, -2, 2),
                 k0 = random_t(rng_, DType::F32, {T, KVH, hd}, -2, 2), v = random_t(rng_, DType::F32, {T, KVH, hd});
     std::vector<std::vector<float>> want;  // q, gate, k, out of the composition
     std::vector<uint8_t> want_k, want_v;
-    const bool recordable = i < 2;  // not the flash step: its tile tables come from the host
+    const bool recordable = i / 2 < 2;  // not the flash step: its tile tables come from the host
     for (int form = 0; form < (recordable ? 3 : 2); ++form) {  // the composition; the norm kernel's append eager, replayed
       cuda::kv_append_select(form == 0 ? "apart" : "norm");
       DevT dkc = upload_cache(*gpu_, kc0), dvc = upload_cache(*gpu_, vc0);
@@ -419,7 +426,8 @@ TEST_F(CudaAttention, NormKernelAppendIsTheComposition) {
         gpu_->qk_norm_rope_attention(dqg.t, dq.t, &dg.t, dk.t, dv.t, dqn.t, dkn.t, 1e-6f, runs, 64, 1e7f, dkc.t,
                                      dvc.t, scale, o.t);
       };
-      const std::string label = "step " + std::to_string(i) + (form == 0 ? ", composed" : form == 1 ? ", eager" : ", replayed");
+      const std::string label = "step " + std::to_string(i / 2) + (early ? ", reading early" : ", waiting first") +
+                                (form == 0 ? ", composed" : form == 1 ? ", eager" : ", replayed");
       if (form == 2) {
         gpu_->set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
         ASSERT_TRUE(gpu_->begin_capture());

@@ -412,17 +412,19 @@ void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int
 
 }  // namespace
 
-// QWEN36_ATTN_EARLY=on: the tensor-core decode kernel stages q and requests the rows older than
-// the call's appended ones before its griddep_wait (attention_decode_tc's early_rows). Opt-in
-// until measured (written in session 60 without device time to run it); attention_early_select
-// for tests.
+// The tensor-core decode kernel stages q and requests the rows older than the call's appended
+// ones before its griddep_wait (attention_decode_tc's early_rows), except behind the norm
+// kernel's append (that kernel writes q); QWEN36_ATTN_EARLY=off: it waits first.
+// attention_early_select for tests.
 static std::atomic<int> g_early{-1};
-static bool decode_reads_early() { return variant(g_early, "QWEN36_ATTN_EARLY", "on", "off") == kFirstForm; }
+static bool decode_reads_early() { return variant(g_early, "QWEN36_ATTN_EARLY", "on", "off") != kSecondForm; }
 void attention_early_select(const char* mode) { g_early.store(mode ? parse_variant(mode, "on", "off") : -1); }
 
 // QWEN36_KV_APPEND=norm: qk_norm_rope_attention appends k and v from the norm kernel (one
-// launch fewer an attention layer); =apart: attention's own append kernel. Opt-in until measured
-// (written in session 61); kv_append_select for tests.
+// launch fewer an attention layer); =apart (the default): attention's own append kernel. Opt-in:
+// with the decode kernel then waiting first it measured slower (session 61); the form that
+// stages q after the wait and reads the older rows early is on branch exp/s61-q-after-wait, not
+// yet run. kv_append_select for tests.
 static std::atomic<int> g_append{-1};
 static bool append_in_norm() { return variant(g_append, "QWEN36_KV_APPEND", "norm", "apart") == kFirstForm; }
 void kv_append_select(const char* mode) { g_append.store(mode ? parse_variant(mode, "norm", "apart") : -1); }
@@ -452,7 +454,7 @@ KvKind check_attention(const Tensor& q, const Tensor& k, const Tensor& k_cache, 
 }
 
 void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree, bool appended) {
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree, bool appended_by_norm) {
   const KvKind kind = check_attention(q, k, k_cache, v_cache, runs);
   const int64_t T = q.dim(0), H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
@@ -495,7 +497,7 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
   if (!ts) return;  // recording a graph that needed the host: it is dropped
   const int64_t row = KVH * hd, n = T * row;
-  if (appended) {  // by the norm kernel before (qk_norm_rope_append)
+  if (appended_by_norm) {  // qk_norm_rope_attention
     QWEN36_CHECK(kind == KvKind::BF16, "attention: only a bf16 cache is appended to by the norm kernel");
   } else if (quant) {
     switch (hd) {
@@ -583,12 +585,14 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   if (tc_ok) {
     // The launch right before is this call's append (kv_append_kernel releases after its wait;
     // the quantized appends are plain launches) or a flash launch (after its wait too) or an
-    // upload: everything before this call has ended when the decode kernel starts.
+    // upload: everything before this call has ended when the decode kernel starts. Not so for
+    // q behind the norm kernel's append, which wrote q: there the decode kernel waits first
+    // (reading early, a replay read q stale: CudaAttention.NormKernelAppendIsTheComposition).
     int32_t appended = 0;
     for (const SeqRun& r : runs) appended = std::max(appended, r.count);
     attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
                         int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree,
-                        decode_reads_early() ? int(appended) : 0);
+                        decode_reads_early() && !appended_by_norm ? int(appended) : 0);
     return;
   }
   const bool bf16 = kind == KvKind::BF16;
@@ -641,7 +645,7 @@ bool qk_norm_rope_attention(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, T
   const KvAppend kv{v.as<const float>(), k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts, tp,
                     k_cache.dim(1)};
   if (!qk_norm_rope(c, qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta, &kv)) return false;
-  attention(c, q, k, v, k_cache, v_cache, runs, scale, out, {}, true);
+  attention(c, q, k, v, k_cache, v_cache, runs, scale, out, {}, /*appended_by_norm=*/true);
   return true;
 }
 
