@@ -217,8 +217,10 @@ __global__ void __launch_bounds__(kMoeMaxWarps * 32) moe_down_kernel(const MoeAr
     const float4* u4 = reinterpret_cast<const float4*>(a.sh_up + size_t(t) * a.K);
     quantize_row_of([=](int id) { return swiglu4(__ldcg(g4 + id), __ldcg(u4 + id)); }, G, xg + size_t(k) * G);
   }
-  if (early) griddep_wait();  // act comes from the gate+up launch
-  if (k > 0) quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
+  if (early) {  // act comes from the gate+up launch
+    griddep_wait();
+    quantize_row(a.x + size_t(t) * k * a.K, k * G, xg);
+  }
   __syncthreads();
   float* units = red + size_t(warp / wr) * U * 16;
   if (live) {
