@@ -454,7 +454,7 @@ KvKind check_attention(const Tensor& q, const Tensor& k, const Tensor& k_cache, 
 }
 
 void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree, bool appended_by_norm) {
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree, const KvAppend* appended_by_norm) {
   const KvKind kind = check_attention(q, k, k_cache, v_cache, runs);
   const int64_t T = q.dim(0), H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
@@ -494,7 +494,10 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
   Temp<int32_t> stmp(c, 0), ptmp(c, 0);
   const int32_t *ts = nullptr, *tp = nullptr;
-  dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
+  if (appended_by_norm)  // the norm kernel's token map, already on the device
+    ts = appended_by_norm->slot, tp = appended_by_norm->pos;
+  else
+    dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
   if (!ts) return;  // recording a graph that needed the host: it is dropped
   const int64_t row = KVH * hd, n = T * row;
   if (appended_by_norm) {  // qk_norm_rope_attention
@@ -645,7 +648,7 @@ bool qk_norm_rope_attention(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, T
   const KvAppend kv{v.as<const float>(), k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts, tp,
                     k_cache.dim(1)};
   if (!qk_norm_rope(c, qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta, &kv)) return false;
-  attention(c, q, k, v, k_cache, v_cache, runs, scale, out, {}, /*appended_by_norm=*/true);
+  attention(c, q, k, v, k_cache, v_cache, runs, scale, out, {}, &kv);
   return true;
 }
 

@@ -603,10 +603,10 @@ bool copy_column_blocks(Ctx&, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
 // rope at the device positions pos (one per row of x; a row at −1 is left as it is).
 void rope_at(Ctx&, Tensor& x, const int32_t* pos, int64_t rotary_dim, float theta);
 // appended_by_norm: k and v are already in the caches (a bf16 cache), stored by the norm kernel
-// right before, which also wrote q (qk_norm_rope_attention).
+// right before, which also wrote q (qk_norm_rope_attention); its token map is the call's.
 void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree = {},
-               bool appended_by_norm = false);
+               const KvAppend* appended_by_norm = nullptr);
 // Backend::qk_norm_rope_attention with the append in the norm kernel (bf16 caches, the shapes
 // qk_norm_rope's kv takes); false (nothing done) otherwise.
 bool qk_norm_rope_attention(Ctx&, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& v,
