@@ -412,9 +412,9 @@ void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int
 
 }  // namespace
 
-// The tensor-core decode kernel stages q and requests the rows older than the call's appended
-// ones before its griddep_wait (attention_decode_tc's early_rows), except behind the norm
-// kernel's append (that kernel writes q); QWEN36_ATTN_EARLY=off: it waits first.
+// The tensor-core decode kernel requests the rows older than the call's appended ones before
+// its griddep_wait, and stages q there too except behind the norm kernel's append (that kernel
+// writes q): attention_decode_tc's EarlyReads. QWEN36_ATTN_EARLY=off: it waits first.
 // attention_early_select for tests.
 static std::atomic<int> g_early{-1};
 static bool decode_reads_early() { return variant(g_early, "QWEN36_ATTN_EARLY", "on", "off") != kSecondForm; }
@@ -422,9 +422,8 @@ void attention_early_select(const char* mode) { g_early.store(mode ? parse_varia
 
 // QWEN36_KV_APPEND=norm: qk_norm_rope_attention appends k and v from the norm kernel (one
 // launch fewer an attention layer); =apart (the default): attention's own append kernel. Opt-in:
-// with the decode kernel then waiting first it measured slower (session 61); the form that
-// stages q after the wait and reads the older rows early is on branch exp/s61-q-after-wait, not
-// yet run. kv_append_select for tests.
+// with the decode kernel waiting first behind it, it measured slower (session 61).
+// kv_append_select for tests.
 static std::atomic<int> g_append{-1};
 static bool append_in_norm() { return variant(g_append, "QWEN36_KV_APPEND", "norm", "apart") == kFirstForm; }
 void kv_append_select(const char* mode) { g_append.store(mode ? parse_variant(mode, "norm", "apart") : -1); }
@@ -587,15 +586,17 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   }
   if (tc_ok) {
     // The launch right before is this call's append (kv_append_kernel releases after its wait;
-    // the quantized appends are plain launches) or a flash launch (after its wait too) or an
-    // upload: everything before this call has ended when the decode kernel starts. Not so for
-    // q behind the norm kernel's append, which wrote q: there the decode kernel waits first
-    // (reading early, a replay read q stale: CudaAttention.NormKernelAppendIsTheComposition).
-    int32_t appended = 0;
-    for (const SeqRun& r : runs) appended = std::max(appended, r.count);
+    // the quantized appends are plain launches), the norm kernel that appended (after its wait
+    // too), a flash launch (likewise) or an upload: everything before it has ended when the
+    // decode kernel starts. The norm kernel writes q, so behind it q is staged after the wait
+    // (staged early, a replay read q stale: CudaAttention.NormKernelAppendIsTheComposition).
+    EarlyReads early;
+    if (decode_reads_early()) {
+      for (const SeqRun& r : runs) early.rows = std::max(early.rows, int(r.count));
+      early.q = appended_by_norm == nullptr;
+    }
     attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
-                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree,
-                        decode_reads_early() && !appended_by_norm ? int(appended) : 0);
+                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree, early);
     return;
   }
   const bool bf16 = kind == KvKind::BF16;
