@@ -287,15 +287,6 @@ class Backend {
   // head h / (H/KVH)). k_cache, v_cache [slots, capacity, KVH, hd]. out [T, H, hd].
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                          std::span<const SeqRun> runs, float scale, Tensor& out) = 0;
-  // qk_norm_rope, then attention: one op so that a device backend may append k and v to the
-  // caches from its norm kernel (a launch fewer a layer). The default composes the two.
-  virtual void qk_norm_rope_attention(const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& v,
-                                      const Tensor& q_norm, const Tensor& k_norm, float eps,
-                                      std::span<const SeqRun> runs, int64_t rotary_dim, float theta, Tensor& k_cache,
-                                      Tensor& v_cache, float scale, Tensor& out) {
-    qk_norm_rope(qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta);
-    attention(q, k, v, k_cache, v_cache, runs, scale, out);
-  }
 
   // ---- Gated DeltaNet ----
   // Depthwise causal conv over time then SiLU, in place on x [T, C]; w [C, K];

@@ -90,8 +90,9 @@ Tensor Model::attention_block(Scratch& s, const LayerWeights& l, const LayerInpu
       backend_.attention_tree(q, k, v, k_cache, v_cache, t.run, t.parent, scale, o);
     }
   } else {
-    backend_.qk_norm_rope_attention(qg, q, c.attn_output_gate ? &gate : nullptr, k, v, a.q_norm, a.k_norm,
-                                    c.rms_norm_eps, runs, c.rotary_dim, c.rope_theta, k_cache, v_cache, scale, o);
+    backend_.qk_norm_rope(qg, q, c.attn_output_gate ? &gate : nullptr, k, a.q_norm, a.k_norm, c.rms_norm_eps, runs,
+                          c.rotary_dim, c.rope_theta);
+    backend_.attention(q, k, v, k_cache, v_cache, runs, scale, o);
   }
   Tensor o2(o.data, DType::F32, {T, nh * hd});
   Tensor y = s.f32({T, c.hidden_size});

@@ -37,7 +37,6 @@
 
 namespace qwen36::cuda {
 void attention_early_select(const char* mode);  // cuda_attention.cu: "on", "off" or null (the environment's)
-void kv_append_select(const char* mode);  // cuda_attention.cu: "norm", "apart" or null (the environment's)
 }
 
 namespace qwen36::gputest {
@@ -378,77 +377,6 @@ TEST_F(CudaAttention, DecodeReadingEarlyIsBitwiseWaitingFirst) {
           EXPECT_TRUE(gk == caches[0][0] && gv == caches[0][1]) << label << ": caches differ";
         }
       }
-    }
-  }
-}
-
-// qk_norm_rope_attention appending k and v from the norm kernel (QWEN36_KV_APPEND=norm) computes
-// what the composition does (the norm kernel, then attention with its own append): q, the gate,
-// k, the outputs and the bf16 caches bit for bit, eager and replayed from a graph, with early
-// decode reads off and on (behind this norm kernel, which writes q, the decode kernel must wait
-// first: staging q early, a replay read it stale on an H100). 35B-A3B heads
-// (16 q heads over 2 kv heads of 256, 64 rotary dims, gated); steps of one-token runs at short
-// and long (split) positions, a verify-like run of 4 tokens, and a 20-token run (flash kernel)
-// beside a one-token one (eager only).
-TEST_F(CudaAttention, NormKernelAppendIsTheComposition) {
-  struct Restore {
-    ~Restore() {
-      cuda::kv_append_select(nullptr);
-      cuda::attention_early_select(nullptr);
-    }
-  } restore;
-  const int64_t H = 16, KVH = 2, hd = 256, cap = 4096;
-  const std::vector<std::vector<SeqRun>> steps{{{0, 63, 0, 1}, {1, 3000, 1, 1}, {2, 17, 2, 1}, {3, 700, 3, 1}},
-                                               {{1, 3001, 0, 4}},
-                                               {{2, 40, 0, 20}, {0, 64, 20, 1}}};
-  const HostT qn = random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f), kn = random_t(rng_, DType::F32, {hd}, 0.5f, 1.5f);
-  const DevT dqn = upload(*gpu_, qn), dkn = upload(*gpu_, kn);
-  const HostT kc0 = [&] { HostT c = host_cache(DType::BF16, 4, cap, KVH, hd); fill_random(rng_, c, -2, 2); return c; }();
-  const HostT vc0 = [&] { HostT c = host_cache(DType::BF16, 4, cap, KVH, hd); fill_random(rng_, c, -1, 1); return c; }();
-  const float scale = 1.0f / std::sqrt(float(hd));
-  for (size_t i = 0; i < 2 * steps.size(); ++i) {
-    const std::vector<SeqRun>& runs = steps[i / 2];
-    const bool early = i % 2 == 1;
-    cuda::attention_early_select(early ? "on" : "off");
-    const int64_t T = runs.back().begin + runs.back().count;
-    const HostT qg = random_t(rng_, DType::F32, {T, H, 2 * hd}, -2, 2),
-                k0 = random_t(rng_, DType::F32, {T, KVH, hd}, -2, 2), v = random_t(rng_, DType::F32, {T, KVH, hd});
-    std::vector<std::vector<float>> want;  // q, gate, k, out of the composition
-    std::vector<uint8_t> want_k, want_v;
-    const bool recordable = i / 2 < 2;  // not the flash step: its tile tables come from the host
-    for (int form = 0; form < (recordable ? 3 : 2); ++form) {  // the composition; the norm kernel's append eager, replayed
-      cuda::kv_append_select(form == 0 ? "apart" : "norm");
-      DevT dkc = upload_cache(*gpu_, kc0), dvc = upload_cache(*gpu_, vc0);
-      DevT dqg = upload(*gpu_, qg), dk = upload(*gpu_, k0), dv = upload(*gpu_, v),
-           dq = upload(*gpu_, HostT(DType::F32, {T, H, hd})), dg = upload(*gpu_, HostT(DType::F32, {T, H * hd})),
-           o = upload(*gpu_, HostT(DType::F32, {T, H, hd}));
-      auto pass = [&] {
-        gpu_->qk_norm_rope_attention(dqg.t, dq.t, &dg.t, dk.t, dv.t, dqn.t, dkn.t, 1e-6f, runs, 64, 1e7f, dkc.t,
-                                     dvc.t, scale, o.t);
-      };
-      const std::string label = "step " + std::to_string(i / 2) + (early ? ", reading early" : ", waiting first") +
-                                (form == 0 ? ", composed" : form == 1 ? ", eager" : ", replayed");
-      if (form == 2) {
-        gpu_->set_batch(std::vector<int32_t>(size_t(T), 0), runs, {});
-        ASSERT_TRUE(gpu_->begin_capture());
-        pass();
-        ASSERT_TRUE(gpu_->end_capture(0xa99e0000u + uint64_t(i), true)) << label;
-        ASSERT_TRUE(gpu_->replay(0xa99e0000u + uint64_t(i))) << label;
-      } else {
-        pass();
-      }
-      const std::vector<std::vector<float>> got{download(*gpu_, dq.t), download(*gpu_, dg.t), download(*gpu_, dk.t),
-                                                download(*gpu_, o.t)};
-      const std::vector<uint8_t> gk = download_cache(*gpu_, dkc, kc0.bytes.size()),
-                                 gv = download_cache(*gpu_, dvc, vc0.bytes.size());
-      if (form == 0) {
-        want = got, want_k = gk, want_v = gv;
-        EXPECT_NE(gk, kc0.bytes) << label << ": nothing was appended";
-        continue;
-      }
-      const char* names[] = {"q", "gate", "k", "outputs"};
-      for (size_t j = 0; j < got.size(); ++j) EXPECT_EQ(got[j], want[j]) << label << ": " << names[j] << " differ";
-      EXPECT_TRUE(gk == want_k && gv == want_v) << label << ": caches differ";
     }
   }
 }

@@ -412,27 +412,18 @@ void hadamard_rows(Ctx& c, const float* in, float* out, const int32_t* list, int
 
 }  // namespace
 
-// The tensor-core decode kernel requests the rows older than the call's appended ones before
-// its griddep_wait, and stages q there too except behind the norm kernel's append (that kernel
-// writes q): attention_decode_tc's EarlyReads. QWEN36_ATTN_EARLY=off: it waits first.
-// attention_early_select for tests.
+// The tensor-core decode kernel stages q and requests the rows older than the call's appended
+// ones before its griddep_wait (attention_decode_tc's early_rows); QWEN36_ATTN_EARLY=off: it
+// waits first. attention_early_select for tests.
 static std::atomic<int> g_early{-1};
 static bool decode_reads_early() { return variant(g_early, "QWEN36_ATTN_EARLY", "on", "off") != kSecondForm; }
 void attention_early_select(const char* mode) { g_early.store(mode ? parse_variant(mode, "on", "off") : -1); }
 
-// QWEN36_KV_APPEND=norm: qk_norm_rope_attention appends k and v from the norm kernel (one
-// launch fewer an attention layer); =apart (the default): attention's own append kernel. Opt-in:
-// with the decode kernel waiting first behind it, it measured slower (session 61).
-// kv_append_select for tests.
-static std::atomic<int> g_append{-1};
-static bool append_in_norm() { return variant(g_append, "QWEN36_KV_APPEND", "norm", "apart") == kFirstForm; }
-void kv_append_select(const char* mode) { g_append.store(mode ? parse_variant(mode, "norm", "apart") : -1); }
-
-KvKind check_attention(const Tensor& q, const Tensor& k, const Tensor& k_cache, const Tensor& v_cache,
-                       std::span<const SeqRun> runs) {
+void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree) {
   QWEN36_CHECK(q.ndim == 3 && k.ndim == 3 && k_cache.ndim == 4, "attention: bad ranks q {} k {} cache {}",
                q.shape_str(), k.shape_str(), k_cache.shape_str());
-  const int64_t H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
+  const int64_t T = q.dim(0), H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
   const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
   QWEN36_CHECK(k_cache.dim(2) == KVH && k_cache.dim(3) == hd && H % KVH == 0, "attention: cache {} for k {}",
                k_cache.shape_str(), k.shape_str());
@@ -445,20 +436,11 @@ KvKind check_attention(const Tensor& q, const Tensor& k, const Tensor& k_cache, 
                  r.pos0, r.pos0 + r.count - 1, cap);
   }
   const KvKind kind = kv_kind(k_cache.dtype);
-  QWEN36_CHECK(!kv_quantized(kind) || ((hd == 64 || hd == 128 || hd == 256) && aligned16(k_cache.data) &&
-                                       aligned16(v_cache.data)),
-               "attention: a {} KV cache needs head_dim 64, 128 or 256 on CUDA (got {}) and 16-byte aligned caches",
-               dtype_name(k_cache.dtype), hd);
-  return kind;
-}
-
-void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree, const KvAppend* appended_by_norm) {
-  const KvKind kind = check_attention(q, k, k_cache, v_cache, runs);
-  const int64_t T = q.dim(0), H = q.dim(1), hd = q.dim(2), KVH = k.dim(1);
-  const int64_t slots = k_cache.dim(0), cap = k_cache.dim(1);
   const bool quant = kv_quantized(kind), rot = kv_rotated(kind);
   const bool caches_aligned = aligned16(k_cache.data) && aligned16(v_cache.data);
+  QWEN36_CHECK(!quant || ((hd == 64 || hd == 128 || hd == 256) && caches_aligned),
+               "attention: a {} KV cache needs head_dim 64, 128 or 256 on CUDA (got {}) and 16-byte aligned caches",
+               dtype_name(k_cache.dtype), hd);
   if (T == 0) return;
   const int G = int(H / KVH);
   const float hscale = kv_hadamard_scale(hd);
@@ -493,15 +475,10 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
   Temp<int32_t> stmp(c, 0), ptmp(c, 0);
   const int32_t *ts = nullptr, *tp = nullptr;
-  if (appended_by_norm)  // the norm kernel's token map, already on the device
-    ts = appended_by_norm->slot, tp = appended_by_norm->pos;
-  else
-    dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
+  dev_token_map(c, runs, T, stmp, ptmp, &ts, &tp);
   if (!ts) return;  // recording a graph that needed the host: it is dropped
   const int64_t row = KVH * hd, n = T * row;
-  if (appended_by_norm) {  // qk_norm_rope_attention
-    QWEN36_CHECK(kind == KvKind::BF16, "attention: only a bf16 cache is appended to by the norm kernel");
-  } else if (quant) {
+  if (quant) {
     switch (hd) {
       case 64: launch_append_quant<64>(c, kind, k.as<const float>(), v.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, ts, tp, cap, int(KVH), T, hscale); break;
       case 128: launch_append_quant<128>(c, kind, k.as<const float>(), v.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, ts, tp, cap, int(KVH), T, hscale); break;
@@ -586,17 +563,13 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   }
   if (tc_ok) {
     // The launch right before is this call's append (kv_append_kernel releases after its wait;
-    // the quantized appends are plain launches), the norm kernel that appended (after its wait
-    // too), a flash launch (likewise) or an upload: everything before it has ended when the
-    // decode kernel starts. The norm kernel writes q, so behind it q is staged after the wait
-    // (staged early, a replay read q stale: CudaAttention.NormKernelAppendIsTheComposition).
-    EarlyReads early;
-    if (decode_reads_early()) {
-      for (const SeqRun& r : runs) early.rows = std::max(early.rows, int(r.count));
-      early.q = appended_by_norm == nullptr;
-    }
+    // the quantized appends are plain launches) or a flash launch (after its wait too) or an
+    // upload: everything before this call has ended when the decode kernel starts.
+    int32_t appended = 0;
+    for (const SeqRun& r : runs) appended = std::max(appended, r.count);
     attention_decode_tc(c, q.as<const float>(), k_cache.data, v_cache.data, ksc, vsc, kind, ts, tp, tlist, n_tok,
-                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree, early);
+                        int(H), int(KVH), int(hd), cap, scale, hscale, out.as<float>(), tree,
+                        decode_reads_early() ? int(appended) : 0);
     return;
   }
   const bool bf16 = kind == KvKind::BF16;
@@ -631,26 +604,6 @@ void attention(Ctx& c, const Tensor& q, const Tensor& k, const Tensor& v, Tensor
         part.get(), ts, tlist, out.as<float>(), int(H), int(KVH), int(hd), nsplit);
     CUDA_LAUNCH_CHECK();
   }
-}
-
-bool qk_norm_rope_attention(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& v,
-                            const Tensor& q_norm, const Tensor& k_norm, float eps, std::span<const SeqRun> runs,
-                            int64_t rotary_dim, float theta, Tensor& k_cache, Tensor& v_cache, float scale,
-                            Tensor& out) {
-  if (!append_in_norm() || k_cache.dtype != DType::BF16 || q.ndim != 3 || q.dim(0) == 0) return false;
-  check_attention(q, k, k_cache, v_cache, runs);  // before the norm kernel writes into the caches
-  QWEN36_CHECK(v.ndim == 3 && v.dim(0) == k.dim(0) && v.dim(1) == k.dim(1) && v.dim(2) == k.dim(2) &&
-                   v.dtype == DType::F32,
-               "attention: v {} for k {}", v.shape_str(), k.shape_str());
-  Temp<int32_t> stmp(c, 0), ptmp(c, 0);
-  const int32_t *ts = nullptr, *tp = nullptr;
-  dev_token_map(c, runs, q.dim(0), stmp, ptmp, &ts, &tp);
-  if (!ts) return true;  // recording a graph that needed the host: it is dropped
-  const KvAppend kv{v.as<const float>(), k_cache.as<__nv_bfloat16>(), v_cache.as<__nv_bfloat16>(), ts, tp,
-                    k_cache.dim(1)};
-  if (!qk_norm_rope(c, qg, q, gate, k, q_norm, k_norm, eps, runs, rotary_dim, theta, &kv)) return false;
-  attention(c, q, k, v, k_cache, v_cache, runs, scale, out, {}, &kv);
-  return true;
 }
 
 }  // namespace qwen36::cuda

@@ -382,22 +382,14 @@ void flash_attention(Ctx& c, const float* q, const void* kc, const void* vc, con
                      int64_t cap, float scale, float* out);
 // cuda_attention_decode.cu: tensor-core decode of n_tok single-token rows (tlist: their
 // batch rows, or null for rows 0 .. n_tok − 1) over bf16 / fp8 / q8_0 / q4_0 caches; rotates
-// q and the output itself. Capturable (positions from tslot/tpos on the device). early: what
-// the kernel may read before its griddep_wait (EarlyReads).
-// What the decode kernel reads before its griddep_wait. rows > 0: the launch before it releases
-// it only after its own wait and appended at most `rows` rows a token, so the rows older than
-// those are complete and requested early; q: that launch did not write q either (it is the
-// append kernel, not the norm kernel that appends), so q is staged early too. {0, false}: the
-// kernel waits first.
-struct EarlyReads {
-  int rows = 0;
-  bool q = false;
-};
+// q and the output itself. Capturable (positions from tslot/tpos on the device). early_rows > 0:
+// the launch before it releases it only after its own wait and appended at most early_rows rows
+// a token (the kernel stages q and requests older rows before its wait); 0: it waits first.
 bool attention_decode_tc_supported(KvKind kind, int64_t hd, int64_t G);
 void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
                          KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
                          int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out, TreeMask tree,
-                         EarlyReads early);
+                         int early_rows);
 
 // Token t's (its row of the call) part of a TreeMask, read once per kernel, and whether it sees
 // cache position p.

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     decode_tc_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                      const float* __restrict__ ksc, const float* __restrict__ vsc, const int32_t* tslot,
                      const int32_t* tpos, const int32_t* tlist, float* __restrict__ out, float* __restrict__ part, int H,
-                     int KVH, int64_t cap, float scale_log2, float hscale, int nst, TreeMask tree, EarlyReads early) {
+                     int KVH, int64_t cap, float scale_log2, float hscale, int nst, TreeMask tree, int early_rows) {
   using C = Cfg<D, K>;
   using E = typename C::E;
   using St = typename C::St;
@@ -89,12 +89,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   constexpr int NPL = D / 32, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
 
-  // Programmatically dependent: q and the cache rows come from the kernels before. early.rows > 0
+  // Programmatically dependent: q and the cache rows come from the kernels before. early_rows > 0
   // (attention_decode_tc's caller: the launch before this one released it only after its own
-  // wait, and appended at most early.rows rows a token): the rows before a token's last
-  // early.rows were complete when this launch started, so those rows' first stages are
-  // requested before the wait; and q too where early.q (that launch did not write q).
-  if (early.rows == 0) {
+  // wait, and appended at most early_rows rows a token): q and the rows before a token's last
+  // early_rows were complete when this launch started, so q is staged and those rows' first
+  // stages requested before the wait.
+  const bool early = early_rows > 0;
+  if (!early) {
     griddep_wait();
     griddep_trigger();  // after the wait: a dependent's early reads reach back no further than this kernel
   }
@@ -115,20 +116,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   unsigned char* wbase = smem + C::kQBytes + size_t(warp) * wbytes;
 
   // q of the group's heads (rotated for q8_0/q4_0); rows G .. 7 zero.
-  auto stage_q = [&] {
-    for (int g = warp; g < kHeads; g += nwarps) {
-      float x[NPL];
-      const float* src = q + (int64_t(t) * H + int64_t(kvh) * G + g) * D + lane * NPL;
+  for (int g = warp; g < kHeads; g += nwarps) {
+    float x[NPL];
+    const float* src = q + (int64_t(t) * H + int64_t(kvh) * G + g) * D + lane * NPL;
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) x[i] = g < G ? src[i] : 0.0f;
-      if constexpr (kv_rotated(K)) warp_hadamard<NPL>(x, lane, hscale);
+    for (int i = 0; i < NPL; ++i) x[i] = g < G ? src[i] : 0.0f;
+    if constexpr (kv_rotated(K)) warp_hadamard<NPL>(x, lane, hscale);
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) qs[g * D + lane * NPL + i] = x[i];
-    }
-    __syncthreads();
-  };
-  const bool q_late = early.rows > 0 && !early.q;  // staged after the wait, below
-  if (!q_late) stage_q();
+    for (int i = 0; i < NPL; ++i) qs[g * D + lane * NPL + i] = x[i];
+  }
+  __syncthreads();
+  // A fragments per k-step kk: a0/a2 = q of head gid at the dims F::q_dims pairs with the K
+  // values (E), a1/a3 = the residuals as rows gid + 8.
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    int d[4];
+    F::q_dims(kk, tig, d);
+    const float* r = qs + gid * D;
+    split2<E>(r[d[0]], r[d[1]], qf[kk][0], qf[kk][1]);
+    split2<E>(r[d[2]], r[d[3]], qf[kk][2], qf[kk][3]);
+  }
 
   const int nsteps = p_end > p_begin ? (p_end - p_begin + kKeys - 1) / kKeys : 0;
   const int my_steps = nsteps > warp ? (nsteps - warp + nwarps - 1) / nwarps : 0;
@@ -168,8 +176,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     }
   };
   int s0 = 0;  // stages requested before the wait: whole steps of old rows, in order
-  if (early.rows > 0) {
-    const int old_end = n - early.rows;
+  if (early) {
+    const int old_end = n - early_rows;
     for (; s0 + 1 < nst && s0 < my_steps; ++s0) {
       const int p0 = p_begin + (warp + s0 * nwarps) * kKeys;
       if (min(p0 + kKeys, p_end) > old_end) break;
@@ -179,19 +187,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     griddep_wait();
     griddep_trigger();
   }
-  if (q_late) stage_q();
-  // A fragments per k-step kk: a0/a2 = q of head gid at the dims F::q_dims pairs with the K
-  // values (E), a1/a3 = the residuals as rows gid + 8.
-  uint32_t qf[KS][4];
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) {
-    int d[4];
-    F::q_dims(kk, tig, d);
-    const float* r = qs + gid * D;
-    split2<E>(r[d[0]], r[d[1]], qf[kk][0], qf[kk][1]);
-    split2<E>(r[d[2]], r[d[3]], qf[kk][2], qf[kk][3]);
-  }
-
   for (int s = s0; s + 1 < nst; ++s) {
     if (s < my_steps) issue(s);
     cp_async_commit();  // (possibly empty: keeps the group count uniform for the waits)
@@ -446,7 +441,7 @@ int tc_splits(int64_t blocks, int64_t cap, int per_sm) {
 template <int D, KvKind K>
 void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
             const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok, int H, int KVH,
-            int64_t cap, float scale, float hscale, float* out, TreeMask tree, EarlyReads early) {
+            int64_t cap, float scale, float hscale, float* out, TreeMask tree, int early_rows) {
   using C = Cfg<D, K>;
   auto kernel = decode_tc_kernel<D, K>;
   struct Plan {
@@ -482,7 +477,7 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
   const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(nsplit));
   launch_pdl(kernel, grid, dim3(plan.nwarps * 32), plan.smem, c.stream, q, static_cast<const uint8_t*>(kc),
              static_cast<const uint8_t*>(vc), ksc, vsc, tslot, tpos, tlist, out, part.get(), H, KVH, cap,
-             scale * 1.4426950408889634f, hscale, plan.nst, tree, early);
+             scale * 1.4426950408889634f, hscale, plan.nst, tree, early_rows);
   CUDA_LAUNCH_CHECK();
   if (nsplit > 1) {
     const dim3 mgrid(static_cast<unsigned>(n_tok), static_cast<unsigned>(KVH), static_cast<unsigned>(G));
@@ -495,23 +490,23 @@ void launch(Ctx& c, const float* q, const void* kc, const void* vc, const float*
 template <int D>
 void launch_kind(Ctx& c, KvKind kind, const float* q, const void* kc, const void* vc, const float* ksc,
                  const float* vsc, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
-                 int H, int KVH, int64_t cap, float scale, float hscale, float* out, TreeMask tree, EarlyReads early) {
+                 int H, int KVH, int64_t cap, float scale, float hscale, float* out, TreeMask tree, int early_rows) {
   switch (kind) {
     case KvKind::BF16:
       launch<D, KvKind::BF16>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
-                                   tree, early);
+                                   tree, early_rows);
       break;
     case KvKind::F8:
       launch<D, KvKind::F8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
-                                   tree, early);
+                                   tree, early_rows);
       break;
     case KvKind::Q8:
       launch<D, KvKind::Q8>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
-                                   tree, early);
+                                   tree, early_rows);
       break;
     case KvKind::Q4:
       launch<D, KvKind::Q4>(c, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out,
-                                   tree, early);
+                                   tree, early_rows);
       break;
     case KvKind::F32: fail("attention decode: f32 caches take the CUDA-core kernel");
   }
@@ -526,12 +521,12 @@ bool attention_decode_tc_supported(KvKind kind, int64_t hd, int64_t G) {
 void attention_decode_tc(Ctx& c, const float* q, const void* kc, const void* vc, const float* ksc, const float* vsc,
                          KvKind kind, const int32_t* tslot, const int32_t* tpos, const int32_t* tlist, int64_t n_tok,
                          int H, int KVH, int hd, int64_t cap, float scale, float hscale, float* out,
-                         TreeMask tree, EarlyReads early) {
+                         TreeMask tree, int early_rows) {
   if (n_tok == 0) return;
   switch (hd) {
-    case 64: launch_kind<64>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early); break;
-    case 128: launch_kind<128>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early); break;
-    case 256: launch_kind<256>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early); break;
+    case 64: launch_kind<64>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early_rows); break;
+    case 128: launch_kind<128>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early_rows); break;
+    case 256: launch_kind<256>(c, kind, q, kc, vc, ksc, vsc, tslot, tpos, tlist, n_tok, H, KVH, cap, scale, hscale, out, tree, early_rows); break;
     default: fail("attention decode: head_dim {} not supported (64, 128, 256)", hd);
   }
 }

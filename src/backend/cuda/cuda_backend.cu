@@ -706,19 +706,6 @@ class CudaBackend final : public Backend {
     Prof p_(*this, "attention");
     cuda::attention(ctx_, q, k, v, k_cache, v_cache, runs, scale, out);
   }
-  void qk_norm_rope_attention(const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& v,
-                              const Tensor& q_norm, const Tensor& k_norm, float eps, std::span<const SeqRun> runs,
-                              int64_t rotary_dim, float theta, Tensor& k_cache, Tensor& v_cache, float scale,
-                              Tensor& out) override {
-    {
-      Prof p_(*this, "qk_norm_rope_attention");
-      if (cuda::qk_norm_rope_attention(ctx_, qg, q, gate, k, v, q_norm, k_norm, eps, runs, rotary_dim, theta, k_cache,
-                                       v_cache, scale, out))
-        return;
-    }
-    Backend::qk_norm_rope_attention(qg, q, gate, k, v, q_norm, k_norm, eps, runs, rotary_dim, theta, k_cache, v_cache,
-                                    scale, out);
-  }
   // RoPE at each tree token's position pos0 + depth: one launch over the batch (the tree's rows
   // at their positions, the others left) from set_batch_trees' table; a tree without one takes
   // the composition.

@@ -390,19 +390,15 @@ __global__ void qk_norm_rope_kernel(const float* qg, float* q, float* gate, floa
 // (i, i + HALF) lies in one lane (j, j + HALF / 32), so x is loaded once and o stored once, with no
 // store, __syncwarp and reload of o between the norm and the rotation (H200, a decode step's
 // attention layer: qk_norm_rope_kernel 5.95 µs effective). The same float operations in the same
-// order: bitwise that kernel's values. APPEND: a k row's warp also stores it and the matching v
-// row into the bf16 caches (kv), as kv_append_kernel would right after, and the kernel releases
-// its dependent after its wait, as that kernel does (the attention decode kernel may read the
-// caches' older rows and q before its own wait).
-template <int HD, int HALF, bool APPEND>
+// order: bitwise that kernel's values.
+template <int HD, int HALF>
 __global__ void qk_norm_rope_regs_kernel(const float* qg, float* q, float* gate, float* k, const float* qw,
                                          const float* kw, float eps, const int32_t* pos, const float* inv_freq,
-                                         int64_t T, int nh, int nkv, bool gated, KvAppend kv) {
+                                         int64_t T, int nh, int nkv, bool gated) {
   static_assert(HD % 32 == 0 && HALF % 32 == 0 && HALF > 0 && 2 * HALF <= HD, "pairs within a lane");
   constexpr int NV = HD / 32, HJ = HALF / 32;
-  if constexpr (!APPEND) griddep_trigger();
+  griddep_trigger();
   griddep_wait();  // inputs come from the kernel before (launch_pdl)
-  if constexpr (APPEND) griddep_trigger();
   const QkRow r(qg, q, k, qw, kw, T, nh, nkv, HD, gated);
   const int lane = int(threadIdx.x & 31);
   if (!r.live) return;
@@ -440,18 +436,6 @@ __global__ void qk_norm_rope_regs_kernel(const float* qg, float* q, float* gate,
   }
 #pragma unroll
   for (int j = 0; j < NV; ++j) o[lane + 32 * j] = v[j];
-  if constexpr (APPEND) {
-    const int32_t s = r.is_q ? -1 : kv.slot[r.t];
-    if (s < 0) return;
-    const int64_t kr = row - T * nh;  // k's row: token r.t, kv head kr % nkv
-    const int64_t dst = (int64_t(s) * kv.cap + kv.pos[r.t]) * nkv * HD + (kr % nkv) * HD;
-    const float* vr = kv.v + kr * HD;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      kv.kc[dst + lane + 32 * j] = __float2bfloat16_rn(v[j]);
-      kv.vc[dst + lane + 32 * j] = __float2bfloat16_rn(vr[lane + 32 * j]);
-    }
-  }
 }
 
 // About 8 elements per thread, up to 1024 threads: a decode step's few long rows (hidden
@@ -768,8 +752,7 @@ void rope_at(Ctx& c, Tensor& x, const int32_t* pos, int64_t rotary_dim, float th
 }
 
 bool qk_norm_rope(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
-                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta,
-                  const KvAppend* kv) {
+                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta) {
   // QWEN36_QK_NORM_ROPE=composed: the five launches; =rows: qk_norm_rope_kernel for every shape
   // (A/B switches)
   static const char* const mode = [] {
@@ -787,17 +770,14 @@ bool qk_norm_rope(Ctx& c, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, 
   if (qg.dtype != DType::F32 || q.dtype != DType::F32 || k.dtype != DType::F32 || q_norm.dtype != DType::F32 ||
       k_norm.dtype != DType::F32 || (gate && gate->dtype != DType::F32))
     return false;
-  const bool regs = hd == 256 && rotary_dim == 64 && std::strcmp(mode, "rows") != 0;
-  if (kv && !regs) return false;
   RopeInputs in(c);
   if (rotary_dim > 0 && !in.load(c, runs, T, rotary_dim, theta)) return true;  // recording failed: nothing runs
   const int64_t rows = T * (nh + nkv);
-  if (regs) {
-    launch_pdl(kv ? qk_norm_rope_regs_kernel<256, 32, true> : qk_norm_rope_regs_kernel<256, 32, false>,
-               dim3(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0, c.stream,
-               qg.as<const float>(), q.as<float>(), gate ? gate->as<float>() : nullptr, k.as<float>(),
-               q_norm.as<const float>(), k_norm.as<const float>(), eps, in.pos, in.freq, T, int(nh), int(nkv),
-               gate != nullptr, kv ? *kv : KvAppend{});
+  if (hd == 256 && rotary_dim == 64 && std::strcmp(mode, "rows") != 0) {
+    launch_pdl(qk_norm_rope_regs_kernel<256, 32>, dim3(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+               dim3(32 * kRowsPerBlock), 0, c.stream, qg.as<const float>(), q.as<float>(),
+               gate ? gate->as<float>() : nullptr, k.as<float>(), q_norm.as<const float>(), k_norm.as<const float>(),
+               eps, in.pos, in.freq, T, int(nh), int(nkv), gate != nullptr);
     CUDA_LAUNCH_CHECK();
     return true;
   }

@@ -365,20 +365,9 @@ void swiglu(Ctx&, const Tensor& gate, const Tensor& up, Tensor& out);
 void sigmoid_mul(Ctx&, Tensor& x, const Tensor& gate, bool release_late = false);
 void add_sigmoid_scaled(Ctx&, Tensor& y, const Tensor& x, const Tensor& s);
 void copy_cols(Ctx&, const Tensor& src, int64_t src_col0, Tensor& dst, int64_t dst_col0, int64_t width);
-// A bf16 KV cache append by qk_norm_rope's kernel: k's rows as that kernel writes them and v's
-// rows (v [T, KVH, hd]) stored at each token's cache row (slot, pos: dev_token_map's tables;
-// caches [slots, cap, KVH, hd]), as attention's own append stores them.
-struct KvAppend {
-  const float* v;
-  __nv_bfloat16 *kc, *vc;
-  const int32_t *slot, *pos;
-  int64_t cap;
-};
-// Backend::qk_norm_rope in one launch; false (nothing done) for shapes it does not take, and with
-// kv for shapes its one-warp-a-row kernel (head_dim 256, 64 rotary dims) does not take.
+// Backend::qk_norm_rope in one launch; false (nothing done) for shapes it does not take.
 bool qk_norm_rope(Ctx&, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& q_norm,
-                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta,
-                  const KvAppend* kv = nullptr);
+                  const Tensor& k_norm, float eps, std::span<const SeqRun> runs, int64_t rotary_dim, float theta);
 void get_rows(Ctx&, const Tensor& src, std::span<const int32_t> rows, Tensor& dst);
 // Backend::compact_rows in one launch per 32 tensors; false (nothing done) where a row is not
 // whole 4-byte words or more than 64 rows move (cuda_compact_rows.cu).
@@ -602,17 +591,8 @@ struct TreeMask {
 bool copy_column_blocks(Ctx&, const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
 // rope at the device positions pos (one per row of x; a row at −1 is left as it is).
 void rope_at(Ctx&, Tensor& x, const int32_t* pos, int64_t rotary_dim, float theta);
-// appended_by_norm: k and v are already in the caches (a bf16 cache), stored by the norm kernel
-// right before, which also wrote q (qk_norm_rope_attention); its token map is the call's.
 void attention(Ctx&, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree = {},
-               const KvAppend* appended_by_norm = nullptr);
-// Backend::qk_norm_rope_attention with the append in the norm kernel (bf16 caches, the shapes
-// qk_norm_rope's kv takes); false (nothing done) otherwise.
-bool qk_norm_rope_attention(Ctx&, const Tensor& qg, Tensor& q, Tensor* gate, Tensor& k, const Tensor& v,
-                            const Tensor& q_norm, const Tensor& k_norm, float eps, std::span<const SeqRun> runs,
-                            int64_t rotary_dim, float theta, Tensor& k_cache, Tensor& v_cache, float scale,
-                            Tensor& out);
+               std::span<const SeqRun> runs, float scale, Tensor& out, TreeMask tree = {});
 
 void causal_conv1d_silu(Ctx&, Tensor& x, const Tensor& w, Tensor& conv_state, std::span<const SeqRun> runs);
 // The same for runs of many tokens, parallel over tokens (cuda_conv1d.cu); false: not taken.
