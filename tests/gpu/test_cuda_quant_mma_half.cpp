@@ -11,7 +11,9 @@
 // test_cuda_quant_mma.cpp's NormAndSwigluQuantizeForTheGemmBitwiseAsComposed, in both forms.
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -29,6 +31,8 @@ void mma_select_hb_blocks(int n);  // QWEN36_MMA_HB_BLOCKS: 1 | 2 blocks per SM 
 void mma_select_hb_pairs(const char* pairs);  // QWEN36_MMA_HB_PAIRS: "on" | "off" | nullptr
 long long mma_pair_min_units();               // the pairs rule's units past 32 tokens
 long long mma_hb_launches();
+// cuda_quant_wgmma.cu's experiment (returns the K splits used; 0: not an sm_90 device).
+int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -328,6 +332,130 @@ TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
                     "bf16 pairs %.1f us\n",
                     what.c_str(), us[0], us[1], us[2], half ? "" : " (stays int8: the two before are the int8 form)",
                     us[3]);
+      }
+    }
+}
+
+// ---- EXPERIMENT: the bf16 form on Hopper's warpgroup MMA (src/backend/cuda/cuda_quant_wgmma.cu) ----
+
+struct WgmmaOffsets {
+  uint32_t lbo = 128, sbo = 256;
+};
+
+// The descriptors' core-matrix offsets that give the twin's result on one row-group at 16 tokens:
+// the PTX ISA's reading (along K 128 bytes, along N 256) first, else the other; nullopt: neither
+// (or no sm_90 device: skipped by the caller).
+std::optional<WgmmaOffsets> wgmma_offsets(Backend& gpu, std::mt19937& rng) {
+  const HostT w = quantized(rng, DType::Q4_K, 64, 512), x = random_t(rng, DType::F32, {16, 512});
+  const std::vector<float> want = reference(form_weights(w, 1), bf16_rounded(x), 16);
+  const DevT dw = upload_tiled(gpu, w);
+  DevT dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {16, 64}));
+  for (WgmmaOffsets o : {WgmmaOffsets{128, 256}, WgmmaOffsets{256, 128}}) {
+    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, o.lbo, o.sbo) == 0) return std::nullopt;
+    std::string where;
+    const double err = worst_rel_err(download(gpu, dout.t), want, 16, 64, 1, &where);
+    std::printf("[ wgmma ] offsets along K %u, along N %u: worst error %.3g %s\n", o.lbo, o.sbo, err, where.c_str());
+    if (err <= 1e-4) return o;
+  }
+  // Neither: where a single activation (token n0, k k0) lands, by the PTX ISA's offsets — the
+  // token column it reaches and the weight column k it meets (the best fit over the 64 rows).
+  const HostT wf = form_weights(w, 1);
+  for (auto [n0, k0] : {std::pair<int, int>{0, 0}, {0, 1}, {0, 2}, {0, 8}, {0, 16}, {0, 17}, {0, 32}, {0, 256}, {1, 0},
+                        {7, 0}, {8, 0}, {15, 3}}) {
+    HostT xp(DType::F32, {16, 512});
+    xp.f()[n0 * 512 + k0] = 1.0f;
+    DevT dxp = upload(gpu, xp);
+    cuda::wgmma_matmul_experiment(dxp.t, dw.t, dout.t, 1, 128, 256);
+    const std::vector<float> got = download(gpu, dout.t);
+    for (int n = 0; n < 16; ++n) {
+      double mag = 0;
+      for (int r = 0; r < 64; ++r) mag += std::abs(got[size_t(n * 64 + r)]);
+      if (mag == 0) continue;
+      int best_k = -1;
+      double best = 1e30;
+      for (int k = 0; k < 512; ++k) {
+        double e = 0;
+        for (int r = 0; r < 64; ++r) e += std::abs(double(got[size_t(n * 64 + r)]) - double(wf.t.as<const float>()[r * 512 + k]));
+        if (e < best) best = e, best_k = k;
+      }
+      std::printf("[ wgmma ] probe x(token %d, k %d) reaches token %d, meets weight k %d (misfit %.3g of %.3g)\n", n0, k0,
+                  n, best_k, best, mag);
+    }
+  }
+  return std::nullopt;
+}
+
+// Every shape and T within 1e-4 of the bf16 twin (the weights and x as the bf16 form rounds
+// them): one row-group of one super-block; 2 row-groups of 8; the 27B's attention output at
+// K = 6144 (split along K); a K = 17408 row; automatic splits and none.
+TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
+  const std::optional<WgmmaOffsets> off = wgmma_offsets(*gpu_, rng_);
+  {
+    DevT dx = upload(*gpu_, HostT(DType::F32, {1, 256})), dout = upload(*gpu_, HostT(DType::F32, {1, 64}));
+    const DevT dw = upload_tiled(*gpu_, quantized(rng_, DType::Q4_K, 64, 256));
+    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, 128, 256) == 0) GTEST_SKIP() << "not an sm_90 device";
+  }
+  ASSERT_TRUE(off.has_value()) << "no descriptor offsets give the twin's result";
+  const Shape shapes[] = {{64, 256}, {128, 2048}, {5120, 6144}, {64, 17408}};
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (const Shape& s : shapes) {
+      const bool big = s.N * s.K > (int64_t(8) << 20);
+      const int64_t step = big ? 61 : 1;
+      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
+      const HostT wf = form_weights(w, step);
+      const DevT dw = upload_tiled(*gpu_, w);
+      for (int64_t T : {1, 5, 8, 9, 16, 17, 24, 25, 32, 33, 64})
+        for (int splits : {0, 1}) {
+          const HostT x = random_t(rng_, DType::F32, {T, s.K});
+          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+          const int used = cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, splits, off->lbo, off->sbo);
+          std::string where;
+          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, step), T, s.N, step, &where),
+                    1e-4)
+              << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " " << where;
+        }
+    }
+}
+
+// Cold-L2 times of the 27B's matrices (as Bandwidth27BBothForms) at 4-64 tokens: the backend's own
+// form at that T against the experiment with its automatic splits and with 1, 2, 4 and 8; GB/s of
+// the matrix's bytes. Spot-checked against the twin.
+TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
+  const std::optional<WgmmaOffsets> off = wgmma_offsets(*gpu_, rng_);
+  if (!off) GTEST_SKIP() << "not an sm_90 device, or the descriptor offsets are wrong (see the test above)";
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}, {34816, 5120}}) {
+      const HostT w = repeated_rows(rng_, dt, N, K);
+      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
+      std::vector<DevT> dw;
+      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
+      const HostT wf = form_weights(w, 997);
+      const double mb = double(dw[0].t.nbytes()) / 1e6;
+      for (int64_t T : {4, 8, 16, 24, 32, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+        cuda_synchronize();
+        const double base = 1e6 * time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
+        std::string line;
+        int best_splits = 0;
+        double best = 1e30;
+        for (int splits : {0, 1, 2, 4, 8}) {
+          int used = 0;
+          const double us = 1e6 * time_per_call(copies, [&](int i) {
+            used = cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo);
+          });
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " %s%d: %.1f us", splits == 0 ? "auto " : "", used, us);
+          line += buf;
+          if (us < best) best = us, best_splits = used;
+          std::string where;
+          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where), 1e-4)
+              << dtype_name(dt) << " N=" << N << " K=" << K << " T=" << T << " splits=" << used << " " << where;
+        }
+        std::printf("[ wgmma-cold ] %s %lld x %lld (%.1f MB), T=%lld: backend %.1f us (%.0f GB/s); wgmma by splits%s; "
+                    "best %.1f us (%.0f GB/s, splits %d, %.2fx)\n",
+                    std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, mb, (long long)T, base, mb * 1e3 / base, line.c_str(), best,
+                    mb * 1e3 / best, best_splits, base / best);
       }
     }
 }
