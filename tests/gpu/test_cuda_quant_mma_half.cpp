@@ -32,7 +32,9 @@ void mma_select_hb_pairs(const char* pairs);  // QWEN36_MMA_HB_PAIRS: "on" | "of
 long long mma_pair_min_units();               // the pairs rule's units past 32 tokens
 long long mma_hb_launches();
 // cuda_quant_wgmma.cu's experiment (returns the K splits used; 0: not an sm_90 device).
-int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo);
+// flags: 1 the tiles through shared memory; 2 x as staged by the call before; 4 no sum of split pieces.
+int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo,
+                            int flags);
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -351,7 +353,7 @@ std::optional<WgmmaOffsets> wgmma_offsets(Backend& gpu, std::mt19937& rng) {
   const DevT dw = upload_tiled(gpu, w);
   DevT dx = upload(gpu, x), dout = upload(gpu, HostT(DType::F32, {16, 64}));
   for (WgmmaOffsets o : {WgmmaOffsets{128, 256}, WgmmaOffsets{256, 128}}) {
-    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, o.lbo, o.sbo) == 0) return std::nullopt;
+    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, o.lbo, o.sbo, 0) == 0) return std::nullopt;
     std::string where;
     const double err = worst_rel_err(download(gpu, dout.t), want, 16, 64, 1, &where);
     std::printf("[ wgmma ] offsets along K %u, along N %u: worst error %.3g %s\n", o.lbo, o.sbo, err, where.c_str());
@@ -365,7 +367,7 @@ std::optional<WgmmaOffsets> wgmma_offsets(Backend& gpu, std::mt19937& rng) {
     HostT xp(DType::F32, {16, 512});
     xp.f()[n0 * 512 + k0] = 1.0f;
     DevT dxp = upload(gpu, xp);
-    cuda::wgmma_matmul_experiment(dxp.t, dw.t, dout.t, 1, 128, 256);
+    cuda::wgmma_matmul_experiment(dxp.t, dw.t, dout.t, 1, 128, 256, 0);
     const std::vector<float> got = download(gpu, dout.t);
     for (int n = 0; n < 16; ++n) {
       double mag = 0;
@@ -393,7 +395,7 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
   {
     DevT dx = upload(*gpu_, HostT(DType::F32, {1, 256})), dout = upload(*gpu_, HostT(DType::F32, {1, 64}));
     const DevT dw = upload_tiled(*gpu_, quantized(rng_, DType::Q4_K, 64, 256));
-    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, 128, 256) == 0) GTEST_SKIP() << "not an sm_90 device";
+    if (cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, 1, 128, 256, 0) == 0) GTEST_SKIP() << "not an sm_90 device";
   }
   ASSERT_TRUE(off.has_value()) << "no descriptor offsets give the twin's result";
   const Shape shapes[] = {{64, 256}, {128, 2048}, {5120, 6144}, {64, 17408}};
@@ -405,21 +407,25 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
       const HostT wf = form_weights(w, step);
       const DevT dw = upload_tiled(*gpu_, w);
       for (int64_t T : {1, 5, 8, 9, 16, 17, 24, 25, 32, 33, 64})
-        for (int splits : {0, 1}) {
-          const HostT x = random_t(rng_, DType::F32, {T, s.K});
-          DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
-          const int used = cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, splits, off->lbo, off->sbo);
-          std::string where;
-          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, step), T, s.N, step, &where),
-                    1e-4)
-              << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " " << where;
-        }
+        for (int splits : {0, 1})
+          for (bool ring : {false, true}) {
+            const HostT x = random_t(rng_, DType::F32, {T, s.K});
+            DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+            const int used = cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, splits, off->lbo, off->sbo, ring ? 1 : 0);
+            std::string where;
+            EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, step), T, s.N, step, &where),
+                      1e-4)
+                << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " ring=" << ring
+                << " " << where;
+          }
     }
 }
 
 // Cold-L2 times of the 27B's matrices (as Bandwidth27BBothForms) at 4-64 tokens: the backend's own
-// form at that T against the experiment with its automatic splits and with 1, 2, 4 and 8; GB/s of
-// the matrix's bytes. Spot-checked against the twin.
+// form at that T against the experiment's two load paths (tiles in registers, through the shared
+// ring), each with its automatic splits and with 1, 2, 4 and 8, whole (x staged, pieces summed)
+// and, in parentheses, the GEMM kernel alone; GB/s of the matrix's bytes. Spot-checked against the
+// twin.
 TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
   const std::optional<WgmmaOffsets> off = wgmma_offsets(*gpu_, rng_);
   if (!off) GTEST_SKIP() << "not an sm_90 device, or the descriptor offsets are wrong (see the test above)";
@@ -437,25 +443,36 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
         cuda_synchronize();
         const double base = 1e6 * time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); });
         std::string line;
-        int best_splits = 0;
-        double best = 1e30;
-        for (int splits : {0, 1, 2, 4, 8}) {
-          int used = 0;
-          const double us = 1e6 * time_per_call(copies, [&](int i) {
-            used = cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo);
-          });
-          char buf[64];
-          std::snprintf(buf, sizeof buf, " %s%d: %.1f us", splits == 0 ? "auto " : "", used, us);
-          line += buf;
-          if (us < best) best = us, best_splits = used;
-          std::string where;
-          EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where), 1e-4)
-              << dtype_name(dt) << " N=" << N << " K=" << K << " T=" << T << " splits=" << used << " " << where;
+        double best[2] = {1e30, 1e30};
+        int best_splits[2] = {0, 0};
+        for (bool ring : {false, true}) {
+          line += ring ? "; ring" : "; regs";
+          for (int splits : {0, 1, 2, 4, 8}) {
+            int used = 0;
+            const int flags = ring ? 1 : 0;
+            const double us = 1e6 * time_per_call(copies, [&](int i) {
+              used = cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo, flags);
+            });
+            const double kernel_us = 1e6 * time_per_call(copies, [&](int i) {  // x staged by the calls above
+              cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo, flags | 2 | 4);
+            });
+            cuda::wgmma_matmul_experiment(dx.t, dw[0].t, dout.t, splits, off->lbo, off->sbo, flags);  // whole, checked
+            char buf[80];
+            std::snprintf(buf, sizeof buf, " %s%d: %.1f (%.1f)", splits == 0 ? "auto " : "", used, us, kernel_us);
+            line += buf;
+            if (us < best[ring]) best[ring] = us, best_splits[ring] = used;
+            std::string where;
+            EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where),
+                      1e-4)
+                << dtype_name(dt) << " N=" << N << " K=" << K << " T=" << T << " splits=" << used << " ring=" << ring
+                << " " << where;
+          }
         }
-        std::printf("[ wgmma-cold ] %s %lld x %lld (%.1f MB), T=%lld: backend %.1f us (%.0f GB/s); wgmma by splits%s; "
-                    "best %.1f us (%.0f GB/s, splits %d, %.2fx)\n",
-                    std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, mb, (long long)T, base, mb * 1e3 / base, line.c_str(), best,
-                    mb * 1e3 / best, best_splits, base / best);
+        std::printf("[ wgmma-cold ] %s %lld x %lld (%.1f MB), T=%lld: backend %.1f us (%.0f GB/s); best regs %.1f us "
+                    "(%.0f GB/s, splits %d, %.2fx), ring %.1f us (%.0f GB/s, splits %d, %.2fx); by splits, us (kernel alone)%s\n",
+                    std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, mb, (long long)T, base,
+                    mb * 1e3 / base, best[0], mb * 1e3 / best[0], best_splits[0], base / best[0], best[1],
+                    mb * 1e3 / best[1], best_splits[1], base / best[1], line.c_str());
       }
     }
 }

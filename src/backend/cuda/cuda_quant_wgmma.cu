@@ -141,37 +141,49 @@ template <int NP>
 __host__ __device__ constexpr int slab_bytes() {
   return 512 * NP;  // 256 k × NP tokens × 2 bytes
 }
-template <int NP>
+// Ring depth: slabs (and with RING, the 4 warps' tiles) of this many super-blocks.
+template <DType D, int NP, bool RING>
 __host__ __device__ constexpr int stages() {
-  return NP <= 32 ? 3 : 2;
+  if constexpr (!RING) return NP <= 32 ? 3 : 2;
+  return NP <= 16 ? 4 : NP <= 32 ? 3 : 2;
 }
-template <int NP>
+template <DType D, int NP, bool RING>
 __host__ __device__ constexpr int wgmma_smem() {
-  return stages<NP>() * slab_bytes<NP>() + kWarps * 16 * kTabStride * int(sizeof(float2));
+  return stages<D, NP, RING>() * (slab_bytes<NP>() + (RING ? kWarps * tile_bytes<D>() : 0)) +
+         kWarps * 16 * kTabStride * int(sizeof(float2));
 }
 
 // Block b: row-tiles 4 · (b / splits) + warp, super-blocks [S · p / splits, S · (p + 1) / splits)
 // of split p = b % splits. out (splits == 1) or part[p] gets the block's [T, 64] piece.
-template <DType D, int NP>
+// RING = false: each warp holds its next tile in registers (requested one super-block ahead);
+// true: the 4 warps' tiles come through shared memory with the slabs, stages − 1 super-blocks
+// ahead (cp.async, one group per super-block: the slab and the 4 tiles).
+template <DType D, int NP, bool RING>
 __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restrict__ w, int S,
                                                          const uint4* __restrict__ xs, float* __restrict__ out,
                                                          int T, int N, int splits, uint32_t lbo, uint32_t sbo) {
 #ifdef QWEN36_WGMMA_DEVICE
-  constexpr int kSlab = slab_bytes<NP>(), kStages = stages<NP>(), kTile = tile_bytes<D>();
+  constexpr int kSlab = slab_bytes<NP>(), kStages = stages<D, NP, RING>(), kTile = tile_bytes<D>();
   constexpr int kStep = NP / 8 * 256;  // bytes of one k16 step's core matrices
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  float2* tab = reinterpret_cast<float2*>(smem + kStages * kSlab) + warp * 16 * kTabStride;
+  uint8_t* const tiles = smem + kStages * kSlab;  // RING: [stage][warp] tiles
+  float2* tab = reinterpret_cast<float2*>(tiles + (RING ? kStages * kWarps * kTile : 0)) + warp * 16 * kTabStride;
   const int rg = int(blockIdx.x) / splits, p = int(blockIdx.x) % splits;
   const int s0 = int(int64_t(S) * p / splits), s1 = int(int64_t(S) * (p + 1) / splits);
   const uint8_t* wt = w + (size_t(4 * rg + warp) * size_t(S)) * kTile;
   const uint8_t* xsb = reinterpret_cast<const uint8_t*>(xs);
+  auto slot = [&](int s) { return (s - s0) % kStages; };
 
-  auto stage = [&](int s) {  // slab s into its ring slot (every thread: kSlab / 2048 chunks of 16)
-    uint8_t* dst = smem + ((s - s0) % kStages) * kSlab;
+  auto stage = [&](int s) {  // super-block s into its ring slot: the slab by every thread (16 B
+                             // chunks), with RING the warp's tile by its lanes
+    uint8_t* dst = smem + slot(s) * kSlab;
     const uint8_t* src = xsb + size_t(s) * kSlab;
 #pragma unroll
     for (int c = 0; c < kSlab / 2048; ++c) cp_async16(dst + 16 * (int(threadIdx.x) + 128 * c), src + 16 * (int(threadIdx.x) + 128 * c));
+    if constexpr (RING)
+      issue_tile<kTile>(smem_addr(tiles + (slot(s) * kWarps + warp) * kTile) + 16 * lane, wt + size_t(s) * kTile + 16 * lane,
+                        lane);
   };
 
   float acc[NP / 2];
@@ -179,7 +191,7 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
   for (int i = 0; i < NP / 2; ++i) acc[i] = 0.0f;
 
   Raw<D> cur, nxt;
-  load_tile<D, true>(wt + size_t(s0) * kTile, lane, cur);
+  if constexpr (!RING) load_tile<D, true>(wt + size_t(s0) * kTile, lane, cur);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (s0 + i < s1) stage(s0 + i);
@@ -188,12 +200,15 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
   for (int s = s0; s < s1; ++s) {
     cp_async_wait<kStages - 2>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, then wgmma's reads
-    __syncthreads();  // slab s complete for every thread; every warp done with slab s - 1
+    __syncthreads();  // super-block s complete for every thread; every warp done with s - 1's slot
     if (s + kStages - 1 < s1) stage(s + kStages - 1);
     cp_async_commit();
-    if (s + 1 < s1) load_tile<D, true>(wt + size_t(s + 1) * kTile, lane, nxt);
+    if constexpr (RING)
+      load_tile<D, false>(tiles + (slot(s) * kWarps + warp) * kTile, lane, cur);
+    else if (s + 1 < s1)
+      load_tile<D, true>(wt + size_t(s + 1) * kTile, lane, nxt);
     half_table(cur, lane, tab);
-    const uint32_t base = smem_addr(smem + ((s - s0) % kStages) * kSlab);
+    const uint32_t base = smem_addr(smem + slot(s) * kSlab);
     uint32_t a[2][8];
     half_group(cur, 0, g, tab, a[0]);
 #pragma unroll
@@ -212,10 +227,10 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
 #pragma unroll
       for (int i = 0; i < 8; ++i) keep(f[i]);
     }
-    wg_wait<0>();  // the slab may be refilled after the next barrier
+    wg_wait<0>();  // the slot may be refilled after the next barrier
 #pragma unroll
     for (int i = 0; i < NP / 2; ++i) keep(acc[i]);
-    cur = nxt;
+    if constexpr (!RING) cur = nxt;
   }
   cp_async_wait_all();
 
@@ -235,25 +250,33 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
 #endif
 }
 
-template <DType D, int NP>
-void launch(const Tensor& w, const uint4* xs, float* out, float* part, int T, int splits, uint32_t lbo, uint32_t sbo) {
-  const int N = int(w.rows()), S = int(w.cols() / 256);
-  constexpr int smem = wgmma_smem<NP>();
-  CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<D, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  wgmma_gemm_kernel<D, NP><<<(N / 64) * splits, 128, smem>>>(static_cast<const uint8_t*>(w.data), S, xs,
-                                                              splits == 1 ? out : part, T, N, splits, lbo, sbo);
+struct Call {
+  const Tensor& w;
+  const uint4* xs;
+  float *out, *part;
+  int T, splits;
+  uint32_t lbo, sbo;
+};
+
+template <DType D, int NP, bool RING>
+void launch(const Call& c) {
+  const int N = int(c.w.rows()), S = int(c.w.cols() / 256);
+  constexpr int smem = wgmma_smem<D, NP, RING>();
+  CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<D, NP, RING>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  wgmma_gemm_kernel<D, NP, RING><<<(N / 64) * c.splits, 128, smem>>>(static_cast<const uint8_t*>(c.w.data), S, c.xs,
+                                                                      c.splits == 1 ? c.out : c.part, c.T, N, c.splits,
+                                                                      c.lbo, c.sbo);
   CUDA_LAUNCH_CHECK();
 }
 
-template <DType D>
-void launch_np(int NP, const Tensor& w, const uint4* xs, float* out, float* part, int T, int splits, uint32_t lbo,
-               uint32_t sbo) {
+template <DType D, bool RING>
+void launch_np(int NP, const Call& c) {
   switch (NP) {
-    case 8: return launch<D, 8>(w, xs, out, part, T, splits, lbo, sbo);
-    case 16: return launch<D, 16>(w, xs, out, part, T, splits, lbo, sbo);
-    case 24: return launch<D, 24>(w, xs, out, part, T, splits, lbo, sbo);
-    case 32: return launch<D, 32>(w, xs, out, part, T, splits, lbo, sbo);
-    default: return launch<D, 64>(w, xs, out, part, T, splits, lbo, sbo);
+    case 8: return launch<D, 8, RING>(c);
+    case 16: return launch<D, 16, RING>(c);
+    case 24: return launch<D, 24, RING>(c);
+    case 32: return launch<D, 32, RING>(c);
+    default: return launch<D, 64, RING>(c);
   }
 }
 
@@ -271,12 +294,18 @@ void* scratch(int i, size_t bytes) {
 
 }  // namespace
 
-// Test hook (tests/gpu/test_cuda_quant_wgmma.cpp): out = x · wᵀ for a tiled Q4_K / Q6_K matrix w
+// Test hook (tests/gpu/test_cuda_quant_mma_half.cpp's Wgmma*): out = x · wᵀ for a tiled Q4_K / Q6_K matrix w
 // whose rows are a multiple of 64, T ≤ 64, on the legacy default stream. splits ≤ 0: picked so
 // that the blocks fill the SMs about 4 times. lbo / sbo: the descriptors' byte offsets between
 // core matrices adjacent along K and along N (128 and 256 by the PTX ISA's reading; a test may
-// try the other). Returns the splits used, or 0 where the device cannot run it (not sm_90).
-int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo) {
+// try the other). flags: kWgmmaRing, the tiles through shared memory (else registers); for timing
+// the GEMM kernel alone, kWgmmaReuseX (x as the previous call of the same T and K staged it) and
+// kWgmmaNoSum (split pieces left unsummed: out is incomplete). Returns the splits used, or 0
+// where the device cannot run it (not sm_90).
+constexpr int kWgmmaRing = 1, kWgmmaReuseX = 2, kWgmmaNoSum = 4;
+int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo,
+                            int flags) {
+  const bool ring = flags & kWgmmaRing, restage = !(flags & kWgmmaReuseX), sum = !(flags & kWgmmaNoSum);
   int dev = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -291,13 +320,16 @@ int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int s
   uint4* xs = static_cast<uint4*>(scratch(0, xs_bytes));
   float* part = splits > 1 ? static_cast<float*>(scratch(1, size_t(splits) * T * N * sizeof(float))) : nullptr;
   const int64_t rows = int64_t(S) * 16 * NP * 2;
-  stage_x_kernel<<<unsigned((rows + 255) / 256), 256>>>(x.as<const float>(), T, K, NP, xs);
-  CUDA_LAUNCH_CHECK();
+  if (restage) {
+    stage_x_kernel<<<unsigned((rows + 255) / 256), 256>>>(x.as<const float>(), T, K, NP, xs);
+    CUDA_LAUNCH_CHECK();
+  }
+  const Call c{w, xs, out.as<float>(), part, T, splits, lbo, sbo};
   if (w.dtype == DType::Q4_K_T16)
-    launch_np<DType::Q4_K_T16>(NP, w, xs, out.as<float>(), part, T, splits, lbo, sbo);
+    ring ? launch_np<DType::Q4_K_T16, true>(NP, c) : launch_np<DType::Q4_K_T16, false>(NP, c);
   else
-    launch_np<DType::Q6_K_T16>(NP, w, xs, out.as<float>(), part, T, splits, lbo, sbo);
-  if (splits > 1) {
+    ring ? launch_np<DType::Q6_K_T16, true>(NP, c) : launch_np<DType::Q6_K_T16, false>(NP, c);
+  if (splits > 1 && sum) {
     const int64_t n = int64_t(T) * N;
     sum_splits_kernel<<<unsigned((n + 255) / 256), 256>>>(part, splits, n, out.as<float>());
     CUDA_LAUNCH_CHECK();
