@@ -144,16 +144,30 @@ HostT bf16_rounded(const HostT& x) {
   return y;
 }
 
+// A shape's weights for a twin check: the host matrix (its rows repeated where it is large, every
+// 61st then checked), the bf16 form's weights of the checked rows, its tiled device copy.
+struct TwinWeights {
+  int64_t step;
+  HostT w, wf;
+  DevT dw;
+};
+TwinWeights twin_weights(Backend& gpu, std::mt19937& rng, DType dt, const Shape& s) {
+  const bool big = s.N * s.K > (int64_t(8) << 20);
+  const int64_t step = big ? 61 : 1;
+  const HostT w = big ? repeated_rows(rng, dt, s.N, s.K) : quantized(rng, dt, s.N, s.K);
+  return TwinWeights{step, w, form_weights(w, step), upload_tiled(gpu, w)};
+}
+
 void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts, Pairs pairs,
                                     const std::function<std::string(int64_t)>& pick) {
   cuda::mma_select_hb_pairs(pairs == Pairs::On ? "on" : pairs == Pairs::Off ? "off" : nullptr);
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
-      const bool big = s.N * s.K > (int64_t(8) << 20);
-      const int64_t step = big ? 61 : 1;
-      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
-      const HostT wf = form_weights(w, step);
-      const DevT dw = upload_tiled(*gpu_, w);
+      const TwinWeights tw = twin_weights(*gpu_, rng_, dt, s);
+      const int64_t step = tw.step;
+      const HostT& w = tw.w;
+      const HostT& wf = tw.wf;
+      const DevT& dw = tw.dw;
       for (const char* loads : {"regs", "smem"})
         for (int64_t T : Ts) {
           cuda::mma_select_variant(loads, nullptr);
@@ -401,19 +415,16 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
   const Shape shapes[] = {{64, 256}, {128, 2048}, {5120, 6144}, {64, 17408}};
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
-      const bool big = s.N * s.K > (int64_t(8) << 20);
-      const int64_t step = big ? 61 : 1;
-      const HostT w = big ? repeated_rows(rng_, dt, s.N, s.K) : quantized(rng_, dt, s.N, s.K);
-      const HostT wf = form_weights(w, step);
-      const DevT dw = upload_tiled(*gpu_, w);
+      const TwinWeights tw = twin_weights(*gpu_, rng_, dt, s);
       for (int64_t T : {1, 5, 8, 9, 16, 17, 24, 25, 32, 33, 64})
         for (int splits : {0, 1})
           for (bool ring : {false, true}) {
             const HostT x = random_t(rng_, DType::F32, {T, s.K});
             DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
-            const int used = cuda::wgmma_matmul_experiment(dx.t, dw.t, dout.t, splits, off->lbo, off->sbo, ring ? 1 : 0);
+            const int used = cuda::wgmma_matmul_experiment(dx.t, tw.dw.t, dout.t, splits, off->lbo, off->sbo, ring ? 1 : 0);
             std::string where;
-            EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, step), T, s.N, step, &where),
+            EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(tw.wf, bf16_rounded(x), T, tw.step), T, s.N, tw.step,
+                                    &where),
                       1e-4)
                 << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " ring=" << ring
                 << " " << where;
