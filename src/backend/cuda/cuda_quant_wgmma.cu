@@ -12,6 +12,12 @@
 // few against the SMs is split along K (`splits` blocks), the pieces summed in split order by a
 // second kernel. Same numerics as the bf16 form: the weights and x rounded to bf16 once, f32 sums.
 //
+// Measured (bench/RESULTS.md, session 63; the 27B's matrices, cold L2): 1.12-1.38× faster than the
+// dispatch's forms at 64 tokens, about even at 24-32 (the GEMM kernel alone 12-32% faster: the
+// staging and sum launches are the experiment's), 0.73-0.98× at 4-16. What taking it into the
+// dispatch for 24-64 tokens needs: the producers writing the slabs, the split pieces summed by the
+// last block to arrive, stacked matrices, the backend's stream and PDL.
+//
 // Shared-memory layout of a slab (one super-block, tokens padded to NP = 8 · NG): 16 k16 steps,
 // each NG × 2 core matrices of 8 tokens × 8 k (128 bytes, a token's 8 bf16 contiguous: K-major,
 // no swizzle): core matrix (ng, kh) of step q at (q · NG + ng) · 256 + kh · 128. The A fragments'
