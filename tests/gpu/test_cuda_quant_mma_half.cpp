@@ -32,7 +32,8 @@ void mma_select_hb_pairs(const char* pairs);  // QWEN36_MMA_HB_PAIRS: "on" | "of
 long long mma_pair_min_units();               // the pairs rule's units past 32 tokens
 long long mma_hb_launches();
 // cuda_quant_wgmma.cu's experiment (returns the K splits used; 0: not an sm_90 device).
-// flags: 1 the tiles through shared memory; 2 x as staged by the call before; 4 no sum of split pieces.
+// flags: 1 the tiles through shared memory; 2 x as staged by the call before; 4 no sum of split
+// pieces; 8 the pieces summed by the last block to arrive.
 int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo,
                             int flags);
 }  // namespace qwen36::cuda
@@ -418,15 +419,15 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
       const TwinWeights tw = twin_weights(*gpu_, rng_, dt, s);
       for (int64_t T : {1, 5, 8, 9, 16, 17, 24, 25, 32, 33, 64})
         for (int splits : {0, 1})
-          for (bool ring : {false, true}) {
+          for (int flags : {0, 1, 8, 9}) {  // registers / ring; pieces summed by a kernel / the last block
             const HostT x = random_t(rng_, DType::F32, {T, s.K});
             DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
-            const int used = cuda::wgmma_matmul_experiment(dx.t, tw.dw.t, dout.t, splits, off->lbo, off->sbo, ring ? 1 : 0);
+            const int used = cuda::wgmma_matmul_experiment(dx.t, tw.dw.t, dout.t, splits, off->lbo, off->sbo, flags);
             std::string where;
             EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(tw.wf, bf16_rounded(x), T, tw.step), T, s.N, tw.step,
                                     &where),
                       1e-4)
-                << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " ring=" << ring
+                << dtype_name(dt) << " N=" << s.N << " K=" << s.K << " T=" << T << " splits=" << used << " flags=" << flags
                 << " " << where;
           }
     }
@@ -434,9 +435,9 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentEqualsBf16Twin) {
 
 // Cold-L2 times of the 27B's matrices (as Bandwidth27BBothForms) at 4-64 tokens: the backend's own
 // form at that T against the experiment's two load paths (tiles in registers, through the shared
-// ring), each with its automatic splits and with 1, 2, 4 and 8, whole (x staged, pieces summed)
-// and, in parentheses, the GEMM kernel alone; GB/s of the matrix's bytes. Spot-checked against the
-// twin.
+// ring), each with its automatic splits and with 1, 2, 4 and 8, whole (x staged, pieces summed by
+// a kernel), whole with the pieces summed by the last block and, in parentheses, the GEMM kernel
+// alone; GB/s of the matrix's bytes. Spot-checked against the twin.
 TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
   const std::optional<WgmmaOffsets> off = wgmma_offsets(*gpu_, rng_);
   if (!off) GTEST_SKIP() << "not an sm_90 device, or the descriptor offsets are wrong (see the test above)";
@@ -467,11 +468,16 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
             const double kernel_us = 1e6 * time_per_call(copies, [&](int i) {  // x staged by the calls above
               cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo, flags | 2 | 4);
             });
+            const double last_us = 1e6 * time_per_call(copies, [&](int i) {  // the last block sums
+              cuda::wgmma_matmul_experiment(dx.t, dw[size_t(i)].t, dout.t, splits, off->lbo, off->sbo, flags | 8);
+            });
             cuda::wgmma_matmul_experiment(dx.t, dw[0].t, dout.t, splits, off->lbo, off->sbo, flags);  // whole, checked
-            char buf[80];
-            std::snprintf(buf, sizeof buf, " %s%d: %.1f (%.1f)", splits == 0 ? "auto " : "", used, us, kernel_us);
+            char buf[96];
+            std::snprintf(buf, sizeof buf, " %s%d: %.1f / %.1f (%.1f)", splits == 0 ? "auto " : "", used, us, last_us,
+                          kernel_us);
             line += buf;
             if (us < best[ring]) best[ring] = us, best_splits[ring] = used;
+            if (last_us < best[ring]) best[ring] = last_us, best_splits[ring] = used;
             std::string where;
             EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where),
                       1e-4)
@@ -480,7 +486,7 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
           }
         }
         std::printf("[ wgmma-cold ] %s %lld x %lld (%.1f MB), T=%lld: backend %.1f us (%.0f GB/s); best regs %.1f us "
-                    "(%.0f GB/s, splits %d, %.2fx), ring %.1f us (%.0f GB/s, splits %d, %.2fx); by splits, us (kernel alone)%s\n",
+                    "(%.0f GB/s, splits %d, %.2fx), ring %.1f us (%.0f GB/s, splits %d, %.2fx); by splits, us whole / last block sums (kernel alone)%s\n",
                     std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, mb, (long long)T, base,
                     mb * 1e3 / base, best[0], mb * 1e3 / best[0], best_splits[0], base / best[0], best[1],
                     mb * 1e3 / best[1], best_splits[1], base / best[1], line.c_str());

@@ -167,7 +167,8 @@ __host__ __device__ constexpr int wgmma_smem() {
 template <DType D, int NP, bool RING>
 __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restrict__ w, int S,
                                                          const uint4* __restrict__ xs, float* __restrict__ out,
-                                                         int T, int N, int splits, uint32_t lbo, uint32_t sbo) {
+                                                         float* __restrict__ part, int* __restrict__ cnt, int T, int N,
+                                                         int splits, uint32_t lbo, uint32_t sbo) {
 #ifdef QWEN36_WGMMA_DEVICE
   constexpr int kSlab = slab_bytes<NP>(), kStages = stages<D, NP, RING>(), kTile = tile_bytes<D>();
   constexpr int kStep = NP / 8 * 256;  // bytes of one k16 step's core matrices
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
   cp_async_wait_all();
 
   // acc[4i + e]: row g (e < 2) or g + 8, token 8i + 2t + (e & 1), of the warp's 16 rows.
-  float* dst = splits == 1 ? out : out + int64_t(p) * T * N;
+  float* dst = splits == 1 ? out : part + int64_t(p) * T * N;
   const int row = 64 * rg + 16 * warp + g;
 #pragma unroll
   for (int i = 0; i < NP / 8; ++i)
@@ -250,8 +251,22 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
       const int tok = 8 * i + 2 * t + (e & 1);
       if (tok < T) dst[int64_t(tok) * N + row + 8 * (e >> 1)] = acc[4 * i + e];
     }
+  if (splits == 1 || cnt == nullptr) return;  // no pieces, or summed by sum_splits_kernel
+  // The last block of the row-group to arrive sums its pieces in split order (as sum_splits_kernel).
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomic_add_acq_rel(cnt + rg, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  for (int e = int(threadIdx.x); e < 64 * T; e += 128) {
+    const int64_t at = int64_t(e >> 6) * N + 64 * rg + (e & 63);
+    float v = 0.0f;
+    for (int q = 0; q < splits; ++q) v += __ldcg(part + int64_t(q) * T * N + at);
+    out[at] = v;
+  }
+  if (threadIdx.x == 0) cnt[rg] = 0;  // for the next call
 #else
-  (void)w, (void)S, (void)xs, (void)out, (void)T, (void)N, (void)splits, (void)lbo, (void)sbo;
+  (void)w, (void)S, (void)xs, (void)out, (void)part, (void)cnt, (void)T, (void)N, (void)splits, (void)lbo, (void)sbo;
   __trap();
 #endif
 }
@@ -260,6 +275,7 @@ struct Call {
   const Tensor& w;
   const uint4* xs;
   float *out, *part;
+  int* cnt;  // nullptr: the pieces are summed by sum_splits_kernel
   int T, splits;
   uint32_t lbo, sbo;
 };
@@ -270,8 +286,8 @@ void launch(const Call& c) {
   constexpr int smem = wgmma_smem<D, NP, RING>();
   CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<D, NP, RING>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   wgmma_gemm_kernel<D, NP, RING><<<(N / 64) * c.splits, 128, smem>>>(static_cast<const uint8_t*>(c.w.data), S, c.xs,
-                                                                      c.splits == 1 ? c.out : c.part, c.T, N, c.splits,
-                                                                      c.lbo, c.sbo);
+                                                                      c.out, c.part, c.cnt, c.T, N, c.splits, c.lbo,
+                                                                      c.sbo);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -288,11 +304,12 @@ void launch_np(int NP, const Call& c) {
 
 // A buffer kept for the hook's calls (grown, never freed: a test hook).
 void* scratch(int i, size_t bytes) {
-  static void* p[2] = {nullptr, nullptr};
-  static size_t have[2] = {0, 0};
+  static void* p[3] = {nullptr, nullptr, nullptr};
+  static size_t have[3] = {0, 0, 0};
   if (have[i] < bytes) {
     if (p[i]) CUDA_CHECK(cudaFree(p[i]));
     CUDA_CHECK(cudaMalloc(&p[i], bytes));
+    CUDA_CHECK(cudaMemset(p[i], 0, bytes));  // the arrival counters start at zero
     have[i] = bytes;
   }
   return p[i];
@@ -306,12 +323,14 @@ void* scratch(int i, size_t bytes) {
 // core matrices adjacent along K and along N (128 and 256 by the PTX ISA's reading; a test may
 // try the other). flags: kWgmmaRing, the tiles through shared memory (else registers); for timing
 // the GEMM kernel alone, kWgmmaReuseX (x as the previous call of the same T and K staged it) and
-// kWgmmaNoSum (split pieces left unsummed: out is incomplete). Returns the splits used, or 0
-// where the device cannot run it (not sm_90).
-constexpr int kWgmmaRing = 1, kWgmmaReuseX = 2, kWgmmaNoSum = 4;
+// kWgmmaNoSum (split pieces left unsummed: out is incomplete); kWgmmaLastBlockSums: a split
+// row-group's pieces summed by its last block to arrive instead of a second kernel. Returns the
+// splits used, or 0 where the device cannot run it (not sm_90).
+constexpr int kWgmmaRing = 1, kWgmmaReuseX = 2, kWgmmaNoSum = 4, kWgmmaLastBlockSums = 8;
 int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo,
                             int flags) {
   const bool ring = flags & kWgmmaRing, restage = !(flags & kWgmmaReuseX), sum = !(flags & kWgmmaNoSum);
+  const bool last_sums = sum && (flags & kWgmmaLastBlockSums);
   int dev = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -330,12 +349,13 @@ int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int s
     stage_x_kernel<<<unsigned((rows + 255) / 256), 256>>>(x.as<const float>(), T, K, NP, xs);
     CUDA_LAUNCH_CHECK();
   }
-  const Call c{w, xs, out.as<float>(), part, T, splits, lbo, sbo};
+  int* cnt = last_sums && splits > 1 ? static_cast<int*>(scratch(2, size_t(N / 64) * sizeof(int))) : nullptr;
+  const Call c{w, xs, out.as<float>(), part, cnt, T, splits, lbo, sbo};
   if (w.dtype == DType::Q4_K_T16)
     ring ? launch_np<DType::Q4_K_T16, true>(NP, c) : launch_np<DType::Q4_K_T16, false>(NP, c);
   else
     ring ? launch_np<DType::Q6_K_T16, true>(NP, c) : launch_np<DType::Q6_K_T16, false>(NP, c);
-  if (splits > 1 && sum) {
+  if (splits > 1 && sum && !last_sums) {
     const int64_t n = int64_t(T) * N;
     sum_splits_kernel<<<unsigned((n + 255) / 256), 256>>>(part, splits, n, out.as<float>());
     CUDA_LAUNCH_CHECK();
