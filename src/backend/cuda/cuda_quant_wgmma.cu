@@ -10,13 +10,13 @@
 // shared memory — staged there by cp.async from a copy of x already laid out as the MMA wants it
 // (stage_x_kernel), a ring of slabs, one per super-block. A row-group whose super-blocks are
 // few against the SMs is split along K (`splits` blocks), the pieces summed in split order by a
-// second kernel. Same numerics as the bf16 form: the weights and x rounded to bf16 once, f32 sums.
+// second kernel or by the row-group's last block to arrive (kWgmmaLastBlockSums). Same numerics as the bf16 form: the weights and x rounded to bf16 once, f32 sums.
 //
 // Measured (bench/RESULTS.md, session 63; the 27B's matrices, cold L2): 1.12-1.38× faster than the
 // dispatch's forms at 64 tokens, about even at 24-32 (the GEMM kernel alone 12-32% faster: the
-// staging and sum launches are the experiment's), 0.73-0.98× at 4-16. What taking it into the
-// dispatch for 24-64 tokens needs: the producers writing the slabs, the split pieces summed by the
-// last block to arrive, stacked matrices, the backend's stream and PDL.
+// staging and sum launches are the experiment's), 0.73-0.98× at 4-16 (the last-block sums came
+// after and have not run yet). What taking it into the dispatch for 24-64 tokens needs beyond them:
+// the producers writing the slabs, stacked matrices, the backend's stream and PDL.
 //
 // Shared-memory layout of a slab (one super-block, tokens padded to NP = 8 · NG): 16 k16 steps,
 // each NG × 2 core matrices of 8 tokens × 8 k (128 bytes, a token's 8 bf16 contiguous: K-major,
@@ -48,7 +48,8 @@ __host__ __device__ constexpr int tile_bytes() {
   return D == DType::Q4_K_T16 ? 2304 : 3360;
 }
 
-// x [T, K] f32 → slabs of bf16 (header). A thread writes one core-matrix row: 8 k of one token.
+// x [T, K] f32 → slabs of bf16 (the layout in this file's header). A thread writes one core-matrix
+// row: 8 k of one token (tokens past T as zeros).
 __global__ void stage_x_kernel(const float* __restrict__ x, int T, int K, int NP, uint4* __restrict__ xs) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t total = int64_t(K / 256) * 16 * NP * 2;
@@ -99,6 +100,8 @@ __device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"mem
 template <int NP>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[NP / 2], const uint32_t* a, uint64_t desc);
 
+// The register-A form: d, a, b-desc, scale-d (a predicate: 1, D += A·B), scale-a, scale-b,
+// trans-b (0: B K-major).
 #define QWEN36_WG_HEAD(N, P) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "
 #define QWEN36_WG_TAIL ", p, 1, 1, 0;\n}\n"
 template <>
