@@ -43,11 +43,6 @@ namespace {
 
 constexpr int kWarps = 4;  // one warpgroup
 
-template <DType D>
-__host__ __device__ constexpr int tile_bytes() {
-  return D == DType::Q4_K_T16 ? 2304 : 3360;
-}
-
 // x [T, K] f32 → slabs of bf16 (the layout in this file's header). A thread writes one core-matrix
 // row: 8 k of one token (tokens past T as zeros).
 __global__ void stage_x_kernel(const float* __restrict__ x, int T, int K, int NP, uint4* __restrict__ xs) {
@@ -151,14 +146,14 @@ __host__ __device__ constexpr int slab_bytes() {
   return 512 * NP;  // 256 k × NP tokens × 2 bytes
 }
 // Ring depth: slabs (and with RING, the 4 warps' tiles) of this many super-blocks.
-template <DType D, int NP, bool RING>
+template <int NP, bool RING>
 __host__ __device__ constexpr int stages() {
   if constexpr (!RING) return NP <= 32 ? 3 : 2;
   return NP <= 16 ? 4 : NP <= 32 ? 3 : 2;
 }
 template <DType D, int NP, bool RING>
 __host__ __device__ constexpr int wgmma_smem() {
-  return stages<D, NP, RING>() * (slab_bytes<NP>() + (RING ? kWarps * tile_bytes<D>() : 0)) +
+  return stages<NP, RING>() * (slab_bytes<NP>() + (RING ? kWarps * TileLayout<D>::kBytes : 0)) +
          kWarps * 16 * kTabStride * int(sizeof(float2));
 }
 
@@ -173,7 +168,7 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const uint8_t* __restri
                                                          float* __restrict__ part, int* __restrict__ cnt, int T, int N,
                                                          int splits, uint32_t lbo, uint32_t sbo) {
 #ifdef QWEN36_WGMMA_DEVICE
-  constexpr int kSlab = slab_bytes<NP>(), kStages = stages<D, NP, RING>(), kTile = tile_bytes<D>();
+  constexpr int kSlab = slab_bytes<NP>(), kStages = stages<NP, RING>(), kTile = TileLayout<D>::kBytes;
   constexpr int kStep = NP / 8 * 256;  // bytes of one k16 step's core matrices
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
@@ -318,6 +313,21 @@ void* scratch(int i, size_t bytes) {
   return p[i];
 }
 
+// Whether the current device is sm_90 (the kernels' wgmma path), asked once per device.
+bool sm90_device() {
+  static int cache[16];  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  int& c = cache[dev & 15];
+  if (c == 0) {
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    c = major == 9 && minor == 0 ? 1 : 2;
+  }
+  return c == 1;
+}
+
 }  // namespace
 
 // Test hook (tests/gpu/test_cuda_quant_mma_half.cpp's Wgmma*): out = x · wᵀ for a tiled Q4_K / Q6_K matrix w
@@ -334,11 +344,7 @@ int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int s
                             int flags) {
   const bool ring = flags & kWgmmaRing, restage = !(flags & kWgmmaReuseX), sum = !(flags & kWgmmaNoSum);
   const bool last_sums = sum && (flags & kWgmmaLastBlockSums);
-  int dev = 0, major = 0, minor = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major != 9 || minor != 0) return 0;
+  if (!sm90_device()) return 0;
   if (w.dtype != DType::Q4_K_T16 && w.dtype != DType::Q6_K_T16) fail("wgmma experiment: Q4_K / Q6_K tiles only");
   const int T = int(x.rows()), K = int(x.cols()), N = int(w.rows()), S = K / 256;
   if (T < 1 || T > 64 || N % 64 != 0 || K % 256 != 0 || w.cols() != K) fail("wgmma experiment: unsupported shape");
