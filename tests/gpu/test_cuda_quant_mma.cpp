@@ -54,6 +54,11 @@ long long mma_xs_split_launches();
 long long mma_norm_gemv_launches();
 // The same for QWEN36_MMA_HB ("on" | "off" | "auto"): Q4_K / Q6_K at 17-64 tokens in the bf16 form.
 void mma_select_hb(const char* hb);
+// The same for QWEN36_MMA_WG (cuda_quant_wgmma.cu: Q4_K / Q6_K at 17-64 tokens on the warpgroup
+// form, sm_90a), and that form's launches so far.
+void mma_select_wg(const char* wg);
+long long mma_wg_launches();
+int wg_slab_tokens(int64_t T);  // the slabs' tokens where that form runs at T (0: it does not)
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -67,7 +72,10 @@ class CudaQuantMma : public CudaTest {
     CudaTest::SetUp();
     cuda::mma_select_hb("off");
   }
-  void TearDown() override { cuda::mma_select_hb(nullptr); }
+  void TearDown() override {
+    cuda::mma_select_hb(nullptr);
+    cuda::mma_select_wg(nullptr);
+  }
 };
 
 // W4_G128 (AWQ / GPTQ group 128), W4_G32 and NVFP4 tile too: their blocks come from random_hf
@@ -752,11 +760,15 @@ TEST_F(CudaQuantMma, PairOfTypesOneLaunch) {
 // SM, so the form declines for the call (another split of its row-tiles, other sums). T = 40 has
 // 24 padding tokens, which the norm's blocks zero; the projections mix a bf16 matrix with the
 // tiled ones. Each form runs twice, h → h2 then h2 → h, as the model's residual stream alternates.
+// The third form, "wg", is the warpgroup one (QWEN36_MMA_WG=on; where it runs, sm_90a, Q4_K / Q6_K
+// at T = 40 read slabs from the same producers: at least one of its launches is expected).
 TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
-  // both forms at T = 40: the bf16 one reads the fragments the norm kernel and the SwiGLU
-  // quantization write beside the int8 codes (store_act_half)
-  for (const char* hb : {"off", "on"}) {
-    cuda::mma_select_hb(hb);
+  // every form at T = 40: the bf16 one reads the fragments the norm kernel and the SwiGLU
+  // quantization write beside the int8 codes (store_act_half), the warpgroup one its slabs there
+  for (const std::string hb : {"off", "on", "wg"}) {
+    cuda::mma_select_hb(hb == "off" ? "off" : "on");
+    cuda::mma_select_wg(hb == "wg" ? "on" : "off");
+    const long long wg_before = cuda::mma_wg_launches();
     for (const int64_t K : {1024, 8192}) {
       const int64_t I = 768;
       for (DType dt : kTypes) {
@@ -796,7 +808,7 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
             const std::vector<float> vp = download(*gpu_, p.t), vq = download(*gpu_, q.t);
             size_t diff = 0;
             for (size_t i = 0; i < vp.size(); ++i) diff += std::memcmp(&vp[i], &vq[i], sizeof(float)) != 0;
-            EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " K=" << K << " T=" << T << " bf16 form " << hb << ": "
+            EXPECT_EQ(diff, 0u) << what << " " << dtype_name(dt) << " K=" << K << " T=" << T << " form " << hb << ": "
                                 << diff << " of "
                                 << vp.size() << " values differ (largest relative difference " << rel_err(vp, vq) << ")";
           };
@@ -809,6 +821,9 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
           same("mlp output", a.y, b.y);
         }
       }
+    }
+    if (hb == "wg" && cuda::wg_slab_tokens(40) > 0) {
+      EXPECT_GT(cuda::mma_wg_launches(), wg_before) << "QWEN36_MMA_WG=on never took the warpgroup form";
     }
   }
 }

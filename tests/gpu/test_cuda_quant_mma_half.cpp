@@ -36,6 +36,12 @@ long long mma_hb_launches();
 // pieces; 8 the pieces summed by the last block to arrive.
 int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int splits, uint32_t lbo, uint32_t sbo,
                             int flags);
+// The warpgroup form in the dispatch (QWEN36_MMA_WG: "on" | "off" | nullptr), its launches so far,
+// and the slabs' tokens where it runs at T (0: not here — an sm_90a build on an sm_90 device).
+void mma_select_wg(const char* wg);
+long long mma_wg_launches();
+int wg_slab_tokens(int64_t T);
+void mma_wg_force_splits(int n);  // QWEN36_MMA_WG_SPLITS: n ≥ 1 forced, 0 the rule, −1 the environment
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -60,6 +66,8 @@ class CudaQuantMmaHalf : public CudaTest {
     cuda::mma_select_hb("on");
   }
   void TearDown() override {
+    cuda::mma_select_wg(nullptr);
+    cuda::mma_wg_force_splits(-1);
     cuda::mma_select_hb(nullptr);
     cuda::mma_select_hb_blocks(0);
     cuda::mma_select_hb_pairs(nullptr);
@@ -314,6 +322,144 @@ TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
       }
     }
   }
+}
+
+// The warpgroup form as the dispatch runs it (QWEN36_MMA_WG=on; cuda_quant_wgmma.cu): the
+// activations' slabs from quantize_kernel, one launch per call, within 1e-4 of the bf16 twin; the
+// same call again bitwise the same (its arrival counters left zero, the pieces summed in split
+// order). Shapes as EqualsItsBf16Twin's: a group of 4 row-tiles with a spare warp ({48, 512}), one
+// row-tile of 68 super-blocks (8 splits), 80 and 16 groups (8), 600 groups of 4 super-blocks
+// (2), one super-block (1); T over every slab size (24, 32, 48, 64 tokens).
+TEST_F(CudaQuantMmaHalf, WarpgroupFormEqualsItsBf16Twin) {
+  cuda::mma_select_wg("on");
+  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (const Shape& s : shapes) {
+      const TwinWeights tw = twin_weights(*gpu_, rng_, dt, s);
+      for (int64_t T : {17, 23, 24, 25, 32, 33, 40, 48, 49, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, s.K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, s.N}));
+        const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) + " K=" +
+                                 std::to_string(s.K) + " T=" + std::to_string(T);
+        const long long before = cuda::mma_wg_launches();
+        gpu_->matmul(dx.t, tw.dw.t, dout.t);
+        const std::vector<float> first = download(*gpu_, dout.t);
+        gpu_->matmul(dx.t, tw.dw.t, dout.t);
+        const std::vector<float> second = download(*gpu_, dout.t);
+        EXPECT_EQ(cuda::mma_wg_launches(), before + 2) << what << ": one warpgroup launch a call";
+        EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0)
+            << what << ": the second call differs from the first";
+        std::string where;
+        EXPECT_LE(worst_rel_err(first, reference(tw.wf, bf16_rounded(x), T, tw.step), T, s.N, tw.step, &where), 1e-4)
+            << what << " " << where;
+      }
+    }
+}
+
+// Three matrices stored back to back (one stacked warpgroup launch: row-tile groups straddle the
+// matrices' borders, 48 + 4096 + 16 rows), at 17, 40 and 64 tokens: three eager calls and two
+// replays of the recorded call bitwise the same, each matrix within 1e-4 of the twin.
+TEST_F(CudaQuantMmaHalf, WarpgroupStackedBitwiseEagerAndReplayed) {
+  cuda::mma_select_wg("on");
+  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  const int64_t K = 2048;
+  const int64_t rows[] = {48, 4096, 16};
+  uint64_t key = 0x5747'0000;
+  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
+    const Stacked st = stacked(*gpu_, rng_, dt, rows, K);
+    for (int64_t T : {17, 40, 64}) {
+      const HostT x = random_t(rng_, DType::F32, {T, K}), xb = bf16_rounded(x);
+      DevT dx = upload(*gpu_, x);
+      StackedCall call = stacked_call(*gpu_, st, T);
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
+      auto outputs = [&]() {
+        std::vector<float> v;
+        for (const DevT& o : call.out) {
+          const std::vector<float> d = download(*gpu_, o.t);
+          v.insert(v.end(), d.begin(), d.end());
+        }
+        return v;
+      };
+      std::vector<std::vector<float>> runs;
+      const long long before = cuda::mma_wg_launches();
+      for (int r = 0; r < 3; ++r) {
+        gpu_->matmul_multi(dx.t, call.ws, call.outs);
+        runs.push_back(outputs());
+      }
+      EXPECT_EQ(cuda::mma_wg_launches(), before + 3) << what << ": one warpgroup launch a call";
+      ++key;
+      ASSERT_TRUE(gpu_->begin_capture());
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
+      ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the call could not be recorded";
+      for (int r = 0; r < 2; ++r) {
+        for (DevT& o : call.out) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
+        ASSERT_TRUE(gpu_->replay(key));
+        runs.push_back(outputs());
+      }
+      for (size_t r = 1; r < runs.size(); ++r)
+        EXPECT_EQ(std::memcmp(runs[r].data(), runs[0].data(), runs[0].size() * sizeof(float)), 0)
+            << what << (r < 3 ? " eager run " : " replay ") << r << ": outputs differ from run 0";
+      size_t o = 0;
+      for (size_t i = 0; i < st.host.size(); ++i) {
+        const std::vector<float> got(runs.back().begin() + o, runs.back().begin() + o + size_t(T * rows[i]));
+        o += got.size();
+        std::string where;
+        EXPECT_LE(worst_rel_err(got, reference(form_weights(st.host[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
+            << what << " matrix " << i << " " << where;
+      }
+    }
+  }
+}
+
+// Cold-L2 times of the 27B's large Q4_K and Q6_K matrices at 17-64 tokens, whole calls as the
+// dispatch makes them (quantize_kernel, then the GEMM): without the warpgroup form (the bf16 /
+// int8 forms as hb_form picks them) and with it, its splits by the rule (wg_splits) and forced to
+// 1, 2, 4 and 8 — the figures to fit the rule and to decide QWEN36_MMA_WG's default by. Copies
+// adding up to > 256 MB, rotated; the rule's result checked against the twin.
+TEST_F(CudaQuantMmaHalf, WarpgroupTiming27B) {
+  cuda::mma_select_wg("on");
+  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  for (DType dt : {DType::Q4_K, DType::Q6_K})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}, {34816, 5120}}) {
+      const HostT w = repeated_rows(rng_, dt, N, K);
+      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
+      std::vector<DevT> dw;
+      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
+      const HostT wf = form_weights(w, 997);
+      const double mb = double(dw[0].t.nbytes()) / 1e6;
+      for (int64_t T : {17, 24, 32, 40, 64}) {
+        const HostT x = random_t(rng_, DType::F32, {T, K});
+        DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
+        auto timed = [&] { return 1e6 * time_per_call(copies, [&](int i) { gpu_->matmul(dx.t, dw[size_t(i)].t, dout.t); }); };
+        cuda::mma_select_wg("off");
+        const double base = timed();
+        cuda::mma_select_wg("on");
+        std::string line;
+        double best = 1e30, rule = 0.0;
+        int best_splits = 0;
+        for (int splits : {1, 2, 4, 8, 0}) {  // the rule last: its result is checked
+          cuda::mma_wg_force_splits(splits);
+          const double us = timed();
+          if (splits == 0) {
+            rule = us;
+            break;
+          }
+          char buf[32];
+          std::snprintf(buf, sizeof buf, " %d: %.1f", splits, us);
+          line += buf;
+          if (us < best) best = us, best_splits = splits;
+        }
+        std::string where;
+        EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(wf, bf16_rounded(x), T, 997), T, N, 997, &where), 1e-4)
+            << dtype_name(dt) << " N=" << N << " K=" << K << " T=" << T << " " << where;
+        std::printf("[ wg-cold ] %s %lld x %lld (%.1f MB), T=%lld: without %.1f us (%.0f GB/s); warpgroup rule %.1f us "
+                    "(%.2fx), best %.1f us at %d splits (%.2fx); us by splits%s\n",
+                    std::string(dtype_name(dt)).c_str(), (long long)N, (long long)K, mb, (long long)T, base,
+                    mb * 1e3 / base, rule, base / rule, best, best_splits, base / best, line.c_str());
+      }
+      cuda::mma_wg_force_splits(0);
+    }
 }
 
 // Cold-L2 times of the 27B's large Q4_K and Q6_K matrices at 17-64 tokens in both forms (the

@@ -14,6 +14,11 @@
 #include "backend/cuda/cuda_quant_blocks.cuh"
 
 namespace qwen36::cuda {
+
+// The tokens (a multiple of 8) of the warpgroup GEMM's slabs where that form runs at T tokens on
+// the current device (cuda_quant_wgmma.cu: QWEN36_MMA_WG, 17-64 tokens, sm_90a), else 0.
+int wg_slab_tokens(int64_t T);
+
 namespace {
 
 // n8 tiles of tokens the GEMM computes for T tokens (T ≤ 64): the kernels are instantiated for
@@ -22,11 +27,15 @@ inline int act_n_tiles(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 
 
 // [K/32][NT][32] uint2 B fragments, then [K/32][NT][4] float4 {d, d·Σq} of token pairs, then
 // [K/32][NT][4] int4 of Q6_K's −32·Σq per 16-half; each part 256-byte aligned. Beyond 16 tokens
-// (NT ≥ 4) also the activations rounded to bf16 as the bf16 GEMM's B fragments (o_xh: [K/32][NT]
-// [32] uint4, store_act_half), which the Q4_K and Q6_K tiles read there (cuda_quant_mma_half.cuh).
+// (NT ≥ 4) also the activations rounded to bf16 (o_xh, store_act_half), which the Q4_K and Q6_K
+// tiles read there: as the bf16 GEMM's B fragments ([K/32][NT][32] uint4, cuda_quant_mma_half.cuh),
+// or where the warpgroup form runs (np > 0) as its slabs of np tokens (cuda_quant_wgmma.cu's
+// header; no more bytes than the fragments). Every producer and the GEMM build the layout from
+// the same (T, K), so they agree on which.
 struct ActLayout {
   int64_t G = 0;  // k32 groups
   int NT = 1;
+  int np = 0;     // o_xh holds slabs of np tokens (0: B fragments)
   size_t o_xb = 0, o_xf = 0, o_xi = 0, o_xh = 0, bytes = 0;  // o_xh = 0: none (NT ≤ 2)
 
   ActLayout(int64_t T, int64_t K) : G(K / 32), NT(act_n_tiles(T)) {
@@ -35,7 +44,10 @@ struct ActLayout {
     o_xf = o_xb + up(frags * 32 * sizeof(uint2));
     o_xi = o_xf + up(frags * 4 * sizeof(float4));
     bytes = o_xi + up(frags * 4 * sizeof(int4));
-    if (NT >= 4) o_xh = bytes, bytes += up(frags * 32 * sizeof(uint4));
+    if (NT >= 4) {
+      o_xh = bytes, bytes += up(frags * 32 * sizeof(uint4));
+      if (K % 256 == 0) np = wg_slab_tokens(T);
+    }
   }
 };
 
@@ -57,14 +69,25 @@ __device__ __forceinline__ void store_act_quad(uint8_t* __restrict__ xb, float* 
   }
 }
 
-// Token c's values 4u .. 4u + 3 of k32 group j (v, unquantized) rounded to bf16 into the bf16
-// GEMM's B fragments: lane (c % 8, u % 4) of fragment (j, c / 8), its 8-byte half u / 4, the pairs
-// (v.x, v.z) and (v.y, v.w) (the k order of cuda_quant_mma_half.cuh's header).
-__device__ __forceinline__ void store_act_half(uint4* __restrict__ xh, int NT, int c, int64_t j, int u, float4 v) {
-  const size_t frag = size_t(j) * size_t(NT) + size_t(c >> 3);
+// Token c's values 4u .. 4u + 3 of k32 group j (v, unquantized) rounded to bf16, as the pairs
+// (v.x, v.z) and (v.y, v.w) (the k order of cuda_quant_mma_half.cuh's header): np = 0 into the
+// bf16 GEMM's B fragments, lane (c % 8, u % 4) of fragment (j, c / 8), its 8-byte half u / 4;
+// np > 0 (ActLayout::np) into the warpgroup GEMM's slabs, word u % 4 of token c's row of core
+// matrices 0 (the even k) and 1 (the odd k) of k16 step 2j + u / 4 (tokens c ≥ np have no place).
+__device__ __forceinline__ void store_act_half(uint4* __restrict__ xh, int NT, int np, int c, int64_t j, int u,
+                                               float4 v) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.z), hi = __floats2bfloat162_rn(v.y, v.w);
-  reinterpret_cast<uint2*>(xh + frag * 32 + 4 * (c & 7) + (u & 3))[u >> 2] =
-      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  const uint32_t lw = *reinterpret_cast<const uint32_t*>(&lo), hw = *reinterpret_cast<const uint32_t*>(&hi);
+  if (np > 0) {
+    if (c >= np) return;
+    const int64_t step = 2 * j + (u >> 2);
+    uint32_t* at = reinterpret_cast<uint32_t*>(xh + (step * (np >> 3) + (c >> 3)) * 16 + (c & 7)) + (u & 3);
+    at[0] = lw;   // core matrix 0: 128 bytes = 8 uint4 …
+    at[32] = hw;  // … before core matrix 1
+    return;
+  }
+  const size_t frag = size_t(j) * size_t(NT) + size_t(c >> 3);
+  reinterpret_cast<uint2*>(xh + frag * 32 + 4 * (c & 7) + (u & 3))[u >> 2] = make_uint2(lw, hw);
 }
 
 // The sum of squares of a normalised row in one fixed order, whatever the block's size, so that

@@ -160,6 +160,7 @@ struct ActOut {
   int T = 0, NT = 1;
   __nv_bfloat16* xh = nullptr;
   uint4* xhf = nullptr;  // beyond 16 tokens: the bf16 GEMM's B fragments too (ActLayout::o_xh)
+  int np = 0;            // … or the warpgroup GEMM's slabs of np tokens (ActLayout::np)
 };
 template <bool kQuant, bool kHalf = false>
 __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, float4* y_out, const float4* w, float eps,
@@ -207,7 +208,7 @@ __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, fl
       const QuantQuad qq = quantize_quad(r);
       if (i < D4) {
         store_act_quad(act.xb, act.xf, act.xi, act.NT, int(blockIdx.x), i >> 3, int(i & 7), qq);
-        if (act.xhf) store_act_half(act.xhf, act.NT, int(blockIdx.x), i >> 3, int(i & 7), r);
+        if (act.xhf) store_act_half(act.xhf, act.NT, act.np, int(blockIdx.x), i >> 3, int(i & 7), r);
       }
     }
   }
@@ -220,7 +221,8 @@ __global__ void add_rms_norm_vec_kernel(const float4* y, const float4* delta, fl
     for (int c = act.T + int(blockIdx.x); c < 8 * act.NT; c += act.T)
       for (int64_t i = threadIdx.x; i < D4; i += blockDim.x) {
         store_act_quad(act.xb, act.xf, act.xi, act.NT, c, i >> 3, int(i & 7), zero);
-        if (act.xhf) store_act_half(act.xhf, act.NT, c, i >> 3, int(i & 7), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        if (act.xhf)
+          store_act_half(act.xhf, act.NT, act.np, c, i >> 3, int(i & 7), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
       }
   }
 }
@@ -550,7 +552,7 @@ bool add_rms_norm_with(Ctx& c, const Tensor& y, const Tensor& delta, Tensor& y_o
     const ActLayout L(R, D);
     uint8_t* base = static_cast<uint8_t*>(act);
     const ActOut q{base + L.o_xb, reinterpret_cast<float*>(base + L.o_xf), reinterpret_cast<int*>(base + L.o_xi),
-                   int(R), L.NT, nullptr, L.o_xh ? reinterpret_cast<uint4*>(base + L.o_xh) : nullptr};
+                   int(R), L.NT, nullptr, L.o_xh ? reinterpret_cast<uint4*>(base + L.o_xh) : nullptr, L.np};
     launch_pdl(add_rms_norm_vec_kernel<true>, dim3(unsigned(R)), dim3(unsigned(threads)), 0, c.stream,
                y.as<const float4>(), delta.as<const float4>(), y_out.as<float4>(), w.as<const float4>(), eps,
                out.as<float4>(), D4, q);

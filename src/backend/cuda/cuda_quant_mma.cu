@@ -153,6 +153,7 @@
 #include "backend/cuda/cuda_quant_mma_frags.cuh"
 #include "backend/cuda/cuda_quant_mma_kernels.cuh"
 #include "backend/cuda/cuda_quant_staged_tiles.cuh"
+#include "backend/cuda/cuda_quant_wgmma.cuh"
 
 namespace qwen36::cuda {
 
@@ -172,7 +173,7 @@ namespace {
 template <bool kSwiglu>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ up, int T, int K, int NT,
                                 uint8_t* __restrict__ xb, float* __restrict__ xf, int* __restrict__ xi,
-                                uint4* __restrict__ xh, int* __restrict__ cnt, int ncnt) {
+                                uint4* __restrict__ xh, int np, int* __restrict__ cnt, int ncnt) {
   griddep_trigger();
   griddep_wait();  // x comes from the kernel before; this call's workspace may be the last one's
   const int G = K >> 5, u = int(threadIdx.x & 7);
@@ -192,7 +193,7 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
       }
     }
     store_act_quad(xb, xf, xi, NT, c, j, u, quantize_quad(v));
-    if (xh) store_act_half(xh, NT, c, j, u, v);  // beyond 16 tokens (ActLayout::o_xh)
+    if (xh) store_act_half(xh, NT, np, c, j, u, v);  // beyond 16 tokens (ActLayout::o_xh)
   }
 }
 
@@ -203,7 +204,7 @@ void launch_quantize(Ctx& c, const float* x, const float* up, int T, int K, uint
   const int qblocks = int(std::min<long long>((qthreads + 255) / 256, (long long)dev_info().sms * 8));
   launch_pdl(quantize_kernel<kSwiglu>, dim3(unsigned(qblocks)), dim3(256), 0, c.stream, x, up, T, K, L.NT, act + L.o_xb,
              reinterpret_cast<float*>(act + L.o_xf), reinterpret_cast<int*>(act + L.o_xi),
-             L.o_xh ? reinterpret_cast<uint4*>(act + L.o_xh) : nullptr, cnt, ncnt);
+             L.o_xh ? reinterpret_cast<uint4*>(act + L.o_xh) : nullptr, L.np, cnt, ncnt);
 }
 
 
@@ -582,7 +583,7 @@ void log_plan(DType t, int nmat, long long rows, long long K, long long T, int N
                "%d warps/block, %d blocks/SM (max), %d blocks, %d warps, %zu B smem/block, %lld units, %.2f "
                "units/warp\n",
                name.c_str(), rows, nmat, K, T, NT, xs ? "regs, x in smem" : regs ? "regs" : "smem",
-               hb == 3 ? ", bf16 pairs" : hb ? ", bf16" : "",
+               hb == 4 ? ", warpgroup" : hb == 3 ? ", bf16 pairs" : hb ? ", bf16" : "",
                p.regs, p.local, p.wpb, p.bps, p.grid, p.nwarps, p.smem, total, double(total) / double(p.nwarps));
 }
 
@@ -654,6 +655,9 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     return true;
   }
   const int NT = act_n_tiles(T);
+  // Where the activations' bf16 copy is the warpgroup form's slabs (L.np > 0: 17-64 tokens,
+  // QWEN36_MMA_WG), every Q4_K / Q6_K group takes that form (cuda_quant_wgmma.cu).
+  const ActLayout L(T, K);
   const bool one = T == 1 && staged_fits(K, 1, norm != nullptr);
   // The tokens staged in shared memory (mma_kernel's ROWS; 0: the multi-token kernel).
   int rows = one                                                                                ? 1
@@ -670,9 +674,12 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     DType t = DType::F32;
     bool regs = true, xs = false;  // xs: the multi-token kernel with the activations in shared memory
     int hb = 0;                    // the bf16 form (17-64 tokens, Q4_K / Q6_K): with_mma's hb
+    bool wg = false;               // the warpgroup form (its launch: wa)
+    WgArgs wa;
   };
   std::vector<Group> groups;
-  int max_warps = 1;
+  int max_warps = 1, max_cnt = 1;  // warps of a multi-token launch; arrival counters of any launch
+  size_t wg_part = 0;              // the warpgroup launches' pieces (floats)
   // tile_pairs' rows take shared memory from the warps' rings: where that leaves a block fewer
   // warps than one token's (a Q6_K down projection's K = 17408 at 3 tokens: 14 of 16), the
   // call takes the multi-token kernel, which keeps 16 warps per SM (H200: ≈ even at 4 tokens
@@ -680,7 +687,8 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   bool narrower = false;
   auto plan_groups = [&]() -> bool {
     groups.clear();
-    max_warps = 1;
+    max_warps = max_cnt = 1;
+    wg_part = 0;
     for (size_t i = 0; i < ws.size();) {
       size_t e = i + 1;
       while (e < ws.size() && e - i < size_t(kMaxMats) && ws[e]->dtype == ws[i]->dtype &&
@@ -702,6 +710,18 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
       }
       a.total = (long long)rt * a.S;
       gr.t = ws[i]->dtype;
+      if (L.np > 0 && rows == 0 && half_tile(gr.t)) {
+        WgArgs& w = gr.wa;
+        w.w = a.w, w.nmat = a.nmat, w.rt = rt, w.S = a.S, w.T = a.T, w.np = L.np;
+        for (int m = 0; m < kMaxMats; ++m) w.out[m] = a.out[m], w.rt_end[m] = a.rt_end[m], w.n[m] = a.n[m];
+        w.splits = wg_splits(rt, a.S, a.T);
+        gr.wg = true;
+        max_cnt = std::max(max_cnt, wg_counters(w));
+        wg_part = std::max(wg_part, wg_part_floats(w));
+        groups.push_back(gr);
+        i = e;
+        continue;
+      }
       gr.xs = rows == 0 && xs_fits(gr.t, a.S, NT);
       gr.regs = gr.xs || use_regs(gr.t, rows > 0, a.S);
       gr.hb = rows == 0 ? hb_form(gr.t, a.S, NT, rt) : 0;
@@ -733,6 +753,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
         });
       a.nwarps = gr.p.nwarps;
       max_warps = std::max(max_warps, a.nwarps);
+      max_cnt = std::max(max_cnt, a.nwarps);
       groups.push_back(gr);
       i = e;
     }
@@ -766,9 +787,12 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     if (gemv_blocks < 1 || gemv_smem > size_t(dev_info().smem_optin) || !with_norm_gemv(gr.t, gr.regs, [](auto, auto) {}))
       return false;
   }
-  for (const Group& gr : groups)
-    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs, gr.hb,
-             pair.grid > 0 ? pair : gr.p, gr.a.total);
+  for (const Group& gr : groups) {
+    MmaPlan wp;  // the warpgroup form's launch: blocks of 4 warps, a group of 4 row-tiles × a split each
+    wp.wpb = 4, wp.grid = (gr.wa.rt + 3) / 4 * gr.wa.splits, wp.nwarps = 4 * wp.grid;
+    log_plan(gr.t, gr.a.nmat, (long long)gr.a.rt_end[gr.a.nmat - 1] * 16, K, T, NT, gr.regs, gr.xs, gr.wg ? 4 : gr.hb,
+             gr.wg ? wp : pair.grid > 0 ? pair : gr.p, gr.a.total);
+  }
   // One workspace: the activations once for every matrix (none when the staged kernels quantize
   // in the GEMM or the kernel before quantized them: act) and, for the multi-token kernel, the
   // split row-tiles' pieces and the arrival counters (shared by the groups: each launch runs
@@ -777,24 +801,25 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
   // quantize_kernel, or with act by a memset.
   const bool staged = rows > 0;
   int* const counters =
-      !staged && c.scratch && max_warps <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
+      !staged && c.scratch && max_cnt <= ScratchStack::kCounters ? c.scratch->counters() : nullptr;
   const bool own_cnt = !staged && !counters;
   const bool fused = !act && !norm && staged && use_fused_t1();
-  const ActLayout L(T, K);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t o_part = fused || act || norm ? 0 : L.bytes;
   // (pieces of two row-tiles a slot where a group runs on pairs of them)
   const bool any_pair = std::any_of(groups.begin(), groups.end(), [](const Group& gr) { return gr.hb == 3; });
   const size_t o_cnt =
-      o_part + (staged ? 0 : up(size_t(max_warps) * 2 * size_t(T) * 16 * (any_pair ? 2 : 1) * sizeof(float)));
-  Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_warps) * sizeof(int)) : 0));
+      o_part + (staged ? 0
+                       : up(std::max(size_t(max_warps) * 2 * size_t(T) * 16 * (any_pair ? 2 : 1), wg_part) *
+                            sizeof(float)));
+  Temp<uint8_t> ws_mem(c, o_cnt + (own_cnt ? up(size_t(max_cnt) * sizeof(int)) : 0));
   uint8_t* const base = ws_mem.get();
   const uint8_t* const xq = act ? static_cast<const uint8_t*>(act) : base;
   int* const cnt = own_cnt ? reinterpret_cast<int*>(base + o_cnt) : counters;
   if (!fused && !act && !norm)
-    launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, own_cnt ? max_warps : 0);
+    launch_quantize<false>(c, xp, nullptr, int(T), int(K), base, cnt, own_cnt ? max_cnt : 0);
   else if (own_cnt)
-    CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_warps) * sizeof(int), c.stream));
+    CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(max_cnt) * sizeof(int), c.stream));
   for (Group& gr : groups) {
     gr.a.x = fused ? xp : nullptr;
     if (norm) {  // the first group writes y_out and x
@@ -808,6 +833,7 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     gr.a.part = reinterpret_cast<float*>(base + o_part);
     gr.a.cnt = cnt;
     gr.a.ahead = gr.xs ? xs_ahead() : 0;
+    gr.wa.xs = gr.a.xh, gr.wa.part = gr.a.part, gr.wa.cnt = cnt;
   }
   if (gemv_blocks > 0) {
     g_norm_gemv_launches.fetch_add(1, std::memory_order_relaxed);
@@ -835,6 +861,10 @@ bool tiled_matmul(Ctx& c, const Tensor& x, std::span<const Tensor* const> ws, st
     return true;
   }
   for (const Group& gr : groups) {
+    if (gr.wg) {
+      launch_wgmma(c, gr.t, gr.wa);
+      continue;
+    }
     if (gr.xs) g_xs_launches.fetch_add(1, std::memory_order_relaxed);
     if (gr.a.block_split) g_xs_split_launches.fetch_add(1, std::memory_order_relaxed);
     if (gr.hb) g_hb_launches.fetch_add(1, std::memory_order_relaxed);
