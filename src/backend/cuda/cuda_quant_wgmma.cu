@@ -168,6 +168,7 @@ __device__ __forceinline__ float* wg_out(const WgArgs& a, int r, int& n) {
   return o + 16 * (r - r0);
 }
 #endif  // QWEN36_WGMMA_DEVICE
+
 template <int NP>
 __host__ __device__ constexpr int slab_bytes() {
   return 512 * NP;  // 256 k × NP tokens × 2 bytes
@@ -315,33 +316,41 @@ __global__ void __launch_bounds__(128) wgmma_gemm_kernel(const WgArgs a) {
 #endif
 }
 
+// pdl: launch_pdl (the dispatch, on the backend's stream); else a plain launch (the hook, on the
+// legacy default stream, as it was measured).
 template <DType D, int NP, bool RING>
-void launch(cudaStream_t stream, const WgArgs& a) {
+void launch(cudaStream_t stream, bool pdl, const WgArgs& a) {
   constexpr int smem = wgmma_smem<D, NP, RING>();
   auto* kern = wgmma_gemm_kernel<D, NP, RING>;
   static std::atomic<uint64_t> done{0};
   once_per_device(done, [&] { CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); });
-  launch_pdl(kern, dim3(unsigned((a.rt + 3) / 4 * a.splits)), dim3(128), size_t(smem), stream, a);
+  const dim3 grid(unsigned((a.rt + 3) / 4 * a.splits));
+  if (pdl) {
+    launch_pdl(kern, grid, dim3(128), size_t(smem), stream, a);
+  } else {
+    kern<<<grid, 128, smem, stream>>>(a);
+    CUDA_LAUNCH_CHECK();
+  }
 }
 
 template <DType D, bool RING>
-void launch_np(cudaStream_t stream, const WgArgs& a) {
+void launch_np(cudaStream_t stream, bool pdl, const WgArgs& a) {
   switch (a.np) {
-    case 8: return launch<D, 8, RING>(stream, a);
-    case 16: return launch<D, 16, RING>(stream, a);
-    case 24: return launch<D, 24, RING>(stream, a);
-    case 32: return launch<D, 32, RING>(stream, a);
-    case 48: return launch<D, 48, RING>(stream, a);
-    case 64: return launch<D, 64, RING>(stream, a);
+    case 8: return launch<D, 8, RING>(stream, pdl, a);
+    case 16: return launch<D, 16, RING>(stream, pdl, a);
+    case 24: return launch<D, 24, RING>(stream, pdl, a);
+    case 32: return launch<D, 32, RING>(stream, pdl, a);
+    case 48: return launch<D, 48, RING>(stream, pdl, a);
+    case 64: return launch<D, 64, RING>(stream, pdl, a);
     default: fail("wgmma: no kernel for slabs of {} tokens", a.np);
   }
 }
 
-void launch_any(cudaStream_t stream, DType t, bool ring, const WgArgs& a) {
+void launch_any(cudaStream_t stream, bool pdl, DType t, bool ring, const WgArgs& a) {
   if (t == DType::Q4_K_T16)
-    ring ? launch_np<DType::Q4_K_T16, true>(stream, a) : launch_np<DType::Q4_K_T16, false>(stream, a);
+    ring ? launch_np<DType::Q4_K_T16, true>(stream, pdl, a) : launch_np<DType::Q4_K_T16, false>(stream, pdl, a);
   else if (t == DType::Q6_K_T16)
-    ring ? launch_np<DType::Q6_K_T16, true>(stream, a) : launch_np<DType::Q6_K_T16, false>(stream, a);
+    ring ? launch_np<DType::Q6_K_T16, true>(stream, pdl, a) : launch_np<DType::Q6_K_T16, false>(stream, pdl, a);
   else
     fail("wgmma: Q4_K / Q6_K tiles only, not {}", dtype_name(t));
 }
@@ -397,13 +406,16 @@ int wg_slab_tokens(int64_t T) {
 }
 
 // H200 and H100, session 63 (the hook, best of splits 1, 2, 4, 8 on the 27B's matrices, cold L2):
-// groups of 4 row-tiles few against the SMs (5120 rows: 80 groups) best at 8, 160-544 groups at 4,
-// and at 33-64 tokens the largest (34816 rows: 544) at 1-2, where the pieces' traffic (splits · T
-// · N floats written and read) grows against the weights'. A piece keeps ≥ 2 super-blocks.
+// groups of 4 row-tiles few against the SMs (5120 rows: 80 groups) best at 8, 160-544 groups at 4
+// (a few waves of blocks: the splits even out the last one), and at 33-64 tokens the largest
+// (34816 rows: 544) at 1-2, where the pieces' traffic (splits · T · N floats written and read)
+// grows against the weights'. Not measured, so kept cautious: many waves (an lm_head's 15,520
+// row-tiles) take no split, the pieces stay within 32 MB, a piece keeps ≥ 2 super-blocks.
 int wg_splits(int rt, int S, int T) {
   if (const int forced = forced_splits(); forced > 0) return std::clamp(forced, 1, std::max(S, 1));
   const int groups = (rt + 3) / 4, sms = dev_info().sms;
-  const int splits = 4 * groups < 3 * sms ? 8 : T > 32 && groups >= 4 * sms ? 2 : 4;
+  int splits = 4 * groups < 3 * sms ? 8 : groups >= 16 * sms ? 1 : T > 32 && groups >= 4 * sms ? 2 : 4;
+  while (splits > 1 && size_t(splits) * size_t(T) * 16 * size_t(rt) * sizeof(float) > (size_t(32) << 20)) splits /= 2;
   return std::max(1, std::min(splits, S / 2));
 }
 
@@ -412,7 +424,7 @@ void launch_wgmma(Ctx& c, DType t, const WgArgs& a) {
                    (a.splits == 1 || (a.part && a.cnt)),
                "wgmma: {} row-tiles of {} super-blocks, T = {} in slabs of {}, {} splits", a.rt, a.S, a.T, a.np, a.splits);
   g_wg_launches.fetch_add(1, std::memory_order_relaxed);
-  launch_any(c.stream, t, false, a);
+  launch_any(c.stream, true, t, false, a);
 }
 
 // Test hooks (test_cuda_quant_mma_half.cpp): QWEN36_MMA_WG as "on" | "off" | "auto" (nullptr reads
@@ -472,7 +484,7 @@ int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int s
   a.part = part;
   a.cnt = last_sums && splits > 1 ? static_cast<int*>(scratch(2, size_t(rt / 4 + 1) * sizeof(int))) : nullptr;
   a.S = S, a.T = T, a.np = NP, a.splits = splits, a.lbo = lbo, a.sbo = sbo;
-  launch_any(cudaStreamLegacy, w.dtype, ring, a);
+  launch_any(nullptr, false, w.dtype, ring, a);
   if (splits > 1 && sum && !last_sums) {
     const int64_t n = int64_t(T) * N;
     sum_splits_kernel<<<unsigned((n + 255) / 256), 256>>>(part, splits, n, out.as<float>());
