@@ -61,6 +61,8 @@ class CudaQuantMmaHalf : public CudaTest {
   // for the whole run.
   void expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts, Pairs pairs,
                     const std::function<std::string(int64_t)>& pick);
+  void expect_stacked_bitwise(std::span<const int64_t> Ts, uint64_t key, const char* form,
+                              const std::function<long long()>& launches, const std::function<void(bool)>& on);
   void SetUp() override {
     CudaTest::SetUp();
     cuda::mma_select_hb("on");
@@ -167,6 +169,25 @@ TwinWeights twin_weights(Backend& gpu, std::mt19937& rng, DType dt, const Shape&
   return TwinWeights{step, w, form_weights(w, step), upload_tiled(gpu, w)};
 }
 
+// A 27B-sized matrix for cold-L2 timing: its rows repeated (repeated_rows), the bf16 form's weights
+// of every 997th row (the twin's spot check), and device copies adding up to > 256 MB (over 4× the
+// H200's L2), which the timed calls rotate through.
+struct ColdCopies {
+  HostT w, wf;
+  std::vector<DevT> dw;
+  double mb = 0.0;  // one copy's size
+};
+ColdCopies cold_copies(Backend& gpu, std::mt19937& rng, DType dt, int64_t N, int64_t K) {
+  ColdCopies c{repeated_rows(rng, dt, N, K), HostT(DType::F32, {1}), {}};
+  const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / c.w.bytes.size() + 1));
+  for (int i = 0; i < copies; ++i) c.dw.push_back(upload_tiled(gpu, c.w));
+  c.wf = form_weights(c.w, 997);
+  c.mb = double(c.dw[0].t.nbytes()) / 1e6;
+  return c;
+}
+// The 27B's MLP gate / up and down, DeltaNet qkv and the stacked gate + up (the timing tests').
+constexpr Shape k27BShapes[] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {34816, 5120}};
+
 void CudaQuantMmaHalf::expect_twins(std::span<const Shape> shapes, std::span<const int64_t> Ts, Pairs pairs,
                                     const std::function<std::string(int64_t)>& pick) {
   cuda::mma_select_hb_pairs(pairs == Pairs::On ? "on" : pairs == Pairs::Off ? "off" : nullptr);
@@ -213,44 +234,44 @@ TEST_F(CudaQuantMmaHalf, EqualsItsBf16Twin) {
   });
 }
 
-// Three matrices stored back to back (one stacked launch, its row-tiles split between warps
-// across the matrices' borders), at 17, 40 and 64 tokens: three eager calls and two replays of
-// the recorded call give bitwise the same outputs, each within 1e-4 of the twin; with the form
-// off (QWEN36_MMA_HB=off) the int8 form runs instead (no bf16 launch).
-TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
+// Three matrices stored back to back (48 + 4096 + 16 rows of K = 2048: one stacked launch whose
+// split row-tiles, pairs or groups of 4 row-tiles straddle the matrices' borders) at each T in
+// the form selected: three eager calls and two replays of the recorded call bitwise the same,
+// each matrix within 1e-4 of the twin; launches() counts the form's launches (one a call). Then
+// off() switches the form off and one more call must not launch it.
+void CudaQuantMmaHalf::expect_stacked_bitwise(std::span<const int64_t> Ts, uint64_t key, const char* form,
+                                              const std::function<long long()>& launches,
+                                              const std::function<void(bool)>& on) {
   const int64_t K = 2048;
   const int64_t rows[] = {48, 4096, 16};
-  uint64_t key = 0x4842'0000;
   for (DType dt : {DType::Q4_K, DType::Q6_K}) {
     const Stacked st = stacked(*gpu_, rng_, dt, rows, K);
-    const std::vector<HostT>& hw = st.host;
-    for (int64_t T : {17, 40, 64}) {
+    for (int64_t T : Ts) {
       const HostT x = random_t(rng_, DType::F32, {T, K}), xb = bf16_rounded(x);
       DevT dx = upload(*gpu_, x);
       StackedCall call = stacked_call(*gpu_, st, T);
-      std::vector<DevT>& dout = call.out;
-      const std::vector<const Tensor*>& ws = call.ws;
-      const std::vector<Tensor*>& outs = call.outs;
-      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " (" + form + ")";
       auto outputs = [&]() {
         std::vector<float> v;
-        for (const DevT& o : dout) {
+        for (const DevT& o : call.out) {
           const std::vector<float> d = download(*gpu_, o.t);
           v.insert(v.end(), d.begin(), d.end());
         }
         return v;
       };
       std::vector<std::vector<float>> runs;
+      const long long before = launches();
       for (int r = 0; r < 3; ++r) {
-        gpu_->matmul_multi(dx.t, ws, outs);
+        gpu_->matmul_multi(dx.t, call.ws, call.outs);
         runs.push_back(outputs());
       }
+      EXPECT_EQ(launches(), before + 3) << what << ": one launch of the form a call";
       ++key;
       ASSERT_TRUE(gpu_->begin_capture());
-      gpu_->matmul_multi(dx.t, ws, outs);
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
       ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the call could not be recorded";
       for (int r = 0; r < 2; ++r) {
-        for (DevT& o : dout) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
+        for (DevT& o : call.out) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
         ASSERT_TRUE(gpu_->replay(key));
         runs.push_back(outputs());
       }
@@ -260,20 +281,28 @@ TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
         EXPECT_EQ(diff, 0u) << what << (r < 3 ? " eager run " : " replay ") << r << ": outputs differ from run 0";
       }
       size_t o = 0;
-      for (size_t i = 0; i < hw.size(); ++i) {
+      for (size_t i = 0; i < st.host.size(); ++i) {
         const std::vector<float> got(runs.back().begin() + o, runs.back().begin() + o + size_t(T * rows[i]));
         o += got.size();
         std::string where;
-        EXPECT_LE(worst_rel_err(got, reference(form_weights(hw[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
+        EXPECT_LE(worst_rel_err(got, reference(form_weights(st.host[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
             << what << " matrix " << i << " " << where;
       }
-      cuda::mma_select_hb("off");
-      const long long before = cuda::mma_hb_launches();
-      gpu_->matmul_multi(dx.t, ws, outs);
-      EXPECT_EQ(cuda::mma_hb_launches(), before) << what << ": QWEN36_MMA_HB=off still ran the bf16 form";
-      cuda::mma_select_hb("on");
+      on(false);
+      const long long off_before = launches();
+      gpu_->matmul_multi(dx.t, call.ws, call.outs);
+      EXPECT_EQ(launches(), off_before) << what << ": switched off, the form still ran";
+      on(true);
     }
   }
+}
+
+// The bf16 form (17, 40 and 64 tokens; its row-tiles split between warps across the borders);
+// with QWEN36_MMA_HB=off the int8 form runs instead (no bf16 launch).
+TEST_F(CudaQuantMmaHalf, StackedBitwiseEagerAndReplayed) {
+  const int64_t Ts[] = {17, 40, 64};
+  expect_stacked_bitwise(Ts, 0x4842'0000, "bf16", cuda::mma_hb_launches,
+                         [](bool on) { cuda::mma_select_hb(on ? "on" : "off"); });
 }
 
 // The pair form (QWEN36_MMA_HB_PAIRS=on: units of two row-tiles sharing each B fragment load) on
@@ -285,43 +314,9 @@ TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
   const Shape shapes[] = {{32, 256}, {48, 512}, {32, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
   const int64_t Ts[] = {17, 24, 32, 40, 64};
   expect_twins(shapes, Ts, Pairs::On, [](int64_t) { return std::string("pairs"); });
-  const int64_t rows[] = {48, 4096, 16};  // pairs stay on: expect_twins set them for the test
-  uint64_t key = 0x5041'0000;
-  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
-    const Stacked st = stacked(*gpu_, rng_, dt, rows, 2048);
-    for (int64_t T : {24, 64}) {
-      const HostT x = random_t(rng_, DType::F32, {T, 2048}), xb = bf16_rounded(x);
-      DevT dx = upload(*gpu_, x);
-      StackedCall call = stacked_call(*gpu_, st, T);
-      auto outputs = [&]() {
-        std::vector<float> v;
-        for (const DevT& o : call.out) {
-          const std::vector<float> d = download(*gpu_, o.t);
-          v.insert(v.end(), d.begin(), d.end());
-        }
-        return v;
-      };
-      gpu_->matmul_multi(dx.t, call.ws, call.outs);
-      const std::vector<float> eager = outputs();
-      ++key;
-      ASSERT_TRUE(gpu_->begin_capture());
-      gpu_->matmul_multi(dx.t, call.ws, call.outs);
-      ASSERT_TRUE(gpu_->end_capture(key, true));
-      for (DevT& o : call.out) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
-      ASSERT_TRUE(gpu_->replay(key));
-      const std::vector<float> replayed = outputs();
-      EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), eager.size() * sizeof(float)), 0)
-          << dtype_name(dt) << " T=" << T << ": the replayed pairs differ from the eager ones";
-      size_t o = 0;
-      for (size_t i = 0; i < st.host.size(); ++i) {
-        const std::vector<float> got(eager.begin() + o, eager.begin() + o + size_t(T * rows[i]));
-        o += got.size();
-        std::string where;
-        EXPECT_LE(worst_rel_err(got, reference(form_weights(st.host[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
-            << dtype_name(dt) << " T=" << T << " matrix " << i << " (pairs) " << where;
-      }
-    }
-  }
+  const int64_t stacked_Ts[] = {24, 64};  // pairs stay on: expect_twins set them for the test
+  expect_stacked_bitwise(stacked_Ts, 0x5041'0000, "bf16 pairs", cuda::mma_hb_launches,
+                         [](bool on) { cuda::mma_select_hb(on ? "on" : "off"); });
 }
 
 // The warpgroup form as the dispatch runs it (QWEN36_MMA_WG=on; cuda_quant_wgmma.cu): the
@@ -357,59 +352,14 @@ TEST_F(CudaQuantMmaHalf, WarpgroupFormEqualsItsBf16Twin) {
     }
 }
 
-// Three matrices stored back to back (one stacked warpgroup launch: row-tile groups straddle the
-// matrices' borders, 48 + 4096 + 16 rows), at 17, 40 and 64 tokens: three eager calls and two
-// replays of the recorded call bitwise the same, each matrix within 1e-4 of the twin.
+// The warpgroup form on the stacked matrices (its groups of 4 row-tiles straddle the borders), at
+// 17, 40 and 64 tokens; QWEN36_MMA_WG=off takes the bf16 form again.
 TEST_F(CudaQuantMmaHalf, WarpgroupStackedBitwiseEagerAndReplayed) {
   cuda::mma_select_wg("on");
   if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
-  const int64_t K = 2048;
-  const int64_t rows[] = {48, 4096, 16};
-  uint64_t key = 0x5747'0000;
-  for (DType dt : {DType::Q4_K, DType::Q6_K}) {
-    const Stacked st = stacked(*gpu_, rng_, dt, rows, K);
-    for (int64_t T : {17, 40, 64}) {
-      const HostT x = random_t(rng_, DType::F32, {T, K}), xb = bf16_rounded(x);
-      DevT dx = upload(*gpu_, x);
-      StackedCall call = stacked_call(*gpu_, st, T);
-      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
-      auto outputs = [&]() {
-        std::vector<float> v;
-        for (const DevT& o : call.out) {
-          const std::vector<float> d = download(*gpu_, o.t);
-          v.insert(v.end(), d.begin(), d.end());
-        }
-        return v;
-      };
-      std::vector<std::vector<float>> runs;
-      const long long before = cuda::mma_wg_launches();
-      for (int r = 0; r < 3; ++r) {
-        gpu_->matmul_multi(dx.t, call.ws, call.outs);
-        runs.push_back(outputs());
-      }
-      EXPECT_EQ(cuda::mma_wg_launches(), before + 3) << what << ": one warpgroup launch a call";
-      ++key;
-      ASSERT_TRUE(gpu_->begin_capture());
-      gpu_->matmul_multi(dx.t, call.ws, call.outs);
-      ASSERT_TRUE(gpu_->end_capture(key, true)) << what << ": the call could not be recorded";
-      for (int r = 0; r < 2; ++r) {
-        for (DevT& o : call.out) gpu_->copy_from_host(HostT(DType::F32, {T, o.t.cols()}).t.data, o.t);
-        ASSERT_TRUE(gpu_->replay(key));
-        runs.push_back(outputs());
-      }
-      for (size_t r = 1; r < runs.size(); ++r)
-        EXPECT_EQ(std::memcmp(runs[r].data(), runs[0].data(), runs[0].size() * sizeof(float)), 0)
-            << what << (r < 3 ? " eager run " : " replay ") << r << ": outputs differ from run 0";
-      size_t o = 0;
-      for (size_t i = 0; i < st.host.size(); ++i) {
-        const std::vector<float> got(runs.back().begin() + o, runs.back().begin() + o + size_t(T * rows[i]));
-        o += got.size();
-        std::string where;
-        EXPECT_LE(worst_rel_err(got, reference(form_weights(st.host[i], 1), xb, T), T, rows[i], 1, &where), 1e-4)
-            << what << " matrix " << i << " " << where;
-      }
-    }
-  }
+  const int64_t Ts[] = {17, 40, 64};
+  expect_stacked_bitwise(Ts, 0x5747'0000, "warpgroup", cuda::mma_wg_launches,
+                         [](bool on) { cuda::mma_select_wg(on ? "on" : "off"); });
 }
 
 // Cold-L2 times of the 27B's large Q4_K and Q6_K matrices at 17-64 tokens, whole calls as the
@@ -421,13 +371,13 @@ TEST_F(CudaQuantMmaHalf, WarpgroupTiming27B) {
   cuda::mma_select_wg("on");
   if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
   for (DType dt : {DType::Q4_K, DType::Q6_K})
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}, {34816, 5120}}) {
-      const HostT w = repeated_rows(rng_, dt, N, K);
-      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
-      std::vector<DevT> dw;
-      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
-      const HostT wf = form_weights(w, 997);
-      const double mb = double(dw[0].t.nbytes()) / 1e6;
+    for (const Shape& s : k27BShapes) {
+      const int64_t N = s.N, K = s.K;
+      const ColdCopies cc = cold_copies(*gpu_, rng_, dt, N, K);
+      const HostT& wf = cc.wf;
+      const std::vector<DevT>& dw = cc.dw;
+      const int copies = int(dw.size());
+      const double mb = cc.mb;
       for (int64_t T : {17, 24, 32, 40, 64}) {
         const HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
@@ -468,11 +418,10 @@ TEST_F(CudaQuantMmaHalf, WarpgroupTiming27B) {
 TEST_F(CudaQuantMmaHalf, Bandwidth27BBothForms) {
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}}) {
-      const HostT w = repeated_rows(rng_, dt, N, K);
-      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
-      std::vector<DevT> dw;
-      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
-      const HostT wf = form_weights(w, 997);
+      const ColdCopies cc = cold_copies(*gpu_, rng_, dt, N, K);
+      const HostT &w = cc.w, &wf = cc.wf;
+      const std::vector<DevT>& dw = cc.dw;
+      const int copies = int(dw.size());
       for (int64_t T : {17, 23, 24, 32, 40, 64}) {
         const HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
@@ -588,13 +537,13 @@ TEST_F(CudaQuantMmaHalf, WgmmaExperimentTiming27B) {
   const std::optional<WgmmaOffsets> off = wgmma_offsets(*gpu_, rng_);
   if (!off) GTEST_SKIP() << "not an sm_90 device, or the descriptor offsets are wrong (see the test above)";
   for (DType dt : {DType::Q4_K, DType::Q6_K})
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{17408, 5120}, {5120, 17408}, {10240, 5120}, {34816, 5120}}) {
-      const HostT w = repeated_rows(rng_, dt, N, K);
-      const int copies = int(std::max<size_t>(2, (size_t(256) << 20) / w.bytes.size() + 1));
-      std::vector<DevT> dw;
-      for (int i = 0; i < copies; ++i) dw.push_back(upload_tiled(*gpu_, w));
-      const HostT wf = form_weights(w, 997);
-      const double mb = double(dw[0].t.nbytes()) / 1e6;
+    for (const Shape& s : k27BShapes) {
+      const int64_t N = s.N, K = s.K;
+      const ColdCopies cc = cold_copies(*gpu_, rng_, dt, N, K);
+      const HostT& wf = cc.wf;
+      const std::vector<DevT>& dw = cc.dw;
+      const int copies = int(dw.size());
+      const double mb = cc.mb;
       for (int64_t T : {4, 8, 16, 24, 32, 64}) {
         const HostT x = random_t(rng_, DType::F32, {T, K});
         DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {T, N}));
