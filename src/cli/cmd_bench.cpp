@@ -92,42 +92,6 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* flag) {
   return v;
 }
 
-// --simulate-acceptance: probabilities in [0, 1].
-std::vector<double> parse_probs(const std::string& s) {
-  std::vector<double> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    double p = -1;
-    try {
-      p = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    QWEN36_CHECK(used == item.size() && p >= 0 && p <= 1, "--simulate-acceptance: \"{}\" is not a probability in [0, 1]",
-                 item);
-    v.push_back(p);
-  }
-  QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
-  return v;
-}
-
-// The conditional per-position probability p, the same at every position, for which a round
-// of k drafts has mean accepted length 1 + p + … + p^k = len (bisection: increasing in p).
-double prob_for_accept_length(double len, int64_t k) {
-  QWEN36_CHECK(len >= 1 && len <= double(k) + 1,
-               "--simulate-accept-length {} is outside 1 .. k + 1 = {} (k = {} drafts per round)", len, k + 1, k);
-  auto f = [&](double p) {
-    double sum = 1, pw = 1;
-    for (int64_t i = 0; i < k; ++i) sum += (pw *= p);
-    return sum;
-  };
-  double lo = 0, hi = 1;
-  for (int it = 0; it < 60; ++it) (f(0.5 * (lo + hi)) < len ? lo : hi) = 0.5 * (lo + hi);
-  return 0.5 * (lo + hi);
-}
-
 std::string join(const std::string& list) {  // "0.9, 0.8" -> "0.9,0.8" for labels
   std::string r;
   for (char ch : list)
@@ -213,7 +177,7 @@ void run_bench(const BenchOptions& o) {
   const bool simulated = !o.simulate.empty() || sim_len;
   QWEN36_CHECK(!simulated || spec_method != SpecMethod::None,
                "--simulate-acceptance / --simulate-accept-length need --spec mtp, ngram or dflash");
-  const std::vector<double> sim_probs = !o.simulate.empty() ? parse_probs(o.simulate) : std::vector<double>{};
+  const std::vector<double> sim_probs = !o.simulate.empty() ? parse_accept_probs(o.simulate) : std::vector<double>{};
   const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
   // The tests' lists, checked before anything loads.
   const std::vector<int64_t> prompts = parse_lengths(o.prompts, "-p"), gens = parse_lengths(o.gens, "-n"),
@@ -226,7 +190,7 @@ void run_bench(const BenchOptions& o) {
     QWEN36_CHECK(!dflash_spec || k < o.block_size, "--spec-draft-n {}: a DFlash block of {} drafts at most {}", k,
                  o.block_size, o.block_size - 1);
   for (int64_t k : spec_ks)
-    if (sim_len) prob_for_accept_length(o.simulate_len, k);  // an impossible length fails before the model loads
+    if (sim_len) accept_prob_for_length(o.simulate_len, k);  // an impossible length fails before the model loads
   QWEN36_CHECK(o.tree_budget == 0 || dflash_spec, "--tree-budget needs --spec dflash");
   const DType state_type = resolve_state_type(o.cache);
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench");
@@ -432,7 +396,7 @@ void run_bench(const BenchOptions& o) {
             drafter = owned.get();
           }
           // --simulate-accept-length: one probability per position, solved for this k.
-          const std::vector<double> probs = sim_len && k > 0 ? std::vector<double>{prob_for_accept_length(o.simulate_len, k)}
+          const std::vector<double> probs = sim_len && k > 0 ? std::vector<double>{accept_prob_for_length(o.simulate_len, k)}
                                                              : sim_probs;
           SimulatedAcceptance sim(probs.empty() ? std::vector<double>{0} : probs);
           if (k > 0 && simulated) so.accept_override = sim.callback();

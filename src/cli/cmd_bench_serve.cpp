@@ -12,6 +12,15 @@
 // cannot shortcut anything here, because every prompt is random and distinct and a cached slot
 // is only reused by a prompt that extends its whole history (prompt + answer, longer than any
 // prompt of this run) — the run checks that no prompt token came from the cache.
+//
+// --spec mtp|ngram|dflash: every stream speculates as in `serve --spec` (the drafts verified in
+// the step's one batch). --simulate-acceptance p1,p2,... (or --simulate-accept-length L) replaces
+// only the accept decision (SpecOptions::accept_override, fixed seed), as `bench` does: drafting,
+// the verify rows and the commits run as in a real round, so the figures show what that
+// acceptance would buy on these weights; every row then says SIMULATED. Without an MTP head (a
+// checkpoint without one) the drafts come from a stand-in (the last token repeated); --spec
+// dflash without --draft-model drafts with a random drafter of the published shape.
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -27,6 +36,8 @@
 #include "cli/tp_cli.h"
 #include "core/error.h"
 #include "engine/scheduler.h"
+#include "engine/spec/draft_tree.h"
+#include "engine/spec/spec_bench.h"
 #include "model/memory_plan.h"
 
 namespace qwen36::cli {
@@ -43,7 +54,46 @@ struct ServeBenchOptions {
   CacheTypes cache;
   OffloadOptions offload;  // expert offload
   TpCliOptions tp;         // -tp N: each rank generates or loads its own shard (cli/tp_cli.h)
+  SpecCliOptions spec;     // --spec, --spec-draft-n, --draft-model, --block-size, --tree-budget
+  std::string simulate;    // --simulate-acceptance p1,p2,...
+  double simulate_len = 0; // --simulate-accept-length L
 };
+
+// Speculative decoding as bench-serve runs it: the options, the simulated per-position
+// acceptance (empty: real verification) and the label every row carries.
+struct ServeSpec {
+  SpecOptions opts = no_speculation();
+  std::vector<double> simulated;
+  int32_t block = 0;  // dflash
+  std::string label;  // "" without speculation
+};
+
+ServeSpec serve_spec(const ServeBenchOptions& o) {
+  ServeSpec r;
+  r.opts = spec_cli_options(o.spec);
+  const bool on = r.opts.method != SpecMethod::None, dflash = r.opts.method == SpecMethod::Dflash;
+  const bool simulated = !o.simulate.empty() || o.simulate_len > 0;
+  QWEN36_CHECK(!simulated || on, "--simulate-acceptance / --simulate-accept-length need --spec mtp, ngram or dflash");
+  QWEN36_CHECK(o.simulate.empty() || o.simulate_len <= 0,
+               "give --simulate-acceptance or --simulate-accept-length, not both");
+  QWEN36_CHECK(dflash || (o.spec.draft_model.empty() && !o.spec.block_size && !o.spec.tree_budget),
+               "--draft-model, --block-size and --tree-budget apply to --spec dflash only");
+  if (!on) return r;
+  if (dflash) {
+    r.block = o.spec.block_size ? o.spec.block_size : 16;
+    r.opts.draft_n = r.block - 1;  // a round drafts the whole block
+  }
+  const int32_t k = r.opts.draft_n;
+  if (simulated)
+    r.simulated = o.simulate.empty() ? std::vector<double>{accept_prob_for_length(o.simulate_len, k)}
+                                     : parse_accept_probs(o.simulate);
+  r.label = fmt::format("{} k={}", spec_method_name(r.opts.method), k);
+  if (r.opts.tree_budget) r.label += fmt::format(" tree {}", r.opts.tree_budget);
+  if (simulated)
+    r.label += o.simulate.empty() ? fmt::format(" SIMULATED accept length {:g}", o.simulate_len)
+                                  : fmt::format(" SIMULATED acceptance {}", fmt::join(r.simulated, ","));
+  return r;
+}
 
 constexpr const char* kColumns = R"(Columns (one row per stream count S; figures over the counted rounds, the warm-up excluded):
   requests       S x counted rounds
@@ -97,6 +147,7 @@ struct RoundTrace {
   std::vector<std::vector<double>> times;
   int64_t peak_batch = 0;
   uint64_t steps = 0, cached_prompt_tokens = 0;
+  uint64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // verify passes with drafts, their drafts
   double wall() const {
     double t = 0;
     for (const auto& s : times) t = std::max(t, s.back());
@@ -158,6 +209,9 @@ RoundTrace run_round(Scheduler& sch, int64_t S, const ServeBenchOptions& o, std:
   }
   const SchedulerStats after = sch.stats();
   tr.steps = after.steps - before.steps;
+  tr.spec_rounds = after.spec.rounds - before.spec.rounds;
+  tr.spec_drafted = after.spec.drafted - before.spec.drafted;
+  tr.spec_accepted = after.spec.accepted - before.spec.accepted;
   tr.cached_prompt_tokens = after.prompt_tokens_cached - before.prompt_tokens_cached;
   QWEN36_CHECK(tr.cached_prompt_tokens == 0, "bench-serve: {} prompt tokens came from the prefix cache",
                tr.cached_prompt_tokens);
@@ -182,6 +236,9 @@ void run_bench_serve(const ServeBenchOptions& o) {
   // The scheduler ends a sequence when its next token would not fit: prompt + gen positions do.
   const int64_t ctx = o.ctx > 0 ? o.ctx : (need + 127) / 128 * 128;
   const DType state_type = resolve_state_type(o.cache);
+  const ServeSpec spec = serve_spec(o);
+  QWEN36_CHECK(o.tp.ranks <= 1 || spec.opts.method != SpecMethod::Dflash,
+               "bench-serve --spec dflash does not run with tensor parallelism yet");
 
   BenchDevice dev = make_bench_device(o.backend, o.threads, "bench-serve");
   // Expert offload needs host weights: synthetic ones are then made on the host and uploaded.
@@ -194,12 +251,17 @@ void run_bench_serve(const ServeBenchOptions& o) {
     model_ptr = load_tp_bench_model(o.tp, src, dev.backend, o.backend, o.threads, &bw.name);
     bw.bytes = model_ptr->weights().total_bytes();  // rank 0's shard
   } else {
-    bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, false}, dev.cuda && !offload, "bench-serve");
+    bw = load_bench_weights({o.model, o.synthetic, o.type, o.layers, spec.opts.method == SpecMethod::Mtp},
+                            dev.cuda && !offload, "bench-serve");
     OffloadOptions off = o.offload;  // --fit leaves room for the most streams' caches
     for (int64_t S : streams) off.plan.slots = std::max<int32_t>(off.plan.slots, int32_t(S));
     off.plan.ctx = ctx;
     off.plan.batch_tokens = std::max<int64_t>(step.batch_tokens, off.plan.slots + step.prefill_chunk);
     off.plan.output_rows = off.plan.slots;
+    if (spec.opts.method != SpecMethod::None) {  // as scheduler_memory: every verify row an output row
+      off.plan.output_rows *= std::max(spec.opts.draft_n, spec.opts.tree_budget) + 1;
+      off.plan.mtp = spec.opts.method == SpecMethod::Mtp;
+    }
     off.plan.kv_type = resolve_cache_type(o.cache, *dev.backend);
     off.plan.state_type = state_type;
     model_ptr = make_model(std::move(bw.weights), *dev.backend, off, o.threads);
@@ -209,6 +271,11 @@ void run_bench_serve(const ServeBenchOptions& o) {
   QWEN36_CHECK(c.max_position_embeddings <= 0 || ctx <= c.max_position_embeddings,
                "bench-serve: a context of {} positions is more than the model's {}", ctx, c.max_position_embeddings);
   const DType kv_type = resolve_cache_type(o.cache, *dev.backend);
+  const bool stand_in = spec.opts.method == SpecMethod::Mtp && !model.has_mtp();
+  QWEN36_CHECK(!stand_in || !spec.simulated.empty(),
+               "bench-serve --spec mtp: {} has no MTP head to draft with (--simulate-acceptance times the verify path "
+               "with a stand-in drafter instead)",
+               o.synthetic.empty() ? o.model : "this synthetic model");
   const int warmup = o.rounds > 1 ? 1 : 0;
   std::mt19937_64 rng(o.seed);
 
@@ -223,15 +290,28 @@ void run_bench_serve(const ServeBenchOptions& o) {
     so.prefix_cache = true;
     so.kv_type = kv_type;
     so.state_type = state_type;
-    MemoryRequest mem;
-    mem.slots = so.slots;
-    mem.ctx = ctx;
+    so.spec = spec.opts;
+    // Simulated acceptance: one fixed-seed stream of decisions per stream count (it must
+    // outlive the scheduler, which holds its callback).
+    std::unique_ptr<SimulatedAcceptance> sim;
+    if (!spec.simulated.empty()) {
+      sim = std::make_unique<SimulatedAcceptance>(spec.simulated);
+      so.spec.accept_override = sim->callback();
+      if (so.spec.tree_budget > 0) so.spec.simulated_confidence = spec.simulated;
+    }
+    if (stand_in) so.spec_drafter = [](Model&, ModelState&) { return std::make_unique<RepeatDrafter>(); };
+    if (spec.opts.method == SpecMethod::Dflash)
+      so.spec_drafter = [&, S](Model& m, ModelState&) -> std::unique_ptr<Drafter> {
+        BenchDFlash d = load_bench_dflash(o.spec.draft_model, m, *dev.backend, int32_t(S),
+                                          ctx + spec.block + so.spec.tree_budget, spec.block,
+                                          so.spec.tree_budget > 0 ? kTreeTopK : 0);
+        std::fprintf(stderr, "bench-serve: drafts from %s\n", d.label.c_str());
+        return std::move(d.drafter);
+      };
     // The largest pass: the step budget, or every decode token plus the one prefill chunk
-    // that a step always takes, whichever is more.
+    // that a step always takes, whichever is more; speculating, every verify row an output row.
+    MemoryRequest mem = scheduler_memory(so);
     mem.batch_tokens = std::max<int64_t>(step.batch_tokens, S + step.prefill_chunk);
-    mem.output_rows = S;
-    mem.kv_type = kv_type;
-    mem.state_type = state_type;
     check_memory_plan(*dev.backend, c, mem,
                       {"-c/--ctx-size (or --prompt-tokens + --gen-tokens)", "--streams", "-b/--batch-size and --prefill-chunk",
                        "-ctk/-ctv"});
@@ -242,7 +322,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
     std::vector<double> ttft, itl;
     nlohmann::json per_round = nlohmann::json::array();
     int64_t out_tokens = 0, decode_tokens = 0, peak = 0;
-    uint64_t steps = 0;
+    uint64_t steps = 0, spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;
     double wall = 0, prefill_time = 0, decode_time = 0;
     for (int64_t r = 0; r < o.rounds; ++r) {
       const RoundTrace tr = run_round(sch, S, o, rng, c.vocab_size);
@@ -274,6 +354,7 @@ void run_bench_serve(const ServeBenchOptions& o) {
       decode_time += w - lf;
       peak = std::max(peak, tr.peak_batch);
       steps += tr.steps;
+      spec_rounds += tr.spec_rounds, spec_drafted += tr.spec_drafted, spec_accepted += tr.spec_accepted;
     }
     const int64_t counted_rounds = o.rounds - warmup;
     rows.push_back({{"model", bw.name},
@@ -300,6 +381,12 @@ void run_bench_serve(const ServeBenchOptions& o) {
                     {"itl_p99_ms", percentile(itl, 0.99)},
                     {"peak_batch", peak},
                     {"steps", steps},
+                    {"spec", spec.label.empty() ? "none" : spec.label},
+                    {"simulated", !spec.simulated.empty()},
+                    {"spec_rounds", spec_rounds},
+                    // tokens a verify pass with drafts committed (accepted drafts + the target's own)
+                    {"mean_accepted_length", spec_rounds ? double(spec_accepted + spec_rounds) / double(spec_rounds) : 0},
+                    {"acceptance_rate", spec_drafted ? double(spec_accepted) / double(spec_drafted) : 0},
                     {"per_round", per_round}});
   }
 
@@ -314,17 +401,28 @@ void run_bench_serve(const ServeBenchOptions& o) {
               state_type == DType::F32 ? "" : fmt::format(", DeltaNet state {}", dtype_name(state_type)).c_str(),
               (long long)step.prefill_chunk, (long long)step.batch_tokens, (long long)(o.rounds - warmup),
               warmup ? " after 1 warm-up" : "");
+  if (!spec.label.empty())
+    std::printf("speculative decoding: %s%s\n\n", spec.label.c_str(),
+                spec.simulated.empty() ? ""
+                                       : " — the accept decisions are SIMULATED (drafting, verify rows and commits real): "
+                                         "every figure below follows from that acceptance, not from these weights");
+  // Speculating: two more columns, the method (SIMULATED where it is) and the mean accepted length.
+  const bool speculating = !spec.label.empty();
   std::printf("| model | backend | streams | requests | output tokens | wall s | output t/s | prompt t/s | decode t/s "
-              "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak batch |\n");
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+              "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak batch |%s\n",
+              speculating ? " spec | accept len |" : "");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s\n",
+              speculating ? " --- | ---: |" : "");
   for (const auto& r : rows)
-    std::printf("| %s | %s | %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %lld |\n",
+    std::printf("| %s | %s | %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %lld |%s\n",
                 r["model"].get<std::string>().c_str(), r["backend"].get<std::string>().c_str(),
                 (long long)r["streams"].get<int64_t>(), (long long)r["requests"].get<int64_t>(),
                 (long long)r["output_tokens"].get<int64_t>(), r["wall_s"].get<double>(),
                 r["output_tok_s"].get<double>(), r["prompt_tok_s"].get<double>(), r["decode_tok_s"].get<double>(),
                 r["ttft_p50_ms"].get<double>(), r["ttft_p99_ms"].get<double>(), r["itl_p50_ms"].get<double>(),
-                r["itl_p99_ms"].get<double>(), (long long)r["peak_batch"].get<int64_t>());
+                r["itl_p99_ms"].get<double>(), (long long)r["peak_batch"].get<int64_t>(),
+                speculating ? fmt::format(" {} | {:.2f} |", spec.label, r["mean_accepted_length"].get<double>()).c_str()
+                            : "");
 }
 
 }  // namespace
@@ -355,6 +453,25 @@ void register_bench_serve(CLI::App& app) {
   add_offload_options(cmd, o->offload);
   add_tp_options(cmd, o->tp);
   add_serve_step_options(cmd, o->step);  // as serve's
+  cmd->add_option("--spec", o->spec.method,
+                  "Speculative decoding of every stream, as serve --spec: mtp (the MTP head; synthetic weights get a "
+                  "random one), ngram, dflash (--draft-model, or a random drafter of the published shape) or none")
+      ->check(CLI::IsMember({"mtp", "ngram", "dflash", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--spec-draft-n", o->spec.draft_n, "Draft tokens per stream and step, at most (1..16; dflash: the block - 1)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--draft-model", o->spec.draft_model, "DFlash drafter checkpoint (default: random, the published shape)");
+  cmd->add_option("--block-size", o->spec.block_size, "DFlash block size: the pending token + B-1 drafts (2..17; default 16)")
+      ->check(CLI::Range(2, 17));
+  cmd->add_option("--tree-budget", o->spec.tree_budget, "DFlash: a DDTree of up to N drafts per stream and step")
+      ->check(CLI::Range(1, 63));
+  cmd->add_option("--simulate-acceptance", o->simulate,
+                  "p1,p2,...: accept draft i with probability p_i (the last beyond the list), given the drafts before "
+                  "it, instead of checking it against the target (fixed seed; the rows say SIMULATED)");
+  cmd->add_option("--simulate-accept-length", o->simulate_len,
+                  "L: one probability p at every position such that 1 + p + ... + p^k = L tokens a verify pass "
+                  "(rows say SIMULATED)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts")->capture_default_str();
   cmd->add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   cmd->footer(kColumns);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "engine/scheduler.h"
@@ -295,6 +296,40 @@ SpecOptions spec_cli_options(const SpecCliOptions& o) {
   spec.tree_budget = o.tree_budget;
   spec.dflash.sliding_causal = o.dflash_sliding_causal;
   return spec;
+}
+
+std::vector<double> parse_accept_probs(const std::string& s) {
+  std::vector<double> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double p = -1;
+    try {
+      p = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    QWEN36_CHECK(used == item.size() && p >= 0 && p <= 1, "--simulate-acceptance: \"{}\" is not a probability in [0, 1]",
+                 item);
+    v.push_back(p);
+  }
+  QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
+  return v;
+}
+
+// Bisection: the mean accepted length increases with p.
+double accept_prob_for_length(double len, int64_t k) {
+  QWEN36_CHECK(len >= 1 && len <= double(k) + 1,
+               "--simulate-accept-length {} is outside 1 .. k + 1 = {} (k = {} drafts per round)", len, k + 1, k);
+  auto f = [&](double p) {
+    double sum = 1, pw = 1;
+    for (int64_t i = 0; i < k; ++i) sum += (pw *= p);
+    return sum;
+  };
+  double lo = 0, hi = 1;
+  for (int it = 0; it < 60; ++it) (f(0.5 * (lo + hi)) < len ? lo : hi) = 0.5 * (lo + hi);
+  return 0.5 * (lo + hi);
 }
 
 namespace {

@@ -132,6 +132,13 @@ struct SpecCliOptions {
 // parsers exclude mixing them); a bad method or JSON throws Error.
 SpecOptions spec_cli_options(const SpecCliOptions& o);
 
+// Simulated acceptance (bench, bench-serve): --simulate-acceptance p1,p2,... as probabilities
+// in [0, 1] (an Error names a bad item), and the one per-position probability p whose rounds of
+// k drafts have the mean accepted length 1 + p + … + p^k = len (--simulate-accept-length; an
+// Error where len is outside 1 .. k + 1).
+std::vector<double> parse_accept_probs(const std::string& s);
+double accept_prob_for_length(double len, int64_t k);
+
 // The engine step of serve and bench-serve: -b/--batch-size (tokens a step, decode +
 // prefill) and --prefill-chunk (prompt tokens a sequence a step), 0 = the backend's default.
 // The CPU reads a few hundred tokens a second, so short steps keep every stream's tokens

@@ -45,7 +45,8 @@ struct SpecOptions {
   // (engine/spec/draft_tree.h: the most probable paths through the drafter's per-position
   // top-K) in one target pass instead of the block's argmax chain; 0: the chain.
   int32_t tree_budget = 0;
-  // Benchmarks only (qwen36 bench --simulate-acceptance): when set, it decides whether draft
+  // Benchmarks only (qwen36 bench / bench-serve --simulate-acceptance; spec_generate_batch and
+  // the scheduler's SpecStepper): when set, it decides whether draft
   // i (0-based depth) of a round of `slot` is accepted, in place of checking it against the
   // target; the first refusal ends the round and the target's own token at that row follows,
   // as on a real rejection. Accepted drafts are emitted and committed through the same path

@@ -191,10 +191,21 @@ void SpecStepper::propose(std::span<SpecTurn> turns, int32_t draft_budget) {
     SpecSeqState& st = *who[i]->st;
     st.draft = std::move(reqs[i]);
     if (!tree_drafter_ || st.draft.tokens.empty()) continue;
-    const std::vector<Dist>& top = tree_drafter_->last_topk(st.draft.slot);
+    const std::vector<Dist>& own = tree_drafter_->last_topk(st.draft.slot);
+    // Simulated acceptance (benchmarks): the drafter's probabilities calibrated to the simulated
+    // rates, as spec_generate_batch's tree rounds do (calibrated_positions).
+    const std::vector<Dist> calibrated = opts_.simulated_confidence.empty()
+                                             ? std::vector<Dist>{}
+                                             : calibrated_positions(own, opts_.simulated_confidence);
+    const std::vector<Dist>& top = opts_.simulated_confidence.empty() ? own : calibrated;
     const size_t depth = std::min<size_t>(size_t(st.draft.k), top.size());
     st.tree = build_draft_tree(who[i]->history.back(), std::span(top).first(depth), nodes[i]);
   }
+}
+
+std::function<bool(int32_t)> SpecStepper::accept_of(int32_t slot) const {
+  if (!opts_.accept_override) return {};
+  return [this, slot](int32_t i) { return opts_.accept_override(slot, i); };
 }
 
 int32_t SpecStepper::rows(const SpecTurn& t) {
@@ -237,12 +248,13 @@ int32_t SpecStepper::finish_round(SpecTurn& t, std::span<float> logits, std::spa
   std::vector<float> raw;
   SpecVerdict v;
   if (!t.argmax.empty()) {  // greedy_rows: sampled on the backend
-    v = verify_greedy(t.argmax, d.tokens);
+    v = verify_greedy(t.argmax, d.tokens, accept_of(t.slot));
   } else {
     const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(m + 1) * V);
     if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_round edits the rows
     if (t.shape) shape_chain_rows(t.shape, d.tokens, rows, int64_t(V));
-    v = verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f);
+    v = verify_round(rows, int64_t(V), d, *t.sampler, t.st->rng, t.history, t.sampling->temperature == 0.0f,
+                     accept_of(t.slot));
   }
   t.history = {};  // emission below grows the sequence's tokens
   std::vector<int32_t> out(d.tokens.begin(), d.tokens.begin() + v.accepted);
@@ -296,12 +308,12 @@ int32_t SpecStepper::finish_tree_round(SpecTurn& t, std::span<float> logits, con
   std::vector<float> raw;
   TreeWalk w;
   if (!t.argmax.empty()) {  // greedy_rows: sampled on the backend
-    w = verify_tree_greedy(t.argmax, tree);
+    w = verify_tree_greedy(t.argmax, tree, accept_of(t.slot));
   } else {
     const std::span<float> rows = logits.subspan(size_t(t.out_row) * V, size_t(tree.size()) * V);
     if (t.want_raw) raw.assign(rows.begin(), rows.end());  // verify_tree edits the rows
     if (t.shape) shape_tree_rows(t.shape, tree, rows, int64_t(V));
-    w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history);
+    w = verify_tree(rows, int64_t(V), tree, *t.sampler, t.st->rng, t.history, accept_of(t.slot));
   }
   t.history = {};  // emission below grows the sequence's tokens
   const int32_t accepted = int32_t(w.accepted.size());

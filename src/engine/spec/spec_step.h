@@ -177,6 +177,9 @@ class SpecStepper {
   ModelState& state_;
   SpecOptions opts_;
   int32_t finish_tree_round(SpecTurn& t, std::span<float> logits, const EmitFn& emit, std::span<const float> captured);
+  // SpecOptions::accept_override bound to `slot` (benchmarks: bench-serve's simulated
+  // acceptance), or empty: the target decides.
+  std::function<bool(int32_t)> accept_of(int32_t slot) const;
 
   std::unique_ptr<Drafter> drafter_;
   DFlashDrafter* tree_drafter_ = nullptr;  // tree rounds (opts.tree_budget > 0): drafter_, for its top-K

@@ -2,7 +2,8 @@
 // synthetic model with the CPU backend: exact token totals (streams x gen per round, every
 // request runs to --gen-tokens), ordered percentiles, the documented JSON keys, the markdown
 // table (also with prompts prefilled over several steps), a bf16 DeltaNet state (--state-type),
-// and one-line errors with a non-zero exit for bad arguments.
+// speculative streams with real and SIMULATED acceptance, and one-line errors with a non-zero
+// exit for bad arguments.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -125,6 +126,58 @@ TEST(BenchServeCli, Bf16State) {
   EXPECT_EQ(rows[0]["output_tokens"].get<int64_t>(), 2 * 4);
 }
 
+// --spec mtp (the tiny model's random MTP head): every stream still gets exactly --gen-tokens.
+// With --simulate-acceptance 1 every draft is accepted, so a stream alone takes fewer steps than
+// tokens and a verify pass commits more than one token; with 0 every draft is refused: exactly
+// one token a pass. Each row names the method, says SIMULATED, and so does the markdown table.
+TEST(BenchServeCli, SpeculativeStreamsSimulatedAndReal) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  const int64_t gen = 12;
+  const std::string common = "--streams 1,3 --prompt-tokens 8 --gen-tokens 12 --rounds 1 --spec mtp --spec-draft-n 3 -o json";
+  for (const char* p : {"1", "0"}) {
+    int status = -1;
+    std::string err;
+    const std::string out = run(common + " --simulate-acceptance " + p, &status, &err);
+    ASSERT_EQ(status, 0) << out << err;
+    const auto rows = nlohmann::json::parse(out);
+    ASSERT_EQ(rows.size(), 2u) << out;
+    for (const auto& r : rows) {
+      const int64_t S = r["streams"].get<int64_t>();
+      EXPECT_EQ(r["output_tokens"].get<int64_t>(), S * gen) << r.dump();
+      EXPECT_TRUE(r["simulated"].get<bool>());
+      EXPECT_EQ(r["spec"].get<std::string>(), std::string("mtp k=3 SIMULATED acceptance ") + p);
+      EXPECT_GT(r["spec_rounds"].get<int64_t>(), 0) << r.dump();
+      const double len = r["mean_accepted_length"].get<double>();
+      if (std::string(p) == "0") {
+        EXPECT_EQ(len, 1.0) << r.dump();
+        EXPECT_EQ(r["acceptance_rate"].get<double>(), 0.0);
+      } else {
+        EXPECT_GT(len, 2.0) << r.dump();  // 4 a pass but where a stream's last tokens leave no room
+        EXPECT_EQ(r["acceptance_rate"].get<double>(), 1.0);
+        if (S == 1) {
+          EXPECT_LT(r["steps"].get<int64_t>(), gen) << r.dump();
+        }
+      }
+    }
+  }
+  // Real verification on the same weights: no SIMULATED label, the tokens all there.
+  int status = -1;
+  std::string err;
+  std::string out = run(common, &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  for (const auto& r : nlohmann::json::parse(out)) {
+    EXPECT_FALSE(r["simulated"].get<bool>());
+    EXPECT_EQ(r["spec"].get<std::string>(), "mtp k=3");
+    EXPECT_EQ(r["output_tokens"].get<int64_t>(), r["streams"].get<int64_t>() * gen);
+  }
+  out = run("--streams 2 --prompt-tokens 8 --gen-tokens 6 --rounds 1 --spec mtp --simulate-acceptance 0.9,0.5",
+            &status, &err);
+  ASSERT_EQ(status, 0) << out << err;
+  EXPECT_NE(out.find("the accept decisions are SIMULATED"), std::string::npos) << out;
+  EXPECT_NE(out.find("| spec | accept len |"), std::string::npos) << out;
+  EXPECT_NE(out.find("| mtp k=3 SIMULATED acceptance 0.9,0.5 |"), std::string::npos) << out;
+}
+
 TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
   if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
   const std::pair<const char*, const char*> cases[] = {
@@ -137,6 +190,10 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
       {"--prefill-chunk -4", "--prefill-chunk -4 must be in 1..1048576 (0: default)"},
       {"-b 2000000", "-b/--batch-size 2000000 must be in 1..1048576 (0: default)"},
       {"--state-type f16", "--state-type f16: unknown DeltaNet state type (supported: f32, bf16)"},
+      {"--simulate-acceptance 0.9", "--simulate-acceptance / --simulate-accept-length need --spec"},
+      {"--spec mtp --simulate-acceptance 0.9,x", "--simulate-acceptance: \"x\" is not a probability in [0, 1]"},
+      {"--spec mtp --spec-draft-n 3 --simulate-accept-length 5", "--simulate-accept-length 5 is outside 1 .. k + 1 = 4"},
+      {"--spec mtp --tree-budget 4", "apply to --spec dflash only"},
   };
   for (const auto& [args, what] : cases) {
     int status = -1;
