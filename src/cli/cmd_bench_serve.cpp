@@ -108,8 +108,11 @@ constexpr const char* kColumns = R"(Columns (one row per stream count S; figures
                  -b >= S x --prompt-tokens), so all S streams then decode together
   TTFT p50/p99   submission -> a stream's first token, ms (nearest-rank percentiles over all
                  streams of all counted rounds)
-  ITL p50/p99    gaps between consecutive tokens of one stream after its first, ms
+  ITL p50/p99    gaps between consecutive tokens of one stream after its first, ms (speculating,
+                 the tokens one step commits for a stream arrive together: gaps of 0 among them)
   peak batch     the most streams that got a token from one engine step
+  spec, accept len  with --spec: the method (SIMULATED where the accept decisions are) and the
+                 tokens a verify pass with drafts committed, on average
 A token's time is the end of the engine step that produced it. Prompts are random token ids
 from --seed, distinct per stream and round; no stop ids, so every request generates exactly
 --gen-tokens. Prefix cache on (as in serve); it cannot hit these prompts, and the run checks so.)";
