@@ -58,7 +58,7 @@ void mma_select_hb(const char* hb);
 // form, sm_90a), and that form's launches so far.
 void mma_select_wg(const char* wg);
 long long mma_wg_launches();
-int wg_slab_tokens(int64_t T);  // the slabs' tokens where that form runs at T (0: it does not)
+int wg_slab_tokens(int64_t T, int64_t K);  // the slabs' tokens where that form runs at T (0: it does not)
 }  // namespace qwen36::cuda
 
 namespace qwen36::gputest {
@@ -822,7 +822,7 @@ TEST_F(CudaQuantMma, NormAndSwigluQuantizeForTheGemmBitwiseAsComposed) {
         }
       }
     }
-    if (hb == "wg" && cuda::wg_slab_tokens(40) > 0) {
+    if (hb == "wg" && cuda::wg_slab_tokens(40, 1024) > 0) {
       EXPECT_GT(cuda::mma_wg_launches(), wg_before) << "QWEN36_MMA_WG=on never took the warpgroup form";
     }
   }

@@ -40,7 +40,7 @@ int wgmma_matmul_experiment(const Tensor& x, const Tensor& w, Tensor& out, int s
 // and the slabs' tokens where it runs at T (0: not here — an sm_90a build on an sm_90 device).
 void mma_select_wg(const char* wg);
 long long mma_wg_launches();
-int wg_slab_tokens(int64_t T);
+int wg_slab_tokens(int64_t T, int64_t K);
 void mma_wg_force_splits(int n);  // QWEN36_MMA_WG_SPLITS: n ≥ 1 forced, 0 the rule, −1 the environment
 }  // namespace qwen36::cuda
 
@@ -327,7 +327,7 @@ TEST_F(CudaQuantMmaHalf, PairsEqualTheirBf16Twin) {
 // (2), one super-block (1); T over every slab size (24, 32, 48, 64 tokens).
 TEST_F(CudaQuantMmaHalf, WarpgroupFormEqualsItsBf16Twin) {
   cuda::mma_select_wg("on");
-  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  if (cuda::wg_slab_tokens(24, 256) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
   const Shape shapes[] = {{16, 256}, {48, 512}, {16, 17408}, {5120, 6144}, {1024, 17408}, {38400, 1024}};
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : shapes) {
@@ -352,11 +352,41 @@ TEST_F(CudaQuantMmaHalf, WarpgroupFormEqualsItsBf16Twin) {
     }
 }
 
+// QWEN36_MMA_WG=auto takes the form where it measured faster (cuda_quant_wgmma.cu): rows of ≥ 16
+// super-blocks past 32 tokens, of ≥ 32 at 17-32; elsewhere the bf16 form runs. Each call within
+// 1e-4 of the twin whichever form ran.
+TEST_F(CudaQuantMmaHalf, WarpgroupAutoRule) {
+  cuda::mma_select_wg("on");
+  if (cuda::wg_slab_tokens(24, 256) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  cuda::mma_select_wg("auto");
+  struct Case {
+    int64_t K, T;
+    bool wg;
+  };
+  for (const Case& c : {Case{1024, 40, false}, Case{4096, 40, true}, Case{4096, 24, false}, Case{8192, 24, true},
+                        Case{8192, 17, true}, Case{8192, 16, false}}) {
+    const TwinWeights tw = twin_weights(*gpu_, rng_, DType::Q4_K, Shape{64, c.K});
+    const HostT x = random_t(rng_, DType::F32, {c.T, c.K});
+    DevT dx = upload(*gpu_, x), dout = upload(*gpu_, HostT(DType::F32, {c.T, 64}));
+    const long long before = cuda::mma_wg_launches();
+    gpu_->matmul(dx.t, tw.dw.t, dout.t);
+    const std::string what = "K=" + std::to_string(c.K) + " T=" + std::to_string(c.T);
+    EXPECT_EQ(cuda::mma_wg_launches(), before + (c.wg ? 1 : 0)) << what;
+    if (c.T > 16) {
+      std::string where;
+      EXPECT_LE(worst_rel_err(download(*gpu_, dout.t), reference(tw.wf, bf16_rounded(x), c.T, tw.step), c.T, 64,
+                              tw.step, &where),
+                1e-4)
+          << what << " " << where;
+    }
+  }
+}
+
 // The warpgroup form on the stacked matrices (its groups of 4 row-tiles straddle the borders), at
 // 17, 40 and 64 tokens; QWEN36_MMA_WG=off takes the bf16 form again.
 TEST_F(CudaQuantMmaHalf, WarpgroupStackedBitwiseEagerAndReplayed) {
   cuda::mma_select_wg("on");
-  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  if (cuda::wg_slab_tokens(24, 256) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
   const int64_t Ts[] = {17, 40, 64};
   expect_stacked_bitwise(Ts, 0x5747'0000, "warpgroup", cuda::mma_wg_launches,
                          [](bool on) { cuda::mma_select_wg(on ? "on" : "off"); });
@@ -369,7 +399,7 @@ TEST_F(CudaQuantMmaHalf, WarpgroupStackedBitwiseEagerAndReplayed) {
 // adding up to > 256 MB, rotated; the rule's result checked against the twin.
 TEST_F(CudaQuantMmaHalf, WarpgroupTiming27B) {
   cuda::mma_select_wg("on");
-  if (cuda::wg_slab_tokens(24) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
+  if (cuda::wg_slab_tokens(24, 256) == 0) GTEST_SKIP() << "the warpgroup form needs an sm_90a build on an sm_90 device";
   for (DType dt : {DType::Q4_K, DType::Q6_K})
     for (const Shape& s : k27BShapes) {
       const int64_t N = s.N, K = s.K;

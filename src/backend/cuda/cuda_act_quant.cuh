@@ -15,9 +15,9 @@
 
 namespace qwen36::cuda {
 
-// The tokens (a multiple of 8) of the warpgroup GEMM's slabs where that form runs at T tokens on
-// the current device (cuda_quant_wgmma.cu: QWEN36_MMA_WG, 17-64 tokens, sm_90a), else 0.
-int wg_slab_tokens(int64_t T);
+// The tokens (a multiple of 8) of the warpgroup GEMM's slabs where that form runs at T tokens of
+// width K on the current device (cuda_quant_wgmma.cu: QWEN36_MMA_WG, 17-64 tokens, sm_90a), else 0.
+int wg_slab_tokens(int64_t T, int64_t K);
 
 namespace {
 
@@ -46,7 +46,7 @@ struct ActLayout {
     bytes = o_xi + up(frags * 4 * sizeof(int4));
     if (NT >= 4) {
       o_xh = bytes, bytes += up(frags * 32 * sizeof(uint4));
-      if (K % 256 == 0) np = wg_slab_tokens(T);
+      if (K % 256 == 0) np = wg_slab_tokens(T, K);
     }
   }
 };

@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
@@ -381,9 +382,14 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
-// QWEN36_MMA_WG = on | off (unset: off): Q4_K and Q6_K tiles at 17-64 tokens on the warpgroup
-// form, or the bf16 / int8 forms (hb_form). Off by default: not yet measured in the model.
+// QWEN36_MMA_WG = on | off | auto (unset: off): Q4_K and Q6_K tiles at 17-64 tokens on the
+// warpgroup form, or the bf16 / int8 forms (hb_form), or the form where it measured faster (H100,
+// bench/RESULTS.md session 64, cold L2 by shape): rows of ≥ 16 super-blocks past 32 tokens (27B:
+// 1.09-1.31× at 40 and 64 tokens; 35B-A3B's K = 2048 rows lost 1-2% in the model), and at 17-32
+// tokens rows of ≥ 32 (the 27B's down projections, 1.02-1.21×; its K = 5120 matrices lost up to
+// 11% there). Off by default until an H200 has measured it in the model.
 std::atomic<int> g_wg{-1};
+std::atomic<bool> g_wg_auto{false};  // a test asked for "auto" (variant() maps it to kAutoForm, as unset)
 std::atomic<long long> g_wg_launches{0};
 // QWEN36_MMA_WG_SPLITS = N (1-64; unset or 0: wg_splits' rule), read once (−1: not yet).
 std::atomic<int> g_wg_splits{-1};
@@ -396,25 +402,35 @@ int forced_splits() {
   }
   return v;
 }
-enum : int { kOn = kFirstForm };
+enum : int { kOn = kFirstForm, kOff = kSecondForm };
+constexpr int64_t kAutoMinS = 16, kAutoMinSFew = 32;  // super-blocks a row: past 32 tokens, at 17-32
 
 }  // namespace
 
-int wg_slab_tokens(int64_t T) {
-  if (!kBuilt || T < 17 || T > 64 || variant(g_wg, "QWEN36_MMA_WG", "on", "off") != kOn || !sm90_device()) return 0;
+int wg_slab_tokens(int64_t T, int64_t K) {
+  if (!kBuilt || T < 17 || T > 64) return 0;
+  // unset: off; "auto" (kAutoForm once set by a test or the environment's "auto"): the rule
+  static const bool env_auto = [] {
+    const char* v = std::getenv("QWEN36_MMA_WG");
+    return v && std::strcmp(v, "auto") == 0;
+  }();
+  const int v = variant(g_wg, "QWEN36_MMA_WG", "on", "off");
+  const bool auto_rule = v == kAutoForm && (g_wg_auto.load(std::memory_order_relaxed) || env_auto);
+  if (v == kOff || (v != kOn && !auto_rule) || !sm90_device()) return 0;
+  if (auto_rule && K / 256 < (T > 32 ? kAutoMinS : kAutoMinSFew)) return 0;
   return slab_tokens_for(T);
 }
 
-// H200 and H100, session 63 (the hook, best of splits 1, 2, 4, 8 on the 27B's matrices, cold L2):
-// groups of 4 row-tiles few against the SMs (5120 rows: 80 groups) best at 8, 160-544 groups at 4
-// (a few waves of blocks: the splits even out the last one), and at 33-64 tokens the largest
-// (34816 rows: 544) at 1-2, where the pieces' traffic (splits · T · N floats written and read)
-// grows against the weights'. Not measured, so kept cautious: many waves (an lm_head's 15,520
-// row-tiles) take no split, the pieces stay within 32 MB, a piece keeps ≥ 2 super-blocks.
+// H100, session 64 (the dispatch's form, best of splits 1, 2, 4, 8 on the 27B's matrices, cold L2;
+// session 63's hook figures alike): groups of 4 row-tiles few against the SMs (5120 rows: 80
+// groups) best at 8, 160-272 groups at 4 (a few waves of blocks: the splits even out the last
+// one), but none where the groups alone fill the SMs twice past 32 tokens (17408 rows: 272; the
+// pieces' traffic, splits · T · N floats written and read, grows against the weights') or 4
+// times at 17-32 (34816 rows: 544). The pieces stay within 32 MB, a piece keeps ≥ 2 super-blocks.
 int wg_splits(int rt, int S, int T) {
   if (const int forced = forced_splits(); forced > 0) return std::clamp(forced, 1, std::max(S, 1));
   const int groups = (rt + 3) / 4, sms = dev_info().sms;
-  int splits = 4 * groups < 3 * sms ? 8 : groups >= 16 * sms ? 1 : T > 32 && groups >= 4 * sms ? 2 : 4;
+  int splits = groups >= (T > 32 ? 2 : 4) * sms ? 1 : 4 * groups < 3 * sms ? 8 : 4;
   while (splits > 1 && size_t(splits) * size_t(T) * 16 * size_t(rt) * sizeof(float) > (size_t(32) << 20)) splits /= 2;
   return std::max(1, std::min(splits, S / 2));
 }
@@ -429,7 +445,10 @@ void launch_wgmma(Ctx& c, DType t, const WgArgs& a) {
 
 // Test hooks (test_cuda_quant_mma_half.cpp): QWEN36_MMA_WG as "on" | "off" | "auto" (nullptr reads
 // the environment again), and the form's launches so far.
-void mma_select_wg(const char* wg) { g_wg.store(wg ? parse_variant(wg, "on", "off") : -1); }
+void mma_select_wg(const char* wg) {
+  g_wg_auto.store(wg && std::strcmp(wg, "auto") == 0);
+  g_wg.store(wg ? parse_variant(wg, "on", "off") : -1);
+}
 long long mma_wg_launches() { return g_wg_launches.load(); }
 // The same for QWEN36_MMA_WG_SPLITS (n ≥ 1 forces n splits, capped by the super-blocks; 0 the
 // rule; −1 reads the environment again).
