@@ -388,8 +388,16 @@ constexpr bool kBuilt = false;
 // 1.09-1.31× at 40 and 64 tokens; 35B-A3B's K = 2048 rows lost 1-2% in the model), and at 17-32
 // tokens rows of ≥ 32 (the 27B's down projections, 1.02-1.21×; its K = 5120 matrices lost up to
 // 11% there). Off by default until an H200 has measured it in the model.
-std::atomic<int> g_wg{-1};
-std::atomic<bool> g_wg_auto{false};  // a test asked for "auto" (variant() maps it to kAutoForm, as unset)
+enum : int { kWgOff = 0, kWgOn = 1, kWgAuto = 2 };
+int parse_wg(const char* v) {
+  return v && std::strcmp(v, "on") == 0 ? kWgOn : v && std::strcmp(v, "auto") == 0 ? kWgAuto : kWgOff;
+}
+std::atomic<int> g_wg{-1};  // −1: not read yet
+int wg_mode() {
+  int v = g_wg.load(std::memory_order_relaxed);
+  if (v < 0) g_wg.store(v = parse_wg(std::getenv("QWEN36_MMA_WG")), std::memory_order_relaxed);
+  return v;
+}
 std::atomic<long long> g_wg_launches{0};
 // QWEN36_MMA_WG_SPLITS = N (1-64; unset or 0: wg_splits' rule), read once (−1: not yet).
 std::atomic<int> g_wg_splits{-1};
@@ -402,22 +410,15 @@ int forced_splits() {
   }
   return v;
 }
-enum : int { kOn = kFirstForm, kOff = kSecondForm };
 constexpr int64_t kAutoMinS = 16, kAutoMinSFew = 32;  // super-blocks a row: past 32 tokens, at 17-32
 
 }  // namespace
 
 int wg_slab_tokens(int64_t T, int64_t K) {
   if (!kBuilt || T < 17 || T > 64) return 0;
-  // unset: off; "auto" (kAutoForm once set by a test or the environment's "auto"): the rule
-  static const bool env_auto = [] {
-    const char* v = std::getenv("QWEN36_MMA_WG");
-    return v && std::strcmp(v, "auto") == 0;
-  }();
-  const int v = variant(g_wg, "QWEN36_MMA_WG", "on", "off");
-  const bool auto_rule = v == kAutoForm && (g_wg_auto.load(std::memory_order_relaxed) || env_auto);
-  if (v == kOff || (v != kOn && !auto_rule) || !sm90_device()) return 0;
-  if (auto_rule && K / 256 < (T > 32 ? kAutoMinS : kAutoMinSFew)) return 0;
+  const int mode = wg_mode();
+  if (mode == kWgOff || !sm90_device()) return 0;
+  if (mode == kWgAuto && K / 256 < (T > 32 ? kAutoMinS : kAutoMinSFew)) return 0;
   return slab_tokens_for(T);
 }
 
@@ -445,10 +446,7 @@ void launch_wgmma(Ctx& c, DType t, const WgArgs& a) {
 
 // Test hooks (test_cuda_quant_mma_half.cpp): QWEN36_MMA_WG as "on" | "off" | "auto" (nullptr reads
 // the environment again), and the form's launches so far.
-void mma_select_wg(const char* wg) {
-  g_wg_auto.store(wg && std::strcmp(wg, "auto") == 0);
-  g_wg.store(wg ? parse_variant(wg, "on", "off") : -1);
-}
+void mma_select_wg(const char* wg) { g_wg.store(wg ? parse_wg(wg) : -1); }
 long long mma_wg_launches() { return g_wg_launches.load(); }
 // The same for QWEN36_MMA_WG_SPLITS (n ≥ 1 forces n splits, capped by the super-blocks; 0 the
 // rule; −1 reads the environment again).
