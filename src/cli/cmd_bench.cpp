@@ -40,7 +40,6 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <sstream>
 
 #include "cli/bench_model.h"
 #include "cli/tp_cli.h"
@@ -73,19 +72,10 @@ struct BenchOptions {
   OffloadOptions offload;                                    // expert offload
 };
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) v.push_back(std::stoll(item));
-  return v;
-}
-
 // -p / -n: lengths ≥ 0, where 0 runs no test (llama-bench's `-n 0`).
 std::vector<int64_t> parse_lengths(const std::string& s, const char* flag) {
   std::vector<int64_t> v;
-  for (int64_t n : parse_list(s)) {
+  for (int64_t n : parse_int_list(s, flag)) {
     QWEN36_CHECK(n >= 0, "bench: {} takes lengths ≥ 0 (0: no such test), got {}", flag, n);
     if (n > 0) v.push_back(n);
   }
@@ -178,10 +168,12 @@ void run_bench(const BenchOptions& o) {
   QWEN36_CHECK(!simulated || spec_method != SpecMethod::None,
                "--simulate-acceptance / --simulate-accept-length need --spec mtp, ngram or dflash");
   const std::vector<double> sim_probs = !o.simulate.empty() ? parse_accept_probs(o.simulate) : std::vector<double>{};
-  const std::vector<int64_t> spec_ks = parse_list(o.spec_draft_n);
+  const std::vector<int64_t> spec_ks = parse_int_list(o.spec_draft_n, "--spec-draft-n");
   // The tests' lists, checked before anything loads.
   const std::vector<int64_t> prompts = parse_lengths(o.prompts, "-p"), gens = parse_lengths(o.gens, "-n"),
-                             batches = parse_list(o.batches);
+                             batches = parse_int_list(o.batches, "-b");
+  QWEN36_CHECK(!batches.empty(), "bench: -b takes batch sizes, e.g. 1,4,16");
+  for (int64_t b : batches) QWEN36_CHECK(b >= 1 && b <= 4096, "bench: -b {} is outside 1..4096 sequences", b);
   for (int64_t k : spec_ks) QWEN36_CHECK(k >= 1 && k <= 16, "--spec-draft-n {} is out of range (1..16)", k);
   const bool dflash_spec = spec_method == SpecMethod::Dflash;
   QWEN36_CHECK(!dflash_spec || (o.block_size >= 2 && o.block_size <= 17), "--block-size {} is outside 2..17",

@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <sstream>
 
 #include "cli/bench_model.h"
 #include "cli/commands.h"
@@ -118,22 +117,9 @@ from --seed, distinct per stream and round; no stop ids, so every request genera
 --gen-tokens. Prefix cache on (as in serve); it cannot hit these prompts, and the run checks so.)";
 
 std::vector<int64_t> parse_streams(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long n = 0;
-    try {
-      n = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    QWEN36_CHECK(used == item.size() && !item.empty() && n >= 1 && n <= 1024,
-                 "--streams: \"{}\" is not a stream count in 1..1024", item);
-    v.push_back(n);
-  }
+  const std::vector<int64_t> v = parse_int_list(s, "--streams");
   QWEN36_CHECK(!v.empty(), "--streams: give stream counts, e.g. 1,4,16,64");
+  for (int64_t n : v) QWEN36_CHECK(n >= 1 && n <= 1024, "--streams: {} is not a stream count in 1..1024", n);
   return v;
 }
 

@@ -5,7 +5,6 @@
 #include <iterator>
 #include <memory>
 #include <optional>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -54,18 +53,7 @@ struct RunOptions {
 
 std::vector<int32_t> parse_token_list(const std::string& s) {
   std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long v = 0;
-    try {
-      v = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    QWEN36_CHECK(used > 0 && item.find_first_not_of(" \t", used) == std::string::npos,
-                 "--tokens: \"{}\" is not an integer token id", item);
+  for (int64_t v : parse_int_list(s, "--tokens")) {
     QWEN36_CHECK(v >= 0 && v <= INT32_MAX, "--tokens: {} is out of range", v);
     ids.push_back(int32_t(v));
   }
@@ -139,9 +127,7 @@ OutputConstraint run_output_constraint(const RunOptions& o) {
 }
 
 // Token ids in, token ids out.
-void run_tokens(const RunOptions& o, LoadedModel& lm) {
-  const std::vector<int32_t> prompt = parse_token_list(o.tokens);
-  QWEN36_CHECK(!prompt.empty(), "--tokens: the prompt is empty");
+void run_tokens(const RunOptions& o, LoadedModel& lm, const std::vector<int32_t>& prompt) {
   const ModelConfig& c = lm.model->config();
   GenerateResult r = run_generation(o, lm, prompt, generate_options(o, c), [](int32_t tok) {
     std::printf("%d ", tok);
@@ -326,6 +312,8 @@ void register_run(CLI::App& app) {
                  "give a prompt: -p TEXT, -f FILE or --tokens IDS");
     o->offload.plan.state_type = resolve_state_type(o->cache);  // a bad --state-type fails before loading
     o->output = run_output_constraint(*o);                      // and a bad schema or grammar
+    const std::vector<int32_t> prompt = parse_token_list(o->tokens);  // and a bad --tokens list
+    QWEN36_CHECK(o->tokens.empty() || !prompt.empty(), "--tokens: the prompt is empty");
     LoadedModel lm;
     if (o->tp.ranks > 1) {  // tensor parallel: rank 0 here, the other ranks on threads of their own
       QWEN36_CHECK(o->lora.empty(), "--lora does not combine with --tensor-parallel yet");
@@ -336,7 +324,7 @@ void register_run(CLI::App& app) {
       lm = o->model.empty() ? load_default_model(o->backend, o->threads, o->offload, o->lora)
                             : load_model(o->model, o->backend, o->threads, o->offload, o->lora);
     }
-    if (!o->tokens.empty()) return run_tokens(*o, lm);
+    if (!o->tokens.empty()) return run_tokens(*o, lm, prompt);
 #ifdef QWEN36_HAVE_PCRE2
     run_text(*o, lm);
 #else

@@ -4,11 +4,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/error.h"
 #include "engine/scheduler.h"
@@ -298,23 +298,46 @@ SpecOptions spec_cli_options(const SpecCliOptions& o) {
   return spec;
 }
 
-std::vector<double> parse_accept_probs(const std::string& s) {
-  std::vector<double> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    double p = -1;
-    try {
-      p = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    QWEN36_CHECK(used == item.size() && p >= 0 && p <= 1, "--simulate-acceptance: \"{}\" is not a probability in [0, 1]",
-                 item);
-    v.push_back(p);
+namespace {
+// The items of s between commas, blanks around each trimmed; none for a blank s.
+std::vector<std::string_view> list_items(std::string_view s) {
+  std::vector<std::string_view> items;
+  if (s.find_first_not_of(" \t") == std::string_view::npos) return items;
+  for (size_t at = 0;;) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    std::string_view item = s.substr(at, comma - at);
+    const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    items.push_back(b == std::string_view::npos ? std::string_view{} : item.substr(b, e - b + 1));
+    if (comma == s.size()) return items;
+    at = comma + 1;
   }
+}
+
+template <typename T>
+std::vector<T> parse_list_of(const std::string& s, const char* flag, const char* what) {
+  std::vector<T> v;
+  for (std::string_view item : list_items(s)) {
+    T x{};
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    QWEN36_CHECK(!item.empty() && ec == std::errc{} && end == item.data() + item.size(), "{}: \"{}\" is not {}",
+                 flag, item, what);
+    v.push_back(x);
+  }
+  return v;
+}
+}  // namespace
+
+std::vector<int64_t> parse_int_list(const std::string& s, const char* flag) {
+  return parse_list_of<int64_t>(s, flag, "an integer");
+}
+std::vector<double> parse_real_list(const std::string& s, const char* flag) {
+  return parse_list_of<double>(s, flag, "a number");
+}
+
+std::vector<double> parse_accept_probs(const std::string& s) {
+  const std::vector<double> v = parse_real_list(s, "--simulate-acceptance");
   QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
+  for (double p : v) QWEN36_CHECK(p >= 0 && p <= 1, "--simulate-acceptance: {} is not a probability in [0, 1]", p);
   return v;
 }
 

@@ -191,7 +191,9 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
       {"-b 2000000", "-b/--batch-size 2000000 must be in 1..1048576 (0: default)"},
       {"--state-type f16", "--state-type f16: unknown DeltaNet state type (supported: f32, bf16)"},
       {"--simulate-acceptance 0.9", "--simulate-acceptance / --simulate-accept-length need --spec"},
-      {"--spec mtp --simulate-acceptance 0.9,x", "--simulate-acceptance: \"x\" is not a probability in [0, 1]"},
+      {"--spec mtp --simulate-acceptance 0.9,x", "--simulate-acceptance: \"x\" is not a number"},
+      {"--spec mtp --simulate-acceptance 0.9,1.5", "--simulate-acceptance: 1.5 is not a probability in [0, 1]"},
+      {"--streams 4,,8", "--streams: \"\" is not an integer"},
       {"--spec mtp --spec-draft-n 3 --simulate-accept-length 5", "--simulate-accept-length 5 is outside 1 .. k + 1 = 4"},
       {"--spec mtp --tree-budget 4", "apply to --spec dflash only"},
   };

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +220,29 @@ TEST(BenchCli, ZeroLengthRunsNoTest) {
   out = test::run_command(base + " -p 16 -n -4 2>&1", &status);
   EXPECT_NE(status, 0) << out;
   EXPECT_NE(out.find("-n takes lengths ≥ 0"), std::string::npos) << out;
+}
+
+// bench's and run's comma lists (cli/common.h, parse_int_list): an item that is not one whole
+// integer, or a batch outside 1..4096, is a one-line error naming the flag, before anything loads.
+TEST(BenchCli, BadListItemsAreOneLineErrors) {
+  if (!std::filesystem::exists(QWEN36_BIN)) GTEST_SKIP() << "qwen36 binary not built";
+  const std::pair<const char*, const char*> cases[] = {
+      {" bench --synthetic tiny-dense -b 4x", "-b: \"4x\" is not an integer"},
+      {" bench --synthetic tiny-dense -b 0", "-b 0 is outside 1..4096"},
+      {" bench --synthetic tiny-dense -p 16,abc", "-p: \"abc\" is not an integer"},
+      {" bench --synthetic tiny-dense --spec mtp --spec-draft-n 2,,3", "--spec-draft-n: \"\" is not an integer"},
+      {" run --tokens 1,2.5", "--tokens: \"2.5\" is not an integer"},
+  };
+  for (const auto& [args, what] : cases) {
+    int status = -1;
+    const std::string out = test::run_command(std::string(QWEN36_BIN) + args + " 2>&1", &status);
+    EXPECT_NE(status, 0) << args;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << args << ": " << out;
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
+  int status = -1;  // blanks around items are fine
+  const std::string out = test::run_command(std::string(QWEN36_BIN) + " run --tokens ' 1, 2 ,3' -n 2 -t 1 2>&1", &status);
+  EXPECT_EQ(status, 0) << out;
 }
 
 TEST(SpecBenchCli, ConfigErrorsAreOneLine) {
