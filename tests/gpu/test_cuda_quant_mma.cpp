@@ -71,6 +71,7 @@ class CudaQuantMma : public CudaTest {
   void SetUp() override {
     CudaTest::SetUp();
     cuda::mma_select_hb("off");
+    cuda::mma_select_wg("off");
   }
   void TearDown() override {
     cuda::mma_select_hb(nullptr);

@@ -1,6 +1,6 @@
 // The multi-token GEMM's bf16 form on Hopper's warpgroup MMA: out[T, N] = x[T, K] · w[N, K]ᵀ for
-// Q4_K / Q6_K tiles at 17-64 tokens (the dispatch, cuda_quant_mma.cu, where QWEN36_MMA_WG=on on an
-// sm_90a build and device), and the test hook that measured it first (wgmma_matmul_experiment).
+// Q4_K / Q6_K tiles at 17-64 tokens (the dispatch, cuda_quant_mma.cu, where QWEN36_MMA_WG takes it on
+// an sm_90a build and device), and the test hook that measured it first (wgmma_matmul_experiment).
 //
 // Why: the 17-64-token GEMMs (cuda_quant_mma_half.cuh) are bound by the activations' B fragments
 // that every warp reads from L2 on its own (bench/RESULTS.md, session 53's ncu: a 24-token Q6_K
@@ -18,8 +18,8 @@
 // Measured as the hook (bench/RESULTS.md, session 63; the 27B's matrices, cold L2, with x staged
 // and the pieces summed by launches of their own): 1.12-1.38× faster than the dispatch's forms at
 // 64 tokens, about even at 24-32 (the GEMM kernel alone 12-32% faster), 0.73-0.98× at 4-16. The
-// dispatch's form pays neither extra launch. Off by default until an H200 has measured it in the
-// model (QWEN36_MMA_WG).
+// dispatch's form pays neither extra launch; in the model it is the default on rows of ≥ 16
+// super-blocks (QWEN36_MMA_WG, below).
 //
 // Shared-memory layout of a slab (one super-block, tokens padded to NP = 8 · NG): 16 k16 steps,
 // each NG × 2 core matrices of 8 tokens × 8 k (128 bytes, a token's 8 bf16 contiguous: K-major,
@@ -382,15 +382,17 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
-// QWEN36_MMA_WG = on | off | auto (unset: off): Q4_K and Q6_K tiles at 17-64 tokens on the
-// warpgroup form, or the bf16 / int8 forms (hb_form), or the form where it measured faster (H100,
-// bench/RESULTS.md session 64, cold L2 by shape): rows of ≥ 16 super-blocks past 32 tokens (27B:
-// 1.09-1.31× at 40 and 64 tokens; 35B-A3B's K = 2048 rows lost 1-2% in the model), and at 17-32
-// tokens rows of ≥ 32 (the 27B's down projections, 1.02-1.21×; its K = 5120 matrices lost up to
-// 11% there). Off by default until an H200 has measured it in the model.
+// QWEN36_MMA_WG = on | off | auto (unset: auto): Q4_K and Q6_K tiles at 17-64 tokens on the
+// warpgroup form, or the bf16 / int8 forms (hb_form), or the form on rows of ≥ 16 super-blocks
+// only, where it measured faster in the model (H100, bench/RESULTS.md sessions 64-65, against the
+// bf16 form: 27B Q4_K_M tg32 +4.7% at 17 tokens, +4.5% at 24, +1.1% at 32, +22.8% at 48, +13.5% at
+// 64; the 35B-A3B's K = 2048 rows lost 1-2%, its K = 4096 ones are even). Cold-L2 timing alone had
+// the 27B's K = 5120 matrices slower at 17-32 tokens; inside the model's step (warm L2, launches
+// overlapping) they gain, so the rule follows the model. No H200 has run it yet.
 enum : int { kWgOff = 0, kWgOn = 1, kWgAuto = 2 };
 int parse_wg(const char* v) {
-  return v && std::strcmp(v, "on") == 0 ? kWgOn : v && std::strcmp(v, "auto") == 0 ? kWgAuto : kWgOff;
+  if (!v || std::strcmp(v, "auto") == 0) return kWgAuto;
+  return std::strcmp(v, "on") == 0 ? kWgOn : kWgOff;
 }
 std::atomic<int> g_wg{-1};  // −1: not read yet
 int wg_mode() {
@@ -410,7 +412,7 @@ int forced_splits() {
   }
   return v;
 }
-constexpr int64_t kAutoMinS = 16, kAutoMinSFew = 32;  // super-blocks a row: past 32 tokens, at 17-32
+constexpr int64_t kAutoMinS = 16;  // super-blocks a row
 
 }  // namespace
 
@@ -418,7 +420,7 @@ int wg_slab_tokens(int64_t T, int64_t K) {
   if (!kBuilt || T < 17 || T > 64) return 0;
   const int mode = wg_mode();
   if (mode == kWgOff || !sm90_device()) return 0;
-  if (mode == kWgAuto && K / 256 < (T > 32 ? kAutoMinS : kAutoMinSFew)) return 0;
+  if (mode == kWgAuto && K / 256 < kAutoMinS) return 0;
   return slab_tokens_for(T);
 }
 
