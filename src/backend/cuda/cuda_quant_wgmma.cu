@@ -385,7 +385,7 @@ constexpr bool kBuilt = false;
 // QWEN36_MMA_WG = on | off | auto (unset: auto): Q4_K and Q6_K tiles at 17-64 tokens on the
 // warpgroup form, or the bf16 / int8 forms (hb_form), or the form on rows of ≥ 16 super-blocks
 // only, where it measured faster in the model (H100, bench/RESULTS.md sessions 64-65, against the
-// bf16 form: 27B Q4_K_M tg32 +4.7% at 17 tokens, +4.5% at 24, +1.1% at 32, +22.8% at 48, +13.5% at
+// bf16 form: 27B Q4_K_M tg32 +4.7% at 17 tokens, +4.5% at 24, +1.0% at 32, +22.8% at 48, +13.5% at
 // 64; the 35B-A3B's K = 2048 rows lost 1-2%, its K = 4096 ones are even). Cold-L2 timing alone had
 // the 27B's K = 5120 matrices slower at 17-32 tokens; inside the model's step (warm L2, launches
 // overlapping) they gain, so the rule follows the model. No H200 has run it yet.
