@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/cli_error.h"
 #include "common/run_command.h"
 
 namespace qwen36 {
@@ -197,16 +198,7 @@ TEST(BenchServeCli, BadArgumentsAreOneLineErrors) {
       {"--spec mtp --spec-draft-n 3 --simulate-accept-length 5", "--simulate-accept-length 5 is outside 1 .. k + 1 = 4"},
       {"--spec mtp --tree-budget 4", "apply to --spec dflash only"},
   };
-  for (const auto& [args, what] : cases) {
-    int status = -1;
-    std::string err;
-    const std::string out = run(args, &status, &err);
-    EXPECT_NE(status, 0) << args;
-    EXPECT_TRUE(out.empty()) << args << ": " << out;
-    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << args << ": " << err;
-    EXPECT_NE(err.find("error: "), std::string::npos) << args << ": " << err;
-    EXPECT_NE(err.find(what), std::string::npos) << args << ": " << err;
-  }
+  for (const auto& [args, what] : cases) EXPECT_EQ(test::cli_error_mismatch(kBase + " " + args, what), "") << args;
 }
 
 // serve takes the same step flags and checks them before anything loads (or binds).
