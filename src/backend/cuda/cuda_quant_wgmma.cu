@@ -34,7 +34,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ops.cuh"
@@ -389,17 +388,8 @@ constexpr bool kBuilt = false;
 // 64; the 35B-A3B's K = 2048 rows lost 1-2%, its K = 4096 ones are even). Cold-L2 timing alone had
 // the 27B's K = 5120 matrices slower at 17-32 tokens; inside the model's step (warm L2, launches
 // overlapping) they gain, so the rule follows the model. No H200 has run it yet.
-enum : int { kWgOff = 0, kWgOn = 1, kWgAuto = 2 };
-int parse_wg(const char* v) {
-  if (!v || std::strcmp(v, "auto") == 0) return kWgAuto;
-  return std::strcmp(v, "on") == 0 ? kWgOn : kWgOff;
-}
-std::atomic<int> g_wg{-1};  // −1: not read yet
-int wg_mode() {
-  int v = g_wg.load(std::memory_order_relaxed);
-  if (v < 0) g_wg.store(v = parse_wg(std::getenv("QWEN36_MMA_WG")), std::memory_order_relaxed);
-  return v;
-}
+std::atomic<int> g_wg{-1};
+int wg_mode() { return variant(g_wg, "QWEN36_MMA_WG", "on", "off"); }  // kFirstForm: on, kSecondForm: off
 std::atomic<long long> g_wg_launches{0};
 // QWEN36_MMA_WG_SPLITS = N (1-64; unset or 0: wg_splits' rule), read once (−1: not yet).
 std::atomic<int> g_wg_splits{-1};
@@ -419,8 +409,8 @@ constexpr int64_t kAutoMinS = 16;  // super-blocks a row
 int wg_slab_tokens(int64_t T, int64_t K) {
   if (!kBuilt || T < 17 || T > 64) return 0;
   const int mode = wg_mode();
-  if (mode == kWgOff || !sm90_device()) return 0;
-  if (mode == kWgAuto && K / 256 < kAutoMinS) return 0;
+  if (mode == kSecondForm || !sm90_device()) return 0;
+  if (mode == kAutoForm && K / 256 < kAutoMinS) return 0;
   return slab_tokens_for(T);
 }
 
@@ -448,7 +438,7 @@ void launch_wgmma(Ctx& c, DType t, const WgArgs& a) {
 
 // Test hooks (test_cuda_quant_mma_half.cpp): QWEN36_MMA_WG as "on" | "off" | "auto" (nullptr reads
 // the environment again), and the form's launches so far.
-void mma_select_wg(const char* wg) { g_wg.store(wg ? parse_wg(wg) : -1); }
+void mma_select_wg(const char* wg) { g_wg.store(wg ? parse_variant(wg, "on", "off") : -1); }
 long long mma_wg_launches() { return g_wg_launches.load(); }
 // The same for QWEN36_MMA_WG_SPLITS (n ≥ 1 forces n splits, capped by the super-blocks; 0 the
 // rule; −1 reads the environment again).
