@@ -330,12 +330,9 @@ std::vector<T> parse_list_of(const std::string& s, const char* flag, const char*
 std::vector<int64_t> parse_int_list(const std::string& s, const char* flag) {
   return parse_list_of<int64_t>(s, flag, "an integer");
 }
-std::vector<double> parse_real_list(const std::string& s, const char* flag) {
-  return parse_list_of<double>(s, flag, "a number");
-}
 
 std::vector<double> parse_accept_probs(const std::string& s) {
-  const std::vector<double> v = parse_real_list(s, "--simulate-acceptance");
+  const std::vector<double> v = parse_list_of<double>(s, "--simulate-acceptance", "a number");
   QWEN36_CHECK(!v.empty(), "--simulate-acceptance: give one probability per draft position, e.g. 0.9,0.8,0.6");
   for (double p : v) QWEN36_CHECK(p >= 0 && p <= 1, "--simulate-acceptance: {} is not a probability in [0, 1]", p);
   return v;

@@ -132,11 +132,10 @@ struct SpecCliOptions {
 // parsers exclude mixing them); a bad method or JSON throws Error.
 SpecOptions spec_cli_options(const SpecCliOptions& o);
 
-// A comma-separated list of numbers (bench's -p / -n / -b, --streams, --tokens, --simulate-acceptance):
+// A comma-separated list of integers (bench's -p / -n / -b, --streams, --tokens):
 // each item one whole number, blanks around it allowed; an empty or blank s is the empty list. An
-// Error names flag and the first item that is not a number (an empty one included).
+// Error names flag and the first item that is not an integer (an empty one included).
 std::vector<int64_t> parse_int_list(const std::string& s, const char* flag);
-std::vector<double> parse_real_list(const std::string& s, const char* flag);
 
 // Simulated acceptance (bench, bench-serve): --simulate-acceptance p1,p2,... as probabilities
 // in [0, 1] (an Error names a bad item), and the one per-position probability p whose rounds of

@@ -24,15 +24,7 @@ const std::string kBase = std::string(QWEN36_BIN) + " bench-serve --synthetic ti
 
 // Runs the binary; stdout returned, stderr into *err.
 std::string run(const std::string& args, int* status, std::string* err) {
-  const std::string err_path =
-      (std::filesystem::temp_directory_path() / ("bench_serve_test_" + std::to_string(::getpid()) + ".err")).string();
-  const std::string out = test::run_command(kBase + " " + args + " 2>" + err_path, status);
-  std::ifstream f(err_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  *err = ss.str();
-  std::filesystem::remove(err_path);
-  return out;
+  return test::run_command(kBase + " " + args, status, err);
 }
 
 TEST(BenchServeCli, JsonTotalsAndPercentiles) {

@@ -276,17 +276,13 @@ TEST(SpecBenchCli, RunFlagsReachTheGenerator) {
       {"--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'", "speculative mtp, k = 2:"},
       {"--spec mtp --spec-adaptive", "speculative mtp, k = 3 (adaptive):"},
   };
-  const std::filesystem::path err_path =
-      std::filesystem::temp_directory_path() / ("qwen36-run-flags-" + std::to_string(::getpid()) + ".err");
   for (const Case& c : cases) {  // one run a case: tokens on stdout, the acceptance line on stderr
-    const std::string out = test::run_command(run + " " + c.flags + " 2>" + err_path.string(), &status);
+    std::string err;
+    const std::string out = test::run_command(run + " " + c.flags, &status, &err);
     EXPECT_EQ(status, 0) << c.flags;
     EXPECT_EQ(out, plain) << c.flags;
-    std::ifstream f(err_path);
-    const std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_NE(err.find(c.line), std::string::npos) << c.flags << "\n" << err;
   }
-  std::filesystem::remove(err_path);
   const std::string serve = test::run_command(std::string(QWEN36_BIN) + " serve --spec mtp --block-size 4 2>&1", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(serve.find("apply to --spec dflash only"), std::string::npos) << serve;
